@@ -1,0 +1,173 @@
+#include "kernels/cpu/reduce.h"
+
+#include <algorithm>
+#include <cstring>
+
+namespace braid::kernels::cpu {
+namespace {
+
+template <typename T>
+struct Sum { static T apply(T a, T b) { return a + b; } };
+template <typename T>
+struct Prod { static T apply(T a, T b) { return a * b; } };
+template <typename T>
+struct Min { static T apply(T a, T b) { return b < a ? b : a; } };
+template <typename T>
+struct Max { static T apply(T a, T b) { return a < b ? b : a; } };
+
+// Integer sums and products wrap (as they do in NCCL and MPI), computed in
+// unsigned arithmetic so that overflow is defined.
+template <typename T, template <typename> class Op>
+void loop(T* dst, const T* a, const T* b, std::size_t count) {
+  for (std::size_t i = 0; i < count; ++i) dst[i] = Op<T>::apply(a[i], b[i]);
+}
+
+template <typename T, typename U, template <typename> class Op>
+void loop_wrapping(T* dst, const T* a, const T* b, std::size_t count) {
+  for (std::size_t i = 0; i < count; ++i)
+    dst[i] = static_cast<T>(Op<U>::apply(static_cast<U>(a[i]), static_cast<U>(b[i])));
+}
+
+template <float (*ToF32)(std::uint16_t), std::uint16_t (*FromF32)(float), template <typename> class Op>
+void loop_half(std::uint16_t* dst, const std::uint16_t* a, const std::uint16_t* b, std::size_t count) {
+  constexpr std::size_t kBlock = 256;
+  float fa[kBlock], fb[kBlock];
+  for (std::size_t base = 0; base < count; base += kBlock) {
+    std::size_t n = std::min(kBlock, count - base);
+    for (std::size_t i = 0; i < n; ++i) fa[i] = ToF32(a[base + i]);
+    for (std::size_t i = 0; i < n; ++i) fb[i] = ToF32(b[base + i]);
+    for (std::size_t i = 0; i < n; ++i) dst[base + i] = FromF32(Op<float>::apply(fa[i], fb[i]));
+  }
+}
+
+template <template <typename> class Op>
+void dispatch(void* d, const void* a, const void* b, std::size_t n, DataType dtype) {
+  using u16 = std::uint16_t;
+  switch (dtype) {
+    case DataType::f32: return loop<float, Op>((float*)d, (const float*)a, (const float*)b, n);
+    case DataType::f64: return loop<double, Op>((double*)d, (const double*)a, (const double*)b, n);
+    case DataType::f16:
+      return loop_half<f16_to_f32, f32_to_f16, Op>((u16*)d, (const u16*)a, (const u16*)b, n);
+    case DataType::bf16:
+      return loop_half<bf16_to_f32, f32_to_bf16, Op>((u16*)d, (const u16*)a, (const u16*)b, n);
+    case DataType::i8:
+      return loop_wrapping<std::int8_t, std::uint32_t, Op>((std::int8_t*)d, (const std::int8_t*)a,
+                                                           (const std::int8_t*)b, n);
+    case DataType::u8: return loop<std::uint8_t, Op>((std::uint8_t*)d, (const std::uint8_t*)a,
+                                                     (const std::uint8_t*)b, n);
+    case DataType::i32:
+      return loop_wrapping<std::int32_t, std::uint32_t, Op>((std::int32_t*)d, (const std::int32_t*)a,
+                                                            (const std::int32_t*)b, n);
+    case DataType::i64:
+      return loop_wrapping<std::int64_t, std::uint64_t, Op>((std::int64_t*)d, (const std::int64_t*)a,
+                                                            (const std::int64_t*)b, n);
+  }
+}
+
+// min/max on signed integers must compare as signed, so they use plain loops.
+template <template <typename> class Op>
+void dispatch_ordered(void* d, const void* a, const void* b, std::size_t n, DataType dtype) {
+  switch (dtype) {
+    case DataType::i8: return loop<std::int8_t, Op>((std::int8_t*)d, (const std::int8_t*)a, (const std::int8_t*)b, n);
+    case DataType::i32: return loop<std::int32_t, Op>((std::int32_t*)d, (const std::int32_t*)a, (const std::int32_t*)b, n);
+    case DataType::i64: return loop<std::int64_t, Op>((std::int64_t*)d, (const std::int64_t*)a, (const std::int64_t*)b, n);
+    default: return dispatch<Op>(d, a, b, n, dtype);
+  }
+}
+
+template <typename T>
+void divide_loop(T* data, std::size_t count, int divisor) {
+  for (std::size_t i = 0; i < count; ++i) data[i] = static_cast<T>(data[i] / static_cast<T>(divisor));
+}
+
+template <float (*ToF32)(std::uint16_t), std::uint16_t (*FromF32)(float)>
+void divide_half(std::uint16_t* data, std::size_t count, int divisor) {
+  for (std::size_t i = 0; i < count; ++i) data[i] = FromF32(ToF32(data[i]) / static_cast<float>(divisor));
+}
+
+}  // namespace
+
+void reduce(void* dst, const void* a, const void* b, std::size_t count, DataType dtype, ReduceOp op) {
+  switch (op) {
+    case ReduceOp::sum:
+    case ReduceOp::avg: return dispatch<Sum>(dst, a, b, count, dtype);
+    case ReduceOp::prod: return dispatch<Prod>(dst, a, b, count, dtype);
+    case ReduceOp::min: return dispatch_ordered<Min>(dst, a, b, count, dtype);
+    case ReduceOp::max: return dispatch_ordered<Max>(dst, a, b, count, dtype);
+  }
+}
+
+void divide(void* data, std::size_t count, DataType dtype, int divisor) {
+  switch (dtype) {
+    case DataType::f32: return divide_loop((float*)data, count, divisor);
+    case DataType::f64: return divide_loop((double*)data, count, divisor);
+    case DataType::f16: return divide_half<f16_to_f32, f32_to_f16>((std::uint16_t*)data, count, divisor);
+    case DataType::bf16: return divide_half<bf16_to_f32, f32_to_bf16>((std::uint16_t*)data, count, divisor);
+    case DataType::i8: return divide_loop((std::int8_t*)data, count, divisor);
+    case DataType::u8: return divide_loop((std::uint8_t*)data, count, divisor);
+    case DataType::i32: return divide_loop((std::int32_t*)data, count, divisor);
+    case DataType::i64: return divide_loop((std::int64_t*)data, count, divisor);
+  }
+}
+
+float f16_to_f32(std::uint16_t h) {
+  std::uint32_t sign = static_cast<std::uint32_t>(h & 0x8000u) << 16;
+  std::uint32_t exp = (h >> 10) & 0x1fu;
+  std::uint32_t mant = h & 0x3ffu;
+  std::uint32_t bits;
+  if (exp == 0x1f) {
+    bits = sign | 0x7f800000u | (mant << 13);  // inf or NaN
+  } else if (exp != 0) {
+    bits = sign | ((exp + 112) << 23) | (mant << 13);
+  } else if (mant == 0) {
+    bits = sign;  // signed zero
+  } else {        // subnormal: normalise
+    int shift = 0;
+    while (!(mant & 0x400u)) { mant <<= 1; ++shift; }
+    mant &= 0x3ffu;
+    bits = sign | (static_cast<std::uint32_t>(113 - shift) << 23) | (mant << 13);
+  }
+  float f;
+  std::memcpy(&f, &bits, 4);
+  return f;
+}
+
+std::uint16_t f32_to_f16(float f) {
+  std::uint32_t bits;
+  std::memcpy(&bits, &f, 4);
+  std::uint16_t sign = static_cast<std::uint16_t>((bits >> 16) & 0x8000u);
+  std::uint32_t abs = bits & 0x7fffffffu;
+  if (abs >= 0x7f800000u)  // inf or NaN (NaN keeps a mantissa bit)
+    return sign | 0x7c00u | (abs > 0x7f800000u ? 0x200u : 0u);
+  if (abs >= 0x477ff000u) return sign | 0x7c00u;  // rounds to >= 65520: overflow to inf
+  if (abs < 0x38800000u) {                         // below the smallest normal half
+    if (abs < 0x33000000u) return sign;            // below half the smallest subnormal
+    std::uint32_t exp = abs >> 23;
+    std::uint32_t mant = (abs & 0x7fffffu) | 0x800000u;
+    std::uint32_t shift = 126 - exp;               // 14 + (113 - exp) - 1
+    std::uint32_t half = mant >> shift;
+    std::uint32_t rest = mant & ((1u << shift) - 1);
+    std::uint32_t midpoint = 1u << (shift - 1);
+    if (rest > midpoint || (rest == midpoint && (half & 1u))) ++half;
+    return sign | static_cast<std::uint16_t>(half);
+  }
+  std::uint32_t rounded = abs + 0xfffu + ((abs >> 13) & 1u);  // round to nearest even
+  return sign | static_cast<std::uint16_t>((rounded - 0x38000000u) >> 13);
+}
+
+float bf16_to_f32(std::uint16_t h) {
+  std::uint32_t bits = static_cast<std::uint32_t>(h) << 16;
+  float f;
+  std::memcpy(&f, &bits, 4);
+  return f;
+}
+
+std::uint16_t f32_to_bf16(float f) {
+  std::uint32_t bits;
+  std::memcpy(&bits, &f, 4);
+  if ((bits & 0x7fffffffu) > 0x7f800000u) return static_cast<std::uint16_t>((bits >> 16) | 0x40u);
+  bits += 0x7fffu + ((bits >> 16) & 1u);
+  return static_cast<std::uint16_t>(bits >> 16);
+}
+
+}  // namespace braid::kernels::cpu

@@ -1,0 +1,27 @@
+// Element-wise reductions for the collectives: the only arithmetic comm/
+// performs. Loops are written so the compiler vectorises them; f16 and bf16
+// are reduced through f32 and rounded back to nearest even.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "kernels/dtype.h"
+
+namespace braid::kernels::cpu {
+
+// dst[i] = op(a[i], b[i]) for i < count. dst may alias a or b (in-place
+// accumulate). ReduceOp::avg reduces as sum; call divide() on the result.
+void reduce(void* dst, const void* a, const void* b, std::size_t count,
+            DataType dtype, ReduceOp op);
+
+// data[i] /= divisor (integer types truncate toward zero), the final step of avg.
+void divide(void* data, std::size_t count, DataType dtype, int divisor);
+
+// IEEE half and bfloat16 <-> float, round to nearest even, NaN kept NaN.
+float f16_to_f32(std::uint16_t h);
+std::uint16_t f32_to_f16(float f);
+float bf16_to_f32(std::uint16_t h);
+std::uint16_t f32_to_bf16(float f);
+
+}  // namespace braid::kernels::cpu

@@ -1,0 +1,95 @@
+#include "runtime/config.h"
+
+#include <cstdlib>
+#include <stdexcept>
+
+#include "runtime/errors.h"
+
+namespace braid::runtime {
+namespace {
+
+const char* env(const char* name) {
+  const char* value = std::getenv(name);
+  return (value && *value) ? value : nullptr;
+}
+
+[[noreturn]] void bad(const char* name, const std::string& value, const std::string& allowed) {
+  throw InvalidUsage(std::string("environment variable ") + name + "='" + value +
+                     "' is invalid: expected " + allowed);
+}
+
+std::string one_of(const char* name, const std::string& fallback,
+                   std::initializer_list<const char*> allowed) {
+  const char* value = env(name);
+  if (!value) return fallback;
+  std::string list;
+  for (const char* a : allowed) {
+    if (value == std::string(a)) return value;
+    list += (list.empty() ? "" : "|") + std::string(a);
+  }
+  bad(name, value, list);
+}
+
+std::size_t bytes_in_range(const char* name, std::size_t fallback, std::size_t lo, std::size_t hi) {
+  const char* value = env(name);
+  if (!value) return fallback;
+  std::size_t parsed = 0;
+  try {
+    parsed = parse_bytes(value);
+  } catch (const InvalidUsage&) {
+    bad(name, value, "a byte count such as 4096, 256K or 4M");
+  }
+  if (parsed < lo || parsed > hi)
+    bad(name, value, "between " + std::to_string(lo) + " and " + std::to_string(hi) + " bytes");
+  return parsed;
+}
+
+Config read_config() {
+  Config c;
+  c.log_level = one_of("BRAID_LOG_LEVEL", c.log_level,
+                       {"trace", "debug", "info", "warn", "error", "off"});
+  if (const char* t = env("BRAID_TIMEOUT")) {
+    char* end = nullptr;
+    double seconds = std::strtod(t, &end);
+    if (*end != '\0' || !(seconds > 0) || seconds > 1e7) bad("BRAID_TIMEOUT", t, "seconds > 0");
+    c.timeout = std::chrono::milliseconds(static_cast<long long>(seconds * 1000));
+  }
+  if (const char* a = env("BRAID_BIND_ADDR")) c.bind_addr = a;
+  c.transport = one_of("BRAID_TRANSPORT", c.transport, {"auto", "tcp", "shm"});
+  c.algo = one_of("BRAID_ALGO", c.algo,
+                  {"auto", "ring", "recursive_doubling", "pipelined", "direct"});
+  c.tcp_nsocks = static_cast<int>(bytes_in_range("BRAID_TCP_NSOCKS", 1, 1, 16));
+  c.socket_buffer_bytes =
+      bytes_in_range("BRAID_SOCKET_BUFFER_BYTES", c.socket_buffer_bytes, 4096, 1u << 30);
+  c.segment_bytes = bytes_in_range("BRAID_SEGMENT_BYTES", c.segment_bytes, 4096, 1u << 30);
+  c.inline_bytes = bytes_in_range("BRAID_INLINE_BYTES", c.inline_bytes, 0, 1u << 30);
+  if (const char* h = env("BRAID_HOST_ID")) c.host_id = h;
+  return c;
+}
+
+}  // namespace
+
+std::size_t parse_bytes(const std::string& text) {
+  std::size_t pos = 0;
+  unsigned long long value = 0;
+  try {
+    value = std::stoull(text, &pos);
+  } catch (const std::exception&) {
+    throw InvalidUsage("'" + text + "' is not a byte count");
+  }
+  std::string suffix = text.substr(pos);
+  unsigned shift = 0;
+  if (suffix == "K" || suffix == "k" || suffix == "KiB") shift = 10;
+  else if (suffix == "M" || suffix == "m" || suffix == "MiB") shift = 20;
+  else if (suffix == "G" || suffix == "g" || suffix == "GiB") shift = 30;
+  else if (!suffix.empty() && suffix != "B") throw InvalidUsage("'" + text + "' has an unknown unit");
+  if (value > (~0ull >> shift)) throw InvalidUsage("'" + text + "' is too large");
+  return static_cast<std::size_t>(value << shift);
+}
+
+const Config& config() {
+  static const Config c = read_config();
+  return c;
+}
+
+}  // namespace braid::runtime

@@ -1,0 +1,51 @@
+// All BRAID_* settings, read once from the environment into one typed struct.
+//
+// Every field documents its variable, its default and its allowed values; the
+// README's configuration table is generated from the same facts and must
+// match. Nothing else in braid calls getenv() for a BRAID_* setting (rank
+// identity, which the launcher sets, lives in runtime/rank_info.h).
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <string>
+
+namespace braid::runtime {
+
+struct Config {
+  // BRAID_LOG_LEVEL: trace|debug|info|warn|error|off. Default warn.
+  std::string log_level = "warn";
+  // BRAID_TIMEOUT: seconds any single wait may take before it fails with a
+  // TimeoutError (collectives, store requests, connection set-up). Default 300.
+  std::chrono::milliseconds timeout{300'000};
+  // BRAID_BIND_ADDR: the only address braid listens on. Default 127.0.0.1.
+  std::string bind_addr = "127.0.0.1";
+  // BRAID_TRANSPORT: auto|tcp|shm. Which transport carries peer traffic.
+  std::string transport = "auto";
+  // BRAID_ALGO: auto|ring|recursive_doubling|... Forces the collective
+  // algorithm where the collective has it. Default auto (select.cc).
+  std::string algo = "auto";
+  // BRAID_TCP_NSOCKS: sockets per peer connection, 1..16. Default 1.
+  int tcp_nsocks = 1;
+  // BRAID_SOCKET_BUFFER_BYTES: SO_SNDBUF/SO_RCVBUF per socket. Default 4 MiB.
+  std::size_t socket_buffer_bytes = 4u << 20;
+  // BRAID_SEGMENT_BYTES: bytes per transport operation when a chunk is cut
+  // into segments to pipeline I/O with reduction. Default 256 KiB.
+  std::size_t segment_bytes = 256u << 10;
+  // BRAID_INLINE_BYTES: operations of at most this many bytes run in the
+  // calling thread when the communicator is idle (lower latency); larger
+  // ones run on the communicator's progress thread. Default 64 KiB.
+  std::size_t inline_bytes = 64u << 10;
+  // BRAID_HOST_ID: overrides the host identity used for topology. Default:
+  // the machine's hostname plus boot id.
+  std::string host_id;
+};
+
+// Parses the environment; throws InvalidUsage naming the variable on a bad
+// value. The first call reads, later calls return the same object.
+const Config& config();
+
+// Parses a byte count with an optional K/M/G (binary) suffix: "64M", "4096".
+std::size_t parse_bytes(const std::string& text);
+
+}  // namespace braid::runtime

@@ -1,0 +1,129 @@
+#include "runtime/rank_info.h"
+
+#include <cstdlib>
+#include <functional>
+#include <string>
+
+#include "runtime/errors.h"
+
+namespace braid::runtime {
+namespace {
+
+const char* env(const char* name) {
+  const char* value = std::getenv(name);
+  return (value && *value) ? value : nullptr;
+}
+
+int env_int(const char* name, int fallback, int lo, int hi) {
+  const char* value = env(name);
+  if (!value) return fallback;
+  char* end = nullptr;
+  long parsed = std::strtol(value, &end, 10);
+  if (*end != '\0' || parsed < lo || parsed > hi)
+    throw InvalidUsage(std::string("environment variable ") + name + "='" + value +
+                       "' must be an integer in [" + std::to_string(lo) + ", " +
+                       std::to_string(hi) + "]");
+  return static_cast<int>(parsed);
+}
+
+int required_int(const char* name, int lo, int hi) {
+  if (!env(name))
+    throw InvalidUsage(std::string("environment variable ") + name +
+                       " is not set; start the job with braid-launch, torchrun, srun or mpirun");
+  return env_int(name, 0, lo, hi);
+}
+
+void parse_store_addr(RankInfo& info, const std::string& addr, const char* var) {
+  auto colon = addr.rfind(':');
+  if (colon == std::string::npos || colon == 0)
+    throw InvalidUsage(std::string(var) + "='" + addr + "' must be host:port");
+  info.store_host = addr.substr(0, colon);
+  char* end = nullptr;
+  long port = std::strtol(addr.c_str() + colon + 1, &end, 10);
+  if (*end != '\0' || port <= 0 || port > 65535)
+    throw InvalidUsage(std::string(var) + "='" + addr + "' has an invalid port");
+  info.store_port = static_cast<std::uint16_t>(port);
+}
+
+void read_master(RankInfo& info, int port_offset) {
+  info.store_host = env("MASTER_ADDR") ? env("MASTER_ADDR") : "127.0.0.1";
+  info.store_port = static_cast<std::uint16_t>(env_int("MASTER_PORT", 29500, 1, 65534) + port_offset);
+}
+
+bool read_braid(RankInfo& info) {
+  if (!env("BRAID_RANK")) return false;
+  info.launcher = "braid-launch";
+  info.world_size = required_int("BRAID_WORLD_SIZE", 1, 1 << 20);
+  info.rank = required_int("BRAID_RANK", 0, info.world_size - 1);
+  info.local_world_size = env_int("BRAID_LOCAL_WORLD_SIZE", info.world_size, 1, info.world_size);
+  info.local_rank = env_int("BRAID_LOCAL_RANK", info.rank, 0, info.local_world_size - 1);
+  info.node_rank = env_int("BRAID_NODE_RANK", 0, 0, 1 << 20);
+  if (!env("BRAID_STORE_ADDR"))
+    throw InvalidUsage("BRAID_RANK is set but BRAID_STORE_ADDR is not; start ranks with braid-launch");
+  info.store_served_by_rank0 = false;
+  return true;
+}
+
+bool read_torchrun(RankInfo& info) {
+  if (!env("RANK") || !env("WORLD_SIZE")) return false;
+  info.launcher = "torchrun";
+  info.world_size = required_int("WORLD_SIZE", 1, 1 << 20);
+  info.rank = required_int("RANK", 0, info.world_size - 1);
+  info.local_world_size = env_int("LOCAL_WORLD_SIZE", info.world_size, 1, info.world_size);
+  info.local_rank = env_int("LOCAL_RANK", info.rank % info.local_world_size, 0, info.local_world_size - 1);
+  info.node_rank = env_int("GROUP_RANK", info.rank / info.local_world_size, 0, 1 << 20);
+  read_master(info, 1);
+  return true;
+}
+
+bool read_slurm(RankInfo& info) {
+  if (!env("SLURM_PROCID") || !env("SLURM_NTASKS")) return false;
+  info.launcher = "slurm";
+  info.world_size = required_int("SLURM_NTASKS", 1, 1 << 20);
+  info.rank = required_int("SLURM_PROCID", 0, info.world_size - 1);
+  info.local_rank = env_int("SLURM_LOCALID", 0, 0, info.world_size - 1);
+  info.local_world_size = env_int("SLURM_NTASKS_PER_NODE", info.world_size, 1, info.world_size);
+  info.node_rank = env_int("SLURM_NODEID", 0, 0, 1 << 20);
+  read_master(info, 0);
+  return true;
+}
+
+bool read_openmpi(RankInfo& info) {
+  if (!env("OMPI_COMM_WORLD_RANK")) return false;
+  info.launcher = "openmpi";
+  info.world_size = required_int("OMPI_COMM_WORLD_SIZE", 1, 1 << 20);
+  info.rank = required_int("OMPI_COMM_WORLD_RANK", 0, info.world_size - 1);
+  info.local_world_size = env_int("OMPI_COMM_WORLD_LOCAL_SIZE", info.world_size, 1, info.world_size);
+  info.local_rank = env_int("OMPI_COMM_WORLD_LOCAL_RANK", 0, 0, info.local_world_size - 1);
+  info.node_rank = env_int("OMPI_COMM_WORLD_NODE_RANK", 0, 0, 1 << 20);
+  read_master(info, 0);
+  return true;
+}
+
+std::string derived_token(const RankInfo& info) {
+  std::string shared = info.launcher + "|" + info.store_host + ":" + std::to_string(info.store_port);
+  for (const char* var : {"SLURM_JOB_ID", "OMPI_MCA_ess_base_jobid", "TORCHELASTIC_RUN_ID"})
+    if (env(var)) shared += std::string("|") + env(var);
+  return "derived-" + std::to_string(std::hash<std::string>{}(shared));
+}
+
+}  // namespace
+
+RankInfo rank_info_from_env() {
+  RankInfo info;
+  if (!read_braid(info) && !read_torchrun(info) && !read_slurm(info) && !read_openmpi(info)) {
+    info.launcher = "none";
+  }
+  if (const char* addr = env("BRAID_STORE_ADDR")) parse_store_addr(info, addr, "BRAID_STORE_ADDR");
+  info.job_token = env("BRAID_JOB_TOKEN") ? env("BRAID_JOB_TOKEN") : derived_token(info);
+  return info;
+}
+
+std::string describe(const RankInfo& info) {
+  return "rank " + std::to_string(info.rank) + "/" + std::to_string(info.world_size) +
+         " (local " + std::to_string(info.local_rank) + "/" + std::to_string(info.local_world_size) +
+         ", node " + std::to_string(info.node_rank) + ") via " + info.launcher + ", store " +
+         info.store_host + ":" + std::to_string(info.store_port);
+}
+
+}  // namespace braid::runtime

@@ -1,0 +1,83 @@
+// The rendezvous store: a TCP key-value service on Boost.Asio through which
+// ranks exchange everything they need to find each other (peer addresses,
+// shared-memory names, CUDA IPC handles, status for timeout attribution).
+//
+// StoreServer runs in braid-launch (or in rank 0 when no launcher serves it)
+// on its own thread. Store is the client: one connection, one request at a
+// time (a mutex serialises callers), every request bounded by a timeout.
+//
+// Wire protocol (all integers little-endian):
+//   handshake, client -> server: "BRDS" u32 version, u32 token_bytes, token
+//   handshake, server -> client: u8 status (0 ok, else refused) + u32 msg_bytes, msg
+//   request:  u32 body_bytes, u8 command, body
+//   response: u32 body_bytes, u8 status, body
+// A connection with a wrong token or version, a request larger than
+// kMaxRequestBytes, or a malformed body is answered with an error status
+// where possible, logged, and closed; the server keeps serving the others.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace braid::runtime {
+
+inline constexpr std::uint32_t kStoreProtocolVersion = 1;
+inline constexpr std::size_t kMaxRequestBytes = 64u << 20;
+
+using Bytes = std::vector<std::uint8_t>;
+
+class StoreServer {
+ public:
+  // Listens on bind_addr:port (port 0 picks a free one) and serves on a
+  // background thread until destroyed. Throws SystemError if it cannot bind.
+  StoreServer(const std::string& bind_addr, std::uint16_t port, std::string token);
+  ~StoreServer();
+  StoreServer(const StoreServer&) = delete;
+  StoreServer& operator=(const StoreServer&) = delete;
+
+  std::uint16_t port() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+class Store {
+ public:
+  // Connects, retrying until `connect_timeout` has passed (the server may
+  // start after the client), then performs the handshake. Throws
+  // TimeoutError if no server answered, RemoteError if it refused the token.
+  Store(const std::string& host, std::uint16_t port, std::string token,
+        std::chrono::milliseconds connect_timeout);
+  ~Store();
+  Store(const Store&) = delete;
+  Store& operator=(const Store&) = delete;
+
+  void set(const std::string& key, const Bytes& value);
+  void set(const std::string& key, const std::string& value);
+  // Waits until the key exists, then returns its value; TimeoutError names the key.
+  Bytes get(const std::string& key, std::chrono::milliseconds timeout);
+  std::string get_string(const std::string& key, std::chrono::milliseconds timeout);
+  // Returns the value if the key exists now, without waiting.
+  std::optional<Bytes> try_get(const std::string& key);
+  // Waits until every key exists; TimeoutError names the keys still missing.
+  void wait(const std::vector<std::string>& keys, std::chrono::milliseconds timeout);
+  // Atomically adds delta to the integer counter at key (absent = 0) and
+  // returns the new value.
+  std::int64_t add(const std::string& key, std::int64_t delta);
+  // Deletes the key; returns whether it existed.
+  bool remove(const std::string& key);
+
+  // Default timeout for requests that do not wait on keys (set, add, ...).
+  void set_request_timeout(std::chrono::milliseconds timeout);
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace braid::runtime

@@ -1,0 +1,85 @@
+// Reduction kernels against scalar definitions, and the f16/bf16 conversions
+// against exactly representable values and round-to-nearest-even ties.
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+#include "kernels/cpu/reduce.h"
+
+using namespace braid;
+using namespace braid::kernels::cpu;
+
+TEST_CASE("f16 conversion is exact on representable values and rounds ties to even") {
+  for (std::uint32_t h = 0; h < 0x10000; ++h) {
+    std::uint16_t half = static_cast<std::uint16_t>(h);
+    float f = f16_to_f32(half);
+    if (std::isnan(f)) {
+      CHECK(std::isnan(f16_to_f32(f32_to_f16(f))));
+      continue;
+    }
+    REQUIRE(f32_to_f16(f) == half);
+  }
+  CHECK(f16_to_f32(0x3c00) == 1.0f);
+  CHECK(f32_to_f16(1.0f + 0.00048828125f) == 0x3c00);   // halfway 1 and 1+2^-10: to even
+  CHECK(f32_to_f16(1.0f + 3 * 0.00048828125f) == 0x3c02);  // halfway, rounds up to even
+  CHECK(f32_to_f16(65520.0f) == 0x7c00);                 // overflows to inf
+  CHECK(f32_to_f16(65519.0f) == 0x7bff);
+  CHECK(f32_to_f16(std::ldexp(1.0f, -25)) == 0);         // tie at half the smallest subnormal
+  CHECK(f32_to_f16(std::ldexp(1.5f, -25)) == 1);
+}
+
+TEST_CASE("bf16 conversion is exact on representable values and rounds ties to even") {
+  for (std::uint32_t h = 0; h < 0x10000; ++h) {
+    float f = bf16_to_f32(static_cast<std::uint16_t>(h));
+    if (std::isnan(f)) continue;
+    REQUIRE(f32_to_bf16(f) == h);
+  }
+  CHECK(f32_to_bf16(1.0f + std::ldexp(1.0f, -8)) == 0x3f80);      // tie -> even (down)
+  CHECK(f32_to_bf16(1.0f + 3 * std::ldexp(1.0f, -8)) == 0x3f82);  // tie -> even (up)
+  CHECK(std::isnan(bf16_to_f32(f32_to_bf16(std::numeric_limits<float>::quiet_NaN()))));
+}
+
+template <typename T>
+std::vector<T> reduce_vec(const std::vector<T>& a, const std::vector<T>& b, DataType dt, ReduceOp op) {
+  std::vector<T> out(a.size());
+  reduce(out.data(), a.data(), b.data(), a.size(), dt, op);
+  return out;
+}
+
+TEST_CASE("integer reductions follow their definitions") {
+  std::vector<std::int32_t> a{1, -5, 7, 100, -3}, b{2, 3, -7, -100, -4};
+  CHECK(reduce_vec(a, b, DataType::i32, ReduceOp::sum) == std::vector<std::int32_t>{3, -2, 0, 0, -7});
+  CHECK(reduce_vec(a, b, DataType::i32, ReduceOp::prod) == std::vector<std::int32_t>{2, -15, -49, -10000, 12});
+  CHECK(reduce_vec(a, b, DataType::i32, ReduceOp::min) == std::vector<std::int32_t>{1, -5, -7, -100, -4});
+  CHECK(reduce_vec(a, b, DataType::i32, ReduceOp::max) == std::vector<std::int32_t>{2, 3, 7, 100, -3});
+  std::vector<std::int8_t> c{-100, 50}, d{-100, -60};
+  CHECK(reduce_vec(c, d, DataType::i8, ReduceOp::min) == std::vector<std::int8_t>{-100, -60});
+  CHECK(reduce_vec(c, d, DataType::i8, ReduceOp::sum) == std::vector<std::int8_t>{56, -10});  // wraps
+  std::vector<std::uint8_t> e{200, 3}, f{100, 4};
+  CHECK(reduce_vec(e, f, DataType::u8, ReduceOp::max) == std::vector<std::uint8_t>{200, 4});
+  std::vector<std::int64_t> g{1ll << 40, -1}, h{1ll << 40, 5};
+  CHECK(reduce_vec(g, h, DataType::i64, ReduceOp::sum) == std::vector<std::int64_t>{1ll << 41, 4});
+  std::vector<std::int32_t> avg{7, -7, 9};
+  divide(avg.data(), avg.size(), DataType::i32, 2);
+  CHECK(avg == std::vector<std::int32_t>{3, -3, 4});
+}
+
+TEST_CASE("float reductions in place and through f32 for half types") {
+  std::vector<float> a(1001), b(1001);
+  for (int i = 0; i < 1001; ++i) { a[i] = i * 0.5f; b[i] = 3.0f - i; }
+  reduce(a.data(), a.data(), b.data(), a.size(), DataType::f32, ReduceOp::sum);  // in place
+  for (int i = 0; i < 1001; ++i) REQUIRE(a[i] == i * 0.5f + 3.0f - i);
+  std::vector<double> x{1.5, -2}, y{2, 4};
+  CHECK(reduce_vec(x, y, DataType::f64, ReduceOp::prod) == std::vector<double>{3.0, -8.0});
+  std::vector<std::uint16_t> p(300), q(300), r(300);
+  for (int i = 0; i < 300; ++i) { p[i] = f32_to_f16(float(i)); q[i] = f32_to_f16(float(-2 * i)); }
+  reduce(r.data(), p.data(), q.data(), 300, DataType::f16, ReduceOp::max);
+  for (int i = 0; i < 300; ++i) REQUIRE(f16_to_f32(r[i]) == float(i));
+  for (int i = 0; i < 300; ++i) { p[i] = f32_to_bf16(float(i)); q[i] = f32_to_bf16(1.0f); }
+  reduce(r.data(), p.data(), q.data(), 300, DataType::bf16, ReduceOp::sum);
+  for (int i = 0; i < 300; ++i) REQUIRE(bf16_to_f32(r[i]) == bf16_to_f32(f32_to_bf16(bf16_to_f32(p[i]) + 1)));
+}
