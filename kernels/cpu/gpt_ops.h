@@ -110,3 +110,14 @@ void adamw_update(float* param, const float* grad, float* m, float* v,
                   std::size_t count, const AdamWParams& p);
 
 }  // namespace braid::kernels::cpu
+
+// ---- Additions (after the fixed API above) ---------------------------------
+namespace braid::kernels::cpu {
+
+// Single-thread sgemm peak in GFLOP/s: best of a few timed 1024x1024x1024
+// sgemms (2 * 1024^3 flops each) with OpenBLAS set to one thread, then the
+// previous thread count restored. Takes about 0.2 s. The trainer divides its
+// achieved GFLOP/s by this to report MFU.
+double measure_sgemm_gflops();
+
+}  // namespace braid::kernels::cpu
