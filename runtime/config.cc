@@ -72,6 +72,7 @@ Config read_config() {
 std::size_t parse_bytes(const std::string& text) {
   std::size_t pos = 0;
   unsigned long long value = 0;
+  if (text.empty() || text[0] < '0' || text[0] > '9') throw InvalidUsage("'" + text + "' is not a byte count");
   try {
     value = std::stoull(text, &pos);
   } catch (const std::exception&) {

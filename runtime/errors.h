@@ -27,7 +27,12 @@ class SystemError : public Error {
 // expect (wrong collective, wrong size, bad header, wrong token).
 class RemoteError : public Error {
  public:
-  using Error::Error;
+  explicit RemoteError(const std::string& what, int peer = -1) : Error(what), peer_(peer) {}
+  // The peer rank at fault, -1 when unknown.
+  int peer() const { return peer_; }
+
+ private:
+  int peer_;
 };
 
 // The caller asked for something invalid: bad arguments, bad configuration.

@@ -67,7 +67,10 @@ class Store {
   // Waits until every key exists; TimeoutError names the keys still missing.
   void wait(const std::vector<std::string>& keys, std::chrono::milliseconds timeout);
   // Atomically adds delta to the integer counter at key (absent = 0) and
-  // returns the new value.
+  // returns the new value. The counter is stored as decimal text, so get()
+  // on it returns e.g. "42" and set(key, "10") seeds it; add on a key whose
+  // value is not a decimal int64 throws InvalidUsage. Request bodies and
+  // statuses are detailed in runtime/store_wire.h.
   std::int64_t add(const std::string& key, std::int64_t delta);
   // Deletes the key; returns whether it existed.
   bool remove(const std::string& key);

@@ -1,0 +1,58 @@
+// The collective algorithms, one per file, each a free function that runs
+// the operation in x.op() through the Exchange. select.cc picks one per call.
+#pragma once
+
+#include <cstddef>
+#include <string_view>
+
+#include "comm/algorithms/exchange.h"
+
+namespace braid::comm {
+
+// How a message of `count` elements is cut into `parts` chunks: the first
+// count % parts chunks hold one element more.
+struct ChunkLayout {
+  std::size_t count = 0;
+  int parts = 1;
+  std::size_t offset(int chunk) const {
+    std::size_t base = count / parts, extra = count % parts;
+    return base * chunk + std::min<std::size_t>(chunk, extra);
+  }
+  std::size_t count_of(int chunk) const {
+    return count / parts + (static_cast<std::size_t>(chunk) < count % parts ? 1 : 0);
+  }
+};
+
+// Ring reduce-scatter of the `layout` chunks of `src` (element type and op from
+// x.op()): on return chunk `rank` of `dst` holds the reduction over all ranks.
+// Partial sums of other chunks are written to dst too, so dst must have room
+// for every chunk unless `final_only` is set, in which case dst points at the
+// rank's own output chunk and partial sums go to scratch.
+void reduce_scatter_ring(Exchange& x, const std::byte* src, std::byte* dst, const ChunkLayout& layout,
+                         bool final_only);
+// Ring all-gather: chunk `rank` of `buf` is present; on return every chunk is.
+void all_gather_ring(Exchange& x, std::byte* buf, const ChunkLayout& layout);
+
+void all_reduce_ring(Exchange& x);
+void all_reduce_recursive_doubling(Exchange& x);
+void reduce_scatter(Exchange& x);
+void all_gather(Exchange& x);
+void broadcast_pipelined(Exchange& x);
+void reduce_pipelined(Exchange& x);
+void all_to_all_pairwise(Exchange& x);
+void barrier_dissemination(Exchange& x);
+void send_direct(Exchange& x);
+void recv_direct(Exchange& x);
+
+// Algorithm table (select.cc): which function runs this op, and its name.
+struct Algorithm {
+  void (*run)(Exchange&) = nullptr;
+  std::string_view name;
+};
+// `forced` is BRAID_ALGO ("auto" for the table's choice).
+Algorithm select_algorithm(const Op& op, int size, std::string_view forced);
+
+// Elements per segment for this dtype (at least one).
+std::size_t segment_count(const Exchange& x);
+
+}  // namespace braid::comm

@@ -1,0 +1,89 @@
+// Exchange: everything a collective algorithm may touch while it runs.
+//
+// Algorithms see the operation being run, their rank and the communicator
+// size, and move bytes with send / recv / recv_view, identified by the peer
+// and the position of the message in the schedule (step, segment). The
+// Exchange turns those into wire headers carrying the operation's signature,
+// routes them to the transport that reaches the peer, and bounds every wait
+// by the operation's deadline. It deliberately exposes no socket, shared
+// memory name or transport type: algorithms build without any transport
+// header (a test checks their includes).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "comm/types.h"
+
+namespace braid::comm {
+
+class Transport;
+
+struct Request {
+  enum class Kind : std::uint8_t { send, recv, view };
+  Transport* transport = nullptr;
+  std::uint32_t id = 0;
+  int peer = -1;
+  Kind kind = Kind::send;
+};
+
+// The sizes an algorithm cuts messages into: chunks are what one rank owns in
+// a ring; segments are single transport operations.
+struct Tuning {
+  std::size_t segment_bytes = 256u << 10;
+  int window = 4;  // receives posted ahead of the one being consumed
+};
+
+class Exchange {
+ public:
+  // Describes where `peer` is (its last-entered operation) for timeout messages.
+  using PeerState = std::function<std::string(int peer)>;
+
+  Exchange(const Op& op, std::uint32_t comm_id, int rank, int size, std::vector<Transport*> routes,
+           Clock::time_point deadline, Tuning tuning, PeerState peer_state,
+           std::vector<std::byte>& scratch);
+  ~Exchange();
+
+  const Op& op() const { return op_; }
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+  const Tuning& tuning() const { return tuning_; }
+  std::size_t element_bytes() const { return dtype_bytes(op_.dtype); }
+
+  Request send(int peer, std::uint32_t step, std::uint32_t segment, const void* data, std::size_t bytes);
+  Request recv(int peer, std::uint32_t step, std::uint32_t segment, void* data, std::size_t bytes);
+  // Receive into transport memory; after wait(), view() gives the bytes until release().
+  Request recv_view(int peer, std::uint32_t step, std::uint32_t segment, std::size_t bytes);
+  std::span<const std::byte> view(const Request& request);
+  void release(const Request& request);
+
+  // Waits for one request; sends and plain receives are then released, a
+  // view receive stays readable until release().
+  void wait(const Request& request);
+  // Waits for every send posted so far.
+  void wait_sends();
+
+  // A buffer of at least `bytes` owned by the communicator, reused across ops.
+  std::byte* scratch(std::size_t bytes);
+
+ private:
+  void drive(const Request& request);
+  [[noreturn]] void timed_out(int peer);
+
+  Op op_;
+  std::uint32_t comm_id_;
+  int rank_, size_;
+  std::vector<Transport*> routes_;   // [peer] -> transport reaching it
+  std::vector<Transport*> distinct_; // each transport once
+  Clock::time_point deadline_;
+  Tuning tuning_;
+  PeerState peer_state_;
+  std::vector<std::byte>& scratch_;
+  std::vector<Request> sends_;
+};
+
+}  // namespace braid::comm

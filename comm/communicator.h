@@ -1,0 +1,83 @@
+// Communicator: braid's public API for collectives.
+//
+// A communicator is a group of ranks connected by transports. Every call
+// takes (send buffer, receive buffer, count, DataType[, ReduceOp][, root]),
+// works in place (same buffer, or for reduce_scatter / all_gather the rank's
+// own slice of the larger buffer, as in NCCL) and out of place, validates its
+// arguments before any byte moves (InvalidUsage), and returns a Work.
+//
+// Calls are queued and run in issue order by the communicator; small ones run
+// directly in the calling thread when the communicator is idle (lower
+// latency), the others on its progress thread, so several may be in flight
+// while the caller computes. After any operation fails the communicator is
+// aborted: its connections are closed (so peers fail fast too) and every
+// later call fails with AbortedError carrying the first error.
+//
+// Counts follow NCCL (see comm/types.h): reduce_scatter's count is per rank
+// (output), all_gather's count is per rank (input), all_to_all's count is per
+// peer.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "comm/types.h"
+#include "comm/work.h"
+#include "runtime/config.h"
+#include "runtime/rank_info.h"
+
+namespace braid::comm {
+
+struct TrafficStats {
+  std::uint64_t bytes_sent = 0;
+  std::uint64_t bytes_received = 0;
+};
+
+class Communicator {
+ public:
+  // The world communicator of this process, from the launcher's environment
+  // (runtime::rank_info_from_env). Connects to the store (serving it when this
+  // is rank 0 and no launcher does) and to every peer.
+  static std::unique_ptr<Communicator> create_world();
+  static std::unique_ptr<Communicator> create_world(const runtime::RankInfo& info);
+  // With explicit settings instead of the BRAID_* environment (tests, embedding).
+  static std::unique_ptr<Communicator> create_world(const runtime::RankInfo& info,
+                                                    const runtime::Config& config);
+  ~Communicator();
+  Communicator(const Communicator&) = delete;
+  Communicator& operator=(const Communicator&) = delete;
+
+  int rank() const;
+  int size() const;
+
+  Work all_reduce(const void* send, void* recv, std::size_t count, DataType dtype, ReduceOp op);
+  Work reduce_scatter(const void* send, void* recv, std::size_t recv_count, DataType dtype, ReduceOp op);
+  Work all_gather(const void* send, void* recv, std::size_t send_count, DataType dtype);
+  Work broadcast(const void* send, void* recv, std::size_t count, DataType dtype, int root);
+  Work reduce(const void* send, void* recv, std::size_t count, DataType dtype, ReduceOp op, int root);
+  Work send(const void* buffer, std::size_t count, DataType dtype, int peer);
+  Work recv(void* buffer, std::size_t count, DataType dtype, int peer);
+  Work all_to_all(const void* send, void* recv, std::size_t count_per_peer, DataType dtype);
+  Work barrier();
+
+  // Collective over this communicator: ranks passing the same color form a
+  // new communicator, ordered by (key, rank). A negative color takes part in
+  // the split but gets nullptr.
+  std::unique_ptr<Communicator> split(int color, int key);
+
+  // Payload bytes this communicator's transports moved since creation.
+  TrafficStats traffic() const;
+  // "tcp" for every peer, or e.g. "shm+tcp".
+  std::string transport_summary() const;
+
+  struct Impl;
+
+ private:
+  explicit Communicator(std::shared_ptr<Impl> impl);
+  Work submit(Op op);
+  std::shared_ptr<Impl> impl_;
+};
+
+}  // namespace braid::comm

@@ -1,0 +1,86 @@
+// Private: the state behind a Communicator, shared by communicator.cc (the
+// API and validation), engine.cc (the queue and progress thread) and
+// setup.cc (creating the world and split communicators).
+#pragma once
+
+#include <condition_variable>
+#include <deque>
+#include <exception>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "comm/algorithms/exchange.h"
+#include "comm/communicator.h"
+#include "comm/status.h"
+#include "comm/transport/transport.h"
+#include "runtime/config.h"
+#include "runtime/rank_info.h"
+
+namespace braid::runtime {
+class Store;
+class StoreServer;
+}  // namespace braid::runtime
+
+namespace braid::comm {
+
+struct WorkState {
+  std::mutex mu;
+  std::condition_variable cv;
+  bool done = false;
+  std::exception_ptr error;
+  void complete(std::exception_ptr e);
+};
+
+struct Communicator::Impl {
+  // Identity.
+  int rank = 0;
+  int size = 1;
+  std::uint32_t comm_id = 0;
+  std::string key_prefix;
+  runtime::RankInfo info;
+
+  // Rendezvous and transports.
+  std::shared_ptr<runtime::StoreServer> store_server;  // world communicator of rank 0 only
+  std::shared_ptr<runtime::Store> store;
+  std::vector<std::unique_ptr<Transport>> transports;
+  std::vector<Transport*> routes;  // [peer]
+  std::unique_ptr<StatusBoard> status;
+
+  // Settings: runtime::config() unless given explicitly; split inherits them.
+  runtime::Config config;
+  Tuning tuning;
+  std::string forced_algo;
+  std::chrono::milliseconds timeout{300'000};
+  std::size_t inline_bytes = 0;
+
+  // Engine: issue order is queue order; `running` marks the one op in flight.
+  std::mutex mu;
+  std::condition_variable cv;
+  std::deque<std::pair<Op, std::shared_ptr<WorkState>>> queue;
+  bool running = false;
+  bool stopping = false;
+  std::thread worker;
+  std::exception_ptr failure;  // first error; the communicator is aborted after it
+  std::uint64_t next_seq = 1;  // collectives, in issue order
+  // Point-to-point ops are numbered per peer and direction instead: ranks
+  // issue different numbers of them, so a global number would not match.
+  std::map<int, std::uint64_t> sends_to, receives_from;
+  int split_count = 0;
+  std::vector<std::byte> scratch;
+  std::map<OpKind, std::string> logged_choice;
+
+  ~Impl();
+  std::shared_ptr<WorkState> enqueue(Op op);
+  void execute(const Op& op, WorkState& state);
+  void run_worker();
+  void abort(const std::string& reason);
+};
+
+// Builds the transports of a communicator whose identity and store are set.
+void connect_transports(Communicator::Impl& impl);
+
+}  // namespace braid::comm

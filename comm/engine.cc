@@ -1,0 +1,178 @@
+// The engine: runs a communicator's operations one at a time, in issue order.
+//
+// Small operations run in the caller's thread when nothing is queued or
+// running (a thread hand-off would cost more than the operation); others go
+// to a progress thread started on first use, so the caller can compute while
+// they run. The thread sleeps on a condition variable when idle. An error
+// aborts the communicator: the reason goes to the store for the peers, the
+// transports are shut down so peers blocked on this rank fail fast, and every
+// queued or later operation fails with AbortedError naming the first error.
+#include <spdlog/spdlog.h>
+
+#include "comm/algorithms/algorithms.h"
+#include "comm/communicator_impl.h"
+#include "runtime/errors.h"
+
+namespace braid::comm {
+namespace {
+
+// The same exception type, with this rank and operation in front.
+std::exception_ptr with_context(const Op& op, int rank, std::exception_ptr error, StatusBoard* status) {
+  std::string where = "rank " + std::to_string(rank) + ", " + describe(op) + ": ";
+  try {
+    std::rethrow_exception(error);
+  } catch (const TimeoutError& e) {
+    return std::make_exception_ptr(TimeoutError(e.what()));  // already says who waits for whom
+  } catch (const RemoteError& e) {
+    std::string why = e.peer() >= 0 && status ? status->abort_reason(e.peer()) : std::string();
+    std::string text = where + e.what() + (why.empty() ? "" : "; it had failed first: " + why);
+    return std::make_exception_ptr(RemoteError(text, e.peer()));
+  } catch (const InvalidUsage& e) {
+    return std::make_exception_ptr(InvalidUsage(where + e.what()));
+  } catch (const AbortedError& e) {
+    return std::make_exception_ptr(AbortedError(e.what()));
+  } catch (const std::exception& e) {
+    return std::make_exception_ptr(SystemError(where + e.what()));
+  }
+}
+
+std::string message_of(std::exception_ptr error) {
+  try {
+    std::rethrow_exception(error);
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+}
+
+}  // namespace
+
+void WorkState::complete(std::exception_ptr e) {
+  {
+    std::lock_guard lock(mu);
+    error = std::move(e);
+    done = true;
+  }
+  cv.notify_all();
+}
+
+Communicator::Impl::~Impl() {
+  {
+    std::lock_guard lock(mu);
+    stopping = true;
+  }
+  cv.notify_all();
+  if (worker.joinable()) worker.join();
+  status.reset();
+  for (auto& t : transports) t->shutdown();
+}
+
+std::shared_ptr<WorkState> Communicator::Impl::enqueue(Op op) {
+  auto state = std::make_shared<WorkState>();
+  std::unique_lock lock(mu);
+  if (op.kind == OpKind::send) op.seq = ++sends_to[op.root];
+  else if (op.kind == OpKind::recv) op.seq = ++receives_from[op.root];
+  else op.seq = next_seq++;
+  std::size_t bytes = op.count * dtype_bytes(op.dtype);
+  if (!failure && queue.empty() && !running && bytes <= inline_bytes) {
+    running = true;
+    lock.unlock();
+    execute(op, *state);
+    lock.lock();
+    running = false;
+    lock.unlock();
+    cv.notify_all();
+    return state;
+  }
+  queue.emplace_back(op, state);
+  if (!worker.joinable()) worker = std::thread([this] { run_worker(); });
+  lock.unlock();
+  cv.notify_all();
+  return state;
+}
+
+void Communicator::Impl::run_worker() {
+  std::unique_lock lock(mu);
+  for (;;) {
+    cv.wait(lock, [this] { return (!queue.empty() && !running) || (stopping && queue.empty()); });
+    if (queue.empty()) return;
+    auto [op, state] = std::move(queue.front());
+    queue.pop_front();
+    running = true;
+    lock.unlock();
+    execute(op, *state);
+    lock.lock();
+    running = false;
+    cv.notify_all();
+  }
+}
+
+void Communicator::Impl::execute(const Op& op, WorkState& state) {
+  std::exception_ptr earlier;
+  {
+    std::lock_guard lock(mu);
+    earlier = failure;
+  }
+  if (earlier) {
+    state.complete(std::make_exception_ptr(AbortedError(
+        "rank " + std::to_string(rank) + ", " + describe(op) +
+        ": not run because the communicator was aborted by an earlier error: " + message_of(earlier))));
+    return;
+  }
+  try {
+    if (status) status->entered(op);
+    Algorithm algorithm = select_algorithm(op, size, forced_algo);
+    if (logged_choice[op.kind] != algorithm.name) {
+      logged_choice[op.kind] = algorithm.name;
+      spdlog::info("comm {:08x}: {} uses the {} algorithm (from {} bytes on {} ranks; BRAID_ALGO={})",
+                   comm_id, name(op.kind), algorithm.name, op.count * dtype_bytes(op.dtype), size,
+                   forced_algo);
+    }
+    Exchange x(op, comm_id, rank, size, routes, Clock::now() + timeout, tuning,
+               [this](int peer) { return status ? status->describe_peer(peer) : std::string("is unknown"); },
+               scratch);
+    algorithm.run(x);
+    state.complete(nullptr);
+  } catch (...) {
+    auto error = with_context(op, rank, std::current_exception(), status.get());
+    abort(message_of(error));
+    {
+      std::lock_guard lock(mu);
+      if (!failure) failure = error;
+    }
+    state.complete(error);
+  }
+}
+
+void Communicator::Impl::abort(const std::string& reason) {
+  spdlog::error("{}", reason);
+  if (status) status->publish_abort(reason);
+  for (auto& t : transports) t->shutdown();
+}
+
+void Work::wait() {
+  if (!state_) throw InvalidUsage("wait() on an empty Work");
+  std::unique_lock lock(state_->mu);
+  // Bounded: the operation (and every one queued before it) fails by itself
+  // within BRAID_TIMEOUT of starting.
+  while (!state_->cv.wait_for(lock, std::chrono::seconds(1), [this] { return state_->done; })) {
+  }
+  if (state_->error) std::rethrow_exception(state_->error);
+}
+
+void Work::wait(std::chrono::milliseconds timeout) {
+  if (!state_) throw InvalidUsage("wait() on an empty Work");
+  std::unique_lock lock(state_->mu);
+  if (!state_->cv.wait_for(lock, timeout, [this] { return state_->done; }))
+    throw TimeoutError("Work::wait: the operation did not complete within " + std::to_string(timeout.count()) +
+                       " ms (it is still queued or running)");
+  if (state_->error) std::rethrow_exception(state_->error);
+}
+
+bool Work::test() {
+  if (!state_) throw InvalidUsage("test() on an empty Work");
+  std::lock_guard lock(state_->mu);
+  if (state_->done && state_->error) std::rethrow_exception(state_->error);
+  return state_->done;
+}
+
+}  // namespace braid::comm

@@ -1,0 +1,230 @@
+// Connection set-up of the TCP transport, on Boost.Asio.
+//
+// Every rank listens on BRAID_BIND_ADDR with a kernel-chosen port and
+// publishes "host:port" under <prefix>/tcp/<rank>. Rank r connects
+// BRAID_TCP_NSOCKS sockets to every lower rank and accepts that many from
+// every higher rank, so each pair is connected exactly once per socket index.
+// The connecting side opens with a Hello:
+//   u32 magic "BRDT", u16 version, u16 socket index, i32 from, i32 to,
+//   u32 communicator id, u32 token bytes, token
+// and the accepting side answers one byte, 0 for accepted. A Hello with the
+// wrong magic, version, token, communicator or ranks is refused, logged and
+// closed, and the acceptor keeps waiting for the right peers; everything is
+// bounded by the timeout.
+#include <spdlog/spdlog.h>
+
+#include <unistd.h>
+
+#include <boost/asio.hpp>
+#include <cstring>
+#include <map>
+#include <memory>
+
+#include "comm/transport/tcp/transport.h"
+#include "runtime/errors.h"
+#include "runtime/store.h"
+
+namespace braid::comm::tcp {
+namespace {
+
+namespace asio = boost::asio;
+using asio::ip::tcp;
+
+constexpr std::uint32_t kHelloMagic = 0x54445242;  // "BRDT"
+constexpr std::uint16_t kHelloVersion = 1;
+constexpr std::uint32_t kMaxTokenBytes = 4096;
+
+struct Hello {
+  std::uint32_t magic = kHelloMagic;
+  std::uint16_t version = kHelloVersion;
+  std::uint16_t socket_index = 0;
+  std::int32_t from = 0;
+  std::int32_t to = 0;
+  std::uint32_t comm_id = 0;
+  std::uint32_t token_bytes = 0;
+};
+
+struct Mesh {
+  const MeshOptions& options;
+  asio::io_context io;
+  tcp::acceptor acceptor{io};
+  std::vector<std::vector<int>> fds;
+  int pending = 0;
+  std::exception_ptr error;
+
+  explicit Mesh(const MeshOptions& o) : options(o), fds(static_cast<std::size_t>(o.size)) {
+    for (int peer = 0; peer < o.size; ++peer)
+      if (peer != o.rank) fds[peer].assign(static_cast<std::size_t>(o.nsocks), -1);
+    pending = (o.size - 1) * o.nsocks;
+  }
+
+  void adopt(int peer, int index, tcp::socket& socket) {
+    fds[peer][index] = socket.release();
+    --pending;
+  }
+};
+
+// One incoming connection: read and check the Hello, answer, hand over the socket.
+struct Incoming : std::enable_shared_from_this<Incoming> {
+  Mesh& mesh;
+  tcp::socket socket;
+  Hello hello;
+  std::string token;
+  std::uint8_t verdict = 1;
+
+  Incoming(Mesh& m, tcp::socket s) : mesh(m), socket(std::move(s)) {}
+
+  void start() {
+    auto self = shared_from_this();
+    asio::async_read(socket, asio::buffer(&hello, sizeof hello), [self](auto ec, std::size_t) {
+      if (ec) return self->refuse("the connection closed during the handshake");
+      if (self->hello.magic != kHelloMagic) return self->refuse("it is not a braid peer (bad magic)");
+      if (self->hello.token_bytes > kMaxTokenBytes) return self->refuse("its token is oversized");
+      self->token.resize(self->hello.token_bytes);
+      asio::async_read(self->socket, asio::buffer(self->token), [self](auto ec2, std::size_t) {
+        if (ec2) return self->refuse("the connection closed during the handshake");
+        self->check();
+      });
+    });
+  }
+
+  void check() {
+    const MeshOptions& o = mesh.options;
+    const Hello& h = hello;
+    if (h.version != kHelloVersion) return refuse("it speaks protocol version " + std::to_string(h.version));
+    if (token != o.token) return refuse("it presented the wrong job token");
+    if (h.comm_id != o.comm_id || h.to != o.rank) return refuse("it addressed another communicator or rank");
+    if (h.from <= o.rank || h.from >= o.size || h.socket_index >= o.nsocks)
+      return refuse("it claimed to be rank " + std::to_string(h.from) + " socket " +
+                    std::to_string(h.socket_index));
+    if (mesh.fds[h.from][h.socket_index] != -1) return refuse("its rank and socket are already connected");
+    verdict = 0;
+    auto self = shared_from_this();
+    asio::async_write(socket, asio::buffer(&verdict, 1), [self](auto ec, std::size_t) {
+      if (ec) return;
+      self->mesh.adopt(self->hello.from, self->hello.socket_index, self->socket);
+    });
+  }
+
+  void refuse(const std::string& why) {
+    boost::system::error_code ec;
+    auto remote = socket.remote_endpoint(ec);
+    spdlog::warn("rank {} refused a TCP connection from {}: {}", mesh.options.rank,
+                 ec ? std::string("an unknown address") : remote.address().to_string(), why);
+    auto self = shared_from_this();
+    asio::async_write(socket, asio::buffer(&verdict, 1), [self](auto, std::size_t) {});
+  }
+};
+
+void accept_next(Mesh& mesh) {
+  mesh.acceptor.async_accept([&mesh](boost::system::error_code ec, tcp::socket socket) {
+    if (ec) return;
+    std::make_shared<Incoming>(mesh, std::move(socket))->start();
+    if (mesh.pending > 0) accept_next(mesh);
+  });
+}
+
+// One outgoing connection to a lower rank: connect, send the Hello, read the verdict.
+struct Outgoing : std::enable_shared_from_this<Outgoing> {
+  Mesh& mesh;
+  int peer, index;
+  tcp::socket socket;
+  std::vector<std::uint8_t> hello;
+  std::uint8_t verdict = 1;
+
+  Outgoing(Mesh& m, int p, int i) : mesh(m), peer(p), index(i), socket(m.io) {}
+
+  void start(const tcp::endpoint& endpoint) {
+    const MeshOptions& o = mesh.options;
+    Hello h;
+    h.socket_index = static_cast<std::uint16_t>(index);
+    h.from = o.rank;
+    h.to = peer;
+    h.comm_id = o.comm_id;
+    h.token_bytes = static_cast<std::uint32_t>(o.token.size());
+    hello.resize(sizeof h + o.token.size());
+    std::memcpy(hello.data(), &h, sizeof h);
+    std::memcpy(hello.data() + sizeof h, o.token.data(), o.token.size());
+    auto self = shared_from_this();
+    socket.async_connect(endpoint, [self, endpoint](auto ec) {
+      if (ec) return self->fail("could not connect to " + endpoint.address().to_string() + ":" +
+                                std::to_string(endpoint.port()) + " (" + ec.message() + ")");
+      asio::async_write(self->socket, asio::buffer(self->hello), [self](auto ec2, std::size_t) {
+        if (ec2) return self->fail("the connection closed during the handshake");
+        asio::async_read(self->socket, asio::buffer(&self->verdict, 1), [self](auto ec3, std::size_t) {
+          if (ec3 || self->verdict != 0)
+            return self->fail("it refused the handshake (different job token or communicator?)");
+          self->mesh.adopt(self->peer, self->index, self->socket);
+        });
+      });
+    });
+  }
+
+  void fail(const std::string& why) {
+    if (!mesh.error)
+      mesh.error = std::make_exception_ptr(RemoteError(
+          "rank " + std::to_string(mesh.options.rank) + " could not set up TCP with rank " +
+          std::to_string(peer) + ": " + why));
+  }
+};
+
+tcp::endpoint parse_endpoint(const std::string& text, int peer) {
+  auto colon = text.rfind(':');
+  boost::system::error_code ec;
+  auto address = asio::ip::make_address(text.substr(0, colon), ec);
+  if (colon == std::string::npos || ec)
+    throw RemoteError("rank " + std::to_string(peer) + " published an invalid address '" + text + "'");
+  return {address, static_cast<std::uint16_t>(std::stoi(text.substr(colon + 1)))};
+}
+
+std::string missing_peers(const Mesh& mesh) {
+  std::string list;
+  for (std::size_t peer = 0; peer < mesh.fds.size(); ++peer)
+    for (int fd : mesh.fds[peer])
+      if (fd == -1) {
+        list += (list.empty() ? "" : ", ") + std::to_string(peer);
+        break;
+      }
+  return list;
+}
+
+}  // namespace
+
+std::vector<std::vector<int>> connect_mesh(runtime::Store& store, const std::string& key_prefix,
+                                           const MeshOptions& o) {
+  Mesh mesh(o);
+  if (o.size == 1) return mesh.fds;
+  boost::system::error_code ec;
+  auto bind_address = asio::ip::make_address(o.bind_addr, ec);
+  if (ec) throw InvalidUsage("BRAID_BIND_ADDR='" + o.bind_addr + "' is not an IP address");
+  mesh.acceptor.open(bind_address.is_v6() ? tcp::v6() : tcp::v4());
+  mesh.acceptor.bind({bind_address, 0});
+  mesh.acceptor.listen(asio::socket_base::max_listen_connections);
+  auto local = mesh.acceptor.local_endpoint();
+  store.set(key_prefix + "/tcp/" + std::to_string(o.rank),
+            local.address().to_string() + ":" + std::to_string(local.port()));
+  if (o.rank < o.size - 1) accept_next(mesh);
+  for (int peer = 0; peer < o.rank; ++peer) {
+    auto address = store.get_string(key_prefix + "/tcp/" + std::to_string(peer), o.timeout);
+    auto endpoint = parse_endpoint(address, peer);
+    for (int index = 0; index < o.nsocks; ++index)
+      std::make_shared<Outgoing>(mesh, peer, index)->start(endpoint);
+  }
+  auto deadline = Clock::now() + o.timeout;
+  while (mesh.pending > 0 && !mesh.error && Clock::now() < deadline)
+    mesh.io.run_one_until(deadline);
+  mesh.acceptor.close();
+  if (!mesh.error && mesh.pending > 0)
+    mesh.error = std::make_exception_ptr(TimeoutError(
+        "rank " + std::to_string(o.rank) + " timed out setting up TCP connections: rank(s) " +
+        missing_peers(mesh) + " never connected; are they running with the same job token?"));
+  if (mesh.error) {
+    for (auto& peer_fds : mesh.fds)
+      for (int fd : peer_fds)
+        if (fd >= 0) ::close(fd);
+    std::rethrow_exception(mesh.error);
+  }
+  return mesh.fds;
+}
+
+}  // namespace braid::comm::tcp

@@ -1,0 +1,247 @@
+#include "comm/transport/tcp/transport.h"
+
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+
+#include "comm/transport/tcp/socket.h"
+#include "runtime/errors.h"
+
+namespace braid::comm::tcp {
+namespace {
+
+constexpr int kMaxIov = 64;
+constexpr std::size_t kHeaderBytes = sizeof(WireHeader);
+
+}  // namespace
+
+TcpTransport::TcpTransport(int rank, std::vector<std::vector<int>> fds, std::size_t buffer_bytes)
+    : rank_(rank), buffer_bytes_(buffer_bytes) {
+  streams_.resize(fds.size());
+  sent_count_.assign(fds.size(), 0);
+  received_count_.assign(fds.size(), 0);
+  for (std::size_t peer = 0; peer < fds.size(); ++peer) {
+    for (int fd : fds[peer]) {
+      tune_socket(fd, buffer_bytes_);
+      Stream stream;
+      stream.fd = fd;
+      stream.peer = static_cast<int>(peer);
+      streams_[peer].push_back(std::move(stream));
+    }
+  }
+}
+
+TcpTransport::~TcpTransport() { shutdown(); }
+
+void TcpTransport::shutdown() {
+  for (auto& peer_streams : streams_)
+    for (auto& stream : peer_streams)
+      if (stream.fd >= 0) {
+        ::shutdown(stream.fd, SHUT_RDWR);
+        ::close(stream.fd);
+        stream.fd = -1;
+      }
+}
+
+RequestId TcpTransport::allocate(int peer, bool is_send, const WireHeader& header) {
+  RequestId id;
+  if (!free_.empty()) {
+    id = free_.back();
+    free_.pop_back();
+  } else {
+    id = static_cast<RequestId>(requests_.size());
+    requests_.emplace_back();
+  }
+  Request& r = requests_[id];
+  r.in_use = true;
+  r.done = false;
+  r.is_send = is_send;
+  r.peer = peer;
+  r.header = header;
+  r.data = nullptr;
+  r.moved = 0;
+  return id;
+}
+
+TcpTransport::Stream& TcpTransport::stream_for(int peer, std::vector<std::uint64_t>& counter) {
+  auto& peer_streams = streams_.at(static_cast<std::size_t>(peer));
+  if (peer_streams.empty())
+    throw InvalidUsage("rank " + std::to_string(rank_) + " has no TCP connection to rank " +
+                       std::to_string(peer));
+  return peer_streams[counter[peer]++ % peer_streams.size()];
+}
+
+RequestId TcpTransport::post_send(int peer, const WireHeader& header, const void* data) {
+  RequestId id = allocate(peer, true, header);
+  requests_[id].data = static_cast<std::byte*>(const_cast<void*>(data));
+  stream_for(peer, sent_count_).sends.push_back(id);
+  return id;
+}
+
+RequestId TcpTransport::post_recv(int peer, const WireHeader& expected, void* data) {
+  RequestId id = allocate(peer, false, expected);
+  Request& r = requests_[id];
+  if (data) {
+    r.data = static_cast<std::byte*>(data);
+  } else {
+    r.staging = take_staging(expected.payload_bytes);
+    r.data = r.staging->data();
+  }
+  stream_for(peer, received_count_).recvs.push_back(id);
+  return id;
+}
+
+std::unique_ptr<std::vector<std::byte>> TcpTransport::take_staging(std::size_t bytes) {
+  std::unique_ptr<std::vector<std::byte>> buffer;
+  if (!staging_pool_.empty()) {
+    buffer = std::move(staging_pool_.back());
+    staging_pool_.pop_back();
+  } else {
+    buffer = std::make_unique<std::vector<std::byte>>();
+  }
+  if (buffer->size() < bytes) buffer->resize(bytes);
+  return buffer;
+}
+
+bool TcpTransport::is_done(RequestId request) { return requests_.at(request).done; }
+
+std::span<const std::byte> TcpTransport::view(RequestId request) {
+  const Request& r = requests_.at(request);
+  return {r.data, static_cast<std::size_t>(r.header.payload_bytes)};
+}
+
+void TcpTransport::release(RequestId request) {
+  Request& r = requests_.at(request);
+  if (r.staging) staging_pool_.push_back(std::move(r.staging));
+  r.in_use = false;
+  free_.push_back(request);
+}
+
+// Writes as many queued messages of this socket as the kernel takes, header
+// and payload of several messages gathered into one sendmsg.
+bool TcpTransport::pump_sends(Stream& stream) {
+  bool advanced = false;
+  while (!stream.sends.empty()) {
+    iovec iov[kMaxIov];
+    int count = 0;
+    for (RequestId id : stream.sends) {
+      if (count + 2 > kMaxIov) break;
+      Request& r = requests_[id];
+      std::size_t payload = r.header.payload_bytes;
+      if (r.moved < kHeaderBytes)
+        iov[count++] = {reinterpret_cast<char*>(&r.header) + r.moved, kHeaderBytes - r.moved};
+      std::size_t payload_moved = r.moved > kHeaderBytes ? r.moved - kHeaderBytes : 0;
+      if (payload > payload_moved) iov[count++] = {r.data + payload_moved, payload - payload_moved};
+    }
+    IoResult io = write_some(stream.fd, iov, count);
+    if (io.error) fail(stream, "sending to", io.error);
+    if (io.bytes == 0) break;
+    advanced = true;
+    std::size_t left = io.bytes;
+    while (left > 0 && !stream.sends.empty()) {
+      Request& r = requests_[stream.sends.front()];
+      std::size_t total = kHeaderBytes + r.header.payload_bytes;
+      std::size_t take = std::min(left, total - r.moved);
+      r.moved += take;
+      left -= take;
+      if (r.moved < total) break;
+      r.done = true;
+      bytes_sent_.fetch_add(r.header.payload_bytes, std::memory_order_relaxed);
+      stream.sends.pop_front();
+    }
+  }
+  return advanced;
+}
+
+void TcpTransport::finish_header(Request& r) {
+  std::string mismatch = header_mismatch(r.header, r.received, rank_, r.peer);
+  if (!mismatch.empty()) throw RemoteError(mismatch, r.peer);
+}
+
+// Reads the front receive of this socket: header and payload in one readv
+// (the header is checked before the request can complete), then the next.
+bool TcpTransport::pump_recvs(Stream& stream) {
+  bool advanced = false;
+  while (!stream.recvs.empty()) {
+    Request& r = requests_[stream.recvs.front()];
+    std::size_t total = kHeaderBytes + r.header.payload_bytes;
+    iovec iov[2];
+    int count = 0;
+    if (r.moved < kHeaderBytes)
+      iov[count++] = {reinterpret_cast<char*>(&r.received) + r.moved, kHeaderBytes - r.moved};
+    std::size_t payload_moved = r.moved > kHeaderBytes ? r.moved - kHeaderBytes : 0;
+    if (r.header.payload_bytes > payload_moved)
+      iov[count++] = {r.data + payload_moved, r.header.payload_bytes - payload_moved};
+    IoResult io = read_some(stream.fd, iov, count);
+    if (io.closed) fail(stream, "receiving from", 0);
+    if (io.error) fail(stream, "receiving from", io.error);
+    if (io.bytes == 0) break;
+    advanced = true;
+    bool had_header = r.moved >= kHeaderBytes;
+    r.moved += io.bytes;
+    if (!had_header && r.moved >= kHeaderBytes) finish_header(r);
+    if (r.moved < total) continue;
+    quick_ack(stream.fd);
+    r.done = true;
+    bytes_received_.fetch_add(r.header.payload_bytes, std::memory_order_relaxed);
+    stream.recvs.pop_front();
+  }
+  return advanced;
+}
+
+bool TcpTransport::progress(Clock::time_point deadline) {
+  auto pump_all = [this] {
+    bool advanced = false;
+    for (auto& peer_streams : streams_)
+      for (auto& stream : peer_streams) {
+        if (!stream.sends.empty()) advanced |= pump_sends(stream);
+        if (!stream.recvs.empty()) advanced |= pump_recvs(stream);
+      }
+    return advanced;
+  };
+  if (pump_all()) return true;
+  if (Clock::now() >= deadline) return false;
+  wait_io(deadline);
+  return pump_all();
+}
+
+// Blocks in ppoll until a socket with queued work is ready or the deadline
+// passes. Idle sockets are watched for hang-ups only, so early data from a
+// peer that is already in the next operation does not spin this loop.
+void TcpTransport::wait_io(Clock::time_point deadline) {
+  std::vector<pollfd> fds;
+  std::vector<Stream*> owners;
+  for (auto& peer_streams : streams_)
+    for (auto& stream : peer_streams) {
+      short events = 0;
+      if (!stream.sends.empty()) events |= POLLOUT;
+      if (!stream.recvs.empty()) events |= POLLIN;
+      if (events == 0 && !stream.hung_up) events = POLLRDHUP;
+      if (events == 0 || stream.fd < 0) continue;
+      fds.push_back({stream.fd, events, 0});
+      owners.push_back(&stream);
+    }
+  if (fds.empty()) return;
+  auto wait = std::max(deadline - Clock::now(), Clock::duration::zero());
+  auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(wait).count();
+  timespec ts{static_cast<time_t>(ns / 1'000'000'000), static_cast<long>(ns % 1'000'000'000)};
+  int ready = ppoll(fds.data(), fds.size(), &ts, nullptr);
+  if (ready < 0 && errno != EINTR) throw SystemError(errno_message("ppoll on TCP sockets", errno));
+  for (std::size_t i = 0; ready > 0 && i < fds.size(); ++i)
+    if (fds[i].events == POLLRDHUP && (fds[i].revents & (POLLRDHUP | POLLHUP | POLLERR)))
+      owners[i]->hung_up = true;  // reported when something is next expected from it
+}
+
+void TcpTransport::fail(const Stream& stream, const char* doing, int error) {
+  std::string peer = "rank " + std::to_string(stream.peer);
+  std::string cause = error ? std::string(std::strerror(error)) : "connection closed";
+  throw RemoteError("rank " + std::to_string(rank_) + " lost its TCP connection " + doing + " " + peer +
+                    " (" + cause + "): " + peer + " exited, crashed or aborted",
+                    stream.peer);
+}
+
+}  // namespace braid::comm::tcp

@@ -1,0 +1,107 @@
+// The TCP transport: one or more sockets (BRAID_TCP_NSOCKS) to every peer,
+// set up through the store by connect_mesh() (connection.cc), then driven by
+// one poll() loop in the thread running the current operation.
+//
+// Wire format on each socket: a stream of messages, each a WireHeader
+// (comm/wire.h) followed by header.payload_bytes of payload. The k-th message
+// between two ranks in one direction travels on socket k % nsocks, so both
+// sides agree on where each segment goes without any extra signalling, and
+// segments of one chunk spread over the sockets.
+//
+// The data path uses the raw descriptors with readv/sendmsg and ppoll rather
+// than Asio's reactor: one thread owns every socket of a communicator while
+// an operation runs, so a reactor's locking and handler queues buy nothing,
+// and a header plus its payload leave in one vectored call.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "comm/transport/transport.h"
+
+namespace braid::runtime {
+class Store;
+}
+
+namespace braid::comm::tcp {
+
+struct MeshOptions {
+  int rank = 0;
+  int size = 1;
+  std::uint32_t comm_id = 0;
+  int nsocks = 1;
+  std::size_t buffer_bytes = 4u << 20;
+  std::string bind_addr = "127.0.0.1";
+  std::string token;
+  std::chrono::milliseconds timeout{300'000};
+};
+
+// Connects this rank to every other rank of the communicator: publishes a
+// listening address under `key_prefix` in the store, connects to lower ranks,
+// accepts higher ranks. Every connection starts with a handshake carrying the
+// job token, protocol version, communicator id and both ranks; a mismatch is
+// refused and logged. Returns fds[peer][socket] (empty for this rank).
+std::vector<std::vector<int>> connect_mesh(runtime::Store& store, const std::string& key_prefix,
+                                           const MeshOptions& options);
+
+class TcpTransport final : public Transport {
+ public:
+  TcpTransport(int rank, std::vector<std::vector<int>> fds, std::size_t buffer_bytes);
+  ~TcpTransport() override;
+
+  std::string_view name() const override { return "tcp"; }
+  RequestId post_send(int peer, const WireHeader& header, const void* data) override;
+  RequestId post_recv(int peer, const WireHeader& expected, void* data) override;
+  bool is_done(RequestId request) override;
+  std::span<const std::byte> view(RequestId request) override;
+  void release(RequestId request) override;
+  bool progress(Clock::time_point deadline) override;
+  void shutdown() override;
+  std::uint64_t bytes_sent() const override { return bytes_sent_; }
+  std::uint64_t bytes_received() const override { return bytes_received_; }
+
+ private:
+  struct Request {
+    bool in_use = false;
+    bool done = false;
+    bool is_send = false;
+    int peer = -1;
+    WireHeader header;    // sent, or expected
+    WireHeader received;  // as it arrived
+    std::byte* data = nullptr;
+    std::size_t moved = 0;  // header + payload bytes moved so far
+    std::unique_ptr<std::vector<std::byte>> staging;
+  };
+  struct Stream {
+    int fd = -1;
+    int peer = -1;
+    bool hung_up = false;  // peer closed while we expected nothing from it
+    std::deque<RequestId> sends;
+    std::deque<RequestId> recvs;
+  };
+
+  RequestId allocate(int peer, bool is_send, const WireHeader& header);
+  Stream& stream_for(int peer, std::vector<std::uint64_t>& counter);
+  bool pump_sends(Stream& stream);
+  bool pump_recvs(Stream& stream);
+  void finish_header(Request& request);
+  void wait_io(Clock::time_point deadline);
+  [[noreturn]] void fail(const Stream& stream, const char* doing, int error);
+  std::unique_ptr<std::vector<std::byte>> take_staging(std::size_t bytes);
+
+  int rank_;
+  std::size_t buffer_bytes_;
+  std::vector<std::vector<Stream>> streams_;  // [peer][socket]
+  std::vector<std::uint64_t> sent_count_, received_count_;  // messages per peer
+  std::vector<Request> requests_;
+  std::vector<RequestId> free_;
+  std::vector<std::unique_ptr<std::vector<std::byte>>> staging_pool_;
+  std::atomic<std::uint64_t> bytes_sent_{0}, bytes_received_{0};
+};
+
+}  // namespace braid::comm::tcp

@@ -1,0 +1,61 @@
+// A Transport moves framed messages between this rank and its peers. It
+// never reduces and never knows which collective it serves: it sends a
+// header plus payload, and for a receive it checks the arriving header
+// against the one the caller expects (comm/wire.h) before any payload byte
+// is handed over.
+//
+// Requests are posted without blocking and complete in posting order per
+// peer and direction. A receive either lands in the caller's buffer, or, when
+// posted without one, stays in transport memory and is handed out as a view
+// (a span into a staging buffer for TCP, the shared ring for shm) that the
+// caller reduces from and then releases. progress() does all the I/O; it is
+// called by one thread at a time (the thread running the communicator's
+// current operation) and never blocks past the deadline it is given.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <string_view>
+
+#include "comm/types.h"
+#include "comm/wire.h"
+
+namespace braid::comm {
+
+using RequestId = std::uint32_t;
+
+class Transport {
+ public:
+  virtual ~Transport() = default;
+
+  virtual std::string_view name() const = 0;
+
+  virtual RequestId post_send(int peer, const WireHeader& header, const void* data) = 0;
+  // data == nullptr: receive into transport memory, read it with view().
+  virtual RequestId post_recv(int peer, const WireHeader& expected, void* data) = 0;
+
+  // Whether the request has completed; throws the error that failed it.
+  virtual bool is_done(RequestId request) = 0;
+  // The payload of a completed view receive; valid until release().
+  virtual std::span<const std::byte> view(RequestId request) = 0;
+  // Frees a completed request (every request must be released once).
+  virtual void release(RequestId request) = 0;
+
+  // Advances every posted request as far as possible without blocking; when
+  // nothing could advance, waits for I/O until `deadline` at the latest.
+  // Returns whether anything advanced. Throws RemoteError when a peer closes
+  // its connection or sends a mismatched header, SystemError on local
+  // failures; after a throw the transport is unusable.
+  virtual bool progress(Clock::time_point deadline) = 0;
+
+  // Closes every connection so that peers blocked on this rank fail fast.
+  virtual void shutdown() = 0;
+
+  // Bytes of payload moved, for traffic accounting.
+  virtual std::uint64_t bytes_sent() const = 0;
+  virtual std::uint64_t bytes_received() const = 0;
+};
+
+}  // namespace braid::comm

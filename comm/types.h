@@ -1,0 +1,45 @@
+// The public vocabulary of comm/: element types, reduction operators (from
+// kernels/), collective kinds, and the descriptor every call builds.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+#include "kernels/dtype.h"
+
+namespace braid::comm {
+
+using braid::DataType;
+using braid::ReduceOp;
+using Clock = std::chrono::steady_clock;
+
+enum class OpKind : std::uint8_t {
+  all_reduce, reduce_scatter, all_gather, broadcast, reduce,
+  send, recv, all_to_all, barrier,
+};
+std::string_view name(OpKind kind);
+
+// One collective call, as validated and queued. Counts follow NCCL:
+//   all_reduce, broadcast, reduce, send, recv: `count` elements in each buffer;
+//   reduce_scatter: recv has `count`, send has size*count;
+//   all_gather: send has `count`, recv has size*count;
+//   all_to_all: `count` per peer, both buffers size*count.
+// `root` is the root of broadcast/reduce and the peer of send/recv, else -1.
+struct Op {
+  OpKind kind = OpKind::barrier;
+  const void* send = nullptr;
+  void* recv = nullptr;
+  std::size_t count = 0;
+  DataType dtype = DataType::f32;
+  ReduceOp reduce_op = ReduceOp::sum;
+  int root = -1;
+  std::uint64_t seq = 0;  // position in this communicator's issue order, from 1
+};
+
+// "all_reduce #12 (count 1024, f32, sum)"
+std::string describe(const Op& op);
+
+}  // namespace braid::comm

@@ -1,0 +1,55 @@
+// Multi-process test harness: runs a function on N real processes (fork),
+// each with a world Communicator over real loopback sockets, under a deadline.
+//
+// The parent serves the store (as braid-launch would), forks the ranks and
+// waits; a rank that throws writes the message to its result file and exits
+// 1. When the deadline passes every rank is killed with SIGKILL and the run
+// reports it. Temporary files are removed whatever happens. Inside ranks use
+// braid::test::expect(), not Catch2 macros: Catch2 runs in the parent only.
+#pragma once
+
+#include <chrono>
+#include <functional>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "comm/communicator.h"
+#include "runtime/config.h"
+
+namespace braid::test {
+
+struct RankResult {
+  int exit_code = -1;     // -1 if killed by a signal
+  int signal = 0;         // the signal that ended it, 0 if it exited
+  std::string message;    // what the rank wrote to its result file (error text)
+  bool ok() const { return exit_code == 0; }
+};
+
+struct RunResult {
+  std::vector<RankResult> ranks;
+  bool timed_out = false;
+  std::chrono::milliseconds elapsed{0};
+  bool all_ok() const;
+  std::string summary() const;  // one line per rank, for failure messages
+};
+
+struct RunOptions {
+  std::chrono::seconds deadline{120};
+  runtime::Config config;  // settings every rank's communicator gets
+};
+
+// fn(comm, rank) runs on each of `size` ranks. Its return value is ignored;
+// a throw marks the rank failed with e.what() as its message.
+RunResult run_ranks(int size, const std::function<void(comm::Communicator&)>& fn, RunOptions options = {});
+
+// Throws std::runtime_error(message) when `condition` is false.
+inline void expect(bool condition, const std::string& message) {
+  if (!condition) throw std::runtime_error(message);
+}
+
+// A default config for tests: short timeout, small segments so that small
+// counts still exercise pipelining.
+runtime::Config test_config(std::chrono::milliseconds timeout = std::chrono::seconds(60));
+
+}  // namespace braid::test

@@ -1,0 +1,192 @@
+// Invariant 1 (DESIGN.md) on the TCP transport: every collective gives the
+// result of its definition for every dtype, op, rank count 1..8, count (0, 1,
+// a prime, one not divisible by the rank count, one of 64 MiB), in place and
+// out of place. Ranks are real processes on loopback sockets; inputs are
+// small integers (tools/bench/verify.h) so results are exact.
+#include <catch2/catch.hpp>
+
+#include <cstring>
+#include <vector>
+
+#include "tests/comm/harness.h"
+#include "tools/bench/verify.h"
+
+using namespace braid;
+using namespace braid::comm;
+using braid::test::expect;
+
+namespace {
+
+constexpr DataType kDtypes[] = {DataType::f32, DataType::f64, DataType::f16, DataType::bf16,
+                                DataType::i8,  DataType::u8,  DataType::i32, DataType::i64};
+constexpr ReduceOp kOps[] = {ReduceOp::sum, ReduceOp::prod, ReduceOp::min, ReduceOp::max, ReduceOp::avg};
+
+struct Case {
+  OpKind kind;
+  DataType dtype;
+  ReduceOp op;
+  std::size_t count;
+  bool in_place;
+  int root;
+};
+
+std::string describe(const Case& c, int size) {
+  return std::string(name(c.kind)) + " " + std::string(name(c.dtype)) + " " + std::string(name(c.op)) +
+         " count " + std::to_string(c.count) + (c.in_place ? " in place" : " out of place") + " root " +
+         std::to_string(c.root) + " on " + std::to_string(size) + " ranks";
+}
+
+// Runs one case on this rank and checks its output exactly.
+void run_case(Communicator& comm, const Case& c) {
+  const int n = comm.size(), r = comm.rank();
+  const std::size_t es = dtype_bytes(c.dtype), count = c.count;
+  const bool per_rank = c.kind == OpKind::reduce_scatter || c.kind == OpKind::all_gather ||
+                        c.kind == OpKind::all_to_all;
+  const std::size_t send_elems = (c.kind == OpKind::all_gather || !per_rank) ? count : count * n;
+  const std::size_t recv_elems = (c.kind == OpKind::reduce_scatter || !per_rank) ? count : count * n;
+  std::vector<std::byte> send(std::max<std::size_t>(1, send_elems) * es), recv(std::max<std::size_t>(1, recv_elems) * es);
+  std::byte* in = send.data();
+  std::byte* out = recv.data();
+  if (c.in_place) {
+    in = c.kind == OpKind::all_gather ? recv.data() + r * count * es : recv.data();
+    if (c.kind == OpKind::reduce_scatter) {  // the input is the big buffer, the output its slice
+      recv.assign(std::max<std::size_t>(1, count * n) * es, std::byte{0});
+      in = recv.data();
+      out = recv.data() + r * count * es;
+    } else {
+      out = recv.data();
+    }
+  }
+  std::size_t fill_elems = c.kind == OpKind::reduce_scatter ? count * n : send_elems;
+  verify::fill_input(in, fill_elems, 0, r, n, c.dtype, c.op);
+  switch (c.kind) {
+    case OpKind::all_reduce: comm.all_reduce(in, out, count, c.dtype, c.op).wait(); break;
+    case OpKind::reduce_scatter: comm.reduce_scatter(in, out, count, c.dtype, c.op).wait(); break;
+    case OpKind::all_gather: comm.all_gather(in, out, count, c.dtype).wait(); break;
+    case OpKind::broadcast: comm.broadcast(in, out, count, c.dtype, c.root).wait(); break;
+    case OpKind::reduce: comm.reduce(in, out, count, c.dtype, c.op, c.root).wait(); break;
+    case OpKind::all_to_all: comm.all_to_all(in, out, count, c.dtype).wait(); break;
+    default: break;
+  }
+  if (c.kind == OpKind::reduce && r != c.root) return;
+  verify::ExpectedTable table(n, c.dtype, c.op);
+  for (std::size_t i = 0; i < (c.kind == OpKind::reduce_scatter ? count : recv_elems); ++i) {
+    const std::byte* expected = nullptr;
+    switch (c.kind) {
+      case OpKind::all_reduce:
+      case OpKind::reduce: expected = table.reduction(i); break;
+      case OpKind::reduce_scatter: expected = table.reduction(r * count + i); break;
+      case OpKind::all_gather: expected = table.input(int(i / count), i % count); break;
+      case OpKind::broadcast: expected = table.input(c.root, i); break;
+      case OpKind::all_to_all: expected = table.input(int(i / count), r * count + i % count); break;
+      default: break;
+    }
+    if (std::memcmp(out + i * es, expected, es) != 0)
+      expect(false, "wrong element " + std::to_string(i) + " in " + describe(c, n));
+  }
+}
+
+std::vector<Case> grid(int size) {
+  std::vector<Case> cases;
+  const std::size_t counts[] = {0, 1, 1009, static_cast<std::size_t>(size) * 37 + 1};
+  const OpKind reducing[] = {OpKind::all_reduce, OpKind::reduce_scatter, OpKind::reduce};
+  const OpKind moving[] = {OpKind::all_gather, OpKind::broadcast, OpKind::all_to_all};
+  for (DataType dtype : kDtypes)
+    for (std::size_t count : counts)
+      for (bool in_place : {false, true}) {
+        int root = static_cast<int>(count % size);
+        for (OpKind kind : reducing)
+          for (ReduceOp op : kOps) cases.push_back({kind, dtype, op, count, in_place, root});
+        for (OpKind kind : moving) cases.push_back({kind, dtype, ReduceOp::sum, count, in_place, root});
+      }
+  return cases;
+}
+
+}  // namespace
+
+TEST_CASE("every collective x dtype x op x count x placement on 1 to 8 ranks", "[collectives]") {
+  int size = GENERATE(1, 2, 3, 4, 5, 6, 7, 8);
+  auto result = test::run_ranks(size, [](Communicator& comm) {
+    for (const Case& c : grid(comm.size())) run_case(comm, c);
+  }, {std::chrono::seconds(240), test::test_config()});
+  INFO(result.summary());
+  REQUIRE(result.all_ok());
+}
+
+TEST_CASE("64 MiB collectives with default segments", "[collectives][large]") {
+  int size = GENERATE(2, 3);
+  runtime::Config config = test::test_config();
+  config.segment_bytes = 256u << 10;
+  auto result = test::run_ranks(size, [](Communicator& comm) {
+    const std::size_t big = (64u << 20) / 4;  // 64 MiB of f32
+    for (bool in_place : {false, true}) {
+      run_case(comm, {OpKind::all_reduce, DataType::f32, ReduceOp::sum, big + 3, in_place, 0});
+      run_case(comm, {OpKind::reduce_scatter, DataType::f32, ReduceOp::sum, big / comm.size() + 1, in_place, 0});
+      run_case(comm, {OpKind::all_gather, DataType::f32, ReduceOp::sum, big / comm.size() + 1, in_place, 0});
+      run_case(comm, {OpKind::broadcast, DataType::f32, ReduceOp::sum, big, in_place, 1});
+      run_case(comm, {OpKind::reduce, DataType::f32, ReduceOp::max, big, in_place, 1});
+      run_case(comm, {OpKind::all_to_all, DataType::i32, ReduceOp::sum, big / comm.size(), in_place, 0});
+    }
+  }, {std::chrono::seconds(300), config});
+  INFO(result.summary());
+  REQUIRE(result.all_ok());
+}
+
+TEST_CASE("send and recv move exact bytes between any pair, with several sockets per peer", "[collectives]") {
+  int nsocks = GENERATE(1, 3);
+  runtime::Config config = test::test_config();
+  config.tcp_nsocks = nsocks;
+  auto result = test::run_ranks(4, [](Communicator& comm) {
+    const int n = comm.size(), r = comm.rank();
+    for (std::size_t count : {std::size_t{0}, std::size_t{1}, std::size_t{100003}}) {
+      std::vector<std::int32_t> out(count), in(count);
+      for (int shift = 1; shift < n; ++shift) {
+        int to = (r + shift) % n, from = (r - shift + n) % n;
+        for (std::size_t i = 0; i < count; ++i) out[i] = std::int32_t(r * 1000003 + i * shift);
+        // Lower rank of each pair sends first, so blocking sends never form a cycle.
+        if (r < to) {
+          comm.send(out.data(), count, DataType::i32, to).wait();
+          comm.recv(in.data(), count, DataType::i32, from).wait();
+        } else {
+          comm.recv(in.data(), count, DataType::i32, from).wait();
+          comm.send(out.data(), count, DataType::i32, to).wait();
+        }
+        for (std::size_t i = 0; i < count; ++i)
+          expect(in[i] == std::int32_t(from * 1000003 + i * shift), "wrong element from rank " + std::to_string(from));
+      }
+    }
+    // A ring all-reduce across three sockets still sums exactly.
+    run_case(comm, {OpKind::all_reduce, DataType::i64, ReduceOp::sum, 300001, false, 0});
+  }, {std::chrono::seconds(120), config});
+  INFO(result.summary());
+  REQUIRE(result.all_ok());
+}
+
+TEST_CASE("forced algorithms give the same results", "[collectives]") {
+  std::string algo = GENERATE(std::string("ring"), std::string("recursive_doubling"));
+  runtime::Config config = test::test_config();
+  config.algo = algo;
+  auto result = test::run_ranks(5, [](Communicator& comm) {
+    for (std::size_t count : {std::size_t{1}, std::size_t{17}, std::size_t{40000}})
+      for (ReduceOp op : kOps) run_case(comm, {OpKind::all_reduce, DataType::f32, op, count, count == 17, 0});
+  }, {std::chrono::seconds(120), config});
+  INFO(result.summary());
+  REQUIRE(result.all_ok());
+}
+
+TEST_CASE("traffic counters follow the ring's 2(N-1)/N", "[collectives]") {
+  auto result = test::run_ranks(4, [](Communicator& comm) {
+    const std::size_t count = 1 << 20;
+    std::vector<float> buf(count, 1.0f);
+    auto before = comm.traffic();
+    comm.all_reduce(buf.data(), buf.data(), count, DataType::f32, ReduceOp::sum).wait();
+    auto after = comm.traffic();
+    double sent = double(after.bytes_sent - before.bytes_sent);
+    double expected = 2.0 * 3 / 4 * count * 4;
+    expect(std::abs(sent - expected) <= 16, "sent " + std::to_string(sent) + " bytes, theory " + std::to_string(expected));
+    expect(after.bytes_received - before.bytes_received == after.bytes_sent - before.bytes_sent,
+           "a ring receives what it sends");
+  }, {std::chrono::seconds(60), test::test_config()});
+  INFO(result.summary());
+  REQUIRE(result.all_ok());
+}

@@ -1,0 +1,76 @@
+// Pieces of comm/ that need no peers: the wire check, the chunk layout, and
+// the structural rule that algorithms include no transport header.
+#include <catch2/catch.hpp>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <regex>
+
+#include "comm/algorithms/algorithms.h"
+#include "comm/wire.h"
+
+using namespace braid;
+using namespace braid::comm;
+
+TEST_CASE("header check names both calls on a mismatch") {
+  Op mine{OpKind::all_reduce, nullptr, nullptr, 1024, DataType::f32, ReduceOp::sum, -1, 812};
+  Op theirs{OpKind::all_gather, nullptr, nullptr, 1024, DataType::f32, ReduceOp::sum, -1, 812};
+  auto expected = expected_header(7, mine, 1, 2, 0, 0, 64);
+  auto got = make_header(7, theirs, 2, 1, 0, 0, 64);
+  std::string text = header_mismatch(expected, got, 1, 2);
+  CHECK_THAT(text, Catch::Contains("rank 1 called all_reduce #812"));
+  CHECK_THAT(text, Catch::Contains("rank 2 called all_gather #812"));
+  CHECK(header_mismatch(expected, make_header(7, mine, 2, 1, 0, 0, 64), 1, 2).empty());
+  auto garbage = got;
+  garbage.magic = 0x12345678;
+  CHECK_THAT(header_mismatch(expected, garbage, 1, 2), Catch::Contains("not a braid message header"));
+  auto other_comm = make_header(8, mine, 2, 1, 0, 0, 64);
+  CHECK_THAT(header_mismatch(expected, other_comm, 1, 2), Catch::Contains("another communicator"));
+  Op bigger = mine;
+  bigger.count = 2048;
+  CHECK_THAT(header_mismatch(expected, make_header(7, bigger, 2, 1, 0, 0, 64), 1, 2), Catch::Contains("count 2048"));
+}
+
+TEST_CASE("point-to-point headers match send against recv") {
+  Op send{OpKind::send, nullptr, nullptr, 10, DataType::i32, ReduceOp::sum, 3, 5};
+  Op recv{OpKind::recv, nullptr, nullptr, 10, DataType::i32, ReduceOp::sum, 0, 5};
+  auto sent = make_header(1, send, 0, 3, 0, 0, 40);
+  CHECK(header_mismatch(expected_header(1, recv, 3, 0, 0, 0, 40), sent, 3, 0).empty());
+  Op wrong = recv;
+  wrong.count = 11;
+  CHECK_FALSE(header_mismatch(expected_header(1, wrong, 3, 0, 0, 0, 40), sent, 3, 0).empty());
+}
+
+TEST_CASE("chunk layout covers every element once") {
+  for (std::size_t count : {0, 1, 7, 100, 1009})
+    for (int parts = 1; parts <= 8; ++parts) {
+      ChunkLayout layout{count, parts};
+      std::size_t total = 0;
+      for (int c = 0; c < parts; ++c) {
+        REQUIRE(layout.offset(c) == total);
+        total += layout.count_of(c);
+      }
+      REQUIRE(total == count);
+    }
+}
+
+TEST_CASE("algorithms include no transport header") {
+  const char* root = BRAID_SOURCE_ROOT;
+  std::regex include_line(R"(#include\s+"([^"]+)\")");
+  int files = 0;
+  for (const auto& entry : std::filesystem::directory_iterator(std::filesystem::path(root) / "comm" / "algorithms")) {
+    std::ifstream in(entry.path());
+    std::string line;
+    ++files;
+    while (std::getline(in, line)) {
+      std::smatch m;
+      if (!std::regex_search(line, m, include_line)) continue;
+      std::string header = m[1];
+      INFO(entry.path().string() << " includes " << header);
+      CHECK((header.rfind("comm/algorithms/", 0) == 0 || header.rfind("kernels/", 0) == 0 ||
+             header == "comm/types.h"));
+    }
+  }
+  CHECK(files >= 10);
+}

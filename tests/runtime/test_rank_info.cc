@@ -1,0 +1,226 @@
+// runtime/rank_info: who this process is, from each launcher's environment,
+// with braid-launch > torchrun > Slurm > Open MPI precedence and
+// InvalidUsage naming the variable for anything missing or malformed.
+#include <catch2/catch.hpp>
+
+#include <cstdlib>
+#include <map>
+#include <optional>
+#include <string>
+
+#include "runtime/errors.h"
+#include "runtime/rank_info.h"
+
+using namespace braid;
+using Catch::Matchers::Contains;
+using runtime::rank_info_from_env;
+
+namespace {
+
+// Clears every variable rank_info reads, sets the given ones, and restores
+// the original environment when the test ends.
+class ScopedEnv {
+ public:
+  explicit ScopedEnv(const std::map<std::string, std::string>& vars) {
+    for (const char* name : kVars) {
+      const char* value = std::getenv(name);
+      saved_[name] = value ? std::optional<std::string>(value) : std::nullopt;
+      ::unsetenv(name);
+    }
+    for (const auto& [name, value] : vars) ::setenv(name.c_str(), value.c_str(), 1);
+  }
+  ~ScopedEnv() {
+    for (const auto& [name, value] : saved_) {
+      if (value) ::setenv(name.c_str(), value->c_str(), 1);
+      else ::unsetenv(name.c_str());
+    }
+  }
+  ScopedEnv(const ScopedEnv&) = delete;
+  ScopedEnv& operator=(const ScopedEnv&) = delete;
+
+ private:
+  static constexpr const char* kVars[] = {
+      "BRAID_RANK", "BRAID_WORLD_SIZE", "BRAID_LOCAL_RANK", "BRAID_LOCAL_WORLD_SIZE", "BRAID_NODE_RANK",
+      "BRAID_STORE_ADDR", "BRAID_JOB_TOKEN", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE",
+      "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID", "SLURM_PROCID", "SLURM_NTASKS",
+      "SLURM_LOCALID", "SLURM_NTASKS_PER_NODE", "SLURM_NODEID", "SLURM_JOB_ID", "OMPI_COMM_WORLD_RANK",
+      "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE",
+      "OMPI_COMM_WORLD_NODE_RANK", "OMPI_MCA_ess_base_jobid"};
+  std::map<std::string, std::optional<std::string>> saved_;
+};
+
+const std::map<std::string, std::string> kBraid = {
+    {"BRAID_RANK", "3"},       {"BRAID_WORLD_SIZE", "8"},  {"BRAID_LOCAL_RANK", "1"},
+    {"BRAID_LOCAL_WORLD_SIZE", "2"}, {"BRAID_NODE_RANK", "1"}, {"BRAID_STORE_ADDR", "10.0.0.5:40123"},
+    {"BRAID_JOB_TOKEN", "job-42"}};
+const std::map<std::string, std::string> kTorchrun = {
+    {"RANK", "5"},       {"WORLD_SIZE", "8"},          {"LOCAL_RANK", "1"},     {"LOCAL_WORLD_SIZE", "4"},
+    {"GROUP_RANK", "1"}, {"MASTER_ADDR", "node0"},     {"MASTER_PORT", "29400"}};
+const std::map<std::string, std::string> kSlurm = {
+    {"SLURM_PROCID", "6"}, {"SLURM_NTASKS", "12"}, {"SLURM_LOCALID", "2"},     {"SLURM_NTASKS_PER_NODE", "4"},
+    {"SLURM_NODEID", "1"}, {"SLURM_JOB_ID", "777"}, {"MASTER_ADDR", "head"},   {"MASTER_PORT", "31000"}};
+const std::map<std::string, std::string> kOpenMpi = {
+    {"OMPI_COMM_WORLD_RANK", "2"}, {"OMPI_COMM_WORLD_SIZE", "4"}, {"OMPI_COMM_WORLD_LOCAL_RANK", "0"},
+    {"OMPI_COMM_WORLD_LOCAL_SIZE", "2"}, {"OMPI_COMM_WORLD_NODE_RANK", "1"}};
+
+std::map<std::string, std::string> merged(std::map<std::string, std::string> a,
+                                          const std::map<std::string, std::string>& b) {
+  a.insert(b.begin(), b.end());
+  return a;
+}
+
+std::map<std::string, std::string> with(std::map<std::string, std::string> vars, const std::string& name,
+                                        const std::string& value) {
+  vars[name] = value;
+  return vars;
+}
+
+}  // namespace
+
+TEST_CASE("rank_info: no launcher means one process serving its own store", "[rank_info]") {
+  ScopedEnv env({});
+  auto info = rank_info_from_env();
+  CHECK(info.launcher == "none");
+  CHECK(info.rank == 0);
+  CHECK(info.world_size == 1);
+  CHECK(info.store_port == 0);
+  CHECK(info.store_served_by_rank0);
+  CHECK_FALSE(info.job_token.empty());
+}
+
+TEST_CASE("rank_info: braid-launch variables", "[rank_info]") {
+  ScopedEnv env(kBraid);
+  auto info = rank_info_from_env();
+  CHECK(info.launcher == "braid-launch");
+  CHECK(info.rank == 3);
+  CHECK(info.world_size == 8);
+  CHECK(info.local_rank == 1);
+  CHECK(info.local_world_size == 2);
+  CHECK(info.node_rank == 1);
+  CHECK(info.store_host == "10.0.0.5");
+  CHECK(info.store_port == 40123);
+  CHECK_FALSE(info.store_served_by_rank0);
+  CHECK(info.job_token == "job-42");
+  CHECK_THAT(runtime::describe(info), Contains("rank 3/8") && Contains("braid-launch") &&
+                                          Contains("10.0.0.5:40123"));
+}
+
+TEST_CASE("rank_info: torchrun variables, store on MASTER_PORT + 1", "[rank_info]") {
+  ScopedEnv env(kTorchrun);
+  auto info = rank_info_from_env();
+  CHECK(info.launcher == "torchrun");
+  CHECK(info.rank == 5);
+  CHECK(info.world_size == 8);
+  CHECK(info.local_rank == 1);
+  CHECK(info.local_world_size == 4);
+  CHECK(info.node_rank == 1);
+  CHECK(info.store_host == "node0");
+  CHECK(info.store_port == 29401);
+  CHECK(info.store_served_by_rank0);
+}
+
+TEST_CASE("rank_info: Slurm variables", "[rank_info]") {
+  ScopedEnv env(kSlurm);
+  auto info = rank_info_from_env();
+  CHECK(info.launcher == "slurm");
+  CHECK(info.rank == 6);
+  CHECK(info.world_size == 12);
+  CHECK(info.local_rank == 2);
+  CHECK(info.local_world_size == 4);
+  CHECK(info.node_rank == 1);
+  CHECK(info.store_host == "head");
+  CHECK(info.store_port == 31000);
+}
+
+TEST_CASE("rank_info: Open MPI variables, store defaulting to 127.0.0.1:29500", "[rank_info]") {
+  ScopedEnv env(kOpenMpi);
+  auto info = rank_info_from_env();
+  CHECK(info.launcher == "openmpi");
+  CHECK(info.rank == 2);
+  CHECK(info.world_size == 4);
+  CHECK(info.local_rank == 0);
+  CHECK(info.local_world_size == 2);
+  CHECK(info.node_rank == 1);
+  CHECK(info.store_host == "127.0.0.1");
+  CHECK(info.store_port == 29500);
+}
+
+TEST_CASE("rank_info: precedence is braid-launch, torchrun, Slurm, Open MPI", "[rank_info]") {
+  SECTION("braid-launch over everything") {
+    ScopedEnv env(merged(merged(merged(kBraid, kTorchrun), kSlurm), kOpenMpi));
+    CHECK(rank_info_from_env().launcher == "braid-launch");
+  }
+  SECTION("torchrun over Slurm and Open MPI") {
+    ScopedEnv env(merged(merged(kTorchrun, kSlurm), kOpenMpi));
+    CHECK(rank_info_from_env().launcher == "torchrun");
+  }
+  SECTION("Slurm over Open MPI") {
+    ScopedEnv env(merged(kSlurm, kOpenMpi));
+    CHECK(rank_info_from_env().launcher == "slurm");
+  }
+}
+
+TEST_CASE("rank_info: BRAID_STORE_ADDR and BRAID_JOB_TOKEN override any launcher", "[rank_info]") {
+  ScopedEnv env(merged(kTorchrun, {{"BRAID_STORE_ADDR", "store-host:5555"}, {"BRAID_JOB_TOKEN", "tok"}}));
+  auto info = rank_info_from_env();
+  CHECK(info.launcher == "torchrun");
+  CHECK(info.store_host == "store-host");
+  CHECK(info.store_port == 5555);
+  CHECK(info.job_token == "tok");
+}
+
+TEST_CASE("rank_info: the derived token is shared by a job's ranks and differs between jobs", "[rank_info]") {
+  auto token_for = [](const std::map<std::string, std::string>& vars) {
+    ScopedEnv env(vars);
+    return rank_info_from_env().job_token;
+  };
+  std::string rank6 = token_for(kSlurm);
+  CHECK(rank6 == token_for(with(with(kSlurm, "SLURM_PROCID", "7"), "SLURM_LOCALID", "3")));
+  CHECK(rank6 != token_for(with(kSlurm, "SLURM_JOB_ID", "778")));
+}
+
+TEST_CASE("rank_info: malformed values are InvalidUsage naming the variable", "[rank_info]") {
+  auto [vars, variable] = GENERATE(table<std::map<std::string, std::string>, std::string>({
+      {with(kBraid, "BRAID_RANK", "three"), "BRAID_RANK"},
+      {with(kBraid, "BRAID_RANK", "8"), "BRAID_RANK"},  // not below the world size
+      {with(kBraid, "BRAID_WORLD_SIZE", "0"), "BRAID_WORLD_SIZE"},
+      {with(kBraid, "BRAID_LOCAL_RANK", "2"), "BRAID_LOCAL_RANK"},
+      {with(kBraid, "BRAID_STORE_ADDR", "no-port"), "BRAID_STORE_ADDR"},
+      {with(kBraid, "BRAID_STORE_ADDR", "host:99999"), "BRAID_STORE_ADDR"},
+      {with(kBraid, "BRAID_STORE_ADDR", "host:12ab"), "BRAID_STORE_ADDR"},
+      {with(kTorchrun, "RANK", "-1"), "RANK"},
+      {with(kTorchrun, "WORLD_SIZE", "8x"), "WORLD_SIZE"},
+      {with(kTorchrun, "MASTER_PORT", "65536"), "MASTER_PORT"},
+      {with(kSlurm, "SLURM_NTASKS", ""), "SLURM"},  // empty counts as unset: not Slurm at all
+      {with(kSlurm, "SLURM_PROCID", "12"), "SLURM_PROCID"},
+      {with(kOpenMpi, "OMPI_COMM_WORLD_LOCAL_RANK", "2"), "OMPI_COMM_WORLD_LOCAL_RANK"},
+  }));
+  ScopedEnv env(vars);
+  if (variable == "SLURM") {
+    CHECK(rank_info_from_env().launcher == "none");
+  } else {
+    CHECK_THROWS_AS(rank_info_from_env(), InvalidUsage);
+    CHECK_THROWS_WITH(rank_info_from_env(), Contains(variable));
+  }
+}
+
+TEST_CASE("rank_info: missing required variables are InvalidUsage naming them", "[rank_info]") {
+  SECTION("BRAID_RANK without BRAID_STORE_ADDR") {
+    auto vars = kBraid;
+    vars.erase("BRAID_STORE_ADDR");
+    ScopedEnv env(vars);
+    CHECK_THROWS_WITH(rank_info_from_env(), Contains("BRAID_STORE_ADDR"));
+  }
+  SECTION("BRAID_RANK without BRAID_WORLD_SIZE") {
+    auto vars = kBraid;
+    vars.erase("BRAID_WORLD_SIZE");
+    ScopedEnv env(vars);
+    CHECK_THROWS_WITH(rank_info_from_env(), Contains("BRAID_WORLD_SIZE"));
+  }
+  SECTION("OMPI_COMM_WORLD_RANK without its size") {
+    auto vars = kOpenMpi;
+    vars.erase("OMPI_COMM_WORLD_SIZE");
+    ScopedEnv env(vars);
+    CHECK_THROWS_WITH(rank_info_from_env(), Contains("OMPI_COMM_WORLD_SIZE"));
+  }
+}

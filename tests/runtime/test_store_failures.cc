@@ -1,0 +1,223 @@
+// The store failing well: timeouts that name the missing keys, refusals of
+// wrong tokens and broken requests (after which the server keeps serving),
+// a silent server, and a server destroyed under parked waiters. Time bounds
+// are generous: they catch hangs, not slowness.
+#include <catch2/catch.hpp>
+#include <sys/socket.h>
+
+#include <atomic>
+
+#include "runtime/errors.h"
+#include "runtime/store.h"
+#include "tests/runtime/store_test_util.h"
+
+using namespace braid;
+using namespace braid::test;
+using Catch::Matchers::Contains;
+using runtime::StoreServer;
+
+namespace {
+
+constexpr std::uint8_t kSet = 1, kGet = 2, kTryGet = 3, kWait = 4;
+constexpr std::uint8_t kStatusBadRequest = 4;
+
+// The server still serves a well-behaved client.
+void check_still_serving(const StoreServer& server) {
+  auto store = connect_store(server.port());
+  store->set("alive", std::string("yes"));
+  CHECK(store->get_string("alive", 1s) == "yes");
+}
+
+// Accepts one connection, completes its handshake, then never answers.
+class SilentServer {
+ public:
+  SilentServer() : listen_fd_(::socket(AF_INET, SOCK_STREAM, 0)) {
+    sockaddr_in addr = loopback(0);
+    socklen_t addr_bytes = sizeof addr;
+    ::bind(listen_fd_, reinterpret_cast<sockaddr*>(&addr), sizeof addr);
+    ::listen(listen_fd_, 4);
+    ::getsockname(listen_fd_, reinterpret_cast<sockaddr*>(&addr), &addr_bytes);
+    port_ = ntohs(addr.sin_port);
+    thread_ = std::make_unique<TestThread>([this] { serve_handshake(); });
+  }
+  ~SilentServer() {
+    ::shutdown(listen_fd_, SHUT_RDWR);  // wakes accept() if no client came
+    thread_.reset();
+    ::close(conn_fd_);
+    ::close(listen_fd_);
+  }
+  std::uint16_t port() const { return port_; }
+
+ private:
+  void serve_handshake() {
+    conn_fd_ = ::accept(listen_fd_, nullptr, nullptr);
+    Bytes hello_bytes = hello();
+    Bytes got(hello_bytes.size());
+    ::recv(conn_fd_, got.data(), got.size(), MSG_WAITALL);
+    Bytes ok{0, 0, 0, 0, 0};
+    ::send(conn_fd_, ok.data(), ok.size(), MSG_NOSIGNAL);
+  }
+
+  int listen_fd_;
+  int conn_fd_ = -1;
+  std::uint16_t port_ = 0;
+  std::unique_ptr<TestThread> thread_;
+};
+
+}  // namespace
+
+TEST_CASE("store failures: get of a missing key times out naming the key", "[store][failure]") {
+  StoreServer server("127.0.0.1", 0, kToken);
+  auto store = connect_store(server.port());
+  auto start = std::chrono::steady_clock::now();
+  CHECK_THROWS_WITH(store->get("never-set", 200ms), Contains("'never-set'") && Contains("200 ms"));
+  CHECK(seconds_since(start) >= 0.19);
+  CHECK(seconds_since(start) < 5);
+  // The server answered the timeout, so the connection is still good.
+  store->set("after", std::string("timeout"));
+  CHECK(store->get_string("after", 1s) == "timeout");
+}
+
+TEST_CASE("store failures: wait times out naming the keys still missing", "[store][failure]") {
+  StoreServer server("127.0.0.1", 0, kToken);
+  auto store = connect_store(server.port());
+  store->set("present", std::string("1"));
+  auto start = std::chrono::steady_clock::now();
+  try {
+    store->wait({"present", "missing-a", "missing-b"}, 200ms);
+    FAIL("wait returned although keys were missing");
+  } catch (const TimeoutError& e) {
+    CHECK_THAT(e.what(), Contains("keys [missing-a, missing-b] did not appear"));
+  }
+  CHECK(seconds_since(start) < 5);
+}
+
+TEST_CASE("store failures: a client with no server times out after its connect timeout", "[store][failure]") {
+  std::uint16_t port = unused_port();
+  auto start = std::chrono::steady_clock::now();
+  CHECK_THROWS_AS(connect_store(port, kToken, 300ms), TimeoutError);
+  CHECK(seconds_since(start) >= 0.29);
+  CHECK(seconds_since(start) < 5);
+}
+
+TEST_CASE("store failures: a silent server makes requests time out on the client", "[store][failure]") {
+  SilentServer silent;
+  auto store = connect_store(silent.port());
+  store->set_request_timeout(200ms);
+  auto start = std::chrono::steady_clock::now();
+  CHECK_THROWS_AS(store->set("k", std::string("v")), TimeoutError);
+  CHECK(seconds_since(start) < 5);
+  // The stream is out of step now; the Store says so instead of guessing.
+  CHECK_THROWS_AS(store->try_get("k"), RemoteError);
+}
+
+TEST_CASE("store failures: a wrong token is refused and named", "[store][failure]") {
+  StoreServer server("127.0.0.1", 0, kToken);
+  CHECK_THROWS_AS(connect_store(server.port(), "some-other-job"), RemoteError);
+  CHECK_THROWS_WITH(connect_store(server.port(), "some-other-job"), Contains("token"));
+  check_still_serving(server);
+}
+
+TEST_CASE("store failures: a wrong handshake is refused and the connection closed", "[store][failure]") {
+  StoreServer server("127.0.0.1", 0, kToken);
+  auto [hello_bytes, reason] = GENERATE(table<Bytes, std::string>({
+      {hello(kToken, runtime::kStoreProtocolVersion, "HTTP"), "magic"},
+      {hello(kToken, runtime::kStoreProtocolVersion + 1), "version"},
+      {hello(std::string(5000, 't')), "too long"},
+      {hello(""), "token"},
+  }));
+  RawClient raw(server.port());
+  REQUIRE(raw.send(hello_bytes));
+  auto [status, message] = raw.recv_handshake_reply();
+  CHECK(status != 0);
+  CHECK_THAT(message, Contains("refused") && Contains(reason));
+  CHECK(raw.closed_by_peer());
+  check_still_serving(server);
+}
+
+TEST_CASE("store failures: an oversized request is refused and the server keeps serving", "[store][failure]") {
+  StoreServer server("127.0.0.1", 0, kToken);
+  RawClient raw(server.port());
+  REQUIRE(raw.send(hello()));
+  REQUIRE(raw.recv_handshake_reply().first == 0);
+  REQUIRE(raw.send(cat({le32_bytes(static_cast<std::uint32_t>(runtime::kMaxRequestBytes + 1)), Bytes{kSet}})));
+  auto [status, message] = raw.recv_response();
+  CHECK(status == kStatusBadRequest);
+  CHECK_THAT(message, Contains("exceeds"));
+  CHECK(raw.closed_by_peer());
+  check_still_serving(server);
+}
+
+TEST_CASE("store failures: malformed requests are refused and the server keeps serving", "[store][failure]") {
+  Bytes past_body = cat({le32_bytes(1000), Bytes{'k'}});  // key_bytes far beyond the body
+  Bytes huge_count = cat({le32_bytes(100), le32_bytes(0xffffffff)});  // timeout_ms, key count
+  Bytes trailing = cat({key_field("k"), Bytes{0}});
+  auto [frame, reason] = GENERATE_COPY(table<Bytes, std::string>({
+      {request(99, key_field("k")), "unknown store command"},
+      {request(kSet, {1, 2}), "runs past"},
+      {request(kTryGet, past_body), "runs past"},
+      {request(kWait, huge_count), "key count"},
+      {request(kTryGet, trailing), "unexpected bytes"},
+  }));
+  StoreServer server("127.0.0.1", 0, kToken);
+  RawClient raw(server.port());
+  REQUIRE(raw.send(hello()));
+  REQUIRE(raw.recv_handshake_reply().first == 0);
+  REQUIRE(raw.send(frame));
+  auto [status, message] = raw.recv_response();
+  CHECK(status == kStatusBadRequest);
+  CHECK_THAT(message, Contains(reason));
+  CHECK(raw.closed_by_peer());
+  check_still_serving(server);
+}
+
+TEST_CASE("store failures: a half-sent request does not hold up other clients", "[store][failure]") {
+  StoreServer server("127.0.0.1", 0, kToken);
+  RawClient raw(server.port());
+  REQUIRE(raw.send(hello()));
+  REQUIRE(raw.recv_handshake_reply().first == 0);
+  REQUIRE(raw.send({50, 0, 0, 0, kSet, 1}));  // promises 50 bytes, sends 1
+  check_still_serving(server);
+}
+
+TEST_CASE("store failures: a waiter that hangs up is forgotten", "[store][failure]") {
+  StoreServer server("127.0.0.1", 0, kToken);
+  {
+    RawClient raw(server.port());
+    REQUIRE(raw.send(hello()));
+    REQUIRE(raw.recv_handshake_reply().first == 0);
+    REQUIRE(raw.send(request(kGet, cat({le32_bytes(60'000), key_field("later")}))));
+    std::this_thread::sleep_for(50ms);
+  }  // hangs up while parked
+  std::this_thread::sleep_for(50ms);
+  auto store = connect_store(server.port());
+  store->set("later", std::string("now"));  // wakes nobody, harms nothing
+  CHECK(store->get_string("later", 1s) == "now");
+}
+
+TEST_CASE("store failures: destroying the server frees parked waiters and idle clients", "[store][failure]") {
+  auto server = std::make_unique<StoreServer>("127.0.0.1", 0, kToken);
+  auto idle = connect_store(server->port());
+  std::atomic<int> remote_errors{0};
+  std::vector<std::unique_ptr<TestThread>> waiters;
+  for (int i = 0; i < 3; ++i) {
+    std::shared_ptr<runtime::Store> store = connect_store(server->port());
+    waiters.push_back(std::make_unique<TestThread>([&remote_errors, store] {
+      try {
+        store->get("never", 30s);
+      } catch (const RemoteError& e) {
+        remote_errors += std::string(e.what()).find("closed the connection") != std::string::npos;
+      }
+    }));
+  }
+  std::this_thread::sleep_for(200ms);  // let the waiters park
+
+  auto start = std::chrono::steady_clock::now();
+  server.reset();
+  CHECK(seconds_since(start) < 5);
+  for (auto& waiter : waiters) waiter->join();
+  CHECK(remote_errors == 3);
+  CHECK(seconds_since(start) < 5);
+  CHECK_THROWS_AS(idle->set("k", std::string("v")), RemoteError);
+  CHECK_THROWS_AS(idle->try_get("k"), RemoteError);
+}

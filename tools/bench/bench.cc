@@ -1,0 +1,268 @@
+#include "tools/bench/bench.h"
+
+#include <nlohmann/json.hpp>
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <vector>
+
+#include "comm/algorithms/algorithms.h"
+#include "comm/communicator.h"
+#include "tools/bench/verify.h"
+#include "runtime/errors.h"
+
+namespace braid::comm {
+namespace {
+
+
+using Seconds = std::chrono::duration<double>;
+
+struct Case {
+  std::size_t count = 0;        // the per-call count argument
+  std::size_t send_elems = 0, recv_elems = 0;
+  double bus_factor = 1.0;
+};
+
+Case make_case(const std::string& coll, std::size_t bytes, std::size_t es, int n) {
+  Case c;
+  std::size_t elems = bytes / es;
+  double nn = n;
+  if (coll == "all_reduce") {
+    c = {elems, elems, elems, 2 * (nn - 1) / nn};
+  } else if (coll == "reduce_scatter" || coll == "all_gather" || coll == "all_to_all") {
+    std::size_t per = elems / n;
+    c.count = per;
+    c.send_elems = coll == "all_gather" ? per : per * n;
+    c.recv_elems = coll == "reduce_scatter" ? per : per * n;
+    c.bus_factor = (nn - 1) / nn;
+  } else {
+    c = {elems, elems, elems, 1.0};
+  }
+  return c;
+}
+
+// The op select.cc would see for this row, to print the algorithm that ran.
+Op probe_op(const std::string& collective, std::size_t count, DataType dtype) {
+  static const std::pair<const char*, OpKind> kKinds[] = {
+      {"all_reduce", OpKind::all_reduce}, {"reduce_scatter", OpKind::reduce_scatter},
+      {"all_gather", OpKind::all_gather}, {"broadcast", OpKind::broadcast},
+      {"reduce", OpKind::reduce},         {"all_to_all", OpKind::all_to_all},
+      {"send_recv", OpKind::send}};
+  Op op;
+  for (const auto& [text, kind] : kKinds)
+    if (collective == text) op.kind = kind;
+  op.count = count;
+  op.dtype = dtype;
+  return op;
+}
+
+class Runner {
+ public:
+  Runner(Communicator& comm, const BenchOptions& o) : comm_(comm), o_(o), es_(dtype_bytes(o.dtype)) {}
+
+  void prepare(const Case& c) {
+    c_ = c;
+    send_.assign(std::max<std::size_t>(1, c.send_elems) * es_, std::byte{0});
+    recv_.assign(std::max<std::size_t>(1, c.recv_elems) * es_, std::byte{0});
+  }
+
+  // Fills the input (in place: inside the receive buffer where NCCL puts it).
+  void fill(bool in_place) {
+    verify::fill_input(input(in_place), c_.send_elems, 0, comm_.rank(), comm_.size(), o_.dtype, o_.op);
+  }
+
+  std::byte* input(bool in_place) {
+    if (!in_place) return send_.data();
+    if (o_.collective == "all_gather") return recv_.data() + comm_.rank() * c_.count * es_;
+    return recv_.data();
+  }
+
+  Work issue(bool in_place) {
+    std::byte* in = input(in_place);
+    std::byte* out = recv_.data();
+    const std::string& coll = o_.collective;
+    int n = comm_.size(), r = comm_.rank();
+    if (coll == "all_reduce") return comm_.all_reduce(in, out, c_.count, o_.dtype, o_.op);
+    if (coll == "reduce_scatter")
+      return comm_.reduce_scatter(in, in_place ? in + r * c_.count * es_ : out, c_.count, o_.dtype, o_.op);
+    if (coll == "all_gather") return comm_.all_gather(in, out, c_.count, o_.dtype);
+    if (coll == "broadcast") return comm_.broadcast(in, out, c_.count, o_.dtype, o_.root);
+    if (coll == "reduce") return comm_.reduce(in, out, c_.count, o_.dtype, o_.op, o_.root);
+    if (coll == "all_to_all") return comm_.all_to_all(in, out, c_.count, o_.dtype);
+    // send_recv: a ring shift; even ranks send first so the chain never closes into a cycle.
+    int to = (r + 1) % n, from = (r - 1 + n) % n;
+    if (r % 2 == 0) {
+      comm_.send(in, c_.count, o_.dtype, to);
+      return comm_.recv(out, c_.count, o_.dtype, from);
+    }
+    comm_.recv(out, c_.count, o_.dtype, from);
+    return comm_.send(in, c_.count, o_.dtype, to);
+  }
+
+  // Number of wrong output elements on this rank.
+  std::size_t count_wrong(bool in_place) {
+    const std::string& coll = o_.collective;
+    int n = comm_.size(), r = comm_.rank();
+    std::size_t wrong = 0;
+    const std::byte* out = coll == "reduce_scatter" && in_place ? recv_.data() + r * c_.count * es_ : recv_.data();
+    std::size_t elems = coll == "reduce_scatter" ? c_.count : c_.recv_elems;
+    if (coll == "reduce" && r != o_.root) return 0;
+    verify::ExpectedTable table(n, o_.dtype, o_.op);
+    for (std::size_t i = 0; i < elems; ++i) {
+      const std::byte* expect;
+      if (coll == "all_reduce" || coll == "reduce") {
+        expect = table.reduction(i);
+      } else if (coll == "reduce_scatter") {
+        expect = table.reduction(r * c_.count + i);
+      } else if (coll == "all_gather") {
+        expect = table.input(int(i / c_.count), i % c_.count);
+      } else if (coll == "broadcast") {
+        expect = table.input(o_.root, i);
+      } else if (coll == "all_to_all") {
+        expect = table.input(int(i / c_.count), r * c_.count + i % c_.count);
+      } else {  // send_recv
+        expect = table.input((r - 1 + n) % n, i);
+      }
+      if (std::memcmp(expect, out + i * es_, es_) != 0) ++wrong;
+    }
+    return wrong;
+  }
+
+  double time_iterations(bool in_place) {
+    for (int i = 0; i < o_.warmup; ++i) issue(in_place).wait();
+    comm_.barrier().wait();
+    auto start = std::chrono::steady_clock::now();
+    Work last;
+    for (int i = 0; i < o_.iters; ++i) last = issue(in_place);
+    last.wait();
+    return Seconds(std::chrono::steady_clock::now() - start).count() / o_.iters;
+  }
+
+ private:
+  Communicator& comm_;
+  const BenchOptions& o_;
+  std::size_t es_;
+  Case c_;
+  std::vector<std::byte> send_, recv_;
+};
+
+struct Result {
+  double seconds = 0;
+  std::uint64_t wrong = 0;
+};
+
+Result measure(Communicator& comm, Runner& runner, bool in_place, int check) {
+  Result result;
+  if (check) {
+    runner.fill(in_place);
+    runner.issue(in_place).wait();
+    result.wrong = runner.count_wrong(in_place);
+  }
+  runner.fill(in_place);
+  double seconds = runner.time_iterations(in_place);
+  double max_seconds = 0;
+  std::uint64_t total_wrong = 0;
+  comm.all_reduce(&seconds, &max_seconds, 1, DataType::f64, ReduceOp::max).wait();
+  comm.all_reduce(&result.wrong, &total_wrong, 1, DataType::i64, ReduceOp::sum).wait();
+  return {max_seconds, total_wrong};
+}
+
+}  // namespace
+
+double measure_memcpy_gbps() {
+  const std::size_t bytes = 256u << 20;
+  std::vector<char> a(bytes, 1), b(bytes, 2);
+  double best = 0;
+  for (int trial = 0; trial < 4; ++trial) {
+    auto start = std::chrono::steady_clock::now();
+    std::memcpy(b.data(), a.data(), bytes);
+    double s = Seconds(std::chrono::steady_clock::now() - start).count();
+    best = std::max(best, bytes / s / 1e9);
+    a[trial] = b[bytes - 1 - trial];  // keep the copies observable
+  }
+  return best;
+}
+
+int run_bench(const BenchOptions& o) {
+  auto comm = Communicator::create_world();
+  const int n = comm->size(), r = comm->rank();
+  if ((o.collective == "broadcast" || o.collective == "reduce") && o.root >= n)
+    throw InvalidUsage("--root " + std::to_string(o.root) + " is out of range for " + std::to_string(n) + " ranks");
+  double memcpy_gbps = r == 0 ? measure_memcpy_gbps() : 0;
+  comm->broadcast(&memcpy_gbps, &memcpy_gbps, 1, DataType::f64, 0).wait();
+  const std::size_t es = dtype_bytes(o.dtype);
+  bool reduces = o.collective == "all_reduce" || o.collective == "reduce_scatter" || o.collective == "reduce";
+  if (r == 0) {
+    std::printf("# braid-bench %s: %d ranks, transport %s, dtype %s, op %s, iters %d, warmup %d, check %d\n",
+                o.collective.c_str(), n, comm->transport_summary().c_str(), std::string(name(o.dtype)).c_str(),
+                reduces ? std::string(name(o.op)).c_str() : "none", o.iters, o.warmup, o.check);
+    std::printf("# single-core memcpy bandwidth: %.2f GB/s (busbw/memcpy below is relative to it)\n", memcpy_gbps);
+    std::printf("#\n#%12s %12s %6s %6s %5s %-18s %10s %8s %8s %6s %7s %10s %8s %8s %6s %7s\n", "size", "count",
+                "type", "redop", "root", "algorithm", "time", "algbw", "busbw", "/mcpy", "#wrong", "time", "algbw",
+                "busbw", "/mcpy", "#wrong");
+    std::printf("#%12s %12s %6s %6s %5s %-18s %10s %8s %8s %6s %7s %10s %8s %8s %6s %7s\n", "(B)", "(elements)", "",
+                "", "", "", "(us)", "(GB/s)", "(GB/s)", "", "", "(us)", "(GB/s)", "(GB/s)", "", "");
+  }
+  nlohmann::json rows = nlohmann::json::array();
+  Runner runner(*comm, o);
+  double busbw_sum = 0;
+  int rows_count = 0;
+  std::uint64_t all_wrong = 0;
+  for (std::size_t bytes = o.min_bytes; bytes <= o.max_bytes; bytes *= o.factor) {
+    Case c = make_case(o.collective, bytes, es, n);
+    std::size_t actual_bytes = std::max(c.send_elems, c.recv_elems) * es;
+    runner.prepare(c);
+    Result out = measure(*comm, runner, false, o.check);
+    Result in = o.collective == "send_recv" ? out : measure(*comm, runner, true, o.check);
+    std::string algo(select_algorithm(probe_op(o.collective, c.count, o.dtype), n, "auto").name);
+    auto algbw = [&](const Result& res) { return res.seconds > 0 ? actual_bytes / res.seconds / 1e9 : 0.0; };
+    double out_bus = algbw(out) * c.bus_factor, in_bus = algbw(in) * c.bus_factor;
+    all_wrong += out.wrong + in.wrong;
+    busbw_sum += (out_bus + in_bus) / 2;
+    ++rows_count;
+    if (r == 0) {
+      bool rooted = o.collective == "broadcast" || o.collective == "reduce";
+      std::printf(" %12zu %12zu %6s %6s %5d %-18s %10.2f %8.3f %8.3f %6.3f %7llu %10.2f %8.3f %8.3f %6.3f %7llu\n",
+                  actual_bytes, c.count, std::string(name(o.dtype)).c_str(),
+                  reduces ? std::string(name(o.op)).c_str() : "none", rooted ? o.root : -1, algo.c_str(),
+                  out.seconds * 1e6, algbw(out), out_bus, out_bus / memcpy_gbps, (unsigned long long)out.wrong,
+                  in.seconds * 1e6, algbw(in), in_bus, in_bus / memcpy_gbps, (unsigned long long)in.wrong);
+      std::fflush(stdout);
+      rows.push_back({{"collective", o.collective}, {"bytes", actual_bytes}, {"count", c.count},
+                      {"dtype", name(o.dtype)}, {"op", name(o.op)}, {"root", rooted ? o.root : -1},
+                      {"ranks", n}, {"transport", comm->transport_summary()}, {"algorithm", algo},
+                      {"out_of_place", {{"time_us", out.seconds * 1e6}, {"algbw_gbps", algbw(out)},
+                                        {"busbw_gbps", out_bus}, {"wrong", out.wrong}}},
+                      {"in_place", {{"time_us", in.seconds * 1e6}, {"algbw_gbps", algbw(in)},
+                                    {"busbw_gbps", in_bus}, {"wrong", in.wrong}}},
+                      {"memcpy_gbps", memcpy_gbps}});
+    }
+    if (bytes > o.max_bytes / o.factor) break;
+  }
+  if (r == 0) {
+    std::printf("# Out of bounds values : %llu %s\n", (unsigned long long)all_wrong, all_wrong ? "FAILED" : "OK");
+    std::printf("# Avg bus bandwidth    : %.3f GB/s (%.3f x memcpy)\n", busbw_sum / rows_count,
+                busbw_sum / rows_count / memcpy_gbps);
+    if (!o.json_path.empty()) std::ofstream(o.json_path) << rows.dump(2) << "\n";
+    if (!o.csv_path.empty()) {
+      std::ofstream csv(o.csv_path);
+      csv << "collective,bytes,count,dtype,op,root,ranks,transport,algorithm,oop_time_us,oop_algbw_gbps,"
+             "oop_busbw_gbps,oop_wrong,ip_time_us,ip_algbw_gbps,ip_busbw_gbps,ip_wrong\n";
+      for (auto& row : rows)
+        csv << row["collective"].get<std::string>() << ',' << row["bytes"] << ',' << row["count"] << ','
+            << row["dtype"].get<std::string>() << ',' << row["op"].get<std::string>() << ',' << row["root"] << ','
+            << row["ranks"] << ',' << row["transport"].get<std::string>() << ','
+            << row["algorithm"].get<std::string>() << ',' << row["out_of_place"]["time_us"] << ','
+            << row["out_of_place"]["algbw_gbps"] << ',' << row["out_of_place"]["busbw_gbps"] << ','
+            << row["out_of_place"]["wrong"] << ',' << row["in_place"]["time_us"] << ','
+            << row["in_place"]["algbw_gbps"] << ',' << row["in_place"]["busbw_gbps"] << ','
+            << row["in_place"]["wrong"] << '\n';
+    }
+  }
+  return all_wrong ? 1 : 0;
+}
+
+}  // namespace braid::comm
