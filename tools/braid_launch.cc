@@ -1,3 +1,91 @@
-// Placeholder until braid-launch lands.
-#include <cstdio>
-int main() { std::fprintf(stderr, "braid-launch: not built yet\n"); return 1; }
+// braid-launch: starts N ranks of a program on this node with the braid
+// rank environment, serves their rendezvous store, and supervises them.
+// The command line lives here; the machinery in tools/launcher/.
+#include <CLI/CLI.hpp>
+
+#include <cmath>
+#include <exception>
+#include <string>
+#include <vector>
+
+#include "runtime/errors.h"
+#include "runtime/log.h"
+#include "tools/launcher/launcher.h"
+#include "tools/launcher/output.h"
+
+namespace {
+
+using braid::launcher::LaunchOptions;
+
+std::chrono::milliseconds from_seconds(double seconds) {
+  return std::chrono::milliseconds(std::llround(seconds * 1000.0));
+}
+
+// CLI11 leaves everything from the first positional argument on (or from
+// "--") to us; a leading option it did not know is a typo, not a program.
+std::vector<std::string> program_arguments(std::vector<std::string> rest) {
+  if (!rest.empty() && rest.front() == "--") {
+    rest.erase(rest.begin());
+  } else if (!rest.empty() && rest.front().starts_with("-")) {
+    throw braid::InvalidUsage("unknown option '" + rest.front() +
+                              "'; put the program and its arguments after '--'");
+  }
+  return rest;
+}
+
+void add_options(CLI::App& app, LaunchOptions& options, double& timeout_s, double& grace_s) {
+  app.add_option("-n,--nproc-per-node", options.nproc_per_node, "ranks to start on this node")
+      ->required();
+  app.add_option("--nnodes", options.nnodes, "nodes in the job")->capture_default_str();
+  app.add_option("--node-rank", options.node_rank, "this node's index in [0, nnodes)")
+      ->capture_default_str();
+  app.add_option("--master-addr", options.master_addr, "address where ranks reach the store")
+      ->capture_default_str();
+  app.add_option("--master-port", options.master_port,
+                 "store port; default on one node: a free port (required with --nnodes > 1)");
+  app.add_option("--log-dir", options.log_dir,
+                 "write each rank's output to DIR/rank_<r>.out and .err instead of relaying it");
+  app.add_option("--timeout", timeout_s, "stop the job after this many seconds (exit 124); 0: no limit");
+  app.add_option("--grace-period", grace_s, "seconds between SIGTERM and SIGKILL when stopping")
+      ->capture_default_str();
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"Start N ranks of a braid program on this node and supervise them.\n"
+               "usage: braid-launch --nproc-per-node N [options] -- PROGRAM [ARGS...]"};
+  LaunchOptions options;
+  double timeout_s = 0;
+  double grace_s = 5;
+  add_options(app, options, timeout_s, grace_s);
+  app.footer(
+      "Ranks get BRAID_RANK, BRAID_WORLD_SIZE, BRAID_LOCAL_RANK, BRAID_LOCAL_WORLD_SIZE,\n"
+      "BRAID_NODE_RANK, BRAID_STORE_ADDR, BRAID_JOB_TOKEN and torchrun's RANK, WORLD_SIZE,\n"
+      "LOCAL_RANK, LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_ADDR, MASTER_PORT.\n"
+      "With --nnodes > 1, set BRAID_JOB_TOKEN to one secret on every node; without it the\n"
+      "token is derived from --master-addr:--master-port, which anyone can compute.\n"
+      "Exit status: 0 when every rank exits 0; else the first failing rank's status\n"
+      "(128+N for signal N); 128+N when braid-launch receives signal N; 2 for bad\n"
+      "arguments; 124 when --timeout expires; 127 when the program cannot be executed.");
+  app.prefix_command();
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    int status = app.exit(e);
+    return status == 0 ? 0 : braid::launcher::kExitUsage;
+  }
+  try {
+    options.command = program_arguments(app.remaining());
+    options.timeout = from_seconds(timeout_s);
+    options.grace_period = from_seconds(grace_s);
+    braid::runtime::setup_logging(-1);
+    return braid::launcher::launch(options);
+  } catch (const braid::InvalidUsage& e) {
+    braid::launcher::say(e.what());
+    return braid::launcher::kExitUsage;
+  } catch (const std::exception& e) {
+    braid::launcher::say(e.what());
+    return 1;
+  }
+}

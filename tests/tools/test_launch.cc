@@ -1,0 +1,309 @@
+// End-to-end tests of braid-launch: the real binary, shell scripts as ranks.
+#include <signal.h>
+#include <stdlib.h>
+
+#include <catch2/catch.hpp>
+#include <chrono>
+#include <fstream>
+#include <map>
+#include <optional>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "launch_harness.h"
+#include "runtime/errors.h"
+#include "runtime/rank_info.h"
+#include "runtime/store.h"
+
+using namespace braid::test;
+
+namespace {
+
+// Every rank records its pid, then runs the rest of the script.
+std::string recording(const std::string& script) {
+  return "echo $$ > \"$0/pid_$BRAID_RANK\"; " + script;
+}
+
+std::map<std::string, std::string> rank_env(const JobDir& dir, int rank) {
+  return parse_env(read_file(dir.path() / ("env_" + std::to_string(rank))));
+}
+
+std::uint16_t port_of(const std::string& host_port) {
+  return static_cast<std::uint16_t>(std::stoi(host_port.substr(host_port.rfind(':') + 1)));
+}
+
+// Sets variables in this process for the scope of one check, then restores them.
+class ScopedEnv {
+ public:
+  explicit ScopedEnv(const std::map<std::string, std::string>& vars) {
+    for (const auto& [name, value] : vars) {
+      const char* old = std::getenv(name.c_str());
+      saved_[name] = old ? std::optional<std::string>(old) : std::nullopt;
+      setenv(name.c_str(), value.c_str(), 1);
+    }
+  }
+  ~ScopedEnv() {
+    for (const auto& [name, value] : saved_) {
+      if (value)
+        setenv(name.c_str(), value->c_str(), 1);
+      else
+        unsetenv(name.c_str());
+    }
+  }
+
+ private:
+  std::map<std::string, std::optional<std::string>> saved_;
+};
+
+void check_no_rank_survives(const JobDir& dir, int expected_ranks) {
+  auto pids = dir.recorded_pids();
+  CHECK(static_cast<int>(pids.size()) == expected_ranks);
+  for (const auto& [rank, pid] : pids) {
+    INFO("rank " << rank << " pid " << pid);
+    CHECK_FALSE(process_exists(pid));
+  }
+}
+
+}  // namespace
+
+TEST_CASE("each rank gets the braid and torchrun environment", "[launch]") {
+  JobDir dir;
+  auto result = run_launch(dir, shell_job(3, "env > \"$0/env_$BRAID_RANK\"", dir),
+                           {{"OMP_NUM_THREADS", std::nullopt}, {"BRAID_JOB_TOKEN", std::nullopt}});
+  REQUIRE(result.status == 0);
+  std::string token = rank_env(dir, 0).at("BRAID_JOB_TOKEN");
+  CHECK(token.size() == 32);
+  for (int rank = 0; rank < 3; ++rank) {
+    INFO("rank " << rank);
+    auto env = rank_env(dir, rank);
+    std::string r = std::to_string(rank);
+    CHECK(env.at("BRAID_RANK") == r);
+    CHECK(env.at("RANK") == r);
+    CHECK(env.at("BRAID_LOCAL_RANK") == r);
+    CHECK(env.at("LOCAL_RANK") == r);
+    CHECK(env.at("BRAID_WORLD_SIZE") == "3");
+    CHECK(env.at("WORLD_SIZE") == "3");
+    CHECK(env.at("BRAID_LOCAL_WORLD_SIZE") == "3");
+    CHECK(env.at("LOCAL_WORLD_SIZE") == "3");
+    CHECK(env.at("BRAID_NODE_RANK") == "0");
+    CHECK(env.at("GROUP_RANK") == "0");
+    CHECK(env.at("BRAID_STORE_ADDR").rfind("127.0.0.1:", 0) == 0);
+    CHECK(port_of(env.at("BRAID_STORE_ADDR")) != 0);
+    CHECK(env.at("MASTER_ADDR") == "127.0.0.1");
+    CHECK(env.at("MASTER_PORT") == std::to_string(port_of(env.at("BRAID_STORE_ADDR"))));
+    CHECK(env.at("BRAID_JOB_TOKEN") == token);
+    CHECK(env.at("OMP_NUM_THREADS") == "1");
+    CHECK(env.at("OPENBLAS_NUM_THREADS") == "1");
+  }
+
+  SECTION("the runtime reads it as launched by braid-launch") {
+    auto env = rank_env(dir, 2);
+    ScopedEnv scoped({{"BRAID_RANK", env.at("BRAID_RANK")},
+                      {"BRAID_WORLD_SIZE", env.at("BRAID_WORLD_SIZE")},
+                      {"BRAID_LOCAL_RANK", env.at("BRAID_LOCAL_RANK")},
+                      {"BRAID_LOCAL_WORLD_SIZE", env.at("BRAID_LOCAL_WORLD_SIZE")},
+                      {"BRAID_NODE_RANK", env.at("BRAID_NODE_RANK")},
+                      {"BRAID_STORE_ADDR", env.at("BRAID_STORE_ADDR")},
+                      {"BRAID_JOB_TOKEN", env.at("BRAID_JOB_TOKEN")}});
+    auto info = braid::runtime::rank_info_from_env();
+    CHECK(info.launcher == "braid-launch");
+    CHECK(info.rank == 2);
+    CHECK(info.world_size == 3);
+    CHECK(info.store_port == port_of(env.at("BRAID_STORE_ADDR")));
+    CHECK(info.job_token == token);
+    CHECK_FALSE(info.store_served_by_rank0);
+  }
+
+  SECTION("a second launch gets another token and keeps OMP_NUM_THREADS") {
+    JobDir second;
+    auto again = run_launch(second, shell_job(1, "env > \"$0/env_$BRAID_RANK\"", second),
+                            {{"OMP_NUM_THREADS", "4"}});
+    REQUIRE(again.status == 0);
+    auto env = rank_env(second, 0);
+    CHECK(env.at("BRAID_JOB_TOKEN") != token);
+    CHECK(env.at("OMP_NUM_THREADS") == "4");
+  }
+}
+
+TEST_CASE("a non-zero node numbers its ranks globally and shares the token", "[launch]") {
+  std::vector<std::string> node1{"--nnodes", "2", "--node-rank", "1", "--master-addr",
+                                 "127.0.0.1", "--master-port", "29517"};
+  JobDir dir;
+  auto result = run_launch(dir, shell_job(2, "env > \"$0/env_$BRAID_LOCAL_RANK\"", dir, node1),
+                           {{"BRAID_JOB_TOKEN", "shared-secret"}});
+  REQUIRE(result.status == 0);
+  for (int local = 0; local < 2; ++local) {
+    auto env = rank_env(dir, local);
+    CHECK(env.at("BRAID_RANK") == std::to_string(2 + local));
+    CHECK(env.at("BRAID_WORLD_SIZE") == "4");
+    CHECK(env.at("BRAID_LOCAL_RANK") == std::to_string(local));
+    CHECK(env.at("BRAID_NODE_RANK") == "1");
+    CHECK(env.at("GROUP_RANK") == "1");
+    CHECK(env.at("BRAID_STORE_ADDR") == "127.0.0.1:29517");
+    CHECK(env.at("BRAID_JOB_TOKEN") == "shared-secret");
+  }
+
+  SECTION("without BRAID_JOB_TOKEN every launch derives the same token") {
+    JobDir a, b;
+    for (JobDir* d : {&a, &b})
+      REQUIRE(run_launch(*d, shell_job(1, "env > \"$0/env_0\"", *d, node1),
+                         {{"BRAID_JOB_TOKEN", std::nullopt}})
+                  .status == 0);
+    CHECK(rank_env(a, 0).at("BRAID_JOB_TOKEN") == rank_env(b, 0).at("BRAID_JOB_TOKEN"));
+    CHECK(rank_env(a, 0).at("BRAID_JOB_TOKEN").rfind("derived-", 0) == 0);
+  }
+}
+
+TEST_CASE("rank output is relayed line by line with a rank prefix", "[launch]") {
+  JobDir dir;
+  std::string script = "echo \"out $BRAID_RANK\"; echo \"err $BRAID_RANK\" >&2; "
+                       "echo second; printf \"tail $BRAID_RANK\"";
+  auto result = run_launch(dir, shell_job(2, script, dir));
+  REQUIRE(result.status == 0);
+  CHECK(sorted_lines(result.out) ==
+        std::vector<std::string>{"[rank 0] out 0", "[rank 0] second", "[rank 0] tail 0",
+                                 "[rank 1] out 1", "[rank 1] second", "[rank 1] tail 1"});
+  CHECK(sorted_lines(result.err) == std::vector<std::string>{"[rank 0] err 0", "[rank 1] err 1"});
+}
+
+TEST_CASE("--log-dir writes each rank's output to its own files", "[launch]") {
+  JobDir dir;
+  auto logs = dir.path() / "logs" / "nested";
+  std::string script = "echo \"out $BRAID_RANK\"; echo \"err $BRAID_RANK\" >&2; printf tail";
+  auto result = run_launch(dir, shell_job(2, script, dir, {"--log-dir", logs.string()}));
+  REQUIRE(result.status == 0);
+  CHECK(result.out.empty());
+  CHECK(result.err.empty());
+  for (int rank = 0; rank < 2; ++rank) {
+    std::string r = std::to_string(rank);
+    CHECK(read_file(logs / ("rank_" + r + ".out")) == "out " + r + "\ntail");
+    CHECK(read_file(logs / ("rank_" + r + ".err")) == "err " + r + "\n");
+  }
+}
+
+TEST_CASE("a failing rank stops the job with its status", "[launch]") {
+  JobDir dir;
+  // Rank 2 fails once every rank has recorded its pid; the others would
+  // sleep for a minute.
+  std::string script = recording(
+      "if [ \"$BRAID_RANK\" = 2 ]; then "
+      "  while [ $(ls \"$0\" | grep -c '^pid_') -lt 4 ]; do sleep 0.02; done; exit 3; "
+      "fi; exec sleep 60");
+  auto started = std::chrono::steady_clock::now();
+  auto result = run_launch(dir, shell_job(4, script, dir));
+  CHECK(result.status == 3);
+  CHECK(std::chrono::steady_clock::now() - started < 30s);
+  CHECK_THAT(result.err, Catch::Contains("rank 2 (pid ") &&
+                             Catch::Contains("exited with status 3; stopping the other 3 ranks"));
+  check_no_rank_survives(dir, 4);
+}
+
+TEST_CASE("a rank that ignores SIGTERM is killed after the grace period", "[launch]") {
+  JobDir dir;
+  std::string script = recording(
+      "if [ \"$BRAID_RANK\" = 0 ]; then "
+      "  while [ ! -s \"$0/pid_1\" ]; do sleep 0.02; done; exit 5; "
+      "fi; trap '' TERM; exec sleep 60");
+  auto result = run_launch(dir, shell_job(2, script, dir, {"--grace-period", "0.3"}));
+  CHECK(result.status == 5);
+  CHECK_THAT(result.err, Catch::Contains("sending SIGKILL"));
+  check_no_rank_survives(dir, 2);
+}
+
+TEST_CASE("a rank killed by a signal gives 128 + signal", "[launch]") {
+  JobDir dir;
+  std::string script = recording(
+      "if [ \"$BRAID_RANK\" = 1 ]; then kill -KILL $$; fi; exec sleep 60");
+  auto result = run_launch(dir, shell_job(2, script, dir));
+  CHECK(result.status == 137);
+  CHECK_THAT(result.err, Catch::Contains("rank 1 (pid ") &&
+                             Catch::Contains("was killed by signal 9 (SIGKILL)"));
+  check_no_rank_survives(dir, 2);
+}
+
+TEST_CASE("SIGTERM to the launcher is forwarded to every rank", "[launch]") {
+  JobDir dir;
+  std::string script = recording(
+      "trap 'echo term > \"$0/marker_$BRAID_RANK\"; exit 0' TERM; "
+      "echo > \"$0/ready_$BRAID_RANK\"; sleep 60 & wait");
+  LaunchedJob job(dir, shell_job(3, script, dir));
+  for (int rank = 0; rank < 3; ++rank)
+    wait_for_file(dir.path() / ("ready_" + std::to_string(rank)));
+  REQUIRE(::kill(job.pid(), SIGTERM) == 0);
+  CHECK(job.wait() == 128 + SIGTERM);
+  CHECK_THAT(job.err(), Catch::Contains("received SIGTERM; forwarding it to 3 ranks"));
+  for (int rank = 0; rank < 3; ++rank)
+    CHECK(read_file(dir.path() / ("marker_" + std::to_string(rank))) == "term\n");
+  check_no_rank_survives(dir, 3);
+}
+
+TEST_CASE("--timeout stops the job and exits 124", "[launch]") {
+  JobDir dir;
+  auto result = run_launch(dir, shell_job(2, recording("exec sleep 60"), dir, {"--timeout", "0.5"}));
+  CHECK(result.status == 124);
+  CHECK_THAT(result.err, Catch::Contains("ran past its --timeout of 0.5 s"));
+  check_no_rank_survives(dir, 2);
+}
+
+TEST_CASE("bad arguments exit 2 and start nothing", "[launch]") {
+  auto args = GENERATE(as<std::vector<std::string>>{},
+                       std::vector<std::string>{"-n", "0"},
+                       std::vector<std::string>{"-n", "x"},
+                       std::vector<std::string>{"-n", "2", "--master-port", "70000"},
+                       std::vector<std::string>{"-n", "2", "--nnodes", "2", "--node-rank", "2",
+                                                "--master-port", "29517"},
+                       std::vector<std::string>{"-n", "2", "--nnodes", "2", "--node-rank", "1"},
+                       std::vector<std::string>{"-n", "2", "--timeout", "-1"},
+                       std::vector<std::string>{"-n", "2", "--bogus"});
+  JobDir dir;
+  std::vector<std::string> full = args;
+  for (std::string tail : {"--", "/bin/sh", "-c", "touch \"$0/started\""}) full.push_back(tail);
+  full.push_back(dir.str());
+  INFO("args: " << Catch::Detail::stringify(args));
+  auto result = run_launch(dir, full);
+  CHECK(result.status == 2);
+  CHECK_FALSE(result.err.empty());
+  CHECK_FALSE(std::filesystem::exists(dir.path() / "started"));
+}
+
+TEST_CASE("no program exits 2", "[launch]") {
+  JobDir dir;
+  auto result = run_launch(dir, {"-n", "2"});
+  CHECK(result.status == 2);
+  CHECK_THAT(result.err, Catch::Contains("no program given"));
+}
+
+TEST_CASE("a program that cannot be executed exits 127 and names it", "[launch]") {
+  JobDir dir;
+  std::filesystem::path program = dir.path() / "not-executable";
+  SECTION("missing") { program = dir.path() / "no-such-program"; }
+  SECTION("not executable") { std::ofstream(program) << "#!/bin/sh\n"; }
+  auto result = run_launch(dir, {"-n", "3", "--", program.string()});
+  CHECK(result.status == 127);
+  CHECK_THAT(result.err, Catch::Contains(program.string()));
+}
+
+TEST_CASE("the launcher serves the store the ranks are told about", "[launch][store]") {
+  JobDir dir;
+  std::string script =
+      "echo \"$BRAID_STORE_ADDR $BRAID_JOB_TOKEN\" > \"$0/store.tmp\"; "
+      "mv \"$0/store.tmp\" \"$0/store\"; " + recording("exec sleep 60");
+  LaunchedJob job(dir, shell_job(1, script, dir));
+  wait_for_file(dir.path() / "store");
+  std::istringstream line(read_file(dir.path() / "store"));
+  std::string addr, token;
+  line >> addr >> token;
+  std::string host = addr.substr(0, addr.rfind(':'));
+  {
+    braid::runtime::Store store(host, port_of(addr), token, 5000ms);
+    store.set("greeting", std::string("hello"));
+    CHECK(store.get_string("greeting", 5000ms) == "hello");
+    CHECK(store.add("counter", 2) == 2);
+  }
+  CHECK_THROWS_AS(braid::runtime::Store(host, port_of(addr), token + "x", 5000ms),
+                  braid::RemoteError);
+  REQUIRE(::kill(job.pid(), SIGTERM) == 0);
+  CHECK(job.wait() == 128 + SIGTERM);
+  check_no_rank_survives(dir, 1);
+}

@@ -1,0 +1,83 @@
+#include "tools/launcher/environment.h"
+
+#include <unistd.h>
+
+#include <cstdlib>
+#include <map>
+#include <random>
+
+extern char** environ;
+
+namespace braid::launcher {
+namespace {
+
+std::string hex(std::uint64_t value, int digits) {
+  static constexpr char kDigits[] = "0123456789abcdef";
+  std::string out(static_cast<std::size_t>(digits), '0');
+  for (int i = digits - 1; i >= 0; --i, value >>= 4) out[static_cast<std::size_t>(i)] = kDigits[value & 0xf];
+  return out;
+}
+
+// FNV-1a: unlike std::hash, the same on every node and every build.
+std::uint64_t fnv1a(const std::string& text) {
+  std::uint64_t hash = 0xcbf29ce484222325ull;
+  for (unsigned char c : text) hash = (hash ^ c) * 0x100000001b3ull;
+  return hash;
+}
+
+std::map<std::string, std::string> current_environment() {
+  std::map<std::string, std::string> vars;
+  for (char** entry = environ; *entry; ++entry) {
+    std::string text(*entry);
+    std::size_t eq = text.find('=');
+    if (eq != std::string::npos) vars[text.substr(0, eq)] = text.substr(eq + 1);
+  }
+  return vars;
+}
+
+}  // namespace
+
+std::string random_token() {
+  std::random_device urandom;  // libstdc++ reads the kernel's CSPRNG
+  std::string token;
+  for (int i = 0; i < 4; ++i) token += hex(urandom(), 8);
+  return token;
+}
+
+std::string derived_token(const std::string& host, std::uint16_t port) {
+  std::string shared = "braid-launch|" + host + ":" + std::to_string(port);
+  return "derived-" + hex(fnv1a(shared), 16);
+}
+
+std::string job_token(int nnodes, const std::string& host, std::uint16_t port) {
+  if (nnodes == 1) return random_token();
+  // Rank identity, like the rest of the rank contract, is read here and in
+  // runtime/rank_info.cc rather than in runtime/config.
+  const char* shared = std::getenv("BRAID_JOB_TOKEN");
+  if (shared && *shared) return shared;
+  return derived_token(host, port);
+}
+
+std::vector<std::string> rank_environment(const JobIdentity& job, int local_rank) {
+  auto vars = current_environment();
+  vars.try_emplace("OMP_NUM_THREADS", "1");
+  vars.try_emplace("OPENBLAS_NUM_THREADS", "1");
+  std::string rank = std::to_string(job.node_rank * job.nproc_per_node + local_rank);
+  std::string world_size = std::to_string(job.nnodes * job.nproc_per_node);
+  std::string port = std::to_string(job.store_port);
+  vars["BRAID_RANK"] = vars["RANK"] = rank;
+  vars["BRAID_WORLD_SIZE"] = vars["WORLD_SIZE"] = world_size;
+  vars["BRAID_LOCAL_RANK"] = vars["LOCAL_RANK"] = std::to_string(local_rank);
+  vars["BRAID_LOCAL_WORLD_SIZE"] = vars["LOCAL_WORLD_SIZE"] = std::to_string(job.nproc_per_node);
+  vars["BRAID_NODE_RANK"] = vars["GROUP_RANK"] = std::to_string(job.node_rank);
+  vars["BRAID_STORE_ADDR"] = job.store_host + ":" + port;
+  vars["BRAID_JOB_TOKEN"] = job.token;
+  vars["MASTER_ADDR"] = job.store_host;
+  vars["MASTER_PORT"] = port;
+  std::vector<std::string> flat;
+  flat.reserve(vars.size());
+  for (const auto& [name, value] : vars) flat.push_back(name + "=" + value);
+  return flat;
+}
+
+}  // namespace braid::launcher

@@ -1,0 +1,48 @@
+// The environment braid-launch gives each rank, and the per-job token in it.
+//
+// Ranks read the contract in runtime/rank_info.h: BRAID_RANK,
+// BRAID_WORLD_SIZE, BRAID_LOCAL_RANK, BRAID_LOCAL_WORLD_SIZE,
+// BRAID_NODE_RANK, BRAID_STORE_ADDR (host:port) and BRAID_JOB_TOKEN. The
+// torchrun names (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE,
+// GROUP_RANK, MASTER_ADDR, MASTER_PORT) are set too, for programs written
+// against torchrun; MASTER_ADDR/MASTER_PORT name braid's store, and braid
+// ranks read the BRAID_* names first, so the two never disagree. Note that
+// a program that also starts torch.distributed's own store on MASTER_PORT
+// would collide with braid's store.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace braid::launcher {
+
+// What every rank of the job shares.
+struct JobIdentity {
+  int nproc_per_node = 1;
+  int nnodes = 1;
+  int node_rank = 0;
+  std::string store_host;
+  std::uint16_t store_port = 0;
+  std::string token;
+};
+
+// 128 random bits from std::random_device, as 32 hex digits.
+std::string random_token();
+
+// A token that every node computes alike from the store address alone.
+// Weak: anyone who knows the address can compute it too. It only keeps
+// apart jobs that reuse an address; set BRAID_JOB_TOKEN to a secret shared
+// by all nodes for real protection.
+std::string derived_token(const std::string& host, std::uint16_t port);
+
+// The token for a job: random on a single node; on several nodes
+// BRAID_JOB_TOKEN from the launcher's environment if set, else derived.
+std::string job_token(int nnodes, const std::string& host, std::uint16_t port);
+
+// The launcher's own environment with the rank's variables set over it.
+// OMP_NUM_THREADS and OPENBLAS_NUM_THREADS default to 1 (one BLAS thread
+// per rank, as N ranks already share the node) unless already set.
+std::vector<std::string> rank_environment(const JobIdentity& job, int local_rank);
+
+}  // namespace braid::launcher

@@ -1,0 +1,176 @@
+// launch() in phases: check the options, settle the job's identity (store
+// address, token), serve the store, start the ranks one by one, supervise.
+//
+// Ranks start one at a time and each exec is confirmed before the next
+// fork (process.cc), so a missing program is reported once, for rank 0,
+// with no other rank started. The store is served before any rank starts
+// (ranks connect to it at once) and is torn down only after every rank is
+// gone.
+#include "tools/launcher/launcher.h"
+
+#include <fcntl.h>
+#include <netdb.h>
+#include <spdlog/spdlog.h>
+
+#include <cerrno>
+#include <filesystem>
+#include <optional>
+
+#include "runtime/config.h"
+#include "runtime/errors.h"
+#include "runtime/store.h"
+#include "tools/launcher/environment.h"
+#include "tools/launcher/supervisor.h"
+
+namespace braid::launcher {
+namespace {
+
+bool is_loopback(const std::string& addr) {
+  return addr.starts_with("127.") || addr == "localhost" || addr == "::1";
+}
+
+bool is_wildcard(const std::string& addr) {
+  return addr == "0.0.0.0" || addr == "::";
+}
+
+void require(bool condition, const std::string& message) {
+  if (!condition) throw InvalidUsage(message);
+}
+
+// The store binds an IP address; a host name given as --master-addr is
+// resolved here, once, to the address it names.
+std::string numeric_address(const std::string& host) {
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* found = nullptr;
+  if (int err = getaddrinfo(host.c_str(), nullptr, &hints, &found); err != 0)
+    throw InvalidUsage("cannot resolve store address '" + host + "': " + gai_strerror(err));
+  char text[NI_MAXHOST] = {};
+  int err = getnameinfo(found->ai_addr, found->ai_addrlen, text, sizeof text, nullptr, 0,
+                        NI_NUMERICHOST);
+  freeaddrinfo(found);
+  if (err != 0) throw SystemError("cannot format address of '" + host + "': " + gai_strerror(err));
+  return text;
+}
+
+void create_log_dir(const std::string& dir) {
+  std::error_code error;
+  std::filesystem::create_directories(dir, error);
+  if (error) throw SystemError("cannot create --log-dir '" + dir + "': " + error.message());
+}
+
+UniqueFd open_log(const std::string& dir, int rank, const char* suffix) {
+  std::string path = dir + "/rank_" + std::to_string(rank) + "." + suffix;
+  UniqueFd fd(::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
+  if (!fd.valid()) throw SystemError(errno_message("cannot open '" + path + "'", errno));
+  return fd;
+}
+
+// The descriptors one rank writes to, and the launcher's ends of them (left
+// invalid when the rank writes straight into its log files).
+struct RankStdio {
+  UniqueFd rank_out, rank_err;
+  UniqueFd relay_out, relay_err;
+};
+
+RankStdio make_stdio(const std::string& log_dir, int rank) {
+  RankStdio stdio;
+  if (!log_dir.empty()) {
+    stdio.rank_out = open_log(log_dir, rank, "out");
+    stdio.rank_err = open_log(log_dir, rank, "err");
+    return stdio;
+  }
+  Pipe out = make_pipe();
+  Pipe err = make_pipe();
+  stdio.rank_out = std::move(out.write_end);
+  stdio.rank_err = std::move(err.write_end);
+  stdio.relay_out = std::move(out.read_end);
+  stdio.relay_err = std::move(err.read_end);
+  return stdio;
+}
+
+// The rank's ends of its pipes close when this returns, so that end-of-file
+// on the launcher's ends means the rank (and its group) closed them.
+void start_rank(const LaunchOptions& options, const JobIdentity& job, int local_rank,
+                Supervisor& supervisor) {
+  int rank = job.node_rank * job.nproc_per_node + local_rank;
+  RankStdio stdio = make_stdio(options.log_dir, rank);
+  ProcessSpec spec{options.command, rank_environment(job, local_rank), stdio.rank_out.get(),
+                   stdio.rank_err.get()};
+  pid_t pid = spawn(spec);
+  spdlog::debug("braid-launch: started rank {} as pid {}", rank, pid);
+  supervisor.add(RankProcess{rank, pid, std::move(stdio.relay_out), std::move(stdio.relay_err)});
+}
+
+int start_and_supervise(const LaunchOptions& options, const JobIdentity& job,
+                        SignalCatcher& signals) {
+  Supervisor supervisor(signals, options.timeout, options.grace_period);
+  int started = 0;
+  try {
+    for (; started < options.nproc_per_node; ++started)
+      start_rank(options, job, started, supervisor);
+  } catch (const CannotExecute& e) {
+    std::string line = e.what();
+    if (started > 0) line += "; killing the " + std::to_string(started) + " ranks already started";
+    say(line);
+    supervisor.abort(kExitCannotExec);
+  } catch (...) {
+    supervisor.abort(1);
+    supervisor.run();
+    throw;
+  }
+  return supervisor.run();
+}
+
+}  // namespace
+
+void validate(const LaunchOptions& options) {
+  require(!options.command.empty(),
+          "no program given: use braid-launch --nproc-per-node N [options] -- PROGRAM [ARGS...]");
+  require(options.nproc_per_node >= 1, "--nproc-per-node must be at least 1, got " +
+                                           std::to_string(options.nproc_per_node));
+  require(options.nnodes >= 1, "--nnodes must be at least 1, got " + std::to_string(options.nnodes));
+  require(options.node_rank >= 0 && options.node_rank < options.nnodes,
+          "--node-rank " + std::to_string(options.node_rank) + " must be in [0, " +
+              std::to_string(options.nnodes) + ") for --nnodes " + std::to_string(options.nnodes));
+  require(options.master_port >= 0 && options.master_port <= 65535,
+          "--master-port " + std::to_string(options.master_port) + " is not a TCP port (1..65535)");
+  require(options.nnodes == 1 || options.master_port > 0,
+          "--master-port is required with --nnodes > 1: every node must know where node 0 "
+          "serves the store");
+  require(!options.master_addr.empty(), "--master-addr must not be empty");
+  require(options.timeout.count() >= 0, "--timeout must not be negative");
+  require(options.grace_period.count() >= 0, "--grace-period must not be negative");
+}
+
+StoreEndpoints store_endpoints(const LaunchOptions& options, const std::string& bind_addr) {
+  StoreEndpoints endpoints{bind_addr, options.master_addr};
+  if (is_loopback(bind_addr) && !is_loopback(options.master_addr))
+    endpoints.listen_addr = options.master_addr;
+  else if (options.nnodes == 1 && is_loopback(options.master_addr) && !is_loopback(bind_addr) &&
+           !is_wildcard(bind_addr))
+    endpoints.advertised_addr = bind_addr;
+  return endpoints;
+}
+
+int launch(const LaunchOptions& options) {
+  validate(options);
+  StoreEndpoints endpoints = store_endpoints(options, runtime::config().bind_addr);
+  if (!options.log_dir.empty()) create_log_dir(options.log_dir);
+  auto port = static_cast<std::uint16_t>(options.master_port);
+  JobIdentity job{options.nproc_per_node, options.nnodes, options.node_rank,
+                  endpoints.advertised_addr, port,
+                  job_token(options.nnodes, endpoints.advertised_addr, port)};
+  SignalCatcher signals;  // before the store's thread starts (signals.h)
+  std::optional<runtime::StoreServer> server;
+  if (options.node_rank == 0) {
+    std::string listen_addr = numeric_address(endpoints.listen_addr);
+    server.emplace(listen_addr, port, job.token);
+    job.store_port = server->port();
+    spdlog::info("braid-launch: store listening on {}:{}", listen_addr, job.store_port);
+  }
+  return start_and_supervise(options, job, signals);
+}
+
+}  // namespace braid::launcher

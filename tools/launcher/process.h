@@ -1,0 +1,97 @@
+// Child processes of braid-launch: starting one rank, signalling it, and
+// reading how it ended.
+//
+// Every rank runs in its own process group whose id is the rank's pid, so a
+// signal sent to the group reaches the rank and everything it started (a
+// shell's `sleep`, a Python data-loader worker). The rank also asks the
+// kernel to SIGKILL it when the launcher dies (PR_SET_PDEATHSIG), so a
+// launcher killed with SIGKILL leaves no rank behind; only grandchildren
+// that outlive their rank can escape that, which is why the supervisor kills
+// a rank's whole group as soon as the rank itself exits.
+#pragma once
+
+#include <sys/types.h>
+
+#include <string>
+#include <vector>
+
+#include "runtime/errors.h"
+
+namespace braid::launcher {
+
+// Owns one file descriptor; closes it on destruction.
+class UniqueFd {
+ public:
+  UniqueFd() = default;
+  explicit UniqueFd(int fd) : fd_(fd) {}
+  ~UniqueFd() { reset(); }
+  UniqueFd(UniqueFd&& other) noexcept : fd_(other.release()) {}
+  UniqueFd& operator=(UniqueFd&& other) noexcept;
+  UniqueFd(const UniqueFd&) = delete;
+  UniqueFd& operator=(const UniqueFd&) = delete;
+
+  int get() const { return fd_; }
+  bool valid() const { return fd_ >= 0; }
+  int release();
+  void reset(int fd = -1);
+
+ private:
+  int fd_ = -1;
+};
+
+// A pipe whose both ends are close-on-exec, so no rank inherits another
+// rank's pipe (which would keep it from ever reaching end-of-file).
+struct Pipe {
+  UniqueFd read_end;
+  UniqueFd write_end;
+};
+Pipe make_pipe();
+
+// exec failed in the child: the program is missing or not executable.
+class CannotExecute : public SystemError {
+ public:
+  CannotExecute(const std::string& program, int err);
+  int error_number() const { return err_; }
+
+ private:
+  int err_;
+};
+
+// What a rank's process receives: argv (argv[0] is looked up in PATH), the
+// complete environment as "NAME=value" strings, and the descriptors that
+// become its stdout and stderr. Its stdin is /dev/null.
+struct ProcessSpec {
+  std::vector<std::string> argv;
+  std::vector<std::string> env;
+  int stdout_fd = 1;
+  int stderr_fd = 2;
+};
+
+// Forks and execs; returns the child's pid once exec has succeeded. Throws
+// CannotExecute if exec failed (the child is reaped before the throw) and
+// SystemError if fork or pipe failed.
+pid_t spawn(const ProcessSpec& spec);
+
+// Sends signo to the process group led by pid; a group that is already gone
+// is not an error.
+void signal_group(pid_t pid, int signo);
+
+// How a child ended, decoded from a wait status.
+struct ExitStatus {
+  bool signaled = false;
+  int code = 0;    // exit code when !signaled
+  int signo = 0;   // terminating signal when signaled
+
+  bool success() const { return !signaled && code == 0; }
+  // The status a shell reports for it: the exit code, or 128 + signal.
+  int shell_status() const { return signaled ? 128 + signo : code; }
+};
+ExitStatus decode_wait_status(int status);
+
+// "exited with status 3" / "was killed by signal 9 (SIGKILL)"
+std::string describe(const ExitStatus& status);
+
+// "SIGTERM"; "signal 64" for a signal without a name.
+std::string signal_name(int signo);
+
+}  // namespace braid::launcher
