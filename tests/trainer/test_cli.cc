@@ -1,0 +1,202 @@
+// End-to-end runs of the braid-train binary (path in $BRAID_TRAIN, set by
+// meson): refusals with exit 2, --eval-only against the reference, resume,
+// metrics and sampling.
+#include <catch2/catch.hpp>
+#include <sys/wait.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <fstream>
+#include <iterator>
+#include <regex>
+
+#include <nlohmann/json.hpp>
+
+#include "model_fixtures.h"
+#include "reference_gpt.h"
+#include "trainer/checkpoint/checkpoint.h"
+
+namespace braid::trainer {
+namespace {
+
+namespace fs = std::filesystem;
+
+std::string read_text(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+
+struct Run {
+  int rc = -1;
+  std::string out, err;
+};
+
+// Runs braid-train with `args` (no shell metacharacters needed).
+Run braid_train(const test::TempDir& dir, const std::string& args) {
+  const char* bin = std::getenv("BRAID_TRAIN");
+  REQUIRE(bin != nullptr);
+  const std::string out = (dir / "stdout").string(), err = (dir / "stderr").string();
+  const int status = std::system((std::string(bin) + " " + args + " >" + out + " 2>" + err).c_str());
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, read_text(out), read_text(err)};
+}
+
+bool have_binary() {
+  if (std::getenv("BRAID_TRAIN") != nullptr) return true;
+  WARN("skipped: BRAID_TRAIN is not set (run through `meson test`)");
+  return false;
+}
+
+// Text with some structure, so a few steps of training change the model.
+fs::path write_text(const test::TempDir& dir, std::size_t bytes) {
+  std::string text;
+  Rng rng(5);
+  const char* words[] = {"braid ", "ring ", "all-reduce ", "moves ", "bytes. ", "\n"};
+  while (text.size() < bytes) text += words[rng.next_u64() % 6];
+  text.resize(bytes);
+  std::ofstream(dir / "text.txt", std::ios::binary) << text;
+  return dir / "text.txt";
+}
+
+const std::string kTiny = " --n-layer 1 --n-head 2 --n-embd 16 --block-size 32 --batch-size 4 --eval-batches 1 ";
+
+TEST_CASE("invalid combinations exit 2 before any work, saying what to change", "[cli]") {
+  if (!have_binary()) return;
+  test::TempDir dir;
+  const fs::path small = write_text(dir, 100);
+  const std::string out = (dir / "init.safetensors").string();
+  struct Case {
+    std::string args, message;
+  };
+  const std::vector<Case> cases = {
+      {"--n-embd 30 --n-head 4", "not divisible by n_head"},
+      {"--batch-size 0", "--batch-size must be at least 1"},
+      {"--batch-size 6 --grad-accum 4", "not divisible by --grad-accum"},
+      {"--data " + small.string() + " --block-size 64", "lower --block-size"},
+      {"--data " + (dir / "missing.txt").string(), "does not exist"},
+      {"--eval-only", "--eval-only needs weights"},
+      {"--resume a --init-from b", "exclude each other"},
+      {"--checkpoint-interval 5", "needs --checkpoint-dir"},
+      {"--min-lr 1 --lr 0.1", "--min-lr"},
+      {"--threads 0", "--threads"},
+      {"--n-layer abc", "n-layer"},
+      {"--no-such-flag", "no-such-flag"},
+  };
+  for (const Case& c : cases) {
+    INFO("braid-train " << c.args);
+    const Run r = braid_train(dir, c.args + " --init-out " + out);
+    CHECK(r.rc == 2);
+    CHECK_THAT(r.err, Catch::Contains(c.message));
+    CHECK_FALSE(fs::exists(out));
+  }
+}
+
+double eval_loss(const std::string& out) {
+  std::smatch m;
+  REQUIRE(std::regex_search(out, m, std::regex("eval_loss: (\\S+)")));
+  return std::stod(m[1]);
+}
+
+TEST_CASE("--eval-only prints the mean loss over every window", "[cli]") {
+  if (!have_binary()) return;
+  test::TempDir dir;
+  const fs::path text = write_text(dir, 1000);
+  const std::string ckpt = (dir / "ckpt").string();
+  REQUIRE(braid_train(dir, kTiny + "--steps 10 --warmup-steps 0 --lr 0.01 --data " + text.string() + " --checkpoint-dir " + ckpt).rc == 0);
+  const fs::path weights = fs::path(ckpt) / "step_00000010" / "model.safetensors";
+  const Run r = braid_train(dir, "--eval-only --batch-size 8 --init-from " + weights.string() + " --data " + text.string());
+  REQUIRE(r.rc == 0);
+  CHECK_THAT(r.out, Catch::Contains("31 windows"));  // floor((1000 - 1) / 32)
+
+  // The same windows through the double-precision reference.
+  const GptConfig c = read_weights_config(weights);
+  Gpt model(c, ModelLayout::whole(c), nullptr);
+  load_weights(weights, model);
+  const std::vector<double> p(model.params().data(), model.params().data() + model.params().count());
+  const std::string bytes = read_text(text);
+  double sum = 0;
+  for (int i = 0; i < 31; ++i) {
+    std::vector<std::int32_t> in(32), tg(32);
+    for (int t = 0; t < 32; ++t) {
+      in[t] = static_cast<unsigned char>(bytes[i * 32 + t]);
+      tg[t] = static_cast<unsigned char>(bytes[i * 32 + t + 1]);
+    }
+    sum += test::reference_loss(c, model.table(), p, in, tg, 1, 32);
+  }
+  const double reference = sum / 31;
+  CHECK(eval_loss(r.out) == Approx(reference).epsilon(1e-5));
+  CHECK(reference < 5.0);  // trained: not the uniform ln(256)
+}
+
+std::vector<nlohmann::json> metrics_lines(const fs::path& p) {
+  std::vector<nlohmann::json> lines;
+  std::ifstream in(p);
+  for (std::string line; std::getline(in, line);) lines.push_back(nlohmann::json::parse(line));
+  return lines;
+}
+
+TEST_CASE("a run resumed from its checkpoint repeats the uninterrupted run exactly", "[cli][resume]") {
+  if (!have_binary()) return;
+  test::TempDir dir;
+  const fs::path text = write_text(dir, 4000);
+  const std::string common = kTiny + "--data " + text.string() + " --steps 4 --lr 0.01 --seed 3 ";
+  const std::string ckpt = (dir / "ckpt").string();
+  REQUIRE(braid_train(dir, common + "--metrics " + (dir / "a.jsonl").string()).rc == 0);
+  REQUIRE(braid_train(dir, common + "--checkpoint-dir " + ckpt + " --checkpoint-interval 2").rc == 0);
+  // Resume from step 2: the saved options are the defaults, so no sizes needed.
+  const Run r = braid_train(dir, "--resume " + ckpt + "/step_00000002 --metrics " + (dir / "b.jsonl").string());
+  REQUIRE(r.rc == 0);
+  const auto a = metrics_lines(dir / "a.jsonl"), b = metrics_lines(dir / "b.jsonl");
+  REQUIRE(a.size() == 4);
+  REQUIRE(b.size() == 2);
+  for (int i = 0; i < 2; ++i) {
+    CHECK(b[i]["step"] == a[i + 2]["step"]);
+    CHECK(b[i]["loss"].get<double>() == a[i + 2]["loss"].get<double>());
+    CHECK(b[i]["grad_norm"].get<double>() == a[i + 2]["grad_norm"].get<double>());
+  }
+  for (const char* key : {"step", "loss", "lr", "grad_norm", "tokens_per_s", "step_ms", "bytes_sent",
+                          "bytes_received", "peak_memory_bytes"}) {
+    CHECK(a[0].contains(key));
+  }
+  CHECK(a[0]["peak_memory_bytes"]["optimizer_state"] == 2 * a[0]["peak_memory_bytes"]["parameters"].get<long>());
+  CHECK(a[3].contains("val_loss"));
+}
+
+TEST_CASE("a corrupt checkpoint is refused by the CLI and left as it was", "[cli]") {
+  if (!have_binary()) return;
+  test::TempDir dir;
+  const fs::path text = write_text(dir, 2000);
+  const std::string ckpt = (dir / "ckpt").string();
+  REQUIRE(braid_train(dir, kTiny + "--steps 1 --data " + text.string() + " --checkpoint-dir " + ckpt).rc == 0);
+  const fs::path model = fs::path(ckpt) / "step_00000001" / "model.safetensors";
+  fs::resize_file(model, fs::file_size(model) - 8);
+  const std::string before = read_text(model);
+  std::ofstream(dir / "keep.safetensors") << "precious";
+
+  const Run resumed = braid_train(dir, "--resume " + ckpt + " --steps 2 --checkpoint-dir " + ckpt);
+  CHECK(resumed.rc == 2);
+  CHECK_THAT(resumed.err, Catch::Contains(model.string()) && Catch::Contains("out of range"));
+  const Run init = braid_train(dir, "--init-from " + model.string() + " --init-out " + (dir / "keep.safetensors").string());
+  CHECK(init.rc == 2);
+  CHECK(read_text(model) == before);
+  CHECK(read_text(dir / "keep.safetensors") == "precious");
+  CHECK_FALSE(fs::exists(fs::path(ckpt) / "step_00000002"));
+}
+
+TEST_CASE("--sample generates the same text for the same seed", "[cli]") {
+  if (!have_binary()) return;
+  test::TempDir dir;
+  const fs::path text = write_text(dir, 2000);
+  const std::string w = (dir / "w.safetensors").string();
+  REQUIRE(braid_train(dir, kTiny + "--steps 0 --data " + text.string() + " --init-out " + w).rc == 0);
+  const std::string args = "--init-from " + w + " --steps 0 --data " + text.string() + " --sample 40 ";
+  const Run greedy = braid_train(dir, args + "--temperature 0");
+  const Run a = braid_train(dir, args + "--seed 9"), b = braid_train(dir, args + "--seed 9");
+  REQUIRE(greedy.rc == 0);
+  REQUIRE(a.rc == 0);
+  CHECK_THAT(a.out, Catch::Contains("--- sample (40 bytes"));
+  CHECK(a.out == b.out);
+  CHECK(a.out != greedy.out);
+}
+
+}  // namespace
+}  // namespace braid::trainer

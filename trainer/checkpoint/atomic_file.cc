@@ -1,0 +1,71 @@
+#include "trainer/checkpoint/atomic_file.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <vector>
+
+#include "runtime/errors.h"
+
+namespace braid::trainer {
+
+namespace fs = std::filesystem;
+
+AtomicFile::AtomicFile(fs::path target) : target_(std::move(target)) {
+  fs::path dir = target_.parent_path().empty() ? fs::path(".") : target_.parent_path();
+  std::string pattern = (dir / ("." + target_.filename().string() + ".tmp.XXXXXX")).string();
+  std::vector<char> name(pattern.begin(), pattern.end());
+  name.push_back('\0');
+  fd_ = ::mkstemp(name.data());
+  if (fd_ < 0) throw SystemError(errno_message("cannot create a temporary file next to " + target_.string(), errno));
+  temp_ = name.data();
+}
+
+AtomicFile::~AtomicFile() {
+  if (fd_ >= 0) ::close(fd_);
+  if (!committed_ && !temp_.empty()) ::unlink(temp_.c_str());
+}
+
+void AtomicFile::write(const void* data, std::size_t bytes) {
+  const char* p = static_cast<const char*>(data);
+  while (bytes > 0) {
+    ssize_t n = ::write(fd_, p, bytes);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) throw SystemError(errno_message("writing " + target_.string() + " (via " + temp_ + ")", errno));
+    p += n;
+    bytes -= static_cast<std::size_t>(n);
+  }
+}
+
+void AtomicFile::commit() {
+  if (::fsync(fd_) != 0) throw SystemError(errno_message("fsync of " + temp_, errno));
+  if (::close(fd_) != 0) {
+    fd_ = -1;
+    throw SystemError(errno_message("closing " + temp_, errno));
+  }
+  fd_ = -1;
+  if (::rename(temp_.c_str(), target_.c_str()) != 0) {
+    throw SystemError(errno_message("renaming " + temp_ + " to " + target_.string(), errno));
+  }
+  committed_ = true;
+  sync_directory(target_.parent_path().empty() ? fs::path(".") : target_.parent_path());
+}
+
+void write_file_atomically(const fs::path& target, std::string_view bytes) {
+  AtomicFile file(target);
+  file.write(bytes.data(), bytes.size());
+  file.commit();
+}
+
+void sync_directory(const fs::path& dir) {
+  int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY);
+  if (fd < 0) throw SystemError(errno_message("opening directory " + dir.string() + " to fsync it", errno));
+  int rc = ::fsync(fd);
+  int err = errno;
+  ::close(fd);
+  if (rc != 0) throw SystemError(errno_message("fsync of directory " + dir.string(), err));
+}
+
+}  // namespace braid::trainer

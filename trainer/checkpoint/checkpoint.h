@@ -1,0 +1,59 @@
+// Checkpoints: the model's weights and the full training state.
+//
+// Weights are one safetensors file with every parameter under its GPT-2
+// name and full shape, and the model config (n_layer, n_head, n_embd,
+// block_size, vocab_size) plus the step in its __metadata__.
+//
+// A training checkpoint is a directory per step under --checkpoint-dir:
+//   DIR/step_00000100/model.safetensors      weights
+//   DIR/step_00000100/optimizer.safetensors  AdamW state: m.<name>, v.<name>
+//   DIR/step_00000100/state.json             step, run options, data position
+//   DIR/latest                               "step_00000100", replaced last
+// Every file is written atomically, and `latest` moves only after the
+// step's files are durable, so a crash at any point leaves the previous
+// checkpoint intact. The data position is the step alone: batches are a
+// function of (seed, step, index) (trainer/data/text_data.h).
+//
+// Loading reads and validates every file completely before it changes any
+// buffer; a refused checkpoint leaves the model, the optimizer and the files
+// untouched.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+
+#include <nlohmann/json.hpp>
+
+#include "trainer/checkpoint/safetensors.h"
+#include "trainer/model/gpt.h"
+#include "trainer/optim/adamw.h"
+
+namespace braid::trainer {
+
+Metadata config_metadata(const GptConfig& config, std::int64_t step);
+// Throws InvalidUsage naming the file when a key is missing or not a number.
+GptConfig config_from_metadata(const SafetensorsFile& file);
+GptConfig read_weights_config(const std::filesystem::path& path);
+
+void save_weights(const std::filesystem::path& path, const Gpt& model, std::int64_t step);
+// Refuses a file whose config differs from the model's.
+void load_weights(const std::filesystem::path& path, Gpt& model);
+
+struct TrainState {
+  std::int64_t step = 0;           // steps completed; the next step to run
+  nlohmann::json options;          // the run's options (train/options.h)
+  std::string data_source;
+  std::uint64_t data_bytes = 0;
+  std::uint64_t data_fingerprint = 0;
+};
+
+// Writes DIR/step_<step>/..., then DIR/latest; keeps the newest `keep` steps.
+std::filesystem::path save_checkpoint(const std::filesystem::path& dir, const Gpt& model, const AdamW& optimizer,
+                                      const TrainState& state, int keep = 2);
+// A checkpoint directory (follows `latest`) or one step directory.
+std::filesystem::path resolve_checkpoint(const std::filesystem::path& path);
+TrainState read_train_state(const std::filesystem::path& step_dir);
+// Validates everything, then loads weights and optimizer state.
+TrainState load_checkpoint(const std::filesystem::path& step_dir, Gpt& model, AdamW& optimizer);
+
+}  // namespace braid::trainer

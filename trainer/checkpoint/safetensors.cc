@@ -1,0 +1,172 @@
+#include "trainer/checkpoint/safetensors.h"
+
+#include <bit>
+#include <cstring>
+#include <fstream>
+#include <iterator>
+
+#include <nlohmann/json.hpp>
+
+#include "runtime/errors.h"
+#include "trainer/checkpoint/atomic_file.h"
+
+namespace braid::trainer {
+
+static_assert(std::endian::native == std::endian::little, "safetensors data is little-endian");
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+std::string shape_string(const std::vector<std::int64_t>& shape) {
+  std::string s = "[";
+  for (std::size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
+  return s + "]";
+}
+
+namespace {
+
+std::uint64_t element_count(const std::vector<std::int64_t>& shape) {
+  std::uint64_t n = 1;
+  for (auto d : shape) n *= static_cast<std::uint64_t>(d);
+  return n;
+}
+
+std::string build_header(const std::vector<TensorToWrite>& tensors, const Metadata& metadata) {
+  nlohmann::ordered_json header;
+  header["__metadata__"] = metadata;
+  std::uint64_t offset = 0;
+  for (const auto& t : tensors) {
+    const std::uint64_t bytes = element_count(t.shape) * sizeof(float);
+    header[t.name] = {{"dtype", "F32"}, {"shape", t.shape}, {"data_offsets", {offset, offset + bytes}}};
+    offset += bytes;
+  }
+  std::string text = header.dump();
+  text.append((8 - text.size() % 8) % 8, ' ');  // keeps the data 8-byte aligned
+  return text;
+}
+
+}  // namespace
+
+void write_safetensors(const fs::path& path, const std::vector<TensorToWrite>& tensors, const Metadata& metadata) {
+  const std::string header = build_header(tensors, metadata);
+  const std::uint64_t header_bytes = header.size();
+  AtomicFile file(path);
+  file.write(&header_bytes, sizeof(header_bytes));
+  file.write(header.data(), header.size());
+  for (const auto& t : tensors) file.write(t.data, element_count(t.shape) * sizeof(float));
+  file.commit();
+}
+
+void SafetensorsFile::fail(const std::string& problem) const {
+  throw InvalidUsage("checkpoint " + path_.string() + " is refused: " + problem);
+}
+
+SafetensorsFile SafetensorsFile::read(const fs::path& path) {
+  SafetensorsFile f;
+  f.path_ = path;
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw InvalidUsage("cannot open checkpoint " + path.string() + " for reading; check the path");
+  f.bytes_.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  if (in.bad()) throw SystemError("reading checkpoint " + path.string() + " failed");
+  if (f.bytes_.size() < 8) {
+    f.fail("it is truncated: " + std::to_string(f.bytes_.size()) + " bytes, shorter than the 8-byte header length");
+  }
+  std::uint64_t header_bytes = 0;
+  std::memcpy(&header_bytes, f.bytes_.data(), 8);
+  if (header_bytes > f.bytes_.size() - 8) {
+    f.fail("its header length " + std::to_string(header_bytes) + " runs past the end of the file (" +
+           std::to_string(f.bytes_.size()) + " bytes); the file is truncated or not safetensors");
+  }
+  f.data_start_ = 8 + header_bytes;
+  f.parse_header(std::string_view(f.bytes_.data() + 8, header_bytes));
+  return f;
+}
+
+void SafetensorsFile::parse_header(std::string_view text) {
+  json header;
+  try {
+    header = json::parse(text);
+  } catch (const json::exception& e) {
+    fail(std::string("its header is not valid JSON (") + e.what() + ")");
+  }
+  if (!header.is_object()) fail("its header is not a JSON object");
+  for (const auto& [name, entry] : header.items()) {
+    if (name == "__metadata__") {
+      parse_metadata(entry);
+    } else {
+      entries_[name] = parse_entry(name, entry);
+    }
+  }
+}
+
+void SafetensorsFile::parse_metadata(const json& metadata) {
+  if (!metadata.is_object()) fail("__metadata__ is not an object");
+  for (const auto& [key, value] : metadata.items()) {
+    if (!value.is_string()) fail("__metadata__ value of '" + key + "' is not a string");
+    metadata_[key] = value.get<std::string>();
+  }
+}
+
+SafetensorsFile::Entry SafetensorsFile::parse_entry(const std::string& name, const json& entry) const {
+  const std::string tensor = "tensor '" + name + "'";
+  if (!entry.is_object() || !entry.contains("dtype") || !entry.contains("shape") || !entry.contains("data_offsets")) {
+    fail(tensor + " lacks dtype, shape or data_offsets");
+  }
+  if (entry["dtype"] != "F32") fail(tensor + " has dtype " + entry["dtype"].dump() + ", only F32 is supported");
+  Entry e;
+  const json& shape = entry["shape"];
+  if (!shape.is_array()) fail(tensor + " has a shape that is not an array");
+  for (const auto& d : shape) {
+    if (!d.is_number_unsigned()) fail(tensor + " has a shape entry that is not a non-negative integer");
+    e.shape.push_back(d.get<std::int64_t>());
+  }
+  std::uint64_t bytes = sizeof(float);
+  for (auto d : e.shape) {
+    if (__builtin_mul_overflow(bytes, static_cast<std::uint64_t>(d), &bytes)) fail(tensor + " has an impossible shape");
+  }
+  const json& offsets = entry["data_offsets"];
+  if (!offsets.is_array() || offsets.size() != 2 || !offsets[0].is_number_unsigned() ||
+      !offsets[1].is_number_unsigned()) {
+    fail(tensor + " has data_offsets that are not two non-negative integers");
+  }
+  e.begin = offsets[0].get<std::uint64_t>();
+  e.end = offsets[1].get<std::uint64_t>();
+  const std::uint64_t data_bytes = bytes_.size() - data_start_;
+  if (e.begin > e.end || e.end > data_bytes) {
+    fail(tensor + " has data_offsets [" + std::to_string(e.begin) + ", " + std::to_string(e.end) +
+         "] out of range of the " + std::to_string(data_bytes) + "-byte data section (truncated file?)");
+  }
+  if (e.end - e.begin != bytes) {
+    fail(tensor + " has " + std::to_string(e.end - e.begin) + " data bytes but shape " + shape_string(e.shape) +
+         " needs " + std::to_string(bytes));
+  }
+  return e;
+}
+
+const std::string& SafetensorsFile::metadata_value(const std::string& key) const {
+  auto it = metadata_.find(key);
+  if (it == metadata_.end()) fail("its __metadata__ lacks '" + key + "'");
+  return it->second;
+}
+
+std::vector<std::string> SafetensorsFile::names() const {
+  std::vector<std::string> names;
+  for (const auto& [name, entry] : entries_) names.push_back(name);
+  return names;
+}
+
+void SafetensorsFile::check(const std::string& name, const std::vector<std::int64_t>& shape) const {
+  auto it = entries_.find(name);
+  if (it == entries_.end()) fail("tensor '" + name + "' is missing");
+  if (it->second.shape != shape) {
+    fail("tensor '" + name + "' has shape " + shape_string(it->second.shape) + ", expected " + shape_string(shape));
+  }
+}
+
+void SafetensorsFile::copy(const std::string& name, const std::vector<std::int64_t>& shape, float* out) const {
+  check(name, shape);
+  const Entry& e = entries_.at(name);
+  std::memcpy(out, bytes_.data() + data_start_ + e.begin, e.end - e.begin);
+}
+
+}  // namespace braid::trainer

@@ -1,0 +1,74 @@
+// The safetensors format (huggingface/safetensors), F32 only:
+//
+//   u64 little-endian  N, the header length in bytes
+//   N bytes            JSON: {"__metadata__": {string: string, ...},
+//                             "<name>": {"dtype": "F32", "shape": [...],
+//                                        "data_offsets": [begin, end]}, ...}
+//                      padded with spaces to a multiple of 8
+//   data               raw little-endian floats; offsets are relative to the
+//                      first byte after the header
+//
+// Writing is atomic (AtomicFile). Reading validates the whole file before
+// anything is copied out, and every refusal is an InvalidUsage naming the
+// file and the problem: truncated header length, header length past the end
+// of the file, bad JSON, wrong dtype, offsets out of range or not matching
+// the shape, missing tensor, shape mismatch.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <map>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+namespace braid::trainer {
+
+using Metadata = std::map<std::string, std::string>;
+
+struct TensorToWrite {
+  std::string name;
+  std::vector<std::int64_t> shape;
+  const float* data;
+};
+
+void write_safetensors(const std::filesystem::path& path, const std::vector<TensorToWrite>& tensors,
+                       const Metadata& metadata);
+
+class SafetensorsFile {
+ public:
+  static SafetensorsFile read(const std::filesystem::path& path);
+
+  const std::filesystem::path& path() const { return path_; }
+  const Metadata& metadata() const { return metadata_; }
+  // The metadata value, or an InvalidUsage naming the file and the key.
+  const std::string& metadata_value(const std::string& key) const;
+  std::vector<std::string> names() const;
+  bool contains(const std::string& name) const { return entries_.count(name) != 0; }
+  // Throws unless the tensor exists with exactly this shape.
+  void check(const std::string& name, const std::vector<std::int64_t>& shape) const;
+  // check(), then copies the tensor's floats to `out`.
+  void copy(const std::string& name, const std::vector<std::int64_t>& shape, float* out) const;
+
+ private:
+  struct Entry {
+    std::vector<std::int64_t> shape;
+    std::uint64_t begin = 0, end = 0;  // into the data section
+  };
+  void parse_header(std::string_view header);
+  void parse_metadata(const nlohmann::json& metadata);
+  Entry parse_entry(const std::string& name, const nlohmann::json& entry) const;
+  [[noreturn]] void fail(const std::string& problem) const;
+
+  std::filesystem::path path_;
+  std::vector<char> bytes_;
+  std::size_t data_start_ = 0;
+  Metadata metadata_;
+  std::map<std::string, Entry> entries_;
+};
+
+// "[3, 128]"
+std::string shape_string(const std::vector<std::int64_t>& shape);
+
+}  // namespace braid::trainer

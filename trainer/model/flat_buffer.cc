@@ -1,0 +1,100 @@
+#include "trainer/model/flat_buffer.h"
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <new>
+#include <utility>
+
+#include "runtime/errors.h"
+
+namespace braid::trainer {
+
+Range intersect(Range a, Range b) {
+  std::size_t begin = std::max(a.offset, b.offset);
+  std::size_t end = std::min(a.end(), b.end());
+  return end > begin ? Range{begin, end - begin} : Range{begin, 0};
+}
+
+std::string_view category_name(MemoryCategory category) {
+  switch (category) {
+    case MemoryCategory::kParameters: return "parameters";
+    case MemoryCategory::kGradients: return "gradients";
+    case MemoryCategory::kOptimizerState: return "optimizer_state";
+    case MemoryCategory::kActivations: return "activations";
+  }
+  return "unknown";
+}
+
+void MemoryAccount::allocate(MemoryCategory category, std::size_t bytes) {
+  auto i = static_cast<std::size_t>(category);
+  current_[i] += bytes;
+  peak_[i] = std::max(peak_[i], current_[i]);
+  current_total_ += bytes;
+  peak_total_ = std::max(peak_total_, current_total_);
+}
+
+void MemoryAccount::release(MemoryCategory category, std::size_t bytes) {
+  auto i = static_cast<std::size_t>(category);
+  current_[i] -= std::min(bytes, current_[i]);
+  current_total_ -= std::min(bytes, current_total_);
+}
+
+std::size_t MemoryAccount::current_bytes(MemoryCategory category) const {
+  return current_[static_cast<std::size_t>(category)];
+}
+
+std::size_t MemoryAccount::peak_bytes(MemoryCategory category) const {
+  return peak_[static_cast<std::size_t>(category)];
+}
+
+void FlatBuffer::AlignedFree::operator()(float* p) const { std::free(p); }
+
+FlatBuffer::FlatBuffer(std::size_t count, MemoryCategory category, MemoryAccount* account)
+    : count_(count), category_(category), account_(account) {
+  constexpr std::size_t kAlign = 64;
+  std::size_t bytes = (std::max<std::size_t>(count, 1) * sizeof(float) + kAlign - 1) / kAlign * kAlign;
+  void* p = std::aligned_alloc(kAlign, bytes);
+  if (p == nullptr) {
+    throw SystemError("cannot allocate " + std::to_string(count * sizeof(float)) + " bytes of " +
+                      std::string(category_name(category)) + "; use a smaller model or batch");
+  }
+  std::memset(p, 0, bytes);
+  data_.reset(static_cast<float*>(p));
+  if (account_ != nullptr) account_->allocate(category_, count_ * sizeof(float));
+}
+
+FlatBuffer::FlatBuffer(FlatBuffer&& other) noexcept
+    : data_(std::move(other.data_)),
+      count_(std::exchange(other.count_, 0)),
+      category_(other.category_),
+      account_(std::exchange(other.account_, nullptr)) {}
+
+FlatBuffer& FlatBuffer::operator=(FlatBuffer&& other) noexcept {
+  if (this != &other) {
+    release();
+    data_ = std::move(other.data_);
+    count_ = std::exchange(other.count_, 0);
+    category_ = other.category_;
+    account_ = std::exchange(other.account_, nullptr);
+  }
+  return *this;
+}
+
+FlatBuffer::~FlatBuffer() { release(); }
+
+void FlatBuffer::release() {
+  if (account_ != nullptr) account_->release(category_, count_ * sizeof(float));
+  account_ = nullptr;
+  data_.reset();
+  count_ = 0;
+}
+
+std::span<float> FlatBuffer::view(Range r) { return span().subspan(r.offset, r.count); }
+std::span<const float> FlatBuffer::view(Range r) const { return span().subspan(r.offset, r.count); }
+
+void FlatBuffer::zero() {
+  if (count_ > 0) std::memset(data_.get(), 0, count_ * sizeof(float));
+}
+
+}  // namespace braid::trainer

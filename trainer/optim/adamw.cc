@@ -1,0 +1,50 @@
+#include "trainer/optim/adamw.h"
+
+#include <cmath>
+#include <numbers>
+
+#include "kernels/cpu/gpt_ops.h"
+
+namespace braid::trainer {
+
+AdamW::AdamW(const ParamTable& table, Range owned, const AdamWConfig& config, MemoryAccount* account)
+    : table_(table),
+      owned_(owned),
+      config_(config),
+      m_(owned.count, MemoryCategory::kOptimizerState, account),
+      v_(owned.count, MemoryCategory::kOptimizerState, account) {}
+
+void AdamW::update(std::span<float> params, std::span<const float> grads, float lr, long step) {
+  for (const ParamView& view : table_.views()) {
+    const Range r = intersect(view.range(), owned_);
+    if (r.count == 0) continue;
+    kernels::cpu::AdamWParams p{lr, config_.beta1, config_.beta2, config_.eps,
+                                view.decay ? config_.weight_decay : 0.0f, step};
+    const std::size_t state = r.offset - owned_.offset;
+    kernels::cpu::adamw_update(params.data() + r.offset, grads.data() + r.offset, m_.data() + state,
+                               v_.data() + state, r.count, p);
+  }
+}
+
+float LrSchedule::at(long step) const {
+  if (step < warmup_steps) return lr * static_cast<float>(step + 1) / static_cast<float>(warmup_steps);
+  const double span = static_cast<double>(std::max(1L, steps - warmup_steps));
+  const double ratio = std::min(1.0, static_cast<double>(step - warmup_steps) / span);
+  const double coeff = 0.5 * (1.0 + std::cos(std::numbers::pi * ratio));
+  return static_cast<float>(min_lr + coeff * (lr - min_lr));
+}
+
+double grad_square_sum(std::span<const float> grads) {
+  double sum = 0.0;
+  for (float g : grads) sum += static_cast<double>(g) * g;
+  return sum;
+}
+
+float clip_grads(std::span<float> grads, double norm, float max_norm) {
+  if (max_norm <= 0.0f || !(norm > max_norm)) return 1.0f;
+  const float scale = static_cast<float>(max_norm / (norm + 1e-6));
+  for (float& g : grads) g *= scale;
+  return scale;
+}
+
+}  // namespace braid::trainer

@@ -1,0 +1,136 @@
+#include "trainer/train/options.h"
+
+#include <algorithm>
+#include <limits>
+
+#include "runtime/errors.h"
+
+namespace braid::trainer {
+
+using nlohmann::json;
+
+json run_options_json(const TrainOptions& o) {
+  return json{{"n_layer", o.model.n_layer},
+              {"n_head", o.model.n_head},
+              {"n_embd", o.model.n_embd},
+              {"block_size", o.model.block_size},
+              {"batch_size", o.batch_size},
+              {"grad_accum", o.grad_accum},
+              {"steps", o.steps},
+              {"lr", o.lr},
+              {"min_lr", o.min_lr},
+              {"warmup_steps", o.warmup_steps},
+              {"weight_decay", o.weight_decay},
+              {"grad_clip", o.grad_clip},
+              {"seed", o.seed},
+              {"data", o.data},
+              {"eval_interval", o.eval_interval},
+              {"eval_batches", o.eval_batches},
+              {"checkpoint_interval", o.checkpoint_interval},
+              {"checkpoint_dir", o.checkpoint_dir}};
+}
+
+namespace {
+
+template <typename T>
+void take(const json& saved, const std::set<std::string>& keep, const char* key, T& field) {
+  if (!saved.contains(key) || keep.count(key) != 0) return;
+  try {
+    field = saved.at(key).get<T>();
+  } catch (const json::exception& e) {
+    throw InvalidUsage(std::string("saved option '") + key + "' has the wrong type: " + e.what());
+  }
+}
+
+void require(bool ok, const std::string& message) {
+  if (!ok) throw InvalidUsage(message);
+}
+
+}  // namespace
+
+void apply_run_options(const json& s, const std::set<std::string>& keep, TrainOptions& o) {
+  take(s, keep, "n_layer", o.model.n_layer);
+  take(s, keep, "n_head", o.model.n_head);
+  take(s, keep, "n_embd", o.model.n_embd);
+  take(s, keep, "block_size", o.model.block_size);
+  take(s, keep, "batch_size", o.batch_size);
+  take(s, keep, "grad_accum", o.grad_accum);
+  take(s, keep, "steps", o.steps);
+  take(s, keep, "lr", o.lr);
+  take(s, keep, "min_lr", o.min_lr);
+  take(s, keep, "warmup_steps", o.warmup_steps);
+  take(s, keep, "weight_decay", o.weight_decay);
+  take(s, keep, "grad_clip", o.grad_clip);
+  take(s, keep, "seed", o.seed);
+  take(s, keep, "data", o.data);
+  take(s, keep, "eval_interval", o.eval_interval);
+  take(s, keep, "eval_batches", o.eval_batches);
+  take(s, keep, "checkpoint_interval", o.checkpoint_interval);
+  take(s, keep, "checkpoint_dir", o.checkpoint_dir);
+}
+
+namespace {
+
+void validate_schedule(const TrainOptions& o) {
+  require(o.steps >= 0, "--steps must be 0 or more");
+  require(o.lr > 0.0f, "--lr must be positive");
+  require(o.min_lr >= 0.0f && o.min_lr <= o.lr, "--min-lr must be between 0 and --lr");
+  require(o.warmup_steps >= 0, "--warmup-steps must be 0 or more");
+  require(o.weight_decay >= 0.0f, "--weight-decay must be 0 or more");
+  require(o.grad_clip >= 0.0f, "--grad-clip must be 0 (off) or more");
+  require(o.eval_interval >= 0, "--eval-interval must be 0 (only at the end) or more");
+  require(o.eval_batches >= 1, "--eval-batches must be at least 1");
+}
+
+void validate_batch(const TrainOptions& o) {
+  require(o.batch_size >= 1, "--batch-size must be at least 1 (it is the global batch in sequences)");
+  require(o.grad_accum >= 1, "--grad-accum must be at least 1");
+  require(o.batch_size % o.grad_accum == 0,
+          "--batch-size " + std::to_string(o.batch_size) + " is not divisible by --grad-accum " +
+              std::to_string(o.grad_accum) + "; choose a batch that splits into equal micro-batches");
+  // The kernels index activations with int: the largest are [B, NH, T, T]
+  // and [B, T, 4C].
+  const long long B = o.micro_batch(), T = o.model.block_size;
+  const long long largest = std::max({B * o.model.n_head * T * T, B * T * 4 * o.model.n_embd, B * T * 256});
+  require(largest < std::numeric_limits<int>::max(),
+          "a micro-batch of " + std::to_string(B) + " sequences of " + std::to_string(T) +
+              " tokens is too large; lower --batch-size or raise --grad-accum");
+}
+
+void validate_modes(const TrainOptions& o) {
+  require(o.resume.empty() || o.init_from.empty(), "--resume and --init-from exclude each other; pass one");
+  require(!o.eval_only || !o.init_from.empty() || !o.resume.empty(),
+          "--eval-only needs weights: pass --init-from FILE or --resume DIR");
+  require(o.checkpoint_interval >= 0, "--checkpoint-interval must be 0 (only at the end) or more");
+  require(o.checkpoint_interval == 0 || !o.checkpoint_dir.empty(),
+          "--checkpoint-interval needs --checkpoint-dir");
+  require(o.threads >= 1, "--threads must be at least 1");
+  require(o.sample_bytes >= 0, "--sample must be 0 or more");
+  require(o.temperature >= 0.0f, "--temperature must be 0 (greedy) or more");
+}
+
+}  // namespace
+
+void validate(const TrainOptions& o) {
+  validate(o.model);
+  validate_schedule(o);
+  validate_batch(o);
+  validate_modes(o);
+}
+
+void validate_data(const TrainOptions& o, std::size_t train_bytes, std::size_t val_bytes) {
+  const auto need = static_cast<std::size_t>(o.model.block_size) + 1;
+  const std::string source = o.data.empty() ? "the default corpus" : o.data;
+  if (o.eval_only) {
+    require(train_bytes >= need, source + " has " + std::to_string(train_bytes) +
+                                     " bytes; --eval-only needs at least block_size + 1 = " +
+                                     std::to_string(need) + " bytes for one window");
+    return;
+  }
+  require(train_bytes >= need && val_bytes >= need,
+          source + " splits into " + std::to_string(train_bytes) + " train and " + std::to_string(val_bytes) +
+              " val bytes, but each split needs block_size + 1 = " + std::to_string(need) +
+              " bytes; lower --block-size or use a larger file");
+}
+
+}  // namespace braid::trainer

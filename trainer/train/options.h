@@ -1,0 +1,68 @@
+// Everything a braid-train run is told, with its defaults, and the checks
+// that refuse a bad combination before any work (InvalidUsage; braid-train
+// exits 2). Names follow nanoGPT's config keys; the CLI flag of key `n_layer`
+// is `--n-layer`.
+//
+// The "run options" (model shape, batch, schedule, seed, data, evaluation,
+// checkpoint directory and cadence) define a training run and are saved in checkpoints, so
+// `--resume DIR` continues with the saved values of every key not given on
+// the command line. The rest (what to print or write, threads) belong to one
+// invocation.
+#pragma once
+
+#include <cstdint>
+#include <set>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "trainer/model/gpt_config.h"
+
+namespace braid::trainer {
+
+struct TrainOptions {
+  // Run options, saved in checkpoints.
+  GptConfig model{4, 4, 128, 64, 256};
+  int batch_size = 16;             // GLOBAL batch in sequences (split across DP ranks later)
+  int grad_accum = 1;              // micro-batches per step; must divide batch_size
+  std::int64_t steps = 500;
+  float lr = 3e-3f;                // peak learning rate
+  float min_lr = 3e-4f;            // end of the cosine decay
+  std::int64_t warmup_steps = 20;
+  float weight_decay = 0.1f;       // decoupled, on 2-D weights only
+  float grad_clip = 1.0f;          // max global gradient norm; 0 disables
+  std::uint64_t seed = 1337;
+  std::string data;                // empty: the default corpus
+  std::int64_t eval_interval = 100;  // steps between val evaluations; 0: only at the end
+  int eval_batches = 8;            // micro-batches per evaluation
+  std::int64_t checkpoint_interval = 0;  // steps between checkpoints; 0: only at the end
+  std::string checkpoint_dir;      // empty: no checkpoints; a resumed run goes on writing here
+
+  // Per invocation.
+  std::string resume;              // checkpoint directory to continue from
+  std::string init_from;           // safetensors weights to start from
+  std::string init_out;            // write the initial weights here
+  std::string metrics;             // JSON lines, one per step
+  bool eval_only = false;          // mean loss of --init-from/--resume over --data's windows
+  int sample_bytes = 0;            // generate this many bytes at the end
+  float temperature = 0.8f;        // 0: greedy
+  std::string prompt = "\n";
+  int threads = 1;                 // BLAS threads
+
+  int micro_batch() const { return batch_size / grad_accum; }
+  std::int64_t tokens_per_step() const { return static_cast<std::int64_t>(batch_size) * model.block_size; }
+};
+
+// The run options as JSON, keyed by nanoGPT names ("n_layer", "lr", ...).
+nlohmann::json run_options_json(const TrainOptions& options);
+// Sets the run options present in `saved`, except the keys in `keep`
+// (those given on the command line win). Throws InvalidUsage on bad types.
+void apply_run_options(const nlohmann::json& saved, const std::set<std::string>& keep, TrainOptions& options);
+
+// Checks the options alone (before the data is read).
+void validate(const TrainOptions& options);
+// Checks the options against the data: both splits, or for --eval-only the
+// whole file, must hold one window of block_size + 1 bytes.
+void validate_data(const TrainOptions& options, std::size_t train_bytes, std::size_t val_bytes);
+
+}  // namespace braid::trainer

@@ -1,0 +1,111 @@
+// The single-process training loop: a GPT, AdamW, the byte corpus, the
+// schedule, evaluations and checkpoints, with the trainer's own accounting
+// of time, FLOPs and memory. Strategies (DP, DDP, ZeRO, TP, PP) will replace
+// train_step()'s middle part; everything around it stays.
+//
+// One step s (counted from 0) with global batch B_g, grad_accum A and
+// micro-batch B = B_g / A:
+//   zero grads; for a in 0..A-1: samples [a*B, (a+1)*B) of step s,
+//   forward, backward with every target's loss gradient 1 / (B_g * T);
+//   clip by global norm; AdamW with lr = schedule(s) and step count s + 1.
+// The reported loss is the mean over all B_g * T targets.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <optional>
+#include <vector>
+
+#include "trainer/data/text_data.h"
+#include "trainer/model/gpt.h"
+#include "trainer/optim/adamw.h"
+#include "trainer/train/evaluate.h"
+#include "trainer/train/options.h"
+
+namespace braid::trainer {
+
+struct StepReport {
+  std::int64_t step = 0;    // steps completed, so the first is 1
+  std::int64_t steps = 0;   // the run's total
+  double loss = 0.0;
+  float lr = 0.0f;
+  double grad_norm = 0.0;   // before clipping
+  double tokens_per_s = 0.0;
+  double step_ms = 0.0;
+  std::optional<double> val_loss;  // on evaluation steps
+  const MemoryAccount* memory = nullptr;
+};
+
+struct TrainSummary {
+  std::int64_t steps_run = 0;     // by this invocation
+  std::int64_t tokens = 0;        // trained on by this invocation
+  double train_seconds = 0.0;     // optimizer steps only: no eval, no checkpoint
+  double train_loss = 0.0;        // final evaluation on eval_batches of each split
+  double val_loss = 0.0;
+  double tokens_per_s = 0.0;
+  double flops_per_token = 0.0;   // flops_per_token() below
+  double gflops = 0.0;            // achieved
+  double peak_gflops = 0.0;       // threads x single-thread 1024^3 SGEMM
+  double mfu = 0.0;               // gflops / peak_gflops
+  const MemoryAccount* memory = nullptr;
+};
+
+// Training FLOPs per token (forward + backward), as PaLM / nanoGPT count
+// them: 6 * N + 12 * n_layer * n_embd * T, where N counts the parameters
+// that multiply (all but wpe, a lookup; the tied wte once, for the head)
+// and the second term is attention's q.k and att.v products over the full
+// T x T (the causal half is not subtracted).
+double flops_per_token(const GptConfig& config, std::size_t param_count);
+
+class TrainObserver {
+ public:
+  virtual ~TrainObserver() = default;
+  virtual void on_step(const StepReport& report) {}
+  virtual void on_checkpoint(const std::filesystem::path& dir, std::int64_t step) {}
+};
+
+class Trainer {
+ public:
+  // Validates the options against the corpus (InvalidUsage), builds the
+  // model and optimizer. The corpus must outlive the trainer.
+  Trainer(const TrainOptions& options, const TextCorpus& corpus);
+  Trainer(const Trainer&) = delete;
+  Trainer& operator=(const Trainer&) = delete;
+
+  // Weights from --resume, --init-from or the seed; writes --init-out.
+  void start();
+  // One optimizer step (see the header comment); returns its report
+  // without timing or evaluation.
+  StepReport train_step();
+  // Steps until options.steps, then a final evaluation.
+  TrainSummary run(TrainObserver& observer);
+
+  double evaluate_train() { return sampled_loss(model_, acts_, *train_eval_, options_.eval_batches); }
+  double evaluate_val() { return sampled_loss(model_, acts_, *val_, options_.eval_batches); }
+  // --eval-only over the whole corpus.
+  WindowLoss evaluate_windows() { return window_loss(model_, acts_, corpus_.bytes); }
+  std::filesystem::path save_checkpoint();
+
+  Gpt& model() { return model_; }
+  AdamW& optimizer() { return optimizer_; }
+  std::int64_t step() const { return step_; }
+  const MemoryAccount& memory() const { return memory_; }
+  const TrainOptions& options() const { return options_; }
+
+ private:
+  void maybe_checkpoint(TrainObserver& observer, bool final_step);
+
+  TrainOptions options_;
+  const TextCorpus& corpus_;
+  MemoryAccount memory_;
+  Gpt model_;
+  AdamW optimizer_;
+  Activations acts_;
+  LrSchedule schedule_;
+  std::optional<BatchSampler> train_, train_eval_, val_;
+  std::vector<std::int32_t> inputs_, targets_;
+  std::int64_t step_ = 0;
+  std::int64_t last_checkpoint_ = -1;
+};
+
+}  // namespace braid::trainer
