@@ -48,6 +48,7 @@ struct Communicator::Impl {
   std::shared_ptr<runtime::Store> store;
   std::vector<std::unique_ptr<Transport>> transports;
   std::vector<Transport*> routes;  // [peer]
+  std::vector<std::string> hosts;  // [rank] host identity (runtime/topology.h)
   std::unique_ptr<StatusBoard> status;
 
   // Settings: runtime::config() unless given explicitly; split inherits them.
@@ -80,7 +81,7 @@ struct Communicator::Impl {
   void abort(const std::string& reason);
 };
 
-// Builds the transports of a communicator whose identity and store are set.
+// Builds the transports of a communicator whose identity, store and hosts are set.
 void connect_transports(Communicator::Impl& impl);
 
 }  // namespace braid::comm

@@ -12,11 +12,13 @@
 #include <functional>
 
 #include "comm/communicator_impl.h"
+#include "comm/transport/shm/transport.h"
 #include "comm/transport/tcp/transport.h"
 #include "runtime/config.h"
 #include "runtime/errors.h"
 #include "runtime/log.h"
 #include "runtime/store.h"
+#include "runtime/topology.h"
 
 namespace braid::comm {
 namespace {
@@ -51,12 +53,69 @@ std::string ring_order(int size) {
 
 }  // namespace
 
+namespace {
+
+// Which transport reaches each peer: shared memory for ranks on this host
+// (unless BRAID_TRANSPORT=tcp), TCP for the others.
+struct Plan {
+  std::vector<int> local;    // ranks on this host, this one included, sorted
+  std::vector<bool> use_shm, use_tcp;
+};
+
+Plan plan_transports(const Communicator::Impl& impl) {
+  Plan plan;
+  const std::string& mode = impl.config.transport;
+  plan.use_shm.assign(impl.size, false);
+  plan.use_tcp.assign(impl.size, false);
+  std::string remote;
+  for (int peer = 0; peer < impl.size; ++peer) {
+    bool same_host = impl.hosts[peer] == impl.hosts[impl.rank];
+    if (same_host) plan.local.push_back(peer);
+    if (peer == impl.rank) continue;
+    if (same_host && mode != "tcp") plan.use_shm[peer] = true;
+    else plan.use_tcp[peer] = true;
+    if (!same_host) remote += (remote.empty() ? "" : ", ") + std::to_string(peer);
+  }
+  if (mode == "shm" && !remote.empty())
+    throw InvalidUsage("BRAID_TRANSPORT=shm, but rank(s) " + remote + " run on another host than rank " +
+                       std::to_string(impl.rank) + "; use BRAID_TRANSPORT=auto to reach them over TCP");
+  return plan;
+}
+
+std::string rank_list(const std::vector<bool>& mask) {
+  std::string list;
+  for (std::size_t r = 0; r < mask.size(); ++r)
+    if (mask[r]) list += (list.empty() ? "" : ",") + std::to_string(r);
+  return list.empty() ? "none" : list;
+}
+
+void add_routes(Communicator::Impl& impl, const std::vector<bool>& mask) {
+  for (int peer = 0; peer < impl.size; ++peer)
+    if (mask[peer]) impl.routes[peer] = impl.transports.back().get();
+}
+
+bool any(const std::vector<bool>& mask) { return std::find(mask.begin(), mask.end(), true) != mask.end(); }
+
+}  // namespace
+
 void connect_transports(Communicator::Impl& impl) {
   const auto& config = impl.config;
   impl.routes.assign(static_cast<std::size_t>(impl.size), nullptr);
-  if (impl.size > 1) {
-    if (config.transport == "shm")
-      throw InvalidUsage("BRAID_TRANSPORT=shm: the shared-memory transport is not built yet; use tcp or auto");
+  Plan plan = plan_transports(impl);
+  if (any(plan.use_shm)) {
+    shm::ShmOptions options;
+    options.rank = impl.rank;
+    options.local_ranks = plan.local;
+    options.comm_id = impl.comm_id;
+    options.job_token = impl.info.job_token;
+    options.ring_bytes = config.shm_ring_bytes;
+    bool oversubscribed = static_cast<int>(plan.local.size()) > runtime::available_cores();
+    options.spin = std::chrono::microseconds(oversubscribed ? 0 : config.shm_spin_us);
+    options.timeout = config.timeout;
+    impl.transports.push_back(shm::connect_shm(*impl.store, impl.key_prefix, options));
+    add_routes(impl, plan.use_shm);
+  }
+  if (any(plan.use_tcp)) {
     tcp::MeshOptions options;
     options.rank = impl.rank;
     options.size = impl.size;
@@ -66,17 +125,30 @@ void connect_transports(Communicator::Impl& impl) {
     options.bind_addr = config.bind_addr;
     options.token = impl.info.job_token;
     options.timeout = config.timeout;
+    options.peers = plan.use_tcp;
     auto fds = tcp::connect_mesh(*impl.store, impl.key_prefix, options);
     impl.transports.push_back(
         std::make_unique<tcp::TcpTransport>(impl.rank, std::move(fds), config.socket_buffer_bytes));
-    for (int peer = 0; peer < impl.size; ++peer)
-      if (peer != impl.rank) impl.routes[peer] = impl.transports.back().get();
+    add_routes(impl, plan.use_tcp);
   }
   impl.status = std::make_unique<StatusBoard>(impl.store, impl.key_prefix, impl.rank);
-  spdlog::info("comm {:08x} ({}): rank {}/{}, transport tcp to all {} peers ({} socket(s) each; "
-               "BRAID_TRANSPORT={}), ring order {}",
-               impl.comm_id, impl.key_prefix, impl.rank, impl.size, impl.size - 1, config.tcp_nsocks,
-               config.transport, ring_order(impl.size));
+  spdlog::info("comm {:08x} ({}): rank {}/{} on host {}; shm to ranks {}; tcp to ranks {} ({} socket(s) each); "
+               "BRAID_TRANSPORT={}; ring order {}",
+               impl.comm_id, impl.key_prefix, impl.rank, impl.size, impl.hosts[impl.rank],
+               rank_list(plan.use_shm), rank_list(plan.use_tcp), config.tcp_nsocks, config.transport,
+               ring_order(impl.size));
+}
+
+// Every rank publishes its host identity; all read everyone's.
+std::vector<std::string> exchange_hosts(runtime::Store* store, const std::string& prefix, int rank, int size,
+                                        const runtime::Config& config) {
+  std::string mine = runtime::local_host_id(config);
+  std::vector<std::string> hosts(static_cast<std::size_t>(size), mine);
+  if (!store || size == 1) return hosts;
+  store->set(prefix + "/host/" + std::to_string(rank), mine);
+  for (int r = 0; r < size; ++r)
+    if (r != rank) hosts[r] = store->get_string(prefix + "/host/" + std::to_string(r), config.timeout);
+  return hosts;
 }
 
 std::unique_ptr<Communicator> Communicator::create_world() {
@@ -100,7 +172,8 @@ std::unique_ptr<Communicator> Communicator::create_world(const runtime::RankInfo
     if (port == 0) throw InvalidUsage("no store address: set BRAID_STORE_ADDR or start with braid-launch");
     impl->store = std::make_shared<runtime::Store>(info.store_host, port, info.job_token, config.timeout);
   }
-  spdlog::info("{}", runtime::describe(info));
+  spdlog::info("{}; {}", runtime::describe(info), runtime::describe_placement());
+  impl->hosts = exchange_hosts(impl->store.get(), impl->key_prefix, info.rank, info.world_size, config);
   connect_transports(*impl);
   return std::unique_ptr<Communicator>(new Communicator(std::move(impl)));
 }
@@ -121,6 +194,7 @@ std::unique_ptr<Communicator> Communicator::split(int color, int key) {
   auto prefix = impl_->key_prefix + "/split" + std::to_string(split_index) + "/color" + std::to_string(color);
   auto impl = new_impl(impl_->info, impl_->config, prefix, new_rank, static_cast<int>(members.size()));
   impl->store = impl_->store;
+  for (const auto& member : members) impl->hosts.push_back(impl_->hosts[member.second]);
   connect_transports(*impl);
   return std::unique_ptr<Communicator>(new Communicator(std::move(impl)));
 }

@@ -11,6 +11,7 @@
 #include <sstream>
 #include <thread>
 
+#include "runtime/shm_names.h"
 #include "runtime/store.h"
 
 namespace braid::test {
@@ -47,7 +48,9 @@ struct TempDir {
     info.store_served_by_rank0 = false;
     info.job_token = token;
     info.launcher = "test";
-    auto comm = comm::Communicator::create_world(info, options.config);
+    runtime::Config config = options.config;
+    if (options.host_of) config.host_id = options.host_of(rank);
+    auto comm = comm::Communicator::create_world(info, config);
     fn(*comm);
   } catch (const std::exception& e) {
     code = 1;
@@ -124,6 +127,7 @@ RunResult run_ranks(int size, const std::function<void(comm::Communicator&)>& fn
     if (!reaped) std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }
   result.elapsed = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - start);
+  result.leftover_shm = runtime::remove_job_segments(token);
   for (int rank = 0; rank < size; ++rank) {
     std::ifstream in(dir.path / ("rank" + std::to_string(rank)));
     std::stringstream text;

@@ -29,6 +29,7 @@ struct RankResult {
 struct RunResult {
   std::vector<RankResult> ranks;
   bool timed_out = false;
+  int leftover_shm = 0;  // segments of the job found in /dev/shm after the ranks ended (then removed)
   std::chrono::milliseconds elapsed{0};
   bool all_ok() const;
   std::string summary() const;  // one line per rank, for failure messages
@@ -37,6 +38,9 @@ struct RunResult {
 struct RunOptions {
   std::chrono::seconds deadline{120};
   runtime::Config config;  // settings every rank's communicator gets
+  // When set, rank r runs with config.host_id = host_of(r): a forced
+  // topology, e.g. two "hosts" of two ranks on one machine.
+  std::function<std::string(int rank)> host_of;
 };
 
 // fn(comm, rank) runs on each of `size` ranks. Its return value is ignored;

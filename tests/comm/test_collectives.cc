@@ -104,19 +104,28 @@ std::vector<Case> grid(int size) {
 
 }  // namespace
 
+// The same grid on every transport: TCP only, shared memory only, and a
+// mixed ring of two forced "hosts" (shm inside each, TCP between them).
 TEST_CASE("every collective x dtype x op x count x placement on 1 to 8 ranks", "[collectives]") {
+  std::string transport = GENERATE(std::string("tcp"), std::string("shm"), std::string("mixed"));
   int size = GENERATE(1, 2, 3, 4, 5, 6, 7, 8);
+  test::RunOptions options{std::chrono::seconds(240), test::test_config()};
+  options.config.transport = transport == "mixed" ? "auto" : transport;
+  if (transport == "mixed") options.host_of = [size](int rank) { return rank < (size + 1) / 2 ? "hostA" : "hostB"; };
   auto result = test::run_ranks(size, [](Communicator& comm) {
     for (const Case& c : grid(comm.size())) run_case(comm, c);
-  }, {std::chrono::seconds(240), test::test_config()});
-  INFO(result.summary());
+  }, options);
+  INFO(transport << " on " << size << " ranks\n" << result.summary());
   REQUIRE(result.all_ok());
+  CHECK(result.leftover_shm == 0);
 }
 
 TEST_CASE("64 MiB collectives with default segments", "[collectives][large]") {
   int size = GENERATE(2, 3);
+  std::string transport = GENERATE(std::string("tcp"), std::string("shm"));
   runtime::Config config = test::test_config();
   config.segment_bytes = 256u << 10;
+  config.transport = transport;
   auto result = test::run_ranks(size, [](Communicator& comm) {
     const std::size_t big = (64u << 20) / 4;  // 64 MiB of f32
     for (bool in_place : {false, true}) {
@@ -189,4 +198,19 @@ TEST_CASE("traffic counters follow the ring's 2(N-1)/N", "[collectives]") {
   }, {std::chrono::seconds(60), test::test_config()});
   INFO(result.summary());
   REQUIRE(result.all_ok());
+}
+
+TEST_CASE("transports follow the topology: shm inside a host, TCP between hosts", "[collectives]") {
+  test::RunOptions options{std::chrono::seconds(60), test::test_config()};
+  options.host_of = [](int rank) { return rank < 2 ? "hostA" : "hostB"; };
+  auto result = test::run_ranks(4, [](Communicator& comm) {
+    expect(comm.transport_summary() == "shm+tcp", "expected shm+tcp, got " + comm.transport_summary());
+    auto sub = comm.split(comm.rank() / 2, comm.rank());  // one "host" each
+    expect(sub->transport_summary() == "shm", "a split inside one host uses shm only");
+    run_case(*sub, {OpKind::all_reduce, DataType::f32, ReduceOp::sum, 5000, false, 0});
+    run_case(comm, {OpKind::all_reduce, DataType::f32, ReduceOp::sum, 70001, false, 0});
+  }, options);
+  INFO(result.summary());
+  REQUIRE(result.all_ok());
+  CHECK(result.leftover_shm == 0);
 }

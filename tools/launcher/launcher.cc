@@ -18,6 +18,7 @@
 
 #include "runtime/config.h"
 #include "runtime/errors.h"
+#include "runtime/shm_names.h"
 #include "runtime/store.h"
 #include "tools/launcher/environment.h"
 #include "tools/launcher/supervisor.h"
@@ -170,7 +171,12 @@ int launch(const LaunchOptions& options) {
     job.store_port = server->port();
     spdlog::info("braid-launch: store listening on {}:{}", listen_addr, job.store_port);
   }
-  return start_and_supervise(options, job, signals);
+  int status = start_and_supervise(options, job, signals);
+  // Ranks unlink their shared memory as soon as all peers have mapped it; a
+  // rank killed before that leaves a name behind, removed here.
+  if (int removed = runtime::remove_job_segments(job.token))
+    spdlog::warn("braid-launch: removed {} shared-memory segment(s) left by failed ranks", removed);
+  return status;
 }
 
 }  // namespace braid::launcher

@@ -54,8 +54,20 @@ struct Mesh {
 
   explicit Mesh(const MeshOptions& o) : options(o), fds(static_cast<std::size_t>(o.size)) {
     for (int peer = 0; peer < o.size; ++peer)
-      if (peer != o.rank) fds[peer].assign(static_cast<std::size_t>(o.nsocks), -1);
-    pending = (o.size - 1) * o.nsocks;
+      if (wanted(peer)) {
+        fds[peer].assign(static_cast<std::size_t>(o.nsocks), -1);
+        pending += o.nsocks;
+      }
+  }
+
+  bool wanted(int peer) const {
+    return peer != options.rank && (options.peers.empty() || options.peers[peer]);
+  }
+
+  int expected_accepts() const {
+    int count = 0;
+    for (int peer = options.rank + 1; peer < options.size; ++peer) count += wanted(peer) ? options.nsocks : 0;
+    return count;
   }
 
   void adopt(int peer, int index, tcp::socket& socket) {
@@ -94,7 +106,7 @@ struct Incoming : std::enable_shared_from_this<Incoming> {
     if (h.version != kHelloVersion) return refuse("it speaks protocol version " + std::to_string(h.version));
     if (token != o.token) return refuse("it presented the wrong job token");
     if (h.comm_id != o.comm_id || h.to != o.rank) return refuse("it addressed another communicator or rank");
-    if (h.from <= o.rank || h.from >= o.size || h.socket_index >= o.nsocks)
+    if (h.from <= o.rank || h.from >= o.size || !mesh.wanted(h.from) || h.socket_index >= o.nsocks)
       return refuse("it claimed to be rank " + std::to_string(h.from) + " socket " +
                     std::to_string(h.socket_index));
     if (mesh.fds[h.from][h.socket_index] != -1) return refuse("its rank and socket are already connected");
@@ -193,7 +205,7 @@ std::string missing_peers(const Mesh& mesh) {
 std::vector<std::vector<int>> connect_mesh(runtime::Store& store, const std::string& key_prefix,
                                            const MeshOptions& o) {
   Mesh mesh(o);
-  if (o.size == 1) return mesh.fds;
+  if (mesh.pending == 0) return mesh.fds;
   boost::system::error_code ec;
   auto bind_address = asio::ip::make_address(o.bind_addr, ec);
   if (ec) throw InvalidUsage("BRAID_BIND_ADDR='" + o.bind_addr + "' is not an IP address");
@@ -203,8 +215,9 @@ std::vector<std::vector<int>> connect_mesh(runtime::Store& store, const std::str
   auto local = mesh.acceptor.local_endpoint();
   store.set(key_prefix + "/tcp/" + std::to_string(o.rank),
             local.address().to_string() + ":" + std::to_string(local.port()));
-  if (o.rank < o.size - 1) accept_next(mesh);
+  if (mesh.expected_accepts() > 0) accept_next(mesh);
   for (int peer = 0; peer < o.rank; ++peer) {
+    if (!mesh.wanted(peer)) continue;
     auto address = store.get_string(key_prefix + "/tcp/" + std::to_string(peer), o.timeout);
     auto endpoint = parse_endpoint(address, peer);
     for (int index = 0; index < o.nsocks; ++index)

@@ -39,13 +39,16 @@ struct MeshOptions {
   std::string bind_addr = "127.0.0.1";
   std::string token;
   std::chrono::milliseconds timeout{300'000};
+  std::vector<bool> peers;  // which ranks to connect; empty means all
 };
 
 // Connects this rank to every other rank of the communicator: publishes a
 // listening address under `key_prefix` in the store, connects to lower ranks,
 // accepts higher ranks. Every connection starts with a handshake carrying the
 // job token, protocol version, communicator id and both ranks; a mismatch is
-// refused and logged. Returns fds[peer][socket] (empty for this rank).
+// refused and logged. Only the ranks in options.peers are connected (both
+// sides must agree). Returns fds[peer][socket], empty for this rank and for
+// ranks not connected.
 std::vector<std::vector<int>> connect_mesh(runtime::Store& store, const std::string& key_prefix,
                                            const MeshOptions& options);
 

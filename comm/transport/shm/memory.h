@@ -1,0 +1,85 @@
+// Private to the shm transport: the layout of a rank's shared segment and
+// the mapping that owns it.
+//
+// Each rank creates one segment holding its inbound channels, one per local
+// peer, and maps the segments of its local peers to write into its channel
+// there. A channel is a single-producer single-consumer byte ring:
+//
+//   head  bytes the sender has written (monotonic, the sender's only store)
+//   tail  bytes the receiver has freed (monotonic, the receiver's only store)
+//   ring  `capacity` bytes, a power of two; message bytes live at offset % capacity
+//
+// Every message is a 64-byte slot holding its WireHeader, then the payload
+// padded to 64 bytes. A payload of at most capacity/2 never wraps: when it
+// would, the sender first writes a wrap marker and restarts at offset 0, so
+// the receiver can hand that payload to an algorithm as a view in place.
+//
+// The segment header carries the owner's doorbell: a futex word peers bump
+// (and wake, when the owner sleeps) whenever they write into its channels
+// or free space in channels it writes to, so one futex wakes a rank for
+// anything it may be waiting on.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+namespace braid::comm::shm {
+
+inline constexpr std::uint64_t kSegmentMagic = 0x314d485344524242ull;  // "BBRDSHM1"
+inline constexpr std::size_t kSlotBytes = 64;
+inline constexpr std::uint32_t kWrapMagic = 0x50415257;  // "WRAP"
+
+struct alignas(64) SegmentHeader {
+  std::uint64_t magic;
+  std::uint32_t owner_rank;
+  std::uint32_t channels;
+  std::uint64_t capacity;
+  std::int64_t owner_pid;
+  alignas(64) std::atomic<std::uint32_t> doorbell;
+  std::atomic<std::uint32_t> sleeping;
+  std::atomic<std::uint32_t> closed;  // the owner closed or failed; peers stop waiting on it
+};
+
+struct alignas(64) ChannelControl {
+  alignas(64) std::atomic<std::uint64_t> head;
+  alignas(64) std::atomic<std::uint64_t> tail;
+};
+
+inline std::size_t channel_stride(std::size_t capacity) { return sizeof(ChannelControl) + capacity; }
+inline std::size_t segment_bytes(std::size_t channels, std::size_t capacity) {
+  return sizeof(SegmentHeader) + channels * channel_stride(capacity);
+}
+
+// An mmap of a POSIX shared-memory object; unmapped on destruction.
+class Mapping {
+ public:
+  Mapping() = default;
+  // Creates `name` exclusively (fails if it exists), sized and zeroed.
+  static Mapping create(const std::string& name, std::size_t bytes);
+  // Opens an existing `name` of exactly `bytes`.
+  static Mapping open(const std::string& name, std::size_t bytes);
+  Mapping(Mapping&& other) noexcept;
+  Mapping& operator=(Mapping&& other) noexcept;
+  ~Mapping();
+
+  std::byte* data() const { return data_; }
+  SegmentHeader* header() const { return reinterpret_cast<SegmentHeader*>(data_); }
+  ChannelControl* channel(std::size_t index) const {
+    return reinterpret_cast<ChannelControl*>(data_ + sizeof(SegmentHeader) +
+                                             index * channel_stride(header()->capacity));
+  }
+  std::byte* ring(std::size_t index) const { return reinterpret_cast<std::byte*>(channel(index) + 1); }
+
+ private:
+  std::byte* data_ = nullptr;
+  std::size_t bytes_ = 0;
+};
+
+// futex on a word in shared memory (not FUTEX_PRIVATE: other processes wake it).
+void futex_wait(std::atomic<std::uint32_t>& word, std::uint32_t expected, std::chrono::nanoseconds timeout);
+void futex_wake_all(std::atomic<std::uint32_t>& word);
+
+}  // namespace braid::comm::shm

@@ -1,0 +1,310 @@
+#include "comm/transport/shm/transport.h"
+
+#include <poll.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
+#include <thread>
+
+#include "comm/transport/shm/link.h"
+#include "runtime/errors.h"
+
+namespace braid::comm::shm {
+namespace {
+
+constexpr std::size_t pad(std::size_t bytes) { return (bytes + kSlotBytes - 1) / kSlotBytes * kSlotBytes; }
+
+// Copies `bytes` into the ring at logical offset `at`, splitting at the end.
+void ring_write(std::byte* ring, std::size_t capacity, std::uint64_t at, const std::byte* src, std::size_t bytes) {
+  std::size_t pos = at & (capacity - 1), first = std::min(bytes, capacity - pos);
+  std::memcpy(ring + pos, src, first);
+  if (first < bytes) std::memcpy(ring, src + first, bytes - first);
+}
+
+void ring_read(const std::byte* ring, std::size_t capacity, std::uint64_t at, std::byte* dst, std::size_t bytes) {
+  std::size_t pos = at & (capacity - 1), first = std::min(bytes, capacity - pos);
+  std::memcpy(dst, ring + pos, first);
+  if (first < bytes) std::memcpy(dst + first, ring, bytes - first);
+}
+
+inline void cpu_relax() { __builtin_ia32_pause(); }
+
+}  // namespace
+
+ShmTransport::ShmTransport(const ShmOptions& options, Mapping mine, std::vector<std::unique_ptr<Link>> links)
+    : rank_(options.rank), capacity_(mine.header()->capacity), spin_(options.spin), mine_(std::move(mine)),
+      links_(std::move(links)) {
+  int max_rank = 0;
+  for (const auto& l : links_) max_rank = std::max(max_rank, l->peer);
+  by_rank_.assign(static_cast<std::size_t>(std::max(max_rank, rank_) + 1), nullptr);
+  for (const auto& l : links_) by_rank_[l->peer] = l.get();
+}
+
+ShmTransport::~ShmTransport() { shutdown(); }
+
+// Marks this rank closed and wakes every peer, so that any of them still
+// waiting for this rank fails now rather than at its timeout.
+void ShmTransport::shutdown() {
+  if (shut_down_) return;
+  shut_down_ = true;
+  mine_.header()->closed.store(1, std::memory_order_seq_cst);
+  for (auto& l : links_) ring_doorbell(l->mapping.header());
+}
+
+ShmTransport::Link& ShmTransport::link(int peer) {
+  if (peer < 0 || static_cast<std::size_t>(peer) >= by_rank_.size() || !by_rank_[peer])
+    throw InvalidUsage("rank " + std::to_string(rank_) + " has no shared-memory channel to rank " + std::to_string(peer));
+  return *by_rank_[peer];
+}
+
+RequestId ShmTransport::allocate(int peer, bool is_send, const WireHeader& header) {
+  RequestId id;
+  if (!free_.empty()) {
+    id = free_.back();
+    free_.pop_back();
+  } else {
+    id = static_cast<RequestId>(requests_.size());
+    requests_.emplace_back();
+  }
+  Request& r = requests_[id];
+  r = Request{};
+  r.in_use = true;
+  r.is_send = is_send;
+  r.peer = peer;
+  r.header = header;
+  return id;
+}
+
+RequestId ShmTransport::post_send(int peer, const WireHeader& header, const void* data) {
+  Link& l = link(peer);
+  RequestId id = allocate(peer, true, header);
+  requests_[id].data = static_cast<std::byte*>(const_cast<void*>(data));
+  l.sends.push_back(id);
+  return id;
+}
+
+RequestId ShmTransport::post_recv(int peer, const WireHeader& expected, void* data) {
+  Link& l = link(peer);
+  RequestId id = allocate(peer, false, expected);
+  Request& r = requests_[id];
+  if (data) {
+    r.data = static_cast<std::byte*>(data);
+  } else if (expected.payload_bytes <= capacity_ / 2) {
+    r.in_place = true;
+  } else {  // too large to stay contiguous in the ring: stage it
+    if (!staging_pool_.empty()) {
+      r.staging = std::move(staging_pool_.back());
+      staging_pool_.pop_back();
+    } else {
+      r.staging = std::make_unique<std::vector<std::byte>>();
+    }
+    if (r.staging->size() < expected.payload_bytes) r.staging->resize(expected.payload_bytes);
+    r.data = r.staging->data();
+  }
+  l.recvs.push_back(id);
+  return id;
+}
+
+bool ShmTransport::is_done(RequestId request) { return requests_.at(request).done; }
+
+std::span<const std::byte> ShmTransport::view(RequestId request) {
+  const Request& r = requests_.at(request);
+  if (r.in_place) {
+    const Link& l = *by_rank_[r.peer];
+    return {l.in_ring + (r.ring_start & (capacity_ - 1)), static_cast<std::size_t>(r.header.payload_bytes)};
+  }
+  return {r.data, static_cast<std::size_t>(r.header.payload_bytes)};
+}
+
+void ShmTransport::release(RequestId request) {
+  Request& r = requests_.at(request);
+  if (r.in_place && r.done) {
+    r.released = true;
+    Link& l = *by_rank_[r.peer];
+    while (!l.views.empty() && requests_[l.views.front()].released) {
+      RequestId front = l.views.front();
+      l.views.pop_front();
+      requests_[front].in_use = false;
+      free_.push_back(front);
+    }
+    free_consumed(l);
+    return;  // freed with the views queue above
+  }
+  if (r.staging) staging_pool_.push_back(std::move(r.staging));
+  r.in_use = false;
+  free_.push_back(request);
+}
+
+void ShmTransport::ring_doorbell(SegmentHeader* owner) {
+  owner->doorbell.fetch_add(1, std::memory_order_seq_cst);
+  if (owner->sleeping.load(std::memory_order_seq_cst)) futex_wake_all(owner->doorbell);
+}
+
+// Writes queued messages into the peer's channel as far as its free space
+// allows: a header slot, then the payload padded to whole slots. A payload
+// that fits in half the ring but would wrap is preceded by a wrap marker so
+// it lands contiguously.
+bool ShmTransport::pump_sends(Link& l) {
+  bool advanced = false;
+  std::uint64_t head = l.out->head.load(std::memory_order_relaxed);
+  while (!l.sends.empty()) {
+    Request& r = requests_[l.sends.front()];
+    std::uint64_t free_bytes = capacity_ - (head - l.out->tail.load(std::memory_order_acquire));
+    const std::size_t payload = r.header.payload_bytes, padded = pad(payload);
+    if (!r.header_done) {
+      std::size_t pos = head & (capacity_ - 1);
+      if (payload <= capacity_ / 2 && pos + kSlotBytes + padded > capacity_) {
+        if (free_bytes < capacity_ - pos) break;
+        std::uint32_t marker = kWrapMagic;
+        std::memcpy(l.out_ring + pos, &marker, sizeof marker);
+        head += capacity_ - pos;
+        l.out->head.store(head, std::memory_order_release);
+        advanced = true;
+        continue;
+      }
+      if (free_bytes < kSlotBytes) break;
+      ring_write(l.out_ring, capacity_, head, reinterpret_cast<const std::byte*>(&r.header), sizeof(WireHeader));
+      head += kSlotBytes;
+      free_bytes -= kSlotBytes;
+      r.header_done = true;
+      advanced = true;
+    }
+    std::size_t n = std::min<std::uint64_t>(free_bytes, padded - r.moved);
+    if (n > 0) {
+      std::size_t data_bytes = r.moved < payload ? std::min(n, payload - r.moved) : 0;
+      if (data_bytes) ring_write(l.out_ring, capacity_, head, r.data + r.moved, data_bytes);
+      head += n;
+      r.moved += n;
+      advanced = true;
+    }
+    l.out->head.store(head, std::memory_order_release);
+    if (r.moved < padded) break;
+    r.done = true;
+    bytes_sent_.fetch_add(payload, std::memory_order_relaxed);
+    l.sends.pop_front();
+  }
+  if (advanced) ring_doorbell(l.mapping.header());
+  return advanced;
+}
+
+// Frees ring space up to the first view still held by an algorithm.
+void ShmTransport::free_consumed(Link& l) {
+  std::uint64_t limit = l.views.empty() ? l.cursor : requests_[l.views.front()].ring_start;
+  if (limit > l.in->tail.load(std::memory_order_relaxed)) {
+    l.in->tail.store(limit, std::memory_order_release);
+    ring_doorbell(l.mapping.header());  // the sender may wait for space
+  }
+}
+
+bool ShmTransport::pump_recvs(Link& l) {
+  bool advanced = false;
+  while (!l.recvs.empty()) {
+    Request& r = requests_[l.recvs.front()];
+    std::uint64_t avail = l.in->head.load(std::memory_order_acquire) - l.cursor;
+    if (!r.header_done) {
+      if (avail < kSlotBytes) break;
+      std::size_t pos = l.cursor & (capacity_ - 1);
+      std::uint32_t magic;
+      std::memcpy(&magic, l.in_ring + pos, sizeof magic);
+      if (magic == kWrapMagic) {
+        l.cursor += capacity_ - pos;
+        advanced = true;
+        continue;
+      }
+      std::memcpy(&r.received, l.in_ring + pos, sizeof(WireHeader));
+      std::string mismatch = header_mismatch(r.header, r.received, rank_, r.peer);
+      if (!mismatch.empty()) throw RemoteError(mismatch, r.peer);
+      l.cursor += kSlotBytes;
+      avail -= kSlotBytes;
+      r.header_done = true;
+      advanced = true;
+    }
+    const std::size_t payload = r.header.payload_bytes, padded = pad(payload);
+    if (r.in_place) {
+      if (avail < padded) break;
+      r.ring_start = l.cursor;
+      l.cursor += padded;
+      l.views.push_back(l.recvs.front());
+    } else {
+      std::size_t n = std::min<std::uint64_t>(avail, padded - r.moved);
+      if (n == 0 && padded > 0) break;
+      std::size_t data_bytes = r.moved < payload ? std::min(n, payload - r.moved) : 0;
+      if (data_bytes) ring_read(l.in_ring, capacity_, l.cursor, r.data + r.moved, data_bytes);
+      l.cursor += n;
+      r.moved += n;
+      if (n) advanced = true;
+      if (r.moved < padded) {
+        free_consumed(l);
+        break;
+      }
+    }
+    r.done = true;
+    advanced = true;
+    bytes_received_.fetch_add(payload, std::memory_order_relaxed);
+    l.recvs.pop_front();
+  }
+  if (advanced) free_consumed(l);
+  return advanced;
+}
+
+bool ShmTransport::pump_all() {
+  bool advanced = false;
+  for (auto& l : links_) {
+    if (!l->sends.empty()) advanced |= pump_sends(*l);
+    if (!l->recvs.empty()) advanced |= pump_recvs(*l);
+  }
+  return advanced;
+}
+
+bool ShmTransport::progress(Clock::time_point deadline) {
+  if (pump_all()) return true;
+  if (Clock::now() >= deadline) return false;
+  sleep_until(deadline);
+  if (pump_all()) return true;
+  check_peers();  // only now: a peer may have written everything and then exited
+  return false;
+}
+
+// Spins briefly on the doorbell (a peer on another core answers within a
+// microsecond or two), then sleeps on it. The seq_cst store of `sleeping`
+// before re-reading the doorbell pairs with the peers' seq_cst increment
+// before reading `sleeping`, so a wake-up is never lost.
+void ShmTransport::sleep_until(Clock::time_point deadline) {
+  SegmentHeader* me = mine_.header();
+  std::uint32_t seen = me->doorbell.load(std::memory_order_acquire);
+  auto spin_end = Clock::now() + spin_;
+  while (Clock::now() < spin_end) {
+    for (int i = 0; i < 64; ++i) cpu_relax();
+    if (me->doorbell.load(std::memory_order_acquire) != seen) return;
+  }
+  if (pump_all()) return;
+  me->sleeping.store(1, std::memory_order_seq_cst);
+  if (me->doorbell.load(std::memory_order_seq_cst) == seen) {
+    auto slice = std::min<Clock::duration>(deadline - Clock::now(), std::chrono::milliseconds(50));
+    if (slice > Clock::duration::zero()) futex_wait(me->doorbell, seen, slice);
+  }
+  me->sleeping.store(0, std::memory_order_relaxed);
+}
+
+// A peer with work pending that has closed its segment or whose process is
+// gone will never answer: fail now, naming it.
+void ShmTransport::check_peers() {
+  for (auto& l : links_) {
+    if (l->sends.empty() && l->recvs.empty()) continue;
+    std::string peer = "rank " + std::to_string(l->peer);
+    pollfd pfd{l->pidfd, POLLIN, 0};
+    if (l->pidfd >= 0 && poll(&pfd, 1, 0) > 0)
+      throw RemoteError("rank " + std::to_string(rank_) + " was exchanging data with " + peer + " (pid " +
+                            std::to_string(l->mapping.header()->owner_pid) + ") over shared memory, but " + peer +
+                            " exited or was killed",
+                        l->peer);
+    if (l->mapping.header()->closed.load(std::memory_order_acquire))
+      throw RemoteError("rank " + std::to_string(rank_) + " was exchanging data with " + peer +
+                            " over shared memory, but " + peer + " closed its communicator (it failed or finished)",
+                        l->peer);
+  }
+}
+
+}  // namespace braid::comm::shm

@@ -1,0 +1,101 @@
+// The shared-memory transport: ranks of one host exchange messages through
+// single-producer single-consumer byte rings in POSIX shared memory
+// (memory.h describes the layout). A sender copies header and payload into
+// the ring; a receiver checks the header, then either copies the payload
+// out or, for a view, hands the algorithm a span straight into the ring and
+// frees that space only when the algorithm releases it, so reductions read
+// the peer's bytes where they landed.
+//
+// Waiting blocks on the rank's doorbell futex after a short bounded spin
+// (none when the host has more local ranks than cores, so oversubscribed
+// ranks yield their core at once). A peer that dies is noticed through its
+// pidfd, and one that fails or closes through the `closed` flag in its
+// segment, each within one sleep slice (50 ms), never a hang.
+#pragma once
+
+#include <chrono>
+#include <deque>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "comm/transport/shm/memory.h"
+#include "comm/transport/transport.h"
+
+namespace braid::runtime {
+class Store;
+}
+
+namespace braid::comm::shm {
+
+struct ShmOptions {
+  int rank = 0;
+  std::vector<int> local_ranks;   // every rank of this host in the communicator, sorted, this one included
+  std::uint32_t comm_id = 0;
+  std::string job_token;
+  std::size_t ring_bytes = 4u << 20;  // per channel, rounded up to a power of two
+  std::chrono::nanoseconds spin{20'000};
+  std::chrono::milliseconds timeout{300'000};
+};
+
+class ShmTransport;
+
+// Creates this rank's segment, maps every local peer's, waits until all have
+// mapped each other, then unlinks its own name so nothing stays in /dev/shm.
+std::unique_ptr<ShmTransport> connect_shm(runtime::Store& store, const std::string& key_prefix,
+                                          const ShmOptions& options);
+
+class ShmTransport final : public Transport {
+ public:
+  struct Link;  // one local peer: its mapping, both channels, queues
+  ShmTransport(const ShmOptions& options, Mapping mine, std::vector<std::unique_ptr<Link>> links);
+  ~ShmTransport() override;
+
+  std::string_view name() const override { return "shm"; }
+  RequestId post_send(int peer, const WireHeader& header, const void* data) override;
+  RequestId post_recv(int peer, const WireHeader& expected, void* data) override;
+  bool is_done(RequestId request) override;
+  std::span<const std::byte> view(RequestId request) override;
+  void release(RequestId request) override;
+  bool progress(Clock::time_point deadline) override;
+  void shutdown() override;
+  std::uint64_t bytes_sent() const override { return bytes_sent_; }
+  std::uint64_t bytes_received() const override { return bytes_received_; }
+
+ private:
+  struct Request {
+    bool in_use = false, done = false, is_send = false, header_done = false;
+    bool in_place = false;  // a view served straight from the ring
+    bool released = false;
+    int peer = -1;
+    WireHeader header, received;
+    std::byte* data = nullptr;
+    std::size_t moved = 0;  // padded payload bytes moved
+    std::uint64_t ring_start = 0, ring_end = 0;  // in-place views: the ring bytes held
+    std::unique_ptr<std::vector<std::byte>> staging;
+  };
+
+  RequestId allocate(int peer, bool is_send, const WireHeader& header);
+  Link& link(int peer);
+  bool pump_sends(Link& link);
+  bool pump_recvs(Link& link);
+  bool pump_all();
+  void free_consumed(Link& link);
+  void ring_doorbell(SegmentHeader* owner);
+  void sleep_until(Clock::time_point deadline);
+  void check_peers();
+
+  int rank_;
+  std::size_t capacity_;
+  std::chrono::nanoseconds spin_;
+  Mapping mine_;
+  std::vector<std::unique_ptr<Link>> links_;
+  std::vector<Link*> by_rank_;
+  std::vector<Request> requests_;
+  std::vector<RequestId> free_;
+  std::vector<std::unique_ptr<std::vector<std::byte>>> staging_pool_;
+  std::atomic<std::uint64_t> bytes_sent_{0}, bytes_received_{0};
+  bool shut_down_ = false;
+};
+
+}  // namespace braid::comm::shm

@@ -1,0 +1,51 @@
+#include "runtime/topology.h"
+
+#include <hwloc.h>
+#include <sched.h>
+#include <unistd.h>
+
+#include <fstream>
+
+namespace braid::runtime {
+
+std::string local_host_id(const Config& config) {
+  if (!config.host_id.empty()) return config.host_id;
+  char host[256] = {0};
+  gethostname(host, sizeof host - 1);
+  std::string boot_id;
+  std::ifstream("/proc/sys/kernel/random/boot_id") >> boot_id;
+  return std::string(host) + "/" + boot_id;
+}
+
+int available_cores() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof set, &set) != 0) return static_cast<int>(sysconf(_SC_NPROCESSORS_ONLN));
+  return CPU_COUNT(&set);
+}
+
+std::string describe_placement() {
+  hwloc_topology_t topology;
+  if (hwloc_topology_init(&topology) != 0) return "placement unknown (hwloc failed)";
+  std::string text = "placement unknown";
+  if (hwloc_topology_load(topology) == 0) {
+    hwloc_bitmap_t cpus = hwloc_bitmap_alloc();
+    hwloc_bitmap_t nodes = hwloc_bitmap_alloc();
+    if (hwloc_get_cpubind(topology, cpus, HWLOC_CPUBIND_PROCESS) == 0) {
+      hwloc_cpuset_to_nodeset(topology, cpus, nodes);
+      char* cpu_list = nullptr;
+      char* node_list = nullptr;
+      hwloc_bitmap_list_asprintf(&cpu_list, cpus);
+      hwloc_bitmap_list_asprintf(&node_list, nodes);
+      text = std::string("NUMA node(s) ") + node_list + ", cores " + cpu_list;
+      free(cpu_list);
+      free(node_list);
+    }
+    hwloc_bitmap_free(cpus);
+    hwloc_bitmap_free(nodes);
+  }
+  hwloc_topology_destroy(topology);
+  return text;
+}
+
+}  // namespace braid::runtime
