@@ -1,5 +1,7 @@
 #include "tests/comm/harness.h"
 
+#include <fcntl.h>
+#include <sched.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -7,6 +9,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <random>
 #include <sstream>
 #include <thread>
@@ -43,13 +46,14 @@ struct TempDir {
     info.world_size = size;
     info.local_rank = rank;
     info.local_world_size = size;
-    info.store_host = "127.0.0.1";
+    info.store_host = options.store_host;
     info.store_port = port;
     info.store_served_by_rank0 = false;
     info.job_token = token;
     info.launcher = "test";
     runtime::Config config = options.config;
     if (options.host_of) config.host_id = options.host_of(rank);
+    if (options.enter_rank) config.bind_addr = options.enter_rank(rank);
     auto comm = comm::Communicator::create_world(info, config);
     fn(*comm);
   } catch (const std::exception& e) {
@@ -90,13 +94,24 @@ std::string RunResult::summary() const {
 RunResult run_ranks(int size, const std::function<void(comm::Communicator&)>& fn, RunOptions options) {
   TempDir dir;
   std::string token = "test-token-" + std::to_string(getpid());
-  runtime::StoreServer server("127.0.0.1", 0, token);
+  std::optional<runtime::StoreServer> server;
+  {
+    // A socket belongs to the namespace it was created in, so the server can
+    // serve another namespace while this thread returns to its own.
+    int home = options.store_netns >= 0 ? open("/proc/self/ns/net", O_RDONLY) : -1;
+    if (home >= 0) setns(options.store_netns, CLONE_NEWNET);
+    server.emplace(options.store_host, 0, token);
+    if (home >= 0) {
+      setns(home, CLONE_NEWNET);
+      close(home);
+    }
+  }
   std::vector<pid_t> pids;
   auto start = std::chrono::steady_clock::now();
   for (int rank = 0; rank < size; ++rank) {
     pid_t pid = fork();
     if (pid == 0)
-      rank_main(rank, size, server.port(), token, options, dir.path / ("rank" + std::to_string(rank)), fn);
+      rank_main(rank, size, server->port(), token, options, dir.path / ("rank" + std::to_string(rank)), fn);
     pids.push_back(pid);
   }
   RunResult result;

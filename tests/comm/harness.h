@@ -41,6 +41,14 @@ struct RunOptions {
   // When set, rank r runs with config.host_id = host_of(r): a forced
   // topology, e.g. two "hosts" of two ranks on one machine.
   std::function<std::string(int rank)> host_of;
+  // When set, runs in rank r's child before anything else (e.g. setns into
+  // the rank's network namespace) and returns the address its communicator
+  // listens on.
+  std::function<std::string(int rank)> enter_rank;
+  // The store's address; `store_netns` (an open /var/run/netns fd, or -1)
+  // is the namespace it listens in.
+  std::string store_host = "127.0.0.1";
+  int store_netns = -1;
 };
 
 // fn(comm, rank) runs on each of `size` ranks. Its return value is ignored;
