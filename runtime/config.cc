@@ -57,7 +57,7 @@ Config read_config() {
   if (const char* a = env("BRAID_BIND_ADDR")) c.bind_addr = a;
   c.transport = one_of("BRAID_TRANSPORT", c.transport, {"auto", "tcp", "shm"});
   c.algo = one_of("BRAID_ALGO", c.algo,
-                  {"auto", "ring", "recursive_doubling", "pipelined", "direct"});
+                  {"auto", "ring", "recursive_doubling", "binomial", "pipelined"});
   c.tcp_nsocks = static_cast<int>(bytes_in_range("BRAID_TCP_NSOCKS", 1, 1, 16));
   c.socket_buffer_bytes =
       bytes_in_range("BRAID_SOCKET_BUFFER_BYTES", c.socket_buffer_bytes, 4096, 1u << 30);

@@ -22,8 +22,10 @@ struct Config {
   std::string bind_addr = "127.0.0.1";
   // BRAID_TRANSPORT: auto|tcp|shm. Which transport carries peer traffic.
   std::string transport = "auto";
-  // BRAID_ALGO: auto|ring|recursive_doubling|... Forces the collective
-  // algorithm where the collective has it. Default auto (select.cc).
+  // BRAID_ALGO: auto|ring|recursive_doubling|binomial|pipelined. Forces the
+  // algorithm where the collective has it (all_reduce: ring or
+  // recursive_doubling; broadcast: binomial or pipelined). Default auto
+  // (comm/algorithms/select.cc).
   std::string algo = "auto";
   // BRAID_TCP_NSOCKS: sockets per peer connection, 1..16. Default 1.
   int tcp_nsocks = 1;

@@ -38,6 +38,7 @@ void all_reduce_recursive_doubling(Exchange& x);
 void reduce_scatter(Exchange& x);
 void all_gather(Exchange& x);
 void broadcast_pipelined(Exchange& x);
+void broadcast_binomial(Exchange& x);
 void reduce_pipelined(Exchange& x);
 void all_to_all_pairwise(Exchange& x);
 void barrier_dissemination(Exchange& x);

@@ -3,14 +3,15 @@
 //   all_reduce      recursive doubling up to kSmallAllReduceBytes, ring above
 //   reduce_scatter  ring
 //   all_gather      ring
-//   broadcast       pipelined chain
+//   broadcast       binomial tree up to kSmallBroadcastBytes, pipelined chain above
 //   reduce          pipelined chain
 //   all_to_all      pairwise
 //   barrier         dissemination
 //   send / recv     direct
 //
 // BRAID_ALGO forces a choice where the collective has it (ring or
-// recursive_doubling for all_reduce); elsewhere it is ignored. The threshold
+// recursive_doubling for all_reduce, binomial or pipelined for broadcast);
+// elsewhere it is ignored. The threshold
 // comes from braid-bench runs on 2 to 8 ranks over loopback TCP: below it the
 // ring's 2(N-1) latencies cost more than recursive doubling's extra bytes.
 #include "comm/algorithms/algorithms.h"
@@ -19,6 +20,7 @@ namespace braid::comm {
 namespace {
 
 constexpr std::size_t kSmallAllReduceBytes = 32u << 10;
+constexpr std::size_t kSmallBroadcastBytes = 32u << 10;
 
 }  // namespace
 
@@ -33,7 +35,11 @@ Algorithm select_algorithm(const Op& op, int size, std::string_view forced) {
     }
     case OpKind::reduce_scatter: return {reduce_scatter, "ring"};
     case OpKind::all_gather: return {all_gather, "ring"};
-    case OpKind::broadcast: return {broadcast_pipelined, "pipelined"};
+    case OpKind::broadcast: {
+      std::size_t bytes = op.count * dtype_bytes(op.dtype);
+      bool small = forced == "binomial" || (forced != "pipelined" && bytes <= kSmallBroadcastBytes);
+      return small ? Algorithm{broadcast_binomial, "binomial"} : Algorithm{broadcast_pipelined, "pipelined"};
+    }
     case OpKind::reduce: return {reduce_pipelined, "pipelined"};
     case OpKind::all_to_all: return {all_to_all_pairwise, "pairwise"};
     case OpKind::barrier: return {barrier_dissemination, "dissemination"};

@@ -172,12 +172,16 @@ TEST_CASE("send and recv move exact bytes between any pair, with several sockets
 }
 
 TEST_CASE("forced algorithms give the same results", "[collectives]") {
-  std::string algo = GENERATE(std::string("ring"), std::string("recursive_doubling"));
+  std::string algo = GENERATE(std::string("ring"), std::string("recursive_doubling"), std::string("binomial"),
+                              std::string("pipelined"));
   runtime::Config config = test::test_config();
   config.algo = algo;
   auto result = test::run_ranks(5, [](Communicator& comm) {
-    for (std::size_t count : {std::size_t{1}, std::size_t{17}, std::size_t{40000}})
+    for (std::size_t count : {std::size_t{1}, std::size_t{17}, std::size_t{40000}}) {
       for (ReduceOp op : kOps) run_case(comm, {OpKind::all_reduce, DataType::f32, op, count, count == 17, 0});
+      for (int root = 0; root < comm.size(); ++root)
+        run_case(comm, {OpKind::broadcast, DataType::i32, ReduceOp::sum, count, count == 17, root});
+    }
   }, {std::chrono::seconds(120), config});
   INFO(result.summary());
   REQUIRE(result.all_ok());
