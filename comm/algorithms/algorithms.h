@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstddef>
+#include <functional>
 #include <string_view>
 
 #include "comm/algorithms/exchange.h"
@@ -23,15 +24,22 @@ struct ChunkLayout {
   }
 };
 
+// Called by the ring reduce-scatter as each segment of the rank's own chunk
+// becomes final: (segment index, its elements, element count).
+using OnFinalSegment = std::function<void(std::size_t segment, std::byte* data, std::size_t count)>;
+
 // Ring reduce-scatter of the `layout` chunks of `src` (element type and op from
 // x.op()): on return chunk `rank` of `dst` holds the reduction over all ranks.
 // Partial sums of other chunks are written to dst too, so dst must have room
 // for every chunk unless `final_only` is set, in which case dst points at the
 // rank's own output chunk and partial sums go to scratch.
 void reduce_scatter_ring(Exchange& x, const std::byte* src, std::byte* dst, const ChunkLayout& layout,
-                         bool final_only);
+                         bool final_only, const OnFinalSegment& on_final = {});
 // Ring all-gather: chunk `rank` of `buf` is present; on return every chunk is.
-void all_gather_ring(Exchange& x, std::byte* buf, const ChunkLayout& layout);
+// Wire steps are numbered from `first_step`; with `first_sent` the caller has
+// already posted the step-0 sends of the rank's own chunk.
+void all_gather_ring(Exchange& x, std::byte* buf, const ChunkLayout& layout, std::uint32_t first_step = 0,
+                     bool first_sent = false);
 
 void all_reduce_ring(Exchange& x);
 void all_reduce_recursive_doubling(Exchange& x);

@@ -14,7 +14,8 @@
 
 namespace braid::comm {
 
-void all_gather_ring(Exchange& x, std::byte* buf, const ChunkLayout& layout) {
+void all_gather_ring(Exchange& x, std::byte* buf, const ChunkLayout& layout, std::uint32_t first_step,
+                     bool first_sent) {
   const int n = x.size(), r = x.rank();
   const int left = (r - 1 + n) % n, right = (r + 1) % n;
   const std::size_t es = x.element_bytes(), seg = segment_count(x);
@@ -24,7 +25,9 @@ void all_gather_ring(Exchange& x, std::byte* buf, const ChunkLayout& layout) {
   auto segment_bytes = [&](int c, std::size_t g) {
     return std::min(seg, layout.count_of(c) - g * seg) * es;
   };
-  for (std::size_t g = 0; g < segments_of(r); ++g) x.send(right, 0, g, segment_ptr(r, g), segment_bytes(r, g));
+  if (!first_sent)
+    for (std::size_t g = 0; g < segments_of(r); ++g)
+      x.send(right, first_step, g, segment_ptr(r, g), segment_bytes(r, g));
   // Every receive of every step, in order: (step, segment).
   std::deque<std::pair<int, std::size_t>> todo;
   for (int s = 0; s < n - 1; ++s)
@@ -35,14 +38,14 @@ void all_gather_ring(Exchange& x, std::byte* buf, const ChunkLayout& layout) {
       auto [s, g] = todo.front();
       todo.pop_front();
       int c = chunk_at(s + 1);
-      ahead.push_back({x.recv(left, s, g, segment_ptr(c, g), segment_bytes(c, g)), {s, g}});
+      ahead.push_back({x.recv(left, first_step + s, g, segment_ptr(c, g), segment_bytes(c, g)), {s, g}});
     }
     auto [request, position] = ahead.front();
     ahead.pop_front();
     x.wait(request);
     auto [s, g] = position;
     int c = chunk_at(s + 1);
-    if (s < n - 2) x.send(right, s + 1, g, segment_ptr(c, g), segment_bytes(c, g));
+    if (s < n - 2) x.send(right, first_step + s + 1, g, segment_ptr(c, g), segment_bytes(c, g));
   }
   x.wait_sends();
 }

@@ -8,11 +8,14 @@
 // reduction. Each chunk travels in segments: as soon as a segment is reduced
 // it is sent on, so sending segment k overlaps receiving and reducing k+1,
 // and received segments are reduced straight out of transport memory
-// (recv_view) with no extra copy.
+// (recv_view) with no extra copy. A caller can act on each final segment of
+// its own chunk while it is still in cache (all_reduce_ring starts its
+// all-gather there).
 //
 // Per rank this sends (N-1)/N of the message: the bandwidth optimum.
 #include <algorithm>
 #include <deque>
+#include <vector>
 
 #include "comm/algorithms/algorithms.h"
 #include "kernels/cpu/reduce.h"
@@ -24,7 +27,7 @@ std::size_t segment_count(const Exchange& x) {
 }
 
 void reduce_scatter_ring(Exchange& x, const std::byte* src, std::byte* dst, const ChunkLayout& layout,
-                         bool final_only) {
+                         bool final_only, const OnFinalSegment& on_final) {
   const int n = x.size(), r = x.rank();
   const int left = (r - 1 + n) % n, right = (r + 1) % n;
   const std::size_t es = x.element_bytes(), seg = segment_count(x);
@@ -39,12 +42,19 @@ void reduce_scatter_ring(Exchange& x, const std::byte* src, std::byte* dst, cons
     if (s == n - 2 || !final_only) return final_only ? dst : dst + layout.offset(chunk) * es;
     return slots + (s % 2) * slot_bytes;
   };
+  // Only this schedule's own sends are waited for: sends the on_final
+  // callback posts belong to the caller's next phase.
+  std::vector<Request> sent;
+  auto wait_sent = [&] {
+    for (const Request& request : sent) x.wait(request);
+    sent.clear();
+  };
   const int first = chunk_at(0, 1);
   for (std::size_t off = 0, g = 0; off < layout.count_of(first); off += seg, ++g)
-    x.send(right, 0, g, src + (layout.offset(first) + off) * es,
-           std::min(seg, layout.count_of(first) - off) * es);
+    sent.push_back(x.send(right, 0, g, src + (layout.offset(first) + off) * es,
+                          std::min(seg, layout.count_of(first) - off) * es));
   for (int s = 0; s < n - 1; ++s) {
-    if (final_only && s >= 2) x.wait_sends();
+    if (final_only && s >= 2) wait_sent();
     const int c = chunk_at(s, 2);
     const std::size_t c_count = layout.count_of(c), segments = (c_count + seg - 1) / seg;
     std::deque<Request> ahead;
@@ -63,10 +73,11 @@ void reduce_scatter_ring(Exchange& x, const std::byte* src, std::byte* dst, cons
       kernels::cpu::reduce(out, src + (layout.offset(c) + off) * es, x.view(in).data(), n_elems,
                            op.dtype, op.reduce_op);
       x.release(in);
-      if (s < n - 2) x.send(right, s + 1, g, out, n_elems * es);
+      if (s < n - 2) sent.push_back(x.send(right, s + 1, g, out, n_elems * es));
+      else if (on_final) on_final(g, out, n_elems);
     }
   }
-  x.wait_sends();
+  wait_sent();
 }
 
 void reduce_scatter(Exchange& x) {
