@@ -102,6 +102,9 @@ void connect_transports(Communicator::Impl& impl) {
   const auto& config = impl.config;
   impl.routes.assign(static_cast<std::size_t>(impl.size), nullptr);
   Plan plan = plan_transports(impl);
+  // Spinning only pays when every local rank has a core of its own.
+  bool oversubscribed = static_cast<int>(plan.local.size()) > runtime::available_cores();
+  auto spin = std::chrono::microseconds(oversubscribed ? 0 : config.spin_us);
   if (any(plan.use_shm)) {
     shm::ShmOptions options;
     options.rank = impl.rank;
@@ -109,8 +112,7 @@ void connect_transports(Communicator::Impl& impl) {
     options.comm_id = impl.comm_id;
     options.job_token = impl.info.job_token;
     options.ring_bytes = config.shm_ring_bytes;
-    bool oversubscribed = static_cast<int>(plan.local.size()) > runtime::available_cores();
-    options.spin = std::chrono::microseconds(oversubscribed ? 0 : config.shm_spin_us);
+    options.spin = spin;
     options.timeout = config.timeout;
     impl.transports.push_back(shm::connect_shm(*impl.store, impl.key_prefix, options));
     add_routes(impl, plan.use_shm);
@@ -128,7 +130,7 @@ void connect_transports(Communicator::Impl& impl) {
     options.peers = plan.use_tcp;
     auto fds = tcp::connect_mesh(*impl.store, impl.key_prefix, options);
     impl.transports.push_back(
-        std::make_unique<tcp::TcpTransport>(impl.rank, std::move(fds), config.socket_buffer_bytes));
+        std::make_unique<tcp::TcpTransport>(impl.rank, std::move(fds), config.socket_buffer_bytes, spin));
     add_routes(impl, plan.use_tcp);
   }
   impl.status = std::make_unique<StatusBoard>(impl.store, impl.key_prefix, impl.rank);

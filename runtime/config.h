@@ -44,10 +44,10 @@ struct Config {
   // BRAID_SHM_RING_BYTES: bytes of each shared-memory channel (one per
   // ordered pair of local ranks), rounded up to a power of two. Default 4 MiB.
   std::size_t shm_ring_bytes = 4u << 20;
-  // BRAID_SHM_SPIN_US: microseconds a waiting rank spins before it sleeps on
-  // its futex, 0..10000. Default 20; no spinning when the host has more local
-  // ranks than cores.
-  int shm_spin_us = 20;
+  // BRAID_SPIN_US: microseconds a waiting rank polls (shm doorbell, TCP
+  // sockets) before it sleeps in futex / ppoll, 0..10000. Default 20; no
+  // spinning when the host has more local ranks than cores.
+  int spin_us = 20;
 };
 
 // Parses the environment; throws InvalidUsage naming the variable on a bad

@@ -1,6 +1,7 @@
 #include "comm/transport/shm/transport.h"
 
 #include <poll.h>
+#include <sched.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -277,6 +278,12 @@ void ShmTransport::sleep_until(Clock::time_point deadline) {
   auto spin_end = Clock::now() + spin_;
   while (Clock::now() < spin_end) {
     for (int i = 0; i < 64; ++i) cpu_relax();
+    if (me->doorbell.load(std::memory_order_acquire) != seen) return;
+  }
+  // Oversubscribed (no spin): hand the core to a runnable peer a few times
+  // first; it is often the one about to write what this rank waits for.
+  for (int i = 0; spin_ == std::chrono::nanoseconds::zero() && i < yields_; ++i) {
+    sched_yield();
     if (me->doorbell.load(std::memory_order_acquire) != seen) return;
   }
   if (pump_all()) return;

@@ -88,6 +88,7 @@ class ShmTransport final : public Transport {
   int rank_;
   std::size_t capacity_;
   std::chrono::nanoseconds spin_;
+  int yields_ = 4;
   Mapping mine_;
   std::vector<std::unique_ptr<Link>> links_;
   std::vector<Link*> by_rank_;

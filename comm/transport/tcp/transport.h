@@ -54,7 +54,9 @@ std::vector<std::vector<int>> connect_mesh(runtime::Store& store, const std::str
 
 class TcpTransport final : public Transport {
  public:
-  TcpTransport(int rank, std::vector<std::vector<int>> fds, std::size_t buffer_bytes);
+  // `spin`: how long progress() keeps polling the sockets before it sleeps in ppoll.
+  TcpTransport(int rank, std::vector<std::vector<int>> fds, std::size_t buffer_bytes,
+               std::chrono::nanoseconds spin = {});
   ~TcpTransport() override;
 
   std::string_view name() const override { return "tcp"; }
@@ -99,6 +101,7 @@ class TcpTransport final : public Transport {
 
   int rank_;
   std::size_t buffer_bytes_;
+  std::chrono::nanoseconds spin_;
   std::vector<std::vector<Stream>> streams_;  // [peer][socket]
   std::vector<std::uint64_t> sent_count_, received_count_;  // messages per peer
   std::vector<Request> requests_;
