@@ -128,7 +128,11 @@ void Communicator::Impl::execute(const Op& op, WorkState& state) {
                    forced_algo);
     }
     Exchange x(op, comm_id, rank, size, routes, Clock::now() + timeout, tuning,
-               [this](int peer) { return status ? status->describe_peer(peer) : std::string("is unknown"); },
+               [this, &op](int peer) {
+                 if (!status) return std::string("is unknown");
+                 std::string text = status->describe_peer(peer), behind = status->ranks_behind(op, size);
+                 return behind.empty() ? text : text + "; behind this call: " + behind;
+               },
                scratch);
     algorithm.run(x);
     state.complete(nullptr);

@@ -163,7 +163,7 @@ std::unique_ptr<Communicator> Communicator::create_world(const runtime::RankInfo
 
 std::unique_ptr<Communicator> Communicator::create_world(const runtime::RankInfo& info,
                                                          const runtime::Config& config) {
-  runtime::setup_logging(info.rank);
+  runtime::setup_logging(info.rank, config.log_level);
   auto impl = new_impl(info, config, "braid/world", info.rank, info.world_size);
   if (info.world_size > 1 || info.launcher != "none") {
     std::uint16_t port = info.store_port;
@@ -173,6 +173,7 @@ std::unique_ptr<Communicator> Communicator::create_world(const runtime::RankInfo
     }
     if (port == 0) throw InvalidUsage("no store address: set BRAID_STORE_ADDR or start with braid-launch");
     impl->store = std::make_shared<runtime::Store>(info.store_host, port, info.job_token, config.timeout);
+    impl->store->set_request_timeout(config.timeout);
   }
   spdlog::info("{}; {}", runtime::describe(info), runtime::describe_placement());
   impl->hosts = exchange_hosts(impl->store.get(), impl->key_prefix, info.rank, info.world_size, config);

@@ -1,6 +1,7 @@
 #include "comm/status.h"
 
 #include <chrono>
+#include <optional>
 
 #include "runtime/errors.h"
 #include "runtime/store.h"
@@ -57,6 +58,29 @@ std::string StatusBoard::describe_peer(int peer) {
   } catch (const Error&) {
     return "could not be asked (the store did not answer)";
   }
+}
+
+std::string StatusBoard::ranks_behind(const Op& op, int size) {
+  if (!store_ || op.kind == OpKind::send || op.kind == OpKind::recv) return {};
+  std::string list;
+  for (int peer = 0; peer < size; ++peer) {
+    if (peer == rank_) continue;
+    std::optional<runtime::Bytes> value;
+    try {
+      value = store_->try_get(key("status", peer));
+    } catch (const Error&) {
+      return {};
+    }
+    std::string text = value ? std::string(value->begin(), value->end()) : std::string();
+    auto hash = text.find(" #");
+    bool p2p = text.rfind("send", 0) == 0 || text.rfind("recv", 0) == 0;
+    if (p2p) continue;
+    bool behind = !value || (hash != std::string::npos && std::stoull(text.substr(hash + 2)) < op.seq);
+    if (behind)
+      list += (list.empty() ? "" : ", ") + std::string("rank ") + std::to_string(peer) +
+              (value ? " (last entered " + text + ")" : " (entered nothing yet)");
+  }
+  return list;
 }
 
 void StatusBoard::publish_abort(const std::string& reason) {

@@ -33,6 +33,11 @@ class StatusBoard {
   void entered(const Op& op);
   // "last entered all_gather #811", "has not entered any operation", ...
   std::string describe_peer(int peer);
+  // The ranks (of `size`) whose last entered collective comes before `op`,
+  // e.g. "rank 2 (last entered barrier #3)", so a timeout names the rank
+  // that stopped even when the waiting rank waits for it only indirectly.
+  // Empty when none is behind or `op` is point-to-point.
+  std::string ranks_behind(const Op& op, int size);
   void publish_abort(const std::string& reason);
   // The reason a peer published when it aborted, or empty.
   std::string abort_reason(int peer);

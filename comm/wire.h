@@ -7,8 +7,11 @@
 // length. The receiver builds the header it expects from its own call and
 // compares: a peer that called another collective, or the same one with
 // another count, dtype, op or root, is reported with both calls named; a
-// header that is not a braid header at all is reported as garbage. Nothing
-// of a mismatched message is handed to an algorithm.
+// header that is not a braid header at all is reported as garbage. A
+// mismatched message always fails the operation, so none of it is ever
+// reported as a result (the TCP transport reads header and payload in one
+// call, so part of such a payload may have landed in the receive buffer of
+// the failed operation).
 #pragma once
 
 #include <cstddef>

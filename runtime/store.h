@@ -49,8 +49,10 @@ class StoreServer {
 class Store {
  public:
   // Connects, retrying until `connect_timeout` has passed (the server may
-  // start after the client), then performs the handshake. Throws
-  // TimeoutError if no server answered, RemoteError if it refused the token.
+  // start after the client), then performs the handshake. The handshake and
+  // every later request are bounded by `connect_timeout` too, until
+  // set_request_timeout(). Throws TimeoutError if no server answered,
+  // RemoteError if it refused the token.
   Store(const std::string& host, std::uint16_t port, std::string token,
         std::chrono::milliseconds connect_timeout);
   ~Store();

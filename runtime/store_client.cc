@@ -98,7 +98,9 @@ struct Store::Impl {
 };
 
 Store::Impl::Impl(std::string host, std::uint16_t port, std::string token, milliseconds connect_timeout)
-    : host_(std::move(host)), port_(port), token_(std::move(token)), request_timeout_(config().timeout) {
+    : host_(std::move(host)), port_(port), token_(std::move(token)), request_timeout_(connect_timeout) {
+  // Until told otherwise (set_request_timeout) every request, the handshake
+  // first, is bounded by the same timeout the caller gave for connecting.
   connect(connect_timeout);
   handshake();
 }

@@ -108,6 +108,7 @@ RunResult run_ranks(int size, const std::function<void(comm::Communicator&)>& fn
   }
   std::vector<pid_t> pids;
   auto start = std::chrono::steady_clock::now();
+  std::fflush(nullptr);  // or every child flushes the parent's buffered output again
   for (int rank = 0; rank < size; ++rank) {
     pid_t pid = fork();
     if (pid == 0)
