@@ -1,6 +1,6 @@
 // The algorithm table: the one place that decides which algorithm runs a call.
 //
-//   all_reduce      recursive doubling up to kSmallAllReduceBytes, ring above
+//   all_reduce      recursive doubling up to small_all_reduce_bytes(N), ring above
 //   reduce_scatter  ring
 //   all_gather      ring
 //   broadcast       binomial tree up to kSmallBroadcastBytes, pipelined chain above
@@ -11,16 +11,23 @@
 //
 // BRAID_ALGO forces a choice where the collective has it (ring or
 // recursive_doubling for all_reduce, binomial or pipelined for broadcast);
-// elsewhere it is ignored. The threshold
-// comes from braid-bench runs on 2 to 8 ranks over loopback TCP: below it the
-// ring's 2(N-1) latencies cost more than recursive doubling's extra bytes.
+// elsewhere it is ignored.
+//
+// The all-reduce thresholds come from braid-bench on the 2-core development
+// machine (BRAID_ALGO=ring vs recursive_doubling, -b 4K -e 1M, in place):
+//   2 ranks: recursive doubling wins to 16 KiB (TCP) / 16 KiB (shm), the ring
+//            from 64 KiB on both;
+//   4 ranks: recursive doubling wins to 256 KiB on both (log2 N exchanges
+//            instead of 2(N-1) ring steps, each a context switch when ranks
+//            outnumber cores).
 #include "comm/algorithms/algorithms.h"
 
 namespace braid::comm {
 namespace {
 
-constexpr std::size_t kSmallAllReduceBytes = 32u << 10;
 constexpr std::size_t kSmallBroadcastBytes = 32u << 10;
+
+std::size_t small_all_reduce_bytes(int size) { return size <= 2 ? 32u << 10 : 256u << 10; }
 
 }  // namespace
 
@@ -29,7 +36,7 @@ Algorithm select_algorithm(const Op& op, int size, std::string_view forced) {
     case OpKind::all_reduce: {
       std::size_t bytes = op.count * dtype_bytes(op.dtype);
       bool small = forced == "recursive_doubling" ||
-                   (forced != "ring" && bytes <= kSmallAllReduceBytes && size > 1);
+                   (forced != "ring" && bytes <= small_all_reduce_bytes(size) && size > 1);
       return small ? Algorithm{all_reduce_recursive_doubling, "recursive_doubling"}
                    : Algorithm{all_reduce_ring, "ring"};
     }
