@@ -12,6 +12,7 @@
 #include "comm/algorithms/algorithms.h"
 #include "comm/communicator.h"
 #include "tools/bench/verify.h"
+#include "runtime/config.h"
 #include "runtime/errors.h"
 
 namespace braid::comm {
@@ -200,10 +201,10 @@ int run_bench(const BenchOptions& o) {
                 o.collective.c_str(), n, comm->transport_summary().c_str(), std::string(name(o.dtype)).c_str(),
                 reduces ? std::string(name(o.op)).c_str() : "none", o.iters, o.warmup, o.check);
     std::printf("# single-core memcpy bandwidth: %.2f GB/s (busbw/memcpy below is relative to it)\n", memcpy_gbps);
-    std::printf("#\n#%12s %12s %6s %6s %5s %-18s %10s %8s %8s %6s %7s %10s %8s %8s %6s %7s\n", "size", "count",
-                "type", "redop", "root", "algorithm", "time", "algbw", "busbw", "/mcpy", "#wrong", "time", "algbw",
+    std::printf("#\n#%12s %12s %6s %6s %5s %-26s %10s %8s %8s %6s %7s %10s %8s %8s %6s %7s\n", "size", "count",
+                "type", "redop", "root", "transport:algorithm", "time", "algbw", "busbw", "/mcpy", "#wrong", "time", "algbw",
                 "busbw", "/mcpy", "#wrong");
-    std::printf("#%12s %12s %6s %6s %5s %-18s %10s %8s %8s %6s %7s %10s %8s %8s %6s %7s\n", "(B)", "(elements)", "",
+    std::printf("#%12s %12s %6s %6s %5s %-26s %10s %8s %8s %6s %7s %10s %8s %8s %6s %7s\n", "(B)", "(elements)", "",
                 "", "", "", "(us)", "(GB/s)", "(GB/s)", "", "", "(us)", "(GB/s)", "(GB/s)", "", "");
   }
   nlohmann::json rows = nlohmann::json::array();
@@ -217,7 +218,8 @@ int run_bench(const BenchOptions& o) {
     runner.prepare(c);
     Result out = measure(*comm, runner, false, o.check);
     Result in = o.collective == "send_recv" ? out : measure(*comm, runner, true, o.check);
-    std::string algo(select_algorithm(probe_op(o.collective, c.count, o.dtype), n, "auto").name);
+    std::string algo(select_algorithm(probe_op(o.collective, c.count, o.dtype), n, runtime::config().algo).name);
+    std::string path = comm->transport_summary() + ":" + algo;
     auto algbw = [&](const Result& res) { return res.seconds > 0 ? actual_bytes / res.seconds / 1e9 : 0.0; };
     double out_bus = algbw(out) * c.bus_factor, in_bus = algbw(in) * c.bus_factor;
     all_wrong += out.wrong + in.wrong;
@@ -225,9 +227,9 @@ int run_bench(const BenchOptions& o) {
     ++rows_count;
     if (r == 0) {
       bool rooted = o.collective == "broadcast" || o.collective == "reduce";
-      std::printf(" %12zu %12zu %6s %6s %5d %-18s %10.2f %8.3f %8.3f %6.3f %7llu %10.2f %8.3f %8.3f %6.3f %7llu\n",
+      std::printf(" %12zu %12zu %6s %6s %5d %-26s %10.2f %8.3f %8.3f %6.3f %7llu %10.2f %8.3f %8.3f %6.3f %7llu\n",
                   actual_bytes, c.count, std::string(name(o.dtype)).c_str(),
-                  reduces ? std::string(name(o.op)).c_str() : "none", rooted ? o.root : -1, algo.c_str(),
+                  reduces ? std::string(name(o.op)).c_str() : "none", rooted ? o.root : -1, path.c_str(),
                   out.seconds * 1e6, algbw(out), out_bus, out_bus / memcpy_gbps, (unsigned long long)out.wrong,
                   in.seconds * 1e6, algbw(in), in_bus, in_bus / memcpy_gbps, (unsigned long long)in.wrong);
       std::fflush(stdout);
