@@ -1,0 +1,502 @@
+// Invariant 2, the caller's side: arguments are checked before any byte
+// moves (InvalidUsage); Work handles behave as documented; an aborted
+// communicator fails queued and later calls with AbortedError; split
+// communicators have the right members; a wrong job token and a silent store
+// are refused in time. Same approach as test_failures.cc.
+#include <catch2/catch.hpp>
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <functional>
+#include <limits>
+#include <numeric>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "runtime/errors.h"
+#include "runtime/store.h"
+#include "tests/comm/failure_util.h"
+#include "tests/comm/harness.h"
+
+using namespace braid;
+using namespace braid::comm;
+using braid::test::expect;
+using std::chrono::milliseconds;
+using std::chrono::seconds;
+using namespace braid::test::failures;
+
+namespace {
+
+// ---- 4. bad arguments ----------------------------------------------------------
+
+// The call must throw InvalidUsage at once, whose message names every word.
+void expect_invalid(const std::string& what, const std::function<void()>& call,
+                    const std::vector<std::string>& words) {
+  try {
+    call();
+  } catch (const InvalidUsage& e) {
+    for (const auto& word : words)
+      expect(contains(e.what(), word), what + ": InvalidUsage does not mention '" + word + "': " + e.what());
+    return;
+  } catch (const std::exception& e) {
+    throw std::runtime_error(what + ": threw " + kind_of(e) + " instead of InvalidUsage: " + e.what());
+  }
+  throw std::runtime_error(what + ": did not throw InvalidUsage");
+}
+
+void bad_calls(Communicator& comm) {
+  const int n = comm.size(), me = comm.rank(), other = (me + 1) % n;
+  const std::string rank = "rank " + std::to_string(me);
+  std::vector<float> buf(64, 1.0f), out(64 * static_cast<std::size_t>(n), 0.0f);
+  constexpr std::size_t kMax = std::numeric_limits<std::size_t>::max();
+  expect_invalid("null send buffer", [&] { comm.all_reduce(nullptr, out.data(), 8, DataType::f32, ReduceOp::sum); },
+                 {rank, "all_reduce", "send buffer is null"});
+  expect_invalid("null receive buffer",
+                 [&] { comm.all_gather(buf.data(), nullptr, 8, DataType::f32); },
+                 {rank, "all_gather", "receive buffer is null"});
+  expect_invalid("null send buffer on the broadcast root",
+                 [&] { comm.broadcast(nullptr, out.data(), 8, DataType::f32, me); },
+                 {"broadcast", "send buffer is null"});
+  expect_invalid("null receive buffer on the reduce root",
+                 [&] { comm.reduce(buf.data(), nullptr, 8, DataType::f32, ReduceOp::sum, me); },
+                 {"reduce", "receive buffer is null"});
+  expect_invalid("root == size", [&] { comm.broadcast(buf.data(), buf.data(), 8, DataType::f32, n); },
+                 {rank, "broadcast", "root " + std::to_string(n), "out of range"});
+  expect_invalid("negative root", [&] { comm.reduce(buf.data(), out.data(), 8, DataType::f32, ReduceOp::sum, -1); },
+                 {"reduce", "root -1", "out of range"});
+  expect_invalid("send to self", [&] { comm.send(buf.data(), 8, DataType::f32, me); }, {rank, "send", "itself"});
+  expect_invalid("recv from self", [&] { comm.recv(buf.data(), 8, DataType::f32, me); }, {"recv", "itself"});
+  expect_invalid("peer out of range", [&] { comm.send(buf.data(), 8, DataType::f32, n + 5); },
+                 {"send", "peer " + std::to_string(n + 5), "out of range"});
+  expect_invalid("negative peer", [&] { comm.recv(buf.data(), 8, DataType::f32, -3); }, {"recv", "peer -3"});
+  expect_invalid("invalid DataType",
+                 [&] { comm.all_reduce(buf.data(), buf.data(), 8, static_cast<DataType>(99), ReduceOp::sum); },
+                 {rank, "DataType", "99"});
+  expect_invalid("invalid DataType on a rooted call",
+                 [&] { comm.broadcast(buf.data(), buf.data(), 8, static_cast<DataType>(200), 0); },
+                 {"DataType", "200"});
+  expect_invalid("invalid ReduceOp",
+                 [&] { comm.all_reduce(buf.data(), buf.data(), 8, DataType::f32, static_cast<ReduceOp>(99)); },
+                 {rank, "ReduceOp", "99"});
+  expect_invalid("invalid ReduceOp on reduce_scatter",
+                 [&] { comm.reduce_scatter(out.data(), buf.data(), 8, DataType::f32, static_cast<ReduceOp>(7)); },
+                 {"reduce_scatter", "ReduceOp", "7"});
+  expect_invalid("count * 8 overflows",
+                 [&] { comm.all_reduce(buf.data(), buf.data(), kMax / 4, DataType::f32, ReduceOp::sum); },
+                 {rank, "count", "overflow"});
+  expect_invalid("count * size * 8 overflows",
+                 [&] { comm.all_gather(buf.data(), out.data(), kMax / 8 / static_cast<std::size_t>(n) + 1, DataType::f64); },
+                 {"all_gather", "overflow"});
+  expect_invalid("count * size overflows",
+                 [&] { comm.all_to_all(buf.data(), out.data(), kMax / 2 + 1, DataType::u8); }, {"overflow"});
+  expect_invalid("count near SIZE_MAX", [&] { comm.send(buf.data(), kMax, DataType::u8, other); }, {"overflow"});
+  expect_invalid("wait() on an empty Work", [] { Work().wait(); }, {"empty Work"});
+  expect_invalid("test() on an empty Work", [] { Work().test(); }, {"empty Work"});
+}
+
+TEST_CASE("failures: bad arguments throw InvalidUsage at once and the communicator still works",
+          "[failures]") {
+  auto options = options_with(seconds(5), seconds(30));
+  auto result = test::run_ranks(
+      2,
+      [](Communicator& comm) {
+        auto check_all_reduce = [&](std::size_t count) {
+          std::vector<std::int32_t> send(count), recv(count, -1);
+          for (std::size_t j = 0; j < count; ++j) send[j] = static_cast<std::int32_t>(j % 100) + comm.rank();
+          comm.all_reduce(send.data(), recv.data(), count, DataType::i32, ReduceOp::sum).wait();
+          for (std::size_t j = 0; j < count; ++j)
+            expect(recv[j] == 2 * static_cast<std::int32_t>(j % 100) + 1,
+                   "all_reduce after bad calls gave a wrong result at " + std::to_string(j));
+        };
+        // Only rank 0 makes bad calls first, so a bad call that consumed a
+        // sequence number or sent anything would break the next collective.
+        if (comm.rank() == 0) bad_calls(comm);
+        check_all_reduce(1000);
+        if (comm.rank() == 1) bad_calls(comm);
+        check_all_reduce(100000);
+        // Valid edge cases: count 0 with null buffers; a non-root needs no send buffer.
+        comm.all_reduce(nullptr, nullptr, 0, DataType::f32, ReduceOp::sum).wait();
+        std::vector<float> b(16, float(comm.rank() + 5));
+        comm.broadcast(comm.rank() == 1 ? b.data() : nullptr, b.data(), b.size(), DataType::f32, 1).wait();
+        expect(b[0] == 6.0f && b[15] == 6.0f, "broadcast from root 1 gave " + std::to_string(b[0]));
+        check_all_reduce(7);
+      },
+      options);
+  INFO(result.summary());
+  REQUIRE_FALSE(result.timed_out);
+  CHECK(result.all_ok());
+}
+
+// ---- 5. the Work API ---------------------------------------------------------
+
+TEST_CASE("failures: wait(timeout) on a late receive throws TimeoutError and a later wait succeeds",
+          "[failures]") {
+  const std::string transport = GENERATE("tcp", "shm");
+  INFO(transport);
+  auto options = options_with(seconds(10), seconds(30), transport);
+  auto result = test::run_ranks(
+      2,
+      [](Communicator& comm) {
+        const std::size_t count = 100000;  // 400 KB: runs on the progress thread, not inline
+        std::vector<float> data(count);
+        if (comm.rank() == 0) {
+          std::iota(data.begin(), data.end(), 0.0f);
+          std::this_thread::sleep_for(milliseconds(1500));
+          comm.send(data.data(), count, DataType::f32, 1).wait();
+          comm.barrier().wait();
+          return;
+        }
+        auto start = SteadyClock::now();
+        Work w = comm.recv(data.data(), count, DataType::f32, 0);
+        expect(ms_since(start) < 500, "recv() blocked the caller for " + std::to_string(ms_since(start)) + " ms");
+        expect(!w.test(), "test() is true before the sender sent");
+        bool timed_out = false;
+        try {
+          w.wait(milliseconds(200));
+        } catch (const TimeoutError& e) {
+          timed_out = true;
+          expect(contains(e.what(), "200 ms"), std::string("wait(200 ms) message: ") + e.what());
+        }
+        expect(timed_out, "wait(200 ms) returned although the sender sleeps 1.5 s");
+        expect(ms_since(start) >= 190, "wait(200 ms) gave up after " + std::to_string(ms_since(start)) + " ms");
+        expect(!w.test(), "test() is true after wait(timeout) timed out");
+        int polls = 0;
+        while (!w.test()) {
+          expect(ms_since(start) < 8000, "test() still false after 8 s");
+          std::this_thread::sleep_for(milliseconds(10));
+          ++polls;
+        }
+        expect(polls > 0, "test() never returned false");
+        w.wait();  // completed: returns at once
+        expect(w.test(), "test() false after wait()");
+        for (std::size_t j = 0; j < count; ++j)
+          expect(data[j] == float(j), "received element " + std::to_string(j) + " is " + std::to_string(data[j]));
+        comm.barrier().wait();
+      },
+      options);
+  INFO(result.summary());
+  REQUIRE_FALSE(result.timed_out);
+  CHECK(result.all_ok());
+}
+
+TEST_CASE("failures: 16 all_reduces in flight complete in order with exact results", "[failures]") {
+  const std::string transport = GENERATE("tcp", "shm");
+  INFO(transport);
+  auto options = options_with(seconds(10), seconds(40), transport);
+  auto result = test::run_ranks(
+      3,
+      [](Communicator& comm) {
+        const std::size_t sizes[16] = {1,      3,     17,   1000,  4099,    16384, 65537, 100003,
+                                       7,      250000, 33,  8192,  1u << 18, 5,    77777, 0};
+        const int n = comm.size(), r = comm.rank();
+        std::vector<std::vector<float>> fsend(16), frecv(16);
+        std::vector<std::vector<std::int64_t>> isend(16), irecv(16);
+        std::vector<Work> works;
+        auto value = [](int rank, int i, std::size_t j) { return (rank + 1) * static_cast<int>((i * 7 + j) % 13 + 1); };
+        for (int i = 0; i < 16; ++i) {
+          const std::size_t count = sizes[i];
+          const bool in_place = i % 3 == 0;
+          if (i % 2 == 0) {
+            fsend[i].resize(count);
+            frecv[i].assign(count, -1.0f);
+            for (std::size_t j = 0; j < count; ++j) fsend[i][j] = float(value(r, i, j));
+            float* out = in_place ? fsend[i].data() : frecv[i].data();
+            works.push_back(comm.all_reduce(fsend[i].data(), out, count, DataType::f32,
+                                            i % 4 == 2 ? ReduceOp::max : ReduceOp::sum));
+          } else {
+            isend[i].resize(count);
+            irecv[i].assign(count, -1);
+            for (std::size_t j = 0; j < count; ++j) isend[i][j] = value(r, i, j);
+            std::int64_t* out = in_place ? isend[i].data() : irecv[i].data();
+            works.push_back(comm.all_reduce(isend[i].data(), out, count, DataType::i64, ReduceOp::sum));
+          }
+        }
+        const int rank_sum = n * (n + 1) / 2;
+        for (int i = 0; i < 16; ++i) {
+          works[i].wait();
+          const bool in_place = i % 3 == 0;
+          for (std::size_t j = 0; j < sizes[i]; ++j) {
+            const int base = static_cast<int>((i * 7 + j) % 13 + 1);
+            if (i % 2 == 0) {
+              float got = in_place ? fsend[i][j] : frecv[i][j];
+              float want = i % 4 == 2 ? float(n * base) : float(rank_sum * base);
+              expect(got == want, "all_reduce " + std::to_string(i) + " element " + std::to_string(j) + ": " +
+                                      std::to_string(got) + " != " + std::to_string(want));
+            } else {
+              std::int64_t got = in_place ? isend[i][j] : irecv[i][j];
+              expect(got == rank_sum * base, "all_reduce " + std::to_string(i) + " element " + std::to_string(j) +
+                                                 ": " + std::to_string(got));
+            }
+          }
+        }
+        for (auto& w : works) expect(w.test(), "test() false after wait()");
+      },
+      options);
+  INFO(result.summary());
+  REQUIRE_FALSE(result.timed_out);
+  CHECK(result.all_ok());
+}
+
+TEST_CASE("failures: after a failure queued and later calls fail with AbortedError naming it", "[failures]") {
+  const std::string transport = GENERATE("tcp", "shm");
+  INFO(transport);
+  auto options = options_with(seconds(5), seconds(30), transport);
+  auto result = test::run_ranks(
+      2,
+      [](Communicator& comm) {
+        const std::size_t big = 200000, small = 1000;
+        std::vector<float> a(big, 1.0f), b(2 * small, 1.0f), c(big, 1.0f);
+        // Issued together: a good large all_reduce, the mismatch, then two more.
+        Work good = comm.all_reduce(a.data(), a.data(), big, DataType::f32, ReduceOp::sum);
+        Work bad = comm.rank() == 0 ? comm.all_reduce(b.data(), b.data(), small, DataType::f32, ReduceOp::sum)
+                                    : comm.all_gather(b.data(), b.data(), small, DataType::f32);
+        Work queued1 = comm.barrier();
+        Work queued2 = comm.all_reduce(c.data(), c.data(), big, DataType::f32, ReduceOp::sum);
+        good.wait();
+        expect(a[0] == 2.0f && a[big - 1] == 2.0f, "the all_reduce before the mismatch gave a wrong sum");
+        std::string first;
+        try {
+          bad.wait();
+        } catch (const RemoteError& e) {
+          first = e.what();
+        }
+        expect(!first.empty(), "the mismatched call did not fail with RemoteError");
+        for (Work* w : {&queued1, &queued2}) {
+          try {
+            w->wait();
+            throw std::runtime_error("a call queued after the failure completed");
+          } catch (const AbortedError& e) {
+            expect(contains(e.what(), first), std::string("AbortedError does not carry the first error: ") + e.what());
+          }
+        }
+        expect(c[0] == 1.0f, "an aborted all_reduce touched its buffer");
+        // A call made after the failure: reported to the parent.
+        tagged([&] { comm.all_reduce(a.data(), a.data(), 4, DataType::f32, ReduceOp::sum).wait(); });
+        throw std::runtime_error("a call after the failure completed");
+      },
+      options);
+  INFO(result.summary());
+  REQUIRE_FALSE(result.timed_out);
+  for (int r = 0; r < 2; ++r) {
+    Outcome o = outcome_of(result.ranks[r]);
+    INFO("rank " << r << ": " << result.ranks[r].message);
+    CHECK(o.type == "AbortedError");
+    CHECK(contains(o.text, "rank " + std::to_string(r) + ", all_reduce #5"));
+    CHECK(contains(o.text, "aborted by an earlier error"));
+    CHECK(contains(o.text, "all_reduce #2"));
+    CHECK(contains(o.text, "all_gather #2"));
+  }
+}
+
+// ---- 6. split communicators --------------------------------------------------
+
+std::vector<std::int32_t> gather_parent_ranks(Communicator& sub, int parent_rank) {
+  std::int32_t mine = parent_rank;
+  std::vector<std::int32_t> all(static_cast<std::size_t>(sub.size()), -1);
+  sub.all_gather(&mine, all.data(), 1, DataType::i32).wait();
+  return all;
+}
+
+std::string list(const std::vector<std::int32_t>& v) {
+  std::string text = "[";
+  for (std::size_t i = 0; i < v.size(); ++i) {
+    if (i > 0) text += ' ';
+    text += std::to_string(v[i]);
+  }
+  text += ']';
+  return text;
+}
+
+TEST_CASE("failures: split by color and key, color -1, and a split of a split", "[failures]") {
+  const std::string transport = GENERATE("tcp", "shm");
+  INFO(transport);
+  auto options = options_with(seconds(10), seconds(45), transport);
+  auto result = test::run_ranks(
+      6,
+      [](Communicator& comm) {
+        const int me = comm.rank();
+        // Colors by parity, reversed order by key = -rank.
+        auto sub = comm.split(me % 2, -me);
+        expect(sub != nullptr, "split with color >= 0 gave nullptr");
+        std::vector<std::int32_t> members = me % 2 == 0 ? std::vector<std::int32_t>{4, 2, 0}
+                                                        : std::vector<std::int32_t>{5, 3, 1};
+        expect(sub->size() == 3, "sub size " + std::to_string(sub->size()));
+        int want_rank = static_cast<int>(std::find(members.begin(), members.end(), me) - members.begin());
+        expect(sub->rank() == want_rank, "rank " + std::to_string(me) + " has sub rank " +
+                                             std::to_string(sub->rank()) + ", want " + std::to_string(want_rank));
+        auto got = gather_parent_ranks(*sub, me);
+        expect(got == members, "sub all_gather of parent ranks " + list(got) + ", want " + list(members));
+        std::int64_t sum = me, bsum = 0;
+        sub->all_reduce(&sum, &sum, 1, DataType::i64, ReduceOp::sum).wait();
+        expect(sum == (me % 2 == 0 ? 6 : 9), "sub all_reduce of parent ranks " + std::to_string(sum));
+        // Broadcast from sub rank 0 = parent rank 4 or 5, and the world still works.
+        std::int32_t from_root = sub->rank() == 0 ? me : -1;
+        sub->broadcast(&from_root, &from_root, 1, DataType::i32, 0).wait();
+        expect(from_root == members[0], "sub broadcast gave " + std::to_string(from_root));
+        bsum = me;
+        comm.all_reduce(&bsum, &bsum, 1, DataType::i64, ReduceOp::sum).wait();
+        expect(bsum == 15, "world all_reduce after the split gave " + std::to_string(bsum));
+
+        // Color -1 takes part but gets nothing; the others form one group of 5.
+        auto rest = comm.split(me == 3 ? -1 : 7, me);
+        if (me == 3) {
+          expect(rest == nullptr, "color -1 gave a communicator");
+        } else {
+          expect(rest != nullptr && rest->size() == 5, "the color-7 group does not have 5 ranks");
+          auto all = gather_parent_ranks(*rest, me);
+          expect(all == std::vector<std::int32_t>{0, 1, 2, 4, 5}, "color-7 members " + list(all));
+        }
+
+        // A split of the split: sub ranks {0, 1} and {2}.
+        auto subsub = sub->split(sub->rank() / 2, sub->rank());
+        expect(subsub != nullptr, "split of a split gave nullptr");
+        std::vector<std::int32_t> want = sub->rank() < 2
+                                             ? std::vector<std::int32_t>{members[0], members[1]}
+                                             : std::vector<std::int32_t>{members[2]};
+        auto inner = gather_parent_ranks(*subsub, me);
+        expect(inner == want, "split-of-split members " + list(inner) + ", want " + list(want));
+        // All three levels in turn, then once more in the other order.
+        comm.barrier().wait();
+        subsub->barrier().wait();
+        sub->barrier().wait();
+        if (rest) rest->barrier().wait();
+        sub->barrier().wait();
+        comm.barrier().wait();
+      },
+      options);
+  INFO(result.summary());
+  REQUIRE_FALSE(result.timed_out);
+  CHECK(result.all_ok());
+}
+
+// ---- 7. wrong job token, silent store ----------------------------------------
+
+// Runs `body` in a forked child and returns what it returned, or nullopt when
+// it did not finish within `deadline` (the child is then killed).
+std::optional<std::string> in_child(const std::function<std::string()>& body, seconds deadline) {
+  int pipe_fds[2];
+  if (pipe(pipe_fds) != 0) throw std::runtime_error("pipe failed");
+  std::fflush(nullptr);  // the child must not flush the parent's buffered output again
+  pid_t pid = fork();
+  if (pid < 0) throw std::runtime_error("fork failed");
+  if (pid == 0) {
+    close(pipe_fds[0]);
+    std::string report;
+    try {
+      report = body();
+    } catch (const std::exception& e) {
+      report = "<" + kind_of(e) + " after 0 ms> " + e.what();
+    }
+    std::size_t done = 0;
+    while (done < report.size()) {
+      ssize_t n = write(pipe_fds[1], report.data() + done, report.size() - done);
+      if (n <= 0) break;
+      done += static_cast<std::size_t>(n);
+    }
+    _exit(0);
+  }
+  close(pipe_fds[1]);
+  std::string report;
+  auto until = SteadyClock::now() + deadline;
+  bool eof = false;
+  while (!eof && SteadyClock::now() < until) {
+    pollfd p{pipe_fds[0], POLLIN, 0};
+    if (poll(&p, 1, 100) <= 0) continue;
+    char chunk[4096];
+    ssize_t n = read(pipe_fds[0], chunk, sizeof chunk);
+    if (n <= 0)
+      eof = true;
+    else
+      report.append(chunk, static_cast<std::size_t>(n));
+  }
+  close(pipe_fds[0]);
+  if (!eof) kill(pid, SIGKILL);
+  waitpid(pid, nullptr, 0);
+  if (!eof) return std::nullopt;
+  return report;
+}
+
+runtime::RankInfo rank1_of_2(std::uint16_t store_port, const std::string& token) {
+  runtime::RankInfo info;
+  info.rank = 1;
+  info.world_size = 2;
+  info.local_rank = 1;
+  info.local_world_size = 2;
+  info.store_host = "127.0.0.1";
+  info.store_port = store_port;
+  info.store_served_by_rank0 = false;
+  info.job_token = token;
+  info.launcher = "test";
+  return info;
+}
+
+TEST_CASE("failures: a rank with the wrong job token is refused", "[failures]") {
+  runtime::StoreServer server("127.0.0.1", 0, "the-right-token");
+  auto report = in_child(
+      [&] {
+        auto comm = Communicator::create_world(rank1_of_2(server.port(), "a-wrong-token"),
+                                               test::test_config(seconds(5)));
+        return std::string("created a communicator with the wrong token");
+      },
+      seconds(20));
+  REQUIRE(report.has_value());  // no hang
+  test::RankResult as_rank;
+  as_rank.message = *report;
+  Outcome o = outcome_of(as_rank);
+  INFO(*report);
+  CHECK(o.type == "RemoteError");
+  CHECK(contains(o.text, "token"));
+  CHECK(contains(o.text, "refused"));
+}
+
+// A store that accepts and never answers must fail create_world after the
+// configured timeout, not the environment's default of minutes.
+TEST_CASE("failures: a store that never answers fails create_world within the configured timeout",
+          "[failures]") {
+  // A listening socket that nobody accepts on: connect() completes in the
+  // backlog, the handshake is written, and no answer ever comes.
+  int listener = socket(AF_INET, SOCK_STREAM, 0);
+  REQUIRE(listener >= 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  addr.sin_port = 0;
+  REQUIRE(bind(listener, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0);
+  REQUIRE(listen(listener, 16) == 0);
+  socklen_t len = sizeof addr;
+  REQUIRE(getsockname(listener, reinterpret_cast<sockaddr*>(&addr), &len) == 0);
+  const std::uint16_t port = ntohs(addr.sin_port);
+  const milliseconds timeout = seconds(1);
+  auto start = SteadyClock::now();
+  auto report = in_child(
+      [&] {
+        auto comm = Communicator::create_world(rank1_of_2(port, "token"), test::test_config(timeout));
+        return std::string("created a communicator without a store");
+      },
+      seconds(6));
+  long took = ms_since(start);
+  close(listener);
+  INFO("after " << took << " ms: " << (report ? *report : std::string("no answer: killed at the deadline")));
+  REQUIRE(report.has_value());
+  test::RankResult as_rank;
+  as_rank.message = *report;
+  Outcome o = outcome_of(as_rank);
+  CHECK(o.type == "TimeoutError");
+  CHECK(contains(o.text, "store"));
+}
+
+}  // namespace
