@@ -61,16 +61,8 @@ ShmTransport::Link& ShmTransport::link(int peer) {
 }
 
 RequestId ShmTransport::allocate(int peer, bool is_send, const WireHeader& header) {
-  RequestId id;
-  if (!free_.empty()) {
-    id = free_.back();
-    free_.pop_back();
-  } else {
-    id = static_cast<RequestId>(requests_.size());
-    requests_.emplace_back();
-  }
+  RequestId id = requests_.acquire();
   Request& r = requests_[id];
-  r = Request{};
   r.in_use = true;
   r.is_send = is_send;
   r.peer = peer;
@@ -95,13 +87,7 @@ RequestId ShmTransport::post_recv(int peer, const WireHeader& expected, void* da
   } else if (expected.payload_bytes <= capacity_ / 2) {
     r.in_place = true;
   } else {  // too large to stay contiguous in the ring: stage it
-    if (!staging_pool_.empty()) {
-      r.staging = std::move(staging_pool_.back());
-      staging_pool_.pop_back();
-    } else {
-      r.staging = std::make_unique<std::vector<std::byte>>();
-    }
-    if (r.staging->size() < expected.payload_bytes) r.staging->resize(expected.payload_bytes);
+    r.staging = staging_.take(expected.payload_bytes);
     r.data = r.staging->data();
   }
   l.recvs.push_back(id);
@@ -128,14 +114,14 @@ void ShmTransport::release(RequestId request) {
       RequestId front = l.views.front();
       l.views.pop_front();
       requests_[front].in_use = false;
-      free_.push_back(front);
+      requests_.release(front);
     }
     free_consumed(l);
     return;  // freed with the views queue above
   }
-  if (r.staging) staging_pool_.push_back(std::move(r.staging));
+  staging_.give_back(std::move(r.staging));
   r.in_use = false;
-  free_.push_back(request);
+  requests_.release(request);
 }
 
 void ShmTransport::ring_doorbell(SegmentHeader* owner) {

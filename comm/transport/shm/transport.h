@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "comm/transport/shm/memory.h"
+#include "comm/transport/pools.h"
 #include "comm/transport/transport.h"
 
 namespace braid::runtime {
@@ -72,7 +73,7 @@ class ShmTransport final : public Transport {
     std::byte* data = nullptr;
     std::size_t moved = 0;  // padded payload bytes moved
     std::uint64_t ring_start = 0, ring_end = 0;  // in-place views: the ring bytes held
-    std::unique_ptr<std::vector<std::byte>> staging;
+    Staging staging;
   };
 
   RequestId allocate(int peer, bool is_send, const WireHeader& header);
@@ -92,9 +93,8 @@ class ShmTransport final : public Transport {
   Mapping mine_;
   std::vector<std::unique_ptr<Link>> links_;
   std::vector<Link*> by_rank_;
-  std::vector<Request> requests_;
-  std::vector<RequestId> free_;
-  std::vector<std::unique_ptr<std::vector<std::byte>>> staging_pool_;
+  RequestPool<Request> requests_;
+  StagingPool staging_;
   std::atomic<std::uint64_t> bytes_sent_{0}, bytes_received_{0};
   bool shut_down_ = false;
 };

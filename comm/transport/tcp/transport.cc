@@ -49,22 +49,12 @@ void TcpTransport::shutdown() {
 }
 
 RequestId TcpTransport::allocate(int peer, bool is_send, const WireHeader& header) {
-  RequestId id;
-  if (!free_.empty()) {
-    id = free_.back();
-    free_.pop_back();
-  } else {
-    id = static_cast<RequestId>(requests_.size());
-    requests_.emplace_back();
-  }
+  RequestId id = requests_.acquire();
   Request& r = requests_[id];
   r.in_use = true;
-  r.done = false;
   r.is_send = is_send;
   r.peer = peer;
   r.header = header;
-  r.data = nullptr;
-  r.moved = 0;
   return id;
 }
 
@@ -89,23 +79,11 @@ RequestId TcpTransport::post_recv(int peer, const WireHeader& expected, void* da
   if (data) {
     r.data = static_cast<std::byte*>(data);
   } else {
-    r.staging = take_staging(expected.payload_bytes);
+    r.staging = staging_.take(expected.payload_bytes);
     r.data = r.staging->data();
   }
   stream_for(peer, received_count_).recvs.push_back(id);
   return id;
-}
-
-std::unique_ptr<std::vector<std::byte>> TcpTransport::take_staging(std::size_t bytes) {
-  std::unique_ptr<std::vector<std::byte>> buffer;
-  if (!staging_pool_.empty()) {
-    buffer = std::move(staging_pool_.back());
-    staging_pool_.pop_back();
-  } else {
-    buffer = std::make_unique<std::vector<std::byte>>();
-  }
-  if (buffer->size() < bytes) buffer->resize(bytes);
-  return buffer;
 }
 
 bool TcpTransport::is_done(RequestId request) { return requests_.at(request).done; }
@@ -117,9 +95,9 @@ std::span<const std::byte> TcpTransport::view(RequestId request) {
 
 void TcpTransport::release(RequestId request) {
   Request& r = requests_.at(request);
-  if (r.staging) staging_pool_.push_back(std::move(r.staging));
+  staging_.give_back(std::move(r.staging));
   r.in_use = false;
-  free_.push_back(request);
+  requests_.release(request);
 }
 
 // Writes as many queued messages of this socket as the kernel takes, header

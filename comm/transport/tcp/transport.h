@@ -22,6 +22,7 @@
 #include <string>
 #include <vector>
 
+#include "comm/transport/pools.h"
 #include "comm/transport/transport.h"
 
 namespace braid::runtime {
@@ -80,7 +81,7 @@ class TcpTransport final : public Transport {
     WireHeader received;  // as it arrived
     std::byte* data = nullptr;
     std::size_t moved = 0;  // header + payload bytes moved so far
-    std::unique_ptr<std::vector<std::byte>> staging;
+    Staging staging;
   };
   struct Stream {
     int fd = -1;
@@ -97,16 +98,14 @@ class TcpTransport final : public Transport {
   void finish_header(Request& request);
   void wait_io(Clock::time_point deadline);
   [[noreturn]] void fail(const Stream& stream, const char* doing, int error);
-  std::unique_ptr<std::vector<std::byte>> take_staging(std::size_t bytes);
 
   int rank_;
   std::size_t buffer_bytes_;
   std::chrono::nanoseconds spin_;
   std::vector<std::vector<Stream>> streams_;  // [peer][socket]
   std::vector<std::uint64_t> sent_count_, received_count_;  // messages per peer
-  std::vector<Request> requests_;
-  std::vector<RequestId> free_;
-  std::vector<std::unique_ptr<std::vector<std::byte>>> staging_pool_;
+  RequestPool<Request> requests_;
+  StagingPool staging_;
   std::atomic<std::uint64_t> bytes_sent_{0}, bytes_received_{0};
 };
 
