@@ -3,6 +3,7 @@
 // setup.cc (creating the world and split communicators).
 #pragma once
 
+#include <array>
 #include <condition_variable>
 #include <deque>
 #include <exception>
@@ -47,13 +48,11 @@ struct Communicator::Impl {
   std::shared_ptr<runtime::StoreServer> store_server;  // world communicator of rank 0 only
   std::shared_ptr<runtime::Store> store;
   std::vector<std::unique_ptr<Transport>> transports;
-  std::vector<Transport*> routes;  // [peer]
   std::vector<std::string> hosts;  // [rank] host identity (runtime/topology.h)
   std::unique_ptr<StatusBoard> status;
 
   // Settings: runtime::config() unless given explicitly; split inherits them.
   runtime::Config config;
-  Tuning tuning;
   std::string forced_algo;
   std::chrono::milliseconds timeout{300'000};
   std::size_t inline_bytes = 0;
@@ -71,8 +70,8 @@ struct Communicator::Impl {
   // issue different numbers of them, so a global number would not match.
   std::map<int, std::uint64_t> sends_to, receives_from;
   int split_count = 0;
-  std::vector<std::byte> scratch;
-  std::map<OpKind, std::string> logged_choice;
+  ExchangeContext exchange;  // routes, tuning and buffers every operation reuses
+  std::array<std::string_view, 16> logged_choice{};  // [OpKind] algorithm last logged
 
   ~Impl();
   std::shared_ptr<WorkState> enqueue(Op op);

@@ -121,19 +121,18 @@ void Communicator::Impl::execute(const Op& op, WorkState& state) {
   try {
     if (status) status->entered(op);
     Algorithm algorithm = select_algorithm(op, size, forced_algo);
-    if (logged_choice[op.kind] != algorithm.name) {
-      logged_choice[op.kind] = algorithm.name;
+    auto& logged = logged_choice[static_cast<std::size_t>(op.kind)];
+    if (logged != algorithm.name) {
+      logged = algorithm.name;
       spdlog::info("comm {:08x}: {} uses the {} algorithm (from {} bytes on {} ranks; BRAID_ALGO={})",
                    comm_id, name(op.kind), algorithm.name, op.count * dtype_bytes(op.dtype), size,
                    forced_algo);
     }
-    Exchange x(op, comm_id, rank, size, routes, Clock::now() + timeout, tuning,
-               [this, &op](int peer) {
-                 if (!status) return std::string("is unknown");
-                 std::string text = status->describe_peer(peer), behind = status->ranks_behind(op, size);
-                 return behind.empty() ? text : text + "; behind this call: " + behind;
-               },
-               scratch);
+    Exchange x(op, exchange, Clock::now() + timeout, [this, &op](int peer) {
+      if (!status) return std::string("is unknown");
+      std::string text = status->describe_peer(peer), behind = status->ranks_behind(op, size);
+      return behind.empty() ? text : text + "; behind this call: " + behind;
+    });
     algorithm.run(x);
     state.complete(nullptr);
   } catch (...) {

@@ -8,13 +8,9 @@
 
 namespace braid::comm {
 
-Exchange::Exchange(const Op& op, std::uint32_t comm_id, int rank, int size,
-                   std::vector<Transport*> routes, Clock::time_point deadline, Tuning tuning,
-                   PeerState peer_state, std::vector<std::byte>& scratch)
-    : op_(op), comm_id_(comm_id), rank_(rank), size_(size), routes_(std::move(routes)),
-      deadline_(deadline), tuning_(tuning), peer_state_(std::move(peer_state)), scratch_(scratch) {
-  for (Transport* t : routes_)
-    if (t && std::find(distinct_.begin(), distinct_.end(), t) == distinct_.end()) distinct_.push_back(t);
+Exchange::Exchange(const Op& op, ExchangeContext& context, Clock::time_point deadline, PeerState peer_state)
+    : op_(op), c_(context), deadline_(deadline), peer_state_(std::move(peer_state)) {
+  c_.sends.clear();
 }
 
 // Sends still in flight when an algorithm throws are abandoned with their
@@ -23,23 +19,23 @@ Exchange::~Exchange() = default;
 
 Request Exchange::send(int peer, std::uint32_t step, std::uint32_t segment, const void* data,
                        std::size_t bytes) {
-  Transport* t = routes_.at(static_cast<std::size_t>(peer));
-  auto header = make_header(comm_id_, op_, rank_, peer, step, segment, bytes);
+  Transport* t = c_.routes.at(static_cast<std::size_t>(peer));
+  auto header = make_header(c_.comm_id, op_, c_.rank, peer, step, segment, bytes);
   Request r{t, t->post_send(peer, header, data), peer, Request::Kind::send};
-  sends_.push_back(r);
+  c_.sends.push_back(r);
   return r;
 }
 
 Request Exchange::recv(int peer, std::uint32_t step, std::uint32_t segment, void* data, std::size_t bytes) {
-  Transport* t = routes_.at(static_cast<std::size_t>(peer));
-  auto header = expected_header(comm_id_, op_, rank_, peer, step, segment, bytes);
+  Transport* t = c_.routes.at(static_cast<std::size_t>(peer));
+  auto header = expected_header(c_.comm_id, op_, c_.rank, peer, step, segment, bytes);
   static std::byte empty;
   return {t, t->post_recv(peer, header, data ? data : &empty), peer, Request::Kind::recv};
 }
 
 Request Exchange::recv_view(int peer, std::uint32_t step, std::uint32_t segment, std::size_t bytes) {
-  Transport* t = routes_.at(static_cast<std::size_t>(peer));
-  auto header = expected_header(comm_id_, op_, rank_, peer, step, segment, bytes);
+  Transport* t = c_.routes.at(static_cast<std::size_t>(peer));
+  auto header = expected_header(c_.comm_id, op_, c_.rank, peer, step, segment, bytes);
   return {t, t->post_recv(peer, header, nullptr), peer, Request::Kind::view};
 }
 
@@ -57,12 +53,12 @@ void Exchange::drive(const Request& request) {
   while (!t->is_done(request.id)) {
     auto now = Clock::now();
     if (now >= deadline_) timed_out(request.peer);
-    if (distinct_.size() == 1) {
+    if (c_.distinct.size() == 1) {
       t->progress(deadline_);
       continue;
     }
     bool advanced = false;
-    for (Transport* other : distinct_) advanced |= other->progress(now);
+    for (Transport* other : c_.distinct) advanced |= other->progress(now);
     if (!advanced) t->progress(std::min(deadline_, now + std::chrono::microseconds(200)));
   }
 }
@@ -71,26 +67,26 @@ void Exchange::wait(const Request& request) {
   drive(request);
   if (request.kind == Request::Kind::view) return;
   if (request.kind == Request::Kind::send)
-    std::erase_if(sends_, [&](const Request& s) { return s.transport == request.transport && s.id == request.id; });
+    std::erase_if(c_.sends, [&](const Request& s) { return s.transport == request.transport && s.id == request.id; });
   release(request);
 }
 
 void Exchange::wait_sends() {
-  for (const Request& s : sends_) {
+  for (const Request& s : c_.sends) {
     drive(s);
     release(s);
   }
-  sends_.clear();
+  c_.sends.clear();
 }
 
 std::byte* Exchange::scratch(std::size_t bytes) {
-  if (scratch_.size() < bytes) scratch_.resize(bytes);
-  return scratch_.data();
+  if (c_.scratch.size() < bytes) c_.scratch.resize(bytes);
+  return c_.scratch.data();
 }
 
 void Exchange::timed_out(int peer) {
   std::string where = peer_state_ ? peer_state_(peer) : std::string("in an unknown state");
-  throw TimeoutError("rank " + std::to_string(rank_) + " waits in " + describe(op_) + " for rank " +
+  throw TimeoutError("rank " + std::to_string(c_.rank) + " waits in " + describe(op_) + " for rank " +
                      std::to_string(peer) + ", which " + where + "; timed out (BRAID_TIMEOUT)");
 }
 

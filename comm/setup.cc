@@ -38,7 +38,10 @@ std::shared_ptr<Communicator::Impl> new_impl(const runtime::RankInfo& info, cons
   impl->size = size;
   impl->key_prefix = std::move(prefix);
   impl->comm_id = hash_prefix(impl->key_prefix);
-  impl->tuning.segment_bytes = config.segment_bytes;
+  impl->exchange.comm_id = impl->comm_id;
+  impl->exchange.rank = rank;
+  impl->exchange.size = size;
+  impl->exchange.tuning.segment_bytes = config.segment_bytes;
   impl->forced_algo = config.algo;
   impl->timeout = config.timeout;
   impl->inline_bytes = config.inline_bytes;
@@ -91,7 +94,8 @@ std::string rank_list(const std::vector<bool>& mask) {
 
 void add_routes(Communicator::Impl& impl, const std::vector<bool>& mask) {
   for (int peer = 0; peer < impl.size; ++peer)
-    if (mask[peer]) impl.routes[peer] = impl.transports.back().get();
+    if (mask[peer]) impl.exchange.routes[peer] = impl.transports.back().get();
+  impl.exchange.distinct.push_back(impl.transports.back().get());
 }
 
 bool any(const std::vector<bool>& mask) { return std::find(mask.begin(), mask.end(), true) != mask.end(); }
@@ -100,7 +104,7 @@ bool any(const std::vector<bool>& mask) { return std::find(mask.begin(), mask.en
 
 void connect_transports(Communicator::Impl& impl) {
   const auto& config = impl.config;
-  impl.routes.assign(static_cast<std::size_t>(impl.size), nullptr);
+  impl.exchange.routes.assign(static_cast<std::size_t>(impl.size), nullptr);
   Plan plan = plan_transports(impl);
   // Spinning only pays when every local rank has a core of its own.
   bool oversubscribed = static_cast<int>(plan.local.size()) > runtime::available_cores();

@@ -38,20 +38,31 @@ struct Tuning {
   int window = 4;  // receives posted ahead of the one being consumed
 };
 
+// What a communicator keeps for its operations' Exchanges, so that starting
+// one allocates nothing.
+struct ExchangeContext {
+  std::uint32_t comm_id = 0;
+  int rank = 0;
+  int size = 1;
+  std::vector<Transport*> routes;    // [peer] -> transport reaching it
+  std::vector<Transport*> distinct;  // each transport once
+  Tuning tuning;
+  std::vector<std::byte> scratch;    // reused across operations
+  std::vector<Request> sends;        // sends in flight, cleared per operation
+};
+
 class Exchange {
  public:
   // Describes where `peer` is (its last-entered operation) for timeout messages.
   using PeerState = std::function<std::string(int peer)>;
 
-  Exchange(const Op& op, std::uint32_t comm_id, int rank, int size, std::vector<Transport*> routes,
-           Clock::time_point deadline, Tuning tuning, PeerState peer_state,
-           std::vector<std::byte>& scratch);
+  Exchange(const Op& op, ExchangeContext& context, Clock::time_point deadline, PeerState peer_state);
   ~Exchange();
 
   const Op& op() const { return op_; }
-  int rank() const { return rank_; }
-  int size() const { return size_; }
-  const Tuning& tuning() const { return tuning_; }
+  int rank() const { return c_.rank; }
+  int size() const { return c_.size; }
+  const Tuning& tuning() const { return c_.tuning; }
   std::size_t element_bytes() const { return dtype_bytes(op_.dtype); }
 
   Request send(int peer, std::uint32_t step, std::uint32_t segment, const void* data, std::size_t bytes);
@@ -75,15 +86,9 @@ class Exchange {
   [[noreturn]] void timed_out(int peer);
 
   Op op_;
-  std::uint32_t comm_id_;
-  int rank_, size_;
-  std::vector<Transport*> routes_;   // [peer] -> transport reaching it
-  std::vector<Transport*> distinct_; // each transport once
+  ExchangeContext& c_;
   Clock::time_point deadline_;
-  Tuning tuning_;
   PeerState peer_state_;
-  std::vector<std::byte>& scratch_;
-  std::vector<Request> sends_;
 };
 
 }  // namespace braid::comm
