@@ -17,6 +17,13 @@ namespace {
 
 constexpr std::size_t pad(std::size_t bytes) { return (bytes + kSlotBytes - 1) / kSlotBytes * kSlotBytes; }
 
+// A payload this small travels inside its header's slot: one cache line
+// per message, which is what small-message latency is made of.
+constexpr std::size_t kInlineBytes = kSlotBytes - sizeof(WireHeader);
+
+// Bytes a message occupies after its header slot.
+constexpr std::size_t body_bytes(std::size_t payload) { return payload <= kInlineBytes ? 0 : pad(payload); }
+
 // Copies `bytes` into the ring at logical offset `at`, splitting at the end.
 void ring_write(std::byte* ring, std::size_t capacity, std::uint64_t at, const std::byte* src, std::size_t bytes) {
   std::size_t pos = at & (capacity - 1), first = std::min(bytes, capacity - pos);
@@ -84,6 +91,8 @@ RequestId ShmTransport::post_recv(int peer, const WireHeader& expected, void* da
   Request& r = requests_[id];
   if (data) {
     r.data = static_cast<std::byte*>(data);
+  } else if (expected.payload_bytes <= kInlineBytes) {
+    r.data = r.inline_data;  // copied out of the header slot
   } else if (expected.payload_bytes <= capacity_ / 2) {
     r.in_place = true;
   } else {  // too large to stay contiguous in the ring: stage it
@@ -139,7 +148,7 @@ bool ShmTransport::pump_sends(Link& l) {
   while (!l.sends.empty()) {
     Request& r = requests_[l.sends.front()];
     std::uint64_t free_bytes = capacity_ - (head - l.out->tail.load(std::memory_order_acquire));
-    const std::size_t payload = r.header.payload_bytes, padded = pad(payload);
+    const std::size_t payload = r.header.payload_bytes, padded = body_bytes(payload);
     if (!r.header_done) {
       std::size_t pos = head & (capacity_ - 1);
       if (payload <= capacity_ / 2 && pos + kSlotBytes + padded > capacity_) {
@@ -153,6 +162,7 @@ bool ShmTransport::pump_sends(Link& l) {
       }
       if (free_bytes < kSlotBytes) break;
       ring_write(l.out_ring, capacity_, head, reinterpret_cast<const std::byte*>(&r.header), sizeof(WireHeader));
+      if (padded == 0 && payload > 0) ring_write(l.out_ring, capacity_, head + sizeof(WireHeader), r.data, payload);
       head += kSlotBytes;
       free_bytes -= kSlotBytes;
       r.header_done = true;
@@ -177,12 +187,17 @@ bool ShmTransport::pump_sends(Link& l) {
 }
 
 // Frees ring space up to the first view still held by an algorithm.
+// The sender is woken only when it may be waiting for space: a sender
+// blocks only when more than a quarter of the ring is in use (its largest
+// need is half the ring plus a slot), so the ring-doorbell traffic of small
+// messages stays one way.
 void ShmTransport::free_consumed(Link& l) {
   std::uint64_t limit = l.views.empty() ? l.cursor : requests_[l.views.front()].ring_start;
-  if (limit > l.in->tail.load(std::memory_order_relaxed)) {
-    l.in->tail.store(limit, std::memory_order_release);
-    ring_doorbell(l.mapping.header());  // the sender may wait for space
-  }
+  std::uint64_t tail = l.in->tail.load(std::memory_order_relaxed);
+  if (limit <= tail) return;
+  std::uint64_t used = l.in->head.load(std::memory_order_acquire) - tail;
+  l.in->tail.store(limit, std::memory_order_release);
+  if (used >= capacity_ / 4) ring_doorbell(l.mapping.header());
 }
 
 bool ShmTransport::pump_recvs(Link& l) {
@@ -203,12 +218,14 @@ bool ShmTransport::pump_recvs(Link& l) {
       std::memcpy(&r.received, l.in_ring + pos, sizeof(WireHeader));
       std::string mismatch = header_mismatch(r.header, r.received, rank_, r.peer);
       if (!mismatch.empty()) throw RemoteError(mismatch, r.peer);
+      const std::size_t payload = r.header.payload_bytes;
+      if (body_bytes(payload) == 0 && payload > 0) std::memcpy(r.data, l.in_ring + pos + sizeof(WireHeader), payload);
       l.cursor += kSlotBytes;
       avail -= kSlotBytes;
       r.header_done = true;
       advanced = true;
     }
-    const std::size_t payload = r.header.payload_bytes, padded = pad(payload);
+    const std::size_t payload = r.header.payload_bytes, padded = body_bytes(payload);
     if (r.in_place) {
       if (avail < padded) break;
       r.ring_start = l.cursor;

@@ -73,6 +73,7 @@ class ShmTransport final : public Transport {
     std::byte* data = nullptr;
     std::size_t moved = 0;  // padded payload bytes moved
     std::uint64_t ring_start = 0, ring_end = 0;  // in-place views: the ring bytes held
+    std::byte inline_data[8];                    // a view of a payload that fit in its header slot
     Staging staging;
   };
 
