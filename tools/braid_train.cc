@@ -1,5 +1,12 @@
-// braid-train: trains a byte-level GPT on one process (issue 4).
-// A thin main: CLI11 parsing and printing; the machinery is in trainer/.
+// braid-train: trains a byte-level GPT on one process (issue 4) or, under
+// braid-launch (or torchrun, Slurm, mpirun), data-parallel on every rank
+// with --strategy dp|ddp|zero1|zero2|zero3 (issue 5; default ddp on more
+// than one rank). A thin main: CLI11 parsing and printing; the machinery is
+// in trainer/. Rank 0 prints; every rank writes its own --metrics file.
+//
+// --consolidate DIR --out FILE writes the weights of a checkpoint of any
+// layout (one process, or sharded by any strategy and world size) as one
+// safetensors file that --init-from loads, and exits.
 //
 // Exit status: 0 done, 2 invalid usage (bad flags, a bad combination, a
 // missing or refused file), 1 any other failure.
@@ -7,15 +14,19 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <memory>
 #include <optional>
 #include <set>
 #include <string>
 
 #include <CLI/CLI.hpp>
 
+#include "comm/communicator.h"
 #include "runtime/errors.h"
 #include "runtime/log.h"
+#include "runtime/rank_info.h"
 #include "trainer/checkpoint/checkpoint.h"
+#include "trainer/checkpoint/sharded.h"
 #include "trainer/train/generate.h"
 #include "trainer/train/report.h"
 #include "trainer/train/trainer.h"
@@ -58,7 +69,12 @@ void add_invocation_flags(CLI::App& app, TrainOptions& o) {
   app.add_option("--sample", o.sample_bytes, "generate this many bytes at the end")->capture_default_str();
   app.add_option("--temperature", o.temperature, "sampling temperature (0: greedy)")->capture_default_str();
   app.add_option("--prompt", o.prompt, "text the sample continues");
-  app.add_option("--threads", o.threads, "BLAS threads")->capture_default_str();
+  app.add_option("--threads", o.threads, "BLAS threads per rank")->capture_default_str();
+  app.add_option("--strategy", o.strategy,
+                 "data parallelism: none, dp, ddp, zero1, zero2, zero3 (default: none on one rank, ddp on more)");
+  app.add_option("--bucket-mb", o.bucket_mb, "gradient bucket size in MiB (ddp, zero1, zero2)")->capture_default_str();
+  app.add_option("--consolidate", o.consolidate, "write this checkpoint's weights to --out as one file and exit");
+  app.add_option("--out", o.out, "the consolidated safetensors file");
 }
 
 // Keys ("n_layer") of the flags given on the command line: they win over
@@ -90,33 +106,88 @@ void apply_saved_options(const std::set<std::string>& given, TrainOptions& o) {
   }
 }
 
+// The communicator of a data-parallel run: one under a launcher with more
+// than one rank, or when a data-parallel strategy is asked for explicitly.
+std::unique_ptr<braid::comm::Communicator> connect(const TrainOptions& o, const braid::runtime::RankInfo& info) {
+  const bool parallel = info.world_size > 1 || (!o.strategy.empty() && o.strategy != "none");
+  if (!parallel) return nullptr;
+  if (o.eval_only) throw braid::InvalidUsage("--eval-only runs on one process; start it without braid-launch");
+  braid::runtime::setup_logging(info.rank);
+  return braid::comm::Communicator::create_world(info);
+}
+
+int consolidate(const TrainOptions& o) {
+  const std::int64_t step = braid::trainer::consolidate_checkpoint(o.consolidate, o.out);
+  std::printf("wrote the weights of step %lld of %s to %s\n", static_cast<long long>(step), o.consolidate.c_str(),
+              o.out.c_str());
+  return 0;
+}
+
+int eval_only(braid::trainer::Trainer& trainer, const braid::trainer::TextCorpus& corpus, const TrainOptions& o) {
+  const braid::trainer::WindowLoss r = trainer.evaluate_windows();
+  std::printf("eval_loss: %.9g (%lld windows of %d bytes, %lld target bytes of %s)\n", r.loss,
+              static_cast<long long>(r.windows), o.model.block_size, static_cast<long long>(r.tokens),
+              corpus.source.c_str());
+  return 0;
+}
+
+// The rank map and every rank's memory (collective; rank 0 prints).
+void print_start(braid::trainer::Trainer& trainer, const braid::runtime::RankInfo& info,
+                 const braid::trainer::TextCorpus& corpus) {
+  namespace t = braid::trainer;
+  t::Strategy& strategy = trainer.strategy();
+  const auto ranks = t::gather_rank_stats(strategy, t::rank_stats(trainer, info.local_rank, info.node_rank));
+  if (strategy.rank() != 0) return;
+  const TrainOptions& o = trainer.options();
+  std::fprintf(stderr, "braid-train: model %s (%zu parameters), %zu bytes of data from %s\n",
+               t::describe(o.model).c_str(), trainer.model().table().param_count(), corpus.bytes.size(),
+               corpus.source.c_str());
+  std::fprintf(stderr, "braid-train: %d rank(s), strategy %s; global batch %d = %d rank(s) x %d micro-batch(es) x %d\n",
+               strategy.world_size(), strategy.describe().c_str(), o.batch_size, strategy.world_size(), o.grad_accum,
+               o.rank_micro_batch(strategy.world_size()));
+  std::fputs((t::format_rank_map(ranks) + t::format_memory_table(ranks)).c_str(), stderr);
+}
+
+// The summary with every rank's memory and traffic (collective).
+void print_summary(braid::trainer::Trainer& trainer, const braid::trainer::TrainSummary& summary,
+                   const braid::runtime::RankInfo& info) {
+  namespace t = braid::trainer;
+  const auto ranks = t::gather_rank_stats(trainer.strategy(), t::rank_stats(trainer, info.local_rank, info.node_rank));
+  if (trainer.strategy().rank() != 0) return;
+  std::string text = t::format_summary(summary, trainer.options());
+  if (trainer.strategy().world_size() > 1 || trainer.strategy().comm() != nullptr) {
+    text += t::format_memory_table(ranks) + t::format_traffic_table(ranks);
+  }
+  std::fputs(text.c_str(), stdout);
+}
+
 int run(const TrainOptions& o) {
   namespace t = braid::trainer;
   t::validate(o);
+  if (!o.consolidate.empty()) return consolidate(o);
+  const braid::runtime::RankInfo info = braid::runtime::rank_info_from_env();
+  const std::unique_ptr<braid::comm::Communicator> comm = connect(o, info);
   const t::TextCorpus corpus = o.data.empty() ? t::load_default_corpus() : t::load_text_file(o.data);
-  t::Trainer trainer(o, corpus);
+  t::Trainer trainer(o, corpus, comm.get());
   trainer.start();
-  if (o.eval_only) {
-    const t::WindowLoss r = trainer.evaluate_windows();
-    std::printf("eval_loss: %.9g (%lld windows of %d bytes, %lld target bytes of %s)\n", r.loss,
-                static_cast<long long>(r.windows), o.model.block_size, static_cast<long long>(r.tokens),
-                corpus.source.c_str());
-    return 0;
-  }
-  std::fprintf(stderr, "braid-train: model %s (%zu parameters), %zu bytes of data from %s\n",
-               t::describe(o.model).c_str(), trainer.model().table().count(), corpus.bytes.size(),
-               corpus.source.c_str());
+  if (o.eval_only) return eval_only(trainer, corpus, o);
+  print_start(trainer, info, corpus);
+  const bool rank0 = trainer.strategy().rank() == 0;
   t::ProgressPrinter progress(::isatty(STDERR_FILENO) != 0);
   t::Observers observers;
-  observers.add(&progress);
+  if (rank0) observers.add(&progress);
   std::optional<t::MetricsWriter> metrics;
-  if (!o.metrics.empty()) observers.add(&metrics.emplace(o.metrics));
+  if (!o.metrics.empty()) observers.add(&metrics.emplace(t::metrics_path(o.metrics, trainer.strategy().rank())));
   const t::TrainSummary summary = trainer.run(observers);
-  std::fputs(t::format_summary(summary, o).c_str(), stdout);
+  print_summary(trainer, summary, info);
   if (o.sample_bytes > 0) {
+    // Every rank generates (ZeRO-3 gathers the units collectively); rank 0 prints.
+    trainer.strategy().begin_forward_only();
     const std::string text = t::generate(trainer.model(), o.prompt, o.sample_bytes, o.temperature, o.seed);
-    std::printf("--- sample (%d bytes, temperature %g) ---\n%s%s\n", o.sample_bytes, o.temperature,
-                o.prompt.c_str(), text.c_str());
+    if (rank0) {
+      std::printf("--- sample (%d bytes, temperature %g) ---\n%s%s\n", o.sample_bytes, o.temperature,
+                  o.prompt.c_str(), text.c_str());
+    }
   }
   return 0;
 }
@@ -126,7 +197,7 @@ int run(const TrainOptions& o) {
 int main(int argc, char** argv) {
   braid::runtime::setup_logging(0);
   TrainOptions options;
-  CLI::App app{"braid-train: trains a byte-level GPT (GPT-2 shape) on one process"};
+  CLI::App app{"braid-train: trains a byte-level GPT (GPT-2 shape) on one process or data-parallel"};
   add_model_flags(app, options);
   add_run_flags(app, options);
   add_invocation_flags(app, options);

@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "trainer/data/text_data.h"
 #include "trainer/model/gpt.h"
 #include "trainer/model/rng.h"
 
@@ -33,6 +34,19 @@ inline std::vector<std::int32_t> random_tokens(std::size_t count, std::uint64_t 
   std::vector<std::int32_t> t(count);
   for (auto& x : t) x = static_cast<std::int32_t>(rng.next_u64() % 256);
   return t;
+}
+
+// 20 KB of words from a small vocabulary: enough structure that a few
+// steps change the model, and no dependence on installed files.
+inline TextCorpus synthetic_corpus() {
+  TextCorpus c;
+  c.source = "synthetic";
+  Rng rng(99);
+  const char* words[] = {"the ", "cat ", "sat ", "on ", "a ", "mat. ", "dogs ", "run\n"};
+  while (c.bytes.size() < 20000) {
+    for (char ch : std::string(words[rng.next_u64() % 8])) c.bytes.push_back(static_cast<std::uint8_t>(ch));
+  }
+  return c;
 }
 
 // A fresh directory under the system temp dir, removed on destruction.

@@ -14,16 +14,7 @@ namespace {
 
 namespace fs = std::filesystem;
 
-TextCorpus synthetic_corpus() {
-  TextCorpus c;
-  c.source = "synthetic";
-  Rng rng(99);
-  const char* words[] = {"the ", "cat ", "sat ", "on ", "a ", "mat. ", "dogs ", "run\n"};
-  while (c.bytes.size() < 20000) {
-    for (char ch : std::string(words[rng.next_u64() % 8])) c.bytes.push_back(static_cast<std::uint8_t>(ch));
-  }
-  return c;
-}
+using test::synthetic_corpus;
 
 TrainOptions tiny_options() {
   TrainOptions o;

@@ -16,7 +16,8 @@
 //
 // Loading reads and validates every file completely before it changes any
 // buffer; a refused checkpoint leaves the model, the optimizer and the files
-// untouched.
+// untouched. Data-parallel runs write a sharded layout instead (sharded.h);
+// CheckpointReader reads both, so either loads here and in any strategy.
 #pragma once
 
 #include <cstdint>
@@ -50,7 +51,8 @@ struct TrainState {
 // Writes DIR/step_<step>/..., then DIR/latest; keeps the newest `keep` steps.
 std::filesystem::path save_checkpoint(const std::filesystem::path& dir, const Gpt& model, const AdamW& optimizer,
                                       const TrainState& state, int keep = 2);
-// A checkpoint directory (follows `latest`) or one step directory.
+// A checkpoint directory (follows `latest`) or one step directory (it holds
+// state.json or, sharded, manifest.json).
 std::filesystem::path resolve_checkpoint(const std::filesystem::path& path);
 TrainState read_train_state(const std::filesystem::path& step_dir);
 // Validates everything, then loads weights and optimizer state.

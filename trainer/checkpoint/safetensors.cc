@@ -155,6 +155,12 @@ std::vector<std::string> SafetensorsFile::names() const {
   return names;
 }
 
+const std::vector<std::int64_t>& SafetensorsFile::shape(const std::string& name) const {
+  auto it = entries_.find(name);
+  if (it == entries_.end()) fail("tensor '" + name + "' is missing");
+  return it->second.shape;
+}
+
 void SafetensorsFile::check(const std::string& name, const std::vector<std::int64_t>& shape) const {
   auto it = entries_.find(name);
   if (it == entries_.end()) fail("tensor '" + name + "' is missing");

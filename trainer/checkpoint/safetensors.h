@@ -46,6 +46,8 @@ class SafetensorsFile {
   const std::string& metadata_value(const std::string& key) const;
   std::vector<std::string> names() const;
   bool contains(const std::string& name) const { return entries_.count(name) != 0; }
+  // The tensor's shape; throws unless it exists.
+  const std::vector<std::int64_t>& shape(const std::string& name) const;
   // Throws unless the tensor exists with exactly this shape.
   void check(const std::string& name, const std::vector<std::int64_t>& shape) const;
   // check(), then copies the tensor's floats to `out`.

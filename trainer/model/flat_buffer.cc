@@ -22,6 +22,7 @@ std::string_view category_name(MemoryCategory category) {
     case MemoryCategory::kGradients: return "gradients";
     case MemoryCategory::kOptimizerState: return "optimizer_state";
     case MemoryCategory::kActivations: return "activations";
+    case MemoryCategory::kCommunication: return "communication_buffers";
   }
   return "unknown";
 }

@@ -30,10 +30,14 @@ struct Range {
 // The intersection of two ranges (count 0 when they do not overlap).
 Range intersect(Range a, Range b);
 
-enum class MemoryCategory { kParameters, kGradients, kOptimizerState, kActivations };
-inline constexpr std::size_t kMemoryCategoryCount = 4;
+// kCommunication holds what a strategy keeps only to move data: DDP and ZeRO
+// staging buckets, ZeRO-3's gathered units. It is the working set on top of
+// the persistent state that the ZeRO table (DESIGN.md invariant 4) speaks of.
+enum class MemoryCategory { kParameters, kGradients, kOptimizerState, kActivations, kCommunication };
+inline constexpr std::size_t kMemoryCategoryCount = 5;
 
-// "parameters", "gradients", "optimizer_state", "activations".
+// "parameters", "gradients", "optimizer_state", "activations",
+// "communication_buffers".
 std::string_view category_name(MemoryCategory category);
 
 class MemoryAccount {

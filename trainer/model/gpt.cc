@@ -31,15 +31,20 @@ void zero(float* p, std::size_t count) { std::memset(p, 0, count * sizeof(float)
 
 }  // namespace
 
-Gpt::Gpt(const GptConfig& config, const ModelLayout& layout, MemoryAccount* account)
+Gpt::Gpt(const GptConfig& config, const ModelLayout& layout, MemoryAccount* account, ModelStorage storage)
     : config_(config),
       layout_(layout),
-      table_(ParamTable::gpt(config, layout)),
+      table_(ParamTable::gpt(config, layout, storage.unit_multiple)),
       account_(account),
-      params_(table_.count(), MemoryCategory::kParameters, account),
-      grads_(table_.count(), MemoryCategory::kGradients, account) {}
+      params_(storage.params ? FlatBuffer(table_.count(), MemoryCategory::kParameters, account) : FlatBuffer()),
+      grads_(storage.grads ? FlatBuffer(table_.count(), MemoryCategory::kGradients, account) : FlatBuffer()) {}
 
-void Gpt::init(std::uint64_t seed) { init_parameters(config_, layout_, table_, params_.span(), seed); }
+void Gpt::init(std::uint64_t seed) {
+  if (params_.count() != table_.count()) {
+    throw InvalidUsage("this model keeps no parameter buffer of its own; its strategy initialises the shards");
+  }
+  init_parameters(config_, layout_, table_, params_.span(), seed);
+}
 
 void Gpt::set_hooks(ModelHooks* hooks) { hooks_ = hooks != nullptr ? hooks : &no_hooks_; }
 
@@ -47,11 +52,28 @@ Activations Gpt::make_activations(int B, int T) const {
   return Activations(config_, layout_, B, T, account_);
 }
 
-float* Gpt::tensor(float* base, const char* name) const { return base + table_.find(name).offset; }
+float* Gpt::unit_base(Buffer buffer, int unit) {
+  float* lent = buffer == Buffer::kParams ? hooks_->unit_params(unit) : hooks_->unit_grads(unit);
+  if (lent != nullptr) return lent;
+  FlatBuffer& own = buffer == Buffer::kParams ? params_ : grads_;
+  if (own.count() == 0) {
+    throw InvalidUsage("unit " + table_.units()[unit].name + " has no " +
+                       (buffer == Buffer::kParams ? "parameters" : "gradients") +
+                       ": this model keeps no such buffer and its hooks lent none");
+  }
+  return own.data() + table_.units()[unit].range.offset;
+}
 
-Gpt::BlockTensors Gpt::block_tensors(float* base, int layer) const {
+float* Gpt::tensor(Buffer buffer, const ParamView& view) {
+  return unit_base(buffer, view.unit) + (view.offset - table_.units()[view.unit].range.offset);
+}
+
+Gpt::BlockTensors Gpt::block_tensors(Buffer buffer, int layer) {
   const std::string h = "h." + std::to_string(layer) + ".";
-  auto at = [&](const char* suffix) { return base + table_.find(h + suffix).offset; };
+  const int u = table_.block_unit(layer);
+  float* base = unit_base(buffer, u);
+  const std::size_t first = table_.units()[u].range.offset;
+  auto at = [&](const char* suffix) { return base + (table_.find(h + suffix).offset - first); };
   return BlockTensors{at("ln_1.weight"), at("ln_1.bias"), at("attn.c_attn.weight"), at("attn.c_attn.bias"),
                       at("attn.c_proj.weight"), at("attn.c_proj.bias"), at("ln_2.weight"), at("ln_2.bias"),
                       at("mlp.c_fc.weight"), at("mlp.c_fc.bias"), at("mlp.c_proj.weight"), at("mlp.c_proj.bias")};
@@ -104,7 +126,7 @@ void Gpt::forward_embedding(Activations& acts, const std::int32_t* tokens) {
   std::copy(tokens, tokens + N, acts.tokens());
   const int u = table_.embedding_unit();
   hooks_->before_unit(u, Pass::kForward);
-  float* p = params_.data();
+  const Buffer p = Buffer::kParams;
   k::embedding_forward(acts.input(), tokens, tensor(p, "wte.weight"), tensor(p, "wpe.weight"), B, T, C);
   hooks_->after_unit(u, Pass::kForward);
 }
@@ -116,7 +138,7 @@ void Gpt::forward_block(Activations& acts, int layer) {
   const int N = B * T;
   const int u = table_.block_unit(layer);
   hooks_->before_unit(u, Pass::kForward);
-  BlockTensors w = block_tensors(params_.data(), layer);
+  BlockTensors w = block_tensors(Buffer::kParams, layer);
   BlockActivations a = acts.block(layer);
   const float* x = block_input(acts, layer);
   float* proj = acts.proj();
@@ -145,7 +167,7 @@ float Gpt::forward_head(Activations& acts, const std::int32_t* targets) {
   const int u = table_.head_unit(), e = table_.embedding_unit();
   hooks_->before_unit(u, Pass::kForward);
   if (e >= 0) hooks_->before_unit(e, Pass::kForward);  // the tied wte lives there
-  float* p = params_.data();
+  const Buffer p = Buffer::kParams;
   HeadActivations h = acts.head();
   k::layernorm_forward(h.ln_f, h.ln_f_mean, h.ln_f_rstd, stage_output(acts), tensor(p, "ln_f.weight"),
                        tensor(p, "ln_f.bias"), N, C);
@@ -166,7 +188,7 @@ void Gpt::backward_head(Activations& acts, float dloss) {
   ensure_scratch(static_cast<std::size_t>(N));
   hooks_->before_unit(u, Pass::kBackward);
   if (e >= 0) hooks_->before_unit(e, Pass::kBackward);
-  float *p = params_.data(), *g = grads_.data();
+  const Buffer p = Buffer::kParams, g = Buffer::kGrads;
   HeadActivations h = acts.head();
   float* dlogits = h.logits;  // logits are not needed any more
   float* dln_f = scratch_.data();
@@ -227,8 +249,8 @@ void Gpt::backward_block(Activations& acts, int layer) {
   ensure_scratch(static_cast<std::size_t>(acts.B()) * acts.T());
   const int u = table_.block_unit(layer);
   hooks_->before_unit(u, Pass::kBackward);
-  BlockTensors w = block_tensors(params_.data(), layer);
-  BlockTensors g = block_tensors(grads_.data(), layer);
+  BlockTensors w = block_tensors(Buffer::kParams, layer);
+  BlockTensors g = block_tensors(Buffer::kGrads, layer);
   mlp_backward(acts, layer, w, g);
   attention_branch_backward(acts, layer, w, g);
   hooks_->after_unit(u, Pass::kBackward);
@@ -238,7 +260,7 @@ void Gpt::backward_block(Activations& acts, int layer) {
 void Gpt::backward_embedding(Activations& acts) {
   const int u = table_.embedding_unit();
   hooks_->before_unit(u, Pass::kBackward);
-  float* g = grads_.data();
+  const Buffer g = Buffer::kGrads;
   k::embedding_backward(tensor(g, "wte.weight"), tensor(g, "wpe.weight"), acts.dresidual(), acts.tokens(),
                         acts.B(), acts.T(), config_.n_embd);
   hooks_->after_unit(u, Pass::kBackward);

@@ -11,6 +11,11 @@
 // a strategy drives it through the stage pieces below and the ModelHooks.
 // Every backward piece ACCUMULATES into the gradient buffer, so gradient
 // accumulation over micro-batches is just calling backward again.
+//
+// The model finds a unit's parameters and gradients through its hooks
+// (ModelHooks::unit_params / unit_grads) and falls back to its own flat
+// buffers. A ZeRO strategy builds the model without the buffers it shards
+// (ModelStorage) and lends each unit's storage only while the unit is used.
 #pragma once
 
 #include <cstdint>
@@ -23,9 +28,17 @@
 
 namespace braid::trainer {
 
+// Which flat buffers the model allocates, and the padding of its units
+// (ParamTable::gpt's unit_multiple).
+struct ModelStorage {
+  std::size_t unit_multiple = 1;
+  bool params = true;  // false: every unit's parameters come from unit_params()
+  bool grads = true;   // false: every unit's gradients go to unit_grads()
+};
+
 class Gpt {
  public:
-  Gpt(const GptConfig& config, const ModelLayout& layout, MemoryAccount* account);
+  Gpt(const GptConfig& config, const ModelLayout& layout, MemoryAccount* account, ModelStorage storage = {});
 
   const GptConfig& config() const { return config_; }
   const ModelLayout& layout() const { return layout_; }
@@ -35,7 +48,8 @@ class Gpt {
   FlatBuffer& grads() { return grads_; }
   const FlatBuffer& grads() const { return grads_; }
 
-  // GPT-2 initialisation from `seed` (trainer/model/init.h).
+  // GPT-2 initialisation from `seed` (trainer/model/init.h) of the model's
+  // own parameter buffer.
   void init(std::uint64_t seed);
   void zero_grads() { grads_.zero(); }
   // null restores the no-op hooks of the single-process model.
@@ -43,6 +57,9 @@ class Gpt {
   // Activations for micro-batches of up to B sequences of up to T tokens,
   // charged to this model's memory account.
   Activations make_activations(int B, int T) const;
+  // Allocates backward's scratch for micro-batches of up to B x T now, so
+  // the memory account holds it before the first step.
+  void reserve_scratch(int B, int T) { ensure_scratch(static_cast<std::size_t>(B) * T); }
 
   // The whole stage. forward() embeds `tokens` on the first stage (other
   // stages read acts.input(), set by the strategy, and pass null) and, on
@@ -70,8 +87,11 @@ class Gpt {
     float *ln_1_w, *ln_1_b, *attn_w, *attn_b, *attn_proj_w, *attn_proj_b;
     float *ln_2_w, *ln_2_b, *fc_w, *fc_b, *mlp_proj_w, *mlp_proj_b;
   };
-  BlockTensors block_tensors(float* base, int layer) const;
-  float* tensor(float* base, const char* name) const;
+  enum class Buffer { kParams, kGrads };
+  float* unit_base(Buffer buffer, int unit);
+  float* tensor(Buffer buffer, const ParamView& view);
+  float* tensor(Buffer buffer, const std::string& name) { return tensor(buffer, table_.find(name)); }
+  BlockTensors block_tensors(Buffer buffer, int layer);
   float* block_input(Activations& acts, int layer) const;
   void ensure_scratch(std::size_t N);
   void check_hooks() const;

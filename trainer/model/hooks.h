@@ -14,6 +14,13 @@
 //       gradient buffer are complete for this micro-batch. DDP launches the
 //       all-reduce of the buckets inside `range` here, overlapping the
 //       backward of the units below.
+//   unit_params(u) / unit_grads(u)
+//       where unit u's parameters / gradients are while the model uses them
+//       (a pointer to the unit's first element, padding included), or null
+//       for the model's own flat buffer. ZeRO-3 lends its gathered copy of
+//       u's parameters here; ZeRO-2 and 3 lend a staging bucket for the
+//       gradients, as they keep no full gradient buffer. Asked inside
+//       before_unit / after_unit of the same unit, every time it is used.
 //   tp_all_reduce_forward(x, count)     Megatron's g: sums the row-parallel
 //       c_proj partial outputs over the TP group (identity in backward).
 //   tp_all_reduce_backward(dx, count)   Megatron's f: sums the gradient of
@@ -35,6 +42,8 @@ class ModelHooks {
   virtual void before_unit(int unit, Pass pass) {}
   virtual void after_unit(int unit, Pass pass) {}
   virtual void grads_ready(int unit, Range grads) {}
+  virtual float* unit_params(int unit) { return nullptr; }
+  virtual float* unit_grads(int unit) { return nullptr; }
   virtual void tp_all_reduce_forward(float* x, std::size_t count) {}
   virtual void tp_all_reduce_backward(float* dx, std::size_t count) {}
 };

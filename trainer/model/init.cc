@@ -28,21 +28,24 @@ double init_constant(std::string_view name) {
 
 }  // namespace
 
+void init_view(const GptConfig& c, const ModelLayout& layout, const ParamView& v, std::uint64_t seed,
+               float* local) {
+  std::size_t full_count = 1;
+  for (auto d : v.full_shape) full_count *= static_cast<std::size_t>(d);
+  std::vector<float> full(full_count);
+  const double std = init_std(c, v.name);
+  if (std < 0) {
+    std::fill(full.begin(), full.end(), static_cast<float>(init_constant(v.name)));
+  } else {
+    Rng rng(hash_words({seed, fnv1a(v.name)}));
+    for (float& x : full) x = static_cast<float>(std * rng.normal());
+  }
+  copy_tp_part(v, layout, full.data(), local);
+}
+
 void init_parameters(const GptConfig& c, const ModelLayout& layout, const ParamTable& table,
                      std::span<float> params, std::uint64_t seed) {
-  for (const ParamView& v : table.views()) {
-    std::size_t full_count = 1;
-    for (auto d : v.full_shape) full_count *= static_cast<std::size_t>(d);
-    std::vector<float> full(full_count);
-    const double std = init_std(c, v.name);
-    if (std < 0) {
-      std::fill(full.begin(), full.end(), static_cast<float>(init_constant(v.name)));
-    } else {
-      Rng rng(hash_words({seed, fnv1a(v.name)}));
-      for (float& x : full) x = static_cast<float>(std * rng.normal());
-    }
-    copy_tp_part(v, layout, full.data(), params.data() + v.offset);
-  }
+  for (const ParamView& v : table.views()) init_view(c, layout, v, seed, params.data() + v.offset);
 }
 
 }  // namespace braid::trainer

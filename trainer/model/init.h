@@ -20,4 +20,10 @@ namespace braid::trainer {
 void init_parameters(const GptConfig& config, const ModelLayout& layout, const ParamTable& table,
                      std::span<float> params, std::uint64_t seed);
 
+// One tensor's initial values, this TP rank's part (view.count() elements):
+// what init_parameters writes at view.offset. Lets a strategy that keeps
+// only shards initialise them one tensor at a time.
+void init_view(const GptConfig& config, const ModelLayout& layout, const ParamView& view, std::uint64_t seed,
+               float* local);
+
 }  // namespace braid::trainer

@@ -29,7 +29,10 @@ void ParamTable::begin_unit(std::string name) {
   units_.push_back(Unit{std::move(name), Range{count_, 0}});
 }
 
-void ParamTable::end_unit() { units_.back().range.count = count_ - units_.back().range.offset; }
+void ParamTable::end_unit(std::size_t unit_multiple) {
+  count_ = (count_ + unit_multiple - 1) / unit_multiple * unit_multiple;
+  units_.back().range.count = count_ - units_.back().range.offset;
+}
 
 void ParamTable::add(std::string name, std::vector<std::int64_t> full_shape, bool decay,
                      TpSplit split, int groups, int tp_size) {
@@ -43,12 +46,14 @@ void ParamTable::add(std::string name, std::vector<std::int64_t> full_shape, boo
   v.full_shape = std::move(full_shape);
   v.unit = static_cast<int>(units_.size()) - 1;
   count_ += v.count();
+  param_count_ += v.count();
   index_.emplace(v.name, views_.size());
   views_.push_back(std::move(v));
 }
 
-ParamTable ParamTable::gpt(const GptConfig& c, const ModelLayout& l) {
+ParamTable ParamTable::gpt(const GptConfig& c, const ModelLayout& l, std::size_t unit_multiple) {
   validate(c, l);
+  if (unit_multiple < 1) throw InvalidUsage("unit_multiple must be at least 1");
   const std::int64_t C = c.n_embd, V = c.vocab_size, maxT = c.block_size;
   const int tp = l.tp_size;
   ParamTable t;
@@ -58,7 +63,7 @@ ParamTable ParamTable::gpt(const GptConfig& c, const ModelLayout& l) {
     t.begin_unit("embedding");
     t.add("wte.weight", {V, C}, true, TpSplit::kReplicated, 1, tp);
     t.add("wpe.weight", {maxT, C}, true, TpSplit::kReplicated, 1, tp);
-    t.end_unit();
+    t.end_unit(unit_multiple);
     t.embedding_unit_ = 0;
   }
   for (int i = l.pp_first_layer; i < l.pp_last_layer; ++i) {
@@ -76,14 +81,14 @@ ParamTable ParamTable::gpt(const GptConfig& c, const ModelLayout& l) {
     t.add(h + "mlp.c_fc.bias", {4 * C}, false, TpSplit::kColumnParallel, 1, tp);
     t.add(h + "mlp.c_proj.weight", {C, 4 * C}, true, TpSplit::kRowParallel, 1, tp);
     t.add(h + "mlp.c_proj.bias", {C}, false, TpSplit::kReplicated, 1, tp);
-    t.end_unit();
+    t.end_unit(unit_multiple);
   }
   if (l.pp_is_last_stage) {
     t.begin_unit("head");
     t.add("ln_f.weight", {C}, false, TpSplit::kReplicated, 1, tp);
     t.add("ln_f.bias", {C}, false, TpSplit::kReplicated, 1, tp);
     if (!l.pp_is_first_stage) t.add("wte.weight", {V, C}, true, TpSplit::kReplicated, 1, tp);
-    t.end_unit();
+    t.end_unit(unit_multiple);
     t.head_unit_ = static_cast<int>(t.units_.size()) - 1;
   }
   return t;

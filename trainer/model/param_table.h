@@ -13,6 +13,11 @@
 // Units are what the model's hooks speak about: ZeRO-3 gathers a unit's
 // parameters before its pass, DDP reduces a unit's gradients once backward
 // has finished them (units appear in reverse order during backward).
+//
+// ZeRO cuts every group of whole units into N equal chunks, so it asks for
+// units padded to a multiple of N elements (`unit_multiple`): a unit's range
+// then ends with up to N-1 padding elements that belong to no view. Padding
+// stays zero: no pass writes it and the optimizer only walks views.
 #pragma once
 
 #include <cstdint>
@@ -49,16 +54,19 @@ struct ParamView {
 
 struct Unit {
   std::string name;  // "embedding", "h.3", "head"
-  Range range;       // contiguous in the flat buffers
+  Range range;       // contiguous in the flat buffers, padding included
 };
 
 class ParamTable {
  public:
-  static ParamTable gpt(const GptConfig& config, const ModelLayout& layout);
+  static ParamTable gpt(const GptConfig& config, const ModelLayout& layout, std::size_t unit_multiple = 1);
 
   const std::vector<ParamView>& views() const { return views_; }
   const std::vector<Unit>& units() const { return units_; }
+  // Elements of the flat buffers, padding included.
   std::size_t count() const { return count_; }
+  // Parameters of the model: count() without the padding.
+  std::size_t param_count() const { return param_count_; }
 
   // Throws InvalidUsage when this rank holds no tensor of that name.
   const ParamView& find(std::string_view name) const;
@@ -73,12 +81,13 @@ class ParamTable {
   void begin_unit(std::string name);
   void add(std::string name, std::vector<std::int64_t> full_shape, bool decay,
            TpSplit split, int groups, int tp_size);
-  void end_unit();
+  void end_unit(std::size_t unit_multiple);
 
   std::vector<ParamView> views_;
   std::vector<Unit> units_;
   std::unordered_map<std::string, std::size_t> index_;
   std::size_t count_ = 0;
+  std::size_t param_count_ = 0;
   int embedding_unit_ = -1;
   int head_unit_ = -1;
   int first_layer_ = 0;

@@ -7,22 +7,44 @@
 
 namespace braid::trainer {
 
-AdamW::AdamW(const ParamTable& table, Range owned, const AdamWConfig& config, MemoryAccount* account)
+namespace {
+
+std::vector<std::size_t> prefix_sums(const std::vector<Range>& pieces) {
+  std::vector<std::size_t> offsets;
+  std::size_t sum = 0;
+  for (const Range& r : pieces) {
+    offsets.push_back(sum);
+    sum += r.count;
+  }
+  offsets.push_back(sum);
+  return offsets;
+}
+
+}  // namespace
+
+AdamW::AdamW(const ParamTable& table, std::vector<Range> owned, const AdamWConfig& config, MemoryAccount* account)
     : table_(table),
-      owned_(owned),
+      owned_(std::move(owned)),
+      state_offsets_(prefix_sums(owned_)),
       config_(config),
-      m_(owned.count, MemoryCategory::kOptimizerState, account),
-      v_(owned.count, MemoryCategory::kOptimizerState, account) {}
+      m_(state_offsets_.back(), MemoryCategory::kOptimizerState, account),
+      v_(state_offsets_.back(), MemoryCategory::kOptimizerState, account) {}
 
 void AdamW::update(std::span<float> params, std::span<const float> grads, float lr, long step) {
+  for (std::size_t i = 0; i < owned_.size(); ++i) {
+    update_piece(i, params.data() + owned_[i].offset, grads.data() + owned_[i].offset, lr, step);
+  }
+}
+
+void AdamW::update_piece(std::size_t piece, float* params, const float* grads, float lr, long step) {
+  const Range owned = owned_[piece];
   for (const ParamView& view : table_.views()) {
-    const Range r = intersect(view.range(), owned_);
+    const Range r = intersect(view.range(), owned);
     if (r.count == 0) continue;
     kernels::cpu::AdamWParams p{lr, config_.beta1, config_.beta2, config_.eps,
                                 view.decay ? config_.weight_decay : 0.0f, step};
-    const std::size_t state = r.offset - owned_.offset;
-    kernels::cpu::adamw_update(params.data() + r.offset, grads.data() + r.offset, m_.data() + state,
-                               v_.data() + state, r.count, p);
+    const std::size_t at = r.offset - owned.offset, state = state_offsets_[piece] + at;
+    kernels::cpu::adamw_update(params + at, grads + at, m_.data() + state, v_.data() + state, r.count, p);
   }
 }
 

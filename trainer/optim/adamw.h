@@ -1,13 +1,16 @@
 // AdamW with decoupled weight decay, the learning-rate schedule and gradient
 // clipping by global norm.
 //
-// The optimizer state (m, v) covers one Range of the flat parameter buffer:
-// the whole buffer for a single process, this rank's shard for ZeRO. An
-// update walks the ParamViews that intersect the range and decays only the
-// views whose table field `decay` is set (2-D weights and embeddings).
+// The optimizer state (m, v) covers the Ranges of the flat parameter buffer
+// this rank owns: the whole buffer for a single process, this rank's chunk
+// of every ZeRO group for ZeRO, nothing on a DP worker. m and v hold the
+// owned pieces back to back, in the order given. An update walks the
+// ParamViews that intersect a piece and decays only the views whose table
+// field `decay` is set (2-D weights and embeddings).
 #pragma once
 
 #include <span>
+#include <vector>
 
 #include "trainer/model/flat_buffer.h"
 #include "trainer/model/param_table.h"
@@ -23,14 +26,22 @@ struct AdamWConfig {
 
 class AdamW {
  public:
-  AdamW(const ParamTable& table, Range owned, const AdamWConfig& config, MemoryAccount* account);
+  AdamW(const ParamTable& table, std::vector<Range> owned, const AdamWConfig& config, MemoryAccount* account);
+  AdamW(const ParamTable& table, Range owned, const AdamWConfig& config, MemoryAccount* account)
+      : AdamW(table, std::vector<Range>{owned}, config, account) {}
 
-  // One step over the owned range: params and grads are the FULL flat
-  // buffers (only `owned` is read and written). `step` counts from 1.
+  // One step over every owned piece: params and grads are the FULL flat
+  // buffers (only the owned pieces are read and written). `step` counts
+  // from 1.
   void update(std::span<float> params, std::span<const float> grads, float lr, long step);
+  // One step over owned piece `piece` alone; params and grads point at the
+  // piece's first element wherever the strategy keeps it (a shard buffer).
+  void update_piece(std::size_t piece, float* params, const float* grads, float lr, long step);
 
-  Range owned() const { return owned_; }
-  // m and v of the owned range, offset by owned().offset.
+  const std::vector<Range>& owned() const { return owned_; }
+  // Where piece i's m and v start in m() and v().
+  std::size_t state_offset(std::size_t piece) const { return state_offsets_[piece]; }
+  // m and v of the owned pieces, back to back.
   FlatBuffer& m() { return m_; }
   FlatBuffer& v() { return v_; }
   const FlatBuffer& m() const { return m_; }
@@ -38,7 +49,8 @@ class AdamW {
 
  private:
   const ParamTable& table_;
-  Range owned_;
+  std::vector<Range> owned_;
+  std::vector<std::size_t> state_offsets_;
   AdamWConfig config_;
   FlatBuffer m_;
   FlatBuffer v_;

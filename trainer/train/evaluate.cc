@@ -20,17 +20,23 @@ double loss_sum(Activations& acts) {
 
 }  // namespace
 
-double sampled_loss(Gpt& model, Activations& acts, const BatchSampler& sampler, int batches) {
+double sampled_loss_sum(Gpt& model, Activations& acts, const BatchSampler& sampler, int batches,
+                        std::int64_t first) {
   const int B = acts.capacity_B(), T = sampler.T();
   std::vector<std::int32_t> inputs(static_cast<std::size_t>(B) * T), targets(inputs.size());
   double sum = 0.0;
   for (int b = 0; b < batches; ++b) {
-    sampler.fill(b, 0, B, inputs.data(), targets.data());
+    sampler.fill(b, first, B, inputs.data(), targets.data());
     acts.set_shape(B, T);
     model.forward(acts, inputs.data(), targets.data());
     sum += loss_sum(acts);
   }
-  return sum / (static_cast<double>(batches) * B * T);
+  return sum;
+}
+
+double sampled_loss(Gpt& model, Activations& acts, const BatchSampler& sampler, int batches) {
+  const double tokens = static_cast<double>(batches) * acts.capacity_B() * sampler.T();
+  return sampled_loss_sum(model, acts, sampler, batches, 0) / tokens;
 }
 
 WindowLoss window_loss(Gpt& model, Activations& acts, std::span<const std::uint8_t> bytes) {

@@ -14,6 +14,10 @@ namespace braid::trainer {
 // batch b is "step" b of the sampler, so the batches are the same at every
 // evaluation and evaluations are comparable.
 double sampled_loss(Gpt& model, Activations& acts, const BatchSampler& sampler, int batches);
+// The SUM of the target losses of samples [first, first + acts.capacity_B())
+// of each of those batches: one data-parallel rank's share of them.
+double sampled_loss_sum(Gpt& model, Activations& acts, const BatchSampler& sampler, int batches,
+                        std::int64_t first);
 
 // --eval-only. With T = block_size and L = bytes.size(), window
 // i = 0 .. floor((L-1)/T) - 1 has inputs bytes[iT, iT+T) and targets

@@ -4,6 +4,7 @@
 #include <limits>
 
 #include "runtime/errors.h"
+#include "trainer/strategy/strategy.h"
 
 namespace braid::trainer {
 
@@ -107,6 +108,9 @@ void validate_modes(const TrainOptions& o) {
   require(o.threads >= 1, "--threads must be at least 1");
   require(o.sample_bytes >= 0, "--sample must be 0 or more");
   require(o.temperature >= 0.0f, "--temperature must be 0 (greedy) or more");
+  require(o.bucket_mb > 0.0 && o.bucket_mb <= 4096.0, "--bucket-mb must be in (0, 4096]");
+  if (!o.strategy.empty()) parse_strategy(o.strategy);
+  require(o.consolidate.empty() == o.out.empty(), "--consolidate DIR and --out FILE go together");
 }
 
 }  // namespace
@@ -116,6 +120,14 @@ void validate(const TrainOptions& o) {
   validate_schedule(o);
   validate_batch(o);
   validate_modes(o);
+}
+
+void validate_world(const TrainOptions& o, int world_size) {
+  const int split = world_size * o.grad_accum;
+  require(o.batch_size % split == 0,
+          "--batch-size " + std::to_string(o.batch_size) + " does not split into " + std::to_string(world_size) +
+              " rank(s) x " + std::to_string(o.grad_accum) + " micro-batch(es) of equal size; use a multiple of " +
+              std::to_string(split) + " (the batch is global: every rank trains on batch-size / ranks sequences)");
 }
 
 void validate_data(const TrainOptions& o, std::size_t train_bytes, std::size_t val_bytes) {

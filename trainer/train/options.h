@@ -6,8 +6,8 @@
 // The "run options" (model shape, batch, schedule, seed, data, evaluation,
 // checkpoint directory and cadence) define a training run and are saved in checkpoints, so
 // `--resume DIR` continues with the saved values of every key not given on
-// the command line. The rest (what to print or write, threads) belong to one
-// invocation.
+// the command line. The rest (what to print or write, threads, the
+// data-parallel strategy) belong to one invocation.
 #pragma once
 
 #include <cstdint>
@@ -23,7 +23,7 @@ namespace braid::trainer {
 struct TrainOptions {
   // Run options, saved in checkpoints.
   GptConfig model{4, 4, 128, 64, 256};
-  int batch_size = 16;             // GLOBAL batch in sequences (split across DP ranks later)
+  int batch_size = 16;             // GLOBAL batch in sequences, split evenly across the ranks
   int grad_accum = 1;              // micro-batches per step; must divide batch_size
   std::int64_t steps = 500;
   float lr = 3e-3f;                // peak learning rate
@@ -47,9 +47,18 @@ struct TrainOptions {
   int sample_bytes = 0;            // generate this many bytes at the end
   float temperature = 0.8f;        // 0: greedy
   std::string prompt = "\n";
-  int threads = 1;                 // BLAS threads
+  int threads = 1;                 // BLAS threads (per rank)
+  // Data parallelism. The strategy is chosen per invocation, so a run may
+  // resume under another strategy or world size.
+  std::string strategy;            // none|dp|ddp|zero1|zero2|zero3; empty: none on one rank, ddp on more
+  double bucket_mb = 25.0;         // gradient bucket (ddp, zero1, zero2), MiB
+  std::string consolidate;         // write this checkpoint's weights to `out` as one file, then exit
+  std::string out;
 
+  // The global batch is cut into world_size equal shares, each into
+  // grad_accum equal micro-batches (validate_world refuses other batches).
   int micro_batch() const { return batch_size / grad_accum; }
+  int rank_micro_batch(int world_size) const { return batch_size / (grad_accum * world_size); }
   std::int64_t tokens_per_step() const { return static_cast<std::int64_t>(batch_size) * model.block_size; }
 };
 
@@ -61,6 +70,9 @@ void apply_run_options(const nlohmann::json& saved, const std::set<std::string>&
 
 // Checks the options alone (before the data is read).
 void validate(const TrainOptions& options);
+// Checks that the global batch splits into world_size x grad_accum equal
+// micro-batches; InvalidUsage says which batch sizes would.
+void validate_world(const TrainOptions& options, int world_size);
 // Checks the options against the data: both splits, or for --eval-only the
 // whole file, must hold one window of block_size + 1 bytes.
 void validate_data(const TrainOptions& options, std::size_t train_bytes, std::size_t val_bytes);

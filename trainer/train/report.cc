@@ -1,5 +1,7 @@
 #include "trainer/train/report.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <cstdio>
 
@@ -12,7 +14,8 @@ namespace braid::trainer {
 namespace {
 
 constexpr MemoryCategory kCategories[] = {MemoryCategory::kParameters, MemoryCategory::kGradients,
-                                          MemoryCategory::kOptimizerState, MemoryCategory::kActivations};
+                                          MemoryCategory::kOptimizerState, MemoryCategory::kActivations,
+                                          MemoryCategory::kCommunication};
 
 std::string format(const char* fmt, auto... args) {
   char buffer[512];
@@ -21,6 +24,7 @@ std::string format(const char* fmt, auto... args) {
 }
 
 std::string mib(std::size_t bytes) { return format("%.1f MiB", static_cast<double>(bytes) / (1 << 20)); }
+double to_mib(double bytes) { return bytes / (1 << 20); }
 
 std::string duration(double seconds) {
   const auto s = static_cast<long long>(seconds + 0.5);
@@ -81,15 +85,28 @@ void MetricsWriter::on_step(const StepReport& r) {
   nlohmann::json peak;
   for (auto c : kCategories) peak[std::string(category_name(c))] = r.memory->peak_bytes(c);
   peak["total"] = r.memory->peak_total_bytes();
-  nlohmann::json line = {{"step", r.step},          {"loss", r.loss},
-                         {"lr", r.lr},              {"grad_norm", r.grad_norm},
-                         {"tokens_per_s", r.tokens_per_s}, {"step_ms", r.step_ms},
-                         {"bytes_sent", 0},         {"bytes_received", 0},
+  nlohmann::json line = {{"step", r.step},
+                         {"loss", r.loss},
+                         {"lr", r.lr},
+                         {"grad_norm", r.grad_norm},
+                         {"tokens_per_s", r.tokens_per_s},
+                         {"step_ms", r.step_ms},
+                         {"bytes_sent", r.bytes_sent},
+                         {"bytes_received", r.bytes_received},
+                         {"theory_bytes_sent", r.theory.sent},
+                         {"theory_bytes_received", r.theory.received},
+                         {"comm_wait_ms", r.comm_wait_ms},
+                         {"comm_wait_fraction", r.step_ms > 0 ? r.comm_wait_ms / r.step_ms : 0.0},
                          {"peak_memory_bytes", peak}};
+  if (r.theory.sent > 0) line["traffic_ratio"] = static_cast<double>(r.bytes_sent) / r.theory.sent;
   if (r.val_loss) line["val_loss"] = *r.val_loss;
   out_ << line.dump() << '\n';
   out_.flush();
   if (!out_) throw SystemError("writing the metrics file " + path_ + " failed");
+}
+
+std::string metrics_path(const std::string& path, int rank) {
+  return rank == 0 ? path : path + ".rank" + std::to_string(rank);
 }
 
 void Observers::on_step(const StepReport& r) {
@@ -116,11 +133,114 @@ std::string format_summary(const TrainSummary& s, const TrainOptions& o) {
   text += format("train loss %.4f, val loss %.4f\n", s.train_loss, s.val_loss);
   if (s.steps_run > 0) {
     text += format("throughput %.0f tokens/s, %.2f GFLOP/s = %.1f%% of the SGEMM peak (%.2f GFLOP/s: "
-                   "%d thread(s) x single-thread 1024^3 sgemm)\n",
-                   s.tokens_per_s, s.gflops, 100.0 * s.mfu, s.peak_gflops, o.threads);
+                   "%d rank(s) x %d thread(s) x single-thread 1024^3 sgemm)\n",
+                   s.tokens_per_s, s.gflops, 100.0 * s.mfu, s.peak_gflops, s.ranks, o.threads);
     text += format("  FLOPs per token = 6 N + 12 n_layer n_embd T = %.4g\n", s.flops_per_token);
   }
   return text + "peak memory: " + format_memory(*s.memory) + "\n";
+}
+
+RankStats rank_stats(Trainer& trainer, int local_rank, int node_rank) {
+  Strategy& strategy = trainer.strategy();
+  RankStats s;
+  s.rank = strategy.rank();
+  s.local_rank = local_rank;
+  s.node_rank = node_rank;
+  s.pid = static_cast<long>(::getpid());
+  for (auto c : kCategories) s.peak_bytes[static_cast<std::size_t>(c)] = trainer.memory().peak_bytes(c);
+  s.theory = memory_theory(strategy.kind(), strategy.world_size(), strategy.rank(),
+                           trainer.model().table().param_count());
+  s.traffic = strategy.traffic_theory(trainer.options().grad_accum);
+  const CommTotals& t = trainer.comm_totals();
+  if (t.steps > 0) {
+    s.bytes_sent = t.bytes_sent / static_cast<double>(t.steps);
+    s.bytes_received = t.bytes_received / static_cast<double>(t.steps);
+  }
+  if (t.step_seconds > 0) s.comm_wait_fraction = t.wait_seconds / t.step_seconds;
+  return s;
+}
+
+namespace {
+
+// A row as doubles for the all-gather (every value fits a double exactly).
+constexpr std::size_t kStatsCount = 4 + kMemoryCategoryCount + 3 + 5;
+
+std::array<double, kStatsCount> pack(const RankStats& s) {
+  std::array<double, kStatsCount> a{};
+  std::size_t i = 0;
+  for (double x : {double(s.rank), double(s.local_rank), double(s.node_rank), double(s.pid)}) a[i++] = x;
+  for (double x : s.peak_bytes) a[i++] = x;
+  for (double x : {s.theory.params, s.theory.grads, s.theory.optimizer, s.bytes_sent, s.bytes_received,
+                   s.traffic.sent, s.traffic.received, s.comm_wait_fraction}) {
+    a[i++] = x;
+  }
+  return a;
+}
+
+RankStats unpack(const double* a, const std::string& formula) {
+  RankStats s;
+  s.rank = static_cast<int>(a[0]);
+  s.local_rank = static_cast<int>(a[1]);
+  s.node_rank = static_cast<int>(a[2]);
+  s.pid = static_cast<long>(a[3]);
+  std::size_t i = 4;
+  for (double& x : s.peak_bytes) x = a[i++];
+  s.theory = {a[i], a[i + 1], a[i + 2]};
+  s.bytes_sent = a[i + 3];
+  s.bytes_received = a[i + 4];
+  s.traffic = {a[i + 5], a[i + 6], formula};
+  s.comm_wait_fraction = a[i + 7];
+  return s;
+}
+
+std::string ratio(double measured, double theory) { return theory > 0 ? format("%6.3f", measured / theory) : "     -"; }
+
+}  // namespace
+
+std::vector<RankStats> gather_rank_stats(Strategy& strategy, const RankStats& mine) {
+  comm::Communicator* comm = strategy.comm();
+  if (comm == nullptr) return {mine};
+  const std::array<double, kStatsCount> row = pack(mine);
+  std::vector<double> all(kStatsCount * static_cast<std::size_t>(comm->size()));
+  comm::Work work = comm->all_gather(row.data(), all.data(), kStatsCount, DataType::f64);
+  work.wait();
+  std::vector<RankStats> ranks;
+  for (int r = 0; r < comm->size(); ++r) ranks.push_back(unpack(all.data() + r * kStatsCount, mine.traffic.formula));
+  return ranks;
+}
+
+std::string format_rank_map(const std::vector<RankStats>& ranks) {
+  std::string text = "rank map:\n";
+  for (const RankStats& s : ranks) {
+    text += format("  rank %d: node %d, local rank %d, pid %ld\n", s.rank, s.node_rank, s.local_rank, s.pid);
+  }
+  return text;
+}
+
+std::string format_memory_table(const std::vector<RankStats>& ranks) {
+  std::string text =
+      "memory per rank, peak MiB (theory: the ZeRO table; padding and staging not in it):\n"
+      "  rank  parameters (theory)  gradients (theory)  optimizer (theory)  activations  comm buffers\n";
+  auto peak = [](const RankStats& s, MemoryCategory c) { return to_mib(s.peak_bytes[static_cast<std::size_t>(c)]); };
+  for (const RankStats& s : ranks) {
+    text += format("  %4d  %10.3f %8.3f  %9.3f %8.3f  %9.3f %8.3f  %11.3f  %12.3f\n", s.rank,
+                   peak(s, MemoryCategory::kParameters), to_mib(s.theory.params), peak(s, MemoryCategory::kGradients),
+                   to_mib(s.theory.grads), peak(s, MemoryCategory::kOptimizerState), to_mib(s.theory.optimizer),
+                   peak(s, MemoryCategory::kActivations), peak(s, MemoryCategory::kCommunication));
+  }
+  return text;
+}
+
+std::string format_traffic_table(const std::vector<RankStats>& ranks) {
+  std::string text = "traffic per rank per step (theory: " + (ranks.empty() ? "" : ranks[0].traffic.formula) +
+                     "):\n  rank   sent MiB  theory   ratio   recv MiB  theory   ratio  comm wait\n";
+  for (const RankStats& s : ranks) {
+    text += format("  %4d  %9.3f %7.3f  %s  %9.3f %7.3f  %s  %8.1f%%\n", s.rank, to_mib(s.bytes_sent),
+                   to_mib(s.traffic.sent), ratio(s.bytes_sent, s.traffic.sent).c_str(), to_mib(s.bytes_received),
+                   to_mib(s.traffic.received), ratio(s.bytes_received, s.traffic.received).c_str(),
+                   100.0 * s.comm_wait_fraction);
+  }
+  return text;
 }
 
 }  // namespace braid::trainer

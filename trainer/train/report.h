@@ -2,12 +2,14 @@
 // otherwise, JSON-lines metrics, and the final summary.
 #pragma once
 
+#include <array>
 #include <chrono>
 #include <cstdint>
 #include <fstream>
 #include <string>
 #include <vector>
 
+#include "trainer/strategy/strategy.h"
 #include "trainer/train/trainer.h"
 
 namespace braid::trainer {
@@ -31,9 +33,12 @@ class ProgressPrinter : public TrainObserver {
 };
 
 // One JSON object per line per step: step, loss, lr, grad_norm,
-// tokens_per_s, step_ms, bytes_sent, bytes_received (0 until strategies
-// communicate), val_loss (on evaluation steps) and peak_memory_bytes by
-// category. Throws InvalidUsage when the file cannot be created.
+// tokens_per_s, step_ms, this rank's bytes_sent and bytes_received in the
+// step, theory_bytes_sent / theory_bytes_received and traffic_ratio (sent /
+// theory; absent when the theory is 0), comm_wait_ms and comm_wait_fraction
+// (of the step), val_loss (on evaluation steps) and peak_memory_bytes by
+// category. Each rank writes its own file (metrics_path()). Throws
+// InvalidUsage when the file cannot be created.
 class MetricsWriter : public TrainObserver {
  public:
   explicit MetricsWriter(const std::string& path);
@@ -55,9 +60,38 @@ class Observers : public TrainObserver {
   std::vector<TrainObserver*> list_;
 };
 
+// Rank 0 writes `path`, rank r > 0 `path` + ".rank<r>".
+std::string metrics_path(const std::string& path, int rank);
+
 // "parameters 3.3 MiB, gradients 3.3 MiB, ..." of the account's peaks.
 std::string format_memory(const MemoryAccount& memory);
 // The multi-line summary printed at the end of a run.
 std::string format_summary(const TrainSummary& summary, const TrainOptions& options);
+
+// One rank's row in the run's tables.
+struct RankStats {
+  int rank = 0;
+  int local_rank = 0;
+  int node_rank = 0;
+  long pid = 0;
+  std::array<double, kMemoryCategoryCount> peak_bytes{};
+  MemoryTheory theory;
+  // Per step, averaged over this invocation's steps.
+  double bytes_sent = 0.0;
+  double bytes_received = 0.0;
+  TrafficTheory traffic;
+  double comm_wait_fraction = 0.0;  // of the step time
+};
+
+// This rank's row: memory peaks and theory, and the averages of `totals`.
+RankStats rank_stats(Trainer& trainer, int local_rank, int node_rank);
+// Every rank's row, on every rank (collective: an all-gather).
+std::vector<RankStats> gather_rank_stats(Strategy& strategy, const RankStats& mine);
+// "rank 0: node 0, local rank 0, pid 1234", one line per rank.
+std::string format_rank_map(const std::vector<RankStats>& ranks);
+// Peak bytes per category, one row per rank, with the ZeRO table beside.
+std::string format_memory_table(const std::vector<RankStats>& ranks);
+// Bytes per step against the strategy's theory, and the time waited.
+std::string format_traffic_table(const std::vector<RankStats>& ranks);
 
 }  // namespace braid::trainer

@@ -8,6 +8,8 @@
 #include "kernels/cpu/gpt_ops.h"
 #include "runtime/errors.h"
 #include "trainer/checkpoint/checkpoint.h"
+#include "trainer/strategy/compose.h"
+#include "trainer/train/state_io.h"
 
 namespace braid::trainer {
 
@@ -21,15 +23,29 @@ double flops_per_token(const GptConfig& c, std::size_t param_count) {
 
 namespace {
 
-const TrainOptions& checked(const TrainOptions& o, const TextCorpus& corpus) {
+const TrainOptions& checked(const TrainOptions& o, const TextCorpus& corpus, int world_size) {
   validate(o);
   if (o.eval_only) {
     validate_data(o, corpus.bytes.size(), 0);
   } else {
+    validate_world(o, world_size);
     Split s = split(corpus);
     validate_data(o, s.train.size(), s.val.size());
   }
   return o;
+}
+
+std::unique_ptr<Strategy> build_strategy(const TrainOptions& o, comm::Communicator* comm, MemoryAccount* memory) {
+  const int world = comm != nullptr ? comm->size() : 1;
+  const StrategyKind kind = o.strategy.empty() ? default_strategy(world) : parse_strategy(o.strategy);
+  StrategySetup setup;
+  setup.model = o.model;
+  setup.adamw = AdamWConfig{0.9f, 0.95f, 1e-8f, o.weight_decay};
+  setup.grad_clip = o.grad_clip;
+  setup.bucket_bytes = static_cast<std::size_t>(o.bucket_mb * (1 << 20));
+  setup.comm = kind == StrategyKind::kNone && world == 1 ? nullptr : comm;
+  setup.memory = memory;
+  return make_strategy(kind, setup);
 }
 
 double seconds_since(Clock::time_point start) {
@@ -38,74 +54,94 @@ double seconds_since(Clock::time_point start) {
 
 }  // namespace
 
-Trainer::Trainer(const TrainOptions& options, const TextCorpus& corpus)
-    : options_(checked(options, corpus)),
+Trainer::Trainer(const TrainOptions& options, const TextCorpus& corpus, comm::Communicator* comm)
+    : options_(checked(options, corpus, comm != nullptr ? comm->size() : 1)),
       corpus_(corpus),
-      model_(options.model, ModelLayout::whole(options.model), &memory_),
-      optimizer_(model_.table(), Range{0, model_.table().count()},
-                 AdamWConfig{0.9f, 0.95f, 1e-8f, options.weight_decay}, &memory_),
-      acts_(model_.make_activations(options.micro_batch(), options.model.block_size)),
+      strategy_(build_strategy(options_, comm, &memory_)),
+      acts_(model().make_activations(options_.rank_micro_batch(strategy_->world_size()), options_.model.block_size)),
       schedule_{options.lr, options.min_lr, options.warmup_steps, options.steps} {
   const int T = options_.model.block_size;
+  model().reserve_scratch(acts_.capacity_B(), T);
   if (!options_.eval_only) {
     Split s = split(corpus_);
     train_.emplace(s.train, T, options_.seed, SampleStream::kTrain);
     train_eval_.emplace(s.train, T, options_.seed, SampleStream::kTrainEval);
     val_.emplace(s.val, T, options_.seed, SampleStream::kVal);
   }
-  inputs_.resize(static_cast<std::size_t>(options_.micro_batch()) * T);
+  inputs_.resize(static_cast<std::size_t>(acts_.capacity_B()) * T);
   targets_.resize(inputs_.size());
 }
 
 void Trainer::start() {
   if (!options_.resume.empty()) {
     const fs::path dir = resolve_checkpoint(options_.resume);
-    TrainState s = load_checkpoint(dir, model_, optimizer_);
+    const CheckpointReader reader = CheckpointReader::open(dir);
+    load_state(reader, dir, *strategy_, true);
+    const TrainState& s = reader.state();
     step_ = last_checkpoint_ = s.step;
     if (s.data_bytes != corpus_.bytes.size() || s.data_fingerprint != corpus_.fingerprint()) {
       spdlog::warn("the data ({}) differs from the data this checkpoint was trained on ({}); "
                    "the resumed run will not reproduce the original", corpus_.source, s.data_source);
     }
-    spdlog::info("resumed from {} at step {}", dir.string(), step_);
+    spdlog::info("resumed from {} ({} rank(s), {}) at step {}", dir.string(), reader.world_size(),
+                 reader.strategy(), step_);
   } else if (!options_.init_from.empty()) {
-    load_weights(options_.init_from, model_);
+    load_state(CheckpointReader::weights(options_.init_from), options_.init_from, *strategy_, false);
     spdlog::info("initial weights from {}", options_.init_from);
   } else {
-    model_.init(options_.seed);
+    strategy_->init_params(options_.seed);
   }
   if (!options_.init_out.empty()) {
-    save_weights(options_.init_out, model_, step_);
+    save_strategy_weights(*strategy_, options_.init_out, step_);
     spdlog::info("wrote the initial weights to {}", options_.init_out);
   }
 }
 
 StepReport Trainer::train_step() {
-  const int B = options_.micro_batch(), T = options_.model.block_size;
+  const int A = options_.grad_accum, B = acts_.capacity_B(), T = options_.model.block_size;
+  const double tokens = static_cast<double>(options_.batch_size) * T;
   // Every target of the global batch weighs the same in the mean loss.
-  const auto dloss = static_cast<float>(1.0 / (static_cast<double>(options_.batch_size) * T));
-  model_.zero_grads();
-  double loss = 0.0;
-  for (int a = 0; a < options_.grad_accum; ++a) {
-    train_->fill(step_, static_cast<std::int64_t>(a) * B, B, inputs_.data(), targets_.data());
+  const auto dloss = static_cast<float>(1.0 / tokens);
+  const std::int64_t first = static_cast<std::int64_t>(strategy_->rank()) * A * B;
+  CommMeter& meter = strategy_->meter();
+  const comm::TrafficStats traffic_before = meter.traffic();
+  const auto blocked_before = meter.blocked();
+  double loss_sum = 0.0;
+  for (int a = 0; a < A; ++a) {
+    strategy_->begin_micro_batch(a, a == A - 1);
+    train_->fill(step_, first + static_cast<std::int64_t>(a) * B, B, inputs_.data(), targets_.data());
     acts_.set_shape(B, T);
-    loss += model_.forward(acts_, inputs_.data(), targets_.data());
-    model_.backward(acts_, dloss);
+    loss_sum += static_cast<double>(model().forward(acts_, inputs_.data(), targets_.data())) * B * T;
+    model().backward(acts_, dloss);
   }
-  loss /= options_.grad_accum;
-  if (!std::isfinite(loss)) {
-    throw Error("the loss became " + std::to_string(loss) + " at step " + std::to_string(step_ + 1) +
+  const float lr = schedule_.at(step_);
+  const StepResult result = strategy_->finish_step(loss_sum, tokens, lr, static_cast<long>(step_ + 1));
+  if (!std::isfinite(result.loss)) {
+    throw Error("the loss became " + std::to_string(result.loss) + " at step " + std::to_string(step_ + 1) +
                 "; lower --lr or raise --warmup-steps");
   }
   StepReport r;
-  r.loss = loss;
-  r.grad_norm = std::sqrt(grad_square_sum(model_.grads().span()));
-  clip_grads(model_.grads().span(), r.grad_norm, options_.grad_clip);
-  r.lr = schedule_.at(step_);
-  optimizer_.update(model_.params().span(), model_.grads().span(), r.lr, static_cast<long>(step_ + 1));
+  r.loss = result.loss;
+  r.grad_norm = result.grad_norm;
+  r.lr = lr;
   r.step = ++step_;
   r.steps = options_.steps;
   r.memory = &memory_;
+  const comm::TrafficStats traffic = meter.traffic();
+  r.bytes_sent = traffic.bytes_sent - traffic_before.bytes_sent;
+  r.bytes_received = traffic.bytes_received - traffic_before.bytes_received;
+  r.comm_wait_ms = std::chrono::duration<double, std::milli>(meter.blocked() - blocked_before).count();
+  r.theory = strategy_->traffic_theory(A);
   return r;
+}
+
+double Trainer::evaluate(const BatchSampler& sampler) {
+  strategy_->begin_forward_only();
+  const int B = acts_.capacity_B(), N = strategy_->world_size();
+  double sum = sampled_loss_sum(model(), acts_, sampler, options_.eval_batches,
+                                static_cast<std::int64_t>(strategy_->rank()) * B);
+  strategy_->sum_over_ranks({&sum, 1});
+  return sum / (static_cast<double>(options_.eval_batches) * B * N * sampler.T());
 }
 
 fs::path Trainer::save_checkpoint() {
@@ -114,7 +150,9 @@ fs::path Trainer::save_checkpoint() {
   if (!options_.data.empty()) saved["data"] = fs::absolute(options_.data).string();
   saved["checkpoint_dir"] = fs::absolute(options_.checkpoint_dir).string();
   TrainState s{step_, saved, corpus_.source, corpus_.bytes.size(), corpus_.fingerprint()};
-  fs::path dir = trainer::save_checkpoint(options_.checkpoint_dir, model_, optimizer_, s);
+  fs::path dir = strategy_->kind() == StrategyKind::kNone
+                     ? trainer::save_checkpoint(options_.checkpoint_dir, model(), optimizer(), s)
+                     : save_sharded_checkpoint(*strategy_, options_.checkpoint_dir, s);
   last_checkpoint_ = step_;
   return dir;
 }
@@ -129,7 +167,9 @@ TrainSummary Trainer::run(TrainObserver& observer) {
   if (options_.eval_only) throw InvalidUsage("an --eval-only trainer does not train; call evaluate_windows()");
   TrainSummary sum;
   kernels::cpu::set_blas_threads(options_.threads);
-  if (step_ < options_.steps) sum.peak_gflops = kernels::cpu::measure_sgemm_gflops() * options_.threads;
+  if (step_ < options_.steps) {
+    sum.peak_gflops = kernels::cpu::measure_sgemm_gflops() * options_.threads * strategy_->world_size();
+  }
   std::optional<double> last_val;
   while (step_ < options_.steps) {
     const auto start = Clock::now();
@@ -140,6 +180,11 @@ TrainSummary Trainer::run(TrainObserver& observer) {
     sum.train_seconds += seconds;
     sum.tokens += options_.tokens_per_step();
     ++sum.steps_run;
+    totals_.steps += 1;
+    totals_.bytes_sent += static_cast<double>(r.bytes_sent);
+    totals_.bytes_received += static_cast<double>(r.bytes_received);
+    totals_.wait_seconds += r.comm_wait_ms * 1e-3;
+    totals_.step_seconds += seconds;
     const bool last = step_ == options_.steps;
     if (last || (options_.eval_interval > 0 && step_ % options_.eval_interval == 0)) {
       r.val_loss = last_val = evaluate_val();
@@ -150,13 +195,15 @@ TrainSummary Trainer::run(TrainObserver& observer) {
   maybe_checkpoint(observer, true);
   sum.train_loss = evaluate_train();
   sum.val_loss = last_val ? *last_val : evaluate_val();
-  sum.flops_per_token = flops_per_token(options_.model, model_.table().count());
+  sum.flops_per_token = flops_per_token(options_.model, model().table().param_count());
   if (sum.train_seconds > 0) {
     sum.tokens_per_s = static_cast<double>(sum.tokens) / sum.train_seconds;
     sum.gflops = sum.flops_per_token * sum.tokens_per_s * 1e-9;
   }
   if (sum.peak_gflops > 0) sum.mfu = sum.gflops / sum.peak_gflops;
   sum.memory = &memory_;
+  sum.ranks = strategy_->world_size();
+  sum.comm = totals_;
   return sum;
 }
 

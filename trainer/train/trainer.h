@@ -1,24 +1,29 @@
-// The single-process training loop: a GPT, AdamW, the byte corpus, the
-// schedule, evaluations and checkpoints, with the trainer's own accounting
-// of time, FLOPs and memory. Strategies (DP, DDP, ZeRO, TP, PP) will replace
-// train_step()'s middle part; everything around it stays.
+// The training loop: a strategy (trainer/strategy/) with its GPT and AdamW,
+// the byte corpus, the schedule, evaluations and checkpoints, with the
+// trainer's own accounting of time, FLOPs, memory and communication. The
+// strategy is the only part that knows about other ranks; everything here
+// runs the same on every rank.
 //
-// One step s (counted from 0) with global batch B_g, grad_accum A and
-// micro-batch B = B_g / A:
-//   zero grads; for a in 0..A-1: samples [a*B, (a+1)*B) of step s,
-//   forward, backward with every target's loss gradient 1 / (B_g * T);
-//   clip by global norm; AdamW with lr = schedule(s) and step count s + 1.
-// The reported loss is the mean over all B_g * T targets.
+// One step s (counted from 0) with global batch B_g, N ranks, grad_accum A
+// and per-rank micro-batch B = B_g / (N A): on rank r, for a in 0..A-1:
+// samples [r A B + a B, r A B + (a+1) B) of step s, forward, backward with
+// every target's loss gradient 1 / (B_g * T); then the strategy sums the
+// gradients over the ranks, clips by the global norm and steps AdamW with
+// lr = schedule(s) and step count s + 1. The reported loss is the mean over
+// all B_g * T targets: the ranks' sums, summed.
 #pragma once
 
 #include <cstdint>
 #include <filesystem>
+#include <memory>
 #include <optional>
 #include <vector>
 
+#include "comm/communicator.h"
 #include "trainer/data/text_data.h"
 #include "trainer/model/gpt.h"
 #include "trainer/optim/adamw.h"
+#include "trainer/strategy/strategy.h"
 #include "trainer/train/evaluate.h"
 #include "trainer/train/options.h"
 
@@ -34,20 +39,36 @@ struct StepReport {
   double step_ms = 0.0;
   std::optional<double> val_loss;  // on evaluation steps
   const MemoryAccount* memory = nullptr;
+  // This rank's communication during the step.
+  std::uint64_t bytes_sent = 0;
+  std::uint64_t bytes_received = 0;
+  double comm_wait_ms = 0.0;       // blocked in Communicator calls and Work::wait
+  TrafficTheory theory;            // bytes per step the strategy should move
+};
+
+// This rank's communication over the steps of one invocation.
+struct CommTotals {
+  std::int64_t steps = 0;
+  double bytes_sent = 0.0;
+  double bytes_received = 0.0;
+  double wait_seconds = 0.0;
+  double step_seconds = 0.0;
 };
 
 struct TrainSummary {
   std::int64_t steps_run = 0;     // by this invocation
-  std::int64_t tokens = 0;        // trained on by this invocation
+  std::int64_t tokens = 0;        // trained on by this invocation (all ranks)
   double train_seconds = 0.0;     // optimizer steps only: no eval, no checkpoint
   double train_loss = 0.0;        // final evaluation on eval_batches of each split
   double val_loss = 0.0;
   double tokens_per_s = 0.0;
   double flops_per_token = 0.0;   // flops_per_token() below
-  double gflops = 0.0;            // achieved
-  double peak_gflops = 0.0;       // threads x single-thread 1024^3 SGEMM
+  double gflops = 0.0;            // achieved, all ranks
+  double peak_gflops = 0.0;       // ranks x threads x single-thread 1024^3 SGEMM
   double mfu = 0.0;               // gflops / peak_gflops
   const MemoryAccount* memory = nullptr;
+  int ranks = 1;
+  CommTotals comm;                // this rank's
 };
 
 // Training FLOPs per token (forward + backward), as PaLM / nanoGPT count
@@ -66,9 +87,11 @@ class TrainObserver {
 
 class Trainer {
  public:
-  // Validates the options against the corpus (InvalidUsage), builds the
-  // model and optimizer. The corpus must outlive the trainer.
-  Trainer(const TrainOptions& options, const TextCorpus& corpus);
+  // Validates the options against the corpus and the world (InvalidUsage),
+  // builds the strategy (--strategy, or none / ddp by world size) with its
+  // model and optimizer. `comm` is null for one process without a
+  // communicator; the corpus and the communicator must outlive the trainer.
+  Trainer(const TrainOptions& options, const TextCorpus& corpus, comm::Communicator* comm = nullptr);
   Trainer(const Trainer&) = delete;
   Trainer& operator=(const Trainer&) = delete;
 
@@ -80,32 +103,35 @@ class Trainer {
   // Steps until options.steps, then a final evaluation.
   TrainSummary run(TrainObserver& observer);
 
-  double evaluate_train() { return sampled_loss(model_, acts_, *train_eval_, options_.eval_batches); }
-  double evaluate_val() { return sampled_loss(model_, acts_, *val_, options_.eval_batches); }
-  // --eval-only over the whole corpus.
-  WindowLoss evaluate_windows() { return window_loss(model_, acts_, corpus_.bytes); }
+  double evaluate_train() { return evaluate(*train_eval_); }
+  double evaluate_val() { return evaluate(*val_); }
+  // --eval-only over the whole corpus (one process).
+  WindowLoss evaluate_windows() { return window_loss(model(), acts_, corpus_.bytes); }
   std::filesystem::path save_checkpoint();
 
-  Gpt& model() { return model_; }
-  AdamW& optimizer() { return optimizer_; }
+  Strategy& strategy() { return *strategy_; }
+  Gpt& model() { return strategy_->model(); }
+  AdamW& optimizer() { return strategy_->optimizer(); }
   std::int64_t step() const { return step_; }
   const MemoryAccount& memory() const { return memory_; }
   const TrainOptions& options() const { return options_; }
+  const CommTotals& comm_totals() const { return totals_; }
 
  private:
+  double evaluate(const BatchSampler& sampler);
   void maybe_checkpoint(TrainObserver& observer, bool final_step);
 
   TrainOptions options_;
   const TextCorpus& corpus_;
   MemoryAccount memory_;
-  Gpt model_;
-  AdamW optimizer_;
+  std::unique_ptr<Strategy> strategy_;
   Activations acts_;
   LrSchedule schedule_;
   std::optional<BatchSampler> train_, train_eval_, val_;
   std::vector<std::int32_t> inputs_, targets_;
   std::int64_t step_ = 0;
   std::int64_t last_checkpoint_ = -1;
+  CommTotals totals_;
 };
 
 }  // namespace braid::trainer

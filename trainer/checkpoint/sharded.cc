@@ -1,0 +1,189 @@
+#include "trainer/checkpoint/sharded.h"
+
+#include <algorithm>
+#include <cstdio>
+
+#include "runtime/errors.h"
+#include "trainer/checkpoint/atomic_file.h"
+#include "trainer/checkpoint/layout.h"
+
+namespace braid::trainer {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+namespace {
+
+std::string shard_name(int rank, int world_size) {
+  char name[64];
+  std::snprintf(name, sizeof(name), "shard_%05d_of_%05d.safetensors", rank, world_size);
+  return name;
+}
+
+std::size_t element_count(const std::vector<std::int64_t>& shape) {
+  std::size_t n = 1;
+  for (auto d : shape) n *= static_cast<std::size_t>(d);
+  return n;
+}
+
+}  // namespace
+
+fs::path prepare_step_directory(const fs::path& dir, std::int64_t step) {
+  const fs::path step_dir = dir / layout::step_dir_name(step);
+  fs::create_directories(step_dir);
+  return step_dir;
+}
+
+void write_shard(const fs::path& step_dir, int rank, int world_size, const std::vector<TensorPiece>& pieces,
+                 const GptConfig& config, std::int64_t step) {
+  std::vector<TensorToWrite> tensors;
+  for (const TensorPiece& p : pieces) {
+    tensors.push_back({p.key + "@" + std::to_string(p.offset), {static_cast<std::int64_t>(p.count)}, p.data});
+  }
+  Metadata metadata = config_metadata(config, step);
+  metadata["rank"] = std::to_string(rank);
+  metadata["world_size"] = std::to_string(world_size);
+  write_safetensors(step_dir / shard_name(rank, world_size), tensors, metadata);
+}
+
+fs::path commit_sharded_checkpoint(const fs::path& dir, const TrainState& state, int world_size,
+                                   const std::string& strategy, int keep) {
+  const fs::path step_dir = dir / layout::step_dir_name(state.step);
+  json manifest = layout::state_json(state);
+  json files = json::array();
+  for (int r = 0; r < world_size; ++r) files.push_back(shard_name(r, world_size));
+  manifest["shards"] = {{"world_size", world_size}, {"strategy", strategy}, {"files", files}};
+  write_file_atomically(step_dir / layout::kManifestFile, manifest.dump(2) + "\n");
+  layout::commit_latest(dir, state.step, keep);
+  return step_dir;
+}
+
+// ---------------------------------------------------------------------------
+// CheckpointReader
+
+void CheckpointReader::fail(const std::string& problem) const {
+  throw InvalidUsage("checkpoint " + where_.string() + " is refused: " + problem);
+}
+
+CheckpointReader CheckpointReader::weights(const fs::path& file) {
+  CheckpointReader r;
+  r.where_ = file;
+  r.add_file(SafetensorsFile::read(file), "", false);
+  r.config_ = config_from_metadata(*r.files_.front());
+  return r;
+}
+
+CheckpointReader CheckpointReader::open(const fs::path& step_dir) {
+  CheckpointReader r;
+  r.where_ = step_dir;
+  const fs::path manifest = step_dir / layout::kManifestFile;
+  if (!fs::exists(manifest)) {
+    r.state_ = read_train_state(step_dir);
+    r.add_file(SafetensorsFile::read(step_dir / layout::kModelFile), "", false);
+    r.add_file(SafetensorsFile::read(step_dir / layout::kOptimizerFile), "", false);
+  } else {
+    const json m = layout::read_json(manifest);
+    r.state_ = layout::parse_state(m, manifest);
+    try {
+      r.world_size_ = m.at("shards").at("world_size").get<int>();
+      r.strategy_ = m.at("shards").at("strategy").get<std::string>();
+      for (const auto& name : m.at("shards").at("files")) {
+        const std::string file = name.get<std::string>();
+        if (file.find('/') != std::string::npos) throw InvalidUsage("shard file '" + file + "' is not a plain name");
+        r.add_file(SafetensorsFile::read(step_dir / file), "", true);
+      }
+    } catch (const json::exception& e) {
+      r.fail(std::string("its manifest's \"shards\" is malformed (") + e.what() + ")");
+    }
+    if (r.files_.size() != static_cast<std::size_t>(r.world_size_)) r.fail("its manifest lists the wrong number of shards");
+  }
+  r.config_ = config_from_metadata(*r.files_.front());
+  for (const auto& f : r.files_) r.check_file(*f);
+  return r;
+}
+
+void CheckpointReader::check_file(const SafetensorsFile& f) const {
+  const GptConfig got = config_from_metadata(f);
+  if (!(got == config_)) {
+    fail(f.path().filename().string() + " holds a model with " + describe(got) + ", but " +
+         files_.front()->path().filename().string() + " one with " + describe(config_));
+  }
+  if (layout::metadata_int(f, "step") != state_.step) {
+    throw InvalidUsage("checkpoint " + f.path().string() + " is refused: it is from step " +
+                       f.metadata_value("step") + " but the checkpoint's state says step " +
+                       std::to_string(state_.step));
+  }
+}
+
+void CheckpointReader::add_file(SafetensorsFile file, const std::string& prefix, bool pieces) {
+  files_.push_back(std::make_unique<SafetensorsFile>(std::move(file)));
+  const SafetensorsFile* f = files_.back().get();
+  for (const std::string& name : f->names()) {
+    const std::vector<std::int64_t>& shape = f->shape(name);
+    Piece p{f, name, 0, element_count(shape), !pieces};
+    std::string key = prefix + name;
+    if (pieces) {
+      const std::size_t at = name.rfind('@');
+      if (at == std::string::npos || shape.size() != 1) {
+        fail(f->path().filename().string() + " holds '" + name + "', not a 1-D piece named <tensor>@<offset>");
+      }
+      key = prefix + name.substr(0, at);
+      try {
+        p.offset = std::stoull(name.substr(at + 1));
+      } catch (const std::exception&) {
+        fail(f->path().filename().string() + " holds '" + name + "' whose offset is not a number");
+      }
+    }
+    auto& list = pieces_[key];
+    list.insert(std::upper_bound(list.begin(), list.end(), p,
+                                 [](const Piece& a, const Piece& b) { return a.offset < b.offset; }),
+                p);
+  }
+}
+
+void CheckpointReader::check(const std::string& key, const std::vector<std::int64_t>& full_shape) const {
+  auto it = pieces_.find(key);
+  if (it == pieces_.end()) fail("tensor '" + key + "' is missing");
+  const std::size_t total = element_count(full_shape);
+  std::size_t next = 0;
+  for (const Piece& p : it->second) {
+    if (p.whole) p.file->check(p.entry, full_shape);
+    if (p.offset != next) {
+      fail("tensor '" + key + "' has " + (p.offset > next ? "a gap" : "overlapping pieces") + " at element " +
+           std::to_string(std::min(p.offset, next)) + " (a shard is missing or from another run)");
+    }
+    next += p.count;
+  }
+  if (next != total) {
+    fail("tensor '" + key + "' holds " + std::to_string(next) + " elements, expected " + std::to_string(total) +
+         " for shape " + shape_string(full_shape));
+  }
+}
+
+void CheckpointReader::read(const std::string& key, const std::vector<std::int64_t>& full_shape, float* out) const {
+  check(key, full_shape);
+  for (const Piece& p : pieces_.at(key)) {
+    if (p.whole) {
+      p.file->copy(p.entry, full_shape, out);
+    } else {
+      p.file->copy(p.entry, {static_cast<std::int64_t>(p.count)}, out + p.offset);
+    }
+  }
+}
+
+std::int64_t consolidate_checkpoint(const fs::path& checkpoint, const fs::path& out) {
+  const CheckpointReader r = CheckpointReader::open(resolve_checkpoint(checkpoint));
+  const ParamTable table = ParamTable::gpt(r.config(), ModelLayout::whole(r.config()));
+  std::vector<std::vector<float>> values;
+  std::vector<TensorToWrite> tensors;
+  for (const ParamView& v : table.views()) r.check(v.name, v.full_shape);
+  for (const ParamView& v : table.views()) {
+    values.emplace_back(v.count());
+    r.read(v.name, v.full_shape, values.back().data());
+    tensors.push_back({v.name, v.full_shape, values.back().data()});
+  }
+  write_safetensors(out, tensors, config_metadata(r.config(), r.state().step));
+  return r.state().step;
+}
+
+}  // namespace braid::trainer

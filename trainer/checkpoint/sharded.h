@@ -1,0 +1,99 @@
+// Sharded checkpoints, written by every rank of a data-parallel run, and the
+// reader of every checkpoint layout.
+//
+//   DIR/step_00000100/shard_00001_of_00004.safetensors   rank 1's pieces
+//   DIR/step_00000100/manifest.json   state.json's content plus
+//       "shards": {"world_size", "strategy", "files": [...]}
+//   DIR/latest                        "step_00000100", replaced last
+//
+// A shard file holds 1-D pieces of tensors, each named "<key>@<first
+// element>", where the key is the tensor's GPT-2 name for parameters and
+// "m." / "v." + name for AdamW's moments (the names of the single-process
+// files). The pieces of all shards tile every tensor exactly once; which
+// rank writes which piece is the strategy's business (what it owns), so a
+// checkpoint of any strategy and world size loads into any other.
+//
+// Commit protocol: every rank writes its shard atomically and fsyncs it;
+// after a barrier, rank 0 writes manifest.json atomically and only then
+// moves `latest`. A step directory without a manifest is an incomplete
+// checkpoint (a rank died while writing): never resumed from, and pruned
+// once newer complete ones exist.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "trainer/checkpoint/checkpoint.h"
+#include "trainer/checkpoint/safetensors.h"
+
+namespace braid::trainer {
+
+struct TensorPiece {
+  std::string key;          // "h.0.ln_1.weight", "m.wte.weight", ...
+  std::size_t offset = 0;   // first element inside the whole tensor (row-major)
+  std::size_t count = 0;
+  const float* data = nullptr;
+};
+
+// The step's directory (created) for a checkpoint of `step` under `dir`.
+std::filesystem::path prepare_step_directory(const std::filesystem::path& dir, std::int64_t step);
+// This rank's shard file in `step_dir`, written atomically.
+void write_shard(const std::filesystem::path& step_dir, int rank, int world_size,
+                 const std::vector<TensorPiece>& pieces, const GptConfig& config, std::int64_t step);
+// Rank 0, once every shard is durable: the manifest, then `latest`, then
+// pruning to the newest `keep` steps. Returns the step directory.
+std::filesystem::path commit_sharded_checkpoint(const std::filesystem::path& dir, const TrainState& state,
+                                                int world_size, const std::string& strategy, int keep = 2);
+
+// Reads a training checkpoint of either layout (single-process or sharded)
+// or a bare weights file. Opening reads and validates every file: the model
+// config must agree between files, every file's step must be the state's.
+class CheckpointReader {
+ public:
+  // A step directory (state.json or manifest.json).
+  static CheckpointReader open(const std::filesystem::path& step_dir);
+  // A safetensors weights file (save_weights); state() is empty.
+  static CheckpointReader weights(const std::filesystem::path& file);
+
+  const TrainState& state() const { return state_; }
+  const GptConfig& config() const { return config_; }
+  int world_size() const { return world_size_; }
+  std::string strategy() const { return strategy_; }
+
+  // Throws InvalidUsage naming the file unless tensor `key` is stored
+  // completely, with this shape.
+  void check(const std::string& key, const std::vector<std::int64_t>& full_shape) const;
+  // check(), then the whole tensor into `out`.
+  void read(const std::string& key, const std::vector<std::int64_t>& full_shape, float* out) const;
+
+ private:
+  struct Piece {
+    const SafetensorsFile* file;
+    std::string entry;       // the tensor's name in the file
+    std::size_t offset = 0;  // into the whole tensor
+    std::size_t count = 0;
+    bool whole = false;      // stored with the tensor's full shape
+  };
+  void add_file(SafetensorsFile file, const std::string& prefix, bool pieces);
+  void check_file(const SafetensorsFile& file) const;
+  [[noreturn]] void fail(const std::string& problem) const;
+
+  std::filesystem::path where_;
+  TrainState state_;
+  GptConfig config_;
+  int world_size_ = 1;
+  std::string strategy_ = "none";
+  std::vector<std::unique_ptr<SafetensorsFile>> files_;
+  std::map<std::string, std::vector<Piece>> pieces_;  // by key, sorted by offset
+};
+
+// Writes the parameters of a training checkpoint of either layout (a
+// checkpoint directory follows `latest`) as one safetensors weights file
+// that the single-process trainer loads with --init-from. Returns the step.
+std::int64_t consolidate_checkpoint(const std::filesystem::path& checkpoint, const std::filesystem::path& out);
+
+}  // namespace braid::trainer

@@ -1,0 +1,20 @@
+// The one place that turns a strategy name into a strategy. Data parallelism
+// is the only axis today; TP and PP (issue 6) will compose here, innermost
+// first: TP, then PP, then DP/ZeRO over what remains of the world.
+#pragma once
+
+#include <memory>
+
+#include "trainer/strategy/strategy.h"
+
+namespace braid::trainer {
+
+// Throws InvalidUsage when the kind does not fit the world (none with a
+// communicator of more than one rank, a data-parallel kind without one).
+std::unique_ptr<Strategy> make_strategy(StrategyKind kind, const StrategySetup& setup);
+
+// The kind a run uses when --strategy is not given: none on one process,
+// ddp on several.
+StrategyKind default_strategy(int world_size);
+
+}  // namespace braid::trainer

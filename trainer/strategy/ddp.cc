@@ -1,0 +1,56 @@
+#include "trainer/strategy/ddp.h"
+
+#include <cmath>
+
+#include "trainer/strategy/dp_comm.h"
+
+namespace braid::trainer {
+
+DdpStrategy::DdpStrategy(const StrategySetup& setup) : Strategy(setup) {
+  build_model(ModelStorage{});
+  build_optimizer({Range{0, model_->table().count()}});
+  tracker_.emplace(model_->table(), plan_buckets(model_->table(), setup.bucket_bytes));
+}
+
+std::string DdpStrategy::describe() const {
+  return "ddp: " + std::to_string(tracker_->buckets().size()) + " gradient bucket(s) of >= " +
+         std::to_string(setup_.bucket_bytes) + " bytes, ring all-reduce launched from backward";
+}
+
+void DdpStrategy::begin_micro_batch(int index, bool last) {
+  Strategy::begin_micro_batch(index, last);
+  communicate_ = last;
+  tracker_->reset();
+}
+
+void DdpStrategy::grads_ready(int unit, Range) {
+  if (!communicate_) return;
+  const int b = tracker_->finish(unit);
+  if (b < 0) return;
+  const Range bucket = tracker_->buckets()[b];
+  float* grads = model_->grads().data() + bucket.offset;
+  in_flight_.push_back(meter_.issue([&](comm::Communicator& c) {
+    return c.all_reduce(grads, grads, bucket.count, DataType::f32, ReduceOp::sum);
+  }));
+}
+
+StepResult DdpStrategy::finish_step(double loss_sum, double tokens, float lr, long step) {
+  meter_.wait_all(in_flight_);
+  sum_over_ranks({&loss_sum, 1});
+  // Every rank holds the same summed gradients, so the same norm.
+  const double norm = std::sqrt(grad_square_sum(model_->grads().span()));
+  clip_and_update_full(norm, lr, step);
+  return {loss_sum / tokens, norm};
+}
+
+std::vector<Held> DdpStrategy::held(Slot slot) {
+  return slot == Slot::kParams ? std::vector<Held>{whole_params()} : optimizer_pieces(slot);
+}
+
+TrafficTheory DdpStrategy::traffic_theory(int) const {
+  const double N = world_size(), bytes = 4.0 * model_->table().count();
+  const double b = 2.0 * (N - 1) / N * bytes;
+  return {b, b, "2(N-1)/N x gradient bytes"};
+}
+
+}  // namespace braid::trainer

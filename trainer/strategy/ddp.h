@@ -1,0 +1,39 @@
+// DDP (Li et al., "PyTorch Distributed", VLDB 2020): every rank holds the
+// whole model and optimizer; gradients are summed by ring all-reduce bucket
+// by bucket, each bucket launched asynchronously from grads_ready as soon as
+// backward has finished all its units, so the all-reduce of the later layers
+// overlaps the backward of the earlier ones. With gradient accumulation the
+// micro-batches accumulate locally and only the last one communicates.
+// Every rank then clips and steps the same summed gradients: the replicas
+// stay identical without sending a parameter.
+#pragma once
+
+#include <optional>
+#include <vector>
+
+#include "trainer/strategy/strategy.h"
+
+namespace braid::trainer {
+
+class DdpStrategy : public Strategy {
+ public:
+  explicit DdpStrategy(const StrategySetup& setup);
+  StrategyKind kind() const override { return StrategyKind::kDdp; }
+  std::string describe() const override;
+
+  void begin_micro_batch(int index, bool last) override;
+  void grads_ready(int unit, Range grads) override;
+  StepResult finish_step(double loss_sum, double tokens, float lr, long step) override;
+
+  std::vector<Held> held(Slot slot) override;
+  std::vector<Held> owned(Slot slot) override { return even_share(slot); }
+  // Ring all-reduce: 2(N-1)/N of the gradient bytes each way.
+  TrafficTheory traffic_theory(int grad_accum) const override;
+
+ private:
+  std::optional<BucketTracker> tracker_;
+  bool communicate_ = false;  // the step's last micro-batch
+  std::vector<comm::Work> in_flight_;
+};
+
+}  // namespace braid::trainer

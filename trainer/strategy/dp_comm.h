@@ -1,0 +1,89 @@
+// Communication helpers of the data-parallel family (dp, ddp, zero): the
+// meter every collective of a strategy goes through, small sums over ranks,
+// and gradient buckets with the bookkeeping that says when one is complete.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <span>
+#include <vector>
+
+#include "comm/communicator.h"
+#include "trainer/model/flat_buffer.h"
+#include "trainer/model/param_table.h"
+
+namespace braid::trainer {
+
+// What a strategy's communication costs this rank: bytes, from the
+// communicator's own counters, and the time the training thread is blocked
+// on it: inside a Communicator call (small ones run inline) or in
+// Work::wait. Blocked time is the communication that overlap did not hide.
+class CommMeter {
+ public:
+  explicit CommMeter(comm::Communicator* comm) : comm_(comm) {}
+
+  // Runs `call` (which issues one Communicator operation and returns its
+  // Work), counting the time it blocks.
+  template <typename Call>
+  comm::Work issue(Call&& call) {
+    const auto start = std::chrono::steady_clock::now();
+    comm::Work work = call(*comm_);
+    blocked_ += std::chrono::steady_clock::now() - start;
+    return work;
+  }
+  void wait(comm::Work& work);
+  // Waits for every work in order, then forgets them.
+  void wait_all(std::vector<comm::Work>& works);
+
+  std::chrono::duration<double> blocked() const { return blocked_; }
+  // Zero for a strategy without a communicator.
+  comm::TrafficStats traffic() const;
+
+ private:
+  comm::Communicator* comm_;
+  std::chrono::steady_clock::duration blocked_{};
+};
+
+// Sums `values` over the ranks, in place, and waits.
+void all_reduce_sum(CommMeter& meter, std::span<double> values);
+
+// Part `index` of `whole` cut into `parts` near-equal pieces (the first
+// whole.count % parts pieces one element longer): which rank answers for
+// which part of a buffer every rank holds (checkpoints, whole-tensor reads).
+Range even_part(Range whole, int parts, int index);
+
+// Gradient buckets: consecutive whole units, taken from the last unit
+// backwards (the order backward finishes them) until a bucket holds at least
+// `bucket_bytes`. Index 0 is the bucket backward completes first. A unit
+// larger than the target is a bucket of its own; units are never cut, so a
+// bucket is ready exactly when its units have all fired grads_ready. The
+// embedding unit is always a bucket of its own: the head's backward writes
+// its tied wte first thing, so it is open for the whole backward, and
+// bucketing it with blocks would hold their gradients back (DDP) or keep
+// them staged (ZeRO-2) until the very end.
+std::vector<Range> plan_buckets(const ParamTable& table, std::size_t bucket_bytes);
+
+// One bucket per unit, in backward order (ZeRO-3's groups).
+std::vector<Range> unit_buckets(const ParamTable& table);
+
+// Counts, per micro-batch, the units of each bucket whose gradients backward
+// has finished.
+class BucketTracker {
+ public:
+  BucketTracker(const ParamTable& table, std::vector<Range> buckets);
+
+  const std::vector<Range>& buckets() const { return buckets_; }
+  int bucket_of(int unit) const { return bucket_of_unit_[unit]; }
+  // Marks `unit` finished; returns the bucket this completes, or -1.
+  int finish(int unit);
+  // Starts the next micro-batch.
+  void reset();
+
+ private:
+  std::vector<Range> buckets_;
+  std::vector<int> bucket_of_unit_;
+  std::vector<int> units_per_bucket_;
+  std::vector<int> remaining_;
+};
+
+}  // namespace braid::trainer

@@ -1,0 +1,63 @@
+// Point-to-point calls between pipeline stages, each waited for before it
+// returns (so the buffer may be reused at once), timed into blocked().
+#include "trainer/strategy/pp_comm.h"
+
+namespace braid::trainer {
+
+PipeComm::PipeComm(comm::Communicator& pp_group) : group_(pp_group) {
+  if (stages() == 1) return;
+  const bool holds_wte = is_first_stage() || is_last_stage();
+  embedding_group_ = group_.split(holds_wte ? 0 : -1, stage());
+}
+
+PipeComm::~PipeComm() = default;
+
+void PipeComm::send(const float* data, std::size_t count, int peer) {
+  const auto start = std::chrono::steady_clock::now();
+  group_.send(data, count, DataType::f32, peer).wait();
+  blocked_ += std::chrono::steady_clock::now() - start;
+  bytes_sent_ += count * sizeof(float);
+}
+
+void PipeComm::recv(float* data, std::size_t count, int peer) {
+  const auto start = std::chrono::steady_clock::now();
+  group_.recv(data, count, DataType::f32, peer).wait();
+  blocked_ += std::chrono::steady_clock::now() - start;
+}
+
+void PipeComm::recv_forward(float* x, std::size_t count) {
+  if (!is_first_stage()) recv(x, count, stage() - 1);
+}
+
+void PipeComm::send_forward(const float* y, std::size_t count) {
+  if (!is_last_stage()) send(y, count, stage() + 1);
+}
+
+void PipeComm::recv_backward(float* dy, std::size_t count) {
+  if (!is_last_stage()) recv(dy, count, stage() + 1);
+}
+
+void PipeComm::send_backward(const float* dx, std::size_t count) {
+  if (!is_first_stage()) send(dx, count, stage() - 1);
+}
+
+void PipeComm::send_forward_recv_backward(const float* y, std::size_t y_count, float* dy, std::size_t dy_count) {
+  send_forward(y, y_count);
+  recv_backward(dy, dy_count);
+}
+
+// The activation first, as the upstream stage sends it first (header comment).
+void PipeComm::send_backward_recv_forward(const float* dx, std::size_t dx_count, float* x, std::size_t x_count) {
+  recv_forward(x, x_count);
+  send_backward(dx, dx_count);
+}
+
+void PipeComm::sum_tied_embedding_grads(float* wte_grad, std::size_t count) {
+  if (!embedding_group_) return;
+  const auto start = std::chrono::steady_clock::now();
+  embedding_group_->all_reduce(wte_grad, wte_grad, count, DataType::f32, ReduceOp::sum).wait();
+  blocked_ += std::chrono::steady_clock::now() - start;
+  bytes_sent_ += count * sizeof(float);
+}
+
+}  // namespace braid::trainer

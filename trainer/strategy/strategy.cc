@@ -1,0 +1,138 @@
+#include "trainer/strategy/strategy.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "runtime/errors.h"
+#include "trainer/model/init.h"
+
+namespace braid::trainer {
+
+namespace {
+
+constexpr std::pair<StrategyKind, std::string_view> kNames[] = {
+    {StrategyKind::kNone, "none"},   {StrategyKind::kDp, "dp"},       {StrategyKind::kDdp, "ddp"},
+    {StrategyKind::kZero1, "zero1"}, {StrategyKind::kZero2, "zero2"}, {StrategyKind::kZero3, "zero3"},
+};
+
+// Copies the elements of [from.offset, from.end()) ∩ [to.offset, to.end())
+// from `src` (which starts at from.offset) to `dst` (which starts at to.offset).
+void copy_overlap(Range from, const float* src, Range to, float* dst) {
+  const Range r = intersect(from, to);
+  if (r.count > 0) std::copy_n(src + (r.offset - from.offset), r.count, dst + (r.offset - to.offset));
+}
+
+}  // namespace
+
+std::string_view strategy_name(StrategyKind kind) {
+  for (const auto& [k, name] : kNames) {
+    if (k == kind) return name;
+  }
+  return "unknown";
+}
+
+StrategyKind parse_strategy(std::string_view text) {
+  for (const auto& [kind, name] : kNames) {
+    if (name == text) return kind;
+  }
+  throw InvalidUsage("unknown --strategy '" + std::string(text) + "'; choose none, dp, ddp, zero1, zero2 or zero3");
+}
+
+MemoryTheory memory_theory(StrategyKind kind, int world_size, int rank, std::size_t param_count) {
+  const double P = 4.0 * static_cast<double>(param_count), N = world_size;
+  const bool zero = kind == StrategyKind::kZero1 || kind == StrategyKind::kZero2 || kind == StrategyKind::kZero3;
+  MemoryTheory t{P, P, 2 * P};
+  if (kind == StrategyKind::kDp && rank != 0) t.optimizer = 0;
+  if (zero) t.optimizer /= N;
+  if (kind == StrategyKind::kZero2 || kind == StrategyKind::kZero3) t.grads /= N;
+  if (kind == StrategyKind::kZero3) t.params /= N;
+  return t;
+}
+
+Strategy::Strategy(const StrategySetup& setup) : setup_(setup), comm_(setup.comm), meter_(setup.comm) {}
+
+Strategy::~Strategy() {
+  if (model_) model_->set_hooks(nullptr);
+}
+
+void Strategy::build_model(ModelStorage storage) {
+  model_ = std::make_unique<Gpt>(setup_.model, ModelLayout::whole(setup_.model), setup_.memory, storage);
+  model_->set_hooks(this);
+}
+
+void Strategy::build_optimizer(std::vector<Range> owned) {
+  optimizer_ = std::make_unique<AdamW>(model_->table(), std::move(owned), setup_.adamw, setup_.memory);
+}
+
+void Strategy::begin_micro_batch(int index, bool last) {
+  if (index == 0) model_->zero_grads();
+}
+
+std::vector<Held> Strategy::optimizer_pieces(Slot slot) {
+  std::vector<Held> pieces;
+  FlatBuffer& state = slot == Slot::kM ? optimizer_->m() : optimizer_->v();
+  for (std::size_t i = 0; i < optimizer_->owned().size(); ++i) {
+    pieces.push_back({optimizer_->owned()[i], state.data() + optimizer_->state_offset(i)});
+  }
+  return pieces;
+}
+
+std::vector<Held> Strategy::even_share(Slot slot) {
+  const Range part = even_part(Range{0, model_->table().count()}, world_size(), rank());
+  std::vector<Held> share;
+  for (const Held& h : held(slot)) {
+    const Range r = intersect(h.range, part);
+    if (r.count > 0) share.push_back({r, h.data + (r.offset - h.range.offset)});
+  }
+  return share;
+}
+
+void Strategy::clip_and_update_full(double norm, float lr, long step) {
+  clip_grads(model_->grads().span(), norm, setup_.grad_clip);
+  optimizer_->update(model_->params().span(), model_->grads().span(), lr, step);
+}
+
+void Strategy::write_view(Slot slot, const ParamView& view, const float* values) {
+  for (const Held& h : held(slot)) copy_overlap(view.range(), values, h.range, h.data);
+}
+
+std::vector<float> Strategy::read_view(Slot slot, const ParamView& view) {
+  // Every element is owned by exactly one rank: the others add zeros.
+  std::vector<double> sum(view.count(), 0.0);
+  for (const Held& h : owned(slot)) {
+    const Range r = intersect(h.range, view.range());
+    for (std::size_t i = 0; i < r.count; ++i) sum[r.offset - view.offset + i] = h.data[r.offset - h.range.offset + i];
+  }
+  if (world_size() > 1) sum_over_ranks(sum);
+  return std::vector<float>(sum.begin(), sum.end());
+}
+
+void Strategy::init_params(std::uint64_t seed) {
+  std::vector<float> values;
+  for (const ParamView& v : model_->table().views()) {
+    values.resize(v.count());
+    init_view(setup_.model, model_->layout(), v, seed, values.data());
+    write_view(Slot::kParams, v, values.data());
+  }
+}
+
+void Strategy::sum_over_ranks(std::span<double> values) {
+  if (comm_ != nullptr) all_reduce_sum(meter_, values);
+}
+
+SingleStrategy::SingleStrategy(const StrategySetup& setup) : Strategy(setup) {
+  build_model(ModelStorage{});
+  build_optimizer({Range{0, model_->table().count()}});
+}
+
+StepResult SingleStrategy::finish_step(double loss_sum, double tokens, float lr, long step) {
+  const double norm = std::sqrt(grad_square_sum(model_->grads().span()));
+  clip_and_update_full(norm, lr, step);
+  return {loss_sum / tokens, norm};
+}
+
+std::vector<Held> SingleStrategy::held(Slot slot) {
+  return slot == Slot::kParams ? std::vector<Held>{whole_params()} : optimizer_pieces(slot);
+}
+
+}  // namespace braid::trainer
