@@ -24,7 +24,7 @@ Mapping Mapping::create(const std::string& name, std::size_t bytes) {
     throw SystemError(errno_message("sizing shared memory " + name + " to " + std::to_string(bytes) +
                                         " bytes (is /dev/shm full?)", err));
   }
-  void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
   int err = errno;
   close(fd);
   if (p == MAP_FAILED) {
@@ -47,7 +47,7 @@ Mapping Mapping::open(const std::string& name, std::size_t bytes) {
                       " bytes, expected " + std::to_string(bytes) +
                       "; do all ranks use the same BRAID_SHM_* settings?");
   }
-  void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
   int err = errno;
   close(fd);
   if (p == MAP_FAILED) throw SystemError(errno_message("mapping a peer's shared memory " + name, err));
