@@ -1,11 +1,14 @@
 // braid-train: trains a byte-level GPT on one process (issue 4) or, under
 // braid-launch (or torchrun, Slurm, mpirun), data-parallel on every rank
 // with --strategy dp|ddp|zero1|zero2|zero3 (issue 5; default ddp on more
-// than one rank). A thin main: CLI11 parsing and printing; the machinery is
+// than one rank), and over a DP x TP x PP mesh with --dp D --tp T --pp P
+// [--micro-batches M --schedule gpipe|1f1b] (issue 6; DP ddp or zero1). A
+// thin main: CLI11 parsing and printing; the machinery is
 // in trainer/. Rank 0 prints; every rank writes its own --metrics file.
 //
 // --consolidate DIR --out FILE writes the weights of a checkpoint of any
-// layout (one process, or sharded by any strategy and world size) as one
+// layout (one process, sharded by any strategy and world size, or a mesh
+// run's, which writes every stage's tensors whole) as one
 // safetensors file that --init-from loads, and exits.
 //
 // Exit status: 0 done, 2 invalid usage (bad flags, a bad combination, a
@@ -44,7 +47,9 @@ void add_model_flags(CLI::App& app, TrainOptions& o) {
 
 void add_run_flags(CLI::App& app, TrainOptions& o) {
   app.add_option("--batch-size", o.batch_size, "GLOBAL batch, in sequences")->capture_default_str();
-  app.add_option("--grad-accum", o.grad_accum, "micro-batches per step (divides batch-size)")->capture_default_str();
+  app.add_option("--grad-accum,--micro-batches", o.grad_accum,
+                 "micro-batches per step and DP rank (M of a pipeline schedule; divides batch-size / dp)")
+      ->capture_default_str();
   app.add_option("--steps", o.steps, "optimizer steps")->capture_default_str();
   app.add_option("--lr", o.lr, "peak learning rate")->capture_default_str();
   app.add_option("--min-lr", o.min_lr, "learning rate at the end of the cosine decay")->capture_default_str();
@@ -73,6 +78,10 @@ void add_invocation_flags(CLI::App& app, TrainOptions& o) {
   app.add_option("--strategy", o.strategy,
                  "data parallelism: none, dp, ddp, zero1, zero2, zero3 (default: none on one rank, ddp on more)");
   app.add_option("--bucket-mb", o.bucket_mb, "gradient bucket size in MiB (ddp, zero1, zero2)")->capture_default_str();
+  app.add_option("--dp", o.dp, "data-parallel ranks (default: world / (tp x pp))")->capture_default_str();
+  app.add_option("--tp", o.tp, "tensor-parallel ranks (divide n_head)")->capture_default_str();
+  app.add_option("--pp", o.pp, "pipeline stages (at most n_layer)")->capture_default_str();
+  app.add_option("--schedule", o.schedule, "pipeline schedule: gpipe or 1f1b")->capture_default_str();
   app.add_option("--consolidate", o.consolidate, "write this checkpoint's weights to --out as one file and exit");
   app.add_option("--out", o.out, "the consolidated safetensors file");
 }
@@ -136,15 +145,19 @@ void print_start(braid::trainer::Trainer& trainer, const braid::runtime::RankInf
                  const braid::trainer::TextCorpus& corpus) {
   namespace t = braid::trainer;
   t::Strategy& strategy = trainer.strategy();
-  const auto ranks = t::gather_rank_stats(strategy, t::rank_stats(trainer, info.local_rank, info.node_rank));
-  if (strategy.rank() != 0) return;
+  const auto ranks = t::gather_rank_stats(trainer, t::rank_stats(trainer, info.local_rank, info.node_rank));
+  if (trainer.rank() != 0) return;
   const TrainOptions& o = trainer.options();
   std::fprintf(stderr, "braid-train: model %s (%zu parameters), %zu bytes of data from %s\n",
                t::describe(o.model).c_str(), trainer.model().table().param_count(), corpus.bytes.size(),
                corpus.source.c_str());
-  std::fprintf(stderr, "braid-train: %d rank(s), strategy %s; global batch %d = %d rank(s) x %d micro-batch(es) x %d\n",
-               strategy.world_size(), strategy.describe().c_str(), o.batch_size, strategy.world_size(), o.grad_accum,
+  std::fprintf(stderr, "braid-train: %d rank(s), strategy %s; global batch %d = %d DP rank(s) x %d micro-batch(es) x %d\n",
+               trainer.world_size(), strategy.describe().c_str(), o.batch_size, strategy.world_size(), o.grad_accum,
                o.rank_micro_batch(strategy.world_size()));
+  if (trainer.mesh() != nullptr) {
+    std::fprintf(stderr, "braid-train: schedule %s\n%s", o.schedule.c_str(),
+                 t::describe_rank_map(trainer.mesh()->groups().shape).c_str());
+  }
   std::fputs((t::format_rank_map(ranks) + t::format_memory_table(ranks)).c_str(), stderr);
 }
 
@@ -152,10 +165,10 @@ void print_start(braid::trainer::Trainer& trainer, const braid::runtime::RankInf
 void print_summary(braid::trainer::Trainer& trainer, const braid::trainer::TrainSummary& summary,
                    const braid::runtime::RankInfo& info) {
   namespace t = braid::trainer;
-  const auto ranks = t::gather_rank_stats(trainer.strategy(), t::rank_stats(trainer, info.local_rank, info.node_rank));
-  if (trainer.strategy().rank() != 0) return;
+  const auto ranks = t::gather_rank_stats(trainer, t::rank_stats(trainer, info.local_rank, info.node_rank));
+  if (trainer.rank() != 0) return;
   std::string text = t::format_summary(summary, trainer.options());
-  if (trainer.strategy().world_size() > 1 || trainer.strategy().comm() != nullptr) {
+  if (trainer.world_size() > 1 || trainer.strategy().comm() != nullptr) {
     text += t::format_memory_table(ranks) + t::format_traffic_table(ranks);
   }
   std::fputs(text.c_str(), stdout);
@@ -172,12 +185,12 @@ int run(const TrainOptions& o) {
   trainer.start();
   if (o.eval_only) return eval_only(trainer, corpus, o);
   print_start(trainer, info, corpus);
-  const bool rank0 = trainer.strategy().rank() == 0;
+  const bool rank0 = trainer.rank() == 0;
   t::ProgressPrinter progress(::isatty(STDERR_FILENO) != 0);
   t::Observers observers;
   if (rank0) observers.add(&progress);
   std::optional<t::MetricsWriter> metrics;
-  if (!o.metrics.empty()) observers.add(&metrics.emplace(t::metrics_path(o.metrics, trainer.strategy().rank())));
+  if (!o.metrics.empty()) observers.add(&metrics.emplace(t::metrics_path(o.metrics, trainer.rank())));
   const t::TrainSummary summary = trainer.run(observers);
   print_summary(trainer, summary, info);
   if (o.sample_bytes > 0) {

@@ -1,6 +1,6 @@
-// The one place that turns a strategy name into a strategy. Data parallelism
-// is the only axis today; TP and PP (issue 6) will compose here, innermost
-// first: TP, then PP, then DP/ZeRO over what remains of the world.
+// The one place that turns a strategy name into a data-parallel strategy.
+// TP and PP compose with it in mesh.h, innermost first: TP, then PP, then
+// DP/ZeRO over the DP group.
 #pragma once
 
 #include <memory>

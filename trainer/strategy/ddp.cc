@@ -27,6 +27,14 @@ void DdpStrategy::grads_ready(int unit, Range) {
   if (!communicate_) return;
   const int b = tracker_->finish(unit);
   if (b < 0) return;
+  all_reduce_bucket(b);
+}
+
+void DdpStrategy::reduce_after_backward() {
+  for (std::size_t b = 0; b < tracker_->buckets().size(); ++b) all_reduce_bucket(static_cast<int>(b));
+}
+
+void DdpStrategy::all_reduce_bucket(int b) {
   const Range bucket = tracker_->buckets()[b];
   float* grads = model_->grads().data() + bucket.offset;
   in_flight_.push_back(meter_.issue([&](comm::Communicator& c) {
@@ -38,7 +46,8 @@ StepResult DdpStrategy::finish_step(double loss_sum, double tokens, float lr, lo
   meter_.wait_all(in_flight_);
   sum_over_ranks({&loss_sum, 1});
   // Every rank holds the same summed gradients, so the same norm.
-  const double norm = std::sqrt(grad_square_sum(model_->grads().span()));
+  const Range all{0, model_->table().count()};
+  const double norm = std::sqrt(sum_over_model(counted_square_sum(all, model_->grads().data())));
   clip_and_update_full(norm, lr, step);
   return {loss_sum / tokens, norm};
 }

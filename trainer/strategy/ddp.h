@@ -23,6 +23,7 @@ class DdpStrategy : public Strategy {
 
   void begin_micro_batch(int index, bool last) override;
   void grads_ready(int unit, Range grads) override;
+  void reduce_after_backward() override;
   StepResult finish_step(double loss_sum, double tokens, float lr, long step) override;
 
   std::vector<Held> held(Slot slot) override;
@@ -31,6 +32,7 @@ class DdpStrategy : public Strategy {
   TrafficTheory traffic_theory(int grad_accum) const override;
 
  private:
+  void all_reduce_bucket(int bucket);
   std::optional<BucketTracker> tracker_;
   bool communicate_ = false;  // the step's last micro-batch
   std::vector<comm::Work> in_flight_;

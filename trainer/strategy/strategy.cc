@@ -56,7 +56,8 @@ Strategy::~Strategy() {
 }
 
 void Strategy::build_model(ModelStorage storage) {
-  model_ = std::make_unique<Gpt>(setup_.model, ModelLayout::whole(setup_.model), setup_.memory, storage);
+  const ModelLayout layout = setup_.layout.value_or(ModelLayout::whole(setup_.model));
+  model_ = std::make_unique<Gpt>(setup_.model, layout, setup_.memory, storage);
   model_->set_hooks(this);
 }
 
@@ -66,6 +67,27 @@ void Strategy::build_optimizer(std::vector<Range> owned) {
 
 void Strategy::begin_micro_batch(int index, bool last) {
   if (index == 0) model_->zero_grads();
+}
+
+void Strategy::reduce_after_backward() {
+  if (comm_ != nullptr && comm_->size() > 1) {
+    throw InvalidUsage("--strategy " + std::string(strategy_name(kind())) + " cannot reduce after a pipeline's "
+                       "backward; use ddp or zero1 with --pp");
+  }
+}
+
+double Strategy::counted_square_sum(Range range, const float* grads) const {
+  if (setup_.model_norm == nullptr) return grad_square_sum({grads, range.count});
+  double sum = 0.0;
+  for (const ParamView& v : model_->table().views()) {
+    const Range r = intersect(range, v.range());
+    if (r.count > 0 && setup_.model_norm->counts(v)) sum += grad_square_sum({grads + (r.offset - range.offset), r.count});
+  }
+  return sum;
+}
+
+double Strategy::sum_over_model(double square_sum) const {
+  return setup_.model_norm != nullptr ? setup_.model_norm->sum_over_model(square_sum) : square_sum;
 }
 
 std::vector<Held> Strategy::optimizer_pieces(Slot slot) {
@@ -126,7 +148,8 @@ SingleStrategy::SingleStrategy(const StrategySetup& setup) : Strategy(setup) {
 }
 
 StepResult SingleStrategy::finish_step(double loss_sum, double tokens, float lr, long step) {
-  const double norm = std::sqrt(grad_square_sum(model_->grads().span()));
+  const Range all{0, model_->table().count()};
+  const double norm = std::sqrt(sum_over_model(counted_square_sum(all, model_->grads().data())));
   clip_and_update_full(norm, lr, step);
   return {loss_sum / tokens, norm};
 }

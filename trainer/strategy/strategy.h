@@ -24,6 +24,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -42,7 +43,21 @@ std::string_view strategy_name(StrategyKind kind);
 // Throws InvalidUsage listing the choices.
 StrategyKind parse_strategy(std::string_view text);
 
-// What a strategy is built from. `comm` is null only for kNone.
+// Model parallelism's part in the gradient norm (mesh.h). Under TP and PP a
+// rank holds part of the model: it counts the squares of the tensors it
+// answers for (a tensor replicated over TP on tp_rank 0 only, the tied wte
+// on the first stage only), and the sums are added over the other parts.
+class ModelParallelNorm {
+ public:
+  virtual ~ModelParallelNorm() = default;
+  virtual bool counts(const ParamView& view) const = 0;
+  // Sums a square sum over the ranks that hold the rest of the model.
+  virtual double sum_over_model(double square_sum) = 0;
+};
+
+// What a strategy is built from. `comm` is null only for kNone; under a
+// mesh it is the DP group, `layout` the rank's TP slice and stage (default:
+// the whole model) and `model_norm` the mesh.
 struct StrategySetup {
   GptConfig model;
   AdamWConfig adamw;
@@ -50,6 +65,8 @@ struct StrategySetup {
   std::size_t bucket_bytes = 25u << 20;
   comm::Communicator* comm = nullptr;
   MemoryAccount* memory = nullptr;
+  std::optional<ModelLayout> layout;
+  ModelParallelNorm* model_norm = nullptr;
 };
 
 enum class Slot { kParams, kM, kV };
@@ -108,6 +125,11 @@ class Strategy : public ModelHooks {
   // rank's sum of target losses, `tokens` the global batch's target count.
   virtual void begin_micro_batch(int index, bool last);
   virtual StepResult finish_step(double loss_sum, double tokens, float lr, long step) = 0;
+  // Under a pipeline every micro-batch runs with last = false (nothing is
+  // reduced during backward), the tied embedding is summed over the stages,
+  // and then this reduces every gradient bucket at once (ddp, zero1; a
+  // no-op for none). finish_step() follows as usual.
+  virtual void reduce_after_backward();
   // Before forward passes without backward (evaluation, generation).
   virtual void begin_forward_only() {}
 
@@ -140,6 +162,11 @@ class Strategy : public ModelHooks {
   // Clips by `norm` (the global norm) and steps every optimizer piece whose
   // parameters and gradients sit in the model's full buffers.
   void clip_and_update_full(double norm, float lr, long step);
+  // The squares of the gradients in table range `range` (stored from
+  // `grads` on) of every tensor this rank counts (ModelParallelNorm).
+  double counted_square_sum(Range range, const float* grads) const;
+  // The whole model's square sum from this rank's part of it.
+  double sum_over_model(double square_sum) const;
 
   StrategySetup setup_;
   comm::Communicator* comm_;

@@ -79,6 +79,11 @@ void ZeroStrategy::reduce_scatter_bucket(int group) {
   }));
 }
 
+void ZeroStrategy::reduce_after_backward() {
+  if (stage_ != 1) return Strategy::reduce_after_backward();
+  for (std::size_t g = 0; g < partition_->groups().size(); ++g) reduce_scatter_bucket(static_cast<int>(g));
+}
+
 void ZeroStrategy::all_gather_params() {
   std::vector<comm::Work> gathers;
   for (std::size_t g = 0; g < partition_->groups().size(); ++g) {
@@ -104,7 +109,7 @@ float* ZeroStrategy::shard_params(std::size_t g) {
 double ZeroStrategy::shard_square_sum() {
   double sum = 0.0;
   for (std::size_t g = 0; g < partition_->groups().size(); ++g) {
-    sum += grad_square_sum({shard_grads(g), partition_->chunk(g).count});
+    sum += counted_square_sum(partition_->chunk(g), shard_grads(g));
   }
   return sum;
 }
@@ -116,7 +121,7 @@ StepResult ZeroStrategy::finish_step(double loss_sum, double tokens, float lr, l
   if (stage_ == 3) params_->release_all();
   double stats[2] = {loss_sum, shard_square_sum()};
   sum_over_ranks(stats);
-  const double norm = std::sqrt(stats[1]);
+  const double norm = std::sqrt(sum_over_model(stats[1]));
   for (std::size_t g = 0; g < partition_->groups().size(); ++g) {
     clip_grads({shard_grads(g), partition_->chunk(g).count}, norm, setup_.grad_clip);
     optimizer_->update_piece(g, shard_params(g), shard_grads(g), lr, step);

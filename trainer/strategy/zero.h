@@ -15,6 +15,10 @@
 //          the next one prefetched, and freed after use. The step updates
 //          the shards in place; nothing is gathered after it.
 //
+// Under a pipeline (mesh.h) zero1 reduce-scatters every bucket after the
+// tied embedding is summed (reduce_after_backward); zero2 and zero3 are
+// refused there, since their per-micro-batch reductions cannot wait for it.
+//
 // Clipping: each rank sums the squares of its shard of the reduced
 // gradients; one all-reduce of [loss sum, squared norm] gives the global
 // norm, the same as one process's up to summation order.
@@ -41,6 +45,7 @@ class ZeroStrategy : public Strategy {
   float* unit_params(int unit) override;
   float* unit_grads(int unit) override;
   void grads_ready(int unit, Range grads) override;
+  void reduce_after_backward() override;
   StepResult finish_step(double loss_sum, double tokens, float lr, long step) override;
 
   std::vector<Held> held(Slot slot) override;

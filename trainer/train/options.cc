@@ -4,6 +4,7 @@
 #include <limits>
 
 #include "runtime/errors.h"
+#include "trainer/strategy/pp_schedule.h"
 #include "trainer/strategy/strategy.h"
 
 namespace braid::trainer {
@@ -111,6 +112,11 @@ void validate_modes(const TrainOptions& o) {
   require(o.bucket_mb > 0.0 && o.bucket_mb <= 4096.0, "--bucket-mb must be in (0, 4096]");
   if (!o.strategy.empty()) parse_strategy(o.strategy);
   require(o.consolidate.empty() == o.out.empty(), "--consolidate DIR and --out FILE go together");
+  require(o.dp >= 0 && o.tp >= 1 && o.pp >= 1, "--dp must be 0 (world / (tp x pp)) or more, --tp and --pp at least 1");
+  parse_pp_schedule(o.schedule);
+  require(!o.model_parallel() || (!o.eval_only && o.sample_bytes == 0 && o.init_out.empty()),
+          "--eval-only, --sample and --init-out run without --tp / --pp; consolidate a checkpoint "
+          "(--consolidate DIR --out FILE) and use the file on one process");
 }
 
 }  // namespace
@@ -123,11 +129,17 @@ void validate(const TrainOptions& o) {
 }
 
 void validate_world(const TrainOptions& o, int world_size) {
-  const int split = world_size * o.grad_accum;
+  const int D = o.dp_size(world_size);
+  require(D >= 1 && D * o.tp * o.pp == world_size,
+          "--dp " + std::to_string(D) + " x --tp " + std::to_string(o.tp) + " x --pp " + std::to_string(o.pp) +
+              " is not the world of " + std::to_string(world_size) + " rank(s); choose axes whose product is " +
+              std::to_string(world_size) + " (or leave --dp out: world / (tp x pp))");
+  const int split = D * o.grad_accum;
   require(o.batch_size % split == 0,
-          "--batch-size " + std::to_string(o.batch_size) + " does not split into " + std::to_string(world_size) +
+          "--batch-size " + std::to_string(o.batch_size) + " does not split into " + std::to_string(D) +
               " rank(s) x " + std::to_string(o.grad_accum) + " micro-batch(es) of equal size; use a multiple of " +
-              std::to_string(split) + " (the batch is global: every rank trains on batch-size / ranks sequences)");
+              std::to_string(split) + " (the batch is global: every rank trains on batch-size / ranks sequences" +
+              std::string(o.model_parallel() ? "; with --tp / --pp the ranks are the dp ranks)" : ")"));
 }
 
 void validate_data(const TrainOptions& o, std::size_t train_bytes, std::size_t val_bytes) {

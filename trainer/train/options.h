@@ -52,13 +52,22 @@ struct TrainOptions {
   // resume under another strategy or world size.
   std::string strategy;            // none|dp|ddp|zero1|zero2|zero3; empty: none on one rank, ddp on more
   double bucket_mb = 25.0;         // gradient bucket (ddp, zero1, zero2), MiB
+  // The mesh (issue 6): world = dp x tp x pp, dp 0: world / (tp x pp).
+  // grad_accum is the micro-batch count M of a pipeline's schedule.
+  int dp = 0;
+  int tp = 1;
+  int pp = 1;
+  std::string schedule = "1f1b";   // gpipe|1f1b
   std::string consolidate;         // write this checkpoint's weights to `out` as one file, then exit
   std::string out;
 
   // The global batch is cut into world_size equal shares, each into
   // grad_accum equal micro-batches (validate_world refuses other batches).
   int micro_batch() const { return batch_size / grad_accum; }
-  int rank_micro_batch(int world_size) const { return batch_size / (grad_accum * world_size); }
+  int rank_micro_batch(int dp_size) const { return batch_size / (grad_accum * dp_size); }
+  bool model_parallel() const { return tp > 1 || pp > 1; }
+  // The DP size in a world of `world_size` ranks.
+  int dp_size(int world_size) const { return dp > 0 ? dp : world_size / (tp * pp); }
   std::int64_t tokens_per_step() const { return static_cast<std::int64_t>(batch_size) * model.block_size; }
 };
 
@@ -70,8 +79,8 @@ void apply_run_options(const nlohmann::json& saved, const std::set<std::string>&
 
 // Checks the options alone (before the data is read).
 void validate(const TrainOptions& options);
-// Checks that the global batch splits into world_size x grad_accum equal
-// micro-batches; InvalidUsage says which batch sizes would.
+// Checks that dp x tp x pp is the world and that the global batch splits
+// into dp x grad_accum equal micro-batches; InvalidUsage says what to change.
 void validate_world(const TrainOptions& options, int world_size);
 // Checks the options against the data: both splits, or for --eval-only the
 // whole file, must hold one window of block_size + 1 bytes.

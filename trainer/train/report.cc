@@ -100,6 +100,13 @@ void MetricsWriter::on_step(const StepReport& r) {
                          {"peak_memory_bytes", peak}};
   if (r.theory.sent > 0) line["traffic_ratio"] = static_cast<double>(r.bytes_sent) / r.theory.sent;
   if (r.val_loss) line["val_loss"] = *r.val_loss;
+  if (r.mesh) {
+    line["mesh"] = {{"bubble", r.bubble},
+                    {"bubble_theory", r.bubble_theory},
+                    {"peak_activation_bytes", r.peak_activation_bytes},
+                    {"tp_comm_ms", r.tp_comm_ms},
+                    {"pp_comm_ms", r.pp_comm_ms}};
+  }
   out_ << line.dump() << '\n';
   out_.flush();
   if (!out_) throw SystemError("writing the metrics file " + path_ + " failed");
@@ -127,6 +134,29 @@ std::string format_memory(const MemoryAccount& memory) {
   return s + "total " + mib(memory.peak_total_bytes());
 }
 
+namespace {
+
+std::string per_stage(const std::vector<double>& values, double scale, const char* unit) {
+  std::string text;
+  for (std::size_t i = 0; i < values.size(); ++i) {
+    text += format("%s%.3g%s", i == 0 ? "" : ", ", values[i] * scale, unit);
+  }
+  return text;
+}
+
+std::string format_mesh(const MeshSummary& m) {
+  std::string text = format("mesh dp %d x tp %d x pp %d, schedule %s, %d micro-batch(es) per step\n", m.shape.dp,
+                            m.shape.tp, m.shape.pp, m.schedule.c_str(), m.micro_batches);
+  text += format("  bubble per stage (measured idle / scheduled time): %s; theory (P-1)/(M+P-1) = %.3f\n",
+                 per_stage(m.bubble, 1.0, "").c_str(), m.bubble_theory);
+  text += "  peak activation memory per stage: " + per_stage(m.peak_activation_bytes, 1.0 / (1 << 20), " MiB") + "\n";
+  text += "  per step, stage by stage: TP all-reduce wait " + per_stage(m.tp_comm_ms_per_step, 1.0, " ms") +
+          "; PP send/recv wait " + per_stage(m.pp_comm_ms_per_step, 1.0, " ms") + "\n";
+  return text;
+}
+
+}  // namespace
+
 std::string format_summary(const TrainSummary& s, const TrainOptions& o) {
   std::string text = format("trained %lld steps (%lld tokens) in %.1f s\n", static_cast<long long>(s.steps_run),
                             static_cast<long long>(s.tokens), s.train_seconds);
@@ -137,13 +167,14 @@ std::string format_summary(const TrainSummary& s, const TrainOptions& o) {
                    s.tokens_per_s, s.gflops, 100.0 * s.mfu, s.peak_gflops, s.ranks, o.threads);
     text += format("  FLOPs per token = 6 N + 12 n_layer n_embd T = %.4g\n", s.flops_per_token);
   }
+  if (s.mesh) text += format_mesh(*s.mesh);
   return text + "peak memory: " + format_memory(*s.memory) + "\n";
 }
 
 RankStats rank_stats(Trainer& trainer, int local_rank, int node_rank) {
   Strategy& strategy = trainer.strategy();
   RankStats s;
-  s.rank = strategy.rank();
+  s.rank = trainer.mesh() != nullptr ? trainer.rank() : strategy.rank();
   s.local_rank = local_rank;
   s.node_rank = node_rank;
   s.pid = static_cast<long>(::getpid());
@@ -197,8 +228,8 @@ std::string ratio(double measured, double theory) { return theory > 0 ? format("
 
 }  // namespace
 
-std::vector<RankStats> gather_rank_stats(Strategy& strategy, const RankStats& mine) {
-  comm::Communicator* comm = strategy.comm();
+std::vector<RankStats> gather_rank_stats(Trainer& trainer, const RankStats& mine) {
+  comm::Communicator* comm = trainer.mesh() != nullptr ? trainer.world() : trainer.strategy().comm();
   if (comm == nullptr) return {mine};
   const std::array<double, kStatsCount> row = pack(mine);
   std::vector<double> all(kStatsCount * static_cast<std::size_t>(comm->size()));

@@ -37,7 +37,9 @@ class ProgressPrinter : public TrainObserver {
 // step, theory_bytes_sent / theory_bytes_received and traffic_ratio (sent /
 // theory; absent when the theory is 0), comm_wait_ms and comm_wait_fraction
 // (of the step), val_loss (on evaluation steps) and peak_memory_bytes by
-// category. Each rank writes its own file (metrics_path()). Throws
+// category; under --tp / --pp also "mesh": this rank's stage's bubble
+// (measured) and bubble_theory, peak_activation_bytes, tp_comm_ms and
+// pp_comm_ms. Each rank writes its own file (metrics_path()). Throws
 // InvalidUsage when the file cannot be created.
 class MetricsWriter : public TrainObserver {
  public:
@@ -65,7 +67,9 @@ std::string metrics_path(const std::string& path, int rank);
 
 // "parameters 3.3 MiB, gradients 3.3 MiB, ..." of the account's peaks.
 std::string format_memory(const MemoryAccount& memory);
-// The multi-line summary printed at the end of a run.
+// The multi-line summary printed at the end of a run (with the pipeline's
+// bubble, peak activations per stage and TP / PP communication per step
+// under --tp / --pp).
 std::string format_summary(const TrainSummary& summary, const TrainOptions& options);
 
 // One rank's row in the run's tables.
@@ -85,8 +89,8 @@ struct RankStats {
 
 // This rank's row: memory peaks and theory, and the averages of `totals`.
 RankStats rank_stats(Trainer& trainer, int local_rank, int node_rank);
-// Every rank's row, on every rank (collective: an all-gather).
-std::vector<RankStats> gather_rank_stats(Strategy& strategy, const RankStats& mine);
+// Every rank's row, on every rank (collective over the world: an all-gather).
+std::vector<RankStats> gather_rank_stats(Trainer& trainer, const RankStats& mine);
 // "rank 0: node 0, local rank 0, pid 1234", one line per rank.
 std::string format_rank_map(const std::vector<RankStats>& ranks);
 // Peak bytes per category, one row per rank, with the ZeRO table beside.

@@ -1,6 +1,7 @@
 #include "trainer/train/state_io.h"
 
 #include "runtime/errors.h"
+#include "trainer/model/param_table.h"
 
 namespace braid::trainer {
 
@@ -32,12 +33,17 @@ void load_state(const CheckpointReader& reader, const std::filesystem::path& whe
   for (const SlotKey& s : slots) {
     for (const ParamView& v : model.table().views()) reader.check(s.prefix + v.name, v.full_shape);
   }
-  std::vector<float> values;
+  // Whole tensors from the file; this rank's TP slice of each to the strategy.
+  std::vector<float> whole, part;
   for (const SlotKey& s : slots) {
     for (const ParamView& v : model.table().views()) {
-      values.resize(v.count());
-      reader.read(s.prefix + v.name, v.full_shape, values.data());
-      strategy.write_view(s.slot, v, values.data());
+      std::size_t count = 1;
+      for (std::int64_t d : v.full_shape) count *= static_cast<std::size_t>(d);
+      whole.resize(count);
+      part.resize(v.count());
+      reader.read(s.prefix + v.name, v.full_shape, whole.data());
+      copy_tp_part(v, model.layout(), whole.data(), part.data());
+      strategy.write_view(s.slot, v, part.data());
     }
   }
 }
@@ -65,6 +71,33 @@ std::filesystem::path save_sharded_checkpoint(Strategy& strategy, const std::fil
   barrier(strategy);
   if (strategy.rank() != 0) return step_dir;
   return commit_sharded_checkpoint(dir, state, strategy.world_size(), std::string(strategy_name(strategy.kind())));
+}
+
+std::filesystem::path save_mesh_checkpoint(Mesh& mesh, comm::Communicator& world, const std::filesystem::path& dir,
+                                           const TrainState& state) {
+  const std::filesystem::path step_dir = prepare_step_directory(dir, state.step);
+  const Gpt& model = mesh.strategy().model();
+  const bool writer = mesh.groups().coord.dp == 0 && mesh.groups().coord.tp == 0;
+  std::vector<std::vector<float>> values;
+  std::vector<TensorPiece> pieces;
+  values.reserve(std::size(kAllSlots) * model.table().views().size());
+  for (const SlotKey& s : kAllSlots) {
+    for (const ParamView& v : model.table().views()) {
+      std::vector<float> whole = mesh.read_whole(s.slot, v);  // collective over DP and TP
+      // The tied wte is written once, by the first stage.
+      if (!writer || (v.name == "wte.weight" && !model.layout().pp_is_first_stage)) continue;
+      values.push_back(std::move(whole));
+      pieces.push_back({s.prefix + v.name, 0, values.back().size(), values.back().data()});
+    }
+  }
+  write_shard(step_dir, world.rank(), world.size(), pieces, model.config(), state.step);
+  world.barrier().wait();
+  if (world.rank() != 0) return step_dir;
+  const MeshShape& shape = mesh.groups().shape;
+  const std::string layout = std::string(strategy_name(mesh.strategy().kind())) + " on dp " +
+                             std::to_string(shape.dp) + " x tp " + std::to_string(shape.tp) + " x pp " +
+                             std::to_string(shape.pp);
+  return commit_sharded_checkpoint(dir, state, world.size(), layout);
 }
 
 void save_strategy_weights(Strategy& strategy, const std::filesystem::path& path, std::int64_t step) {

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "trainer/checkpoint/sharded.h"
+#include "trainer/strategy/mesh.h"
 #include "trainer/strategy/strategy.h"
 
 namespace braid::trainer {
@@ -27,6 +28,13 @@ std::vector<TensorPiece> owned_pieces(Strategy& strategy);
 std::filesystem::path save_sharded_checkpoint(Strategy& strategy, const std::filesystem::path& dir,
                                               const TrainState& state);
 
+// A checkpoint of a --tp / --pp run (collective over the world). Each
+// stage's rank at dp 0, tp 0 writes the stage's tensors whole (gathered over
+// DP and TP; wte by the first stage only), the others empty shards, so the
+// pieces tile every tensor once and the checkpoint loads into any layout
+// and consolidates like any sharded one.
+std::filesystem::path save_mesh_checkpoint(Mesh& mesh, comm::Communicator& world, const std::filesystem::path& dir,
+                                           const TrainState& state);
 // The whole parameters as one safetensors weights file, written by rank 0
 // (collective: every rank must call it).
 void save_strategy_weights(Strategy& strategy, const std::filesystem::path& path, std::int64_t step);

@@ -35,18 +35,39 @@ const TrainOptions& checked(const TrainOptions& o, const TextCorpus& corpus, int
   return o;
 }
 
-std::unique_ptr<Strategy> build_strategy(const TrainOptions& o, comm::Communicator* comm, MemoryAccount* memory) {
-  const int world = comm != nullptr ? comm->size() : 1;
-  const StrategyKind kind = o.strategy.empty() ? default_strategy(world) : parse_strategy(o.strategy);
+StrategySetup strategy_setup(const TrainOptions& o, MemoryAccount* memory) {
   StrategySetup setup;
   setup.model = o.model;
   setup.adamw = AdamWConfig{0.9f, 0.95f, 1e-8f, o.weight_decay};
   setup.grad_clip = o.grad_clip;
   setup.bucket_bytes = static_cast<std::size_t>(o.bucket_mb * (1 << 20));
-  setup.comm = kind == StrategyKind::kNone && world == 1 ? nullptr : comm;
   setup.memory = memory;
+  return setup;
+}
+
+StrategyKind strategy_kind(const TrainOptions& o, int dp_size) {
+  return o.strategy.empty() ? default_strategy(dp_size) : parse_strategy(o.strategy);
+}
+
+std::unique_ptr<Strategy> build_strategy(const TrainOptions& o, comm::Communicator* comm, MemoryAccount* memory) {
+  const int world = comm != nullptr ? comm->size() : 1;
+  const StrategyKind kind = strategy_kind(o, world);
+  StrategySetup setup = strategy_setup(o, memory);
+  setup.comm = kind == StrategyKind::kNone && world == 1 ? nullptr : comm;
   return make_strategy(kind, setup);
 }
+
+// --tp / --pp: the mesh over the world, checked before any work.
+std::unique_ptr<Mesh> build_mesh(const TrainOptions& o, comm::Communicator* world, MemoryAccount* memory, int B) {
+  if (world == nullptr) throw InvalidUsage("--tp and --pp need ranks; start braid-train under braid-launch");
+  const MeshShape shape{o.dp_size(world->size()), o.tp, o.pp};
+  const StrategyKind kind = strategy_kind(o, shape.dp);
+  validate_mesh(o.model, shape, kind, world->size());
+  return std::make_unique<Mesh>(*world, shape, kind, strategy_setup(o, memory), parse_pp_schedule(o.schedule), B,
+                                o.model.block_size);
+}
+
+double ms(std::chrono::duration<double> d) { return d.count() * 1e3; }
 
 double seconds_since(Clock::time_point start) {
   return std::chrono::duration<double>(Clock::now() - start).count();
@@ -57,18 +78,25 @@ double seconds_since(Clock::time_point start) {
 Trainer::Trainer(const TrainOptions& options, const TextCorpus& corpus, comm::Communicator* comm)
     : options_(checked(options, corpus, comm != nullptr ? comm->size() : 1)),
       corpus_(corpus),
-      strategy_(build_strategy(options_, comm, &memory_)),
-      acts_(model().make_activations(options_.rank_micro_batch(strategy_->world_size()), options_.model.block_size)),
+      world_(comm),
+      B_(options_.rank_micro_batch(options_.dp_size(world_size()))),
       schedule_{options.lr, options.min_lr, options.warmup_steps, options.steps} {
   const int T = options_.model.block_size;
-  model().reserve_scratch(acts_.capacity_B(), T);
+  if (options_.model_parallel()) {
+    mesh_ = build_mesh(options_, comm, &memory_, B_);
+  } else {
+    strategy_ = build_strategy(options_, comm, &memory_);
+    acts_.emplace(model().make_activations(B_, T));
+    model().reserve_scratch(B_, T);
+  }
   if (!options_.eval_only) {
     Split s = split(corpus_);
     train_.emplace(s.train, T, options_.seed, SampleStream::kTrain);
     train_eval_.emplace(s.train, T, options_.seed, SampleStream::kTrainEval);
     val_.emplace(s.val, T, options_.seed, SampleStream::kVal);
   }
-  inputs_.resize(static_cast<std::size_t>(acts_.capacity_B()) * T);
+  const int batches = mesh_ ? std::max(options_.grad_accum, options_.eval_batches) : 1;
+  inputs_.resize(static_cast<std::size_t>(batches) * B_ * T);
   targets_.resize(inputs_.size());
 }
 
@@ -76,7 +104,7 @@ void Trainer::start() {
   if (!options_.resume.empty()) {
     const fs::path dir = resolve_checkpoint(options_.resume);
     const CheckpointReader reader = CheckpointReader::open(dir);
-    load_state(reader, dir, *strategy_, true);
+    load_state(reader, dir, strategy(), true);
     const TrainState& s = reader.state();
     step_ = last_checkpoint_ = s.step;
     if (s.data_bytes != corpus_.bytes.size() || s.data_fingerprint != corpus_.fingerprint()) {
@@ -86,36 +114,68 @@ void Trainer::start() {
     spdlog::info("resumed from {} ({} rank(s), {}) at step {}", dir.string(), reader.world_size(),
                  reader.strategy(), step_);
   } else if (!options_.init_from.empty()) {
-    load_state(CheckpointReader::weights(options_.init_from), options_.init_from, *strategy_, false);
+    load_state(CheckpointReader::weights(options_.init_from), options_.init_from, strategy(), false);
     spdlog::info("initial weights from {}", options_.init_from);
   } else {
-    strategy_->init_params(options_.seed);
+    strategy().init_params(options_.seed);
   }
   if (!options_.init_out.empty()) {
-    save_strategy_weights(*strategy_, options_.init_out, step_);
+    save_strategy_weights(strategy(), options_.init_out, step_);
     spdlog::info("wrote the initial weights to {}", options_.init_out);
   }
 }
 
-StepReport Trainer::train_step() {
-  const int A = options_.grad_accum, B = acts_.capacity_B(), T = options_.model.block_size;
-  const double tokens = static_cast<double>(options_.batch_size) * T;
+double Trainer::accumulate_micro_batches(std::int64_t first) {
+  const int A = options_.grad_accum, T = options_.model.block_size;
   // Every target of the global batch weighs the same in the mean loss.
-  const auto dloss = static_cast<float>(1.0 / tokens);
-  const std::int64_t first = static_cast<std::int64_t>(strategy_->rank()) * A * B;
-  CommMeter& meter = strategy_->meter();
-  const comm::TrafficStats traffic_before = meter.traffic();
-  const auto blocked_before = meter.blocked();
+  const auto dloss = static_cast<float>(1.0 / (static_cast<double>(options_.batch_size) * T));
   double loss_sum = 0.0;
   for (int a = 0; a < A; ++a) {
     strategy_->begin_micro_batch(a, a == A - 1);
-    train_->fill(step_, first + static_cast<std::int64_t>(a) * B, B, inputs_.data(), targets_.data());
-    acts_.set_shape(B, T);
-    loss_sum += static_cast<double>(model().forward(acts_, inputs_.data(), targets_.data())) * B * T;
-    model().backward(acts_, dloss);
+    train_->fill(step_, first + static_cast<std::int64_t>(a) * B_, B_, inputs_.data(), targets_.data());
+    acts_->set_shape(B_, T);
+    loss_sum += static_cast<double>(model().forward(*acts_, inputs_.data(), targets_.data())) * B_ * T;
+    model().backward(*acts_, dloss);
   }
+  return loss_sum;
+}
+
+StepResult Trainer::mesh_step(std::int64_t first, double tokens, float lr) {
+  const int T = options_.model.block_size;
+  const std::size_t N = static_cast<std::size_t>(B_) * T;
+  std::vector<MicroBatch> micro_batches;
+  for (int a = 0; a < options_.grad_accum; ++a) {
+    std::int32_t* in = inputs_.data() + a * N;
+    std::int32_t* tg = targets_.data() + a * N;
+    train_->fill(step_, first + static_cast<std::int64_t>(a) * B_, B_, in, tg);
+    micro_batches.push_back({in, tg, B_, T});
+  }
+  return mesh_->step(micro_batches, static_cast<float>(1.0 / tokens), tokens, lr, static_cast<long>(step_ + 1));
+}
+
+void Trainer::add_mesh_report(StepReport& r) {
+  const PipelineStats& s = mesh_->last_stats();
+  r.mesh = true;
+  r.bubble = s.bubble_fraction();
+  r.bubble_theory = pp_bubble_theory(options_.pp, options_.grad_accum);
+  r.peak_activation_bytes = s.peak_activation_bytes;
+  r.tp_comm_ms = ms(mesh_->tp_blocked() - tp_blocked_);
+  r.pp_comm_ms = ms(mesh_->pp_blocked() - pp_blocked_);
+}
+
+StepReport Trainer::train_step() {
+  const int A = options_.grad_accum, T = options_.model.block_size;
+  const double tokens = static_cast<double>(options_.batch_size) * T;
+  const int dp_rank = mesh_ ? mesh_->groups().coord.dp : strategy().rank();
+  const std::int64_t first = static_cast<std::int64_t>(dp_rank) * A * B_;
+  CommMeter& meter = strategy().meter();
+  const comm::TrafficStats traffic_before = meter.traffic();
+  const auto blocked_before = meter.blocked();
+  if (mesh_) tp_blocked_ = mesh_->tp_blocked(), pp_blocked_ = mesh_->pp_blocked();
   const float lr = schedule_.at(step_);
-  const StepResult result = strategy_->finish_step(loss_sum, tokens, lr, static_cast<long>(step_ + 1));
+  const StepResult result =
+      mesh_ ? mesh_step(first, tokens, lr)
+            : strategy_->finish_step(accumulate_micro_batches(first), tokens, lr, static_cast<long>(step_ + 1));
   if (!std::isfinite(result.loss)) {
     throw Error("the loss became " + std::to_string(result.loss) + " at step " + std::to_string(step_ + 1) +
                 "; lower --lr or raise --warmup-steps");
@@ -131,17 +191,31 @@ StepReport Trainer::train_step() {
   r.bytes_sent = traffic.bytes_sent - traffic_before.bytes_sent;
   r.bytes_received = traffic.bytes_received - traffic_before.bytes_received;
   r.comm_wait_ms = std::chrono::duration<double, std::milli>(meter.blocked() - blocked_before).count();
-  r.theory = strategy_->traffic_theory(A);
+  r.theory = strategy().traffic_theory(A);
+  if (mesh_) add_mesh_report(r);
   return r;
 }
 
+double Trainer::pipeline_loss_sum(const BatchSampler& sampler) {
+  const int T = sampler.T();
+  const std::size_t N = static_cast<std::size_t>(B_) * T;
+  const std::int64_t first = static_cast<std::int64_t>(mesh_->groups().coord.dp) * B_;
+  std::vector<MicroBatch> micro_batches;
+  for (int b = 0; b < options_.eval_batches; ++b) {
+    sampler.fill(b, first, B_, inputs_.data() + b * N, targets_.data() + b * N);
+    micro_batches.push_back({inputs_.data() + b * N, targets_.data() + b * N, B_, T});
+  }
+  return mesh_->forward_loss_sum(micro_batches);
+}
+
 double Trainer::evaluate(const BatchSampler& sampler) {
-  strategy_->begin_forward_only();
-  const int B = acts_.capacity_B(), N = strategy_->world_size();
-  double sum = sampled_loss_sum(model(), acts_, sampler, options_.eval_batches,
-                                static_cast<std::int64_t>(strategy_->rank()) * B);
-  strategy_->sum_over_ranks({&sum, 1});
-  return sum / (static_cast<double>(options_.eval_batches) * B * N * sampler.T());
+  strategy().begin_forward_only();
+  const int N = strategy().world_size();
+  double sum = mesh_ ? pipeline_loss_sum(sampler)
+                     : sampled_loss_sum(model(), *acts_, sampler, options_.eval_batches,
+                                        static_cast<std::int64_t>(strategy().rank()) * B_);
+  strategy().sum_over_ranks({&sum, 1});
+  return sum / (static_cast<double>(options_.eval_batches) * B_ * N * sampler.T());
 }
 
 fs::path Trainer::save_checkpoint() {
@@ -150,7 +224,8 @@ fs::path Trainer::save_checkpoint() {
   if (!options_.data.empty()) saved["data"] = fs::absolute(options_.data).string();
   saved["checkpoint_dir"] = fs::absolute(options_.checkpoint_dir).string();
   TrainState s{step_, saved, corpus_.source, corpus_.bytes.size(), corpus_.fingerprint()};
-  fs::path dir = strategy_->kind() == StrategyKind::kNone
+  fs::path dir = mesh_ ? save_mesh_checkpoint(*mesh_, *world_, options_.checkpoint_dir, s)
+                 : strategy_->kind() == StrategyKind::kNone
                      ? trainer::save_checkpoint(options_.checkpoint_dir, model(), optimizer(), s)
                      : save_sharded_checkpoint(*strategy_, options_.checkpoint_dir, s);
   last_checkpoint_ = step_;
@@ -163,12 +238,28 @@ void Trainer::maybe_checkpoint(TrainObserver& observer, bool final_step) {
   if (due || final_step) observer.on_checkpoint(save_checkpoint(), step_);
 }
 
+MeshSummary Trainer::mesh_summary() {
+  const MeshTotals& t = mesh_->totals();
+  const double scheduled = (t.busy + t.idle).count();
+  const double steps = static_cast<double>(std::max<std::int64_t>(totals_.steps, 1));
+  MeshSummary m;
+  m.shape = mesh_->groups().shape;
+  m.schedule = pp_schedule_name(mesh_->schedule());
+  m.micro_batches = options_.grad_accum;
+  m.bubble = mesh_->gather_stages(scheduled > 0 ? t.idle.count() / scheduled : 0.0);
+  m.bubble_theory = pp_bubble_theory(m.shape.pp, m.micro_batches);
+  m.peak_activation_bytes = mesh_->gather_stages(static_cast<double>(t.peak_activation_bytes));
+  m.tp_comm_ms_per_step = mesh_->gather_stages(totals_.tp_wait_seconds * 1e3 / steps);
+  m.pp_comm_ms_per_step = mesh_->gather_stages(totals_.pp_wait_seconds * 1e3 / steps);
+  return m;
+}
+
 TrainSummary Trainer::run(TrainObserver& observer) {
   if (options_.eval_only) throw InvalidUsage("an --eval-only trainer does not train; call evaluate_windows()");
   TrainSummary sum;
   kernels::cpu::set_blas_threads(options_.threads);
   if (step_ < options_.steps) {
-    sum.peak_gflops = kernels::cpu::measure_sgemm_gflops() * options_.threads * strategy_->world_size();
+    sum.peak_gflops = kernels::cpu::measure_sgemm_gflops() * options_.threads * world_size();
   }
   std::optional<double> last_val;
   while (step_ < options_.steps) {
@@ -185,6 +276,8 @@ TrainSummary Trainer::run(TrainObserver& observer) {
     totals_.bytes_received += static_cast<double>(r.bytes_received);
     totals_.wait_seconds += r.comm_wait_ms * 1e-3;
     totals_.step_seconds += seconds;
+    totals_.tp_wait_seconds += r.tp_comm_ms * 1e-3;
+    totals_.pp_wait_seconds += r.pp_comm_ms * 1e-3;
     const bool last = step_ == options_.steps;
     if (last || (options_.eval_interval > 0 && step_ % options_.eval_interval == 0)) {
       r.val_loss = last_val = evaluate_val();
@@ -195,15 +288,18 @@ TrainSummary Trainer::run(TrainObserver& observer) {
   maybe_checkpoint(observer, true);
   sum.train_loss = evaluate_train();
   sum.val_loss = last_val ? *last_val : evaluate_val();
-  sum.flops_per_token = flops_per_token(options_.model, model().table().param_count());
+  // The whole model's parameters: under --tp / --pp this rank holds a part.
+  const std::size_t params = ParamTable::gpt(options_.model, ModelLayout::whole(options_.model)).param_count();
+  sum.flops_per_token = flops_per_token(options_.model, params);
   if (sum.train_seconds > 0) {
     sum.tokens_per_s = static_cast<double>(sum.tokens) / sum.train_seconds;
     sum.gflops = sum.flops_per_token * sum.tokens_per_s * 1e-9;
   }
   if (sum.peak_gflops > 0) sum.mfu = sum.gflops / sum.peak_gflops;
   sum.memory = &memory_;
-  sum.ranks = strategy_->world_size();
+  sum.ranks = world_size();
   sum.comm = totals_;
+  if (mesh_) sum.mesh = mesh_summary();
   return sum;
 }
 

@@ -11,8 +11,15 @@
 // gradients over the ranks, clips by the global norm and steps AdamW with
 // lr = schedule(s) and step count s + 1. The reported loss is the mean over
 // all B_g * T targets: the ranks' sums, summed.
+//
+// Under --tp / --pp the world is a mesh (strategy/mesh.h) and N above is
+// the DP size: the ranks of one DP coordinate take the same samples, run
+// the step's micro-batches through the pipeline schedule, and the mesh
+// composes TP, PP and the DP strategy. Checkpoints of a mesh hold whole
+// tensors (state_io.h), so they load into any layout.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <filesystem>
 #include <memory>
@@ -23,6 +30,7 @@
 #include "trainer/data/text_data.h"
 #include "trainer/model/gpt.h"
 #include "trainer/optim/adamw.h"
+#include "trainer/strategy/mesh.h"
 #include "trainer/strategy/strategy.h"
 #include "trainer/train/evaluate.h"
 #include "trainer/train/options.h"
@@ -44,6 +52,26 @@ struct StepReport {
   std::uint64_t bytes_received = 0;
   double comm_wait_ms = 0.0;       // blocked in Communicator calls and Work::wait
   TrafficTheory theory;            // bytes per step the strategy should move
+  // Under --tp / --pp (mesh): this rank's stage in the step.
+  bool mesh = false;
+  double bubble = 0.0;             // measured: idle / (busy + idle) of the schedule
+  double bubble_theory = 0.0;      // (P-1) / (M+P-1)
+  std::size_t peak_activation_bytes = 0;
+  double tp_comm_ms = 0.0;         // blocked in TP's all-reduces
+  double pp_comm_ms = 0.0;         // blocked in PP's sends and receives
+};
+
+// The mesh's part of the summary: per stage (index = stage), from the
+// ranks of rank 0's DP and TP coordinate.
+struct MeshSummary {
+  MeshShape shape;
+  std::string schedule;
+  int micro_batches = 0;
+  std::vector<double> bubble;                 // measured over the run's steps
+  double bubble_theory = 0.0;
+  std::vector<double> peak_activation_bytes;
+  std::vector<double> tp_comm_ms_per_step;
+  std::vector<double> pp_comm_ms_per_step;
 };
 
 // This rank's communication over the steps of one invocation.
@@ -53,6 +81,8 @@ struct CommTotals {
   double bytes_received = 0.0;
   double wait_seconds = 0.0;
   double step_seconds = 0.0;
+  double tp_wait_seconds = 0.0;  // mesh: blocked in TP's all-reduces
+  double pp_wait_seconds = 0.0;  // mesh: blocked in PP's sends and receives
 };
 
 struct TrainSummary {
@@ -69,6 +99,7 @@ struct TrainSummary {
   const MemoryAccount* memory = nullptr;
   int ranks = 1;
   CommTotals comm;                // this rank's
+  std::optional<MeshSummary> mesh;  // under --tp / --pp
 };
 
 // Training FLOPs per token (forward + backward), as PaLM / nanoGPT count
@@ -88,8 +119,8 @@ class TrainObserver {
 class Trainer {
  public:
   // Validates the options against the corpus and the world (InvalidUsage),
-  // builds the strategy (--strategy, or none / ddp by world size) with its
-  // model and optimizer. `comm` is null for one process without a
+  // builds the strategy (--strategy, or none / ddp by DP size) with its
+  // model and optimizer; under --tp / --pp inside the mesh (mesh.h). `comm` is null for one process without a
   // communicator; the corpus and the communicator must outlive the trainer.
   Trainer(const TrainOptions& options, const TextCorpus& corpus, comm::Communicator* comm = nullptr);
   Trainer(const Trainer&) = delete;
@@ -106,12 +137,18 @@ class Trainer {
   double evaluate_train() { return evaluate(*train_eval_); }
   double evaluate_val() { return evaluate(*val_); }
   // --eval-only over the whole corpus (one process).
-  WindowLoss evaluate_windows() { return window_loss(model(), acts_, corpus_.bytes); }
+  WindowLoss evaluate_windows() { return window_loss(model(), *acts_, corpus_.bytes); }
   std::filesystem::path save_checkpoint();
 
-  Strategy& strategy() { return *strategy_; }
-  Gpt& model() { return strategy_->model(); }
-  AdamW& optimizer() { return strategy_->optimizer(); }
+  Strategy& strategy() { return mesh_ ? mesh_->strategy() : *strategy_; }
+  // Null without --tp / --pp.
+  Mesh* mesh() { return mesh_.get(); }
+  // In the world (the strategy's rank is its DP rank).
+  int rank() const { return world_ != nullptr ? world_->rank() : 0; }
+  int world_size() const { return world_ != nullptr ? world_->size() : 1; }
+  comm::Communicator* world() { return world_; }
+  Gpt& model() { return strategy().model(); }
+  AdamW& optimizer() { return strategy().optimizer(); }
   std::int64_t step() const { return step_; }
   const MemoryAccount& memory() const { return memory_; }
   const TrainOptions& options() const { return options_; }
@@ -119,13 +156,22 @@ class Trainer {
 
  private:
   double evaluate(const BatchSampler& sampler);
+  double pipeline_loss_sum(const BatchSampler& sampler);
+  double accumulate_micro_batches(std::int64_t first);
+  StepResult mesh_step(std::int64_t first, double tokens, float lr);
+  void add_mesh_report(StepReport& report);
+  MeshSummary mesh_summary();
   void maybe_checkpoint(TrainObserver& observer, bool final_step);
 
   TrainOptions options_;
   const TextCorpus& corpus_;
   MemoryAccount memory_;
-  std::unique_ptr<Strategy> strategy_;
-  Activations acts_;
+  comm::Communicator* world_;
+  std::unique_ptr<Mesh> mesh_;          // --tp / --pp
+  std::unique_ptr<Strategy> strategy_;  // otherwise
+  int B_;                               // sequences per micro-batch on this rank
+  std::optional<Activations> acts_;     // without a mesh
+  std::chrono::duration<double> tp_blocked_{}, pp_blocked_{};
   LrSchedule schedule_;
   std::optional<BatchSampler> train_, train_eval_, val_;
   std::vector<std::int32_t> inputs_, targets_;

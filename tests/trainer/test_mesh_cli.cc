@@ -1,0 +1,63 @@
+// braid-train over a DP x TP x PP mesh through the real braid-launch: the
+// rank map at the start, the pipeline's bubble, activations and TP / PP
+// communication in the summary and the metrics, a checkpoint that
+// consolidates through the CLI, and a bad combination refused with exit 2.
+#include <catch2/catch.hpp>
+
+#include <cstdlib>
+
+#include "model_fixtures.h"
+#include "tests/tools/launch_harness.h"
+#include "trainer/checkpoint/checkpoint.h"
+
+namespace braid::trainer {
+namespace {
+
+const char* braid_train() {
+  const char* train = std::getenv("BRAID_TRAIN");
+  return train != nullptr && std::getenv("BRAID_LAUNCH") != nullptr ? train : nullptr;
+}
+
+constexpr const char* kTiny = " --n-layer 2 --n-head 2 --n-embd 16 --block-size 16 --batch-size 8"
+                              " --eval-interval 0 --eval-batches 1 --steps 2";
+
+TEST_CASE("braid-train --tp 2 --pp 2 reports the mesh and consolidates its checkpoint", "[mesh][launch]") {
+  const char* train = braid_train();
+  if (train == nullptr) {
+    WARN("skipped: BRAID_TRAIN or BRAID_LAUNCH is not set (run through `meson test`)");
+    return;
+  }
+  braid::test::JobDir job;
+  const std::string ckpt = (job.path() / "ckpt").string();
+  const std::string args = std::string(train) + kTiny + " --tp 2 --pp 2 --micro-batches 4 --schedule gpipe" +
+                           " --metrics \"$0/m.jsonl\" --checkpoint-dir " + ckpt;
+  const braid::test::LaunchResult run = braid::test::run_launch(job, braid::test::shell_job(4, "exec " + args, job));
+  INFO(run.out << run.err);
+  REQUIRE(run.status == 0);
+  CHECK_THAT(run.err, Catch::Contains("tp groups: [0 1] [2 3]") && Catch::Contains("pp groups: [0 2] [1 3]"));
+  CHECK_THAT(run.out, Catch::Contains("mesh dp 1 x tp 2 x pp 2, schedule gpipe") &&
+                          Catch::Contains("theory (P-1)/(M+P-1) = 0.200") &&
+                          Catch::Contains("peak activation memory per stage") && Catch::Contains("TP all-reduce wait"));
+  CHECK_THAT(braid::test::read_file(job.path() / "m.jsonl"),
+             Catch::Contains("\"bubble_theory\":0.2") && Catch::Contains("\"pp_comm_ms\""));
+  const std::string out = (job.path() / "full.safetensors").string();
+  const std::string consolidate = std::string(train) + " --consolidate " + ckpt + " --out " + out + " > /dev/null";
+  CHECK(std::system(consolidate.c_str()) == 0);
+  CHECK(read_weights_config(out).n_layer == 2);
+}
+
+TEST_CASE("braid-train refuses a mesh that does not fit, saying what to change", "[mesh][launch]") {
+  const char* train = braid_train();
+  if (train == nullptr) {
+    WARN("skipped: BRAID_TRAIN or BRAID_LAUNCH is not set (run through `meson test`)");
+    return;
+  }
+  braid::test::JobDir job;
+  const std::string args = std::string(train) + kTiny + " --dp 2 --tp 2";
+  const braid::test::LaunchResult run = braid::test::run_launch(job, braid::test::shell_job(2, "exec " + args, job));
+  CHECK(run.status == 2);
+  CHECK_THAT(run.out + run.err, Catch::Contains("is not the world of 2 rank(s)"));
+}
+
+}  // namespace
+}  // namespace braid::trainer
