@@ -2,7 +2,11 @@
 
 #include <nlohmann/json.hpp>
 
+#include <sys/mman.h>
+
 #include <chrono>
+#include <cstdlib>
+#include <utility>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -17,6 +21,32 @@
 
 namespace braid::comm {
 namespace {
+
+// Benchmark buffers: 2 MiB aligned and advised for transparent huge pages,
+// as a training framework's caching allocator would hand them out, so that
+// TLB misses do not decide large-message results. The memcpy baseline uses
+// the same buffers.
+struct HugeBuffer {
+  std::byte* data = nullptr;
+  std::size_t bytes = 0;
+  HugeBuffer() = default;
+  explicit HugeBuffer(std::size_t n, std::byte fill) : bytes(n) {
+    constexpr std::size_t kHuge = 2u << 20;
+    std::size_t rounded = (std::max<std::size_t>(n, 1) + kHuge - 1) / kHuge * kHuge;
+    data = static_cast<std::byte*>(std::aligned_alloc(kHuge, rounded));
+    if (!data) throw SystemError("braid-bench: out of memory allocating " + std::to_string(n) + " bytes");
+    madvise(data, rounded, MADV_HUGEPAGE);
+    std::memset(data, static_cast<int>(fill), rounded);
+  }
+  HugeBuffer(HugeBuffer&& o) noexcept : data(std::exchange(o.data, nullptr)), bytes(o.bytes) {}
+  HugeBuffer& operator=(HugeBuffer&& o) noexcept {
+    std::free(data);
+    data = std::exchange(o.data, nullptr);
+    bytes = o.bytes;
+    return *this;
+  }
+  ~HugeBuffer() { std::free(data); }
+};
 
 
 using Seconds = std::chrono::duration<double>;
@@ -66,8 +96,8 @@ class Runner {
 
   void prepare(const Case& c) {
     c_ = c;
-    send_.assign(std::max<std::size_t>(1, c.send_elems) * es_, std::byte{0});
-    recv_.assign(std::max<std::size_t>(1, c.recv_elems) * es_, std::byte{0});
+    send_ = HugeBuffer(std::max<std::size_t>(1, c.send_elems) * es_, std::byte{0});
+    recv_ = HugeBuffer(std::max<std::size_t>(1, c.recv_elems) * es_, std::byte{0});
   }
 
   // Fills the input (in place: inside the receive buffer where NCCL puts it).
@@ -76,14 +106,14 @@ class Runner {
   }
 
   std::byte* input(bool in_place) {
-    if (!in_place) return send_.data();
-    if (o_.collective == "all_gather") return recv_.data() + comm_.rank() * c_.count * es_;
-    return recv_.data();
+    if (!in_place) return send_.data;
+    if (o_.collective == "all_gather") return recv_.data + comm_.rank() * c_.count * es_;
+    return recv_.data;
   }
 
   Work issue(bool in_place) {
     std::byte* in = input(in_place);
-    std::byte* out = recv_.data();
+    std::byte* out = recv_.data;
     const std::string& coll = o_.collective;
     int n = comm_.size(), r = comm_.rank();
     if (coll == "all_reduce") return comm_.all_reduce(in, out, c_.count, o_.dtype, o_.op);
@@ -108,7 +138,7 @@ class Runner {
     const std::string& coll = o_.collective;
     int n = comm_.size(), r = comm_.rank();
     std::size_t wrong = 0;
-    const std::byte* out = coll == "reduce_scatter" && in_place ? recv_.data() + r * c_.count * es_ : recv_.data();
+    const std::byte* out = coll == "reduce_scatter" && in_place ? recv_.data + r * c_.count * es_ : recv_.data;
     std::size_t elems = coll == "reduce_scatter" ? c_.count : c_.recv_elems;
     if (coll == "reduce" && r != o_.root) return 0;
     verify::ExpectedTable table(n, o_.dtype, o_.op);
@@ -147,7 +177,7 @@ class Runner {
   const BenchOptions& o_;
   std::size_t es_;
   Case c_;
-  std::vector<std::byte> send_, recv_;
+  HugeBuffer send_, recv_;
 };
 
 struct Result {
@@ -175,14 +205,14 @@ Result measure(Communicator& comm, Runner& runner, bool in_place, int check) {
 
 double measure_memcpy_gbps() {
   const std::size_t bytes = 256u << 20;
-  std::vector<char> a(bytes, 1), b(bytes, 2);
+  HugeBuffer a(bytes, std::byte{1}), b(bytes, std::byte{2});
   double best = 0;
   for (int trial = 0; trial < 4; ++trial) {
     auto start = std::chrono::steady_clock::now();
-    std::memcpy(b.data(), a.data(), bytes);
+    std::memcpy(b.data, a.data, bytes);
     double s = Seconds(std::chrono::steady_clock::now() - start).count();
     best = std::max(best, bytes / s / 1e9);
-    a[trial] = b[bytes - 1 - trial];  // keep the copies observable
+    a.data[trial] = b.data[bytes - 1 - trial];  // keep the copies observable
   }
   return best;
 }
