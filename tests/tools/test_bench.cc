@@ -1,0 +1,57 @@
+// braid-bench end to end: the real binary under the real launcher, every
+// collective checked (-c 1) on 3 ranks, the nccl-tests table and the JSON and
+// CSV files; and a bad argument refused with status 2.
+#include <catch2/catch.hpp>
+
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
+
+#include "tests/tools/launch_harness.h"
+
+using namespace braid::test;
+
+namespace {
+
+std::string bench_path() {
+  const char* path = std::getenv("BRAID_BENCH");
+  REQUIRE(path != nullptr);  // set by meson test
+  return path;
+}
+
+std::string slurp(const std::filesystem::path& file) {
+  std::ifstream in(file);
+  std::stringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+}  // namespace
+
+TEST_CASE("braid-bench checks every collective on 3 ranks and writes JSON and CSV", "[bench]") {
+  std::string coll = GENERATE("all_reduce", "reduce_scatter", "all_gather", "broadcast", "reduce", "all_to_all",
+                              "send_recv");
+  JobDir dir;
+  std::string json = (dir.path() / "rows.json").string(), csv = (dir.path() / "rows.csv").string();
+  LaunchedJob job(dir, {"--nproc-per-node", "3", "--", bench_path(), "--coll", coll, "-b", "8", "-e", "1M",
+                        "-f", "16", "-n", "2", "-w", "1", "-c", "1", "-d", "bf16", "-o", "max", "-r", "1",
+                        "--json", json, "--csv", csv});
+  int status = job.wait(std::chrono::seconds(60));
+  INFO(coll << "\n" << job.out() << job.err());
+  REQUIRE(status == 0);
+  CHECK_THAT(job.out(), Catch::Contains("Out of bounds values : 0 OK"));
+  CHECK_THAT(job.out(), Catch::Contains("single-core memcpy bandwidth"));
+  std::string rows = slurp(json);
+  CHECK_THAT(rows, Catch::Contains("\"collective\": \"" + coll + "\""));
+  CHECK_THAT(rows, Catch::Contains("\"wrong\": 0"));
+  CHECK_THAT(slurp(csv), Catch::StartsWith("collective,bytes,count"));
+}
+
+TEST_CASE("braid-bench refuses a bad datatype before any work", "[bench]") {
+  JobDir dir;
+  LaunchedJob job(dir, {"--nproc-per-node", "1", "--", bench_path(), "-d", "f128"});
+  int status = job.wait(std::chrono::seconds(20));
+  INFO(job.out() << job.err());
+  CHECK(status == 2);
+  CHECK_THAT(job.err(), Catch::Contains("unknown datatype 'f128'"));
+}
