@@ -12,23 +12,11 @@
 #include <vector>
 
 #include "tests/comm/harness.h"
+#include "tests/trainer/model_fixtures.h"
 #include "trainer/model/gpt.h"
 #include "trainer/model/rng.h"
 
 namespace braid::trainer::test {
-
-// Parameters far from the GPT-2 init, so every gradient path carries
-// weight: normals of std 0.3, LayerNorm weights around 1.
-inline void randomize_whole(Gpt& model, std::uint64_t seed) {
-  Rng rng(seed);
-  for (const ParamView& v : model.table().views()) {
-    const bool ln_weight = v.name.find("ln_") != std::string::npos && v.name.find("weight") != std::string::npos;
-    float* p = model.params().data() + v.offset;
-    for (std::size_t i = 0; i < v.count(); ++i) {
-      p[i] = static_cast<float>((ln_weight ? 1.0 : 0.0) + (ln_weight ? 0.1 : 0.3) * rng.normal());
-    }
-  }
-}
 
 // Copies this rank's part (TP slice, PP stage) of every tensor out of a
 // whole (tp_size 1, one stage) model.

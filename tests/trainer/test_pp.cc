@@ -102,7 +102,7 @@ json stats_json(const PpCase& c, const PipelineStats& s) {
 // Every case on this rank's stage of a pure pipeline (the world is the PP group).
 void pp_matches_whole(comm::Communicator& world, const std::vector<PpCase>& cases, const std::string& out_path) {
   Gpt whole(kConfig, ModelLayout::whole(kConfig), nullptr);
-  test::randomize_whole(whole, 5);
+  test::randomize(whole, 5);
   const MeshShape shape{1, 1, world.size()};
   Gpt model(kConfig, mesh_model_layout(kConfig, shape, mesh_coord(shape, world.rank())), nullptr);
   test::copy_from_whole(whole, model);
@@ -160,7 +160,7 @@ void tp_pp_matches_whole(comm::Communicator& world) {
   const MeshShape shape{1, 2, 2};
   ProcessGroups groups = ProcessGroups::build(world, shape);
   Gpt whole(kConfig, ModelLayout::whole(kConfig), nullptr);
-  test::randomize_whole(whole, 6);
+  test::randomize(whole, 6);
   Gpt model(kConfig, mesh_model_layout(kConfig, shape, groups.coord), nullptr);
   test::copy_from_whole(whole, model);
   TpHooks hooks(*groups.tp_group);

@@ -99,7 +99,7 @@ void tp_gpt_matches_whole(comm::Communicator& tp) {
   const int B = 2, T = 16, N = B * T;
   const auto tokens = test::random_ints(N, 11), targets = test::random_ints(N, 12);
   Gpt whole(config, ModelLayout::whole(config), nullptr);
-  test::randomize_whole(whole, 7);
+  test::randomize(whole, 7);
   Activations whole_acts = whole.make_activations(B, T);
   const float whole_loss = whole.forward(whole_acts, tokens.data(), targets.data());
   whole.backward(whole_acts, 1.0f / N);
