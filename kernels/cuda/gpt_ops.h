@@ -1,0 +1,69 @@
+// Training math for the GPT trainer, CUDA versions: the same functions, with
+// the same names, shapes and accumulation rules as kernels/cpu/gpt_ops.h
+// (which documents each op and is the spec these are tested against). The
+// differences:
+//   - every pointer is a device pointer;
+//   - every call takes a trailing cudaStream_t (nullptr: the legacy default
+//     stream) and is asynchronous on it;
+//   - matmul and attention use cuBLAS in full fp32 (no TF32), through one
+//     cuBLAS handle per (host thread, device), created on first use;
+//   - attention_backward allocates its [NH, T, T] scratch with
+//     cudaMallocAsync on the stream and frees it the same way;
+//   - results agree with the CPU within float rounding (different summation
+//     order, expf/tanhf instead of the CPU's exp_approx, FMA contraction);
+//     embedding_backward adds in the CPU's order and matches it bit for bit.
+// Errors (bad launch, cuBLAS failure) throw std::runtime_error.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "kernels/cpu/gpt_ops.h"  // AdamWParams
+
+namespace braid::kernels::cuda {
+
+using cpu::AdamWParams;
+
+// out = inp @ weight^T + bias, weight [OC, C]; bias may be null.
+void matmul_forward(float* out, const float* inp, const float* weight, const float* bias,
+                    int N, int C, int OC, cudaStream_t stream = nullptr);
+// dinp += dout @ weight; dweight += dout^T @ inp; dbias += sum_rows(dout).
+// dinp or dbias may be null.
+void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout,
+                     const float* inp, const float* weight, int N, int C, int OC,
+                     cudaStream_t stream = nullptr);
+
+void layernorm_forward(float* out, float* mean, float* rstd, const float* inp,
+                       const float* weight, const float* bias, int N, int C,
+                       cudaStream_t stream = nullptr);
+void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout,
+                        const float* inp, const float* weight, const float* mean,
+                        const float* rstd, int N, int C, cudaStream_t stream = nullptr);
+
+void gelu_forward(float* out, const float* inp, std::size_t count, cudaStream_t stream = nullptr);
+void gelu_backward(float* dinp, const float* inp, const float* dout, std::size_t count,
+                   cudaStream_t stream = nullptr);
+
+void attention_forward(float* out, float* att, const float* qkv, int B, int T, int NH, int HS,
+                       cudaStream_t stream = nullptr);
+void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* att,
+                        int B, int T, int NH, int HS, cudaStream_t stream = nullptr);
+
+void crossentropy_forward(float* losses, float* probs, const float* logits,
+                          const std::int32_t* targets, int N, int V,
+                          cudaStream_t stream = nullptr);
+void crossentropy_backward(float* dlogits, const float* probs, const std::int32_t* targets,
+                           const float* dloss, int N, int V, cudaStream_t stream = nullptr);
+
+void embedding_forward(float* out, const std::int32_t* tokens, const float* wte,
+                       const float* wpe, int B, int T, int C, cudaStream_t stream = nullptr);
+void embedding_backward(float* dwte, float* dwpe, const float* dout, const std::int32_t* tokens,
+                        int B, int T, int C, cudaStream_t stream = nullptr);
+
+// p is read on the host; param, grad, m and v are device pointers.
+void adamw_update(float* param, const float* grad, float* m, float* v, std::size_t count,
+                  const AdamWParams& p, cudaStream_t stream = nullptr);
+
+}  // namespace braid::kernels::cuda

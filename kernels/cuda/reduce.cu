@@ -1,0 +1,209 @@
+// Reduction kernels for the collectives, one template instantiated per
+// (element type, operator). Each thread handles one 16-byte pack (4 floats,
+// 8 halves, 16 bytes...) per step of a grid-stride loop; the last
+// count % pack elements, or all of them when a pointer is not 16-byte
+// aligned, go through the scalar loop at the end of the same kernel.
+//
+// The element operators are the CPU's, written for the device:
+//   - Min/Max are `b < a ? b : a` / `a < b ? b : a`, so NaN handling matches;
+//   - i8, i32 and i64 sum/prod go through uint32/uint32/uint64 so that
+//     overflow wraps with defined behaviour; u8 promotes to int and truncates;
+//   - f16/bf16 convert to f32 (exact), apply the operator in f32 and convert
+//     back with the hardware's round-to-nearest-even conversion.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cstdint>
+
+#include "kernels/cuda/check.h"
+#include "kernels/cuda/reduce.h"
+
+namespace braid::kernels::cuda {
+namespace {
+
+using detail::check;
+using detail::check_launch;
+using detail::grid_for;
+using detail::kThreads;
+
+template <typename T>
+struct Sum { __device__ static T apply(T a, T b) { return a + b; } };
+template <typename T>
+struct Prod { __device__ static T apply(T a, T b) { return a * b; } };
+template <typename T>
+struct Min { __device__ static T apply(T a, T b) { return b < a ? b : a; } };
+template <typename T>
+struct Max { __device__ static T apply(T a, T b) { return a < b ? b : a; } };
+
+// How one element of storage type T is reduced: plain, wrapping through an
+// unsigned type U, or through f32 for the 16-bit floats.
+template <typename T, template <typename> class Op>
+struct Plain {
+  __device__ static T apply(T a, T b) { return Op<T>::apply(a, b); }
+};
+template <typename T, typename U, template <typename> class Op>
+struct Wrapping {
+  __device__ static T apply(T a, T b) {
+    return static_cast<T>(Op<U>::apply(static_cast<U>(a), static_cast<U>(b)));
+  }
+};
+template <template <typename> class Op>
+struct Half {
+  __device__ static std::uint16_t apply(std::uint16_t a, std::uint16_t b) {
+    float r = Op<float>::apply(__half2float(__ushort_as_half(a)), __half2float(__ushort_as_half(b)));
+    return __half_as_ushort(__float2half_rn(r));
+  }
+};
+template <template <typename> class Op>
+struct BHalf {
+  __device__ static std::uint16_t apply(std::uint16_t a, std::uint16_t b) {
+    float r = Op<float>::apply(__bfloat162float(__ushort_as_bfloat16(a)),
+                               __bfloat162float(__ushort_as_bfloat16(b)));
+    return __bfloat16_as_ushort(__float2bfloat16_rn(r));
+  }
+};
+
+constexpr std::size_t kPackBytes = 16;
+
+template <typename T>
+struct alignas(kPackBytes) Pack {
+  static constexpr int kCount = kPackBytes / sizeof(T);
+  T v[kCount];
+};
+
+// dst = op(a, b): packs [0, packs) vectorised, elements [packs * kCount,
+// count) one by one.
+template <typename T, typename Elem>
+__global__ void reduce_kernel(T* dst, const T* a, const T* b, std::size_t packs, std::size_t count) {
+  using P = Pack<T>;
+  std::size_t stride = std::size_t(gridDim.x) * blockDim.x;
+  std::size_t first = std::size_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  for (std::size_t p = first; p < packs; p += stride) {
+    P x = reinterpret_cast<const P*>(a)[p];
+    P y = reinterpret_cast<const P*>(b)[p];
+#pragma unroll
+    for (int l = 0; l < P::kCount; ++l) x.v[l] = Elem::apply(x.v[l], y.v[l]);
+    reinterpret_cast<P*>(dst)[p] = x;
+  }
+  for (std::size_t i = packs * P::kCount + first; i < count; i += stride)
+    dst[i] = Elem::apply(a[i], b[i]);
+}
+
+bool aligned(const void* p) { return reinterpret_cast<std::uintptr_t>(p) % kPackBytes == 0; }
+
+template <typename T, typename Elem>
+void launch(void* dst, const void* a, const void* b, std::size_t count, cudaStream_t stream) {
+  if (count == 0) return;
+  bool vector = aligned(dst) && aligned(a) && aligned(b);
+  std::size_t packs = vector ? count / Pack<T>::kCount : 0;
+  std::size_t work = packs + (count - packs * Pack<T>::kCount);
+  reduce_kernel<T, Elem><<<grid_for(work), kThreads, 0, stream>>>(
+      static_cast<T*>(dst), static_cast<const T*>(a), static_cast<const T*>(b), packs, count);
+  check_launch("reduce_kernel");
+}
+
+template <template <typename> class Op>
+void dispatch(void* d, const void* a, const void* b, std::size_t n, DataType dtype, cudaStream_t s) {
+  using u16 = std::uint16_t;
+  switch (dtype) {
+    case DataType::f32: return launch<float, Plain<float, Op>>(d, a, b, n, s);
+    case DataType::f64: return launch<double, Plain<double, Op>>(d, a, b, n, s);
+    case DataType::f16: return launch<u16, Half<Op>>(d, a, b, n, s);
+    case DataType::bf16: return launch<u16, BHalf<Op>>(d, a, b, n, s);
+    case DataType::i8: return launch<std::int8_t, Wrapping<std::int8_t, std::uint32_t, Op>>(d, a, b, n, s);
+    case DataType::u8: return launch<std::uint8_t, Plain<std::uint8_t, Op>>(d, a, b, n, s);
+    case DataType::i32: return launch<std::int32_t, Wrapping<std::int32_t, std::uint32_t, Op>>(d, a, b, n, s);
+    case DataType::i64: return launch<std::int64_t, Wrapping<std::int64_t, std::uint64_t, Op>>(d, a, b, n, s);
+  }
+}
+
+// min/max on signed integers must compare as signed, so they skip the
+// unsigned detour.
+template <template <typename> class Op>
+void dispatch_ordered(void* d, const void* a, const void* b, std::size_t n, DataType dtype,
+                      cudaStream_t s) {
+  switch (dtype) {
+    case DataType::i8: return launch<std::int8_t, Plain<std::int8_t, Op>>(d, a, b, n, s);
+    case DataType::i32: return launch<std::int32_t, Plain<std::int32_t, Op>>(d, a, b, n, s);
+    case DataType::i64: return launch<std::int64_t, Plain<std::int64_t, Op>>(d, a, b, n, s);
+    default: return dispatch<Op>(d, a, b, n, dtype, s);
+  }
+}
+
+// The divisor is converted to T first, as the CPU does (static_cast<T>(divisor)).
+template <typename T>
+struct DivideBy {
+  __device__ static T apply(T x, int divisor) { return static_cast<T>(x / static_cast<T>(divisor)); }
+};
+struct DivideHalf {
+  __device__ static std::uint16_t apply(std::uint16_t x, int divisor) {
+    float r = __half2float(__ushort_as_half(x)) / static_cast<float>(divisor);
+    return __half_as_ushort(__float2half_rn(r));
+  }
+};
+struct DivideBHalf {
+  __device__ static std::uint16_t apply(std::uint16_t x, int divisor) {
+    float r = __bfloat162float(__ushort_as_bfloat16(x)) / static_cast<float>(divisor);
+    return __bfloat16_as_ushort(__float2bfloat16_rn(r));
+  }
+};
+
+template <typename T, typename Div>
+__global__ void divide_kernel(T* data, std::size_t count, int divisor) {
+  std::size_t stride = std::size_t(gridDim.x) * blockDim.x;
+  for (std::size_t i = std::size_t(blockIdx.x) * blockDim.x + threadIdx.x; i < count; i += stride)
+    data[i] = Div::apply(data[i], divisor);
+}
+
+template <typename T, typename Div>
+void launch_divide(void* data, std::size_t count, int divisor, cudaStream_t stream) {
+  if (count == 0) return;
+  divide_kernel<T, Div><<<grid_for(count), kThreads, 0, stream>>>(static_cast<T*>(data), count, divisor);
+  check_launch("divide_kernel");
+}
+
+}  // namespace
+
+void reduce(void* dst, const void* a, const void* b, std::size_t count, DataType dtype,
+            ReduceOp op, cudaStream_t stream) {
+  switch (op) {
+    case ReduceOp::sum:
+    case ReduceOp::avg: return dispatch<Sum>(dst, a, b, count, dtype, stream);
+    case ReduceOp::prod: return dispatch<Prod>(dst, a, b, count, dtype, stream);
+    case ReduceOp::min: return dispatch_ordered<Min>(dst, a, b, count, dtype, stream);
+    case ReduceOp::max: return dispatch_ordered<Max>(dst, a, b, count, dtype, stream);
+  }
+}
+
+void divide(void* data, std::size_t count, DataType dtype, int divisor, cudaStream_t stream) {
+  using u16 = std::uint16_t;
+  switch (dtype) {
+    case DataType::f32: return launch_divide<float, DivideBy<float>>(data, count, divisor, stream);
+    case DataType::f64: return launch_divide<double, DivideBy<double>>(data, count, divisor, stream);
+    case DataType::f16: return launch_divide<u16, DivideHalf>(data, count, divisor, stream);
+    case DataType::bf16: return launch_divide<u16, DivideBHalf>(data, count, divisor, stream);
+    case DataType::i8: return launch_divide<std::int8_t, DivideBy<std::int8_t>>(data, count, divisor, stream);
+    case DataType::u8: return launch_divide<std::uint8_t, DivideBy<std::uint8_t>>(data, count, divisor, stream);
+    case DataType::i32: return launch_divide<std::int32_t, DivideBy<std::int32_t>>(data, count, divisor, stream);
+    case DataType::i64: return launch_divide<std::int64_t, DivideBy<std::int64_t>>(data, count, divisor, stream);
+  }
+}
+
+bool cuda_device_available(std::string* why) {
+  int devices = 0;
+  cudaError_t status = cudaGetDeviceCount(&devices);
+  if (status != cudaSuccess) {
+    cudaGetLastError();  // clear it, so the next CUDA call does not report it again
+    if (why != nullptr)
+      *why = std::string("cudaGetDeviceCount: ") + cudaGetErrorName(status) + ": " +
+             cudaGetErrorString(status);
+    return false;
+  }
+  if (devices == 0) {
+    if (why != nullptr) *why = "cudaGetDeviceCount found 0 devices (check CUDA_VISIBLE_DEVICES)";
+    return false;
+  }
+  return true;
+}
+
+}  // namespace braid::kernels::cuda

@@ -1,0 +1,39 @@
+// Element-wise reductions on device memory: the CUDA twin of
+// kernels/cpu/reduce.h, with the same semantics (the CPU version is the spec,
+// tests/kernels/test_cuda_kernels.cc compares the two):
+//   - integer sums and products wrap; signed min/max compare as signed;
+//   - f16 and bf16 are reduced through f32 and rounded back to nearest even
+//     (NaN stays NaN; its payload may differ from the CPU's);
+//   - ReduceOp::avg reduces as sum; call divide() on the final result.
+// Every call is asynchronous on `stream` (nullptr: the legacy default stream).
+// Pointers are device pointers (or managed / mapped host memory). A bad
+// launch throws std::runtime_error; faults during the kernel surface at the
+// caller's next synchronisation.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <string>
+
+#include "kernels/dtype.h"
+
+namespace braid::kernels::cuda {
+
+// dst[i] = op(a[i], b[i]) for i < count. dst may alias a or b. Uses 16-byte
+// vector loads when dst, a and b are all 16-byte aligned.
+void reduce(void* dst, const void* a, const void* b, std::size_t count, DataType dtype,
+            ReduceOp op, cudaStream_t stream = nullptr);
+
+// data[i] /= divisor (integer types truncate toward zero; the divisor is
+// converted to the element type first, as on the CPU). divisor must be
+// nonzero: a device does not trap on integer division by zero.
+void divide(void* data, std::size_t count, DataType dtype, int divisor,
+            cudaStream_t stream = nullptr);
+
+// True when the CUDA runtime sees at least one device. Otherwise false, with
+// the reason (no driver, driver too old, no device visible) in *why when why
+// is not null. Never throws: tests and runtime/ use it to choose a path.
+bool cuda_device_available(std::string* why = nullptr);
+
+}  // namespace braid::kernels::cuda
