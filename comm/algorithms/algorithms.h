@@ -2,6 +2,8 @@
 // the operation in x.op() through the Exchange. select.cc picks one per call.
 #pragma once
 
+#include <algorithm>
+#include <array>
 #include <cstddef>
 #include <functional>
 #include <string_view>
@@ -22,6 +24,30 @@ struct ChunkLayout {
   std::size_t count_of(int chunk) const {
     return count / parts + (static_cast<std::size_t>(chunk) < count % parts ? 1 : 0);
   }
+};
+
+// Receives posted ahead of the one being consumed, oldest first, at most
+// Tuning::window of them: a fixed ring, so pipelining allocates nothing.
+class Window {
+ public:
+  explicit Window(int limit) : limit_(std::clamp(limit, 1, kMaxWindow)) {}
+  bool full() const { return count_ == limit_; }
+  bool empty() const { return count_ == 0; }
+  void push(const Request& request) {
+    slots_[(head_ + count_) % kMaxWindow] = request;
+    ++count_;
+  }
+  Request pop() {
+    Request request = slots_[head_];
+    head_ = (head_ + 1) % kMaxWindow;
+    --count_;
+    return request;
+  }
+
+ private:
+  static constexpr int kMaxWindow = 16;
+  std::array<Request, kMaxWindow> slots_{};
+  int head_ = 0, count_ = 0, limit_;
 };
 
 // Called by the ring reduce-scatter as each segment of the rank's own chunk

@@ -8,7 +8,6 @@
 // Per rank this sends (N-1)/N of the output.
 #include <algorithm>
 #include <cstring>
-#include <deque>
 
 #include "comm/algorithms/algorithms.h"
 
@@ -28,24 +27,32 @@ void all_gather_ring(Exchange& x, std::byte* buf, const ChunkLayout& layout, std
   if (!first_sent)
     for (std::size_t g = 0; g < segments_of(r); ++g)
       x.send(right, first_step, g, segment_ptr(r, g), segment_bytes(r, g));
-  // Every receive of every step, in order: (step, segment).
-  std::deque<std::pair<int, std::size_t>> todo;
-  for (int s = 0; s < n - 1; ++s)
-    for (std::size_t g = 0; g < segments_of(chunk_at(s + 1)); ++g) todo.emplace_back(s, g);
-  std::deque<std::pair<Request, std::pair<int, std::size_t>>> ahead;
-  while (!todo.empty() || !ahead.empty()) {
-    while (!todo.empty() && ahead.size() < static_cast<std::size_t>(x.tuning().window)) {
-      auto [s, g] = todo.front();
-      todo.pop_front();
-      int c = chunk_at(s + 1);
-      ahead.push_back({x.recv(left, first_step + s, g, segment_ptr(c, g), segment_bytes(c, g)), {s, g}});
+  // Receives go in (step, segment) order; one cursor posts them, a second
+  // one, trailing by the window, consumes them.
+  struct Position {
+    int s = 0;
+    std::size_t g = 0;
+  };
+  auto settle = [&](Position& p) {  // skips steps whose chunk is empty
+    for (; p.s < n - 1 && p.g >= segments_of(chunk_at(p.s + 1)); p.g = 0) ++p.s;
+  };
+  auto advance = [&](Position& p) {
+    ++p.g;
+    settle(p);
+  };
+  Position post, take;
+  settle(post);
+  settle(take);
+  Window ahead(x.tuning().window);
+  while (take.s < n - 1) {
+    for (; post.s < n - 1 && !ahead.full(); advance(post)) {
+      int c = chunk_at(post.s + 1);
+      ahead.push(x.recv(left, first_step + post.s, post.g, segment_ptr(c, post.g), segment_bytes(c, post.g)));
     }
-    auto [request, position] = ahead.front();
-    ahead.pop_front();
-    x.wait(request);
-    auto [s, g] = position;
-    int c = chunk_at(s + 1);
-    if (s < n - 2) x.send(right, first_step + s + 1, g, segment_ptr(c, g), segment_bytes(c, g));
+    x.wait(ahead.pop());
+    int c = chunk_at(take.s + 1);
+    if (take.s < n - 2) x.send(right, first_step + take.s + 1, take.g, segment_ptr(c, take.g), segment_bytes(c, take.g));
+    advance(take);
   }
   x.wait_sends();
 }

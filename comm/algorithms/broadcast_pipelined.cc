@@ -8,7 +8,6 @@
 // bandwidth whatever N is.
 #include <algorithm>
 #include <cstring>
-#include <deque>
 
 #include "comm/algorithms/algorithms.h"
 
@@ -30,15 +29,12 @@ void broadcast_pipelined(Exchange& x) {
     x.wait_sends();
     return;
   }
-  std::deque<Request> ahead;
+  Window ahead(x.tuning().window);
   std::size_t posted = 0;
   for (std::size_t g = 0; g < segments; ++g) {
-    while (posted < segments && ahead.size() < static_cast<std::size_t>(x.tuning().window)) {
-      ahead.push_back(x.recv(prev, 0, posted, out + posted * seg * es, bytes_of(posted)));
-      ++posted;
-    }
-    x.wait(ahead.front());
-    ahead.pop_front();
+    for (; posted < segments && !ahead.full(); ++posted)
+      ahead.push(x.recv(prev, 0, posted, out + posted * seg * es, bytes_of(posted)));
+    x.wait(ahead.pop());
     if (!last) x.send(next, 0, g, out + g * seg * es, bytes_of(g));
   }
   x.wait_sends();

@@ -14,7 +14,6 @@
 //
 // Per rank this sends (N-1)/N of the message: the bandwidth optimum.
 #include <algorithm>
-#include <deque>
 #include <vector>
 
 #include "comm/algorithms/algorithms.h"
@@ -57,16 +56,12 @@ void reduce_scatter_ring(Exchange& x, const std::byte* src, std::byte* dst, cons
     if (final_only && s >= 2) wait_sent();
     const int c = chunk_at(s, 2);
     const std::size_t c_count = layout.count_of(c), segments = (c_count + seg - 1) / seg;
-    std::deque<Request> ahead;
+    Window ahead(x.tuning().window);
     std::size_t posted = 0;
     for (std::size_t g = 0; g < segments; ++g) {
-      while (posted < segments && ahead.size() < static_cast<std::size_t>(x.tuning().window)) {
-        std::size_t n_elems = std::min(seg, c_count - posted * seg);
-        ahead.push_back(x.recv_view(left, s, posted, n_elems * es));
-        ++posted;
-      }
-      Request in = ahead.front();
-      ahead.pop_front();
+      for (; posted < segments && !ahead.full(); ++posted)
+        ahead.push(x.recv_view(left, s, posted, std::min(seg, c_count - posted * seg) * es));
+      Request in = ahead.pop();
       x.wait(in);
       const std::size_t off = g * seg, n_elems = std::min(seg, c_count - off);
       std::byte* out = acc(s, c) + off * es;

@@ -67,11 +67,9 @@ ShmTransport::Link& ShmTransport::link(int peer) {
   return *by_rank_[peer];
 }
 
-RequestId ShmTransport::allocate(int peer, bool is_send, const WireHeader& header) {
+RequestId ShmTransport::allocate(int peer, const WireHeader& header) {
   RequestId id = requests_.acquire();
   Request& r = requests_[id];
-  r.in_use = true;
-  r.is_send = is_send;
   r.peer = peer;
   r.header = header;
   return id;
@@ -79,7 +77,7 @@ RequestId ShmTransport::allocate(int peer, bool is_send, const WireHeader& heade
 
 RequestId ShmTransport::post_send(int peer, const WireHeader& header, const void* data) {
   Link& l = link(peer);
-  RequestId id = allocate(peer, true, header);
+  RequestId id = allocate(peer, header);
   requests_[id].data = static_cast<std::byte*>(const_cast<void*>(data));
   l.sends.push_back(id);
   return id;
@@ -87,7 +85,7 @@ RequestId ShmTransport::post_send(int peer, const WireHeader& header, const void
 
 RequestId ShmTransport::post_recv(int peer, const WireHeader& expected, void* data) {
   Link& l = link(peer);
-  RequestId id = allocate(peer, false, expected);
+  RequestId id = allocate(peer, expected);
   Request& r = requests_[id];
   if (data) {
     r.data = static_cast<std::byte*>(data);
@@ -122,14 +120,12 @@ void ShmTransport::release(RequestId request) {
     while (!l.views.empty() && requests_[l.views.front()].released) {
       RequestId front = l.views.front();
       l.views.pop_front();
-      requests_[front].in_use = false;
       requests_.release(front);
     }
     free_consumed(l);
     return;  // freed with the views queue above
   }
   staging_.give_back(std::move(r.staging));
-  r.in_use = false;
   requests_.release(request);
 }
 

@@ -65,19 +65,19 @@ class ShmTransport final : public Transport {
 
  private:
   struct Request {
-    bool in_use = false, done = false, is_send = false, header_done = false;
+    bool done = false, header_done = false;
     bool in_place = false;  // a view served straight from the ring
     bool released = false;
     int peer = -1;
     WireHeader header, received;
     std::byte* data = nullptr;
     std::size_t moved = 0;  // padded payload bytes moved
-    std::uint64_t ring_start = 0, ring_end = 0;  // in-place views: the ring bytes held
+    std::uint64_t ring_start = 0;                // in-place views: where the held ring bytes start
     std::byte inline_data[8];                    // a view of a payload that fit in its header slot
     Staging staging;
   };
 
-  RequestId allocate(int peer, bool is_send, const WireHeader& header);
+  RequestId allocate(int peer, const WireHeader& header);
   Link& link(int peer);
   bool pump_sends(Link& link);
   bool pump_recvs(Link& link);

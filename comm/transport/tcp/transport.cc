@@ -48,11 +48,9 @@ void TcpTransport::shutdown() {
       }
 }
 
-RequestId TcpTransport::allocate(int peer, bool is_send, const WireHeader& header) {
+RequestId TcpTransport::allocate(int peer, const WireHeader& header) {
   RequestId id = requests_.acquire();
   Request& r = requests_[id];
-  r.in_use = true;
-  r.is_send = is_send;
   r.peer = peer;
   r.header = header;
   return id;
@@ -67,14 +65,14 @@ TcpTransport::Stream& TcpTransport::stream_for(int peer, std::vector<std::uint64
 }
 
 RequestId TcpTransport::post_send(int peer, const WireHeader& header, const void* data) {
-  RequestId id = allocate(peer, true, header);
+  RequestId id = allocate(peer, header);
   requests_[id].data = static_cast<std::byte*>(const_cast<void*>(data));
   stream_for(peer, sent_count_).sends.push_back(id);
   return id;
 }
 
 RequestId TcpTransport::post_recv(int peer, const WireHeader& expected, void* data) {
-  RequestId id = allocate(peer, false, expected);
+  RequestId id = allocate(peer, expected);
   Request& r = requests_[id];
   if (data) {
     r.data = static_cast<std::byte*>(data);
@@ -96,7 +94,6 @@ std::span<const std::byte> TcpTransport::view(RequestId request) {
 void TcpTransport::release(RequestId request) {
   Request& r = requests_.at(request);
   staging_.give_back(std::move(r.staging));
-  r.in_use = false;
   requests_.release(request);
 }
 
@@ -196,8 +193,10 @@ bool TcpTransport::progress(Clock::time_point deadline) {
 // passes. Idle sockets are watched for hang-ups only, so early data from a
 // peer that is already in the next operation does not spin this loop.
 void TcpTransport::wait_io(Clock::time_point deadline) {
-  std::vector<pollfd> fds;
-  std::vector<Stream*> owners;
+  std::vector<pollfd>& fds = poll_fds_;  // reused: no allocation per wait
+  std::vector<Stream*>& owners = poll_owners_;
+  fds.clear();
+  owners.clear();
   for (auto& peer_streams : streams_)
     for (auto& stream : peer_streams) {
       short events = 0;

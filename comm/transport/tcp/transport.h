@@ -14,6 +14,8 @@
 // and a header plus its payload leave in one vectored call.
 #pragma once
 
+#include <poll.h>
+
 #include <atomic>
 #include <chrono>
 #include <cstdint>
@@ -73,9 +75,7 @@ class TcpTransport final : public Transport {
 
  private:
   struct Request {
-    bool in_use = false;
     bool done = false;
-    bool is_send = false;
     int peer = -1;
     WireHeader header;    // sent, or expected
     WireHeader received;  // as it arrived
@@ -91,7 +91,7 @@ class TcpTransport final : public Transport {
     std::deque<RequestId> recvs;
   };
 
-  RequestId allocate(int peer, bool is_send, const WireHeader& header);
+  RequestId allocate(int peer, const WireHeader& header);
   Stream& stream_for(int peer, std::vector<std::uint64_t>& counter);
   bool pump_sends(Stream& stream);
   bool pump_recvs(Stream& stream);
@@ -105,6 +105,8 @@ class TcpTransport final : public Transport {
   std::vector<std::vector<Stream>> streams_;  // [peer][socket]
   std::vector<std::uint64_t> sent_count_, received_count_;  // messages per peer
   RequestPool<Request> requests_;
+  std::vector<pollfd> poll_fds_;       // wait_io's scratch
+  std::vector<Stream*> poll_owners_;
   StagingPool staging_;
   std::atomic<std::uint64_t> bytes_sent_{0}, bytes_received_{0};
 };
