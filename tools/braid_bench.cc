@@ -38,7 +38,11 @@ int main(int argc, char** argv) {
                              "all_to_all", "send_recv"}));
   app.add_option("--json", o.json_path, "write every row as JSON to this file");
   app.add_option("--csv", o.csv_path, "write every row as CSV to this file");
-  CLI11_PARSE(app, argc, argv);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e) == 0 ? 0 : 2;  // --help is 0; every argument error is 2, as in the other tools
+  }
   try {
     o.min_bytes = runtime::parse_bytes(min_bytes);
     o.max_bytes = runtime::parse_bytes(max_bytes);
