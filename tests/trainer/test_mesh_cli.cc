@@ -37,6 +37,8 @@ TEST_CASE("braid-train --tp 2 --pp 2 reports the mesh and consolidates its check
   CHECK_THAT(run.err, Catch::Contains("tp groups: [0 1] [2 3]") && Catch::Contains("pp groups: [0 2] [1 3]"));
   CHECK_THAT(run.out, Catch::Contains("mesh dp 1 x tp 2 x pp 2, schedule gpipe") &&
                           Catch::Contains("theory (P-1)/(M+P-1) = 0.200") &&
+                          Catch::Contains("pipeline bubble (idle of the slowest stage") &&
+                          Catch::Contains("compute per step, stage by stage") &&
                           Catch::Contains("peak activation memory per stage") && Catch::Contains("TP all-reduce wait"));
   CHECK_THAT(braid::test::read_file(job.path() / "m.jsonl"),
              Catch::Contains("\"bubble_theory\":0.2") && Catch::Contains("\"pp_comm_ms\""));

@@ -148,8 +148,9 @@ TEST_CASE("pp: gpipe and 1f1b over 2 and 4 stages match one process", "[pp]") {
       if (!gpipe && s == 0) CHECK(peak == std::min(P, M));
       if (!gpipe && s > 0) CHECK(peak <= std::min(P - s + 1, M));
       CHECK(st["peak_activation_bytes"].get<std::size_t>() % peak == 0);
-      CHECK(st["bubble"].get<double>() >= 0.0);
-      CHECK(st["bubble"].get<double>() <= 1.0);
+      // The window spans the fill and the flush: every stage waits for the others some of it.
+      CHECK(st["bubble"].get<double>() > 0.0);
+      CHECK(st["bubble"].get<double>() < 1.0);
     }
   }
 }

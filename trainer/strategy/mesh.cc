@@ -57,8 +57,10 @@ StepResult Mesh::step(std::span<const MicroBatch> micro_batches, float dloss, do
       {}, [&](int i) { strategy_->begin_micro_batch(i, !pipeline && i == M - 1); }};
   pool_->reset_peaks();
   last_ = run_pp_schedule(schedule_, strategy_->model(), *pipe_, *pool_, micro_batches, dloss, callbacks);
+  if (totals_.steps++ == 1) totals_.busy = totals_.idle = {}, totals_.timed_steps = 0;
   totals_.busy += last_.busy;
   totals_.idle += last_.idle;
+  ++totals_.timed_steps;
   totals_.peak_activation_bytes = std::max(totals_.peak_activation_bytes, last_.peak_activation_bytes);
   totals_.peak_in_flight = std::max(totals_.peak_in_flight, last_.peak_in_flight);
   if (pipeline) {

@@ -42,7 +42,12 @@ void validate_mesh(const GptConfig& config, const MeshShape& shape, StrategyKind
 
 // What one rank did in the steps so far, for the reports.
 struct MeshTotals {
-  std::chrono::duration<double> busy{}, idle{};  // schedule time, summed over steps
+  // Schedule time summed over the steps after this Mesh's first, which
+  // allocates and first touches the activations (a warm-up, as in benchmarks),
+  // or over the first alone when it is the only one.
+  std::chrono::duration<double> busy{}, idle{};
+  std::int64_t timed_steps = 0;
+  std::int64_t steps = 0;
   std::size_t peak_activation_bytes = 0;         // largest over the steps
   int peak_in_flight = 0;
 };

@@ -52,6 +52,13 @@ void PipeComm::send_backward_recv_forward(const float* dx, std::size_t dx_count,
   send_backward(dx, dx_count);
 }
 
+void PipeComm::synchronize() {
+  if (stages() == 1) return;
+  const auto start = std::chrono::steady_clock::now();
+  group_.barrier().wait();
+  blocked_ += std::chrono::steady_clock::now() - start;
+}
+
 void PipeComm::sum_tied_embedding_grads(float* wte_grad, std::size_t count) {
   if (!embedding_group_) return;
   const auto start = std::chrono::steady_clock::now();

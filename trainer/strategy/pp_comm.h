@@ -68,6 +68,12 @@ class PipeComm {
   // with one stage, which holds the only copy.
   void sum_tied_embedding_grads(float* wte_grad, std::size_t count);
 
+  // A barrier over the pipeline: the schedules open and close each step's
+  // window with it, so that every stage measures its idle time over the same
+  // interval, the flush included (a stage done early waits here for the
+  // others). Does nothing with one stage.
+  void synchronize();
+
   // Time spent in the calls above since construction (waiting for peers
   // included) and the bytes they sent.
   std::chrono::duration<double> blocked() const { return blocked_; }

@@ -4,9 +4,13 @@
 // Stage keeps, per micro-batch, the Activations it holds from its first use
 // (the recv of its input, or its forward on the first stage) until its
 // input gradient has been sent (or its backward ran, on the first stage).
-// The model's forward and backward are timed as busy; PipeComm's calls
-// count as idle, since with blocking point-to-point calls a stage is
-// either computing or waiting for a neighbour.
+// A training step's window opens and closes with a barrier over the
+// pipeline (PipeComm::synchronize), so every stage measures over the same
+// interval, from the moment all stages start to the flush: the last
+// stage's time waiting for the first stage's final backwards counts as
+// idle, as in the theory. The model's forward and backward are timed as
+// busy and the rest of the window is idle: with blocking point-to-point
+// calls a stage is either computing or waiting for a neighbour.
 #include "trainer/strategy/pp_schedule.h"
 
 #include <algorithm>
@@ -63,9 +67,12 @@ class Stage {
   Stage(Gpt& model, PipeComm& pipe, ActivationPool& pool, std::span<const MicroBatch> micro_batches,
         float dloss, const PipelineCallbacks& callbacks, bool training)
       : model_(model), pipe_(pipe), pool_(pool), mbs_(micro_batches), dloss_(dloss), callbacks_(callbacks),
-        acts_(micro_batches.size(), nullptr), idle_start_(pipe.blocked()) {
+        acts_(micro_batches.size(), nullptr), windowed_(training) {
     check_micro_batches(training);
     pool_.reset_peaks();
+    if (windowed_) pipe_.synchronize();
+    window_start_ = Clock::now();
+    idle_start_ = pipe_.blocked();
   }
 
   // Gives back what an interrupted step (an exception) still holds.
@@ -124,7 +131,12 @@ class Stage {
     stats_.peak_in_flight = pool_.peak_in_flight();
     stats_.peak_activation_bytes = pool_.peak_bytes();
     stats_.busy = busy_;
-    stats_.idle = pipe_.blocked() - idle_start_;
+    if (windowed_) {
+      pipe_.synchronize();
+      stats_.idle = std::chrono::duration<double>(Clock::now() - window_start_) - stats_.busy;
+    } else {
+      stats_.idle = pipe_.blocked() - idle_start_;
+    }
     return stats_;
   }
 
@@ -163,7 +175,9 @@ class Stage {
   float dloss_;
   const PipelineCallbacks& callbacks_;
   std::vector<Activations*> acts_;
-  std::chrono::duration<double> idle_start_;
+  bool windowed_;
+  Clock::time_point window_start_;
+  std::chrono::duration<double> idle_start_{};
   Clock::duration busy_{};
   PipelineStats stats_;
 };

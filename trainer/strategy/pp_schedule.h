@@ -79,7 +79,10 @@ struct PipelineStats {
   int peak_in_flight = 0;     // micro-batches of activations held at once
   std::size_t peak_activation_bytes = 0;
   std::chrono::duration<double> busy{};  // in the model's forward and backward pieces
-  std::chrono::duration<double> idle{};  // in PipeComm calls, waiting for the neighbours
+  // Training: the rest of the step's window, which opens and closes with
+  // every stage together (PipeComm::synchronize), flush included.
+  // Forward only: time in PipeComm calls.
+  std::chrono::duration<double> idle{};
 
   // idle / (busy + idle): the measured counterpart of pp_bubble_theory.
   double bubble_fraction() const;

@@ -147,8 +147,22 @@ std::string per_stage(const std::vector<double>& values, double scale, const cha
 std::string format_mesh(const MeshSummary& m) {
   std::string text = format("mesh dp %d x tp %d x pp %d, schedule %s, %d micro-batch(es) per step\n", m.shape.dp,
                             m.shape.tp, m.shape.pp, m.schedule.c_str(), m.micro_batches);
-  text += format("  bubble per stage (measured idle / scheduled time): %s; theory (P-1)/(M+P-1) = %.3f\n",
+  text += format("  idle per stage (measured after the first step: not computing / the pipeline window, flush included): %s; "
+                 "theory (P-1)/(M+P-1) = %.3f\n",
                  per_stage(m.bubble, 1.0, "").c_str(), m.bubble_theory);
+  if (m.shape.pp > 1 && !m.compute_ms_per_step.empty()) {
+    // The slowest stage never waits for a slower one: its idle time is the
+    // schedule's bubble alone, which the theory describes. The other stages
+    // also wait for it, in proportion to the imbalance.
+    const auto slowest = std::max_element(m.compute_ms_per_step.begin(), m.compute_ms_per_step.end());
+    const auto fastest = std::min_element(m.compute_ms_per_step.begin(), m.compute_ms_per_step.end());
+    const auto s = static_cast<std::size_t>(slowest - m.compute_ms_per_step.begin());
+    const double bubble = m.bubble[s];
+    text += format("  pipeline bubble (idle of the slowest stage, %zu): %.3f = %.2f x theory\n", s, bubble,
+                   m.bubble_theory > 0 ? bubble / m.bubble_theory : 0.0);
+    text += format("  compute per step, stage by stage: %s (slowest / fastest %.3f)\n",
+                   per_stage(m.compute_ms_per_step, 1.0, " ms").c_str(), *fastest > 0 ? *slowest / *fastest : 0.0);
+  }
   text += "  peak activation memory per stage: " + per_stage(m.peak_activation_bytes, 1.0 / (1 << 20), " MiB") + "\n";
   text += "  per step, stage by stage: TP all-reduce wait " + per_stage(m.tp_comm_ms_per_step, 1.0, " ms") +
           "; PP send/recv wait " + per_stage(m.pp_comm_ms_per_step, 1.0, " ms") + "\n";

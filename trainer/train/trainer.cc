@@ -248,6 +248,8 @@ MeshSummary Trainer::mesh_summary() {
   m.micro_batches = options_.grad_accum;
   m.bubble = mesh_->gather_stages(scheduled > 0 ? t.idle.count() / scheduled : 0.0);
   m.bubble_theory = pp_bubble_theory(m.shape.pp, m.micro_batches);
+  m.compute_ms_per_step =
+      mesh_->gather_stages(t.busy.count() * 1e3 / static_cast<double>(std::max<std::int64_t>(t.timed_steps, 1)));
   m.peak_activation_bytes = mesh_->gather_stages(static_cast<double>(t.peak_activation_bytes));
   m.tp_comm_ms_per_step = mesh_->gather_stages(totals_.tp_wait_seconds * 1e3 / steps);
   m.pp_comm_ms_per_step = mesh_->gather_stages(totals_.pp_wait_seconds * 1e3 / steps);

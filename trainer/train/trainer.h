@@ -54,7 +54,7 @@ struct StepReport {
   TrafficTheory theory;            // bytes per step the strategy should move
   // Under --tp / --pp (mesh): this rank's stage in the step.
   bool mesh = false;
-  double bubble = 0.0;             // measured: idle / (busy + idle) of the schedule
+  double bubble = 0.0;             // measured: idle / the step's pipeline window
   double bubble_theory = 0.0;      // (P-1) / (M+P-1)
   std::size_t peak_activation_bytes = 0;
   double tp_comm_ms = 0.0;         // blocked in TP's all-reduces
@@ -67,8 +67,9 @@ struct MeshSummary {
   MeshShape shape;
   std::string schedule;
   int micro_batches = 0;
-  std::vector<double> bubble;                 // measured over the run's steps
+  std::vector<double> bubble;                 // measured idle fraction over the run's steps
   double bubble_theory = 0.0;
+  std::vector<double> compute_ms_per_step;    // forward + backward of the stage
   std::vector<double> peak_activation_bytes;
   std::vector<double> tp_comm_ms_per_step;
   std::vector<double> pp_comm_ms_per_step;
