@@ -9,8 +9,10 @@
 // interval, from the moment all stages start to the flush: the last
 // stage's time waiting for the first stage's final backwards counts as
 // idle, as in the theory. The model's forward and backward are timed as
-// busy and the rest of the window is idle: with blocking point-to-point
-// calls a stage is either computing or waiting for a neighbour.
+// busy, with the strategy's callbacks before them (zeroing the gradients,
+// DDP's bucket bookkeeping: the stage's own work); the rest of the window
+// is idle: with blocking point-to-point calls a stage is either computing
+// or waiting for a neighbour.
 #include "trainer/strategy/pp_schedule.h"
 
 #include <algorithm>
@@ -87,8 +89,8 @@ class Stage {
   int micro_batches() const { return static_cast<int>(mbs_.size()); }
 
   void forward(int i) {
-    if (callbacks_.before_forward) callbacks_.before_forward(i);
     const auto start = Clock::now();
+    if (callbacks_.before_forward) callbacks_.before_forward(i);
     const float loss = model_.forward(acts(i), mbs_[i].tokens, mbs_[i].targets);
     busy_ += Clock::now() - start;
     if (pipe_.is_last_stage() && mbs_[i].targets != nullptr) {
@@ -98,8 +100,8 @@ class Stage {
   }
 
   void backward(int i) {
-    if (callbacks_.before_backward) callbacks_.before_backward(i);
     const auto start = Clock::now();
+    if (callbacks_.before_backward) callbacks_.before_backward(i);
     model_.backward(acts(i), dloss_);
     busy_ += Clock::now() - start;
   }
