@@ -93,8 +93,9 @@ double pp_bubble_theory(int stages, int micro_batches);
 
 // Called by a schedule just before micro-batch i's forward or backward on
 // this stage (timed as busy: the stage's own work). A data-parallel
-// strategy learns here which backward is the step's last (i == M-1 in both schedules), where DDP
-// reduces its buckets; with 1F1B that is not after the last forward.
+// strategy learns here which backward is the step's last (i == M-1 in
+// both schedules), where DDP reduces its buckets; with 1F1B that is not
+// after the last forward.
 struct PipelineCallbacks {
   std::function<void(int micro_batch)> before_forward;
   std::function<void(int micro_batch)> before_backward;
