@@ -5,6 +5,7 @@
 #include <limits>
 
 #include "comm/communicator_impl.h"
+#include "comm/device.h"
 #include "runtime/errors.h"
 
 namespace braid::comm {
@@ -55,9 +56,33 @@ void validate(const Op& op, int rank, int size) {
   if (needs_recv_buffer(op, rank) && !op.recv) throw InvalidUsage(call + "receive buffer is null with count > 0");
 }
 
+// Finds where the buffers live (op.memory): both on one side, one device;
+// device memory only where CUDA was built; a stream only for device memory.
+void locate_buffers(Op& op, int rank, int size) {
+  std::string call = "rank " + std::to_string(rank) + ", " + std::string(name(op.kind)) + ": ";
+  const bool moves_data = buffer_elements(op, size) > 0;
+  const void* send = moves_data && needs_send_buffer(op, rank) ? op.send : nullptr;
+  const void* recv = moves_data && needs_recv_buffer(op, rank) ? op.recv : nullptr;
+  const runtime::Location in = runtime::locate(send), out = runtime::locate(recv);
+  if (send && recv && (in.kind != out.kind || in.device != out.device))
+    throw InvalidUsage(call + "the send buffer is in " + runtime::describe(in) + " but the receive buffer in " +
+                       runtime::describe(out) + "; both must be in the same memory");
+  op.memory = send ? in : out;
+  if (op.memory.kind == runtime::MemoryKind::device && !runtime::cuda_built())
+    throw InvalidUsage(call + "the buffers are in " + runtime::describe(op.memory) +
+                       ", but this braid was built without CUDA (nvcc was not found when it was configured); "
+                       "rebuild it with the CUDA toolkit installed, or pass host memory");
+  if (op.stream.cuda != nullptr && !runtime::cuda_built())
+    throw InvalidUsage(call + "a CUDA stream was given, but this braid was built without CUDA");
+  if (op.stream.cuda != nullptr && moves_data && op.memory.kind == runtime::MemoryKind::host)
+    throw InvalidUsage(call + "a CUDA stream was given, but the buffers are in host memory; pass device "
+                       "buffers with a stream, or host buffers without one");
+}
+
 Op make(OpKind kind, const void* send, void* recv, std::size_t count, DataType dtype,
-        ReduceOp reduce_op = ReduceOp::sum, int root = -1) {
+        ReduceOp reduce_op = ReduceOp::sum, int root = -1, Stream stream = {}) {
   Op op;
+  op.stream = stream;
   op.kind = kind;
   op.send = send;
   op.recv = recv;
@@ -70,6 +95,16 @@ Op make(OpKind kind, const void* send, void* recv, std::size_t count, DataType d
 
 }  // namespace
 
+std::size_t send_elements(const Op& op, int rank, int size) {
+  if (!needs_send_buffer(op, rank)) return 0;
+  return op.kind == OpKind::all_gather ? op.count : buffer_elements(op, size);
+}
+
+std::size_t recv_elements(const Op& op, int rank, int size) {
+  if (!needs_recv_buffer(op, rank)) return 0;
+  return op.kind == OpKind::reduce_scatter ? op.count : buffer_elements(op, size);
+}
+
 Communicator::Communicator(std::shared_ptr<Impl> impl) : impl_(std::move(impl)) {}
 Communicator::~Communicator() = default;
 
@@ -78,41 +113,46 @@ int Communicator::size() const { return impl_->size; }
 
 Work Communicator::submit(Op op) {
   validate(op, impl_->rank, impl_->size);
+  locate_buffers(op, impl_->rank, impl_->size);
   return Work(impl_->enqueue(op));
 }
 
-Work Communicator::all_reduce(const void* send, void* recv, std::size_t count, DataType dtype, ReduceOp op) {
-  return submit(make(OpKind::all_reduce, send, recv, count, dtype, op));
+Work Communicator::all_reduce(const void* send, void* recv, std::size_t count, DataType dtype, ReduceOp op,
+                              Stream stream) {
+  return submit(make(OpKind::all_reduce, send, recv, count, dtype, op, -1, stream));
 }
 
 Work Communicator::reduce_scatter(const void* send, void* recv, std::size_t recv_count, DataType dtype,
-                                  ReduceOp op) {
-  return submit(make(OpKind::reduce_scatter, send, recv, recv_count, dtype, op));
+                                  ReduceOp op, Stream stream) {
+  return submit(make(OpKind::reduce_scatter, send, recv, recv_count, dtype, op, -1, stream));
 }
 
-Work Communicator::all_gather(const void* send, void* recv, std::size_t send_count, DataType dtype) {
-  return submit(make(OpKind::all_gather, send, recv, send_count, dtype));
+Work Communicator::all_gather(const void* send, void* recv, std::size_t send_count, DataType dtype,
+                              Stream stream) {
+  return submit(make(OpKind::all_gather, send, recv, send_count, dtype, ReduceOp::sum, -1, stream));
 }
 
-Work Communicator::broadcast(const void* send, void* recv, std::size_t count, DataType dtype, int root) {
-  return submit(make(OpKind::broadcast, send, recv, count, dtype, ReduceOp::sum, root));
+Work Communicator::broadcast(const void* send, void* recv, std::size_t count, DataType dtype, int root,
+                             Stream stream) {
+  return submit(make(OpKind::broadcast, send, recv, count, dtype, ReduceOp::sum, root, stream));
 }
 
 Work Communicator::reduce(const void* send, void* recv, std::size_t count, DataType dtype, ReduceOp op,
-                          int root) {
-  return submit(make(OpKind::reduce, send, recv, count, dtype, op, root));
+                          int root, Stream stream) {
+  return submit(make(OpKind::reduce, send, recv, count, dtype, op, root, stream));
 }
 
-Work Communicator::send(const void* buffer, std::size_t count, DataType dtype, int peer) {
-  return submit(make(OpKind::send, buffer, nullptr, count, dtype, ReduceOp::sum, peer));
+Work Communicator::send(const void* buffer, std::size_t count, DataType dtype, int peer, Stream stream) {
+  return submit(make(OpKind::send, buffer, nullptr, count, dtype, ReduceOp::sum, peer, stream));
 }
 
-Work Communicator::recv(void* buffer, std::size_t count, DataType dtype, int peer) {
-  return submit(make(OpKind::recv, nullptr, buffer, count, dtype, ReduceOp::sum, peer));
+Work Communicator::recv(void* buffer, std::size_t count, DataType dtype, int peer, Stream stream) {
+  return submit(make(OpKind::recv, nullptr, buffer, count, dtype, ReduceOp::sum, peer, stream));
 }
 
-Work Communicator::all_to_all(const void* send, void* recv, std::size_t count_per_peer, DataType dtype) {
-  return submit(make(OpKind::all_to_all, send, recv, count_per_peer, dtype));
+Work Communicator::all_to_all(const void* send, void* recv, std::size_t count_per_peer, DataType dtype,
+                              Stream stream) {
+  return submit(make(OpKind::all_to_all, send, recv, count_per_peer, dtype, ReduceOp::sum, -1, stream));
 }
 
 Work Communicator::barrier() { return submit(make(OpKind::barrier, nullptr, nullptr, 0, DataType::u8)); }

@@ -13,6 +13,14 @@
 // aborted: its connections are closed (so peers fail fast too) and every
 // later call fails with AbortedError carrying the first error.
 //
+// Buffers may be host or CUDA device memory (found with the driver, see
+// runtime/device.h), both buffers of a call on the same side. A call on
+// device memory takes an optional Stream and follows NCCL's stream
+// semantics: it starts after the work already queued on the stream, and work
+// queued after it waits for its result; Work::wait() returns once the result
+// is in device memory. Device buffers move through pinned host staging
+// (comm/device.h); a build without CUDA refuses them by name.
+//
 // Counts follow NCCL (see comm/types.h): reduce_scatter's count is per rank
 // (output), all_gather's count is per rank (input), all_to_all's count is per
 // peer.
@@ -52,14 +60,16 @@ class Communicator {
   int rank() const;
   int size() const;
 
-  Work all_reduce(const void* send, void* recv, std::size_t count, DataType dtype, ReduceOp op);
-  Work reduce_scatter(const void* send, void* recv, std::size_t recv_count, DataType dtype, ReduceOp op);
-  Work all_gather(const void* send, void* recv, std::size_t send_count, DataType dtype);
-  Work broadcast(const void* send, void* recv, std::size_t count, DataType dtype, int root);
-  Work reduce(const void* send, void* recv, std::size_t count, DataType dtype, ReduceOp op, int root);
-  Work send(const void* buffer, std::size_t count, DataType dtype, int peer);
-  Work recv(void* buffer, std::size_t count, DataType dtype, int peer);
-  Work all_to_all(const void* send, void* recv, std::size_t count_per_peer, DataType dtype);
+  Work all_reduce(const void* send, void* recv, std::size_t count, DataType dtype, ReduceOp op, Stream stream = {});
+  Work reduce_scatter(const void* send, void* recv, std::size_t recv_count, DataType dtype, ReduceOp op,
+                      Stream stream = {});
+  Work all_gather(const void* send, void* recv, std::size_t send_count, DataType dtype, Stream stream = {});
+  Work broadcast(const void* send, void* recv, std::size_t count, DataType dtype, int root, Stream stream = {});
+  Work reduce(const void* send, void* recv, std::size_t count, DataType dtype, ReduceOp op, int root,
+              Stream stream = {});
+  Work send(const void* buffer, std::size_t count, DataType dtype, int peer, Stream stream = {});
+  Work recv(void* buffer, std::size_t count, DataType dtype, int peer, Stream stream = {});
+  Work all_to_all(const void* send, void* recv, std::size_t count_per_peer, DataType dtype, Stream stream = {});
   Work barrier();
 
   // Collective over this communicator: ranks passing the same color form a

@@ -16,6 +16,7 @@
 
 #include "comm/algorithms/exchange.h"
 #include "comm/communicator.h"
+#include "comm/device.h"
 #include "comm/status.h"
 #include "comm/transport/transport.h"
 #include "runtime/config.h"
@@ -33,6 +34,9 @@ struct WorkState {
   std::condition_variable cv;
   bool done = false;
   std::exception_ptr error;
+  // A call on device memory: its stream's side (comm/device.h).
+  std::shared_ptr<StagedOp> staged;
+  std::chrono::milliseconds timeout{0};
   void complete(std::exception_ptr e);
 };
 
@@ -71,6 +75,7 @@ struct Communicator::Impl {
   std::map<int, std::uint64_t> sends_to, receives_from;
   int split_count = 0;
   ExchangeContext exchange;  // routes, tuning and buffers every operation reuses
+  std::unique_ptr<DeviceStaging> device;  // from the first call on device memory
   std::array<std::string_view, 16> logged_choice{};  // [OpKind] algorithm last logged
 
   ~Impl();

@@ -69,11 +69,18 @@ Communicator::Impl::~Impl() {
 std::shared_ptr<WorkState> Communicator::Impl::enqueue(Op op) {
   auto state = std::make_shared<WorkState>();
   std::unique_lock lock(mu);
+  // Device memory: the copies and the gate go on the caller's stream now, in
+  // issue order (under the lock), before the call takes its sequence number.
+  if (op.memory.kind == runtime::MemoryKind::device) {
+    if (!device) device = make_device_staging(op.memory.device, timeout);
+    state->staged = device->stage(op, rank, size);
+    state->timeout = timeout;
+  }
   if (op.kind == OpKind::send) op.seq = ++sends_to[op.root];
   else if (op.kind == OpKind::recv) op.seq = ++receives_from[op.root];
   else op.seq = next_seq++;
   std::size_t bytes = op.count * dtype_bytes(op.dtype);
-  if (!failure && queue.empty() && !running && bytes <= inline_bytes) {
+  if (!failure && queue.empty() && !running && bytes <= inline_bytes && !state->staged) {
     running = true;
     lock.unlock();
     execute(op, *state);
@@ -113,12 +120,14 @@ void Communicator::Impl::execute(const Op& op, WorkState& state) {
     earlier = failure;
   }
   if (earlier) {
+    if (state.staged) state.staged->open_gate();
     state.complete(std::make_exception_ptr(AbortedError(
         "rank " + std::to_string(rank) + ", " + describe(op) +
         ": not run because the communicator was aborted by an earlier error: " + message_of(earlier))));
     return;
   }
   try {
+    if (state.staged) state.staged->wait_inputs(Clock::now() + timeout);
     if (status) status->entered(op);
     Algorithm algorithm = select_algorithm(op, size, forced_algo);
     auto& logged = logged_choice[static_cast<std::size_t>(op.kind)];
@@ -134,8 +143,10 @@ void Communicator::Impl::execute(const Op& op, WorkState& state) {
       return behind.empty() ? text : text + "; behind this call: " + behind;
     });
     algorithm.run(x);
+    if (state.staged) state.staged->open_gate();
     state.complete(nullptr);
   } catch (...) {
+    if (state.staged) state.staged->open_gate();  // the stream goes on; the Work carries the error
     auto error = with_context(op, rank, std::current_exception(), status.get());
     abort(message_of(error));
     {
@@ -160,22 +171,25 @@ void Work::wait() {
   while (!state_->cv.wait_for(lock, std::chrono::seconds(1), [this] { return state_->done; })) {
   }
   if (state_->error) std::rethrow_exception(state_->error);
+  if (state_->staged) state_->staged->wait_results(Clock::now() + state_->timeout);
 }
 
 void Work::wait(std::chrono::milliseconds timeout) {
   if (!state_) throw InvalidUsage("wait() on an empty Work");
   std::unique_lock lock(state_->mu);
-  if (!state_->cv.wait_for(lock, timeout, [this] { return state_->done; }))
+  const auto deadline = Clock::now() + timeout;
+  if (!state_->cv.wait_until(lock, deadline, [this] { return state_->done; }))
     throw TimeoutError("Work::wait: the operation did not complete within " + std::to_string(timeout.count()) +
                        " ms (it is still queued or running)");
   if (state_->error) std::rethrow_exception(state_->error);
+  if (state_->staged) state_->staged->wait_results(deadline);
 }
 
 bool Work::test() {
   if (!state_) throw InvalidUsage("test() on an empty Work");
   std::lock_guard lock(state_->mu);
   if (state_->done && state_->error) std::rethrow_exception(state_->error);
-  return state_->done;
+  return state_->done && (!state_->staged || state_->staged->results_ready());
 }
 
 }  // namespace braid::comm

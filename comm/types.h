@@ -9,6 +9,7 @@
 #include <string_view>
 
 #include "kernels/dtype.h"
+#include "runtime/device.h"
 
 namespace braid::comm {
 
@@ -21,6 +22,14 @@ enum class OpKind : std::uint8_t {
   send, recv, all_to_all, barrier,
 };
 std::string_view name(OpKind kind);
+
+// A CUDA stream (a cudaStream_t) for calls on device memory; the default,
+// null, is the device's legacy default stream, as stream 0 is in NCCL. A
+// call on device buffers is ordered after the work already queued on its
+// stream, and work queued there after the call waits for its result.
+struct Stream {
+  void* cuda = nullptr;
+};
 
 // One collective call, as validated and queued. Counts follow NCCL:
 //   all_reduce, broadcast, reduce, send, recv: `count` elements in each buffer;
@@ -37,6 +46,10 @@ struct Op {
   ReduceOp reduce_op = ReduceOp::sum;
   int root = -1;
   std::uint64_t seq = 0;  // position in this communicator's issue order, from 1
+  // Where the caller's buffers live (validate() sets it), and the stream of
+  // a call on device memory.
+  runtime::Location memory;
+  Stream stream;
 };
 
 // "all_reduce #12 (count 1024, f32, sum)"

@@ -27,6 +27,7 @@
 #include <thread>
 #include <vector>
 
+#include "runtime/device.h"
 #include "runtime/errors.h"
 #include "runtime/store.h"
 #include "tests/comm/failure_util.h"
@@ -56,6 +57,40 @@ void expect_invalid(const std::string& what, const std::function<void()>& call,
     throw std::runtime_error(what + ": threw " + kind_of(e) + " instead of InvalidUsage: " + e.what());
   }
   throw std::runtime_error(what + ": did not throw InvalidUsage");
+}
+
+// Device memory, with the driver lookup replaced: `fake` plays a buffer on
+// CUDA device 0, so the checks run where no GPU exists. Real device buffers
+// are tested in test_device.cc where a GPU is.
+void bad_device_calls(Communicator& comm) {
+  std::vector<float> host(64, 1.0f), fake(64, 1.0f);
+  const void* lo = fake.data();
+  const void* hi = fake.data() + fake.size();
+  runtime::set_locator_for_testing([lo, hi](const void* p) {
+    return p >= lo && p < hi ? runtime::Location{runtime::MemoryKind::device, 0} : runtime::Location{};
+  });
+  int stream_object = 0;
+  const Stream stream{&stream_object};
+  try {
+    expect_invalid("host send buffer, device receive buffer",
+                   [&] { comm.all_reduce(host.data(), fake.data(), 8, DataType::f32, ReduceOp::sum); },
+                   {"all_reduce", "send buffer is in host memory", "CUDA device 0 memory", "same memory"});
+    expect_invalid("a stream with host buffers",
+                   [&] { comm.all_gather(host.data(), host.data(), 8, DataType::f32, stream); },
+                   {"all_gather", "CUDA stream"});
+    if (!runtime::cuda_built()) {
+      expect_invalid("device buffers in a build without CUDA",
+                     [&] { comm.broadcast(fake.data(), fake.data(), 8, DataType::f32, 0); },
+                     {"broadcast", "CUDA device 0 memory", "built without CUDA"});
+      expect_invalid("a stream in a build without CUDA",
+                     [&] { comm.all_reduce(fake.data(), fake.data(), 8, DataType::f32, ReduceOp::sum, stream); },
+                     {"built without CUDA"});
+    }
+  } catch (...) {
+    runtime::set_locator_for_testing(nullptr);
+    throw;
+  }
+  runtime::set_locator_for_testing(nullptr);
 }
 
 void bad_calls(Communicator& comm) {
@@ -106,6 +141,7 @@ void bad_calls(Communicator& comm) {
   expect_invalid("count near SIZE_MAX", [&] { comm.send(buf.data(), kMax, DataType::u8, other); }, {"overflow"});
   expect_invalid("wait() on an empty Work", [] { Work().wait(); }, {"empty Work"});
   expect_invalid("test() on an empty Work", [] { Work().test(); }, {"empty Work"});
+  bad_device_calls(comm);
 }
 
 TEST_CASE("failures: bad arguments throw InvalidUsage at once and the communicator still works",

@@ -14,8 +14,8 @@ using namespace braid;
 using namespace braid::comm;
 
 TEST_CASE("header check names both calls on a mismatch") {
-  Op mine{OpKind::all_reduce, nullptr, nullptr, 1024, DataType::f32, ReduceOp::sum, -1, 812};
-  Op theirs{OpKind::all_gather, nullptr, nullptr, 1024, DataType::f32, ReduceOp::sum, -1, 812};
+  Op mine{OpKind::all_reduce, nullptr, nullptr, 1024, DataType::f32, ReduceOp::sum, -1, 812, {}, {}};
+  Op theirs{OpKind::all_gather, nullptr, nullptr, 1024, DataType::f32, ReduceOp::sum, -1, 812, {}, {}};
   auto expected = expected_header(7, mine, 1, 2, 0, 0, 64);
   auto got = make_header(7, theirs, 2, 1, 0, 0, 64);
   std::string text = header_mismatch(expected, got, 1, 2);
@@ -33,8 +33,8 @@ TEST_CASE("header check names both calls on a mismatch") {
 }
 
 TEST_CASE("point-to-point headers match send against recv") {
-  Op send{OpKind::send, nullptr, nullptr, 10, DataType::i32, ReduceOp::sum, 3, 5};
-  Op recv{OpKind::recv, nullptr, nullptr, 10, DataType::i32, ReduceOp::sum, 0, 5};
+  Op send{OpKind::send, nullptr, nullptr, 10, DataType::i32, ReduceOp::sum, 3, 5, {}, {}};
+  Op recv{OpKind::recv, nullptr, nullptr, 10, DataType::i32, ReduceOp::sum, 0, 5, {}, {}};
   auto sent = make_header(1, send, 0, 3, 0, 0, 40);
   CHECK(header_mismatch(expected_header(1, recv, 3, 0, 0, 0, 40), sent, 3, 0).empty());
   Op wrong = recv;

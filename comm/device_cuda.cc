@@ -1,0 +1,263 @@
+// comm/device.h on the CUDA runtime (CUDA builds only).
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "comm/device.h"
+#include "comm/device_gate.h"
+#include "runtime/errors.h"
+
+namespace braid::comm {
+namespace {
+
+void check(cudaError_t status, const std::string& what) {
+  if (status != cudaSuccess) throw SystemError("CUDA: " + what + ": " + cudaGetErrorString(status));
+}
+
+// Makes `device` current for a scope and restores the caller's device.
+class DeviceScope {
+ public:
+  explicit DeviceScope(int device) {
+    check(cudaGetDevice(&previous_), "cudaGetDevice");
+    if (previous_ != device) check(cudaSetDevice(device), "cudaSetDevice(" + std::to_string(device) + ")");
+  }
+  ~DeviceScope() {
+    int now = -1;
+    if (cudaGetDevice(&now) == cudaSuccess && now != previous_) cudaSetDevice(previous_);
+  }
+  DeviceScope(const DeviceScope&) = delete;
+  DeviceScope& operator=(const DeviceScope&) = delete;
+
+ private:
+  int previous_ = 0;
+};
+
+// What the staging of one device outlives its communicator with: pinned
+// buffers for reuse, and the gate's counter and timeout flag (mapped pinned
+// memory the gate kernel reads and writes).
+struct Shared {
+  int device = 0;
+  std::mutex mu;
+  std::multimap<std::size_t, void*> free_blocks;
+  // Blocks a stream may still copy from, with the event that says it is done.
+  std::vector<std::tuple<std::size_t, void*, cudaEvent_t>> retiring;
+  volatile std::uint64_t* gate = nullptr;  // host view
+  std::uint64_t* gate_device = nullptr;
+  std::uint32_t* timed_out = nullptr;  // host view; [0] set by a gate that gave up
+  std::uint32_t* timed_out_device = nullptr;
+
+  ~Shared() {
+    for (auto& [bytes, block, event] : retiring) {
+      cudaEventSynchronize(event);
+      cudaEventDestroy(event);
+      cudaFreeHost(block);
+    }
+    for (auto& [bytes, block] : free_blocks) cudaFreeHost(block);
+    if (gate) cudaFreeHost(const_cast<std::uint64_t*>(gate));
+    if (timed_out) cudaFreeHost(timed_out);
+  }
+
+  // Called with mu held.
+  void reclaim() {
+    std::erase_if(retiring, [&](auto& entry) {
+      auto& [bytes, block, event] = entry;
+      if (cudaEventQuery(event) != cudaSuccess) return false;
+      cudaEventDestroy(event);
+      free_blocks.emplace(bytes, block);
+      return true;
+    });
+  }
+
+  void* acquire(std::size_t bytes) {
+    std::lock_guard lock(mu);
+    reclaim();
+    auto it = free_blocks.lower_bound(bytes);
+    if (it != free_blocks.end() && it->first <= 2 * bytes) {
+      void* block = it->second;
+      free_blocks.erase(it);
+      return block;
+    }
+    void* block = nullptr;
+    check(cudaHostAlloc(&block, bytes, cudaHostAllocPortable),
+          "cudaHostAlloc of " + std::to_string(bytes) + " bytes of pinned staging");
+    return block;
+  }
+
+  // `block` is free once `event` completes (event owned from here on).
+  void retire(std::size_t bytes, void* block, cudaEvent_t event) {
+    std::lock_guard lock(mu);
+    retiring.emplace_back(bytes, block, event);
+  }
+};
+
+class CudaStagedOp final : public StagedOp {
+ public:
+  CudaStagedOp(std::shared_ptr<Shared> shared, std::uint64_t ticket)
+      : shared_(std::move(shared)), ticket_(ticket) {}
+
+  // Does not open the gate: opening out of issue order would release an
+  // earlier call's stream before its result exists. The engine opens every
+  // queued call's gate; a gate nobody opens gives up at its timeout.
+  ~CudaStagedOp() override {
+    if (staged_) cudaEventDestroy(staged_);
+    for (auto& [bytes, block] : blocks_) {
+      cudaEvent_t done = finished_;
+      if (!done) cudaEventCreateWithFlags(&done, cudaEventDisableTiming);  // already complete: no copy used it
+      else finished_ = nullptr;
+      if (done) shared_->retire(bytes, block, done);
+      else cudaFreeHost(block);
+    }
+    if (finished_) cudaEventDestroy(finished_);
+  }
+
+  void wait_inputs(Clock::time_point deadline) override {
+    if (!error_.empty()) throw SystemError(error_);
+    poll(staged_, deadline, "the work queued before this call on its CUDA stream did not finish");
+  }
+
+  void open_gate() override {
+    // Tickets open in issue order, so the counter only grows.
+    std::atomic_ref<std::uint64_t>(*const_cast<std::uint64_t*>(shared_->gate)).store(ticket_, std::memory_order_release);
+  }
+
+  bool results_ready() override {
+    if (shared_->timed_out[0] != 0)
+      throw TimeoutError("a CUDA stream gave up waiting for a collective's result (BRAID_TIMEOUT plus a margin); "
+                         "the data in its receive buffer is not the result");
+    if (!finished_) return true;
+    cudaError_t status = cudaEventQuery(finished_);
+    if (status == cudaErrorNotReady) return false;
+    check(status, "the copy of a collective's result back to device memory");
+    return true;
+  }
+
+  void wait_results(Clock::time_point deadline) override {
+    poll(finished_, deadline, "the copy of this call's result back to device memory did not finish");
+    results_ready();
+  }
+
+  // Set by CudaStaging::stage.
+  std::vector<std::pair<std::size_t, void*>> blocks_;
+  cudaEvent_t staged_ = nullptr, finished_ = nullptr;
+  std::string error_;  // a CUDA error met after the gate was queued
+
+ private:
+  // Bounded polling with a growing sleep: an event on a busy stream may take
+  // long, and a worker thread must not spin on a shared core.
+  static void poll(cudaEvent_t event, Clock::time_point deadline, const char* what) {
+    if (!event) return;
+    auto pause = std::chrono::microseconds(5);
+    for (;;) {
+      cudaError_t status = cudaEventQuery(event);
+      if (status == cudaSuccess) return;
+      if (status != cudaErrorNotReady) check(status, what);
+      if (Clock::now() >= deadline) throw TimeoutError(std::string(what) + " within BRAID_TIMEOUT");
+      std::this_thread::sleep_for(pause);
+      pause = std::min(pause * 2, std::chrono::microseconds(1000));
+    }
+  }
+
+  std::shared_ptr<Shared> shared_;
+  std::uint64_t ticket_;
+};
+
+class CudaStaging final : public DeviceStaging {
+ public:
+  CudaStaging(int device, std::chrono::milliseconds timeout) : shared_(std::make_shared<Shared>()), timeout_(timeout) {
+    int count = 0;
+    check(cudaGetDeviceCount(&count), "no usable CUDA device (cudaGetDeviceCount)");
+    if (device < 0 || device >= count)
+      throw InvalidUsage("CUDA device " + std::to_string(device) + " does not exist (" + std::to_string(count) +
+                         " visible)");
+    shared_->device = device;
+    DeviceScope scope(device);
+    void* gate = nullptr;
+    void* flag = nullptr;
+    check(cudaHostAlloc(&gate, sizeof(std::uint64_t), cudaHostAllocMapped | cudaHostAllocPortable), "gate counter");
+    shared_->gate = static_cast<volatile std::uint64_t*>(gate);
+    *static_cast<std::uint64_t*>(gate) = 0;
+    check(cudaHostAlloc(&flag, sizeof(std::uint32_t), cudaHostAllocMapped | cudaHostAllocPortable), "gate flag");
+    shared_->timed_out = static_cast<std::uint32_t*>(flag);
+    shared_->timed_out[0] = 0;
+    check(cudaHostGetDevicePointer(reinterpret_cast<void**>(&shared_->gate_device), gate, 0), "gate mapping");
+    check(cudaHostGetDevicePointer(reinterpret_cast<void**>(&shared_->timed_out_device), flag, 0), "flag mapping");
+  }
+
+  int device() const override { return shared_->device; }
+
+  std::shared_ptr<StagedOp> stage(Op& op, int rank, int size) override {
+    if (op.memory.device != shared_->device)
+      throw InvalidUsage("this communicator works on CUDA device " + std::to_string(shared_->device) +
+                         " (its first call on device memory); this call's buffers are on device " +
+                         std::to_string(op.memory.device));
+    DeviceScope scope(shared_->device);
+    const std::size_t es = dtype_bytes(op.dtype);
+    const std::size_t send_bytes = send_elements(op, rank, size) * es, recv_bytes = recv_elements(op, rank, size) * es;
+    // Everything that may fail before the gate is queued throws here, and
+    // the ticket is only taken once the gate is queued: no stream waits for
+    // a call that never reached the engine.
+    const std::uint64_t ticket = tickets_ + 1;
+    auto staged = std::make_shared<CudaStagedOp>(shared_, ticket);
+    std::byte* host_send = nullptr;
+    std::byte* host_recv = nullptr;
+    auto* send = static_cast<const std::byte*>(op.send);
+    auto* recv = static_cast<std::byte*>(op.recv);
+    const bool overlap = send_bytes && recv_bytes && send < recv + recv_bytes && recv < send + send_bytes;
+    if (overlap) {  // in place: one block keeps the buffers' relative position
+      const std::byte* lo = std::min<const std::byte*>(send, recv);
+      const std::byte* hi = std::max<const std::byte*>(send + send_bytes, recv + recv_bytes);
+      auto* block = static_cast<std::byte*>(shared_->acquire(static_cast<std::size_t>(hi - lo)));
+      staged->blocks_.emplace_back(static_cast<std::size_t>(hi - lo), block);
+      host_send = block + (send - lo);
+      host_recv = block + (recv - lo);
+    } else {
+      if (send_bytes) {
+        host_send = static_cast<std::byte*>(shared_->acquire(send_bytes));
+        staged->blocks_.emplace_back(send_bytes, host_send);
+      }
+      if (recv_bytes) {
+        host_recv = static_cast<std::byte*>(shared_->acquire(recv_bytes));
+        staged->blocks_.emplace_back(recv_bytes, host_recv);
+      }
+    }
+    check(cudaEventCreateWithFlags(&staged->staged_, cudaEventDisableTiming), "cudaEventCreate");
+    check(cudaEventCreateWithFlags(&staged->finished_, cudaEventDisableTiming), "cudaEventCreate");
+    auto stream = static_cast<cudaStream_t>(op.stream.cuda);
+    if (send_bytes)
+      check(cudaMemcpyAsync(host_send, send, send_bytes, cudaMemcpyDeviceToHost, stream), "staging the send buffer");
+    check(cudaEventRecord(staged->staged_, stream), "cudaEventRecord");
+    const auto timeout_ns =
+        static_cast<std::uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(timeout_).count()) +
+        10'000'000'000ull;
+    check(launch_gate(stream, shared_->gate_device, ticket, timeout_ns, shared_->timed_out_device),
+          "launching the stream gate");
+    tickets_ = ticket;
+    // From here on the ticket must open in order: errors are kept for the engine.
+    cudaError_t status = cudaSuccess;
+    if (recv_bytes) status = cudaMemcpyAsync(recv, host_recv, recv_bytes, cudaMemcpyHostToDevice, stream);
+    if (status == cudaSuccess) status = cudaEventRecord(staged->finished_, stream);
+    if (status != cudaSuccess) staged->error_ = std::string("CUDA: queueing the result's copy: ") + cudaGetErrorString(status);
+    op.send = host_send;
+    op.recv = host_recv;
+    return staged;
+  }
+
+ private:
+  std::shared_ptr<Shared> shared_;
+  std::chrono::milliseconds timeout_;
+  std::uint64_t tickets_ = 0;
+};
+
+}  // namespace
+
+std::unique_ptr<DeviceStaging> make_device_staging(int device, std::chrono::milliseconds timeout) {
+  return std::make_unique<CudaStaging>(device, timeout);
+}
+
+}  // namespace braid::comm

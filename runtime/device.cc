@@ -1,0 +1,73 @@
+#include "runtime/device.h"
+
+#include <dlfcn.h>
+
+#include <mutex>
+
+namespace braid::runtime {
+namespace {
+
+// The few driver API values used, from cuda.h (stable ABI since CUDA 9.2),
+// so that this file builds without the toolkit.
+using CuResult = int;
+using CuPointerGetAttribute = CuResult (*)(void* data, int attribute, unsigned long long pointer);
+constexpr int kAttributeMemoryType = 2;     // CU_POINTER_ATTRIBUTE_MEMORY_TYPE
+constexpr int kAttributeIsManaged = 8;      // CU_POINTER_ATTRIBUTE_IS_MANAGED
+constexpr int kAttributeDeviceOrdinal = 9;  // CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL
+constexpr unsigned kMemoryTypeDevice = 2;   // CU_MEMORYTYPE_DEVICE
+
+std::mutex locator_mu;
+std::function<Location(const void*)> test_locator;
+
+// The driver's cuPointerGetAttribute if libcuda is loaded; looked up once,
+// and again while it is not (it may be loaded later).
+CuPointerGetAttribute driver_query() {
+  static std::mutex mu;
+  static CuPointerGetAttribute query = nullptr;
+  std::lock_guard lock(mu);
+  if (query) return query;
+  void* driver = dlopen("libcuda.so.1", RTLD_LAZY | RTLD_NOLOAD);
+  if (!driver) return nullptr;
+  query = reinterpret_cast<CuPointerGetAttribute>(dlsym(driver, "cuPointerGetAttribute"));
+  return query;
+}
+
+}  // namespace
+
+std::string describe(const Location& location) {
+  return location.kind == MemoryKind::host ? "host memory"
+                                           : "CUDA device " + std::to_string(location.device) + " memory";
+}
+
+Location locate(const void* pointer) {
+  {
+    std::lock_guard lock(locator_mu);
+    if (test_locator) return test_locator(pointer);
+  }
+  if (pointer == nullptr) return {};
+  CuPointerGetAttribute query = driver_query();
+  if (!query) return {};
+  const auto address = reinterpret_cast<unsigned long long>(pointer);
+  unsigned memory_type = 0, managed = 0;
+  int ordinal = -1;
+  // Errors (a host pointer the driver never saw, no context) mean host memory.
+  if (query(&memory_type, kAttributeMemoryType, address) != 0 || memory_type != kMemoryTypeDevice) return {};
+  if (query(&managed, kAttributeIsManaged, address) == 0 && managed != 0) return {};
+  if (query(&ordinal, kAttributeDeviceOrdinal, address) != 0) ordinal = 0;
+  return {MemoryKind::device, ordinal};
+}
+
+bool cuda_built() {
+#ifdef BRAID_HAVE_CUDA
+  return true;
+#else
+  return false;
+#endif
+}
+
+void set_locator_for_testing(std::function<Location(const void*)> locator) {
+  std::lock_guard lock(locator_mu);
+  test_locator = std::move(locator);
+}
+
+}  // namespace braid::runtime
