@@ -42,6 +42,7 @@ std::shared_ptr<Communicator::Impl> new_impl(const runtime::RankInfo& info, cons
   impl->exchange.rank = rank;
   impl->exchange.size = size;
   impl->exchange.tuning.segment_bytes = config.segment_bytes;
+  impl->exchange.tuning.chunk_bytes = config.chunk_bytes;
   impl->forced_algo = config.algo;
   impl->timeout = config.timeout;
   impl->inline_bytes = config.inline_bytes;

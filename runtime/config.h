@@ -34,6 +34,10 @@ struct Config {
   // BRAID_SEGMENT_BYTES: bytes per transport operation when a chunk is cut
   // into segments to pipeline I/O with reduction. Default 256 KiB.
   std::size_t segment_bytes = 256u << 10;
+  // BRAID_CHUNK_BYTES: a large ring all-reduce runs in rounds in which each
+  // rank owns a chunk of this size, so that the reduced chunk is sent on
+  // while it is still in cache; 0 runs the whole message as one round.
+  std::size_t chunk_bytes = 1u << 20;
   // BRAID_INLINE_BYTES: operations of at most this many bytes run in the
   // calling thread when the communicator is idle (lower latency); larger
   // ones run on the communicator's progress thread. Default 64 KiB.

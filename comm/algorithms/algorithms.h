@@ -60,7 +60,13 @@ using OnFinalSegment = std::function<void(std::size_t segment, std::byte* data, 
 // for every chunk unless `final_only` is set, in which case dst points at the
 // rank's own output chunk and partial sums go to scratch.
 void reduce_scatter_ring(Exchange& x, const std::byte* src, std::byte* dst, const ChunkLayout& layout,
-                         bool final_only, const OnFinalSegment& on_final = {});
+                         bool final_only, const OnFinalSegment& on_final = {}, std::uint32_t first_step = 0,
+                         bool first_sent = false);
+// The reduce-scatter's first step alone (this rank's contribution to the
+// chunk of its right neighbour, straight from `src`), for a caller that
+// posts it early and passes first_sent; its sends are left to
+// Exchange::wait_sends.
+void reduce_scatter_ring_start(Exchange& x, const std::byte* src, const ChunkLayout& layout, std::uint32_t first_step);
 // Ring all-gather: chunk `rank` of `buf` is present; on return every chunk is.
 // Wire steps are numbered from `first_step`; with `first_sent` the caller has
 // already posted the step-0 sends of the rank's own chunk.

@@ -8,6 +8,7 @@
 // Per rank this sends (N-1)/N of the output.
 #include <algorithm>
 #include <cstring>
+#include <vector>
 
 #include "comm/algorithms/algorithms.h"
 
@@ -24,9 +25,12 @@ void all_gather_ring(Exchange& x, std::byte* buf, const ChunkLayout& layout, std
   auto segment_bytes = [&](int c, std::size_t g) {
     return std::min(seg, layout.count_of(c) - g * seg) * es;
   };
+  // Only this schedule's own sends are waited for at the end: a caller that
+  // posted the first step may have queued its next phase behind it.
+  std::vector<Request> sent;
   if (!first_sent)
     for (std::size_t g = 0; g < segments_of(r); ++g)
-      x.send(right, first_step, g, segment_ptr(r, g), segment_bytes(r, g));
+      sent.push_back(x.send(right, first_step, g, segment_ptr(r, g), segment_bytes(r, g)));
   // Receives go in (step, segment) order; one cursor posts them, a second
   // one, trailing by the window, consumes them.
   struct Position {
@@ -51,10 +55,11 @@ void all_gather_ring(Exchange& x, std::byte* buf, const ChunkLayout& layout, std
     }
     x.wait(ahead.pop());
     int c = chunk_at(take.s + 1);
-    if (take.s < n - 2) x.send(right, first_step + take.s + 1, take.g, segment_ptr(c, take.g), segment_bytes(c, take.g));
+    if (take.s < n - 2)
+      sent.push_back(x.send(right, first_step + take.s + 1, take.g, segment_ptr(c, take.g), segment_bytes(c, take.g)));
     advance(take);
   }
-  x.wait_sends();
+  for (const Request& request : sent) x.wait(request);
 }
 
 void all_gather(Exchange& x) {

@@ -5,8 +5,20 @@
 // each rank divides its own chunk by N before the all-gather circulates it.
 // The two phases overlap: a segment of the own chunk is sent on as soon as
 // it is final.
+//
+// A large message runs in rounds, each a full reduce-scatter + all-gather of
+// N chunks of BRAID_CHUNK_BYTES: within a round the all-gather sends a
+// reduced segment while it is still in cache (in one round over the whole
+// message, the all-gather's sends queue behind the whole reduce-scatter and
+// read the output back from memory, which is what bounds large all-reduces
+// on shared memory); with 2 ranks each round's first reduce-scatter step is
+// posted before the previous round's all-gather is waited for, so the pair
+// does not drain between rounds. Measured on 2 ranks over shm: 64 and 256 MiB in
+// place 0.48 -> 0.63 x memcpy, out of place 0.43 -> 0.48 (median of 6).
+//
 // Per rank this sends 2(N-1)/N of the message, the bandwidth optimum, and
 // suits every message large enough that bandwidth, not latency, dominates.
+#include <algorithm>
 #include <cstring>
 
 #include "comm/algorithms/algorithms.h"
@@ -18,22 +30,38 @@ void all_reduce_ring(Exchange& x) {
   const Op& op = x.op();
   const std::size_t es = x.element_bytes();
   auto* out = static_cast<std::byte*>(op.recv);
-  ChunkLayout layout{op.count, x.size()};
-  if (x.size() == 1) {
+  auto* in = static_cast<const std::byte*>(op.send);
+  const int n = x.size(), right = (x.rank() + 1) % n;
+  if (n == 1) {
     if (op.send != op.recv) std::memcpy(out, op.send, op.count * es);
     return;
   }
-  // Each final segment of this rank's chunk starts the all-gather at once,
-  // while it is still in cache: the all-gather never re-reads the chunk from
-  // memory, which is what bounds large all-reduces.
-  const std::uint32_t ag_first_step = static_cast<std::uint32_t>(x.size() - 1);
-  const int right = (x.rank() + 1) % x.size();
-  reduce_scatter_ring(x, static_cast<const std::byte*>(op.send), out, layout, false,
-                      [&](std::size_t g, std::byte* data, std::size_t count) {
-                        if (op.reduce_op == ReduceOp::avg) kernels::cpu::divide(data, count, op.dtype, x.size());
-                        x.send(right, ag_first_step, g, data, count * es);
-                      });
-  all_gather_ring(x, out, layout, ag_first_step, true);
+  const std::size_t chunk = x.tuning().chunk_bytes / es;
+  const std::size_t round = chunk == 0 ? op.count : std::max<std::size_t>(1, chunk) * static_cast<std::size_t>(n);
+  const auto steps_per_round = static_cast<std::uint32_t>(2 * (n - 1));
+  auto layout_at = [&](std::size_t first) { return ChunkLayout{std::min(round, op.count - first), n}; };
+  // With 2 ranks the all-gather only receives, so the next round's first
+  // sends can follow this round's all-gather sends on the link at once; with
+  // more, the all-gather forwards, and they must wait until it has.
+  const bool early = n == 2;
+  std::uint32_t step = 0;
+  for (std::size_t first = 0; first < op.count; first += round, step += steps_per_round) {
+    const ChunkLayout layout = layout_at(first);
+    if (first == 0 || !early) reduce_scatter_ring_start(x, in + first * es, layout, step);
+    std::byte* o = out + first * es;
+    const std::uint32_t ag_first_step = step + static_cast<std::uint32_t>(n - 1);
+    reduce_scatter_ring(
+        x, in + first * es, o, layout, false,
+        [&](std::size_t g, std::byte* data, std::size_t count) {
+          if (op.reduce_op == ReduceOp::avg) kernels::cpu::divide(data, count, op.dtype, n);
+          x.send(right, ag_first_step, g, data, count * es);
+        },
+        step, true);
+    if (early && first + round < op.count)
+      reduce_scatter_ring_start(x, in + (first + round) * es, layout_at(first + round), step + steps_per_round);
+    all_gather_ring(x, o, layout, ag_first_step, true);
+  }
+  x.wait_sends();
 }
 
 }  // namespace braid::comm

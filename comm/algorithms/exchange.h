@@ -35,6 +35,7 @@ struct Request {
 // a ring; segments are single transport operations.
 struct Tuning {
   std::size_t segment_bytes = 256u << 10;
+  std::size_t chunk_bytes = 1u << 20;  // per rank and round of a large all-reduce; 0 = one round
   int window = 4;  // receives posted ahead of the one being consumed
 };
 

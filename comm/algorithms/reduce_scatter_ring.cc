@@ -25,8 +25,30 @@ std::size_t segment_count(const Exchange& x) {
   return std::max<std::size_t>(1, x.tuning().segment_bytes / x.element_bytes());
 }
 
+namespace {
+
+// Step 0: this rank's own contribution to its right neighbour's chunk.
+void post_first_step(Exchange& x, const std::byte* src, const ChunkLayout& layout, std::uint32_t first_step,
+                     std::vector<Request>* sent) {
+  const int n = x.size(), right = (x.rank() + 1) % n, first = (x.rank() - 1 + n) % n;
+  const std::size_t es = x.element_bytes(), seg = segment_count(x);
+  for (std::size_t off = 0, g = 0; off < layout.count_of(first); off += seg, ++g) {
+    Request request = x.send(right, first_step, g, src + (layout.offset(first) + off) * es,
+                             std::min(seg, layout.count_of(first) - off) * es);
+    if (sent) sent->push_back(request);
+  }
+}
+
+}  // namespace
+
+void reduce_scatter_ring_start(Exchange& x, const std::byte* src, const ChunkLayout& layout,
+                               std::uint32_t first_step) {
+  post_first_step(x, src, layout, first_step, nullptr);
+}
+
 void reduce_scatter_ring(Exchange& x, const std::byte* src, std::byte* dst, const ChunkLayout& layout,
-                         bool final_only, const OnFinalSegment& on_final) {
+                         bool final_only, const OnFinalSegment& on_final, std::uint32_t first_step,
+                         bool first_sent) {
   const int n = x.size(), r = x.rank();
   const int left = (r - 1 + n) % n, right = (r + 1) % n;
   const std::size_t es = x.element_bytes(), seg = segment_count(x);
@@ -48,10 +70,7 @@ void reduce_scatter_ring(Exchange& x, const std::byte* src, std::byte* dst, cons
     for (const Request& request : sent) x.wait(request);
     sent.clear();
   };
-  const int first = chunk_at(0, 1);
-  for (std::size_t off = 0, g = 0; off < layout.count_of(first); off += seg, ++g)
-    sent.push_back(x.send(right, 0, g, src + (layout.offset(first) + off) * es,
-                          std::min(seg, layout.count_of(first) - off) * es));
+  if (!first_sent) post_first_step(x, src, layout, first_step, &sent);
   for (int s = 0; s < n - 1; ++s) {
     if (final_only && s >= 2) wait_sent();
     const int c = chunk_at(s, 2);
@@ -60,7 +79,7 @@ void reduce_scatter_ring(Exchange& x, const std::byte* src, std::byte* dst, cons
     std::size_t posted = 0;
     for (std::size_t g = 0; g < segments; ++g) {
       for (; posted < segments && !ahead.full(); ++posted)
-        ahead.push(x.recv_view(left, s, posted, std::min(seg, c_count - posted * seg) * es));
+        ahead.push(x.recv_view(left, first_step + s, posted, std::min(seg, c_count - posted * seg) * es));
       Request in = ahead.pop();
       x.wait(in);
       const std::size_t off = g * seg, n_elems = std::min(seg, c_count - off);
@@ -68,7 +87,7 @@ void reduce_scatter_ring(Exchange& x, const std::byte* src, std::byte* dst, cons
       kernels::cpu::reduce(out, src + (layout.offset(c) + off) * es, x.view(in).data(), n_elems,
                            op.dtype, op.reduce_op);
       x.release(in);
-      if (s < n - 2) sent.push_back(x.send(right, s + 1, g, out, n_elems * es));
+      if (s < n - 2) sent.push_back(x.send(right, first_step + s + 1, g, out, n_elems * es));
       else if (on_final) on_final(g, out, n_elems);
     }
   }

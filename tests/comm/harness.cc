@@ -71,6 +71,7 @@ runtime::Config test_config(std::chrono::milliseconds timeout) {
   runtime::Config config;
   config.timeout = timeout;
   config.segment_bytes = 4096;
+  config.chunk_bytes = 16u << 10;  // several all-reduce rounds from a few thousand elements on
   config.log_level = "off";
   return config;
 }

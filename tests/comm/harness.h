@@ -60,8 +60,8 @@ inline void expect(bool condition, const std::string& message) {
   if (!condition) throw std::runtime_error(message);
 }
 
-// A default config for tests: short timeout, small segments so that small
-// counts still exercise pipelining.
+// A default config for tests: short timeout, small segments and all-reduce
+// chunks so that small counts still exercise pipelining and rounds.
 runtime::Config test_config(std::chrono::milliseconds timeout = std::chrono::seconds(60));
 
 }  // namespace braid::test

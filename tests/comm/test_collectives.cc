@@ -124,7 +124,8 @@ TEST_CASE("64 MiB collectives with default segments", "[collectives][large]") {
   int size = GENERATE(2, 3);
   std::string transport = GENERATE(std::string("tcp"), std::string("shm"));
   runtime::Config config = test::test_config();
-  config.segment_bytes = 256u << 10;
+  config.segment_bytes = runtime::Config{}.segment_bytes;
+  config.chunk_bytes = runtime::Config{}.chunk_bytes;
   config.transport = transport;
   auto result = test::run_ranks(size, [](Communicator& comm) {
     const std::size_t big = (64u << 20) / 4;  // 64 MiB of f32
