@@ -3,6 +3,7 @@
 #include <dlfcn.h>
 #include <link.h>
 
+#include <atomic>
 #include <mutex>
 
 namespace braid::runtime {
@@ -19,6 +20,7 @@ constexpr unsigned kMemoryTypeDevice = 2;   // CU_MEMORYTYPE_DEVICE
 
 std::mutex locator_mu;
 std::function<Location(const void*)> test_locator;
+std::atomic<bool> testing{false};  // test_locator is set: read it under locator_mu
 
 int count_loads(dl_phdr_info* info, std::size_t, void* adds) {
   *static_cast<unsigned long long*>(adds) = info->dlpi_adds;
@@ -53,7 +55,7 @@ std::string describe(const Location& location) {
 }
 
 Location locate(const void* pointer) {
-  {
+  if (testing.load(std::memory_order_acquire)) {
     std::lock_guard lock(locator_mu);
     if (test_locator) return test_locator(pointer);
   }
@@ -81,6 +83,7 @@ bool cuda_built() {
 void set_locator_for_testing(std::function<Location(const void*)> locator) {
   std::lock_guard lock(locator_mu);
   test_locator = std::move(locator);
+  testing.store(test_locator != nullptr, std::memory_order_release);
 }
 
 }  // namespace braid::runtime
