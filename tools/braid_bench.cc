@@ -6,7 +6,9 @@
 // and in place, checks the result against verifiable inputs (-c 1, exact
 // small integers), times -n iterations after -w warm-up ones, and prints
 // time, algbw and busbw as nccl-tests defines them, plus busbw as a fraction
-// of this machine's single-core memcpy bandwidth measured at start.
+// of this machine's single-core memcpy bandwidth measured at start. With
+// --device cuda the buffers are in GPU memory, the calls go on a CUDA stream,
+// and the reference is the GPU's device-to-device cudaMemcpy bandwidth.
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
@@ -36,6 +38,9 @@ int main(int argc, char** argv) {
                  "all_reduce|reduce_scatter|all_gather|broadcast|reduce|all_to_all|send_recv")
       ->check(CLI::IsMember({"all_reduce", "reduce_scatter", "all_gather", "broadcast", "reduce",
                              "all_to_all", "send_recv"}));
+  std::string device = "cpu";
+  app.add_option("--device", device, "cpu: host buffers; cuda: GPU buffers on a CUDA stream (GPU local_rank mod GPUs)")
+      ->check(CLI::IsMember({"cpu", "cuda"}));
   app.add_option("--json", o.json_path, "write every row as JSON to this file");
   app.add_option("--csv", o.csv_path, "write every row as CSV to this file");
   try {
@@ -53,6 +58,7 @@ int main(int argc, char** argv) {
     if (o.min_bytes > o.max_bytes) throw InvalidUsage("-b must not exceed -e");
     o.dtype = *parsed_dtype;
     o.op = *parsed_op;
+    o.cuda = device == "cuda";
     return comm::run_bench(o);
   } catch (const InvalidUsage& e) {
     std::fprintf(stderr, "braid-bench: %s\n", e.what());

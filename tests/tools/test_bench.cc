@@ -55,3 +55,21 @@ TEST_CASE("braid-bench refuses a bad datatype before any work", "[bench]") {
   CHECK(status == 2);
   CHECK_THAT(job.err(), Catch::Contains("unknown datatype 'f128'"));
 }
+
+// On a GPU machine the sweep runs on device buffers and checks out; anywhere
+// else the run stops at once saying why (no GPU or driver: 1; no CUDA in
+// this build: 2), never a crash or a hang.
+TEST_CASE("braid-bench --device cuda runs on GPU buffers or says why it cannot", "[bench][cuda]") {
+  JobDir dir;
+  LaunchedJob job(dir, {"--nproc-per-node", "2", "--", bench_path(), "--device", "cuda", "-b", "8", "-e", "4M",
+                        "-f", "64", "-n", "2", "-w", "1", "-c", "1"});
+  int status = job.wait(std::chrono::seconds(120));
+  INFO(job.out() << job.err());
+  if (status == 0) {
+    CHECK_THAT(job.out(), Catch::Contains("device-to-device cudaMemcpy bandwidth") &&
+                              Catch::Contains("Out of bounds values : 0 OK"));
+  } else {
+    CHECK((status == 1 || status == 2));
+    CHECK_THAT(job.err(), Catch::Contains("CUDA"));
+  }
+}

@@ -15,9 +15,11 @@
 
 #include "comm/algorithms/algorithms.h"
 #include "comm/communicator.h"
+#include "tools/bench/device.h"
 #include "tools/bench/verify.h"
 #include "runtime/config.h"
 #include "runtime/errors.h"
+#include "runtime/rank_info.h"
 
 namespace braid::comm {
 namespace {
@@ -94,43 +96,60 @@ class Runner {
  public:
   Runner(Communicator& comm, const BenchOptions& o) : comm_(comm), o_(o), es_(dtype_bytes(o.dtype)) {}
 
+  ~Runner() { release_device(); }
+  Runner(const Runner&) = delete;
+  Runner& operator=(const Runner&) = delete;
+
   void prepare(const Case& c) {
     c_ = c;
     send_ = HugeBuffer(std::max<std::size_t>(1, c.send_elems) * es_, std::byte{0});
     recv_ = HugeBuffer(std::max<std::size_t>(1, c.recv_elems) * es_, std::byte{0});
+    if (o_.cuda) {
+      release_device();
+      device_send_ = bench_device::allocate(send_.bytes);
+      device_recv_ = bench_device::allocate(recv_.bytes);
+    }
   }
 
   // Fills the input (in place: inside the receive buffer where NCCL puts it).
+  // With --device cuda the host buffers mirror the device ones.
   void fill(bool in_place) {
-    verify::fill_input(input(in_place), c_.send_elems, 0, comm_.rank(), comm_.size(), o_.dtype, o_.op);
+    verify::fill_input(input(in_place, send_.data, recv_.data), c_.send_elems, 0, comm_.rank(), comm_.size(),
+                       o_.dtype, o_.op);
+    if (o_.cuda) {
+      bench_device::upload(device_send_, send_.data, send_.bytes);
+      bench_device::upload(device_recv_, recv_.data, recv_.bytes);
+    }
   }
 
-  std::byte* input(bool in_place) {
-    if (!in_place) return send_.data;
-    if (o_.collective == "all_gather") return recv_.data + comm_.rank() * c_.count * es_;
-    return recv_.data;
+  std::byte* input(bool in_place, std::byte* send, std::byte* recv) {
+    if (!in_place) return send;
+    if (o_.collective == "all_gather") return recv + comm_.rank() * c_.count * es_;
+    return recv;
   }
 
   Work issue(bool in_place) {
-    std::byte* in = input(in_place);
-    std::byte* out = recv_.data;
+    std::byte* send = o_.cuda ? device_send_ : send_.data;
+    std::byte* out = o_.cuda ? device_recv_ : recv_.data;
+    std::byte* in = input(in_place, send, out);
+    const Stream stream{o_.cuda ? bench_device::stream() : nullptr};
     const std::string& coll = o_.collective;
     int n = comm_.size(), r = comm_.rank();
-    if (coll == "all_reduce") return comm_.all_reduce(in, out, c_.count, o_.dtype, o_.op);
+    if (coll == "all_reduce") return comm_.all_reduce(in, out, c_.count, o_.dtype, o_.op, stream);
     if (coll == "reduce_scatter")
-      return comm_.reduce_scatter(in, in_place ? in + r * c_.count * es_ : out, c_.count, o_.dtype, o_.op);
-    if (coll == "all_gather") return comm_.all_gather(in, out, c_.count, o_.dtype);
-    if (coll == "broadcast") return comm_.broadcast(in, out, c_.count, o_.dtype, o_.root);
-    if (coll == "reduce") return comm_.reduce(in, out, c_.count, o_.dtype, o_.op, o_.root);
-    if (coll == "all_to_all") return comm_.all_to_all(in, out, c_.count, o_.dtype);
+      return comm_.reduce_scatter(in, in_place ? in + r * c_.count * es_ : out, c_.count, o_.dtype, o_.op, stream);
+    if (coll == "all_gather") return comm_.all_gather(in, out, c_.count, o_.dtype, stream);
+    if (coll == "broadcast") return comm_.broadcast(in, out, c_.count, o_.dtype, o_.root, stream);
+    if (coll == "reduce") return comm_.reduce(in, out, c_.count, o_.dtype, o_.op, o_.root, stream);
+    if (coll == "all_to_all") return comm_.all_to_all(in, out, c_.count, o_.dtype, stream);
     // send_recv: a ring shift; even ranks send first so the chain never closes into a cycle.
     int to = (r + 1) % n, from = (r - 1 + n) % n;
     if (r % 2 == 0) {
-      comm_.send(in, c_.count, o_.dtype, to);
-      return comm_.recv(out, c_.count, o_.dtype, from);
+      comm_.send(in, c_.count, o_.dtype, to, stream);
+      return comm_.recv(out, c_.count, o_.dtype, from, stream);
     }
-    comm_.recv(out, c_.count, o_.dtype, from);
-    return comm_.send(in, c_.count, o_.dtype, to);
+    comm_.recv(out, c_.count, o_.dtype, from, stream);
+    return comm_.send(in, c_.count, o_.dtype, to, stream);
   }
 
   // Number of wrong output elements on this rank.
@@ -138,6 +157,7 @@ class Runner {
     const std::string& coll = o_.collective;
     int n = comm_.size(), r = comm_.rank();
     std::size_t wrong = 0;
+    if (o_.cuda) bench_device::download(recv_.data, device_recv_, recv_.bytes);
     const std::byte* out = coll == "reduce_scatter" && in_place ? recv_.data + r * c_.count * es_ : recv_.data;
     std::size_t elems = coll == "reduce_scatter" ? c_.count : c_.recv_elems;
     if (coll == "reduce" && r != o_.root) return 0;
@@ -176,8 +196,16 @@ class Runner {
   Communicator& comm_;
   const BenchOptions& o_;
   std::size_t es_;
+  void release_device() {
+    bench_device::release(device_send_);
+    bench_device::release(device_recv_);
+    device_send_ = device_recv_ = nullptr;
+  }
+
   Case c_;
   HugeBuffer send_, recv_;
+  std::byte* device_send_ = nullptr;  // --device cuda
+  std::byte* device_recv_ = nullptr;
 };
 
 struct Result {
@@ -222,7 +250,8 @@ int run_bench(const BenchOptions& o) {
   const int n = comm->size(), r = comm->rank();
   if ((o.collective == "broadcast" || o.collective == "reduce") && o.root >= n)
     throw InvalidUsage("--root " + std::to_string(o.root) + " is out of range for " + std::to_string(n) + " ranks");
-  double memcpy_gbps = r == 0 ? measure_memcpy_gbps() : 0;
+  if (o.cuda) bench_device::init(runtime::rank_info_from_env().local_rank);
+  double memcpy_gbps = r != 0 ? 0 : o.cuda ? bench_device::measure_copy_gbps() : measure_memcpy_gbps();
   comm->broadcast(&memcpy_gbps, &memcpy_gbps, 1, DataType::f64, 0).wait();
   const std::size_t es = dtype_bytes(o.dtype);
   bool reduces = o.collective == "all_reduce" || o.collective == "reduce_scatter" || o.collective == "reduce";
@@ -230,7 +259,12 @@ int run_bench(const BenchOptions& o) {
     std::printf("# braid-bench %s: %d ranks, transport %s, dtype %s, op %s, iters %d, warmup %d, check %d\n",
                 o.collective.c_str(), n, comm->transport_summary().c_str(), std::string(name(o.dtype)).c_str(),
                 reduces ? std::string(name(o.op)).c_str() : "none", o.iters, o.warmup, o.check);
-    std::printf("# single-core memcpy bandwidth: %.2f GB/s (busbw/memcpy below is relative to it)\n", memcpy_gbps);
+    if (o.cuda) {
+      std::printf("# buffers in GPU memory; device-to-device cudaMemcpy bandwidth: %.2f GB/s (busbw/memcpy below "
+                  "is relative to it)\n", memcpy_gbps);
+    } else {
+      std::printf("# single-core memcpy bandwidth: %.2f GB/s (busbw/memcpy below is relative to it)\n", memcpy_gbps);
+    }
     std::printf("#\n#%12s %12s %6s %6s %5s %-26s %10s %8s %8s %6s %7s %10s %8s %8s %6s %7s\n", "size", "count",
                 "type", "redop", "root", "transport:algorithm", "time", "algbw", "busbw", "/mcpy", "#wrong", "time", "algbw",
                 "busbw", "/mcpy", "#wrong");

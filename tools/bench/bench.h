@@ -17,6 +17,7 @@ struct BenchOptions {
   DataType dtype = DataType::f32;
   ReduceOp op = ReduceOp::sum;
   std::string json_path, csv_path;
+  bool cuda = false;  // --device cuda: buffers in GPU memory, calls on a CUDA stream
 };
 
 // Runs the sweep on the world communicator; returns the exit status (1 when

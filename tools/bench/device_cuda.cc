@@ -1,0 +1,71 @@
+// tools/bench/device.h on the CUDA runtime.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <string>
+
+#include "runtime/errors.h"
+#include "tools/bench/device.h"
+
+namespace braid::comm::bench_device {
+namespace {
+
+cudaStream_t the_stream = nullptr;
+
+void check(cudaError_t status, const std::string& what) {
+  if (status != cudaSuccess) throw SystemError("CUDA " + what + ": " + cudaGetErrorString(status));
+}
+
+}  // namespace
+
+void init(int local_rank) {
+  int count = 0;
+  check(cudaGetDeviceCount(&count), "cudaGetDeviceCount (is there a GPU and a driver?)");
+  if (count == 0) throw SystemError("--device cuda, but no CUDA device is visible");
+  check(cudaSetDevice(local_rank % count), "cudaSetDevice");
+  check(cudaStreamCreateWithFlags(&the_stream, cudaStreamNonBlocking), "cudaStreamCreate");
+}
+
+void* stream() { return the_stream; }
+
+std::byte* allocate(std::size_t bytes) {
+  void* p = nullptr;
+  check(cudaMalloc(&p, std::max<std::size_t>(bytes, 1)), "cudaMalloc of " + std::to_string(bytes) + " bytes");
+  return static_cast<std::byte*>(p);
+}
+
+void release(std::byte* device) { cudaFree(device); }
+
+void upload(std::byte* device, const std::byte* host, std::size_t bytes) {
+  check(cudaMemcpy(device, host, bytes, cudaMemcpyHostToDevice), "upload");
+}
+
+void download(std::byte* host, const std::byte* device, std::size_t bytes) {
+  check(cudaMemcpy(host, device, bytes, cudaMemcpyDeviceToHost), "download");
+}
+
+double measure_copy_gbps() {
+  const std::size_t bytes = 256u << 20;
+  std::byte* a = allocate(bytes);
+  std::byte* b = allocate(bytes);
+  cudaEvent_t start, stop;
+  check(cudaEventCreate(&start), "cudaEventCreate");
+  check(cudaEventCreate(&stop), "cudaEventCreate");
+  double best = 0;
+  for (int trial = 0; trial < 5; ++trial) {
+    check(cudaEventRecord(start, the_stream), "cudaEventRecord");
+    check(cudaMemcpyAsync(b, a, bytes, cudaMemcpyDeviceToDevice, the_stream), "cudaMemcpyAsync");
+    check(cudaEventRecord(stop, the_stream), "cudaEventRecord");
+    check(cudaEventSynchronize(stop), "cudaEventSynchronize");
+    float ms = 0;
+    check(cudaEventElapsedTime(&ms, start, stop), "cudaEventElapsedTime");
+    if (trial > 0 && ms > 0) best = std::max(best, bytes / (ms * 1e-3) / 1e9);
+  }
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  release(a);
+  release(b);
+  return best;
+}
+
+}  // namespace braid::comm::bench_device
