@@ -1,0 +1,29 @@
+#!/bin/sh
+# Packs what the GPU checks need into .gpukit/gpukit.tar.xz, for a machine
+# with an NVIDIA GPU but none of Debian's -dev packages (the device machine
+# lent to some sessions): the CUDA test and tool binaries of ./build (built
+# here, with CUDA) and the shared libraries they use, except glibc's and the
+# CUDA driver's and cuBLAS (found there; scripts/gpu_check.sh looks them up).
+# Carry .gpukit and run scripts/gpu_check.sh there.
+set -eu
+cd "$(dirname "$0")/.."
+./scripts/setup.sh > /dev/null
+[ -x build/tests/comm/test_comm_device ] || { echo "gpu_kit: this build has no CUDA (nvcc not found)" >&2; exit 2; }
+kit=.gpukit/stage
+rm -rf .gpukit
+mkdir -p "$kit/bin" "$kit/lib"
+bins="build/tests/kernels/test_kernels_cuda build/tests/comm/test_comm_device build/tests/comm/test_comm
+      build/tools/braid-launch build/tools/braid-bench build/tools/braid-train"
+for b in $bins; do cp "$b" "$kit/bin/"; done
+for b in $bins; do
+  ldd "$b" | awk '/=> \// {print $3}'
+done | sort -u | while read -r lib; do
+  case "$(basename "$lib")" in
+    libc.so*|libm.so*|libdl.so*|libpthread.so*|librt.so*|ld-linux*|libcuda.so*|libcublas*) ;;
+    *) cp -L "$lib" "$kit/lib/" ;;
+  esac
+done
+cp scripts/gpu_check.sh "$kit/"
+tar -C "$kit" -cJf .gpukit/gpukit.tar.xz .
+rm -rf "$kit"
+ls -l .gpukit/gpukit.tar.xz
