@@ -58,7 +58,7 @@ Config read_config() {
   c.transport = one_of("BRAID_TRANSPORT", c.transport, {"auto", "tcp", "shm"});
   c.algo = one_of("BRAID_ALGO", c.algo,
                   {"auto", "ring", "recursive_doubling", "binomial", "pipelined"});
-  c.tcp_nsocks = static_cast<int>(bytes_in_range("BRAID_TCP_NSOCKS", 1, 1, 16));
+  c.tcp_nsocks = static_cast<int>(bytes_in_range("BRAID_TCP_NSOCKS", c.tcp_nsocks, 1, 16));
   c.socket_buffer_bytes =
       bytes_in_range("BRAID_SOCKET_BUFFER_BYTES", c.socket_buffer_bytes, 4096, 1u << 30);
   c.segment_bytes = bytes_in_range("BRAID_SEGMENT_BYTES", c.segment_bytes, 4096, 1u << 30);
