@@ -45,18 +45,23 @@ struct Shared {
   int device = 0;
   std::mutex mu;
   std::multimap<std::size_t, void*> free_blocks;
-  // Blocks a stream may still copy from, with the event that says it is done.
-  std::vector<std::tuple<std::size_t, void*, cudaEvent_t>> retiring;
+  // Blocks a stream may still copy from or to, with the event after which
+  // none does.
+  struct Retiring {
+    cudaEvent_t done;
+    std::vector<std::pair<std::size_t, void*>> blocks;
+  };
+  std::vector<Retiring> retiring;
   volatile std::uint64_t* gate = nullptr;  // host view
   std::uint64_t* gate_device = nullptr;
   std::uint32_t* timed_out = nullptr;  // host view; [0] set by a gate that gave up
   std::uint32_t* timed_out_device = nullptr;
 
   ~Shared() {
-    for (auto& [bytes, block, event] : retiring) {
-      cudaEventSynchronize(event);
-      cudaEventDestroy(event);
-      cudaFreeHost(block);
+    for (auto& r : retiring) {
+      cudaEventSynchronize(r.done);
+      cudaEventDestroy(r.done);
+      for (auto& [bytes, block] : r.blocks) cudaFreeHost(block);
     }
     for (auto& [bytes, block] : free_blocks) cudaFreeHost(block);
     if (gate) cudaFreeHost(const_cast<std::uint64_t*>(gate));
@@ -65,11 +70,10 @@ struct Shared {
 
   // Called with mu held.
   void reclaim() {
-    std::erase_if(retiring, [&](auto& entry) {
-      auto& [bytes, block, event] = entry;
-      if (cudaEventQuery(event) != cudaSuccess) return false;
-      cudaEventDestroy(event);
-      free_blocks.emplace(bytes, block);
+    std::erase_if(retiring, [&](Retiring& r) {
+      if (cudaEventQuery(r.done) != cudaSuccess) return false;
+      cudaEventDestroy(r.done);
+      for (auto& [bytes, block] : r.blocks) free_blocks.emplace(bytes, block);
       return true;
     });
   }
@@ -89,10 +93,10 @@ struct Shared {
     return block;
   }
 
-  // `block` is free once `event` completes (event owned from here on).
-  void retire(std::size_t bytes, void* block, cudaEvent_t event) {
+  // `blocks` are free once `done` completes (the event is owned from here on).
+  void retire(cudaEvent_t done, std::vector<std::pair<std::size_t, void*>> blocks) {
     std::lock_guard lock(mu);
-    retiring.emplace_back(bytes, block, event);
+    retiring.push_back({done, std::move(blocks)});
   }
 };
 
@@ -104,16 +108,18 @@ class CudaStagedOp final : public StagedOp {
   // Does not open the gate: opening out of issue order would release an
   // earlier call's stream before its result exists. The engine opens every
   // queued call's gate; a gate nobody opens gives up at its timeout.
+  // The staging blocks go back to the pool once `finished` completes: it is
+  // recorded after every copy that uses them. Without it (staging failed
+  // before it was recorded) no queued copy reads them after `staged`.
   ~CudaStagedOp() override {
-    if (staged_) cudaEventDestroy(staged_);
-    for (auto& [bytes, block] : blocks_) {
-      cudaEvent_t done = finished_;
-      if (!done) cudaEventCreateWithFlags(&done, cudaEventDisableTiming);  // already complete: no copy used it
-      else finished_ = nullptr;
-      if (done) shared_->retire(bytes, block, done);
-      else cudaFreeHost(block);
+    if (finished_ && !blocks_.empty()) {
+      shared_->retire(finished_, std::move(blocks_));
+    } else {
+      if (staged_) cudaEventSynchronize(staged_);
+      for (auto& [bytes, block] : blocks_) cudaFreeHost(block);
+      if (finished_) cudaEventDestroy(finished_);
     }
-    if (finished_) cudaEventDestroy(finished_);
+    if (staged_) cudaEventDestroy(staged_);
   }
 
   void wait_inputs(Clock::time_point deadline) override {
