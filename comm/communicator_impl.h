@@ -75,6 +75,7 @@ struct Communicator::Impl {
   std::map<int, std::uint64_t> sends_to, receives_from;
   int split_count = 0;
   ExchangeContext exchange;  // routes, tuning and buffers every operation reuses
+  std::mutex staging_mu;                  // orders staging + queueing of calls on device memory
   std::unique_ptr<DeviceStaging> device;  // from the first call on device memory
   std::array<std::string_view, 16> logged_choice{};  // [OpKind] algorithm last logged
 

@@ -114,9 +114,10 @@ class CudaStagedOp final : public StagedOp {
   ~CudaStagedOp() override {
     if (finished_ && !blocks_.empty()) {
       shared_->retire(finished_, std::move(blocks_));
-    } else {
+    } else {  // back to the pool: cudaFreeHost would wait for the whole device
       if (staged_) cudaEventSynchronize(staged_);
-      for (auto& [bytes, block] : blocks_) cudaFreeHost(block);
+      std::lock_guard lock(shared_->mu);
+      for (auto& [bytes, block] : blocks_) shared_->free_blocks.emplace(bytes, block);
       if (finished_) cudaEventDestroy(finished_);
     }
     if (staged_) cudaEventDestroy(staged_);

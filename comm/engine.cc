@@ -68,14 +68,19 @@ Communicator::Impl::~Impl() {
 
 std::shared_ptr<WorkState> Communicator::Impl::enqueue(Op op) {
   auto state = std::make_shared<WorkState>();
-  std::unique_lock lock(mu);
-  // Device memory: the copies and the gate go on the caller's stream now, in
-  // issue order (under the lock), before the call takes its sequence number.
+  // Device memory: the copies and the gate go on the caller's stream now,
+  // before the call takes its sequence number, and staging and queueing
+  // happen under staging_mu so that gates open in queue order. Not under mu:
+  // a CUDA call that waits for the device (which may wait for a gate) must
+  // not keep the progress thread from running the calls that open them.
+  std::unique_lock staging_lock(staging_mu, std::defer_lock);
   if (op.memory.kind == runtime::MemoryKind::device) {
+    staging_lock.lock();
     if (!device) device = make_device_staging(op.memory.device, timeout);
     state->staged = device->stage(op, rank, size);
     state->timeout = timeout;
   }
+  std::unique_lock lock(mu);
   if (op.kind == OpKind::send) op.seq = ++sends_to[op.root];
   else if (op.kind == OpKind::recv) op.seq = ++receives_from[op.root];
   else op.seq = next_seq++;
