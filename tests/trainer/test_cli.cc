@@ -182,6 +182,34 @@ TEST_CASE("a corrupt checkpoint is refused by the CLI and left as it was", "[cli
   CHECK_FALSE(fs::exists(fs::path(ckpt) / "step_00000002"));
 }
 
+// A full disk, played by a file-size limit (writes past it fail with EFBIG;
+// SIGXFSZ ignored): the save fails the run with the file and the cause, no
+// half-written step stays, `latest` still names the last complete
+// checkpoint, and resuming from it works once there is room.
+TEST_CASE("a checkpoint that cannot be written fails the run and loses nothing", "[cli][checkpoint]") {
+  if (!have_binary()) return;
+  test::TempDir dir;
+  const fs::path text = write_text(dir, 4000);
+  const std::string ckpt = (dir / "ckpt").string();
+  const std::string common =
+      kTiny + "--data " + text.string() + " --checkpoint-dir " + ckpt + " --checkpoint-interval 2 ";
+  REQUIRE(braid_train(dir, common + "--steps 2").rc == 0);
+  const std::string latest = read_text(fs::path(ckpt) / "latest");
+  const std::string err = (dir / "full.err").string();
+  const std::string limited = "trap '' XFSZ; ulimit -f 8; exec " + std::string(std::getenv("BRAID_TRAIN")) + " " +
+                              common + "--steps 4 --resume " + ckpt + " > /dev/null 2> " + err;
+  const int status = std::system(("bash -c \"" + limited + "\"").c_str());
+  const std::string message = read_text(err);
+  INFO(message);
+  CHECK((WIFEXITED(status) && WEXITSTATUS(status) == 1));
+  CHECK_THAT(message, Catch::Contains("step_00000004") && Catch::Contains("File too large"));
+  CHECK(read_text(fs::path(ckpt) / "latest") == latest);
+  CHECK_FALSE(fs::exists(fs::path(ckpt) / "step_00000004"));
+  const Run resumed = braid_train(dir, common + "--steps 4 --resume " + ckpt);
+  CHECK(resumed.rc == 0);
+  CHECK(fs::exists(fs::path(ckpt) / "step_00000004" / "model.safetensors"));
+}
+
 TEST_CASE("--sample generates the same text for the same seed", "[cli]") {
   if (!have_binary()) return;
   test::TempDir dir;

@@ -101,12 +101,21 @@ fs::path save_checkpoint(const fs::path& dir, const Gpt& model, const AdamW& opt
     throw InvalidUsage("saving a sharded optimizer state needs its shards gathered to one rank first");
   }
   const fs::path step_dir = dir / layout::step_dir_name(s.step);
+  const bool existed = fs::exists(step_dir);
   fs::create_directories(step_dir);
-  save_weights(step_dir / layout::kModelFile, model, s.step);
-  std::vector<TensorToWrite> tensors = named_tensors(model, "m.", opt.m().data());
-  for (auto& t : named_tensors(model, "v.", opt.v().data())) tensors.push_back(std::move(t));
-  write_safetensors(step_dir / layout::kOptimizerFile, tensors, config_metadata(model.config(), s.step));
-  write_file_atomically(step_dir / layout::kStateFile, layout::state_json(s).dump(2) + "\n");
+  try {
+    save_weights(step_dir / layout::kModelFile, model, s.step);
+    std::vector<TensorToWrite> tensors = named_tensors(model, "m.", opt.m().data());
+    for (auto& t : named_tensors(model, "v.", opt.v().data())) tensors.push_back(std::move(t));
+    write_safetensors(step_dir / layout::kOptimizerFile, tensors, config_metadata(model.config(), s.step));
+    write_file_atomically(step_dir / layout::kStateFile, layout::state_json(s).dump(2) + "\n");
+  } catch (...) {
+    // A save that failed (a full disk, say) leaves no half-written step
+    // behind; `latest` still names the last complete one.
+    std::error_code ignored;
+    if (!existed) fs::remove_all(step_dir, ignored);
+    throw;
+  }
   layout::commit_latest(dir, s.step, keep);
   return step_dir;
 }
