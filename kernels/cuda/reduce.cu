@@ -89,6 +89,61 @@ __global__ void reduce_kernel(T* dst, const T* a, const T* b, std::size_t packs,
     dst[i] = Elem::apply(a[i], b[i]);
 }
 
+// The divisor is converted to T first, as the CPU does (static_cast<T>(divisor)).
+template <typename T>
+struct DivideBy {
+  __device__ static T apply(T x, int divisor) { return static_cast<T>(x / static_cast<T>(divisor)); }
+};
+struct DivideHalf {
+  __device__ static std::uint16_t apply(std::uint16_t x, int divisor) {
+    float r = __half2float(__ushort_as_half(x)) / static_cast<float>(divisor);
+    return __half_as_ushort(__float2half_rn(r));
+  }
+};
+struct DivideBHalf {
+  __device__ static std::uint16_t apply(std::uint16_t x, int divisor) {
+    float r = __bfloat162float(__ushort_as_bfloat16(x)) / static_cast<float>(divisor);
+    return __bfloat16_as_ushort(__float2bfloat16_rn(r));
+  }
+};
+
+// The fused all-reduce step of reduce_multi: each thread reduces one pack
+// (or element) over every source, divides it for avg, and writes it to
+// every destination; a destination may alias a source, since each element
+// is read from all sources before it is written.
+template <typename T>
+struct MultiPointers {
+  const T* src[kMaxMulti];
+  T* dst[kMaxMulti];
+  int n_src, n_dst;
+};
+
+template <typename T, typename Elem, typename Div>
+__global__ void reduce_multi_kernel(MultiPointers<T> p, std::size_t packs, std::size_t count, int divisor) {
+  using P = Pack<T>;
+  std::size_t stride = std::size_t(gridDim.x) * blockDim.x;
+  std::size_t first = std::size_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  for (std::size_t q = first; q < packs; q += stride) {
+    P acc = reinterpret_cast<const P*>(p.src[0])[q];
+    for (int s = 1; s < p.n_src; ++s) {
+      P y = reinterpret_cast<const P*>(p.src[s])[q];
+#pragma unroll
+      for (int l = 0; l < P::kCount; ++l) acc.v[l] = Elem::apply(acc.v[l], y.v[l]);
+    }
+    if (divisor != 0) {
+#pragma unroll
+      for (int l = 0; l < P::kCount; ++l) acc.v[l] = Div::apply(acc.v[l], divisor);
+    }
+    for (int d = 0; d < p.n_dst; ++d) reinterpret_cast<P*>(p.dst[d])[q] = acc;
+  }
+  for (std::size_t i = packs * P::kCount + first; i < count; i += stride) {
+    T acc = p.src[0][i];
+    for (int s = 1; s < p.n_src; ++s) acc = Elem::apply(acc, p.src[s][i]);
+    if (divisor != 0) acc = Div::apply(acc, divisor);
+    for (int d = 0; d < p.n_dst; ++d) p.dst[d][i] = acc;
+  }
+}
+
 bool aligned(const void* p) { return reinterpret_cast<std::uintptr_t>(p) % kPackBytes == 0; }
 
 template <typename T, typename Elem>
@@ -100,6 +155,56 @@ void launch(void* dst, const void* a, const void* b, std::size_t count, cudaStre
   reduce_kernel<T, Elem><<<grid_for(work), kThreads, 0, stream>>>(
       static_cast<T*>(dst), static_cast<const T*>(a), static_cast<const T*>(b), packs, count);
   check_launch("reduce_kernel");
+}
+
+template <typename T, typename Elem, typename Div>
+void launch_multi(void* const* dsts, int n_dst, const void* const* srcs, int n_src, std::size_t count, int divisor,
+                  cudaStream_t stream) {
+  if (count == 0) return;
+  MultiPointers<T> p{};
+  bool vector = true;
+  for (int s = 0; s < n_src; ++s) {
+    p.src[s] = static_cast<const T*>(srcs[s]);
+    vector = vector && aligned(srcs[s]);
+  }
+  for (int d = 0; d < n_dst; ++d) {
+    p.dst[d] = static_cast<T*>(dsts[d]);
+    vector = vector && aligned(dsts[d]);
+  }
+  p.n_src = n_src;
+  p.n_dst = n_dst;
+  std::size_t packs = vector ? count / Pack<T>::kCount : 0;
+  std::size_t work = packs + (count - packs * Pack<T>::kCount);
+  reduce_multi_kernel<T, Elem, Div><<<grid_for(work), kThreads, 0, stream>>>(p, packs, count, divisor);
+  check_launch("reduce_multi_kernel");
+}
+
+// The (element, divide) pair of each dtype, as dispatch() and divide() pick them.
+template <template <typename> class Op, bool kOrdered>
+void dispatch_multi(void* const* d, int nd, const void* const* s, int ns, std::size_t n, DataType dtype,
+                    int divisor, cudaStream_t st) {
+  using u16 = std::uint16_t;
+  using i8 = std::int8_t;
+  using i32 = std::int32_t;
+  using i64 = std::int64_t;
+  switch (dtype) {
+    case DataType::f32: return launch_multi<float, Plain<float, Op>, DivideBy<float>>(d, nd, s, ns, n, divisor, st);
+    case DataType::f64:
+      return launch_multi<double, Plain<double, Op>, DivideBy<double>>(d, nd, s, ns, n, divisor, st);
+    case DataType::f16: return launch_multi<u16, Half<Op>, DivideHalf>(d, nd, s, ns, n, divisor, st);
+    case DataType::bf16: return launch_multi<u16, BHalf<Op>, DivideBHalf>(d, nd, s, ns, n, divisor, st);
+    case DataType::u8:
+      return launch_multi<std::uint8_t, Plain<std::uint8_t, Op>, DivideBy<std::uint8_t>>(d, nd, s, ns, n, divisor, st);
+    case DataType::i8:
+      if constexpr (kOrdered) return launch_multi<i8, Plain<i8, Op>, DivideBy<i8>>(d, nd, s, ns, n, divisor, st);
+      else return launch_multi<i8, Wrapping<i8, std::uint32_t, Op>, DivideBy<i8>>(d, nd, s, ns, n, divisor, st);
+    case DataType::i32:
+      if constexpr (kOrdered) return launch_multi<i32, Plain<i32, Op>, DivideBy<i32>>(d, nd, s, ns, n, divisor, st);
+      else return launch_multi<i32, Wrapping<i32, std::uint32_t, Op>, DivideBy<i32>>(d, nd, s, ns, n, divisor, st);
+    case DataType::i64:
+      if constexpr (kOrdered) return launch_multi<i64, Plain<i64, Op>, DivideBy<i64>>(d, nd, s, ns, n, divisor, st);
+      else return launch_multi<i64, Wrapping<i64, std::uint64_t, Op>, DivideBy<i64>>(d, nd, s, ns, n, divisor, st);
+  }
 }
 
 template <template <typename> class Op>
@@ -130,24 +235,6 @@ void dispatch_ordered(void* d, const void* a, const void* b, std::size_t n, Data
   }
 }
 
-// The divisor is converted to T first, as the CPU does (static_cast<T>(divisor)).
-template <typename T>
-struct DivideBy {
-  __device__ static T apply(T x, int divisor) { return static_cast<T>(x / static_cast<T>(divisor)); }
-};
-struct DivideHalf {
-  __device__ static std::uint16_t apply(std::uint16_t x, int divisor) {
-    float r = __half2float(__ushort_as_half(x)) / static_cast<float>(divisor);
-    return __half_as_ushort(__float2half_rn(r));
-  }
-};
-struct DivideBHalf {
-  __device__ static std::uint16_t apply(std::uint16_t x, int divisor) {
-    float r = __bfloat162float(__ushort_as_bfloat16(x)) / static_cast<float>(divisor);
-    return __bfloat16_as_ushort(__float2bfloat16_rn(r));
-  }
-};
-
 template <typename T, typename Div>
 __global__ void divide_kernel(T* data, std::size_t count, int divisor) {
   std::size_t stride = std::size_t(gridDim.x) * blockDim.x;
@@ -172,6 +259,21 @@ void reduce(void* dst, const void* a, const void* b, std::size_t count, DataType
     case ReduceOp::prod: return dispatch<Prod>(dst, a, b, count, dtype, stream);
     case ReduceOp::min: return dispatch_ordered<Min>(dst, a, b, count, dtype, stream);
     case ReduceOp::max: return dispatch_ordered<Max>(dst, a, b, count, dtype, stream);
+  }
+}
+
+void reduce_multi(void* const* dsts, int n_dst, const void* const* srcs, int n_src, std::size_t count,
+                  DataType dtype, ReduceOp op, int divisor, cudaStream_t stream) {
+  if (n_src < 1 || n_src > kMaxMulti || n_dst < 1 || n_dst > kMaxMulti)
+    throw std::runtime_error("braid kernels: reduce_multi takes 1.." + std::to_string(kMaxMulti) +
+                             " sources and destinations, not " + std::to_string(n_src) + " and " +
+                             std::to_string(n_dst));
+  switch (op) {
+    case ReduceOp::sum:
+    case ReduceOp::avg: return dispatch_multi<Sum, false>(dsts, n_dst, srcs, n_src, count, dtype, divisor, stream);
+    case ReduceOp::prod: return dispatch_multi<Prod, false>(dsts, n_dst, srcs, n_src, count, dtype, divisor, stream);
+    case ReduceOp::min: return dispatch_multi<Min, true>(dsts, n_dst, srcs, n_src, count, dtype, divisor, stream);
+    case ReduceOp::max: return dispatch_multi<Max, true>(dsts, n_dst, srcs, n_src, count, dtype, divisor, stream);
   }
 }
 

@@ -25,6 +25,16 @@ namespace braid::kernels::cuda {
 void reduce(void* dst, const void* a, const void* b, std::size_t count, DataType dtype,
             ReduceOp op, cudaStream_t stream = nullptr);
 
+// The fused step of an all-reduce among ranks that map each other's buffers
+// (CUDA IPC): r = op(srcs[0][i], ..., srcs[n_src-1][i]), divided by
+// `divisor` unless it is 0 (avg), written to every dsts[k][i], for i < count.
+// 1..kMaxMulti sources and destinations, on any devices the calling one can
+// reach; a destination may alias a source. The sources are reduced in their
+// order, as the CPU's reduce applied left to right would.
+inline constexpr int kMaxMulti = 8;
+void reduce_multi(void* const* dsts, int n_dst, const void* const* srcs, int n_src, std::size_t count,
+                  DataType dtype, ReduceOp op, int divisor, cudaStream_t stream = nullptr);
+
 // data[i] /= divisor (integer types truncate toward zero; the divisor is
 // converted to the element type first, as on the CPU). divisor must be
 // nonzero: a device does not trap on integer division by zero.

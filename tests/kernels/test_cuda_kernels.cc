@@ -134,7 +134,39 @@ void compare_reduce(DataType dtype, ReduceOp op, std::size_t count, std::size_t 
   CHECK(da.download() == expected);
 }
 
+// reduce_multi over 3 sources into 2 destinations, one of them source 0
+// (in place), against the CPU reducing the sources left to right.
+void compare_reduce_multi(DataType dtype, ReduceOp op, std::size_t count, std::size_t offset,
+                          std::mt19937& rng) {
+  const std::size_t width = dtype_bytes(dtype), skip = offset * width;
+  std::vector<std::uint8_t> a = random_elements(dtype, count + offset, rng);
+  std::vector<std::uint8_t> b = random_elements(dtype, count + offset, rng);
+  std::vector<std::uint8_t> c = random_elements(dtype, count + offset, rng);
+  std::vector<std::uint8_t> expected = a;
+  cpu::reduce(expected.data() + skip, a.data() + skip, b.data() + skip, count, dtype, op);
+  cpu::reduce(expected.data() + skip, expected.data() + skip, c.data() + skip, count, dtype, op);
+  if (op == ReduceOp::avg) cpu::divide(expected.data() + skip, count, dtype, 3);
+
+  DeviceBuffer<std::uint8_t> da(a), db(b), dc(c), dout(a);
+  const void* srcs[] = {da.get() + skip, db.get() + skip, dc.get() + skip};
+  void* dsts[] = {dout.get() + skip, da.get() + skip};
+  gpu::reduce_multi(dsts, 2, srcs, 3, count, dtype, op, op == ReduceOp::avg ? 3 : 0);
+  INFO("reduce_multi: dtype " << name(dtype) << ", op " << name(op) << ", count " << count << ", offset " << offset);
+  CHECK(dout.download() == expected);
+  CHECK(da.download() == expected);
+}
+
 }  // namespace
+
+TEST_CASE("cuda reduce_multi (the fused IPC all-reduce step) matches the cpu bit for bit") {
+  SKIP_WITHOUT_CUDA_DEVICE();
+  std::mt19937 rng(11);
+  for (int t = 0; t < kNumDataTypes; ++t)
+    for (int o = 0; o < kNumReduceOps; ++o)
+      for (std::size_t count : {std::size_t(1), std::size_t(4099), std::size_t(1) << 18})
+        for (std::size_t offset : {0, 1})
+          compare_reduce_multi(DataType(t), ReduceOp(o), count, offset, rng);
+}
 
 TEST_CASE("cuda reduce matches the cpu bit for bit on every dtype and op") {
   SKIP_WITHOUT_CUDA_DEVICE();
