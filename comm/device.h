@@ -17,14 +17,27 @@
 // order, success or failure, so no stream waits for ever; the kernel also
 // gives up after the communicator's timeout plus a margin and says so.
 //
-// This is the path across hosts (TCP) and the fallback for every transport;
-// the CUDA IPC transport (issue 7's next step) reduces device buffers in
-// place on one host.
+// This is the path across hosts (TCP) and the fallback for every transport.
+//
+// An all_reduce among ranks of one host (BRAID_TRANSPORT=auto) whose buffers
+// CUDA IPC can share runs on the device instead: the stream gets only the
+// `ready` event and the gate; the engine waits for `ready`, the ranks swap
+// IPC handles of their buffers (small host messages), each rank runs one
+// fused kernel (kernels::cuda::reduce_multi) over its chunk that reads every
+// rank's input through the mapped handles and writes every rank's output,
+// then a barrier, then the gate opens. Every byte is read once and written
+// once: the least traffic an all-reduce can make. This departs from
+// DESIGN.md's transport-with-views for CUDA IPC: the peers' buffers are
+// mapped directly, with no transport ring in between.
+// If one rank takes this path and another cannot (a buffer IPC cannot share,
+// e.g. from cudaMallocAsync), their first messages differ in size and both
+// fail with the header mismatch naming the two calls.
 #pragma once
 
 #include <chrono>
 #include <memory>
 
+#include "comm/algorithms/exchange.h"
 #include "comm/types.h"
 
 namespace braid::comm {
@@ -43,6 +56,10 @@ class StagedOp {
   virtual bool results_ready() = 0;
   // Work::wait: until results_ready(), at most until `deadline`.
   virtual void wait_results(Clock::time_point deadline) = 0;
+  // The CUDA IPC path: the engine calls run_on_device instead of the host
+  // algorithm (after wait_inputs, before open_gate).
+  virtual bool on_device() const { return false; }
+  virtual void run_on_device(Exchange& x) { (void)x; }
 };
 
 // One per communicator and device, created on its first call on device memory.
@@ -57,8 +74,9 @@ class DeviceStaging {
 };
 
 // Throws InvalidUsage without CUDA support, SystemError when the device
-// cannot be used (no driver, no such device).
-std::unique_ptr<DeviceStaging> make_device_staging(int device, std::chrono::milliseconds timeout);
+// cannot be used (no driver, no such device). `ipc`: every rank of the
+// communicator is on this host and the transport is not forced.
+std::unique_ptr<DeviceStaging> make_device_staging(int device, std::chrono::milliseconds timeout, bool ipc);
 
 // Elements in op's send and receive buffers on `rank`, 0 for a buffer the
 // call does not use there (a broadcast's send buffer off the root, ...).

@@ -4,13 +4,18 @@
 #include <algorithm>
 #include <atomic>
 #include <cstring>
+#include <array>
+#include <deque>
 #include <map>
 #include <mutex>
 #include <thread>
 #include <vector>
 
+#include "comm/algorithms/algorithms.h"
 #include "comm/device.h"
 #include "comm/device_gate.h"
+#include "kernels/cuda/reduce.h"
+#include "runtime/device.h"
 #include "runtime/errors.h"
 
 namespace braid::comm {
@@ -56,6 +61,12 @@ struct Shared {
   std::uint64_t* gate_device = nullptr;
   std::uint32_t* timed_out = nullptr;  // host view; [0] set by a gate that gave up
   std::uint32_t* timed_out_device = nullptr;
+  // The CUDA IPC path: its stream, and the peers' allocations mapped so far
+  // (by handle, oldest first; a handle names one allocation for its life).
+  cudaStream_t ipc_stream = nullptr;
+  std::map<std::array<char, CUDA_IPC_HANDLE_SIZE>, void*> mapped;
+  std::deque<std::array<char, CUDA_IPC_HANDLE_SIZE>> mapped_order;
+  static constexpr std::size_t kMaxMapped = 64;
 
   ~Shared() {
     for (auto& r : retiring) {
@@ -66,6 +77,27 @@ struct Shared {
     for (auto& [bytes, block] : free_blocks) cudaFreeHost(block);
     if (gate) cudaFreeHost(const_cast<std::uint64_t*>(gate));
     if (timed_out) cudaFreeHost(timed_out);
+    for (auto& [handle, base] : mapped) cudaIpcCloseMemHandle(base);
+    if (ipc_stream) cudaStreamDestroy(ipc_stream);
+  }
+
+  // A peer's allocation in this process (the engine's thread only). Keeps
+  // the last kMaxMapped: a training loop's buffers come back every step.
+  void* map(const cudaIpcMemHandle_t& handle) {
+    std::array<char, CUDA_IPC_HANDLE_SIZE> key;
+    std::memcpy(key.data(), handle.reserved, key.size());
+    if (auto it = mapped.find(key); it != mapped.end()) return it->second;
+    if (mapped.size() >= kMaxMapped) {
+      cudaIpcCloseMemHandle(mapped[mapped_order.front()]);
+      mapped.erase(mapped_order.front());
+      mapped_order.pop_front();
+    }
+    void* base = nullptr;
+    check(cudaIpcOpenMemHandle(&base, handle, cudaIpcMemLazyEnablePeerAccess),
+          "cudaIpcOpenMemHandle of a peer's buffer (can this GPU reach the peer's?)");
+    mapped.emplace(key, base);
+    mapped_order.push_back(key);
+    return base;
   }
 
   // Called with mu held.
@@ -121,6 +153,7 @@ class CudaStagedOp final : public StagedOp {
       if (finished_) cudaEventDestroy(finished_);
     }
     if (staged_) cudaEventDestroy(staged_);
+    if (kernel_done_) cudaEventDestroy(kernel_done_);
   }
 
   void wait_inputs(Clock::time_point deadline) override {
@@ -149,7 +182,75 @@ class CudaStagedOp final : public StagedOp {
     results_ready();
   }
 
+  bool on_device() const override { return ipc_; }
+
+  // The fused all-reduce (comm/device.h): swap handles, map, one kernel over
+  // this rank's chunk writing every rank's output, a barrier.
+  void run_on_device(Exchange& x) override {
+    const Op& op = x.op();
+    const int n = x.size(), me = x.rank();
+    std::vector<IpcBuffers> theirs(static_cast<std::size_t>(n));
+    std::vector<Request> received;
+    for (int p = 0; p < n; ++p) {
+      if (p == me) continue;
+      x.send(p, 0, 0, &mine_, sizeof mine_);
+      received.push_back(x.recv(p, 0, 0, &theirs[p], sizeof(IpcBuffers)));
+    }
+    for (const Request& r : received) x.wait(r);
+    x.wait_sends();
+    DeviceScope scope(shared_->device);
+    const std::size_t es = dtype_bytes(op.dtype);
+    const ChunkLayout layout{op.count, n};
+    const std::size_t first = layout.offset(me) * es, count = layout.count_of(me);
+    std::vector<const void*> srcs(static_cast<std::size_t>(n));
+    std::vector<void*> dsts(static_cast<std::size_t>(n));
+    for (int p = 0; p < n; ++p) {
+      if (p == me) {
+        srcs[p] = static_cast<const std::byte*>(op.send) + first;
+        dsts[p] = static_cast<std::byte*>(op.recv) + first;
+        continue;
+      }
+      const IpcBuffers& b = theirs[p];
+      auto* send_base = static_cast<std::byte*>(shared_->map(b.send));
+      auto* recv_base = b.same ? send_base : static_cast<std::byte*>(shared_->map(b.recv));
+      srcs[p] = send_base + b.send_offset + first;
+      dsts[p] = recv_base + b.recv_offset + first;
+    }
+    if (count > 0) {
+      try {
+        kernels::cuda::reduce_multi(dsts.data(), n, srcs.data(), n, count, op.dtype, op.reduce_op,
+                                    op.reduce_op == ReduceOp::avg ? n : 0, shared_->ipc_stream);
+      } catch (const std::runtime_error& e) {
+        throw SystemError(e.what());
+      }
+      check(cudaEventRecord(kernel_done_, shared_->ipc_stream), "cudaEventRecord");
+      poll(kernel_done_, x_deadline(x), "the fused all-reduce kernel did not finish");
+    }
+    // Every rank's output is complete once every rank's kernel is.
+    std::uint8_t token = 1;
+    std::vector<std::uint8_t> tokens(static_cast<std::size_t>(n));
+    received.clear();
+    for (int p = 0; p < n; ++p) {
+      if (p == me) continue;
+      x.send(p, 1, 0, &token, 1);
+      received.push_back(x.recv(p, 1, 0, &tokens[p], 1));
+    }
+    for (const Request& r : received) x.wait(r);
+    x.wait_sends();
+  }
+
+  // What a rank tells its peers about its buffers.
+  struct IpcBuffers {
+    cudaIpcMemHandle_t send, recv;
+    std::uint64_t send_offset = 0, recv_offset = 0;
+    std::uint8_t same = 0;  // one allocation holds both
+  };
+
   // Set by CudaStaging::stage.
+  bool ipc_ = false;
+  IpcBuffers mine_{};
+  cudaEvent_t kernel_done_ = nullptr;
+  std::chrono::milliseconds timeout_{0};
   std::vector<std::pair<std::size_t, void*>> blocks_;
   cudaEvent_t staged_ = nullptr, finished_ = nullptr;
   std::string error_;  // a CUDA error met after the gate was queued
@@ -170,13 +271,16 @@ class CudaStagedOp final : public StagedOp {
     }
   }
 
+  Clock::time_point x_deadline(const Exchange&) const { return Clock::now() + timeout_; }
+
   std::shared_ptr<Shared> shared_;
   std::uint64_t ticket_;
 };
 
 class CudaStaging final : public DeviceStaging {
  public:
-  CudaStaging(int device, std::chrono::milliseconds timeout) : shared_(std::make_shared<Shared>()), timeout_(timeout) {
+  CudaStaging(int device, std::chrono::milliseconds timeout, bool ipc)
+      : shared_(std::make_shared<Shared>()), timeout_(timeout), ipc_(ipc) {
     int count = 0;
     check(cudaGetDeviceCount(&count), "no usable CUDA device (cudaGetDeviceCount)");
     if (device < 0 || device >= count)
@@ -194,6 +298,7 @@ class CudaStaging final : public DeviceStaging {
     shared_->timed_out[0] = 0;
     check(cudaHostGetDevicePointer(reinterpret_cast<void**>(&shared_->gate_device), gate, 0), "gate mapping");
     check(cudaHostGetDevicePointer(reinterpret_cast<void**>(&shared_->timed_out_device), flag, 0), "flag mapping");
+    if (ipc_) check(cudaStreamCreateWithFlags(&shared_->ipc_stream, cudaStreamNonBlocking), "cudaStreamCreate");
   }
 
   int device() const override { return shared_->device; }
@@ -211,6 +316,20 @@ class CudaStaging final : public DeviceStaging {
     // a call that never reached the engine.
     const std::uint64_t ticket = tickets_ + 1;
     auto staged = std::make_shared<CudaStagedOp>(shared_, ticket);
+    staged->timeout_ = timeout_;
+    if (ipc_ && op.kind == OpKind::all_reduce && size > 1 && size <= kernels::cuda::kMaxMulti &&
+        shareable(op, staged->mine_)) {
+      staged->ipc_ = true;
+      auto stream = static_cast<cudaStream_t>(op.stream.cuda);
+      check(cudaEventCreateWithFlags(&staged->staged_, cudaEventDisableTiming), "cudaEventCreate");
+      check(cudaEventCreateWithFlags(&staged->finished_, cudaEventDisableTiming), "cudaEventCreate");
+      check(cudaEventCreateWithFlags(&staged->kernel_done_, cudaEventDisableTiming), "cudaEventCreate");
+      check(cudaEventRecord(staged->staged_, stream), "cudaEventRecord");
+      queue_gate(stream, ticket);
+      cudaError_t status = cudaEventRecord(staged->finished_, stream);
+      if (status != cudaSuccess) staged->error_ = std::string("CUDA: cudaEventRecord: ") + cudaGetErrorString(status);
+      return staged;
+    }
     std::byte* host_send = nullptr;
     std::byte* host_recv = nullptr;
     auto* send = static_cast<const std::byte*>(op.send);
@@ -239,12 +358,7 @@ class CudaStaging final : public DeviceStaging {
     if (send_bytes)
       check(cudaMemcpyAsync(host_send, send, send_bytes, cudaMemcpyDeviceToHost, stream), "staging the send buffer");
     check(cudaEventRecord(staged->staged_, stream), "cudaEventRecord");
-    const auto timeout_ns =
-        static_cast<std::uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(timeout_).count()) +
-        10'000'000'000ull;
-    check(launch_gate(stream, shared_->gate_device, ticket, timeout_ns, shared_->timed_out_device),
-          "launching the stream gate");
-    tickets_ = ticket;
+    queue_gate(stream, ticket);
     // From here on the ticket must open in order: errors are kept for the engine.
     cudaError_t status = cudaSuccess;
     if (recv_bytes) status = cudaMemcpyAsync(recv, host_recv, recv_bytes, cudaMemcpyHostToDevice, stream);
@@ -256,15 +370,43 @@ class CudaStaging final : public DeviceStaging {
   }
 
  private:
+  // Queues the gate for `ticket` and takes the ticket.
+  void queue_gate(cudaStream_t stream, std::uint64_t ticket) {
+    const auto timeout_ns =
+        static_cast<std::uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(timeout_).count()) +
+        10'000'000'000ull;
+    check(launch_gate(stream, shared_->gate_device, ticket, timeout_ns, shared_->timed_out_device),
+          "launching the stream gate");
+    tickets_ = ticket;
+  }
+
+  // Whether CUDA IPC can share both buffers of `op`; fills `out` if so.
+  static bool shareable(const Op& op, CudaStagedOp::IpcBuffers& out) {
+    const runtime::Location in = runtime::locate(op.send), res = runtime::locate(op.recv);
+    if (!in.base || !res.base) return false;
+    if (cudaIpcGetMemHandle(&out.send, const_cast<void*>(in.base)) != cudaSuccess ||
+        cudaIpcGetMemHandle(&out.recv, const_cast<void*>(res.base)) != cudaSuccess) {
+      cudaGetLastError();  // not shareable (cudaMallocAsync pools, ...): staged instead
+      return false;
+    }
+    out.send_offset = static_cast<std::uint64_t>(static_cast<const std::byte*>(op.send) -
+                                                 static_cast<const std::byte*>(in.base));
+    out.recv_offset = static_cast<std::uint64_t>(static_cast<const std::byte*>(op.recv) -
+                                                 static_cast<const std::byte*>(res.base));
+    out.same = in.base == res.base ? 1 : 0;
+    return true;
+  }
+
   std::shared_ptr<Shared> shared_;
   std::chrono::milliseconds timeout_;
+  bool ipc_;
   std::uint64_t tickets_ = 0;
 };
 
 }  // namespace
 
-std::unique_ptr<DeviceStaging> make_device_staging(int device, std::chrono::milliseconds timeout) {
-  return std::make_unique<CudaStaging>(device, timeout);
+std::unique_ptr<DeviceStaging> make_device_staging(int device, std::chrono::milliseconds timeout, bool ipc) {
+  return std::make_unique<CudaStaging>(device, timeout, ipc);
 }
 
 }  // namespace braid::comm

@@ -9,6 +9,8 @@
 // queued or later operation fails with AbortedError naming the first error.
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
+
 #include "comm/algorithms/algorithms.h"
 #include "comm/communicator_impl.h"
 #include "runtime/errors.h"
@@ -76,7 +78,10 @@ std::shared_ptr<WorkState> Communicator::Impl::enqueue(Op op) {
   std::unique_lock staging_lock(staging_mu, std::defer_lock);
   if (op.memory.kind == runtime::MemoryKind::device) {
     staging_lock.lock();
-    if (!device) device = make_device_staging(op.memory.device, timeout);
+    if (!device) {
+      const bool one_host = std::all_of(hosts.begin(), hosts.end(), [&](const std::string& h) { return h == hosts[0]; });
+      device = make_device_staging(op.memory.device, timeout, one_host && config.transport == "auto");
+    }
     state->staged = device->stage(op, rank, size);
     state->timeout = timeout;
   }
@@ -135,6 +140,8 @@ void Communicator::Impl::execute(const Op& op, WorkState& state) {
     if (state.staged) state.staged->wait_inputs(Clock::now() + timeout);
     if (status) status->entered(op);
     Algorithm algorithm = select_algorithm(op, size, forced_algo);
+    const bool on_device = state.staged && state.staged->on_device();
+    if (on_device) algorithm.name = "cuda_ipc";
     auto& logged = logged_choice[static_cast<std::size_t>(op.kind)];
     if (logged != algorithm.name) {
       logged = algorithm.name;
@@ -147,7 +154,8 @@ void Communicator::Impl::execute(const Op& op, WorkState& state) {
       std::string text = status->describe_peer(peer), behind = status->ranks_behind(op, size);
       return behind.empty() ? text : text + "; behind this call: " + behind;
     });
-    algorithm.run(x);
+    if (on_device) state.staged->run_on_device(x);
+    else algorithm.run(x);
     if (state.staged) state.staged->open_gate();
     state.complete(nullptr);
   } catch (...) {

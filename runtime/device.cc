@@ -16,6 +16,8 @@ using CuPointerGetAttribute = CuResult (*)(void* data, int attribute, unsigned l
 constexpr int kAttributeMemoryType = 2;     // CU_POINTER_ATTRIBUTE_MEMORY_TYPE
 constexpr int kAttributeIsManaged = 8;      // CU_POINTER_ATTRIBUTE_IS_MANAGED
 constexpr int kAttributeDeviceOrdinal = 9;  // CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL
+constexpr int kAttributeRangeStart = 11;    // CU_POINTER_ATTRIBUTE_RANGE_START_ADDR
+constexpr int kAttributeRangeSize = 12;     // CU_POINTER_ATTRIBUTE_RANGE_SIZE
 constexpr unsigned kMemoryTypeDevice = 2;   // CU_MEMORYTYPE_DEVICE
 
 std::mutex locator_mu;
@@ -69,7 +71,11 @@ Location locate(const void* pointer) {
   if (query(&memory_type, kAttributeMemoryType, address) != 0 || memory_type != kMemoryTypeDevice) return {};
   if (query(&managed, kAttributeIsManaged, address) == 0 && managed != 0) return {};
   if (query(&ordinal, kAttributeDeviceOrdinal, address) != 0) ordinal = 0;
-  return {MemoryKind::device, ordinal};
+  unsigned long long start = 0;
+  std::size_t size = 0;
+  if (query(&start, kAttributeRangeStart, address) != 0 || query(&size, kAttributeRangeSize, address) != 0)
+    start = 0, size = 0;
+  return {MemoryKind::device, ordinal, reinterpret_cast<const void*>(start), size};
 }
 
 bool cuda_built() {

@@ -12,6 +12,7 @@
 // write it directly.
 #pragma once
 
+#include <cstddef>
 #include <functional>
 #include <string>
 
@@ -22,6 +23,9 @@ enum class MemoryKind { host, device };
 struct Location {
   MemoryKind kind = MemoryKind::host;
   int device = -1;  // the CUDA device ordinal for device memory
+  // Device memory: the allocation the pointer lies in (what CUDA IPC shares).
+  const void* base = nullptr;
+  std::size_t size = 0;
 };
 
 // "host memory", "CUDA device 1 memory".
