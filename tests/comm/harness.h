@@ -12,6 +12,7 @@
 #include <functional>
 #include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "comm/communicator.h"
@@ -50,6 +51,14 @@ struct RunOptions {
   std::string store_host = "127.0.0.1";
   int store_netns = -1;
 };
+
+// Options with a deadline and every rank's config, the rest as defaults.
+inline RunOptions run_options(std::chrono::seconds deadline, runtime::Config config) {
+  RunOptions options;
+  options.deadline = deadline;
+  options.config = std::move(config);
+  return options;
+}
 
 // fn(comm, rank) runs on each of `size` ranks. Its return value is ignored;
 // a throw marks the rank failed with e.what() as its message.

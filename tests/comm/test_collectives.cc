@@ -109,7 +109,7 @@ std::vector<Case> grid(int size) {
 TEST_CASE("every collective x dtype x op x count x placement on 1 to 8 ranks", "[collectives]") {
   std::string transport = GENERATE(std::string("tcp"), std::string("shm"), std::string("mixed"));
   int size = GENERATE(1, 2, 3, 4, 5, 6, 7, 8);
-  test::RunOptions options{std::chrono::seconds(240), test::test_config()};
+  test::RunOptions options = test::run_options(std::chrono::seconds(240), test::test_config());
   options.config.transport = transport == "mixed" ? "auto" : transport;
   if (transport == "mixed") options.host_of = [size](int rank) { return rank < (size + 1) / 2 ? "hostA" : "hostB"; };
   auto result = test::run_ranks(size, [](Communicator& comm) {
@@ -137,7 +137,7 @@ TEST_CASE("64 MiB collectives with default segments", "[collectives][large]") {
       run_case(comm, {OpKind::reduce, DataType::f32, ReduceOp::max, big, in_place, 1});
       run_case(comm, {OpKind::all_to_all, DataType::i32, ReduceOp::sum, big / comm.size(), in_place, 0});
     }
-  }, {std::chrono::seconds(300), config});
+  }, test::run_options(std::chrono::seconds(300), config));
   INFO(result.summary());
   REQUIRE(result.all_ok());
 }
@@ -167,7 +167,7 @@ TEST_CASE("send and recv move exact bytes between any pair, with several sockets
     }
     // A ring all-reduce across three sockets still sums exactly.
     run_case(comm, {OpKind::all_reduce, DataType::i64, ReduceOp::sum, 300001, false, 0});
-  }, {std::chrono::seconds(120), config});
+  }, test::run_options(std::chrono::seconds(120), config));
   INFO(result.summary());
   REQUIRE(result.all_ok());
 }
@@ -183,7 +183,7 @@ TEST_CASE("forced algorithms give the same results", "[collectives]") {
       for (int root = 0; root < comm.size(); ++root)
         run_case(comm, {OpKind::broadcast, DataType::i32, ReduceOp::sum, count, count == 17, root});
     }
-  }, {std::chrono::seconds(120), config});
+  }, test::run_options(std::chrono::seconds(120), config));
   INFO(result.summary());
   REQUIRE(result.all_ok());
 }
@@ -200,13 +200,13 @@ TEST_CASE("traffic counters follow the ring's 2(N-1)/N", "[collectives]") {
     expect(std::abs(sent - expected) <= 16, "sent " + std::to_string(sent) + " bytes, theory " + std::to_string(expected));
     expect(after.bytes_received - before.bytes_received == after.bytes_sent - before.bytes_sent,
            "a ring receives what it sends");
-  }, {std::chrono::seconds(60), test::test_config()});
+  }, test::run_options(std::chrono::seconds(60), test::test_config()));
   INFO(result.summary());
   REQUIRE(result.all_ok());
 }
 
 TEST_CASE("transports follow the topology: shm inside a host, TCP between hosts", "[collectives]") {
-  test::RunOptions options{std::chrono::seconds(60), test::test_config()};
+  test::RunOptions options = test::run_options(std::chrono::seconds(60), test::test_config());
   options.host_of = [](int rank) { return rank < 2 ? "hostA" : "hostB"; };
   auto result = test::run_ranks(4, [](Communicator& comm) {
     expect(comm.transport_summary() == "shm+tcp", "expected shm+tcp, got " + comm.transport_summary());

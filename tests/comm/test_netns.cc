@@ -75,7 +75,7 @@ TEST_CASE("two hosts of two ranks in network namespaces: shm inside, TCP across"
     WARN("skipped: " << hosts.why);
     return;
   }
-  test::RunOptions options{std::chrono::seconds(120), test::test_config()};
+  test::RunOptions options = test::run_options(std::chrono::seconds(120), test::test_config());
   options.host_of = [](int rank) { return rank < 2 ? "hostA" : "hostB"; };
   options.enter_rank = [&](int rank) {
     enter(rank < 2 ? hosts.a : hosts.b);
