@@ -24,6 +24,8 @@ class DdpStrategy : public Strategy {
   void begin_micro_batch(int index, bool last) override;
   void grads_ready(int unit, Range grads) override;
   void reduce_after_backward() override;
+  bool overlaps_pipeline() const override { return true; }
+  void hold_back_unit(int unit) override;
   StepResult finish_step(double loss_sum, double tokens, float lr, long step) override;
 
   std::vector<Held> held(Slot slot) override;
@@ -35,6 +37,8 @@ class DdpStrategy : public Strategy {
   void all_reduce_bucket(int bucket);
   std::optional<BucketTracker> tracker_;
   bool communicate_ = false;  // the step's last micro-batch
+  std::vector<bool> held_back_;  // [bucket]: launched by reduce_after_backward only
+  std::vector<bool> launched_;   // [bucket], this step
   std::vector<comm::Work> in_flight_;
 };
 

@@ -40,6 +40,10 @@ Mesh::Mesh(comm::Communicator& world, const MeshShape& shape, StrategyKind kind,
   Gpt& model = strategy_->model();
   if (shape.tp > 1) model.set_hooks(&tp_hooks_.emplace(*groups_.tp_group, strategy_.get()));
   pipe_.emplace(*groups_.pp_group);
+  // The unit holding the tied wte (the embedding's on the first stage, the
+  // head's on the last) is final only after the sum over the stages.
+  if (shape.pp > 1 && model.table().contains("wte.weight"))
+    strategy_->hold_back_unit(model.table().find("wte.weight").unit);
   pool_.emplace(model, B, T);
   model.reserve_scratch(B, T);
 }
@@ -53,8 +57,12 @@ StepResult Mesh::step(std::span<const MicroBatch> micro_batches, float dloss, do
   const bool pipeline = groups_.shape.pp > 1;
   // Index 0 zeroes the gradients; without a pipeline DDP and zero1 reduce
   // from the last backward, with one after the tied embedding is summed.
+  // DDP reduces its buckets during the last backward, pipeline or not; the
+  // bucket holding the tied embedding waits for the sum over the stages
+  // (held back in the constructor).
+  const bool reduce_in_backward = !pipeline || strategy_->overlaps_pipeline();
   const PipelineCallbacks callbacks{
-      {}, [&](int i) { strategy_->begin_micro_batch(i, !pipeline && i == M - 1); }};
+      {}, [&](int i) { strategy_->begin_micro_batch(i, reduce_in_backward && i == M - 1); }};
   pool_->reset_peaks();
   last_ = run_pp_schedule(schedule_, strategy_->model(), *pipe_, *pool_, micro_batches, dloss, callbacks);
   if (totals_.steps++ == 1) totals_.busy = totals_.idle = {}, totals_.timed_steps = 0;

@@ -125,11 +125,17 @@ class Strategy : public ModelHooks {
   // rank's sum of target losses, `tokens` the global batch's target count.
   virtual void begin_micro_batch(int index, bool last);
   virtual StepResult finish_step(double loss_sum, double tokens, float lr, long step) = 0;
-  // Under a pipeline every micro-batch runs with last = false (nothing is
-  // reduced during backward), the tied embedding is summed over the stages,
-  // and then this reduces every gradient bucket at once (ddp, zero1; a
-  // no-op for none). finish_step() follows as usual.
+  // Under a pipeline the tied embedding is summed over the stages after the
+  // last backward, and then this reduces what is still unreduced (ddp, zero1;
+  // a no-op for none). zero1 runs every micro-batch with last = false and
+  // reduces everything here; ddp (overlaps_pipeline()) launches its buckets
+  // during the last backward as usual, except those holding a unit passed
+  // to hold_back_unit(), which this launches. finish_step() follows.
   virtual void reduce_after_backward();
+  virtual bool overlaps_pipeline() const { return false; }
+  // The gradient of `unit` is final only after the backward (the tied
+  // embedding): its bucket waits for reduce_after_backward().
+  virtual void hold_back_unit(int unit) { (void)unit; }
   // Before forward passes without backward (evaluation, generation).
   virtual void begin_forward_only() {}
 
