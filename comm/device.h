@@ -19,14 +19,15 @@
 //
 // This is the path across hosts (TCP) and the fallback for every transport.
 //
-// An all_reduce among ranks of one host (BRAID_TRANSPORT=auto) whose buffers
-// CUDA IPC can share runs on the device instead: the stream gets only the
-// `ready` event and the gate; the engine waits for `ready`, the ranks swap
-// IPC handles of their buffers (small host messages), each rank runs one
-// fused kernel (kernels::cuda::reduce_multi) over its chunk that reads every
-// rank's input through the mapped handles and writes every rank's output,
-// then a barrier, then the gate opens. Every byte is read once and written
-// once: the least traffic an all-reduce can make. This departs from
+// A collective (all but send / recv) among ranks of one host
+// (BRAID_TRANSPORT=auto) whose buffers CUDA IPC can share runs on the device
+// instead: the stream gets only the `ready` event and the gate; the engine
+// waits for `ready`, the ranks swap IPC handles of their buffers (small host
+// messages), each rank runs its share as kernels over the peers' mapped
+// buffers (kernels::cuda::reduce_multi; for all_reduce one fused kernel
+// over its chunk that reads every rank's input and writes every rank's
+// output), then a barrier, then the gate opens. Every byte is read once and
+// written once: the least traffic these collectives can make. This departs from
 // DESIGN.md's transport-with-views for CUDA IPC: the peers' buffers are
 // mapped directly, with no transport ring in between.
 // If one rank takes this path and another cannot (a buffer IPC cannot share,

@@ -184,8 +184,9 @@ class CudaStagedOp final : public StagedOp {
 
   bool on_device() const override { return ipc_; }
 
-  // The fused all-reduce (comm/device.h): swap handles, map, one kernel over
-  // this rank's chunk writing every rank's output, a barrier.
+  // The device path (comm/device.h): swap handles, map the peers' buffers,
+  // launch this rank's share of the collective (kernels reading and writing
+  // peers' memory directly), a barrier.
   void run_on_device(Exchange& x) override {
     const Op& op = x.op();
     const int n = x.size(), me = x.rank();
@@ -199,34 +200,27 @@ class CudaStagedOp final : public StagedOp {
     for (const Request& r : received) x.wait(r);
     x.wait_sends();
     DeviceScope scope(shared_->device);
-    const std::size_t es = dtype_bytes(op.dtype);
-    const ChunkLayout layout{op.count, n};
-    const std::size_t first = layout.offset(me) * es, count = layout.count_of(me);
-    std::vector<const void*> srcs(static_cast<std::size_t>(n));
-    std::vector<void*> dsts(static_cast<std::size_t>(n));
+    // Every rank's send and receive buffers as this process sees them (null
+    // where that rank's call does not use one).
+    std::vector<const std::byte*> send(static_cast<std::size_t>(n));
+    std::vector<std::byte*> recv(static_cast<std::size_t>(n));
     for (int p = 0; p < n; ++p) {
       if (p == me) {
-        srcs[p] = static_cast<const std::byte*>(op.send) + first;
-        dsts[p] = static_cast<std::byte*>(op.recv) + first;
+        send[p] = static_cast<const std::byte*>(op.send);
+        recv[p] = static_cast<std::byte*>(op.recv);
         continue;
       }
       const IpcBuffers& b = theirs[p];
-      auto* send_base = static_cast<std::byte*>(shared_->map(b.send));
-      auto* recv_base = b.same ? send_base : static_cast<std::byte*>(shared_->map(b.recv));
-      srcs[p] = send_base + b.send_offset + first;
-      dsts[p] = recv_base + b.recv_offset + first;
+      std::byte* send_base = b.has_send ? static_cast<std::byte*>(shared_->map(b.send)) : nullptr;
+      std::byte* recv_base =
+          !b.has_recv ? nullptr : b.same ? send_base : static_cast<std::byte*>(shared_->map(b.recv));
+      send[p] = send_base ? send_base + b.send_offset : nullptr;
+      recv[p] = recv_base ? recv_base + b.recv_offset : nullptr;
     }
-    if (count > 0) {
-      try {
-        kernels::cuda::reduce_multi(dsts.data(), n, srcs.data(), n, count, op.dtype, op.reduce_op,
-                                    op.reduce_op == ReduceOp::avg ? n : 0, shared_->ipc_stream);
-      } catch (const std::runtime_error& e) {
-        throw SystemError(e.what());
-      }
-      check(cudaEventRecord(kernel_done_, shared_->ipc_stream), "cudaEventRecord");
-      poll(kernel_done_, x_deadline(x), "the fused all-reduce kernel did not finish");
-    }
-    // Every rank's output is complete once every rank's kernel is.
+    launch_share(op, n, me, send, recv);
+    check(cudaEventRecord(kernel_done_, shared_->ipc_stream), "cudaEventRecord");
+    poll(kernel_done_, Clock::now() + timeout_, "this rank's kernels of a collective on device memory did not finish");
+    // Every rank's output is complete once every rank's kernels are.
     std::uint8_t token = 1;
     std::vector<std::uint8_t> tokens(static_cast<std::size_t>(n));
     received.clear();
@@ -239,11 +233,64 @@ class CudaStagedOp final : public StagedOp {
     x.wait_sends();
   }
 
+  // This rank's share, every byte read once and written once:
+  //   all_reduce      chunk `me` of every input, reduced, into chunk `me` of every output;
+  //   reduce          chunk `me` of every input, reduced, into chunk `me` of the root's output;
+  //   reduce_scatter  block `me` of every input, reduced, into this rank's output;
+  //   all_gather      this rank's input into block `me` of every output;
+  //   broadcast       the root's input into this rank's output;
+  //   all_to_all      block p of this rank's input into block `me` of rank p's output.
+  void launch_share(const Op& op, int n, int me, const std::vector<const std::byte*>& send,
+                    const std::vector<std::byte*>& recv) {
+    const std::size_t es = dtype_bytes(op.dtype), c = op.count;
+    const int divisor = op.reduce_op == ReduceOp::avg ? n : 0;
+    auto run = [&](std::vector<void*> dsts, std::vector<const void*> srcs, std::size_t count, bool reduces) {
+      if (count == 0) return;
+      try {
+        kernels::cuda::reduce_multi(dsts.data(), static_cast<int>(dsts.size()), srcs.data(),
+                                    static_cast<int>(srcs.size()), count, op.dtype,
+                                    reduces ? op.reduce_op : ReduceOp::sum, reduces ? divisor : 0,
+                                    shared_->ipc_stream);
+      } catch (const std::runtime_error& e) {
+        throw SystemError(e.what());
+      }
+    };
+    std::vector<void*> dsts;
+    std::vector<const void*> srcs;
+    switch (op.kind) {
+      case OpKind::all_reduce:
+      case OpKind::reduce: {
+        const ChunkLayout layout{c, n};
+        const std::size_t at = layout.offset(me) * es;
+        for (int p = 0; p < n; ++p) srcs.push_back(send[p] + at);
+        if (op.kind == OpKind::all_reduce)
+          for (int p = 0; p < n; ++p) dsts.push_back(recv[p] + at);
+        else
+          dsts.push_back(recv[op.root] + at);
+        return run(dsts, srcs, layout.count_of(me), true);
+      }
+      case OpKind::reduce_scatter:
+        for (int p = 0; p < n; ++p) srcs.push_back(send[p] + me * c * es);
+        return run({recv[me]}, srcs, c, true);
+      case OpKind::all_gather:
+        for (int p = 0; p < n; ++p) dsts.push_back(recv[p] + me * c * es);
+        return run(dsts, {send[me]}, c, false);
+      case OpKind::broadcast:
+        return run({recv[me]}, {send[op.root]}, c, false);
+      case OpKind::all_to_all:
+        for (int p = 0; p < n; ++p) run({recv[p] + me * c * es}, {send[me] + p * c * es}, c, false);
+        return;
+      default:
+        throw InvalidUsage(std::string(name(op.kind)) + " has no device path");
+    }
+  }
+
   // What a rank tells its peers about its buffers.
   struct IpcBuffers {
     cudaIpcMemHandle_t send, recv;
     std::uint64_t send_offset = 0, recv_offset = 0;
-    std::uint8_t same = 0;  // one allocation holds both
+    std::uint8_t has_send = 0, has_recv = 0;  // the call uses the buffer on that rank
+    std::uint8_t same = 0;                    // one allocation holds both
   };
 
   // Set by CudaStaging::stage.
@@ -270,8 +317,6 @@ class CudaStagedOp final : public StagedOp {
       pause = std::min(pause * 2, std::chrono::microseconds(1000));
     }
   }
-
-  Clock::time_point x_deadline(const Exchange&) const { return Clock::now() + timeout_; }
 
   std::shared_ptr<Shared> shared_;
   std::uint64_t ticket_;
@@ -317,8 +362,8 @@ class CudaStaging final : public DeviceStaging {
     const std::uint64_t ticket = tickets_ + 1;
     auto staged = std::make_shared<CudaStagedOp>(shared_, ticket);
     staged->timeout_ = timeout_;
-    if (ipc_ && op.kind == OpKind::all_reduce && size > 1 && size <= kernels::cuda::kMaxMulti &&
-        shareable(op, staged->mine_)) {
+    if (ipc_ && has_device_path(op.kind) && size > 1 && size <= kernels::cuda::kMaxMulti &&
+        shareable(op, rank, size, staged->mine_)) {
       staged->ipc_ = true;
       auto stream = static_cast<cudaStream_t>(op.stream.cuda);
       check(cudaEventCreateWithFlags(&staged->staged_, cudaEventDisableTiming), "cudaEventCreate");
@@ -380,20 +425,30 @@ class CudaStaging final : public DeviceStaging {
     tickets_ = ticket;
   }
 
-  // Whether CUDA IPC can share both buffers of `op`; fills `out` if so.
-  static bool shareable(const Op& op, CudaStagedOp::IpcBuffers& out) {
-    const runtime::Location in = runtime::locate(op.send), res = runtime::locate(op.recv);
-    if (!in.base || !res.base) return false;
-    if (cudaIpcGetMemHandle(&out.send, const_cast<void*>(in.base)) != cudaSuccess ||
-        cudaIpcGetMemHandle(&out.recv, const_cast<void*>(res.base)) != cudaSuccess) {
-      cudaGetLastError();  // not shareable (cudaMallocAsync pools, ...): staged instead
-      return false;
-    }
-    out.send_offset = static_cast<std::uint64_t>(static_cast<const std::byte*>(op.send) -
-                                                 static_cast<const std::byte*>(in.base));
-    out.recv_offset = static_cast<std::uint64_t>(static_cast<const std::byte*>(op.recv) -
-                                                 static_cast<const std::byte*>(res.base));
-    out.same = in.base == res.base ? 1 : 0;
+  static bool has_device_path(OpKind kind) {
+    return kind == OpKind::all_reduce || kind == OpKind::reduce || kind == OpKind::reduce_scatter ||
+           kind == OpKind::all_gather || kind == OpKind::broadcast || kind == OpKind::all_to_all;
+  }
+
+  // Whether CUDA IPC can share the buffers `op` uses on `rank`; fills `out` if so.
+  static bool shareable(const Op& op, int rank, int size, CudaStagedOp::IpcBuffers& out) {
+    auto share = [](const void* p, cudaIpcMemHandle_t& handle, std::uint64_t& offset, const void*& base) {
+      const runtime::Location at = runtime::locate(p);
+      if (!at.base || cudaIpcGetMemHandle(&handle, const_cast<void*>(at.base)) != cudaSuccess) {
+        cudaGetLastError();  // not shareable (cudaMallocAsync pools, ...): staged instead
+        return false;
+      }
+      offset = static_cast<std::uint64_t>(static_cast<const std::byte*>(p) - static_cast<const std::byte*>(at.base));
+      base = at.base;
+      return true;
+    };
+    const void* send_base = nullptr;
+    const void* recv_base = nullptr;
+    out.has_send = send_elements(op, rank, size) > 0 ? 1 : 0;
+    out.has_recv = recv_elements(op, rank, size) > 0 ? 1 : 0;
+    if (out.has_send && !share(op.send, out.send, out.send_offset, send_base)) return false;
+    if (out.has_recv && !share(op.recv, out.recv, out.recv_offset, recv_base)) return false;
+    out.same = out.has_send && out.has_recv && send_base == recv_base ? 1 : 0;
     return true;
   }
 

@@ -284,10 +284,10 @@ int run_bench(const BenchOptions& o) {
     Result in = o.collective == "send_recv" ? out : measure(*comm, runner, true, o.check);
     std::string algo(select_algorithm(probe_op(o.collective, c.count, o.dtype), n, runtime::config().algo).name);
     std::string path = comm->transport_summary() + ":" + algo;
-    if (o.cuda) {  // as comm/device.h decides: one host and no forced transport -> the fused IPC all-reduce
-      const bool ipc = o.collective == "all_reduce" && n > 1 && comm->transport_summary() == "shm" &&
+    if (o.cuda) {  // as comm/device.h decides: one host and no forced transport -> CUDA IPC kernels
+      const bool ipc = o.collective != "send_recv" && n > 1 && n <= 8 && comm->transport_summary() == "shm" &&
                        runtime::config().transport == "auto";
-      path = ipc ? "cuda_ipc:fused" : "staged+" + path;
+      path = ipc ? "cuda_ipc:direct" : "staged+" + path;
     }
     auto algbw = [&](const Result& res) { return res.seconds > 0 ? actual_bytes / res.seconds / 1e9 : 0.0; };
     double out_bus = algbw(out) * c.bus_factor, in_bus = algbw(in) * c.bus_factor;
