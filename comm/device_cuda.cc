@@ -163,7 +163,8 @@ class CudaStagedOp final : public StagedOp {
 
   void open_gate() override {
     // Tickets open in issue order, so the counter only grows.
-    std::atomic_ref<std::uint64_t>(*const_cast<std::uint64_t*>(shared_->gate)).store(ticket_, std::memory_order_release);
+    std::atomic_ref<std::uint64_t> gate(*const_cast<std::uint64_t*>(shared_->gate));
+    gate.store(ticket_, std::memory_order_release);
   }
 
   bool results_ready() override {
@@ -408,7 +409,8 @@ class CudaStaging final : public DeviceStaging {
     cudaError_t status = cudaSuccess;
     if (recv_bytes) status = cudaMemcpyAsync(recv, host_recv, recv_bytes, cudaMemcpyHostToDevice, stream);
     if (status == cudaSuccess) status = cudaEventRecord(staged->finished_, stream);
-    if (status != cudaSuccess) staged->error_ = std::string("CUDA: queueing the result's copy: ") + cudaGetErrorString(status);
+    if (status != cudaSuccess)
+      staged->error_ = std::string("CUDA: queueing the result's copy: ") + cudaGetErrorString(status);
     op.send = host_send;
     op.recv = host_recv;
     return staged;

@@ -79,7 +79,8 @@ std::shared_ptr<WorkState> Communicator::Impl::enqueue(Op op) {
   if (op.memory.kind == runtime::MemoryKind::device) {
     staging_lock.lock();
     if (!device) {
-      const bool one_host = std::all_of(hosts.begin(), hosts.end(), [&](const std::string& h) { return h == hosts[0]; });
+      const bool one_host =
+          std::all_of(hosts.begin(), hosts.end(), [&](const std::string& h) { return h == hosts[0]; });
       device = make_device_staging(op.memory.device, timeout, one_host && config.transport == "auto");
     }
     state->staged = device->stage(op, rank, size);

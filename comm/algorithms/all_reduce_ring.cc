@@ -13,8 +13,9 @@
 // read the output back from memory, which is what bounds large all-reduces
 // on shared memory); with 2 ranks each round's first reduce-scatter step is
 // posted before the previous round's all-gather is waited for, so the pair
-// does not drain between rounds. Measured on 2 ranks over shm: 64 and 256 MiB in
-// place 0.48 -> 0.63 x memcpy, out of place 0.43 -> 0.48 (median of 6).
+// does not drain between rounds. Measured on 2 ranks over shm, 64 and
+// 256 MiB, medians: in place 0.49-0.57 -> 0.57-0.65 x memcpy, out of place
+// 0.42-0.48 -> 0.45-0.49; over TCP rounds matter more (one round: 0.11).
 //
 // Per rank this sends 2(N-1)/N of the message, the bandwidth optimum, and
 // suits every message large enough that bandwidth, not latency, dominates.

@@ -14,7 +14,9 @@ DdpStrategy::DdpStrategy(const StrategySetup& setup) : Strategy(setup) {
   launched_.assign(tracker_->buckets().size(), false);
 }
 
-void DdpStrategy::hold_back_unit(int unit) { held_back_.at(static_cast<std::size_t>(tracker_->bucket_of(unit))) = true; }
+void DdpStrategy::hold_back_unit(int unit) {
+  held_back_.at(static_cast<std::size_t>(tracker_->bucket_of(unit))) = true;
+}
 
 std::string DdpStrategy::describe() const {
   return "ddp: " + std::to_string(tracker_->buckets().size()) + " gradient bucket(s) of >= " +
