@@ -6,6 +6,7 @@
 
 #include "comm/communicator_impl.h"
 #include "comm/device.h"
+#include "comm/shared_buffers.h"
 #include "runtime/errors.h"
 
 namespace braid::comm {
@@ -156,6 +157,10 @@ Work Communicator::all_to_all(const void* send, void* recv, std::size_t count_pe
 }
 
 Work Communicator::barrier() { return submit(make(OpKind::barrier, nullptr, nullptr, 0, DataType::u8)); }
+
+void* Communicator::allocate(std::size_t bytes) { return shared_buffers::allocate(bytes); }
+
+void Communicator::deallocate(void* pointer) { shared_buffers::release(pointer); }
 
 TrafficStats Communicator::traffic() const {
   TrafficStats stats;

@@ -72,6 +72,15 @@ class Communicator {
   Work all_to_all(const void* send, void* recv, std::size_t count_per_peer, DataType dtype, Stream stream = {});
   Work barrier();
 
+  // Host memory that the ranks of one host map into each other (anonymous
+  // shared memory, nothing named in /dev/shm). An all_reduce of at least
+  // 64 KiB whose buffers come from here on every rank of a one-host
+  // communicator skips the transport rings: each rank reduces its chunk
+  // straight from every input into every output (all_reduce_direct.cc).
+  // Zeroed; throws SystemError when memory runs out. Any communicator.
+  static void* allocate(std::size_t bytes);
+  static void deallocate(void* pointer);
+
   // Collective over this communicator: ranks passing the same color form a
   // new communicator, ordered by (key, rank). A negative color takes part in
   // the split but gets nullptr.

@@ -53,6 +53,7 @@ struct Communicator::Impl {
   std::shared_ptr<runtime::Store> store;
   std::vector<std::unique_ptr<Transport>> transports;
   std::vector<std::string> hosts;  // [rank] host identity (runtime/topology.h)
+  bool one_host = false;           // every rank on this host (set with hosts)
   std::unique_ptr<StatusBoard> status;
 
   // Settings: runtime::config() unless given explicitly; split inherits them.

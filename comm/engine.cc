@@ -78,11 +78,7 @@ std::shared_ptr<WorkState> Communicator::Impl::enqueue(Op op) {
   std::unique_lock staging_lock(staging_mu, std::defer_lock);
   if (op.memory.kind == runtime::MemoryKind::device) {
     staging_lock.lock();
-    if (!device) {
-      const bool one_host =
-          std::all_of(hosts.begin(), hosts.end(), [&](const std::string& h) { return h == hosts[0]; });
-      device = make_device_staging(op.memory.device, timeout, one_host && config.transport == "auto");
-    }
+    if (!device) device = make_device_staging(op.memory.device, timeout, one_host && config.transport == "auto");
     state->staged = device->stage(op, rank, size);
     state->timeout = timeout;
   }
@@ -141,6 +137,8 @@ void Communicator::Impl::execute(const Op& op, WorkState& state) {
     if (state.staged) state.staged->wait_inputs(Clock::now() + timeout);
     if (status) status->entered(op);
     Algorithm algorithm = select_algorithm(op, size, forced_algo);
+    if (size > 1 && forced_algo == "auto" && one_host && all_reduce_direct_applies(op))
+      algorithm = {all_reduce_direct, "direct"};
     const bool on_device = state.staged && state.staged->on_device();
     if (on_device) algorithm.name = "cuda_ipc";
     auto& logged = logged_choice[static_cast<std::size_t>(op.kind)];

@@ -105,6 +105,8 @@ bool any(const std::vector<bool>& mask) { return std::find(mask.begin(), mask.en
 
 void connect_transports(Communicator::Impl& impl) {
   const auto& config = impl.config;
+  impl.one_host = std::all_of(impl.hosts.begin(), impl.hosts.end(),
+                              [&](const std::string& h) { return h == impl.hosts.front(); });
   impl.exchange.routes.assign(static_cast<std::size_t>(impl.size), nullptr);
   Plan plan = plan_transports(impl);
   // Spinning only pays when every local rank has a core of its own.

@@ -38,6 +38,11 @@ int main(int argc, char** argv) {
                  "all_reduce|reduce_scatter|all_gather|broadcast|reduce|all_to_all|send_recv")
       ->check(CLI::IsMember({"all_reduce", "reduce_scatter", "all_gather", "broadcast", "reduce",
                              "all_to_all", "send_recv"}));
+  int registered = 0;
+  app.add_option("-R,--registered", registered,
+                 "1: host buffers from Communicator::allocate, which the local ranks map into each other "
+                 "(all_reduce then runs the direct algorithm on one host)")
+      ->check(CLI::Range(0, 1));
   std::string device = "cpu";
   app.add_option("--device", device, "cpu: host buffers; cuda: GPU buffers on a CUDA stream (GPU local_rank mod GPUs)")
       ->check(CLI::IsMember({"cpu", "cuda"}));
@@ -59,6 +64,8 @@ int main(int argc, char** argv) {
     o.dtype = *parsed_dtype;
     o.op = *parsed_op;
     o.cuda = device == "cuda";
+    o.registered = registered == 1;
+    if (o.registered && o.cuda) throw InvalidUsage("-R 1 registers host buffers; it does not combine with --device cuda");
     return comm::run_bench(o);
   } catch (const InvalidUsage& e) {
     std::fprintf(stderr, "braid-bench: %s\n", e.what());

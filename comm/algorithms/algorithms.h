@@ -74,6 +74,12 @@ void all_gather_ring(Exchange& x, std::byte* buf, const ChunkLayout& layout, std
                      bool first_sent = false);
 
 void all_reduce_ring(Exchange& x);
+// On buffers from Communicator::allocate on every rank of one host
+// (all_reduce_direct.cc): whether this call qualifies on this rank (the
+// caller also checks that every rank shares the host), and the algorithm.
+inline constexpr std::size_t kDirectAllReduceMinBytes = 64u << 10;
+bool all_reduce_direct_applies(const Op& op);
+void all_reduce_direct(Exchange& x);
 void all_reduce_recursive_doubling(Exchange& x);
 void reduce_scatter(Exchange& x);
 void all_gather(Exchange& x);

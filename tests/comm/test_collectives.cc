@@ -8,6 +8,7 @@
 #include <cstring>
 #include <vector>
 
+#include "runtime/errors.h"
 #include "tests/comm/harness.h"
 #include "tools/bench/verify.h"
 
@@ -36,26 +37,43 @@ std::string describe(const Case& c, int size) {
          std::to_string(c.root) + " on " + std::to_string(size) + " ranks";
 }
 
+// A zeroed test buffer: plain heap memory, or (registered) memory from
+// Communicator::allocate that the local ranks map into each other.
+class TestBuffer {
+ public:
+  TestBuffer(std::size_t bytes, bool registered) : registered_(registered) {
+    if (registered_) data_ = static_cast<std::byte*>(Communicator::allocate(bytes));
+    else heap_.assign(bytes, std::byte{0}), data_ = heap_.data();
+  }
+  ~TestBuffer() {
+    if (registered_) Communicator::deallocate(data_);
+  }
+  TestBuffer(const TestBuffer&) = delete;
+  TestBuffer& operator=(const TestBuffer&) = delete;
+  std::byte* data() { return data_; }
+
+ private:
+  bool registered_;
+  std::vector<std::byte> heap_;
+  std::byte* data_ = nullptr;
+};
+
 // Runs one case on this rank and checks its output exactly.
-void run_case(Communicator& comm, const Case& c) {
+void run_case(Communicator& comm, const Case& c, bool registered = false) {
   const int n = comm.size(), r = comm.rank();
   const std::size_t es = dtype_bytes(c.dtype), count = c.count;
   const bool per_rank = c.kind == OpKind::reduce_scatter || c.kind == OpKind::all_gather ||
                         c.kind == OpKind::all_to_all;
   const std::size_t send_elems = (c.kind == OpKind::all_gather || !per_rank) ? count : count * n;
-  const std::size_t recv_elems = (c.kind == OpKind::reduce_scatter || !per_rank) ? count : count * n;
-  std::vector<std::byte> send(std::max<std::size_t>(1, send_elems) * es), recv(std::max<std::size_t>(1, recv_elems) * es);
+  std::size_t recv_elems = (c.kind == OpKind::reduce_scatter || !per_rank) ? count : count * n;
+  if (c.in_place && c.kind == OpKind::reduce_scatter) recv_elems = count * n;  // the input is the big buffer
+  TestBuffer send(std::max<std::size_t>(1, send_elems) * es, registered);
+  TestBuffer recv(std::max<std::size_t>(1, recv_elems) * es, registered);
   std::byte* in = send.data();
   std::byte* out = recv.data();
   if (c.in_place) {
     in = c.kind == OpKind::all_gather ? recv.data() + r * count * es : recv.data();
-    if (c.kind == OpKind::reduce_scatter) {  // the input is the big buffer, the output its slice
-      recv.assign(std::max<std::size_t>(1, count * n) * es, std::byte{0});
-      in = recv.data();
-      out = recv.data() + r * count * es;
-    } else {
-      out = recv.data();
-    }
+    out = c.kind == OpKind::reduce_scatter ? recv.data() + r * count * es : recv.data();
   }
   std::size_t fill_elems = c.kind == OpKind::reduce_scatter ? count * n : send_elems;
   verify::fill_input(in, fill_elems, 0, r, n, c.dtype, c.op);
@@ -70,7 +88,8 @@ void run_case(Communicator& comm, const Case& c) {
   }
   if (c.kind == OpKind::reduce && r != c.root) return;
   verify::ExpectedTable table(n, c.dtype, c.op);
-  for (std::size_t i = 0; i < (c.kind == OpKind::reduce_scatter ? count : recv_elems); ++i) {
+  const std::size_t out_elems = (c.kind == OpKind::reduce_scatter || !per_rank) ? count : count * n;
+  for (std::size_t i = 0; i < out_elems; ++i) {
     const std::byte* expected = nullptr;
     switch (c.kind) {
       case OpKind::all_reduce:
@@ -203,6 +222,62 @@ TEST_CASE("traffic counters follow the ring's 2(N-1)/N", "[collectives]") {
   }, test::run_options(std::chrono::seconds(60), test::test_config()));
   INFO(result.summary());
   REQUIRE(result.all_ok());
+}
+
+// Buffers from Communicator::allocate on every rank of one host: an
+// all_reduce of >= 64 KiB runs the direct algorithm (ranks read and write
+// each other's buffers; only descriptors cross the transport, which the
+// traffic counters show), smaller ones the usual algorithms; every dtype
+// and op exact, in and out of place.
+TEST_CASE("all_reduce on registered buffers goes direct and stays exact", "[collectives][registered]") {
+  int size = GENERATE(2, 3, 4);
+  auto result = test::run_ranks(size, [](Communicator& comm) {
+    for (DataType dtype : kDtypes)
+      for (ReduceOp op : kOps)
+        for (std::size_t count : {std::size_t{1009}, std::size_t{70001}})
+          for (bool in_place : {false, true}) {
+            const auto before = comm.traffic();
+            run_case(comm, {OpKind::all_reduce, dtype, op, count, in_place, 0}, true);
+            const auto sent = comm.traffic().bytes_sent - before.bytes_sent;
+            const bool direct = count * dtype_bytes(dtype) >= (64u << 10);
+            if (direct)
+              expect(sent < 1024u * static_cast<unsigned>(comm.size()),
+                     "a registered all_reduce of " + std::to_string(count) + " " + std::string(name(dtype)) +
+                         " sent " + std::to_string(sent) + " bytes through the transport: not direct");
+          }
+  }, test::run_options(std::chrono::seconds(120), test::test_config()));
+  INFO(size << " ranks: " << result.summary());
+  CHECK(result.all_ok());
+  CHECK(result.leftover_shm == 0);
+}
+
+TEST_CASE("registered buffers on one rank only: every rank fails naming both calls, none hangs",
+          "[collectives][registered]") {
+  auto result = test::run_ranks(2, [](Communicator& comm) {
+    const std::size_t count = 1 << 16;
+    std::vector<float> heap(count, 1.0f);
+    float* mine = comm.rank() == 0 ? static_cast<float*>(Communicator::allocate(count * 4)) : heap.data();
+    try {
+      comm.all_reduce(mine, mine, count, DataType::f32, ReduceOp::sum).wait();
+    } catch (const std::exception& e) {
+      if (comm.rank() == 0) Communicator::deallocate(mine);
+      throw;
+    }
+    expect(false, "a mixed registered / unregistered all_reduce completed");
+  }, test::run_options(std::chrono::seconds(60), test::test_config(std::chrono::seconds(20))));
+  INFO(result.summary());
+  REQUIRE_FALSE(result.timed_out);
+  for (const auto& rank : result.ranks) CHECK(rank.exit_code == 1);
+  CHECK_THAT(result.summary(), Catch::Contains("all_reduce"));
+  CHECK_THAT(result.ranks[1].message + result.ranks[0].message, Catch::Contains("step 2147418112"));
+}
+
+TEST_CASE("Communicator::deallocate refuses a pointer allocate did not return", "[collectives][registered]") {
+  std::vector<float> heap(16);
+  CHECK_THROWS_AS(Communicator::deallocate(heap.data()), InvalidUsage);
+  void* p = Communicator::allocate(100);
+  CHECK(static_cast<unsigned char*>(p)[99] == 0);
+  Communicator::deallocate(p);
 }
 
 TEST_CASE("transports follow the topology: shm inside a host, TCP between hosts", "[collectives]") {

@@ -68,8 +68,10 @@ TEST_CASE("algorithms include no transport header") {
       if (!std::regex_search(line, m, include_line)) continue;
       std::string header = m[1];
       INFO(entry.path().string() << " includes " << header);
+      // comm/shared_buffers.h is memory the caller registered, not a
+      // transport: the direct all-reduce reads and writes it.
       CHECK((header.rfind("comm/algorithms/", 0) == 0 || header.rfind("kernels/", 0) == 0 ||
-             header == "comm/types.h"));
+             header == "comm/types.h" || header == "comm/shared_buffers.h"));
     }
   }
   CHECK(files >= 10);

@@ -28,26 +28,36 @@ namespace {
 // as a training framework's caching allocator would hand them out, so that
 // TLB misses do not decide large-message results. The memcpy baseline uses
 // the same buffers.
+// With --registered, from Communicator::allocate instead (memory the local
+// ranks map into each other), as nccl-tests' -R registers its buffers.
 struct HugeBuffer {
   std::byte* data = nullptr;
   std::size_t bytes = 0;
+  bool shared = false;
   HugeBuffer() = default;
-  explicit HugeBuffer(std::size_t n, std::byte fill) : bytes(n) {
+  explicit HugeBuffer(std::size_t n, std::byte fill, bool registered = false) : bytes(n), shared(registered) {
     constexpr std::size_t kHuge = 2u << 20;
     std::size_t rounded = (std::max<std::size_t>(n, 1) + kHuge - 1) / kHuge * kHuge;
-    data = static_cast<std::byte*>(std::aligned_alloc(kHuge, rounded));
+    data = static_cast<std::byte*>(shared ? Communicator::allocate(rounded) : std::aligned_alloc(kHuge, rounded));
     if (!data) throw SystemError("braid-bench: out of memory allocating " + std::to_string(n) + " bytes");
-    madvise(data, rounded, MADV_HUGEPAGE);
+    if (!shared) madvise(data, rounded, MADV_HUGEPAGE);
     std::memset(data, static_cast<int>(fill), rounded);
   }
-  HugeBuffer(HugeBuffer&& o) noexcept : data(std::exchange(o.data, nullptr)), bytes(o.bytes) {}
+  HugeBuffer(HugeBuffer&& o) noexcept
+      : data(std::exchange(o.data, nullptr)), bytes(o.bytes), shared(o.shared) {}
   HugeBuffer& operator=(HugeBuffer&& o) noexcept {
-    std::free(data);
+    free_data();
     data = std::exchange(o.data, nullptr);
     bytes = o.bytes;
+    shared = o.shared;
     return *this;
   }
-  ~HugeBuffer() { std::free(data); }
+  ~HugeBuffer() { free_data(); }
+  void free_data() {
+    if (data && shared) Communicator::deallocate(data);
+    else std::free(data);
+    data = nullptr;
+  }
 };
 
 
@@ -102,8 +112,8 @@ class Runner {
 
   void prepare(const Case& c) {
     c_ = c;
-    send_ = HugeBuffer(std::max<std::size_t>(1, c.send_elems) * es_, std::byte{0});
-    recv_ = HugeBuffer(std::max<std::size_t>(1, c.recv_elems) * es_, std::byte{0});
+    send_ = HugeBuffer(std::max<std::size_t>(1, c.send_elems) * es_, std::byte{0}, o_.registered);
+    recv_ = HugeBuffer(std::max<std::size_t>(1, c.recv_elems) * es_, std::byte{0}, o_.registered);
     if (o_.cuda) {
       release_device();
       device_send_ = bench_device::allocate(send_.bytes);
@@ -265,6 +275,7 @@ int run_bench(const BenchOptions& o) {
     } else {
       std::printf("# single-core memcpy bandwidth: %.2f GB/s (busbw/memcpy below is relative to it)\n", memcpy_gbps);
     }
+    if (o.registered) std::printf("# buffers from Communicator::allocate (registered, mapped by the local ranks)\n");
     std::printf("#\n#%12s %12s %6s %6s %5s %-26s %10s %8s %8s %6s %7s %10s %8s %8s %6s %7s\n", "size", "count",
                 "type", "redop", "root", "transport:algorithm", "time", "algbw", "busbw", "/mcpy", "#wrong", "time", "algbw",
                 "busbw", "/mcpy", "#wrong");
@@ -283,6 +294,10 @@ int run_bench(const BenchOptions& o) {
     Result out = measure(*comm, runner, false, o.check);
     Result in = o.collective == "send_recv" ? out : measure(*comm, runner, true, o.check);
     std::string algo(select_algorithm(probe_op(o.collective, c.count, o.dtype), n, runtime::config().algo).name);
+    if (o.registered && !o.cuda && n > 1 && comm->transport_summary() == "shm" &&
+        runtime::config().algo == "auto" && o.collective == "all_reduce" &&
+        c.count * es >= kDirectAllReduceMinBytes)
+      algo = "direct";  // as the engine decides for registered buffers on one host
     std::string path = comm->transport_summary() + ":" + algo;
     if (o.cuda) {  // as comm/device.h decides: one host and no forced transport -> CUDA IPC kernels
       const bool ipc = o.collective != "send_recv" && n > 1 && n <= 8 && comm->transport_summary() == "shm" &&

@@ -18,6 +18,7 @@ struct BenchOptions {
   ReduceOp op = ReduceOp::sum;
   std::string json_path, csv_path;
   bool cuda = false;  // --device cuda: buffers in GPU memory, calls on a CUDA stream
+  bool registered = false;  // -R 1: host buffers from Communicator::allocate
 };
 
 // Runs the sweep on the world communicator; returns the exit status (1 when
