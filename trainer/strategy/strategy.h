@@ -127,10 +127,11 @@ class Strategy : public ModelHooks {
   virtual StepResult finish_step(double loss_sum, double tokens, float lr, long step) = 0;
   // Under a pipeline the tied embedding is summed over the stages after the
   // last backward, and then this reduces what is still unreduced (ddp, zero1;
-  // a no-op for none). zero1 runs every micro-batch with last = false and
-  // reduces everything here; ddp (overlaps_pipeline()) launches its buckets
-  // during the last backward as usual, except those holding a unit passed
-  // to hold_back_unit(), which this launches. finish_step() follows.
+  // a no-op for none): a strategy that overlaps_pipeline() launches its
+  // buckets during the last backward as usual, except those holding a unit
+  // passed to hold_back_unit(), which this launches; one that does not runs
+  // every micro-batch with last = false and reduces everything here.
+  // finish_step() follows.
   virtual void reduce_after_backward();
   virtual bool overlaps_pipeline() const { return false; }
   // The gradient of `unit` is final only after the backward (the tied

@@ -15,9 +15,11 @@
 //          the next one prefetched, and freed after use. The step updates
 //          the shards in place; nothing is gathered after it.
 //
-// Under a pipeline (mesh.h) zero1 reduce-scatters every bucket after the
-// tied embedding is summed (reduce_after_backward); zero2 and zero3 are
-// refused there, since their per-micro-batch reductions cannot wait for it.
+// Under a pipeline (mesh.h) zero1 reduce-scatters its buckets during each
+// stage's last backward as without one, except the bucket holding the tied
+// embedding, which waits for the sum over the stages (reduce_after_backward);
+// zero2 and zero3 are refused there, since their per-micro-batch reductions
+// cannot wait for it.
 //
 // Clipping: each rank sums the squares of its shard of the reduced
 // gradients; one all-reduce of [loss sum, squared norm] gives the global
@@ -46,6 +48,8 @@ class ZeroStrategy : public Strategy {
   float* unit_grads(int unit) override;
   void grads_ready(int unit, Range grads) override;
   void reduce_after_backward() override;
+  bool overlaps_pipeline() const override { return stage_ == 1; }
+  void hold_back_unit(int unit) override;
   StepResult finish_step(double loss_sum, double tokens, float lr, long step) override;
 
   std::vector<Held> held(Slot slot) override;
@@ -69,6 +73,7 @@ class ZeroStrategy : public Strategy {
   std::optional<UnitGatherer> params_;       // zero3
   std::optional<BucketTracker> tracker_;     // zero1
   bool communicate_ = false;                 // zero1: the step's last micro-batch
+  std::vector<bool> held_back_, launched_;   // zero1, [group]: as in DdpStrategy
   std::vector<comm::Work> in_flight_;        // zero1's reduce-scatters
 };
 
