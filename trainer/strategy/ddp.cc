@@ -10,13 +10,9 @@ DdpStrategy::DdpStrategy(const StrategySetup& setup) : Strategy(setup) {
   build_model(ModelStorage{});
   build_optimizer({Range{0, model_->table().count()}});
   tracker_.emplace(model_->table(), plan_buckets(model_->table(), setup.bucket_bytes));
-  held_back_.assign(tracker_->buckets().size(), false);
-  launched_.assign(tracker_->buckets().size(), false);
 }
 
-void DdpStrategy::hold_back_unit(int unit) {
-  held_back_.at(static_cast<std::size_t>(tracker_->bucket_of(unit))) = true;
-}
+void DdpStrategy::hold_back_unit(int unit) { tracker_->hold_back(unit); }
 
 std::string DdpStrategy::describe() const {
   return "ddp: " + std::to_string(tracker_->buckets().size()) + " gradient bucket(s) of >= " +
@@ -26,24 +22,21 @@ std::string DdpStrategy::describe() const {
 void DdpStrategy::begin_micro_batch(int index, bool last) {
   Strategy::begin_micro_batch(index, last);
   communicate_ = last;
-  tracker_->reset();
-  if (index == 0) launched_.assign(launched_.size(), false);
+  tracker_->reset(index == 0);
 }
 
 void DdpStrategy::grads_ready(int unit, Range) {
   if (!communicate_) return;
   const int b = tracker_->finish(unit);
-  if (b < 0 || held_back_[static_cast<std::size_t>(b)]) return;
-  all_reduce_bucket(b);
+  if (b >= 0) all_reduce_bucket(b);
 }
 
 void DdpStrategy::reduce_after_backward() {
-  for (std::size_t b = 0; b < tracker_->buckets().size(); ++b)
-    if (!launched_[b]) all_reduce_bucket(static_cast<int>(b));
+  for (int b : tracker_->unlaunched()) all_reduce_bucket(b);
 }
 
 void DdpStrategy::all_reduce_bucket(int b) {
-  launched_[static_cast<std::size_t>(b)] = true;
+  tracker_->launched(b);
   const Range bucket = tracker_->buckets()[b];
   float* grads = model_->grads().data() + bucket.offset;
   in_flight_.push_back(meter_.issue([&](comm::Communicator& c) {

@@ -37,8 +37,6 @@ class DdpStrategy : public Strategy {
   void all_reduce_bucket(int bucket);
   std::optional<BucketTracker> tracker_;
   bool communicate_ = false;  // the step's last micro-batch
-  std::vector<bool> held_back_;  // [bucket]: launched by reduce_after_backward only
-  std::vector<bool> launched_;   // [bucket], this step
   std::vector<comm::Work> in_flight_;
 };
 

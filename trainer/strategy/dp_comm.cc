@@ -63,14 +63,25 @@ BucketTracker::BucketTracker(const ParamTable& table, std::vector<Range> buckets
     }
     if (bucket_of_unit_[u] < 0) throw InvalidUsage("unit " + table.units()[u].name + " is in no gradient bucket");
   }
-  reset();
+  held_back_.assign(buckets_.size(), false);
+  reset(true);
 }
 
 int BucketTracker::finish(int unit) {
   const int b = bucket_of_unit_[unit];
-  return --remaining_[b] == 0 ? b : -1;
+  return --remaining_[b] == 0 && !held_back_[static_cast<std::size_t>(b)] ? b : -1;
 }
 
-void BucketTracker::reset() { remaining_ = units_per_bucket_; }
+void BucketTracker::reset(bool new_step) {
+  remaining_ = units_per_bucket_;
+  if (new_step) launched_.assign(buckets_.size(), false);
+}
+
+std::vector<int> BucketTracker::unlaunched() const {
+  std::vector<int> pending;
+  for (std::size_t b = 0; b < buckets_.size(); ++b)
+    if (!launched_[b]) pending.push_back(static_cast<int>(b));
+  return pending;
+}
 
 }  // namespace braid::trainer

@@ -67,23 +67,32 @@ std::vector<Range> plan_buckets(const ParamTable& table, std::size_t bucket_byte
 std::vector<Range> unit_buckets(const ParamTable& table);
 
 // Counts, per micro-batch, the units of each bucket whose gradients backward
-// has finished.
+// has finished, and which buckets the step has launched. A bucket holding a
+// held-back unit (the pipeline's tied embedding, final only after the sum
+// over the stages) is never reported complete: the strategy launches it with
+// the rest of unlaunched() after the backward.
 class BucketTracker {
  public:
   BucketTracker(const ParamTable& table, std::vector<Range> buckets);
 
   const std::vector<Range>& buckets() const { return buckets_; }
   int bucket_of(int unit) const { return bucket_of_unit_[unit]; }
-  // Marks `unit` finished; returns the bucket this completes, or -1.
+  void hold_back(int unit) { held_back_.at(static_cast<std::size_t>(bucket_of_unit_.at(unit))) = true; }
+  // Marks `unit` finished; returns the bucket this completes (unless held
+  // back), or -1.
   int finish(int unit);
-  // Starts the next micro-batch.
-  void reset();
+  // Starts the next micro-batch; the first of a step also forgets launches.
+  void reset(bool new_step);
+  void launched(int bucket) { launched_[static_cast<std::size_t>(bucket)] = true; }
+  // The buckets not launched yet this step.
+  std::vector<int> unlaunched() const;
 
  private:
   std::vector<Range> buckets_;
   std::vector<int> bucket_of_unit_;
   std::vector<int> units_per_bucket_;
   std::vector<int> remaining_;
+  std::vector<bool> held_back_, launched_;
 };
 
 }  // namespace braid::trainer

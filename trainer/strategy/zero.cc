@@ -14,11 +14,7 @@ ZeroStrategy::ZeroStrategy(const StrategySetup& setup, int stage) : Strategy(set
   const ParamTable& table = model_->table();
   partition_.emplace(stage == 3 ? unit_buckets(table) : plan_buckets(table, setup.bucket_bytes), world_size(), rank());
   build_optimizer(partition_->chunks());
-  if (stage == 1) {
-    tracker_.emplace(table, partition_->groups());
-    held_back_.assign(partition_->groups().size(), false);
-    launched_.assign(partition_->groups().size(), false);
-  }
+  if (stage == 1) tracker_.emplace(table, partition_->groups());
   if (stage >= 2) grads_.emplace(*partition_, table, meter_, setup.memory);
   if (stage == 3) params_.emplace(*partition_, table, meter_, setup.memory);
 }
@@ -40,8 +36,7 @@ void ZeroStrategy::begin_micro_batch(int index, bool last) {
   if (stage_ == 1) {
     Strategy::begin_micro_batch(index, last);
     communicate_ = last;
-    tracker_->reset();
-    if (index == 0) launched_.assign(launched_.size(), false);
+    tracker_->reset(index == 0);
     return;
   }
   if (index == 0) grads_->zero_shard();
@@ -72,15 +67,15 @@ void ZeroStrategy::grads_ready(int unit, Range) {
   }
   if (!communicate_) return;
   const int g = tracker_->finish(unit);
-  if (g >= 0 && !held_back_[static_cast<std::size_t>(g)]) reduce_scatter_bucket(g);
+  if (g >= 0) reduce_scatter_bucket(g);
 }
 
 void ZeroStrategy::hold_back_unit(int unit) {
-  if (stage_ == 1) held_back_.at(static_cast<std::size_t>(tracker_->bucket_of(unit))) = true;
+  if (stage_ == 1) tracker_->hold_back(unit);
 }
 
 void ZeroStrategy::reduce_scatter_bucket(int group) {
-  launched_[static_cast<std::size_t>(group)] = true;
+  tracker_->launched(group);
   float* bucket = model_->grads().data() + partition_->groups()[group].offset;
   float* mine = model_->grads().data() + partition_->chunk(group).offset;
   const std::size_t count = partition_->chunk(group).count;
@@ -91,8 +86,7 @@ void ZeroStrategy::reduce_scatter_bucket(int group) {
 
 void ZeroStrategy::reduce_after_backward() {
   if (stage_ != 1) return Strategy::reduce_after_backward();
-  for (std::size_t g = 0; g < partition_->groups().size(); ++g)
-    if (!launched_[g]) reduce_scatter_bucket(static_cast<int>(g));
+  for (int g : tracker_->unlaunched()) reduce_scatter_bucket(g);
 }
 
 void ZeroStrategy::all_gather_params() {

@@ -73,7 +73,6 @@ class ZeroStrategy : public Strategy {
   std::optional<UnitGatherer> params_;       // zero3
   std::optional<BucketTracker> tracker_;     // zero1
   bool communicate_ = false;                 // zero1: the step's last micro-batch
-  std::vector<bool> held_back_, launched_;   // zero1, [group]: as in DdpStrategy
   std::vector<comm::Work> in_flight_;        // zero1's reduce-scatters
 };
 

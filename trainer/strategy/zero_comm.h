@@ -72,7 +72,7 @@ class ShardedGradients {
 
   float* shard() { return shard_.data(); }
   void zero_shard() { shard_.zero(); }
-  void begin_micro_batch() { tracker_.reset(); }
+  void begin_micro_batch() { tracker_.reset(false); }
   // For ModelHooks::unit_grads and grads_ready.
   float* lend(int unit);
   void unit_finished(int unit);
