@@ -192,14 +192,7 @@ class CudaStagedOp final : public StagedOp {
     const Op& op = x.op();
     const int n = x.size(), me = x.rank();
     std::vector<IpcBuffers> theirs(static_cast<std::size_t>(n));
-    std::vector<Request> received;
-    for (int p = 0; p < n; ++p) {
-      if (p == me) continue;
-      x.send(p, 0, 0, &mine_, sizeof mine_);
-      received.push_back(x.recv(p, 0, 0, &theirs[p], sizeof(IpcBuffers)));
-    }
-    for (const Request& r : received) x.wait(r);
-    x.wait_sends();
+    x.swap_with_all(0, &mine_, theirs.data(), sizeof(IpcBuffers));
     DeviceScope scope(shared_->device);
     // Every rank's send and receive buffers as this process sees them (null
     // where that rank's call does not use one).
@@ -224,14 +217,7 @@ class CudaStagedOp final : public StagedOp {
     // Every rank's output is complete once every rank's kernels are.
     std::uint8_t token = 1;
     std::vector<std::uint8_t> tokens(static_cast<std::size_t>(n));
-    received.clear();
-    for (int p = 0; p < n; ++p) {
-      if (p == me) continue;
-      x.send(p, 1, 0, &token, 1);
-      received.push_back(x.recv(p, 1, 0, &tokens[p], 1));
-    }
-    for (const Request& r : received) x.wait(r);
-    x.wait_sends();
+    x.swap_with_all(1, &token, tokens.data(), 1);
   }
 
   // This rank's share, every byte read once and written once:

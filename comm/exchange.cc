@@ -1,6 +1,7 @@
 #include "comm/algorithms/exchange.h"
 
 #include <algorithm>
+#include <vector>
 
 #include "comm/transport/transport.h"
 #include "comm/wire.h"
@@ -69,6 +70,17 @@ void Exchange::wait(const Request& request) {
   if (request.kind == Request::Kind::send)
     std::erase_if(c_.sends, [&](const Request& s) { return s.transport == request.transport && s.id == request.id; });
   release(request);
+}
+
+void Exchange::swap_with_all(std::uint32_t step, const void* mine, void* theirs, std::size_t bytes) {
+  std::vector<Request> received;
+  for (int p = 0; p < c_.size; ++p) {
+    if (p == c_.rank) continue;
+    send(p, step, 0, mine, bytes);
+    received.push_back(recv(p, step, 0, static_cast<std::byte*>(theirs) + p * bytes, bytes));
+  }
+  for (const Request& r : received) wait(r);
+  wait_sends();
 }
 
 void Exchange::wait_sends() {

@@ -47,14 +47,7 @@ void all_reduce_direct(Exchange& x) {
   shared_buffers::find(op.send, bytes, mine.send);
   shared_buffers::find(op.recv, bytes, mine.recv);
   std::vector<Buffers> theirs(static_cast<std::size_t>(n));
-  std::vector<Request> received;
-  for (int p = 0; p < n; ++p) {
-    if (p == me) continue;
-    x.send(p, kDescriptorStep, 0, &mine, sizeof mine);
-    received.push_back(x.recv(p, kDescriptorStep, 0, &theirs[p], sizeof(Buffers)));
-  }
-  for (const Request& r : received) x.wait(r);
-  x.wait_sends();
+  x.swap_with_all(kDescriptorStep, &mine, theirs.data(), sizeof(Buffers));
 
   std::vector<const std::byte*> in(static_cast<std::size_t>(n));
   std::vector<std::byte*> out(static_cast<std::size_t>(n));
@@ -83,14 +76,7 @@ void all_reduce_direct(Exchange& x) {
   // Every output is complete once every rank has written its chunk.
   std::uint8_t token = 1;
   std::vector<std::uint8_t> tokens(static_cast<std::size_t>(n));
-  received.clear();
-  for (int p = 0; p < n; ++p) {
-    if (p == me) continue;
-    x.send(p, kDescriptorStep + 1, 0, &token, 1);
-    received.push_back(x.recv(p, kDescriptorStep + 1, 0, &tokens[p], 1));
-  }
-  for (const Request& r : received) x.wait(r);
-  x.wait_sends();
+  x.swap_with_all(kDescriptorStep + 1, &token, tokens.data(), 1);
 }
 
 }  // namespace braid::comm

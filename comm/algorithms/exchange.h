@@ -73,6 +73,12 @@ class Exchange {
   std::span<const std::byte> view(const Request& request);
   void release(const Request& request);
 
+  // Sends `bytes` from `mine` to every other rank and receives each one's
+  // into theirs + rank * bytes (this rank's slot untouched), all as (step,
+  // segment 0); returns when every message has arrived and gone. With a
+  // one-byte token it is a barrier.
+  void swap_with_all(std::uint32_t step, const void* mine, void* theirs, std::size_t bytes);
+
   // Waits for one request; sends and plain receives are then released, a
   // view receive stays readable until release().
   void wait(const Request& request);
