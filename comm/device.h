@@ -67,7 +67,6 @@ class StagedOp {
 class DeviceStaging {
  public:
   virtual ~DeviceStaging() = default;
-  virtual int device() const = 0;
   // Caller's thread, in issue order: queues the copies and the gate on
   // op.stream and points op.send / op.recv at the staging buffers (in-place
   // calls stay in place). `rank` and `size` give the buffers' extents.

@@ -333,8 +333,6 @@ class CudaStaging final : public DeviceStaging {
     if (ipc_) check(cudaStreamCreateWithFlags(&shared_->ipc_stream, cudaStreamNonBlocking), "cudaStreamCreate");
   }
 
-  int device() const override { return shared_->device; }
-
   std::shared_ptr<StagedOp> stage(Op& op, int rank, int size) override {
     if (op.memory.device != shared_->device)
       throw InvalidUsage("this communicator works on CUDA device " + std::to_string(shared_->device) +
