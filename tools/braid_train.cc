@@ -75,6 +75,7 @@ void add_invocation_flags(CLI::App& app, TrainOptions& o) {
   app.add_option("--temperature", o.temperature, "sampling temperature (0: greedy)")->capture_default_str();
   app.add_option("--prompt", o.prompt, "text the sample continues");
   app.add_option("--threads", o.threads, "BLAS threads per rank")->capture_default_str();
+  app.add_option("--device", o.device, "cpu or cuda (rank r uses GPU local_rank % GPUs)")->capture_default_str();
   app.add_option("--strategy", o.strategy,
                  "data parallelism: none, dp, ddp, zero1, zero2, zero3 (default: none on one rank, ddp on more)");
   app.add_option("--bucket-mb", o.bucket_mb, "gradient bucket size in MiB (ddp, zero1, zero2)")->capture_default_str();
@@ -179,6 +180,7 @@ int run(const TrainOptions& o) {
   t::validate(o);
   if (!o.consolidate.empty()) return consolidate(o);
   const braid::runtime::RankInfo info = braid::runtime::rank_info_from_env();
+  t::set_cuda_local_rank(info.local_rank);
   const std::unique_ptr<braid::comm::Communicator> comm = connect(o, info);
   const t::TextCorpus corpus = o.data.empty() ? t::load_default_corpus() : t::load_text_file(o.data);
   t::Trainer trainer(o, corpus, comm.get());

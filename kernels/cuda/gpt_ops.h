@@ -19,6 +19,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
 
 #include "kernels/cpu/gpt_ops.h"  // AdamWParams
 
@@ -65,5 +66,27 @@ void embedding_backward(float* dwte, float* dwpe, const float* dout, const std::
 // p is read on the host; param, grad, m and v are device pointers.
 void adamw_update(float* param, const float* grad, float* m, float* v, std::size_t count,
                   const AdamWParams& p, cudaStream_t stream = nullptr);
+
+// ---- Element-wise helpers and the device (vector_ops.cu) -------------------
+// out = a + b (out may alias either).
+void add(float* out, const float* a, const float* b, std::size_t count, cudaStream_t stream = nullptr);
+void fill(float* p, float value, std::size_t count, cudaStream_t stream = nullptr);
+void scale(float* p, float factor, std::size_t count, cudaStream_t stream = nullptr);
+// Sum of squares in double. Synchronises the stream and returns the value;
+// the same count gives the same order of additions every time.
+double square_sum(const float* p, std::size_t count, cudaStream_t stream = nullptr);
+
+struct DeviceDescription {
+  int ordinal = 0;
+  std::string name;
+  int sm_major = 0, sm_minor = 0;
+  int multiprocessors = 0;
+  double clock_ghz = 0.0;           // the boost clock the driver reports
+  std::size_t memory_bytes = 0;
+  double fp32_peak_gflops = 0.0;    // 2 x FP32 lanes x SMs x clock (no tensor cores)
+};
+DeviceDescription describe_device(int device);
+// Best of a few timed 4096^3 sgemms (fp32, no TF32) through matmul_forward.
+double measure_sgemm_gflops(cudaStream_t stream = nullptr);
 
 }  // namespace braid::kernels::cuda

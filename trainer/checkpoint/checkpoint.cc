@@ -29,7 +29,8 @@ void check_tensors(const CheckpointReader& r, const ParamTable& table, const std
   for (const ParamView& v : table.views()) r.check(prefix + v.name, v.full_shape);
 }
 
-// Copies the tensors' parts inside `owned` to dst (dst[0] is owned.offset).
+// Copies the tensors' parts inside `owned` to dst (dst[0] is owned.offset),
+// in the memory of the model's device.
 void copy_tensors(const CheckpointReader& r, const Gpt& model, const std::string& prefix, Range owned, float* dst) {
   std::vector<float> full, local;
   for (const ParamView& v : model.table().views()) {
@@ -41,8 +42,18 @@ void copy_tensors(const CheckpointReader& r, const Gpt& model, const std::string
     local.resize(v.count());
     r.read(prefix + v.name, v.full_shape, full.data());
     copy_tp_part(v, model.layout(), full.data(), local.data());
-    std::copy_n(local.data() + (part.offset - v.offset), part.count, dst + (part.offset - owned.offset));
+    model.ops().from_host(dst + (part.offset - owned.offset), local.data() + (part.offset - v.offset),
+                          part.count * sizeof(float));
   }
+}
+
+// The elements of `buffer` in host memory: the buffer itself on the CPU,
+// else a copy kept in `copy`.
+const float* on_host(const FlatBuffer& buffer, std::vector<float>& copy) {
+  if (buffer.device() == Device::kCpu) return buffer.data();
+  copy.resize(buffer.count());
+  buffer.backend().to_host(copy.data(), buffer.data(), copy.size() * sizeof(float));
+  return copy.data();
 }
 
 std::vector<TensorToWrite> named_tensors(const Gpt& model, const std::string& prefix, const float* base) {
@@ -86,7 +97,9 @@ GptConfig config_from_metadata(const SafetensorsFile& f) {
 GptConfig read_weights_config(const fs::path& path) { return config_from_metadata(SafetensorsFile::read(path)); }
 
 void save_weights(const fs::path& path, const Gpt& model, std::int64_t step) {
-  write_safetensors(path, named_tensors(model, "", model.params().data()), config_metadata(model.config(), step));
+  std::vector<float> copy;
+  write_safetensors(path, named_tensors(model, "", on_host(model.params(), copy)),
+                    config_metadata(model.config(), step));
 }
 
 void load_weights(const fs::path& path, Gpt& model) {
@@ -105,8 +118,9 @@ fs::path save_checkpoint(const fs::path& dir, const Gpt& model, const AdamW& opt
   fs::create_directories(step_dir);
   try {
     save_weights(step_dir / layout::kModelFile, model, s.step);
-    std::vector<TensorToWrite> tensors = named_tensors(model, "m.", opt.m().data());
-    for (auto& t : named_tensors(model, "v.", opt.v().data())) tensors.push_back(std::move(t));
+    std::vector<float> m, v;
+    std::vector<TensorToWrite> tensors = named_tensors(model, "m.", on_host(opt.m(), m));
+    for (auto& t : named_tensors(model, "v.", on_host(opt.v(), v))) tensors.push_back(std::move(t));
     write_safetensors(step_dir / layout::kOptimizerFile, tensors, config_metadata(model.config(), s.step));
     write_file_atomically(step_dir / layout::kStateFile, layout::state_json(s).dump(2) + "\n");
   } catch (...) {

@@ -18,7 +18,8 @@ struct Carver {
 
 }  // namespace
 
-Activations::Activations(const GptConfig& c, const ModelLayout& l, int B, int T, MemoryAccount* account)
+Activations::Activations(const GptConfig& c, const ModelLayout& l, int B, int T, MemoryAccount* account,
+                         Device device)
     : cap_B_(B), cap_T_(T), B_(B), T_(T), first_layer_(l.pp_first_layer) {
   if (B < 1 || T < 1 || T > c.block_size) {
     throw InvalidUsage("activations need 1 <= B and 1 <= T <= block_size (got B " + std::to_string(B) +
@@ -34,15 +35,17 @@ Activations::Activations(const GptConfig& c, const ModelLayout& l, int B, int T,
   block_stride_ = 4 * N_ * C_ + 4 * N_ + 12 * N_ * Cl_ + att;
   const std::size_t head = has_head_ ? N_ * C_ + 4 * N_ + 2 * N_ * V_ : 0;
   const std::size_t blocks = block_stride_ * (l.pp_last_layer - l.pp_first_layer);
-  buffer_ = FlatBuffer(blocks + head + 3 * N_ * C_, MemoryCategory::kActivations, account);
+  // + 2N: the int32 tokens and targets, in the same (device) memory.
+  static_assert(sizeof(std::int32_t) == sizeof(float));
+  buffer_ = FlatBuffer(blocks + head + 3 * N_ * C_ + 2 * N_, MemoryCategory::kActivations, account, device);
   Carver carve{buffer_.data()};
   blocks_ = carve.take(blocks);
   head_ = carve.take(head);
   input_ = carve.take(N_ * C_);
   proj_ = carve.take(N_ * C_);
   dresidual_ = carve.take(N_ * C_);
-  tokens_.assign(N_, 0);
-  targets_.assign(N_, 0);
+  tokens_ = reinterpret_cast<std::int32_t*>(carve.take(N_));
+  targets_ = reinterpret_cast<std::int32_t*>(carve.take(N_));
 }
 
 void Activations::set_shape(int B, int T) {

@@ -10,7 +10,6 @@
 #pragma once
 
 #include <cstdint>
-#include <vector>
 
 #include "trainer/model/flat_buffer.h"
 #include "trainer/model/gpt_config.h"
@@ -45,7 +44,9 @@ struct HeadActivations {
 
 class Activations {
  public:
-  Activations(const GptConfig& config, const ModelLayout& layout, int B, int T, MemoryAccount* account);
+  // Every buffer, tokens and targets included, lives on `device`.
+  Activations(const GptConfig& config, const ModelLayout& layout, int B, int T, MemoryAccount* account,
+              Device device = Device::kCpu);
 
   // Sets the shape of the next pass (B <= capacity_B, T <= capacity_T).
   void set_shape(int B, int T);
@@ -59,8 +60,9 @@ class Activations {
   float* input() { return input_; }            // [N, C] stage input (embedding or received)
   float* proj() { return proj_; }              // [N, C] c_proj output scratch
   float* dresidual() { return dresidual_; }    // [N, C] gradient flowing down the residual
-  std::int32_t* tokens() { return tokens_.data(); }    // [N]
-  std::int32_t* targets() { return targets_.data(); }  // [N]
+  std::int32_t* tokens() { return tokens_; }    // [N]
+  std::int32_t* targets() { return targets_; }  // [N]
+  Device device() const { return buffer_.device(); }
   std::size_t bytes() const { return buffer_.count() * sizeof(float); }
 
  private:
@@ -75,7 +77,8 @@ class Activations {
   float* dresidual_ = nullptr;
   std::size_t N_ = 0, C_ = 0, Cl_ = 0, NHl_ = 0, V_ = 0;
   bool has_head_ = false;
-  std::vector<std::int32_t> tokens_, targets_;
+  std::int32_t* tokens_ = nullptr;
+  std::int32_t* targets_ = nullptr;
 };
 
 }  // namespace braid::trainer

@@ -49,19 +49,13 @@ std::size_t MemoryAccount::peak_bytes(MemoryCategory category) const {
   return peak_[static_cast<std::size_t>(category)];
 }
 
-void FlatBuffer::AlignedFree::operator()(float* p) const { std::free(p); }
+void FlatBuffer::Free::operator()(float* p) const { trainer::backend(device).release(p); }
 
-FlatBuffer::FlatBuffer(std::size_t count, MemoryCategory category, MemoryAccount* account)
-    : count_(count), category_(category), account_(account) {
-  constexpr std::size_t kAlign = 64;
-  std::size_t bytes = (std::max<std::size_t>(count, 1) * sizeof(float) + kAlign - 1) / kAlign * kAlign;
-  void* p = std::aligned_alloc(kAlign, bytes);
-  if (p == nullptr) {
-    throw SystemError("cannot allocate " + std::to_string(count * sizeof(float)) + " bytes of " +
-                      std::string(category_name(category)) + "; use a smaller model or batch");
-  }
-  std::memset(p, 0, bytes);
-  data_.reset(static_cast<float*>(p));
+FlatBuffer::FlatBuffer(std::size_t count, MemoryCategory category, MemoryAccount* account, Device device)
+    : count_(count), category_(category), account_(account), device_(device) {
+  const Backend& b = trainer::backend(device);
+  data_ = std::unique_ptr<float[], Free>(
+      static_cast<float*>(b.allocate(count * sizeof(float), category_name(category))), Free{device});
   if (account_ != nullptr) account_->allocate(category_, count_ * sizeof(float));
 }
 
@@ -69,7 +63,8 @@ FlatBuffer::FlatBuffer(FlatBuffer&& other) noexcept
     : data_(std::move(other.data_)),
       count_(std::exchange(other.count_, 0)),
       category_(other.category_),
-      account_(std::exchange(other.account_, nullptr)) {}
+      account_(std::exchange(other.account_, nullptr)),
+      device_(other.device_) {}
 
 FlatBuffer& FlatBuffer::operator=(FlatBuffer&& other) noexcept {
   if (this != &other) {
@@ -78,6 +73,7 @@ FlatBuffer& FlatBuffer::operator=(FlatBuffer&& other) noexcept {
     count_ = std::exchange(other.count_, 0);
     category_ = other.category_;
     account_ = std::exchange(other.account_, nullptr);
+    device_ = other.device_;
   }
   return *this;
 }
@@ -95,7 +91,7 @@ std::span<float> FlatBuffer::view(Range r) { return span().subspan(r.offset, r.c
 std::span<const float> FlatBuffer::view(Range r) const { return span().subspan(r.offset, r.count); }
 
 void FlatBuffer::zero() {
-  if (count_ > 0) std::memset(data_.get(), 0, count_ * sizeof(float));
+  if (count_ > 0) backend().zero(data_.get(), count_ * sizeof(float));
 }
 
 }  // namespace braid::trainer

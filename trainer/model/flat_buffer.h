@@ -16,6 +16,8 @@
 #include <span>
 #include <string_view>
 
+#include "trainer/model/backend.h"
+
 namespace braid::trainer {
 
 // A half-open range of elements [offset, offset + count) of a flat buffer.
@@ -57,12 +59,15 @@ class MemoryAccount {
   std::size_t peak_total_ = 0;
 };
 
-// A zero-initialised, 64-byte aligned float buffer charged to an account.
-// Movable, not copyable; releases its charge when destroyed.
+// A zero-initialised float buffer on one Device (64-byte aligned on the
+// CPU), charged to an account. Movable, not copyable; releases its charge
+// when destroyed. data() points into the device's memory: host code reads
+// and writes a CUDA buffer only through backend() (span() and view() are
+// for CPU buffers).
 class FlatBuffer {
  public:
   FlatBuffer() = default;
-  FlatBuffer(std::size_t count, MemoryCategory category, MemoryAccount* account);
+  FlatBuffer(std::size_t count, MemoryCategory category, MemoryAccount* account, Device device = Device::kCpu);
   FlatBuffer(FlatBuffer&& other) noexcept;
   FlatBuffer& operator=(FlatBuffer&& other) noexcept;
   FlatBuffer(const FlatBuffer&) = delete;
@@ -77,17 +82,21 @@ class FlatBuffer {
   std::span<float> view(Range r);
   std::span<const float> view(Range r) const;
   void zero();
+  Device device() const { return device_; }
+  const Backend& backend() const { return trainer::backend(device_); }
 
  private:
-  struct AlignedFree {
+  struct Free {
+    Device device;
     void operator()(float* p) const;
   };
   void release();
 
-  std::unique_ptr<float[], AlignedFree> data_;
+  std::unique_ptr<float[], Free> data_{nullptr, Free{Device::kCpu}};
   std::size_t count_ = 0;
   MemoryCategory category_ = MemoryCategory::kActivations;
   MemoryAccount* account_ = nullptr;
+  Device device_ = Device::kCpu;
 };
 
 }  // namespace braid::trainer

@@ -11,45 +11,39 @@
 #include "trainer/model/gpt.h"
 
 #include <algorithm>
-#include <cstring>
+#include <vector>
 
-#include "kernels/cpu/gpt_ops.h"
 #include "runtime/errors.h"
 #include "trainer/model/init.h"
 
 namespace braid::trainer {
-
-namespace k = braid::kernels::cpu;
-
-namespace {
-
-void add(float* out, const float* a, const float* b, std::size_t count) {
-  for (std::size_t i = 0; i < count; ++i) out[i] = a[i] + b[i];
-}
-
-void zero(float* p, std::size_t count) { std::memset(p, 0, count * sizeof(float)); }
-
-}  // namespace
 
 Gpt::Gpt(const GptConfig& config, const ModelLayout& layout, MemoryAccount* account, ModelStorage storage)
     : config_(config),
       layout_(layout),
       table_(ParamTable::gpt(config, layout, storage.unit_multiple)),
       account_(account),
-      params_(storage.params ? FlatBuffer(table_.count(), MemoryCategory::kParameters, account) : FlatBuffer()),
-      grads_(storage.grads ? FlatBuffer(table_.count(), MemoryCategory::kGradients, account) : FlatBuffer()) {}
+      device_(storage.device),
+      k_(&trainer::backend(storage.device)),
+      params_(storage.params ? FlatBuffer(table_.count(), MemoryCategory::kParameters, account, device_)
+                             : FlatBuffer()),
+      grads_(storage.grads ? FlatBuffer(table_.count(), MemoryCategory::kGradients, account, device_)
+                           : FlatBuffer()) {}
 
 void Gpt::init(std::uint64_t seed) {
   if (params_.count() != table_.count()) {
     throw InvalidUsage("this model keeps no parameter buffer of its own; its strategy initialises the shards");
   }
-  init_parameters(config_, layout_, table_, params_.span(), seed);
+  if (device_ == Device::kCpu) return init_parameters(config_, layout_, table_, params_.span(), seed);
+  std::vector<float> values(table_.count());
+  init_parameters(config_, layout_, table_, values, seed);
+  k_->from_host(params_.data(), values.data(), values.size() * sizeof(float));
 }
 
 void Gpt::set_hooks(ModelHooks* hooks) { hooks_ = hooks != nullptr ? hooks : &no_hooks_; }
 
 Activations Gpt::make_activations(int B, int T) const {
-  return Activations(config_, layout_, B, T, account_);
+  return Activations(config_, layout_, B, T, account_, device_);
 }
 
 float* Gpt::unit_base(Buffer buffer, int unit) {
@@ -91,7 +85,7 @@ float* Gpt::stage_output(Activations& acts) const {
 void Gpt::ensure_scratch(std::size_t N) {
   if (N <= scratch_N_) return;
   const std::size_t C = config_.n_embd, Cl = layout_.local_embd(config_);
-  scratch_ = FlatBuffer(N * C + 12 * N * Cl, MemoryCategory::kActivations, account_);
+  scratch_ = FlatBuffer(N * C + 12 * N * Cl, MemoryCategory::kActivations, account_, device_);
   scratch_N_ = N;
 }
 
@@ -123,11 +117,11 @@ void Gpt::forward_embedding(Activations& acts, const std::int32_t* tokens) {
                          std::to_string(config_.vocab_size) + ")");
     }
   }
-  std::copy(tokens, tokens + N, acts.tokens());
+  k_->from_host(acts.tokens(), tokens, N * sizeof(std::int32_t));
   const int u = table_.embedding_unit();
   hooks_->before_unit(u, Pass::kForward);
   const Buffer p = Buffer::kParams;
-  k::embedding_forward(acts.input(), tokens, tensor(p, "wte.weight"), tensor(p, "wpe.weight"), B, T, C);
+  k_->embedding_forward(acts.input(), acts.tokens(), tensor(p, "wte.weight"), tensor(p, "wpe.weight"), B, T, C);
   hooks_->after_unit(u, Pass::kForward);
 }
 
@@ -146,19 +140,19 @@ void Gpt::forward_block(Activations& acts, int layer) {
   // so the sum over the group holds it once.
   const bool add_proj_bias = layout_.tp_rank == 0;
 
-  k::layernorm_forward(a.ln_1, a.ln_1_mean, a.ln_1_rstd, x, w.ln_1_w, w.ln_1_b, N, C);
-  k::matmul_forward(a.qkv, a.ln_1, w.attn_w, w.attn_b, N, C, 3 * Cl);                // [N, 3Cl]
-  k::attention_forward(a.atty, a.att, a.qkv, B, T, NHl, HS);                          // [N, Cl]
-  k::matmul_forward(proj, a.atty, w.attn_proj_w, add_proj_bias ? w.attn_proj_b : nullptr, N, Cl, C);
+  k_->layernorm_forward(a.ln_1, a.ln_1_mean, a.ln_1_rstd, x, w.ln_1_w, w.ln_1_b, N, C);
+  k_->matmul_forward(a.qkv, a.ln_1, w.attn_w, w.attn_b, N, C, 3 * Cl);                // [N, 3Cl]
+  k_->attention_forward(a.atty, a.att, a.qkv, B, T, NHl, HS);                          // [N, Cl]
+  k_->matmul_forward(proj, a.atty, w.attn_proj_w, add_proj_bias ? w.attn_proj_b : nullptr, N, Cl, C);
   if (layout_.tp_size > 1) hooks_->tp_all_reduce_forward(proj, static_cast<std::size_t>(N) * C);
-  add(a.residual_2, x, proj, static_cast<std::size_t>(N) * C);
+  k_->add(a.residual_2, x, proj, static_cast<std::size_t>(N) * C);
 
-  k::layernorm_forward(a.ln_2, a.ln_2_mean, a.ln_2_rstd, a.residual_2, w.ln_2_w, w.ln_2_b, N, C);
-  k::matmul_forward(a.fch, a.ln_2, w.fc_w, w.fc_b, N, C, 4 * Cl);                    // [N, 4Cl]
-  k::gelu_forward(a.fch_gelu, a.fch, static_cast<std::size_t>(N) * 4 * Cl);
-  k::matmul_forward(proj, a.fch_gelu, w.mlp_proj_w, add_proj_bias ? w.mlp_proj_b : nullptr, N, 4 * Cl, C);
+  k_->layernorm_forward(a.ln_2, a.ln_2_mean, a.ln_2_rstd, a.residual_2, w.ln_2_w, w.ln_2_b, N, C);
+  k_->matmul_forward(a.fch, a.ln_2, w.fc_w, w.fc_b, N, C, 4 * Cl);                    // [N, 4Cl]
+  k_->gelu_forward(a.fch_gelu, a.fch, static_cast<std::size_t>(N) * 4 * Cl);
+  k_->matmul_forward(proj, a.fch_gelu, w.mlp_proj_w, add_proj_bias ? w.mlp_proj_b : nullptr, N, 4 * Cl, C);
   if (layout_.tp_size > 1) hooks_->tp_all_reduce_forward(proj, static_cast<std::size_t>(N) * C);
-  add(a.output, a.residual_2, proj, static_cast<std::size_t>(N) * C);
+  k_->add(a.output, a.residual_2, proj, static_cast<std::size_t>(N) * C);
   hooks_->after_unit(u, Pass::kForward);
 }
 
@@ -169,16 +163,24 @@ float Gpt::forward_head(Activations& acts, const std::int32_t* targets) {
   if (e >= 0) hooks_->before_unit(e, Pass::kForward);  // the tied wte lives there
   const Buffer p = Buffer::kParams;
   HeadActivations h = acts.head();
-  k::layernorm_forward(h.ln_f, h.ln_f_mean, h.ln_f_rstd, stage_output(acts), tensor(p, "ln_f.weight"),
+  k_->layernorm_forward(h.ln_f, h.ln_f_mean, h.ln_f_rstd, stage_output(acts), tensor(p, "ln_f.weight"),
                        tensor(p, "ln_f.bias"), N, C);
-  k::matmul_forward(h.logits, h.ln_f, tensor(p, "wte.weight"), nullptr, N, C, V);  // [N, V]
+  k_->matmul_forward(h.logits, h.ln_f, tensor(p, "wte.weight"), nullptr, N, C, V);  // [N, V]
   if (e >= 0) hooks_->after_unit(e, Pass::kForward);
   hooks_->after_unit(u, Pass::kForward);
   if (targets == nullptr) return 0.0f;
-  std::copy(targets, targets + N, acts.targets());
-  k::crossentropy_forward(h.losses, h.probs, h.logits, targets, N, V);
+  for (int i = 0; i < N; ++i) {
+    if (targets[i] < 0 || targets[i] >= V) {
+      throw InvalidUsage("target " + std::to_string(targets[i]) + " is outside the vocabulary [0, " +
+                         std::to_string(V) + ")");
+    }
+  }
+  k_->from_host(acts.targets(), targets, static_cast<std::size_t>(N) * sizeof(std::int32_t));
+  k_->crossentropy_forward(h.losses, h.probs, h.logits, acts.targets(), N, V);
+  std::vector<float> losses(N);
+  k_->to_host(losses.data(), h.losses, losses.size() * sizeof(float));
   double sum = 0.0;
-  for (int i = 0; i < N; ++i) sum += h.losses[i];
+  for (float loss : losses) sum += loss;
   return static_cast<float>(sum / N);
 }
 
@@ -192,13 +194,13 @@ void Gpt::backward_head(Activations& acts, float dloss) {
   HeadActivations h = acts.head();
   float* dlogits = h.logits;  // logits are not needed any more
   float* dln_f = scratch_.data();
-  std::fill(h.dlosses, h.dlosses + N, dloss);
+  k_->fill(h.dlosses, dloss, N);
   zero(dlogits, static_cast<std::size_t>(N) * V);
-  k::crossentropy_backward(dlogits, h.probs, acts.targets(), h.dlosses, N, V);
+  k_->crossentropy_backward(dlogits, h.probs, acts.targets(), h.dlosses, N, V);
   zero(dln_f, static_cast<std::size_t>(N) * C);
-  k::matmul_backward(dln_f, tensor(g, "wte.weight"), nullptr, dlogits, h.ln_f, tensor(p, "wte.weight"), N, C, V);
+  k_->matmul_backward(dln_f, tensor(g, "wte.weight"), nullptr, dlogits, h.ln_f, tensor(p, "wte.weight"), N, C, V);
   zero(acts.dresidual(), static_cast<std::size_t>(N) * C);
-  k::layernorm_backward(acts.dresidual(), tensor(g, "ln_f.weight"), tensor(g, "ln_f.bias"), dln_f,
+  k_->layernorm_backward(acts.dresidual(), tensor(g, "ln_f.weight"), tensor(g, "ln_f.bias"), dln_f,
                         stage_output(acts), tensor(p, "ln_f.weight"), h.ln_f_mean, h.ln_f_rstd, N, C);
   if (e >= 0) hooks_->after_unit(e, Pass::kBackward);
   hooks_->after_unit(u, Pass::kBackward);
@@ -214,13 +216,13 @@ void Gpt::mlp_backward(Activations& acts, int layer, const BlockTensors& w, cons
   float* dfch = dln + NC + 4 * NCl;
   float* dfch_gelu = dfch + 4 * NCl;
   zero(dfch_gelu, 4 * NCl);
-  k::matmul_backward(dfch_gelu, g.mlp_proj_w, g.mlp_proj_b, d, a.fch_gelu, w.mlp_proj_w, N, 4 * Cl, C);
+  k_->matmul_backward(dfch_gelu, g.mlp_proj_w, g.mlp_proj_b, d, a.fch_gelu, w.mlp_proj_w, N, 4 * Cl, C);
   zero(dfch, 4 * NCl);
-  k::gelu_backward(dfch, a.fch, dfch_gelu, 4 * NCl);
+  k_->gelu_backward(dfch, a.fch, dfch_gelu, 4 * NCl);
   zero(dln, NC);
-  k::matmul_backward(dln, g.fc_w, g.fc_b, dfch, a.ln_2, w.fc_w, N, C, 4 * Cl);
+  k_->matmul_backward(dln, g.fc_w, g.fc_b, dfch, a.ln_2, w.fc_w, N, C, 4 * Cl);
   if (layout_.tp_size > 1) hooks_->tp_all_reduce_backward(dln, NC);
-  k::layernorm_backward(d, g.ln_2_w, g.ln_2_b, dln, a.residual_2, w.ln_2_w, a.ln_2_mean, a.ln_2_rstd, N, C);
+  k_->layernorm_backward(d, g.ln_2_w, g.ln_2_b, dln, a.residual_2, w.ln_2_w, a.ln_2_mean, a.ln_2_rstd, N, C);
 }
 
 void Gpt::attention_branch_backward(Activations& acts, int layer, const BlockTensors& w,
@@ -234,13 +236,13 @@ void Gpt::attention_branch_backward(Activations& acts, int layer, const BlockTen
   float* dqkv = dln + NC;
   float* datty = dqkv + 3 * NCl;
   zero(datty, NCl);
-  k::matmul_backward(datty, g.attn_proj_w, g.attn_proj_b, d, a.atty, w.attn_proj_w, N, Cl, C);
+  k_->matmul_backward(datty, g.attn_proj_w, g.attn_proj_b, d, a.atty, w.attn_proj_w, N, Cl, C);
   zero(dqkv, 3 * NCl);
-  k::attention_backward(dqkv, datty, a.qkv, a.att, B, T, NHl, HS);
+  k_->attention_backward(dqkv, datty, a.qkv, a.att, B, T, NHl, HS);
   zero(dln, NC);
-  k::matmul_backward(dln, g.attn_w, g.attn_b, dqkv, a.ln_1, w.attn_w, N, C, 3 * Cl);
+  k_->matmul_backward(dln, g.attn_w, g.attn_b, dqkv, a.ln_1, w.attn_w, N, C, 3 * Cl);
   if (layout_.tp_size > 1) hooks_->tp_all_reduce_backward(dln, NC);
-  k::layernorm_backward(d, g.ln_1_w, g.ln_1_b, dln, block_input(acts, layer), w.ln_1_w, a.ln_1_mean,
+  k_->layernorm_backward(d, g.ln_1_w, g.ln_1_b, dln, block_input(acts, layer), w.ln_1_w, a.ln_1_mean,
                         a.ln_1_rstd, N, C);
 }
 
@@ -261,7 +263,7 @@ void Gpt::backward_embedding(Activations& acts) {
   const int u = table_.embedding_unit();
   hooks_->before_unit(u, Pass::kBackward);
   const Buffer g = Buffer::kGrads;
-  k::embedding_backward(tensor(g, "wte.weight"), tensor(g, "wpe.weight"), acts.dresidual(), acts.tokens(),
+  k_->embedding_backward(tensor(g, "wte.weight"), tensor(g, "wpe.weight"), acts.dresidual(), acts.tokens(),
                         acts.B(), acts.T(), config_.n_embd);
   hooks_->after_unit(u, Pass::kBackward);
   hooks_->grads_ready(u, table_.units()[u].range);

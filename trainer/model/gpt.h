@@ -6,7 +6,9 @@
 //              x = x + c_proj(gelu(c_fc(ln_2(x))))
 //   logits = ln_f(x) @ wte^T, loss = cross-entropy  (last stage)
 //
-// Parameters and gradients are flat buffers described by table(). The model
+// Parameters and gradients are flat buffers described by table(), on the
+// model's Device; every op runs through that device's Backend. Tokens and
+// targets come from the host and are copied in; the loss goes back. The model
 // knows its TP rank/size and PP layer range (ModelLayout) and nothing more;
 // a strategy drives it through the stage pieces below and the ModelHooks.
 // Every backward piece ACCUMULATES into the gradient buffer, so gradient
@@ -34,6 +36,7 @@ struct ModelStorage {
   std::size_t unit_multiple = 1;
   bool params = true;  // false: every unit's parameters come from unit_params()
   bool grads = true;   // false: every unit's gradients go to unit_grads()
+  Device device = Device::kCpu;  // of every buffer the model allocates
 };
 
 class Gpt {
@@ -43,6 +46,8 @@ class Gpt {
   const GptConfig& config() const { return config_; }
   const ModelLayout& layout() const { return layout_; }
   const ParamTable& table() const { return table_; }
+  Device device() const { return device_; }
+  const Backend& ops() const { return *k_; }
   FlatBuffer& params() { return params_; }
   const FlatBuffer& params() const { return params_; }
   FlatBuffer& grads() { return grads_; }
@@ -95,6 +100,7 @@ class Gpt {
   float* block_input(Activations& acts, int layer) const;
   void ensure_scratch(std::size_t N);
   void check_hooks() const;
+  void zero(float* p, std::size_t count) { k_->zero(p, count * sizeof(float)); }
   void mlp_backward(Activations& acts, int layer, const BlockTensors& w, const BlockTensors& g);
   void attention_branch_backward(Activations& acts, int layer, const BlockTensors& w, const BlockTensors& g);
 
@@ -102,6 +108,8 @@ class Gpt {
   ModelLayout layout_;
   ParamTable table_;
   MemoryAccount* account_;
+  Device device_;
+  const Backend* k_;
   FlatBuffer params_;
   FlatBuffer grads_;
   ModelHooks no_hooks_;

@@ -3,7 +3,6 @@
 #include <cmath>
 #include <numbers>
 
-#include "kernels/cpu/gpt_ops.h"
 
 namespace braid::trainer {
 
@@ -22,13 +21,14 @@ std::vector<std::size_t> prefix_sums(const std::vector<Range>& pieces) {
 
 }  // namespace
 
-AdamW::AdamW(const ParamTable& table, std::vector<Range> owned, const AdamWConfig& config, MemoryAccount* account)
+AdamW::AdamW(const ParamTable& table, std::vector<Range> owned, const AdamWConfig& config, MemoryAccount* account,
+             Device device)
     : table_(table),
       owned_(std::move(owned)),
       state_offsets_(prefix_sums(owned_)),
       config_(config),
-      m_(state_offsets_.back(), MemoryCategory::kOptimizerState, account),
-      v_(state_offsets_.back(), MemoryCategory::kOptimizerState, account) {}
+      m_(state_offsets_.back(), MemoryCategory::kOptimizerState, account, device),
+      v_(state_offsets_.back(), MemoryCategory::kOptimizerState, account, device) {}
 
 void AdamW::update(std::span<float> params, std::span<const float> grads, float lr, long step) {
   for (std::size_t i = 0; i < owned_.size(); ++i) {
@@ -44,7 +44,7 @@ void AdamW::update_piece(std::size_t piece, float* params, const float* grads, f
     kernels::cpu::AdamWParams p{lr, config_.beta1, config_.beta2, config_.eps,
                                 view.decay ? config_.weight_decay : 0.0f, step};
     const std::size_t at = r.offset - owned.offset, state = state_offsets_[piece] + at;
-    kernels::cpu::adamw_update(params + at, grads + at, m_.data() + state, v_.data() + state, r.count, p);
+    m_.backend().adamw_update(params + at, grads + at, m_.data() + state, v_.data() + state, r.count, p);
   }
 }
 
@@ -56,16 +56,14 @@ float LrSchedule::at(long step) const {
   return static_cast<float>(min_lr + coeff * (lr - min_lr));
 }
 
-double grad_square_sum(std::span<const float> grads) {
-  double sum = 0.0;
-  for (float g : grads) sum += static_cast<double>(g) * g;
-  return sum;
+double grad_square_sum(std::span<const float> grads, const Backend& on) {
+  return on.square_sum(grads.data(), grads.size());
 }
 
-float clip_grads(std::span<float> grads, double norm, float max_norm) {
+float clip_grads(std::span<float> grads, double norm, float max_norm, const Backend& on) {
   if (max_norm <= 0.0f || !(norm > max_norm)) return 1.0f;
   const float scale = static_cast<float>(max_norm / (norm + 1e-6));
-  for (float& g : grads) g *= scale;
+  on.scale(grads.data(), scale, grads.size());
   return scale;
 }
 

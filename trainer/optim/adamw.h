@@ -26,9 +26,12 @@ struct AdamWConfig {
 
 class AdamW {
  public:
-  AdamW(const ParamTable& table, std::vector<Range> owned, const AdamWConfig& config, MemoryAccount* account);
-  AdamW(const ParamTable& table, Range owned, const AdamWConfig& config, MemoryAccount* account)
-      : AdamW(table, std::vector<Range>{owned}, config, account) {}
+  // m and v live on `device`, like the parameters and gradients updated.
+  AdamW(const ParamTable& table, std::vector<Range> owned, const AdamWConfig& config, MemoryAccount* account,
+        Device device = Device::kCpu);
+  AdamW(const ParamTable& table, Range owned, const AdamWConfig& config, MemoryAccount* account,
+        Device device = Device::kCpu)
+      : AdamW(table, std::vector<Range>{owned}, config, account, device) {}
 
   // One step over every owned piece: params and grads are the FULL flat
   // buffers (only the owned pieces are read and written). `step` counts
@@ -69,10 +72,11 @@ struct LrSchedule {
   float at(long step) const;
 };
 
-// Sum of squares of `grads`, in double (a strategy adds the shards' sums).
-double grad_square_sum(std::span<const float> grads);
+// Sum of squares of `grads`, in double (a strategy adds the shards' sums);
+// `grads` is in `on`'s memory.
+double grad_square_sum(std::span<const float> grads, const Backend& on = backend(Device::kCpu));
 // Scales grads by max_norm / norm when norm > max_norm (max_norm <= 0:
 // never). Returns the scale applied.
-float clip_grads(std::span<float> grads, double norm, float max_norm);
+float clip_grads(std::span<float> grads, double norm, float max_norm, const Backend& on = backend(Device::kCpu));
 
 }  // namespace braid::trainer

@@ -24,7 +24,7 @@ StepResult DpStrategy::finish_step(double loss_sum, double tokens, float lr, lon
   double stats[2] = {loss_sum, 0.0};
   sum_over_ranks({stats, 1});
   if (is_root()) {
-    stats[1] = std::sqrt(grad_square_sum(grads.span()));
+    stats[1] = std::sqrt(grad_square_sum(grads.span(), ops()));
     clip_and_update_full(stats[1], lr, step);
   }
   comm::Work published = meter_.issue([&](comm::Communicator& c) {

@@ -16,10 +16,11 @@ constexpr std::pair<StrategyKind, std::string_view> kNames[] = {
 };
 
 // Copies the elements of [from.offset, from.end()) ∩ [to.offset, to.end())
-// from `src` (which starts at from.offset) to `dst` (which starts at to.offset).
-void copy_overlap(Range from, const float* src, Range to, float* dst) {
+// from host `src` (which starts at from.offset) to `dst` in `on`'s memory
+// (which starts at to.offset).
+void copy_overlap(Range from, const float* src, Range to, float* dst, const Backend& on) {
   const Range r = intersect(from, to);
-  if (r.count > 0) std::copy_n(src + (r.offset - from.offset), r.count, dst + (r.offset - to.offset));
+  if (r.count > 0) on.from_host(dst + (r.offset - to.offset), src + (r.offset - from.offset), r.count * sizeof(float));
 }
 
 }  // namespace
@@ -57,12 +58,14 @@ Strategy::~Strategy() {
 
 void Strategy::build_model(ModelStorage storage) {
   const ModelLayout layout = setup_.layout.value_or(ModelLayout::whole(setup_.model));
+  storage.device = setup_.device;
   model_ = std::make_unique<Gpt>(setup_.model, layout, setup_.memory, storage);
   model_->set_hooks(this);
 }
 
 void Strategy::build_optimizer(std::vector<Range> owned) {
-  optimizer_ = std::make_unique<AdamW>(model_->table(), std::move(owned), setup_.adamw, setup_.memory);
+  optimizer_ = std::make_unique<AdamW>(model_->table(), std::move(owned), setup_.adamw, setup_.memory,
+                                       setup_.device);
 }
 
 void Strategy::begin_micro_batch(int index, bool last) {
@@ -77,11 +80,13 @@ void Strategy::reduce_after_backward() {
 }
 
 double Strategy::counted_square_sum(Range range, const float* grads) const {
-  if (setup_.model_norm == nullptr) return grad_square_sum({grads, range.count});
+  if (setup_.model_norm == nullptr) return grad_square_sum({grads, range.count}, ops());
   double sum = 0.0;
   for (const ParamView& v : model_->table().views()) {
     const Range r = intersect(range, v.range());
-    if (r.count > 0 && setup_.model_norm->counts(v)) sum += grad_square_sum({grads + (r.offset - range.offset), r.count});
+    if (r.count > 0 && setup_.model_norm->counts(v)) {
+      sum += grad_square_sum({grads + (r.offset - range.offset), r.count}, ops());
+    }
   }
   return sum;
 }
@@ -110,20 +115,23 @@ std::vector<Held> Strategy::even_share(Slot slot) {
 }
 
 void Strategy::clip_and_update_full(double norm, float lr, long step) {
-  clip_grads(model_->grads().span(), norm, setup_.grad_clip);
+  clip_grads(model_->grads().span(), norm, setup_.grad_clip, ops());
   optimizer_->update(model_->params().span(), model_->grads().span(), lr, step);
 }
 
 void Strategy::write_view(Slot slot, const ParamView& view, const float* values) {
-  for (const Held& h : held(slot)) copy_overlap(view.range(), values, h.range, h.data);
+  for (const Held& h : held(slot)) copy_overlap(view.range(), values, h.range, h.data, ops());
 }
 
 std::vector<float> Strategy::read_view(Slot slot, const ParamView& view) {
   // Every element is owned by exactly one rank: the others add zeros.
   std::vector<double> sum(view.count(), 0.0);
+  std::vector<float> part;
   for (const Held& h : owned(slot)) {
     const Range r = intersect(h.range, view.range());
-    for (std::size_t i = 0; i < r.count; ++i) sum[r.offset - view.offset + i] = h.data[r.offset - h.range.offset + i];
+    part.resize(r.count);
+    ops().to_host(part.data(), h.data + (r.offset - h.range.offset), r.count * sizeof(float));
+    for (std::size_t i = 0; i < r.count; ++i) sum[r.offset - view.offset + i] = part[i];
   }
   if (world_size() > 1) sum_over_ranks(sum);
   return std::vector<float>(sum.begin(), sum.end());

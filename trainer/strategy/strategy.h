@@ -67,12 +67,14 @@ struct StrategySetup {
   MemoryAccount* memory = nullptr;
   std::optional<ModelLayout> layout;
   ModelParallelNorm* model_norm = nullptr;
+  // Where every buffer of the model, optimizer and strategy lives.
+  Device device = Device::kCpu;
 };
 
 enum class Slot { kParams, kM, kV };
 
 // A piece of one slot: table elements [range.offset, range.end()) stored
-// from `data` on.
+// from `data` on (in the memory of the strategy's device).
 struct Held {
   Range range;
   float* data;
@@ -115,6 +117,7 @@ class Strategy : public ModelHooks {
   int rank() const { return comm_ != nullptr ? comm_->rank() : 0; }
   int world_size() const { return comm_ != nullptr ? comm_->size() : 1; }
   Gpt& model() { return *model_; }
+  const Backend& ops() const { return backend(setup_.device); }
   AdamW& optimizer() { return *optimizer_; }
   CommMeter& meter() { return meter_; }
   comm::Communicator* comm() { return comm_; }

@@ -15,8 +15,8 @@ ZeroStrategy::ZeroStrategy(const StrategySetup& setup, int stage) : Strategy(set
   partition_.emplace(stage == 3 ? unit_buckets(table) : plan_buckets(table, setup.bucket_bytes), world_size(), rank());
   build_optimizer(partition_->chunks());
   if (stage == 1) tracker_.emplace(table, partition_->groups());
-  if (stage >= 2) grads_.emplace(*partition_, table, meter_, setup.memory);
-  if (stage == 3) params_.emplace(*partition_, table, meter_, setup.memory);
+  if (stage >= 2) grads_.emplace(*partition_, table, meter_, setup.memory, setup.device);
+  if (stage == 3) params_.emplace(*partition_, table, meter_, setup.memory, setup.device);
 }
 
 StrategyKind ZeroStrategy::kind() const {
@@ -128,7 +128,7 @@ StepResult ZeroStrategy::finish_step(double loss_sum, double tokens, float lr, l
   sum_over_ranks(stats);
   const double norm = std::sqrt(sum_over_model(stats[1]));
   for (std::size_t g = 0; g < partition_->groups().size(); ++g) {
-    clip_grads({shard_grads(g), partition_->chunk(g).count}, norm, setup_.grad_clip);
+    clip_grads({shard_grads(g), partition_->chunk(g).count}, norm, setup_.grad_clip, ops());
     optimizer_->update_piece(g, shard_params(g), shard_grads(g), lr, step);
   }
   if (stage_ < 3) all_gather_params();

@@ -38,7 +38,7 @@ float* BufferPool::acquire(std::size_t count) {
     if (best == all_.size() || all_[i].count() < all_[best].count()) best = i;
   }
   if (best == all_.size()) {
-    all_.emplace_back(count, MemoryCategory::kCommunication, account_);
+    all_.emplace_back(count, MemoryCategory::kCommunication, account_, device_);
     in_use_.push_back(false);
   }
   in_use_[best] = true;
@@ -55,13 +55,13 @@ void BufferPool::release(float* buffer) {
 // ShardedGradients
 
 ShardedGradients::ShardedGradients(const ZeroPartition& partition, const ParamTable& table, CommMeter& meter,
-                                   MemoryAccount* account)
+                                   MemoryAccount* account, Device device)
     : partition_(partition),
       table_(table),
       meter_(meter),
       tracker_(table, partition.groups()),
-      shard_(partition.shard_count(), MemoryCategory::kGradients, account),
-      pool_(account) {}
+      shard_(partition.shard_count(), MemoryCategory::kGradients, account, device),
+      pool_(account, device) {}
 
 float* ShardedGradients::lend(int unit) {
   const int g = tracker_.bucket_of(unit);
@@ -77,7 +77,7 @@ ShardedGradients::Staged& ShardedGradients::open(int group) {
   while (issued_.size() >= kMaxInFlight) harvest_oldest();
   const std::size_t count = partition_.groups()[group].count;
   float* staging = pool_.acquire(count);
-  std::fill_n(staging, count, 0.0f);
+  shard_.backend().zero(staging, count * sizeof(float));
   open_.push_back(Staged{group, staging, {}});
   return open_.back();
 }
@@ -106,7 +106,7 @@ void ShardedGradients::harvest_oldest() {
   const Range chunk = partition_.chunk(staged.group);
   const float* reduced = staged.staging + (chunk.offset - partition_.groups()[staged.group].offset);
   float* into = shard_.data() + partition_.shard_offset(staged.group);
-  for (std::size_t i = 0; i < chunk.count; ++i) into[i] += reduced[i];
+  shard_.backend().add(into, into, reduced, chunk.count);
   pool_.release(staged.staging);
   issued_.pop_front();
 }
@@ -155,11 +155,11 @@ std::vector<Use> pass_schedule(const ParamTable& table, Pass pass) {
 }  // namespace
 
 UnitGatherer::UnitGatherer(const ZeroPartition& partition, const ParamTable& table, CommMeter& meter,
-                           MemoryAccount* account)
+                           MemoryAccount* account, Device device)
     : partition_(partition),
       meter_(meter),
-      shard_(partition.shard_count(), MemoryCategory::kParameters, account),
-      pool_(account),
+      shard_(partition.shard_count(), MemoryCategory::kParameters, account, device),
+      pool_(account, device),
       units_(table.units().size()),
       group_of_unit_(table.units().size(), -1) {
   for (std::size_t g = 0; g < partition.groups().size(); ++g) {

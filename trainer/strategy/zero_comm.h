@@ -46,12 +46,13 @@ class ZeroPartition {
 // the first.
 class BufferPool {
  public:
-  explicit BufferPool(MemoryAccount* account) : account_(account) {}
+  BufferPool(MemoryAccount* account, Device device) : account_(account), device_(device) {}
   float* acquire(std::size_t count);
   void release(float* buffer);
 
  private:
   MemoryAccount* account_;
+  Device device_;
   std::vector<FlatBuffer> all_;
   std::vector<bool> in_use_;
 };
@@ -68,7 +69,7 @@ class BufferPool {
 class ShardedGradients {
  public:
   ShardedGradients(const ZeroPartition& partition, const ParamTable& table, CommMeter& meter,
-                   MemoryAccount* account);
+                   MemoryAccount* account, Device device);
 
   float* shard() { return shard_.data(); }
   void zero_shard() { shard_.zero(); }
@@ -111,7 +112,8 @@ class ShardedGradients {
 // start of backward. Nothing stays gathered across an optimizer step.
 class UnitGatherer {
  public:
-  UnitGatherer(const ZeroPartition& partition, const ParamTable& table, CommMeter& meter, MemoryAccount* account);
+  UnitGatherer(const ZeroPartition& partition, const ParamTable& table, CommMeter& meter, MemoryAccount* account,
+               Device device);
 
   float* shard() { return shard_.data(); }
   // Training micro-batch (forward then backward; `last`: nothing follows in

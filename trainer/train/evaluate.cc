@@ -13,8 +13,10 @@ namespace {
 double loss_sum(Activations& acts) {
   const HeadActivations h = acts.head();
   const std::int64_t N = static_cast<std::int64_t>(acts.B()) * acts.T();
+  std::vector<float> losses(static_cast<std::size_t>(N));
+  backend(acts.device()).to_host(losses.data(), h.losses, losses.size() * sizeof(float));
   double sum = 0.0;
-  for (std::int64_t i = 0; i < N; ++i) sum += h.losses[i];
+  for (float loss : losses) sum += loss;
   return sum;
 }
 

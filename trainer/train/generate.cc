@@ -32,11 +32,13 @@ std::string generate(Gpt& model, const std::string& prompt, int count, float tem
   for (unsigned char c : prompt.empty() ? std::string("\n") : prompt) context.push_back(c);
   Rng rng(hash_words({seed, 0x73616d706c65ULL}));  // "sample": its own stream
   std::string out;
+  std::vector<float> logits(V);
   for (int i = 0; i < count; ++i) {
     const int T = std::min<int>(maxT, static_cast<int>(context.size()));
     acts.set_shape(1, T);
     model.forward(acts, context.data() + context.size() - T, nullptr);
-    const int next = pick(acts.head().logits + static_cast<std::size_t>(T - 1) * V, V, temperature, rng);
+    model.ops().to_host(logits.data(), acts.head().logits + static_cast<std::size_t>(T - 1) * V, V * sizeof(float));
+    const int next = pick(logits.data(), V, temperature, rng);
     context.push_back(next);
     out.push_back(static_cast<char>(next));
   }

@@ -111,6 +111,7 @@ void validate_modes(const TrainOptions& o) {
   require(o.temperature >= 0.0f, "--temperature must be 0 (greedy) or more");
   require(o.bucket_mb > 0.0 && o.bucket_mb <= 4096.0, "--bucket-mb must be in (0, 4096]");
   if (!o.strategy.empty()) parse_strategy(o.strategy);
+  parse_device(o.device);
   require(o.consolidate.empty() == o.out.empty(), "--consolidate DIR and --out FILE go together");
   require(o.dp >= 0 && o.tp >= 1 && o.pp >= 1, "--dp must be 0 (world / (tp x pp)) or more, --tp and --pp at least 1");
   parse_pp_schedule(o.schedule);

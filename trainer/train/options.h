@@ -48,6 +48,7 @@ struct TrainOptions {
   float temperature = 0.8f;        // 0: greedy
   std::string prompt = "\n";
   int threads = 1;                 // BLAS threads (per rank)
+  std::string device = "cpu";      // cpu|cuda: where every buffer and op of the run lives
   // Data parallelism. The strategy is chosen per invocation, so a run may
   // resume under another strategy or world size.
   std::string strategy;            // none|dp|ddp|zero1|zero2|zero3; empty: none on one rank, ddp on more

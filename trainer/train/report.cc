@@ -176,9 +176,8 @@ std::string format_summary(const TrainSummary& s, const TrainOptions& o) {
                             static_cast<long long>(s.tokens), s.train_seconds);
   text += format("train loss %.4f, val loss %.4f\n", s.train_loss, s.val_loss);
   if (s.steps_run > 0) {
-    text += format("throughput %.0f tokens/s, %.2f GFLOP/s = %.1f%% of the SGEMM peak (%.2f GFLOP/s: "
-                   "%d rank(s) x %d thread(s) x single-thread 1024^3 sgemm)\n",
-                   s.tokens_per_s, s.gflops, 100.0 * s.mfu, s.peak_gflops, s.ranks, o.threads);
+    text += format("throughput %.0f tokens/s, %.2f GFLOP/s = %.1f%% MFU (peak %.2f GFLOP/s: %s)\n", s.tokens_per_s,
+                   s.gflops, 100.0 * s.mfu, s.peak_gflops, s.peak_source.c_str());
     text += format("  FLOPs per token = 6 N + 12 n_layer n_embd T = %.4g\n", s.flops_per_token);
   }
   if (s.mesh) text += format_mesh(*s.mesh);

@@ -48,14 +48,23 @@ void load_state(const CheckpointReader& reader, const std::filesystem::path& whe
   }
 }
 
-std::vector<TensorPiece> owned_pieces(Strategy& strategy) {
+// What this rank owns, tensor by tensor; pieces of a device's memory are
+// copied to host vectors kept in `copies`.
+std::vector<TensorPiece> owned_pieces(Strategy& strategy, std::vector<std::vector<float>>& copies) {
   std::vector<TensorPiece> pieces;
+  const bool on_host = strategy.model().device() == Device::kCpu;
   for (const SlotKey& s : kAllSlots) {
     for (const Held& h : strategy.owned(s.slot)) {
       for (const ParamView& v : strategy.model().table().views()) {
         const Range r = intersect(h.range, v.range());
         if (r.count == 0) continue;  // padding belongs to no tensor
-        pieces.push_back({s.prefix + v.name, r.offset - v.offset, r.count, h.data + (r.offset - h.range.offset)});
+        const float* data = h.data + (r.offset - h.range.offset);
+        if (!on_host) {
+          std::vector<float>& copy = copies.emplace_back(r.count);
+          strategy.ops().to_host(copy.data(), data, r.count * sizeof(float));
+          data = copy.data();
+        }
+        pieces.push_back({s.prefix + v.name, r.offset - v.offset, r.count, data});
       }
     }
   }
@@ -65,8 +74,9 @@ std::vector<TensorPiece> owned_pieces(Strategy& strategy) {
 std::filesystem::path save_sharded_checkpoint(Strategy& strategy, const std::filesystem::path& dir,
                                               const TrainState& state) {
   const std::filesystem::path step_dir = prepare_step_directory(dir, state.step);
-  write_shard(step_dir, strategy.rank(), strategy.world_size(), owned_pieces(strategy), strategy.model().config(),
-              state.step);
+  std::vector<std::vector<float>> copies;
+  write_shard(step_dir, strategy.rank(), strategy.world_size(), owned_pieces(strategy, copies),
+              strategy.model().config(), state.step);
   // The manifest goes last, once every shard is durable.
   barrier(strategy);
   if (strategy.rank() != 0) return step_dir;

@@ -42,6 +42,7 @@ StrategySetup strategy_setup(const TrainOptions& o, MemoryAccount* memory) {
   setup.grad_clip = o.grad_clip;
   setup.bucket_bytes = static_cast<std::size_t>(o.bucket_mb * (1 << 20));
   setup.memory = memory;
+  setup.device = parse_device(o.device);
   return setup;
 }
 
@@ -261,7 +262,9 @@ TrainSummary Trainer::run(TrainObserver& observer) {
   TrainSummary sum;
   kernels::cpu::set_blas_threads(options_.threads);
   if (step_ < options_.steps) {
-    sum.peak_gflops = kernels::cpu::measure_sgemm_gflops() * options_.threads * world_size();
+    const Backend& ops = backend(parse_device(options_.device));
+    sum.peak_gflops = ops.peak_gflops(world_size(), options_.threads);
+    sum.peak_source = ops.peak_source(world_size(), options_.threads);
   }
   std::optional<double> last_val;
   while (step_ < options_.steps) {

@@ -95,7 +95,8 @@ struct TrainSummary {
   double tokens_per_s = 0.0;
   double flops_per_token = 0.0;   // flops_per_token() below
   double gflops = 0.0;            // achieved, all ranks
-  double peak_gflops = 0.0;       // ranks x threads x single-thread 1024^3 SGEMM
+  double peak_gflops = 0.0;       // of the device(s) the ranks run on (Backend::peak_gflops)
+  std::string peak_source;        // how peak_gflops was found
   double mfu = 0.0;               // gflops / peak_gflops
   const MemoryAccount* memory = nullptr;
   int ranks = 1;

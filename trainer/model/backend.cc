@@ -1,0 +1,135 @@
+// The CPU backend (kernels/cpu) and the choice of backend by device. The
+// CUDA backend lives in backend_cuda.cc, or backend_none.cc refuses it.
+#include "trainer/model/backend.h"
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+
+#include "runtime/errors.h"
+
+namespace braid::trainer {
+
+namespace k = braid::kernels::cpu;
+
+namespace detail {
+// backend_cuda.cc / backend_none.cc.
+const Backend& cuda_backend();
+}  // namespace detail
+
+namespace {
+
+class CpuBackend final : public Backend {
+ public:
+  Device device() const override { return Device::kCpu; }
+  std::string describe() const override { return "cpu"; }
+  double peak_gflops(int ranks, int threads) const override {
+    static const double single = k::measure_sgemm_gflops();
+    return single * ranks * threads;
+  }
+  std::string peak_source(int ranks, int threads) const override {
+    return std::to_string(ranks) + " rank(s) x " + std::to_string(threads) + " thread(s) x single-thread 1024^3 sgemm";
+  }
+
+  void* allocate(std::size_t bytes, std::string_view what) const override {
+    constexpr std::size_t kAlign = 64;
+    const std::size_t rounded = (std::max<std::size_t>(bytes, 1) + kAlign - 1) / kAlign * kAlign;
+    void* p = std::aligned_alloc(kAlign, rounded);
+    if (p == nullptr) {
+      throw SystemError("cannot allocate " + std::to_string(bytes) + " bytes of " + std::string(what) +
+                        "; use a smaller model or batch");
+    }
+    std::memset(p, 0, rounded);
+    return p;
+  }
+  void release(void* p) const override { std::free(p); }
+  void zero(void* p, std::size_t bytes) const override {
+    if (bytes > 0) std::memset(p, 0, bytes);
+  }
+  void copy(void* dst, const void* src, std::size_t bytes) const override {
+    if (bytes > 0) std::memmove(dst, src, bytes);
+  }
+  void to_host(void* host, const void* src, std::size_t bytes) const override { copy(host, src, bytes); }
+  void from_host(void* dst, const void* host, std::size_t bytes) const override { copy(dst, host, bytes); }
+  void synchronize() const override {}
+
+  void add(float* out, const float* a, const float* b, std::size_t count) const override {
+    for (std::size_t i = 0; i < count; ++i) out[i] = a[i] + b[i];
+  }
+  void fill(float* p, float value, std::size_t count) const override { std::fill_n(p, count, value); }
+  void scale(float* p, float factor, std::size_t count) const override {
+    for (std::size_t i = 0; i < count; ++i) p[i] *= factor;
+  }
+  double square_sum(const float* p, std::size_t count) const override {
+    double sum = 0.0;
+    for (std::size_t i = 0; i < count; ++i) sum += static_cast<double>(p[i]) * p[i];
+    return sum;
+  }
+
+  void matmul_forward(float* out, const float* inp, const float* weight, const float* bias, int N, int C,
+                      int OC) const override {
+    k::matmul_forward(out, inp, weight, bias, N, C, OC);
+  }
+  void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
+                       const float* weight, int N, int C, int OC) const override {
+    k::matmul_backward(dinp, dweight, dbias, dout, inp, weight, N, C, OC);
+  }
+  void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* weight,
+                         const float* bias, int N, int C) const override {
+    k::layernorm_forward(out, mean, rstd, inp, weight, bias, N, C);
+  }
+  void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
+                          const float* weight, const float* mean, const float* rstd, int N, int C) const override {
+    k::layernorm_backward(dinp, dweight, dbias, dout, inp, weight, mean, rstd, N, C);
+  }
+  void gelu_forward(float* out, const float* inp, std::size_t count) const override {
+    k::gelu_forward(out, inp, count);
+  }
+  void gelu_backward(float* dinp, const float* inp, const float* dout, std::size_t count) const override {
+    k::gelu_backward(dinp, inp, dout, count);
+  }
+  void attention_forward(float* out, float* att, const float* qkv, int B, int T, int NH, int HS) const override {
+    k::attention_forward(out, att, qkv, B, T, NH, HS);
+  }
+  void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* att, int B, int T,
+                          int NH, int HS) const override {
+    k::attention_backward(dqkv, dout, qkv, att, B, T, NH, HS);
+  }
+  void crossentropy_forward(float* losses, float* probs, const float* logits, const std::int32_t* targets, int N,
+                            int V) const override {
+    k::crossentropy_forward(losses, probs, logits, targets, N, V);
+  }
+  void crossentropy_backward(float* dlogits, const float* probs, const std::int32_t* targets, const float* dloss,
+                             int N, int V) const override {
+    k::crossentropy_backward(dlogits, probs, targets, dloss, N, V);
+  }
+  void embedding_forward(float* out, const std::int32_t* tokens, const float* wte, const float* wpe, int B, int T,
+                         int C) const override {
+    k::embedding_forward(out, tokens, wte, wpe, B, T, C);
+  }
+  void embedding_backward(float* dwte, float* dwpe, const float* dout, const std::int32_t* tokens, int B, int T,
+                          int C) const override {
+    k::embedding_backward(dwte, dwpe, dout, tokens, B, T, C);
+  }
+  void adamw_update(float* param, const float* grad, float* m, float* v, std::size_t count,
+                    const k::AdamWParams& p) const override {
+    k::adamw_update(param, grad, m, v, count, p);
+  }
+};
+
+}  // namespace
+
+std::string_view device_name(Device device) { return device == Device::kCuda ? "cuda" : "cpu"; }
+
+Device parse_device(std::string_view text) {
+  if (text == "cpu") return Device::kCpu;
+  if (text == "cuda") return Device::kCuda;
+  throw InvalidUsage("unknown --device '" + std::string(text) + "'; choose cpu or cuda");
+}
+
+const Backend& backend(Device device) {
+  static const CpuBackend cpu;
+  return device == Device::kCuda ? detail::cuda_backend() : cpu;
+}
+
+}  // namespace braid::trainer
