@@ -4,7 +4,8 @@
 # lent to some sessions): the CUDA test and tool binaries of ./build (built
 # here, with CUDA) and the shared libraries they use, except glibc's and the
 # CUDA driver's and cuBLAS (found there; scripts/gpu_check.sh looks them up).
-# Carry .gpukit and run scripts/gpu_check.sh there.
+# Also the default corpus and scripts/torch_gpt.py. Carry .gpukit and run
+# scripts/gpu_check.sh there.
 set -eu
 cd "$(dirname "$0")/.."
 ./scripts/setup.sh > /dev/null
@@ -13,7 +14,7 @@ kit=.gpukit/stage
 rm -rf .gpukit
 mkdir -p "$kit/bin" "$kit/lib"
 bins="build/tests/kernels/test_kernels_cuda build/tests/comm/test_comm_device build/tests/comm/test_comm
-      build/tools/braid-launch build/tools/braid-bench build/tools/braid-train"
+      build/tests/trainer/test_trainer_device build/tools/braid-launch build/tools/braid-bench build/tools/braid-train"
 for b in $bins; do cp "$b" "$kit/bin/"; done
 for b in $bins; do
   ldd "$b" | awk '/=> \// {print $3}'
@@ -23,7 +24,10 @@ done | sort -u | while read -r lib; do
     *) cp -L "$lib" "$kit/lib/" ;;
   esac
 done
-cp scripts/gpu_check.sh "$kit/"
+cp scripts/gpu_check.sh scripts/torch_gpt.py "$kit/"
+# The default corpus, as braid-train reads it (the files without an
+# extension, sorted), in one file for --data: that machine has no fortunes.
+find /usr/share/games/fortunes -maxdepth 1 -type f ! -name '*.*' | sort | xargs cat > "$kit/fortunes.txt"
 tar -C "$kit" -cJf .gpukit/gpukit.tar.xz .
 rm -rf "$kit"
 ls -l .gpukit/gpukit.tar.xz

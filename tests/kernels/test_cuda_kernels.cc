@@ -335,3 +335,40 @@ TEST_CASE("cuda adamw matches the cpu") {
     check_close(d_v.download(), v, 1e-6f, "v");
   }
 }
+
+TEST_CASE("cuda add, fill, scale and square_sum match the cpu") {
+  SKIP_WITHOUT_CUDA_DEVICE();
+  std::mt19937 rng(9);
+  for (std::size_t count : {std::size_t(1), std::size_t(1000), std::size_t(3) << 20}) {
+    INFO(count << " elements");
+    auto a = uniform(count, rng), b = uniform(count, rng);
+    DeviceBuffer<float> d_a(a), d_b(b), d_out(std::vector<float>(count, 7.f));
+    gpu::add(d_out.get(), d_a.get(), d_b.get(), count);
+    std::vector<float> sum(count);
+    for (std::size_t i = 0; i < count; ++i) sum[i] = a[i] + b[i];
+    CHECK(d_out.download() == sum);  // one rounding, both sides
+    gpu::scale(d_out.get(), 0.375f, count);
+    for (float& x : sum) x *= 0.375f;
+    CHECK(d_out.download() == sum);
+    double squares = 0.0;
+    for (float x : sum) squares += double(x) * x;
+    const double on_gpu = gpu::square_sum(d_out.get(), count);
+    CHECK(std::abs(on_gpu - squares) <= 1e-12 * squares);
+    CHECK(gpu::square_sum(d_out.get(), count) == on_gpu);  // the same order every time
+    gpu::fill(d_out.get(), -2.5f, count);
+    CHECK(d_out.download() == std::vector<float>(count, -2.5f));
+  }
+}
+
+TEST_CASE("cuda describe_device and the sgemm peak are plausible") {
+  SKIP_WITHOUT_CUDA_DEVICE();
+  const gpu::DeviceDescription d = gpu::describe_device(0);
+  INFO(d.name << " sm_" << d.sm_major << d.sm_minor << ", " << d.multiprocessors << " SMs at " << d.clock_ghz
+              << " GHz, fp32 peak " << d.fp32_peak_gflops << " GFLOP/s");
+  CHECK(d.multiprocessors > 0);
+  CHECK(d.clock_ghz > 0.3);
+  const double sgemm = gpu::measure_sgemm_gflops();
+  WARN(d.name << ": fp32 peak " << d.fp32_peak_gflops << " GFLOP/s, cuBLAS sgemm " << sgemm << " GFLOP/s");
+  CHECK(sgemm > 0.0);
+  CHECK(sgemm < 1.05 * d.fp32_peak_gflops);  // no TF32: fp32 cannot beat the fp32 peak
+}
