@@ -10,6 +10,11 @@
 // On CUDA every call is asynchronous on the default stream except the ones
 // that hand values to the host (to_host, square_sum, which synchronise).
 // Tokens and targets are int32 and share the float buffers' storage.
+//
+// Departure from DESIGN.md, which puts "devices and memory" in runtime/:
+// runtime/device.h still says where a pointer lives (for the communicator),
+// but the trainer's allocations are here, beside the ops that run on them,
+// so that one object answers for a device's memory, kernels and stream.
 #pragma once
 
 #include <cstddef>
