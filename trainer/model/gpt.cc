@@ -141,14 +141,14 @@ void Gpt::forward_block(Activations& acts, int layer) {
   const bool add_proj_bias = layout_.tp_rank == 0;
 
   k_->layernorm_forward(a.ln_1, a.ln_1_mean, a.ln_1_rstd, x, w.ln_1_w, w.ln_1_b, N, C);
-  k_->matmul_forward(a.qkv, a.ln_1, w.attn_w, w.attn_b, N, C, 3 * Cl);                // [N, 3Cl]
-  k_->attention_forward(a.atty, a.att, a.qkv, B, T, NHl, HS);                          // [N, Cl]
+  k_->matmul_forward(a.qkv, a.ln_1, w.attn_w, w.attn_b, N, C, 3 * Cl);              // [N, 3Cl]
+  k_->attention_forward(a.atty, a.att, a.qkv, B, T, NHl, HS);                        // [N, Cl]
   k_->matmul_forward(proj, a.atty, w.attn_proj_w, add_proj_bias ? w.attn_proj_b : nullptr, N, Cl, C);
   if (layout_.tp_size > 1) hooks_->tp_all_reduce_forward(proj, static_cast<std::size_t>(N) * C);
   k_->add(a.residual_2, x, proj, static_cast<std::size_t>(N) * C);
 
   k_->layernorm_forward(a.ln_2, a.ln_2_mean, a.ln_2_rstd, a.residual_2, w.ln_2_w, w.ln_2_b, N, C);
-  k_->matmul_forward(a.fch, a.ln_2, w.fc_w, w.fc_b, N, C, 4 * Cl);                    // [N, 4Cl]
+  k_->matmul_forward(a.fch, a.ln_2, w.fc_w, w.fc_b, N, C, 4 * Cl);                  // [N, 4Cl]
   k_->gelu_forward(a.fch_gelu, a.fch, static_cast<std::size_t>(N) * 4 * Cl);
   k_->matmul_forward(proj, a.fch_gelu, w.mlp_proj_w, add_proj_bias ? w.mlp_proj_b : nullptr, N, 4 * Cl, C);
   if (layout_.tp_size > 1) hooks_->tp_all_reduce_forward(proj, static_cast<std::size_t>(N) * C);
@@ -164,7 +164,7 @@ float Gpt::forward_head(Activations& acts, const std::int32_t* targets) {
   const Buffer p = Buffer::kParams;
   HeadActivations h = acts.head();
   k_->layernorm_forward(h.ln_f, h.ln_f_mean, h.ln_f_rstd, stage_output(acts), tensor(p, "ln_f.weight"),
-                       tensor(p, "ln_f.bias"), N, C);
+                         tensor(p, "ln_f.bias"), N, C);
   k_->matmul_forward(h.logits, h.ln_f, tensor(p, "wte.weight"), nullptr, N, C, V);  // [N, V]
   if (e >= 0) hooks_->after_unit(e, Pass::kForward);
   hooks_->after_unit(u, Pass::kForward);
@@ -201,7 +201,7 @@ void Gpt::backward_head(Activations& acts, float dloss) {
   k_->matmul_backward(dln_f, tensor(g, "wte.weight"), nullptr, dlogits, h.ln_f, tensor(p, "wte.weight"), N, C, V);
   zero(acts.dresidual(), static_cast<std::size_t>(N) * C);
   k_->layernorm_backward(acts.dresidual(), tensor(g, "ln_f.weight"), tensor(g, "ln_f.bias"), dln_f,
-                        stage_output(acts), tensor(p, "ln_f.weight"), h.ln_f_mean, h.ln_f_rstd, N, C);
+                          stage_output(acts), tensor(p, "ln_f.weight"), h.ln_f_mean, h.ln_f_rstd, N, C);
   if (e >= 0) hooks_->after_unit(e, Pass::kBackward);
   hooks_->after_unit(u, Pass::kBackward);
   hooks_->grads_ready(u, table_.units()[u].range);
@@ -243,7 +243,7 @@ void Gpt::attention_branch_backward(Activations& acts, int layer, const BlockTen
   k_->matmul_backward(dln, g.attn_w, g.attn_b, dqkv, a.ln_1, w.attn_w, N, C, 3 * Cl);
   if (layout_.tp_size > 1) hooks_->tp_all_reduce_backward(dln, NC);
   k_->layernorm_backward(d, g.ln_1_w, g.ln_1_b, dln, block_input(acts, layer), w.ln_1_w, a.ln_1_mean,
-                        a.ln_1_rstd, N, C);
+                          a.ln_1_rstd, N, C);
 }
 
 void Gpt::backward_block(Activations& acts, int layer) {
@@ -264,7 +264,7 @@ void Gpt::backward_embedding(Activations& acts) {
   hooks_->before_unit(u, Pass::kBackward);
   const Buffer g = Buffer::kGrads;
   k_->embedding_backward(tensor(g, "wte.weight"), tensor(g, "wpe.weight"), acts.dresidual(), acts.tokens(),
-                        acts.B(), acts.T(), config_.n_embd);
+                          acts.B(), acts.T(), config_.n_embd);
   hooks_->after_unit(u, Pass::kBackward);
   hooks_->grads_ready(u, table_.units()[u].range);
 }

@@ -1,5 +1,5 @@
 // A GPT-2 shaped decoder with forward and backward written by hand over the
-// kernels of kernels/cpu/gpt_ops.h:
+// ops of kernels/cpu/gpt_ops.h (through the Backend of its device):
 //
 //   x = wte[tokens] + wpe[t]                       (first stage)
 //   per block: x = x + c_proj(attn(c_attn(ln_1(x))))
