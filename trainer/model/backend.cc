@@ -52,6 +52,8 @@ class CpuBackend final : public Backend {
   void to_host(void* host, const void* src, std::size_t bytes) const override { copy(host, src, bytes); }
   void from_host(void* dst, const void* host, std::size_t bytes) const override { copy(dst, host, bytes); }
   void synchronize() const override {}
+  void* comm_stream() const override { return nullptr; }
+  void order_comm_after_compute() const override {}
 
   void add(float* out, const float* a, const float* b, std::size_t count) const override {
     for (std::size_t i = 0; i < count; ++i) out[i] = a[i] + b[i];

@@ -4,8 +4,9 @@
 // optimizer and the strategies never touch a buffer's elements themselves:
 // they go through the Backend of its device, which is kernels/cpu on the CPU
 // and kernels/cuda (cuBLAS, our kernels, the legacy default stream) on a
-// CUDA device. Communication needs nothing from here: the communicator
-// accepts device pointers and orders itself on the same default stream.
+// CUDA device. The communicator accepts device pointers: calls made and
+// waited at once follow the default stream; a strategy's bucketed
+// collectives run on comm_stream() so that they overlap backward.
 //
 // On CUDA every call is asynchronous on the default stream except the ones
 // that hand values to the host (to_host, square_sum, which synchronise).
@@ -56,6 +57,15 @@ class Backend {
   virtual void from_host(void* dst, const void* host, std::size_t bytes) const = 0;
   // Waits for everything queued (a no-op on the CPU).
   virtual void synchronize() const = 0;
+
+  // The stream a strategy's collectives on this device's buffers run on
+  // (a cudaStream_t; null on the CPU), apart from the compute stream so
+  // that a bucket's all-reduce overlaps the rest of backward, as on the
+  // CPU the engine's thread overlaps the training thread. Before each such
+  // call, order_comm_after_compute() makes it start after the kernels
+  // queued so far; its results are read only after Work::wait.
+  virtual void* comm_stream() const = 0;
+  virtual void order_comm_after_compute() const = 0;
 
   // Element-wise.
   virtual void add(float* out, const float* a, const float* b, std::size_t count) const = 0;

@@ -1,7 +1,9 @@
 // The CUDA backend: device memory from cudaMalloc (which CUDA IPC can share
 // with the other ranks of the host), kernels/cuda on the legacy default
-// stream, so that the communicator's calls (also on the default stream)
-// order themselves after the kernels that produce their inputs.
+// stream, so that the communicator's calls on the default stream order
+// themselves after the kernels that produce their inputs; a non-blocking
+// stream for the strategies' bucketed collectives, fenced after those
+// kernels by an event.
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -39,6 +41,10 @@ class CudaBackend final : public Backend {
     ordinal_ = requested_local_rank % count;
     check(cudaSetDevice(ordinal_), "cudaSetDevice(" + std::to_string(ordinal_) + ")");
     info_ = g::describe_device(ordinal_);
+    // Non-blocking: the legacy default stream, where the kernels run, does
+    // not wait for it (a collective's gate holds only this stream).
+    check(cudaStreamCreateWithFlags(&comm_stream_, cudaStreamNonBlocking), "cudaStreamCreate (collectives)");
+    check(cudaEventCreateWithFlags(&compute_done_, cudaEventDisableTiming), "cudaEventCreate");
   }
 
   Device device() const override { return Device::kCuda; }
@@ -85,6 +91,11 @@ class CudaBackend final : public Backend {
     if (bytes > 0) check(cudaMemcpy(dst, host, bytes, cudaMemcpyHostToDevice), "cudaMemcpy H2D");
   }
   void synchronize() const override { check(cudaDeviceSynchronize(), "cudaDeviceSynchronize"); }
+  void* comm_stream() const override { return comm_stream_; }
+  void order_comm_after_compute() const override {
+    check(cudaEventRecord(compute_done_, nullptr), "cudaEventRecord");
+    check(cudaStreamWaitEvent(comm_stream_, compute_done_, 0), "cudaStreamWaitEvent");
+  }
 
   void add(float* out, const float* a, const float* b, std::size_t count) const override { g::add(out, a, b, count); }
   void fill(float* p, float value, std::size_t count) const override { g::fill(p, value, count); }
@@ -154,6 +165,8 @@ class CudaBackend final : public Backend {
 
   int ordinal_ = 0;
   int device_count_ = 1;
+  cudaStream_t comm_stream_ = nullptr;
+  cudaEvent_t compute_done_ = nullptr;
   g::DeviceDescription info_;
   mutable std::once_flag sgemm_once_;
   mutable double sgemm_gflops_ = 0.0;

@@ -39,8 +39,8 @@ void DdpStrategy::all_reduce_bucket(int b) {
   tracker_->launched(b);
   const Range bucket = tracker_->buckets()[b];
   float* grads = model_->grads().data() + bucket.offset;
-  in_flight_.push_back(meter_.issue([&](comm::Communicator& c) {
-    return c.all_reduce(grads, grads, bucket.count, DataType::f32, ReduceOp::sum);
+  in_flight_.push_back(meter_.issue_on_device([&](comm::Communicator& c, comm::Stream s) {
+    return c.all_reduce(grads, grads, bucket.count, DataType::f32, ReduceOp::sum, s);
   }));
 }
 

@@ -16,8 +16,8 @@ std::string DpStrategy::describe() const {
 StepResult DpStrategy::finish_step(double loss_sum, double tokens, float lr, long step) {
   FlatBuffer& grads = model_->grads();
   FlatBuffer& params = model_->params();
-  comm::Work reduced = meter_.issue([&](comm::Communicator& c) {
-    return c.reduce(grads.data(), grads.data(), grads.count(), DataType::f32, ReduceOp::sum, kRoot);
+  comm::Work reduced = meter_.issue_on_device([&](comm::Communicator& c, comm::Stream s) {
+    return c.reduce(grads.data(), grads.data(), grads.count(), DataType::f32, ReduceOp::sum, kRoot, s);
   });
   meter_.wait(reduced);
   // [loss sum, norm]: the loss summed to everyone, the norm only the root knows.
@@ -27,8 +27,8 @@ StepResult DpStrategy::finish_step(double loss_sum, double tokens, float lr, lon
     stats[1] = std::sqrt(grad_square_sum(grads.span(), ops()));
     clip_and_update_full(stats[1], lr, step);
   }
-  comm::Work published = meter_.issue([&](comm::Communicator& c) {
-    return c.broadcast(params.data(), params.data(), params.count(), DataType::f32, kRoot);
+  comm::Work published = meter_.issue_on_device([&](comm::Communicator& c, comm::Stream s) {
+    return c.broadcast(params.data(), params.data(), params.count(), DataType::f32, kRoot, s);
   });
   comm::Work norm = meter_.issue([&](comm::Communicator& c) {
     return c.broadcast(&stats[1], &stats[1], 1, DataType::f64, kRoot);

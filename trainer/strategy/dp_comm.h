@@ -20,14 +20,27 @@ namespace braid::trainer {
 // Work::wait. Blocked time is the communication that overlap did not hide.
 class CommMeter {
  public:
-  explicit CommMeter(comm::Communicator* comm) : comm_(comm) {}
+  // `ops`: the backend of the strategy's buffers (default: the CPU's).
+  explicit CommMeter(comm::Communicator* comm, const Backend* ops = nullptr)
+      : comm_(comm), ops_(ops != nullptr ? ops : &backend(Device::kCpu)) {}
 
-  // Runs `call` (which issues one Communicator operation and returns its
-  // Work), counting the time it blocks.
+  // Runs `call` (which issues one Communicator operation on host buffers
+  // and returns its Work), counting the time it blocks.
   template <typename Call>
   comm::Work issue(Call&& call) {
     const auto start = std::chrono::steady_clock::now();
     comm::Work work = call(*comm_);
+    blocked_ += std::chrono::steady_clock::now() - start;
+    return work;
+  }
+  // The same for an operation on the strategy's buffers: `call` gets the
+  // stream to pass (Backend::comm_stream), which first waits for the
+  // kernels queued so far.
+  template <typename Call>
+  comm::Work issue_on_device(Call&& call) {
+    const auto start = std::chrono::steady_clock::now();
+    ops_->order_comm_after_compute();
+    comm::Work work = call(*comm_, comm::Stream{ops_->comm_stream()});
     blocked_ += std::chrono::steady_clock::now() - start;
     return work;
   }
@@ -41,6 +54,7 @@ class CommMeter {
 
  private:
   comm::Communicator* comm_;
+  const Backend* ops_;
   std::chrono::steady_clock::duration blocked_{};
 };
 

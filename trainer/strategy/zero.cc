@@ -79,8 +79,8 @@ void ZeroStrategy::reduce_scatter_bucket(int group) {
   float* bucket = model_->grads().data() + partition_->groups()[group].offset;
   float* mine = model_->grads().data() + partition_->chunk(group).offset;
   const std::size_t count = partition_->chunk(group).count;
-  in_flight_.push_back(meter_.issue([&](comm::Communicator& c) {
-    return c.reduce_scatter(bucket, mine, count, DataType::f32, ReduceOp::sum);
+  in_flight_.push_back(meter_.issue_on_device([&](comm::Communicator& c, comm::Stream s) {
+    return c.reduce_scatter(bucket, mine, count, DataType::f32, ReduceOp::sum, s);
   }));
 }
 
@@ -95,8 +95,8 @@ void ZeroStrategy::all_gather_params() {
     float* group = model_->params().data() + partition_->groups()[g].offset;
     const float* mine = shard_params(g);
     const std::size_t count = partition_->chunk(g).count;
-    gathers.push_back(meter_.issue(
-        [&](comm::Communicator& c) { return c.all_gather(mine, group, count, DataType::f32); }));
+    gathers.push_back(meter_.issue_on_device(
+        [&](comm::Communicator& c, comm::Stream s) { return c.all_gather(mine, group, count, DataType::f32, s); }));
   }
   meter_.wait_all(gathers);
 }
