@@ -3,6 +3,7 @@
 #include <cmath>
 #include <numbers>
 
+#include "kernels/cpu/gpt_ops.h"  // AdamWParams
 
 namespace braid::trainer {
 

@@ -50,7 +50,8 @@ MemoryTheory memory_theory(StrategyKind kind, int world_size, int rank, std::siz
   return t;
 }
 
-Strategy::Strategy(const StrategySetup& setup) : setup_(setup), comm_(setup.comm), meter_(setup.comm, &backend(setup.device)) {}
+Strategy::Strategy(const StrategySetup& setup)
+    : setup_(setup), comm_(setup.comm), meter_(setup.comm, &backend(setup.device)) {}
 
 Strategy::~Strategy() {
   if (model_) model_->set_hooks(nullptr);
