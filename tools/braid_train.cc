@@ -149,9 +149,9 @@ void print_start(braid::trainer::Trainer& trainer, const braid::runtime::RankInf
   const auto ranks = t::gather_rank_stats(trainer, t::rank_stats(trainer, info.local_rank, info.node_rank));
   if (trainer.rank() != 0) return;
   const TrainOptions& o = trainer.options();
-  std::fprintf(stderr, "braid-train: model %s (%zu parameters), %zu bytes of data from %s\n",
+  std::fprintf(stderr, "braid-train: model %s (%zu parameters), %zu bytes of data from %s; device %s\n",
                t::describe(o.model).c_str(), trainer.model().table().param_count(), corpus.bytes.size(),
-               corpus.source.c_str());
+               corpus.source.c_str(), trainer.model().ops().describe().c_str());
   std::fprintf(stderr, "braid-train: %d rank(s), strategy %s; global batch %d = %d DP rank(s) x %d micro-batch(es) x %d\n",
                trainer.world_size(), strategy.describe().c_str(), o.batch_size, strategy.world_size(), o.grad_accum,
                o.rank_micro_batch(strategy.world_size()));

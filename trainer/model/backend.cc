@@ -21,7 +21,6 @@ namespace {
 
 class CpuBackend final : public Backend {
  public:
-  Device device() const override { return Device::kCpu; }
   std::string describe() const override { return "cpu"; }
   double peak_gflops(int ranks, int threads) const override {
     static const double single = k::measure_sgemm_gflops();
@@ -46,12 +45,12 @@ class CpuBackend final : public Backend {
   void zero(void* p, std::size_t bytes) const override {
     if (bytes > 0) std::memset(p, 0, bytes);
   }
-  void copy(void* dst, const void* src, std::size_t bytes) const override {
-    if (bytes > 0) std::memmove(dst, src, bytes);
+  void to_host(void* host, const void* src, std::size_t bytes) const override {
+    if (bytes > 0) std::memmove(host, src, bytes);
   }
-  void to_host(void* host, const void* src, std::size_t bytes) const override { copy(host, src, bytes); }
-  void from_host(void* dst, const void* host, std::size_t bytes) const override { copy(dst, host, bytes); }
-  void synchronize() const override {}
+  void from_host(void* dst, const void* host, std::size_t bytes) const override {
+    if (bytes > 0) std::memmove(dst, host, bytes);
+  }
   void* comm_stream() const override { return nullptr; }
   void order_comm_after_compute() const override {}
 

@@ -37,7 +37,6 @@ Device parse_device(std::string_view text);
 class Backend {
  public:
   virtual ~Backend() = default;
-  virtual Device device() const = 0;
   // "cpu", or "cuda:0 (NVIDIA H200, sm_90, 132 SMs)".
   virtual std::string describe() const = 0;
   // Peak float32 GFLOP/s of the hardware that `ranks` ranks of one host
@@ -52,12 +51,8 @@ class Backend {
   virtual void* allocate(std::size_t bytes, std::string_view what) const = 0;
   virtual void release(void* p) const = 0;
   virtual void zero(void* p, std::size_t bytes) const = 0;
-  virtual void copy(void* dst, const void* src, std::size_t bytes) const = 0;  // both on this device
   virtual void to_host(void* host, const void* src, std::size_t bytes) const = 0;  // waits
   virtual void from_host(void* dst, const void* host, std::size_t bytes) const = 0;
-  // Waits for everything queued (a no-op on the CPU).
-  virtual void synchronize() const = 0;
-
   // The stream a strategy's collectives on this device's buffers run on
   // (a cudaStream_t; null on the CPU), apart from the compute stream so
   // that a bucket's all-reduce overlaps the rest of backward, as on the

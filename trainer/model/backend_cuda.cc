@@ -47,7 +47,6 @@ class CudaBackend final : public Backend {
     check(cudaEventCreateWithFlags(&compute_done_, cudaEventDisableTiming), "cudaEventCreate");
   }
 
-  Device device() const override { return Device::kCuda; }
   std::string describe() const override {
     return "cuda:" + std::to_string(ordinal_) + " (" + info_.name + ", sm_" + std::to_string(info_.sm_major) +
            std::to_string(info_.sm_minor) + ", " + std::to_string(info_.multiprocessors) + " SMs, " +
@@ -80,9 +79,6 @@ class CudaBackend final : public Backend {
   void zero(void* p, std::size_t bytes) const override {
     if (bytes > 0) check(cudaMemsetAsync(p, 0, bytes, nullptr), "cudaMemsetAsync");
   }
-  void copy(void* dst, const void* src, std::size_t bytes) const override {
-    if (bytes > 0) check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, nullptr), "cudaMemcpyAsync D2D");
-  }
   void to_host(void* host, const void* src, std::size_t bytes) const override {
     if (bytes > 0) check(cudaMemcpy(host, src, bytes, cudaMemcpyDeviceToHost), "cudaMemcpy D2H");
   }
@@ -90,7 +86,6 @@ class CudaBackend final : public Backend {
     // Synchronous: `host` may be a temporary that dies when this returns.
     if (bytes > 0) check(cudaMemcpy(dst, host, bytes, cudaMemcpyHostToDevice), "cudaMemcpy H2D");
   }
-  void synchronize() const override { check(cudaDeviceSynchronize(), "cudaDeviceSynchronize"); }
   void* comm_stream() const override { return comm_stream_; }
   void order_comm_after_compute() const override {
     check(cudaEventRecord(compute_done_, nullptr), "cudaEventRecord");
