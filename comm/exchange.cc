@@ -27,17 +27,18 @@ Request Exchange::send(int peer, std::uint32_t step, std::uint32_t segment, cons
   return r;
 }
 
-Request Exchange::recv(int peer, std::uint32_t step, std::uint32_t segment, void* data, std::size_t bytes) {
+Request Exchange::recv(int peer, std::uint32_t step, std::uint32_t segment, void* data, std::size_t bytes,
+                       Placement placement) {
   Transport* t = c_.routes.at(static_cast<std::size_t>(peer));
   auto header = expected_header(c_.comm_id, op_, c_.rank, peer, step, segment, bytes);
   static std::byte empty;
-  return {t, t->post_recv(peer, header, data ? data : &empty), peer, Request::Kind::recv};
+  return {t, t->post_recv(peer, header, data ? data : &empty, placement), peer, Request::Kind::recv};
 }
 
 Request Exchange::recv_view(int peer, std::uint32_t step, std::uint32_t segment, std::size_t bytes) {
   Transport* t = c_.routes.at(static_cast<std::size_t>(peer));
   auto header = expected_header(c_.comm_id, op_, c_.rank, peer, step, segment, bytes);
-  return {t, t->post_recv(peer, header, nullptr), peer, Request::Kind::view};
+  return {t, t->post_recv(peer, header, nullptr, Placement::cached), peer, Request::Kind::view};
 }
 
 std::span<const std::byte> Exchange::view(const Request& request) {
@@ -70,6 +71,16 @@ void Exchange::wait(const Request& request) {
   if (request.kind == Request::Kind::send)
     std::erase_if(c_.sends, [&](const Request& s) { return s.transport == request.transport && s.id == request.id; });
   release(request);
+}
+
+bool Exchange::send_done(const Request& request) {
+  Transport* t = request.transport;
+  if (!t->is_done(request.id)) {
+    for (Transport* each : c_.distinct) each->progress(Clock::time_point::min());
+    if (!t->is_done(request.id)) return false;
+  }
+  wait(request);
+  return true;
 }
 
 void Exchange::swap_with_all(std::uint32_t step, const void* mine, void* theirs, std::size_t bytes) {

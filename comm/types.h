@@ -31,6 +31,12 @@ struct Stream {
   void* cuda = nullptr;
 };
 
+// How a receive's payload is written into the caller's buffer, where the
+// transport copies it itself: `streamed` uses non-temporal stores, for
+// memory the caller will not read again soon (the last step of an
+// out-of-place all-gather), sparing its read-for-ownership.
+enum class Placement : std::uint8_t { cached, streamed };
+
 // One collective call, as validated and queued. Counts follow NCCL:
 //   all_reduce, broadcast, reduce, send, recv: `count` elements in each buffer;
 //   reduce_scatter: recv has `count`, send has size*count;

@@ -63,6 +63,7 @@ Config read_config() {
       bytes_in_range("BRAID_SOCKET_BUFFER_BYTES", c.socket_buffer_bytes, 4096, 1u << 30);
   c.segment_bytes = bytes_in_range("BRAID_SEGMENT_BYTES", c.segment_bytes, 4096, 1u << 30);
   c.chunk_bytes = bytes_in_range("BRAID_CHUNK_BYTES", c.chunk_bytes, 0, std::size_t{1} << 40);
+  c.stream_bytes = bytes_in_range("BRAID_STREAM_BYTES", c.stream_bytes, 0, std::size_t{1} << 40);
   c.inline_bytes = bytes_in_range("BRAID_INLINE_BYTES", c.inline_bytes, 0, 1u << 30);
   if (const char* h = env("BRAID_HOST_ID")) c.host_id = h;
   c.shm_ring_bytes = bytes_in_range("BRAID_SHM_RING_BYTES", c.shm_ring_bytes, 64u << 10, 1u << 30);

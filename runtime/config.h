@@ -39,6 +39,11 @@ struct Config {
   // rank owns a chunk of this size, so that the reduced chunk is sent on
   // while it is still in cache; 0 runs the whole message as one round.
   std::size_t chunk_bytes = 1u << 20;
+  // BRAID_STREAM_BYTES: out-of-place ring all-reduces of at least this many
+  // bytes write their output with non-temporal stores (from cache-resident
+  // staging), sparing the read-for-ownership of memory that is only
+  // overwritten. Default 4 MiB; 0 = never.
+  std::size_t stream_bytes = 4u << 20;
   // BRAID_INLINE_BYTES: operations of at most this many bytes run in the
   // calling thread when the communicator is idle (lower latency); larger
   // ones run on the communicator's progress thread. Default 64 KiB.

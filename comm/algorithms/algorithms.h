@@ -51,17 +51,36 @@ class Window {
 };
 
 // Called by the ring reduce-scatter as each segment of the rank's own chunk
-// becomes final: (segment index, its elements, element count).
-using OnFinalSegment = std::function<void(std::size_t segment, std::byte* data, std::size_t count)>;
+// becomes final: (segment index, its elements, element count). Returns the
+// send it posted from `data`, if any (a default Request otherwise): with
+// staging the data is in a staging slot that is reused only once that send
+// is done, and the callback writes it to its place in dst itself.
+using OnFinalSegment = std::function<Request(std::size_t segment, std::byte* data, std::size_t count)>;
+
+// Cache-resident slots, each one segment, that final segments are reduced
+// into; kept by the caller across calls (rounds), since a slot's send may
+// still be in flight when a call returns: its memory must outlive every
+// send, which Exchange::wait_sends ends.
+struct FinalStaging {
+  static constexpr std::size_t kSlots = 2;
+  std::byte* memory = nullptr;
+  std::size_t slot_bytes = 0;
+  std::array<Request, kSlots> sent{};  // the send still reading each slot
+};
 
 // Ring reduce-scatter of the `layout` chunks of `src` (element type and op from
 // x.op()): on return chunk `rank` of `dst` holds the reduction over all ranks.
 // Partial sums of other chunks are written to dst too, so dst must have room
 // for every chunk unless `final_only` is set, in which case dst points at the
-// rank's own output chunk and partial sums go to scratch.
+// rank's own output chunk and partial sums go to scratch. With `staging`
+// (and on_final), final segments are reduced into its slots rather than
+// dst, for a caller that sends them on and writes dst with streaming stores
+// (an out-of-place all-reduce spares the read-for-ownership of its output
+// that way); a segment whose slot's send has not yet gone is reduced into
+// dst as without staging, so staging never waits on a peer.
 void reduce_scatter_ring(Exchange& x, const std::byte* src, std::byte* dst, const ChunkLayout& layout,
                          bool final_only, const OnFinalSegment& on_final = {}, std::uint32_t first_step = 0,
-                         bool first_sent = false);
+                         bool first_sent = false, FinalStaging* staging = nullptr);
 // The reduce-scatter's first step alone (this rank's contribution to the
 // chunk of its right neighbour, straight from `src`), for a caller that
 // posts it early and passes first_sent; its sends are left to
@@ -69,9 +88,10 @@ void reduce_scatter_ring(Exchange& x, const std::byte* src, std::byte* dst, cons
 void reduce_scatter_ring_start(Exchange& x, const std::byte* src, const ChunkLayout& layout, std::uint32_t first_step);
 // Ring all-gather: chunk `rank` of `buf` is present; on return every chunk is.
 // Wire steps are numbered from `first_step`; with `first_sent` the caller has
-// already posted the step-0 sends of the rank's own chunk.
+// already posted the step-0 sends of the rank's own chunk. The last step's
+// receives, which are not forwarded, are written as `last_step` says.
 void all_gather_ring(Exchange& x, std::byte* buf, const ChunkLayout& layout, std::uint32_t first_step = 0,
-                     bool first_sent = false);
+                     bool first_sent = false, Placement last_step = Placement::cached);
 
 void all_reduce_ring(Exchange& x);
 // On buffers from Communicator::allocate on every rank of one host

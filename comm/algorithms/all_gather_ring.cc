@@ -15,7 +15,7 @@
 namespace braid::comm {
 
 void all_gather_ring(Exchange& x, std::byte* buf, const ChunkLayout& layout, std::uint32_t first_step,
-                     bool first_sent) {
+                     bool first_sent, Placement last_step) {
   const int n = x.size(), r = x.rank();
   const int left = (r - 1 + n) % n, right = (r + 1) % n;
   const std::size_t es = x.element_bytes(), seg = segment_count(x);
@@ -51,7 +51,8 @@ void all_gather_ring(Exchange& x, std::byte* buf, const ChunkLayout& layout, std
   while (take.s < n - 1) {
     for (; post.s < n - 1 && !ahead.full(); advance(post)) {
       int c = chunk_at(post.s + 1);
-      ahead.push(x.recv(left, first_step + post.s, post.g, segment_ptr(c, post.g), segment_bytes(c, post.g)));
+      ahead.push(x.recv(left, first_step + post.s, post.g, segment_ptr(c, post.g), segment_bytes(c, post.g),
+                        post.s == n - 2 ? last_step : Placement::cached));
     }
     x.wait(ahead.pop());
     int c = chunk_at(take.s + 1);

@@ -36,6 +36,7 @@ struct Request {
 struct Tuning {
   std::size_t segment_bytes = 256u << 10;
   std::size_t chunk_bytes = 1u << 20;  // per rank and round of a large all-reduce; 0 = one round
+  std::size_t stream_bytes = 4u << 20;  // out-of-place all-reduces from this size stream their output; 0 = never
   int window = 4;  // receives posted ahead of the one being consumed
 };
 
@@ -67,7 +68,8 @@ class Exchange {
   std::size_t element_bytes() const { return dtype_bytes(op_.dtype); }
 
   Request send(int peer, std::uint32_t step, std::uint32_t segment, const void* data, std::size_t bytes);
-  Request recv(int peer, std::uint32_t step, std::uint32_t segment, void* data, std::size_t bytes);
+  Request recv(int peer, std::uint32_t step, std::uint32_t segment, void* data, std::size_t bytes,
+               Placement placement = Placement::cached);
   // Receive into transport memory; after wait(), view() gives the bytes until release().
   Request recv_view(int peer, std::uint32_t step, std::uint32_t segment, std::size_t bytes);
   std::span<const std::byte> view(const Request& request);
@@ -82,6 +84,9 @@ class Exchange {
   // Waits for one request; sends and plain receives are then released, a
   // view receive stays readable until release().
   void wait(const Request& request);
+  // Whether a send has completed, after one turn of progress that never
+  // blocks; a completed send is then released as wait() would.
+  bool send_done(const Request& request);
   // Waits for every send posted so far.
   void wait_sends();
 

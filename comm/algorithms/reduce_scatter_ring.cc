@@ -48,7 +48,7 @@ void reduce_scatter_ring_start(Exchange& x, const std::byte* src, const ChunkLay
 
 void reduce_scatter_ring(Exchange& x, const std::byte* src, std::byte* dst, const ChunkLayout& layout,
                          bool final_only, const OnFinalSegment& on_final, std::uint32_t first_step,
-                         bool first_sent) {
+                         bool first_sent, FinalStaging* staging) {
   const int n = x.size(), r = x.rank();
   const int left = (r - 1 + n) % n, right = (r + 1) % n;
   const std::size_t es = x.element_bytes(), seg = segment_count(x);
@@ -59,6 +59,7 @@ void reduce_scatter_ring(Exchange& x, const std::byte* src, std::byte* dst, cons
   // sent, so its sends are waited for first.
   std::size_t slot_bytes = layout.count_of(0) * es;
   std::byte* slots = final_only ? x.scratch(2 * slot_bytes) : nullptr;
+  if (!on_final || (staging && staging->slot_bytes < seg * es)) staging = nullptr;
   auto acc = [&](int s, int chunk) -> std::byte* {
     if (s == n - 2 || !final_only) return final_only ? dst : dst + layout.offset(chunk) * es;
     return slots + (s % 2) * slot_bytes;
@@ -84,11 +85,22 @@ void reduce_scatter_ring(Exchange& x, const std::byte* src, std::byte* dst, cons
       x.wait(in);
       const std::size_t off = g * seg, n_elems = std::min(seg, c_count - off);
       std::byte* out = acc(s, c) + off * es;
+      const std::size_t k = g % FinalStaging::kSlots;
+      Request* slot = staging && s == n - 2 ? &staging->sent[k] : nullptr;
+      if (slot && (!slot->transport || x.send_done(*slot))) {
+        *slot = {};
+        out = staging->memory + k * staging->slot_bytes;
+      } else {
+        slot = nullptr;
+      }
       kernels::cpu::reduce(out, src + (layout.offset(c) + off) * es, x.view(in).data(), n_elems,
                            op.dtype, op.reduce_op);
       x.release(in);
       if (s < n - 2) sent.push_back(x.send(right, first_step + s + 1, g, out, n_elems * es));
-      else if (on_final) on_final(g, out, n_elems);
+      else if (on_final) {
+        Request reading = on_final(g, out, n_elems);
+        if (slot) *slot = reading;
+      }
     }
   }
   wait_sent();

@@ -34,7 +34,7 @@ class Transport {
 
   virtual RequestId post_send(int peer, const WireHeader& header, const void* data) = 0;
   // data == nullptr: receive into transport memory, read it with view().
-  virtual RequestId post_recv(int peer, const WireHeader& expected, void* data) = 0;
+  virtual RequestId post_recv(int peer, const WireHeader& expected, void* data, Placement placement) = 0;
 
   // Whether the request has completed; throws the error that failed it.
   virtual bool is_done(RequestId request) = 0;

@@ -1,7 +1,12 @@
 #include "kernels/cpu/reduce.h"
 
 #include <algorithm>
+#include <cstdint>
 #include <cstring>
+
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
 
 namespace braid::kernels::cpu {
 namespace {
@@ -168,6 +173,39 @@ std::uint16_t f32_to_bf16(float f) {
   if ((bits & 0x7fffffffu) > 0x7f800000u) return static_cast<std::uint16_t>((bits >> 16) | 0x40u);
   bits += 0x7fffu + ((bits >> 16) & 1u);
   return static_cast<std::uint16_t>(bits >> 16);
+}
+
+void stream_copy(void* dst, const void* src, std::size_t bytes) {
+#if defined(__SSE2__)
+  constexpr std::size_t kMinBytes = 4096;
+  if (bytes < kMinBytes) {
+    std::memcpy(dst, src, bytes);
+    return;
+  }
+  auto* d = static_cast<std::byte*>(dst);
+  auto* s = static_cast<const std::byte*>(src);
+  // Plain copy up to the destination's first cache line, streamed lines after.
+  std::size_t head = (64 - reinterpret_cast<std::uintptr_t>(d) % 64) % 64;
+  std::memcpy(d, s, head);
+  d += head;
+  s += head;
+  bytes -= head;
+  std::size_t lines = bytes / 64;
+  for (std::size_t i = 0; i < lines; ++i, d += 64, s += 64) {
+    __m128i a = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s));
+    __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + 16));
+    __m128i c = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + 32));
+    __m128i e = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + 48));
+    _mm_stream_si128(reinterpret_cast<__m128i*>(d), a);
+    _mm_stream_si128(reinterpret_cast<__m128i*>(d + 16), b);
+    _mm_stream_si128(reinterpret_cast<__m128i*>(d + 32), c);
+    _mm_stream_si128(reinterpret_cast<__m128i*>(d + 48), e);
+  }
+  _mm_sfence();  // streamed stores are weakly ordered: publish them before returning
+  std::memcpy(d, s, bytes % 64);
+#else
+  std::memcpy(dst, src, bytes);
+#endif
 }
 
 }  // namespace braid::kernels::cpu

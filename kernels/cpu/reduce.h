@@ -15,6 +15,12 @@ namespace braid::kernels::cpu {
 void reduce(void* dst, const void* a, const void* b, std::size_t count,
             DataType dtype, ReduceOp op);
 
+// memcpy with non-temporal stores where the CPU has them: a destination
+// that will not be read again soon is written without first being read into
+// cache (the read-for-ownership a plain store pays), and without evicting
+// what the caller still works on. Any alignment; small copies use memcpy.
+void stream_copy(void* dst, const void* src, std::size_t bytes);
+
 // data[i] /= divisor (integer types truncate toward zero), the final step of avg.
 void divide(void* data, std::size_t count, DataType dtype, int divisor);
 

@@ -72,6 +72,7 @@ runtime::Config test_config(std::chrono::milliseconds timeout) {
   config.timeout = timeout;
   config.segment_bytes = 4096;
   config.chunk_bytes = 16u << 10;  // several all-reduce rounds from a few thousand elements on
+  config.stream_bytes = 4096;       // out-of-place all-reduces from 4 KiB stage and stream their output
   config.log_level = "off";
   return config;
 }

@@ -1,7 +1,9 @@
 // Reduction kernels against scalar definitions, and the f16/bf16 conversions
-// against exactly representable values and round-to-nearest-even ties.
+// against exactly representable values and round-to-nearest-even ties; the
+// streaming copy against memcpy.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -82,4 +84,21 @@ TEST_CASE("float reductions in place and through f32 for half types") {
   for (int i = 0; i < 300; ++i) { p[i] = f32_to_bf16(float(i)); q[i] = f32_to_bf16(1.0f); }
   reduce(r.data(), p.data(), q.data(), 300, DataType::bf16, ReduceOp::sum);
   for (int i = 0; i < 300; ++i) REQUIRE(bf16_to_f32(r[i]) == bf16_to_f32(f32_to_bf16(bf16_to_f32(p[i]) + 1)));
+}
+
+TEST_CASE("stream_copy copies exactly at every size and alignment and touches nothing else") {
+  std::vector<std::uint8_t> src(70000), dst(70000 + 256);
+  for (std::size_t i = 0; i < src.size(); ++i) src[i] = static_cast<std::uint8_t>(i * 131 + 7);
+  for (std::size_t bytes : {0u, 1u, 63u, 64u, 4095u, 4096u, 4097u, 65536u + 37u}) {
+    for (std::size_t src_off : {0u, 1u, 17u}) {
+      for (std::size_t dst_off : {0u, 3u, 64u, 100u}) {
+        std::fill(dst.begin(), dst.end(), 0xEE);
+        stream_copy(dst.data() + dst_off, src.data() + src_off, bytes);
+        INFO("bytes " << bytes << " src+" << src_off << " dst+" << dst_off);
+        REQUIRE(std::memcmp(dst.data() + dst_off, src.data() + src_off, bytes) == 0);
+        for (std::size_t i = 0; i < dst_off; ++i) REQUIRE(dst[i] == 0xEE);
+        for (std::size_t i = dst_off + bytes; i < dst.size(); ++i) REQUIRE(dst[i] == 0xEE);
+      }
+    }
+  }
 }

@@ -10,6 +10,7 @@
 #include <thread>
 
 #include "comm/transport/shm/link.h"
+#include "kernels/cpu/reduce.h"
 #include "runtime/errors.h"
 
 namespace braid::comm::shm {
@@ -31,10 +32,13 @@ void ring_write(std::byte* ring, std::size_t capacity, std::uint64_t at, const s
   if (first < bytes) std::memcpy(ring, src + first, bytes - first);
 }
 
-void ring_read(const std::byte* ring, std::size_t capacity, std::uint64_t at, std::byte* dst, std::size_t bytes) {
+void ring_read(const std::byte* ring, std::size_t capacity, std::uint64_t at, std::byte* dst, std::size_t bytes,
+               Placement placement) {
+  auto copy = placement == Placement::streamed ? kernels::cpu::stream_copy
+                                               : [](void* d, const void* s, std::size_t n) { std::memcpy(d, s, n); };
   std::size_t pos = at & (capacity - 1), first = std::min(bytes, capacity - pos);
-  std::memcpy(dst, ring + pos, first);
-  if (first < bytes) std::memcpy(dst + first, ring, bytes - first);
+  copy(dst, ring + pos, first);
+  if (first < bytes) copy(dst + first, ring, bytes - first);
 }
 
 inline void cpu_relax() { __builtin_ia32_pause(); }
@@ -83,12 +87,13 @@ RequestId ShmTransport::post_send(int peer, const WireHeader& header, const void
   return id;
 }
 
-RequestId ShmTransport::post_recv(int peer, const WireHeader& expected, void* data) {
+RequestId ShmTransport::post_recv(int peer, const WireHeader& expected, void* data, Placement placement) {
   Link& l = link(peer);
   RequestId id = allocate(peer, expected);
   Request& r = requests_[id];
   if (data) {
     r.data = static_cast<std::byte*>(data);
+    r.placement = placement;
   } else if (expected.payload_bytes <= kInlineBytes) {
     r.data = r.inline_data;  // copied out of the header slot
   } else if (expected.payload_bytes <= capacity_ / 2) {
@@ -231,7 +236,9 @@ bool ShmTransport::pump_recvs(Link& l) {
       std::size_t n = std::min<std::uint64_t>(avail, padded - r.moved);
       if (n == 0 && padded > 0) break;
       std::size_t data_bytes = r.moved < payload ? std::min(n, payload - r.moved) : 0;
-      if (data_bytes) ring_read(l.in_ring, capacity_, l.cursor, r.data + r.moved, data_bytes);
+      if (data_bytes)
+        ring_read(l.in_ring, capacity_, l.cursor, r.data + r.moved, data_bytes,
+                  r.placement);
       l.cursor += n;
       r.moved += n;
       if (n) advanced = true;

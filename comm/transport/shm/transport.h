@@ -54,7 +54,7 @@ class ShmTransport final : public Transport {
 
   std::string_view name() const override { return "shm"; }
   RequestId post_send(int peer, const WireHeader& header, const void* data) override;
-  RequestId post_recv(int peer, const WireHeader& expected, void* data) override;
+  RequestId post_recv(int peer, const WireHeader& expected, void* data, Placement placement) override;
   bool is_done(RequestId request) override;
   std::span<const std::byte> view(RequestId request) override;
   void release(RequestId request) override;
@@ -68,6 +68,7 @@ class ShmTransport final : public Transport {
     bool done = false, header_done = false;
     bool in_place = false;  // a view served straight from the ring
     bool released = false;
+    Placement placement = Placement::cached;  // how a payload is copied out of the ring
     int peer = -1;
     WireHeader header, received;
     std::byte* data = nullptr;

@@ -71,7 +71,7 @@ RequestId TcpTransport::post_send(int peer, const WireHeader& header, const void
   return id;
 }
 
-RequestId TcpTransport::post_recv(int peer, const WireHeader& expected, void* data) {
+RequestId TcpTransport::post_recv(int peer, const WireHeader& expected, void* data, Placement) {
   RequestId id = allocate(peer, expected);
   Request& r = requests_[id];
   if (data) {

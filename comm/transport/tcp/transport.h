@@ -64,7 +64,7 @@ class TcpTransport final : public Transport {
 
   std::string_view name() const override { return "tcp"; }
   RequestId post_send(int peer, const WireHeader& header, const void* data) override;
-  RequestId post_recv(int peer, const WireHeader& expected, void* data) override;
+  RequestId post_recv(int peer, const WireHeader& expected, void* data, Placement placement) override;
   bool is_done(RequestId request) override;
   std::span<const std::byte> view(RequestId request) override;
   void release(RequestId request) override;
