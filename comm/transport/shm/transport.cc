@@ -236,9 +236,7 @@ bool ShmTransport::pump_recvs(Link& l) {
       std::size_t n = std::min<std::uint64_t>(avail, padded - r.moved);
       if (n == 0 && padded > 0) break;
       std::size_t data_bytes = r.moved < payload ? std::min(n, payload - r.moved) : 0;
-      if (data_bytes)
-        ring_read(l.in_ring, capacity_, l.cursor, r.data + r.moved, data_bytes,
-                  r.placement);
+      if (data_bytes) ring_read(l.in_ring, capacity_, l.cursor, r.data + r.moved, data_bytes, r.placement);
       l.cursor += n;
       r.moved += n;
       if (n) advanced = true;

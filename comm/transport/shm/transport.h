@@ -4,7 +4,8 @@
 // the ring; a receiver checks the header, then either copies the payload
 // out or, for a view, hands the algorithm a span straight into the ring and
 // frees that space only when the algorithm releases it, so reductions read
-// the peer's bytes where they landed.
+// the peer's bytes where they landed. A receive posted as
+// Placement::streamed is copied out with non-temporal stores.
 //
 // Waiting blocks on the rank's doorbell futex after a short bounded spin
 // (none when the host has more local ranks than cores, so oversubscribed

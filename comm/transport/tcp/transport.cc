@@ -180,11 +180,11 @@ bool TcpTransport::progress(Clock::time_point deadline) {
     return advanced;
   };
   if (pump_all()) return true;
+  if (Clock::now() >= deadline) return false;
   // A peer on another core usually answers within microseconds: polling the
   // sockets that long is cheaper than a sleep and a wake-up.
-  for (auto spin_end = Clock::now() + spin_; Clock::now() < spin_end;)
+  for (auto spin_end = std::min(deadline, Clock::now() + spin_); Clock::now() < spin_end;)
     if (pump_all()) return true;
-  if (Clock::now() >= deadline) return false;
   wait_io(deadline);
   return pump_all();
 }
