@@ -21,8 +21,9 @@
 // non-temporal stores: final segments are reduced into two cache-resident
 // staging slots, sent on from there and streamed into the output, and the
 // all-gather's last receives are streamed too, so no output line is read
-// before it is overwritten. Measured the same way, medians of 10: 0.48 /
-// 0.49 -> 0.52 / 0.55 x memcpy at 64 / 256 MiB; TCP unchanged.
+// before it is overwritten. Measured the same way, runs alternated, medians
+// of three sets: 0.44-0.49 -> 0.46-0.55 x memcpy at 64 / 256 MiB (+5 to +13%
+// within each set); TCP unchanged.
 //
 // Per rank this sends 2(N-1)/N of the message, the bandwidth optimum, and
 // suits every message large enough that bandwidth, not latency, dominates.
