@@ -26,6 +26,15 @@ std::string slurp(const std::filesystem::path& file) {
   return text.str();
 }
 
+// The text with every run of spaces made one, so table rows can be matched
+// whatever the column widths.
+std::string squeezed(const std::string& text) {
+  std::string out;
+  for (char c : text)
+    if (c != ' ' || out.empty() || out.back() != ' ') out += c;
+  return out;
+}
+
 }  // namespace
 
 TEST_CASE("braid-bench checks every collective on 3 ranks and writes JSON and CSV", "[bench]") {
@@ -72,4 +81,47 @@ TEST_CASE("braid-bench --device cuda runs on GPU buffers or says why it cannot",
     CHECK((status == 1 || status == 2));
     CHECK_THAT(job.err(), Catch::Contains("CUDA"));
   }
+}
+
+// Fault-and-abuse cases (issue 13): a sweep from 0 bytes, reduce_scatter in
+// place at sizes where a wrongly sized input overruns the heap, and output
+// files that cannot be written. Each ends, with status 0 or a named error.
+TEST_CASE("braid-bench -b 0 prints its rows and ends", "[bench][abuse]") {
+  JobDir dir;
+  LaunchedJob job(dir, {"--nproc-per-node", "2", "--", bench_path(), "-b", "0", "-e", "64", "-f", "4", "-n", "1",
+                        "-w", "0", "-c", "1"});
+  int status = job.wait(std::chrono::seconds(30));
+  INFO(job.out() << job.err());
+  REQUIRE(status == 0);
+  // Rows at 0 bytes, then from one f32 element on: 4, 16 and 64 bytes.
+  for (const char* row : {"] 0 0 ", "] 4 1 ", "] 16 4 ", "] 64 16 "})
+    CHECK_THAT(squeezed(job.out()), Catch::Contains(row));
+  CHECK_THAT(job.out(), Catch::Contains("Out of bounds values : 0 OK"));
+}
+
+TEST_CASE("braid-bench reduce_scatter in place checks out at 4 MiB and more", "[bench][abuse]") {
+  JobDir dir;
+  LaunchedJob job(dir, {"--nproc-per-node", "2", "--", bench_path(), "--coll", "reduce_scatter", "-b", "4M", "-e",
+                        "8M", "-f", "2", "-n", "1", "-w", "0", "-c", "1"});
+  int status = job.wait(std::chrono::seconds(60));
+  INFO(job.out() << job.err());
+  REQUIRE(status == 0);
+  CHECK_THAT(squeezed(job.out()), Catch::Contains("] 8388608 1048576 "));
+  CHECK_THAT(job.out(), Catch::Contains("Out of bounds values : 0 OK"));
+}
+
+TEST_CASE("braid-bench stops with a named error when --json or --csv cannot be written", "[bench][abuse]") {
+  const bool json = GENERATE(true, false);
+  JobDir dir;
+  // A directory that does not exist, and a device that is always full.
+  const std::string flag = json ? "--json" : "--csv";
+  const std::string path = json ? (dir.path() / "no-such-dir" / "rows.json").string() : "/dev/full";
+  const std::string cause = json ? "No such file or directory" : "No space left on device";
+  LaunchedJob job(dir, {"--nproc-per-node", "2", "--", bench_path(), "-b", "8", "-e", "64", "-n", "1", "-w", "0",
+                        flag, path});
+  int status = job.wait(std::chrono::seconds(30));
+  INFO(job.out() << job.err());
+  CHECK(status == 1);
+  CHECK_THAT(job.err(), Catch::Contains(flag + " file '" + path + "'") && Catch::Contains(cause));
+  CHECK_THAT(job.err(), Catch::Contains("rank 0") && Catch::Contains("exited with status 1"));
 }

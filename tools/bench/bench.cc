@@ -4,13 +4,15 @@
 
 #include <sys/mman.h>
 
+#include <cerrno>
 #include <chrono>
 #include <cstdlib>
 #include <utility>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
-#include <fstream>
+#include <optional>
+#include <sstream>
 #include <vector>
 
 #include "comm/algorithms/algorithms.h"
@@ -110,10 +112,14 @@ class Runner {
   Runner(const Runner&) = delete;
   Runner& operator=(const Runner&) = delete;
 
+  // The receive buffer also holds the in-place input, which for
+  // reduce_scatter is the whole send-sized vector (count x ranks elements,
+  // the result landing at this rank's slice), so it takes the larger size.
   void prepare(const Case& c) {
     c_ = c;
+    const std::size_t recv_elems = std::max(c.send_elems, c.recv_elems);
     send_ = HugeBuffer(std::max<std::size_t>(1, c.send_elems) * es_, std::byte{0}, o_.registered);
-    recv_ = HugeBuffer(std::max<std::size_t>(1, c.recv_elems) * es_, std::byte{0}, o_.registered);
+    recv_ = HugeBuffer(std::max<std::size_t>(1, recv_elems) * es_, std::byte{0}, o_.registered);
     if (o_.cuda) {
       release_device();
       device_send_ = bench_device::allocate(send_.bytes);
@@ -239,6 +245,118 @@ Result measure(Communicator& comm, Runner& runner, bool in_place, int check) {
   return {max_seconds, total_wrong};
 }
 
+// The sizes of the sweep: -b, -b x factor, ... while at most -e. A sweep
+// from 0 runs the empty call once and goes on from one element, since 0
+// times the factor would stay 0 for ever.
+std::vector<std::size_t> sweep_sizes(const BenchOptions& o) {
+  std::vector<std::size_t> sizes;
+  std::size_t bytes = o.min_bytes;
+  if (bytes == 0) {
+    sizes.push_back(0);
+    bytes = dtype_bytes(o.dtype);
+  }
+  for (; bytes <= o.max_bytes; bytes *= o.factor) {
+    sizes.push_back(bytes);
+    if (bytes > o.max_bytes / o.factor) break;  // the next size passes -e (or overflows)
+  }
+  return sizes;
+}
+
+// A --json or --csv file of rank 0. Opened before the sweep, so that a path
+// that cannot be written stops the run at once rather than after it;
+// written and closed after it, where a full disk shows. Every failure
+// throws a SystemError naming the flag, the path and the cause.
+class OutputFile {
+ public:
+  OutputFile(const char* flag, const std::string& path) : flag_(flag), path_(path) {
+    if (path.empty()) return;
+    file_ = std::fopen(path.c_str(), "w");
+    if (!file_) fail("cannot open", errno);
+  }
+  ~OutputFile() {
+    if (file_) std::fclose(file_);
+  }
+  OutputFile(const OutputFile&) = delete;
+  OutputFile& operator=(const OutputFile&) = delete;
+
+  void write_and_close(const std::string& text) {
+    if (!file_) return;
+    std::FILE* file = std::exchange(file_, nullptr);
+    bool written = std::fwrite(text.data(), 1, text.size(), file) == text.size() && std::fflush(file) == 0;
+    int err = errno;
+    if (std::fclose(file) != 0 && written) {
+      written = false;
+      err = errno;
+    }
+    if (!written) fail("could not write", err);
+  }
+
+ private:
+  [[noreturn]] void fail(const char* what, int err) const {
+    throw SystemError(errno_message(std::string(what) + " the " + flag_ + " file '" + path_ + "'", err) +
+                      "; give a path in an existing, writable directory on a file system with space");
+  }
+  const char* flag_;
+  std::string path_;
+  std::FILE* file_ = nullptr;
+};
+
+std::string csv_text(const nlohmann::json& rows) {
+  std::ostringstream csv;
+  csv << "collective,bytes,count,dtype,op,root,ranks,transport,algorithm,oop_time_us,oop_algbw_gbps,"
+         "oop_busbw_gbps,oop_wrong,ip_time_us,ip_algbw_gbps,ip_busbw_gbps,ip_wrong\n";
+  for (auto& row : rows)
+    csv << row["collective"].get<std::string>() << ',' << row["bytes"] << ',' << row["count"] << ','
+        << row["dtype"].get<std::string>() << ',' << row["op"].get<std::string>() << ',' << row["root"] << ','
+        << row["ranks"] << ',' << row["transport"].get<std::string>() << ','
+        << row["algorithm"].get<std::string>() << ',' << row["out_of_place"]["time_us"] << ','
+        << row["out_of_place"]["algbw_gbps"] << ',' << row["out_of_place"]["busbw_gbps"] << ','
+        << row["out_of_place"]["wrong"] << ',' << row["in_place"]["time_us"] << ','
+        << row["in_place"]["algbw_gbps"] << ',' << row["in_place"]["busbw_gbps"] << ','
+        << row["in_place"]["wrong"] << '\n';
+  return csv.str();
+}
+
+// The table's preamble and column heads, as nccl-tests prints them.
+void print_header(Communicator& comm, const BenchOptions& o, double memcpy_gbps) {
+  const int n = comm.size();
+  const bool reduces = o.collective == "all_reduce" || o.collective == "reduce_scatter" || o.collective == "reduce";
+  std::printf("# braid-bench %s: %d ranks, transport %s, dtype %s, op %s, iters %d, warmup %d, check %d\n",
+              o.collective.c_str(), n, comm.transport_summary().c_str(), std::string(name(o.dtype)).c_str(),
+              reduces ? std::string(name(o.op)).c_str() : "none", o.iters, o.warmup, o.check);
+  if (o.cuda) {
+    std::printf("# buffers in GPU memory; device-to-device cudaMemcpy bandwidth: %.2f GB/s (busbw/memcpy below "
+                "is relative to it)\n", memcpy_gbps);
+  } else {
+    std::printf("# single-core memcpy bandwidth: %.2f GB/s (busbw/memcpy below is relative to it)\n", memcpy_gbps);
+  }
+  if (o.registered) std::printf("# buffers from Communicator::allocate (registered, mapped by the local ranks)\n");
+  std::printf("#\n#%12s %12s %6s %6s %5s %-26s %10s %8s %8s %6s %7s %10s %8s %8s %6s %7s\n", "size", "count",
+              "type", "redop", "root", "transport:algorithm", "time", "algbw", "busbw", "/mcpy", "#wrong", "time", "algbw",
+              "busbw", "/mcpy", "#wrong");
+  std::printf("#%12s %12s %6s %6s %5s %-26s %10s %8s %8s %6s %7s %10s %8s %8s %6s %7s\n", "(B)", "(elements)", "",
+              "", "", "", "(us)", "(GB/s)", "(GB/s)", "", "", "(us)", "(GB/s)", "(GB/s)", "", "");
+}
+
+// Rank 0 opens the output files; every rank learns whether that worked, so
+// a bad path ends every rank at once. Returns false on every rank when it
+// did not; rank 0 has then printed why.
+bool open_outputs(Communicator& comm, const BenchOptions& o, std::optional<OutputFile>& json,
+                  std::optional<OutputFile>& csv) {
+  std::int32_t failed = 0;
+  if (comm.rank() == 0) {
+    try {
+      json.emplace("--json", o.json_path);
+      csv.emplace("--csv", o.csv_path);
+    } catch (const SystemError& e) {
+      std::fprintf(stderr, "braid-bench: %s\n", e.what());
+      failed = 1;
+    }
+  }
+  comm.broadcast(&failed, &failed, 1, DataType::i32, 0).wait();
+  return failed == 0;
+}
+
 }  // namespace
 
 double measure_memcpy_gbps() {
@@ -265,29 +383,16 @@ int run_bench(const BenchOptions& o) {
   comm->broadcast(&memcpy_gbps, &memcpy_gbps, 1, DataType::f64, 0).wait();
   const std::size_t es = dtype_bytes(o.dtype);
   bool reduces = o.collective == "all_reduce" || o.collective == "reduce_scatter" || o.collective == "reduce";
-  if (r == 0) {
-    std::printf("# braid-bench %s: %d ranks, transport %s, dtype %s, op %s, iters %d, warmup %d, check %d\n",
-                o.collective.c_str(), n, comm->transport_summary().c_str(), std::string(name(o.dtype)).c_str(),
-                reduces ? std::string(name(o.op)).c_str() : "none", o.iters, o.warmup, o.check);
-    if (o.cuda) {
-      std::printf("# buffers in GPU memory; device-to-device cudaMemcpy bandwidth: %.2f GB/s (busbw/memcpy below "
-                  "is relative to it)\n", memcpy_gbps);
-    } else {
-      std::printf("# single-core memcpy bandwidth: %.2f GB/s (busbw/memcpy below is relative to it)\n", memcpy_gbps);
-    }
-    if (o.registered) std::printf("# buffers from Communicator::allocate (registered, mapped by the local ranks)\n");
-    std::printf("#\n#%12s %12s %6s %6s %5s %-26s %10s %8s %8s %6s %7s %10s %8s %8s %6s %7s\n", "size", "count",
-                "type", "redop", "root", "transport:algorithm", "time", "algbw", "busbw", "/mcpy", "#wrong", "time", "algbw",
-                "busbw", "/mcpy", "#wrong");
-    std::printf("#%12s %12s %6s %6s %5s %-26s %10s %8s %8s %6s %7s %10s %8s %8s %6s %7s\n", "(B)", "(elements)", "",
-                "", "", "", "(us)", "(GB/s)", "(GB/s)", "", "", "(us)", "(GB/s)", "(GB/s)", "", "");
-  }
+  if (r == 0) print_header(*comm, o, memcpy_gbps);
+  std::optional<OutputFile> json_file, csv_file;
+  // The files are rank 0's: it alone fails, so a launcher names it as the rank that failed.
+  if (!open_outputs(*comm, o, json_file, csv_file)) return r == 0 ? 1 : 0;
   nlohmann::json rows = nlohmann::json::array();
   Runner runner(*comm, o);
   double busbw_sum = 0;
   int rows_count = 0;
   std::uint64_t all_wrong = 0;
-  for (std::size_t bytes = o.min_bytes; bytes <= o.max_bytes; bytes *= o.factor) {
+  for (std::size_t bytes : sweep_sizes(o)) {
     Case c = make_case(o.collective, bytes, es, n);
     std::size_t actual_bytes = std::max(c.send_elems, c.recv_elems) * es;
     runner.prepare(c);
@@ -326,27 +431,13 @@ int run_bench(const BenchOptions& o) {
                                     {"busbw_gbps", in_bus}, {"wrong", in.wrong}}},
                       {"memcpy_gbps", memcpy_gbps}});
     }
-    if (bytes > o.max_bytes / o.factor) break;
   }
   if (r == 0) {
     std::printf("# Out of bounds values : %llu %s\n", (unsigned long long)all_wrong, all_wrong ? "FAILED" : "OK");
     std::printf("# Avg bus bandwidth    : %.3f GB/s (%.3f x memcpy)\n", busbw_sum / rows_count,
                 busbw_sum / rows_count / memcpy_gbps);
-    if (!o.json_path.empty()) std::ofstream(o.json_path) << rows.dump(2) << "\n";
-    if (!o.csv_path.empty()) {
-      std::ofstream csv(o.csv_path);
-      csv << "collective,bytes,count,dtype,op,root,ranks,transport,algorithm,oop_time_us,oop_algbw_gbps,"
-             "oop_busbw_gbps,oop_wrong,ip_time_us,ip_algbw_gbps,ip_busbw_gbps,ip_wrong\n";
-      for (auto& row : rows)
-        csv << row["collective"].get<std::string>() << ',' << row["bytes"] << ',' << row["count"] << ','
-            << row["dtype"].get<std::string>() << ',' << row["op"].get<std::string>() << ',' << row["root"] << ','
-            << row["ranks"] << ',' << row["transport"].get<std::string>() << ','
-            << row["algorithm"].get<std::string>() << ',' << row["out_of_place"]["time_us"] << ','
-            << row["out_of_place"]["algbw_gbps"] << ',' << row["out_of_place"]["busbw_gbps"] << ','
-            << row["out_of_place"]["wrong"] << ',' << row["in_place"]["time_us"] << ','
-            << row["in_place"]["algbw_gbps"] << ',' << row["in_place"]["busbw_gbps"] << ','
-            << row["in_place"]["wrong"] << '\n';
-    }
+    json_file->write_and_close(rows.dump(2) + "\n");
+    csv_file->write_and_close(csv_text(rows));
   }
   return all_wrong ? 1 : 0;
 }
