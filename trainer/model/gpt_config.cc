@@ -31,9 +31,10 @@ void validate(const GptConfig& c) {
               std::to_string(c.n_head) + "; choose n_embd a multiple of n_head");
   require(c.block_size >= 1, "block_size must be at least 1 (got " + std::to_string(c.block_size) + ")");
   require(c.vocab_size == 256, "vocab_size must be 256 (byte-level vocabulary)");
-  // Kernels index with int: keep the largest weight ([4C, C]) far from 2^31.
-  require(static_cast<long long>(c.n_embd) * c.n_embd * 4 < (1LL << 30),
-          "n_embd " + std::to_string(c.n_embd) + " is too large; use at most 16384");
+  // Kernels index with int: the largest weight, [4C, C], has 2^30 elements
+  // at the bound, half of int's range.
+  require(c.n_embd <= kMaxNEmbd,
+          "n_embd " + std::to_string(c.n_embd) + " is too large; use at most " + std::to_string(kMaxNEmbd));
 }
 
 void validate(const GptConfig& c, const ModelLayout& l) {

@@ -11,6 +11,9 @@
 
 namespace braid::trainer {
 
+// The largest n_embd (validate() below says why).
+inline constexpr int kMaxNEmbd = 16384;
+
 struct GptConfig {
   int n_layer = 4;
   int n_head = 4;

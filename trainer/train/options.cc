@@ -1,7 +1,9 @@
 #include "trainer/train/options.h"
 
 #include <algorithm>
+#include <cmath>
 #include <limits>
+#include <thread>
 
 #include "runtime/errors.h"
 #include "trainer/strategy/pp_schedule.h"
@@ -28,8 +30,7 @@ json run_options_json(const TrainOptions& o) {
               {"data", o.data},
               {"eval_interval", o.eval_interval},
               {"eval_batches", o.eval_batches},
-              {"checkpoint_interval", o.checkpoint_interval},
-              {"checkpoint_dir", o.checkpoint_dir}};
+              {"checkpoint_interval", o.checkpoint_interval}};
 }
 
 namespace {
@@ -68,12 +69,27 @@ void apply_run_options(const json& s, const std::set<std::string>& keep, TrainOp
   take(s, keep, "eval_interval", o.eval_interval);
   take(s, keep, "eval_batches", o.eval_batches);
   take(s, keep, "checkpoint_interval", o.checkpoint_interval);
-  take(s, keep, "checkpoint_dir", o.checkpoint_dir);
 }
 
 namespace {
 
+// inf and nan parse as floats but cannot train: every real-valued option
+// must be a finite number first.
+void require_finite(double value, const char* flag) {
+  require(std::isfinite(value), std::string(flag) + " must be a finite number (got " + std::to_string(value) + ")");
+}
+
+void validate_reals(const TrainOptions& o) {
+  require_finite(o.lr, "--lr");
+  require_finite(o.min_lr, "--min-lr");
+  require_finite(o.weight_decay, "--weight-decay");
+  require_finite(o.grad_clip, "--grad-clip");
+  require_finite(o.temperature, "--temperature");
+  require_finite(o.bucket_mb, "--bucket-mb");
+}
+
 void validate_schedule(const TrainOptions& o) {
+  validate_reals(o);
   require(o.steps >= 0, "--steps must be 0 or more");
   require(o.lr > 0.0f, "--lr must be positive");
   require(o.min_lr >= 0.0f && o.min_lr <= o.lr, "--min-lr must be between 0 and --lr");
@@ -99,6 +115,17 @@ void validate_batch(const TrainOptions& o) {
               " tokens is too large; lower --batch-size or raise --grad-accum");
 }
 
+// More BLAS threads than a few per hardware thread only adds switching;
+// far more is a typo that would try to start thousands of threads.
+void validate_threads(int threads) {
+  const int hardware = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  const int most = kThreadsPerHardwareThread * hardware;
+  require(threads >= 1 && threads <= most,
+          "--threads " + std::to_string(threads) + " is outside 1.." + std::to_string(most) + " (at most " +
+              std::to_string(kThreadsPerHardwareThread) + " x the " + std::to_string(hardware) +
+              " hardware threads of this machine)");
+}
+
 void validate_modes(const TrainOptions& o) {
   require(o.resume.empty() || o.init_from.empty(), "--resume and --init-from exclude each other; pass one");
   require(!o.eval_only || !o.init_from.empty() || !o.resume.empty(),
@@ -106,7 +133,7 @@ void validate_modes(const TrainOptions& o) {
   require(o.checkpoint_interval >= 0, "--checkpoint-interval must be 0 (only at the end) or more");
   require(o.checkpoint_interval == 0 || !o.checkpoint_dir.empty(),
           "--checkpoint-interval needs --checkpoint-dir");
-  require(o.threads >= 1, "--threads must be at least 1");
+  validate_threads(o.threads);
   require(o.sample_bytes >= 0, "--sample must be 0 or more");
   require(o.temperature >= 0.0f, "--temperature must be 0 (greedy) or more");
   require(o.bucket_mb > 0.0 && o.bucket_mb <= 4096.0, "--bucket-mb must be in (0, 4096]");

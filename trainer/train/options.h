@@ -4,10 +4,11 @@
 // is `--n-layer`.
 //
 // The "run options" (model shape, batch, schedule, seed, data, evaluation,
-// checkpoint directory and cadence) define a training run and are saved in checkpoints, so
+// checkpoint cadence) define a training run and are saved in checkpoints, so
 // `--resume DIR` continues with the saved values of every key not given on
-// the command line. The rest (what to print or write, threads, the
-// data-parallel strategy) belong to one invocation.
+// the command line. The rest (what to print or write, threads, where
+// checkpoints go) belong to one invocation; the parallel layout (strategy,
+// dp, tp, pp) is saved beside them and restored as train/resume.h says.
 #pragma once
 
 #include <cstdint>
@@ -19,6 +20,8 @@
 #include "trainer/model/gpt_config.h"
 
 namespace braid::trainer {
+
+inline constexpr int kThreadsPerHardwareThread = 4;
 
 struct TrainOptions {
   // Run options, saved in checkpoints.
@@ -36,9 +39,9 @@ struct TrainOptions {
   std::int64_t eval_interval = 100;  // steps between val evaluations; 0: only at the end
   int eval_batches = 8;            // micro-batches per evaluation
   std::int64_t checkpoint_interval = 0;  // steps between checkpoints; 0: only at the end
-  std::string checkpoint_dir;      // empty: no checkpoints; a resumed run goes on writing here
 
   // Per invocation.
+  std::string checkpoint_dir;      // empty: no checkpoints (a resumed run: beside its checkpoint, resume.h)
   std::string resume;              // checkpoint directory to continue from
   std::string init_from;           // safetensors weights to start from
   std::string init_out;            // write the initial weights here
@@ -47,10 +50,10 @@ struct TrainOptions {
   int sample_bytes = 0;            // generate this many bytes at the end
   float temperature = 0.8f;        // 0: greedy
   std::string prompt = "\n";
-  int threads = 1;                 // BLAS threads (per rank)
+  int threads = 1;                 // BLAS threads (per rank), 1..kThreadsPerHardwareThread x hardware threads
   std::string device = "cpu";      // cpu|cuda: where every buffer and op of the run lives
-  // Data parallelism. The strategy is chosen per invocation, so a run may
-  // resume under another strategy or world size.
+  // Data parallelism. A resume restores the checkpoint's strategy and
+  // layout unless the command line or the world size changes them.
   std::string strategy;            // none|dp|ddp|zero1|zero2|zero3; empty: none on one rank, ddp on more
   double bucket_mb = 25.0;         // gradient bucket (ddp, zero1, zero2), MiB
   // The mesh (issue 6): world = dp x tp x pp, dp 0: world / (tp x pp).
