@@ -6,7 +6,7 @@ set -eu
 cd "$(dirname "$0")/.."
 
 PACKAGES="meson ninja-build g++ pkg-config libboost-dev libspdlog-dev libfmt-dev catch2 \
-libcli11-dev nlohmann-json3-dev libhwloc-dev libopenblas-dev libibverbs-dev fortunes iproute2"
+libcli11-dev nlohmann-json3-dev libhwloc-dev libopenblas-dev libibverbs-dev libxxhash-dev fortunes iproute2"
 
 missing=""
 for p in $PACKAGES; do

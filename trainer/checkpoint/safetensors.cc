@@ -1,11 +1,14 @@
 #include "trainer/checkpoint/safetensors.h"
 
+#include <algorithm>
 #include <bit>
+#include <cstdio>
 #include <cstring>
 #include <fstream>
 #include <iterator>
 
 #include <nlohmann/json.hpp>
+#include <xxhash.h>
 
 #include "runtime/errors.h"
 #include "trainer/checkpoint/atomic_file.h"
@@ -31,6 +34,28 @@ std::uint64_t element_count(const std::vector<std::int64_t>& shape) {
   return n;
 }
 
+constexpr std::string_view kChecksumPrefix = "xxh3:";
+// Says the file carries checksums even when it holds no tensor (an empty
+// shard of a mesh checkpoint).
+constexpr const char* kChecksumKey = "checksums";
+constexpr const char* kChecksumAlgorithm = "xxh3_64";
+
+// XXH3-64 of the bytes as 16 lowercase hex digits.
+std::string checksum(const void* data, std::size_t bytes) {
+  char hex[17];
+  std::snprintf(hex, sizeof(hex), "%016llx", static_cast<unsigned long long>(XXH3_64bits(data, bytes)));
+  return hex;
+}
+
+// The caller's metadata plus every tensor's checksum.
+Metadata with_checksums(const std::vector<TensorToWrite>& tensors, Metadata metadata) {
+  metadata[kChecksumKey] = kChecksumAlgorithm;
+  for (const auto& t : tensors) {
+    metadata[checksum_key(t.name)] = checksum(t.data, element_count(t.shape) * sizeof(float));
+  }
+  return metadata;
+}
+
 std::string build_header(const std::vector<TensorToWrite>& tensors, const Metadata& metadata) {
   nlohmann::ordered_json header;
   header["__metadata__"] = metadata;
@@ -47,8 +72,10 @@ std::string build_header(const std::vector<TensorToWrite>& tensors, const Metada
 
 }  // namespace
 
+std::string checksum_key(const std::string& tensor_name) { return std::string(kChecksumPrefix) + tensor_name; }
+
 void write_safetensors(const fs::path& path, const std::vector<TensorToWrite>& tensors, const Metadata& metadata) {
-  const std::string header = build_header(tensors, metadata);
+  const std::string header = build_header(tensors, with_checksums(tensors, metadata));
   const std::uint64_t header_bytes = header.size();
   AtomicFile file(path);
   file.write(&header_bytes, sizeof(header_bytes));
@@ -79,7 +106,44 @@ SafetensorsFile SafetensorsFile::read(const fs::path& path) {
   }
   f.data_start_ = 8 + header_bytes;
   f.parse_header(std::string_view(f.bytes_.data() + 8, header_bytes));
+  f.check_trailing_bytes();
+  f.verify_checksums();
   return f;
+}
+
+// Bytes past the last tensor belong to nothing, so no checksum would see
+// them: refused, as a sign that the file is not the one that was written.
+void SafetensorsFile::check_trailing_bytes() const {
+  std::uint64_t end = 0;
+  for (const auto& [name, e] : entries_) end = std::max(end, e.end);
+  const std::uint64_t data_bytes = bytes_.size() - data_start_;
+  if (data_bytes > end) {
+    fail(std::to_string(data_bytes - end) + " byte(s) follow the data of its last tensor (" +
+         std::to_string(bytes_.size()) + " bytes in all, " + std::to_string(data_start_ + end) +
+         " written); the file was appended to or is not the one written");
+  }
+}
+
+void SafetensorsFile::verify_checksums() {
+  const bool carries = metadata_.count(kChecksumKey) != 0 ||
+                      std::any_of(metadata_.begin(), metadata_.end(),
+                                  [](const auto& kv) { return kv.first.starts_with(kChecksumPrefix); });
+  if (!carries) return;
+  if (metadata_value(kChecksumKey) != kChecksumAlgorithm) {
+    fail(std::string("its checksums are '") + metadata_value(kChecksumKey) + "', not " + kChecksumAlgorithm);
+  }
+  for (const auto& [name, e] : entries_) {
+    auto it = metadata_.find(checksum_key(name));
+    if (it == metadata_.end()) {
+      fail("tensor '" + name + "' has no checksum though the file carries them (is its name damaged?)");
+    }
+    const std::string actual = checksum(bytes_.data() + data_start_ + e.begin, e.end - e.begin);
+    if (actual != it->second) {
+      fail("the data of tensor '" + name + "' does not match its checksum (xxh3 " + actual + ", recorded " +
+           it->second + "); the file is corrupt: restore it or use another checkpoint");
+    }
+  }
+  checksummed_ = true;
 }
 
 void SafetensorsFile::parse_header(std::string_view text) {

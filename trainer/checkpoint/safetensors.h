@@ -8,11 +8,24 @@
 //   data               raw little-endian floats; offsets are relative to the
 //                      first byte after the header
 //
+// Checksums. Every file braid writes carries, for each tensor, the XXH3
+// 64-bit hash (Debian's libxxhash) of its data bytes as 16 hex digits in
+// __metadata__ under "xxh3:<tensor name>", and "checksums": "xxh3_64"
+// (so that a file without tensors, too, says it carries them). They live in the header of the
+// file they protect, not in a manifest, so a file is checked alone: a
+// weights file handed to --init-from, one shard, the consolidated file. The
+// header itself is covered by its JSON parse and the checks below (a damaged
+// name, shape, offset or config is refused by them).
+//
 // Writing is atomic (AtomicFile). Reading validates the whole file before
 // anything is copied out, and every refusal is an InvalidUsage naming the
 // file and the problem: truncated header length, header length past the end
 // of the file, bad JSON, wrong dtype, offsets out of range or not matching
-// the shape, missing tensor, shape mismatch.
+// the shape, bytes after the last tensor's data, a tensor whose data does
+// not hash to its checksum (named), missing tensor, shape mismatch. A file
+// with checksums must have one for every tensor; a file with none (written
+// by another tool) reads unverified, and checksummed() says so, so callers
+// that only ever read braid's own files (training checkpoints) refuse it.
 #pragma once
 
 #include <cstdint>
@@ -41,6 +54,8 @@ class SafetensorsFile {
   static SafetensorsFile read(const std::filesystem::path& path);
 
   const std::filesystem::path& path() const { return path_; }
+  // Whether the file carried checksums (and all of them matched).
+  bool checksummed() const { return checksummed_; }
   const Metadata& metadata() const { return metadata_; }
   // The metadata value, or an InvalidUsage naming the file and the key.
   const std::string& metadata_value(const std::string& key) const;
@@ -61,6 +76,8 @@ class SafetensorsFile {
   void parse_header(std::string_view header);
   void parse_metadata(const nlohmann::json& metadata);
   Entry parse_entry(const std::string& name, const nlohmann::json& entry) const;
+  void check_trailing_bytes() const;
+  void verify_checksums();
   [[noreturn]] void fail(const std::string& problem) const;
 
   std::filesystem::path path_;
@@ -68,7 +85,11 @@ class SafetensorsFile {
   std::size_t data_start_ = 0;
   Metadata metadata_;
   std::map<std::string, Entry> entries_;
+  bool checksummed_ = false;
 };
+
+// The __metadata__ key of a tensor's checksum: "xxh3:<name>".
+std::string checksum_key(const std::string& tensor_name);
 
 // "[3, 128]"
 std::string shape_string(const std::vector<std::int64_t>& shape);

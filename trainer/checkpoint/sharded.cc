@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cstdio>
 
+#include <spdlog/spdlog.h>
+
 #include "runtime/errors.h"
 #include "trainer/checkpoint/atomic_file.h"
 #include "trainer/checkpoint/layout.h"
@@ -70,6 +72,9 @@ CheckpointReader CheckpointReader::weights(const fs::path& file) {
   r.where_ = file;
   r.add_file(SafetensorsFile::read(file), "", false);
   r.config_ = config_from_metadata(*r.files_.front());
+  if (!r.files_.front()->checksummed()) {
+    spdlog::warn("{} carries no checksums (not written by braid?); its tensors load unverified", file.string());
+  }
   return r;
 }
 
@@ -103,6 +108,14 @@ CheckpointReader CheckpointReader::open(const fs::path& step_dir) {
 }
 
 void CheckpointReader::check_file(const SafetensorsFile& f) const {
+  // Only braid writes training checkpoints, and it always writes checksums:
+  // a file without them was swapped in or had them stripped.
+  if (!f.checksummed()) {
+    throw InvalidUsage("checkpoint " + f.path().string() +
+                       " is refused: it carries no checksums, but braid writes them into every checkpoint file; "
+                       "it was replaced, edited, or written by another tool (weights without checksums load "
+                       "through --init-from)");
+  }
   const GptConfig got = config_from_metadata(f);
   if (!(got == config_)) {
     fail(f.path().filename().string() + " holds a model with " + describe(got) + ", but " +

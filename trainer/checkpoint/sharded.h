@@ -51,7 +51,10 @@ std::filesystem::path commit_sharded_checkpoint(const std::filesystem::path& dir
 
 // Reads a training checkpoint of either layout (single-process or sharded)
 // or a bare weights file. Opening reads and validates every file: the model
-// config must agree between files, every file's step must be the state's.
+// config must agree between files, every file's step must be the state's,
+// every tensor's data must match its checksum (safetensors.h). A training
+// checkpoint's files must carry checksums; a bare weights file may lack
+// them (another tool wrote it) and then loads with a warning.
 class CheckpointReader {
  public:
   // A step directory (state.json or manifest.json).
