@@ -31,7 +31,9 @@
 #include "trainer/checkpoint/checkpoint.h"
 #include "trainer/checkpoint/sharded.h"
 #include "trainer/train/generate.h"
+#include "trainer/train/memory_plan.h"
 #include "trainer/train/report.h"
+#include "trainer/train/resume.h"
 #include "trainer/train/trainer.h"
 
 namespace {
@@ -101,13 +103,16 @@ std::set<std::string> explicit_keys(const CLI::App& app) {
   return keys;
 }
 
-void apply_saved_options(const std::set<std::string>& given, TrainOptions& o) {
+// The defaults a --resume checkpoint or --init-from file sets; rank 0
+// prints what a resume restores.
+void apply_saved_options(const std::set<std::string>& given, const braid::runtime::RankInfo& info, TrainOptions& o) {
   namespace t = braid::trainer;
   if (!o.resume.empty() && !o.init_from.empty()) {
     throw braid::InvalidUsage("--resume and --init-from exclude each other; pass one");
   }
   if (!o.resume.empty()) {
-    t::apply_run_options(t::read_train_state(t::resolve_checkpoint(o.resume)).options, given, o);
+    const std::string note = t::apply_resume(given, info.world_size, o);
+    if (info.rank == 0) std::fputs(note.c_str(), stderr);
   } else if (!o.init_from.empty()) {
     const braid::trainer::GptConfig c = t::read_weights_config(o.init_from);
     nlohmann::json saved = {{"n_layer", c.n_layer}, {"n_head", c.n_head}, {"n_embd", c.n_embd},
@@ -175,12 +180,12 @@ void print_summary(braid::trainer::Trainer& trainer, const braid::trainer::Train
   std::fputs(text.c_str(), stdout);
 }
 
-int run(const TrainOptions& o) {
+int run(const TrainOptions& o, const braid::runtime::RankInfo& info) {
   namespace t = braid::trainer;
   t::validate(o);
   if (!o.consolidate.empty()) return consolidate(o);
-  const braid::runtime::RankInfo info = braid::runtime::rank_info_from_env();
   t::set_cuda_local_rank(info.local_rank);
+  t::check_memory(o, info.world_size, info.local_world_size);
   const std::unique_ptr<braid::comm::Communicator> comm = connect(o, info);
   const t::TextCorpus corpus = o.data.empty() ? t::load_default_corpus() : t::load_text_file(o.data);
   t::Trainer trainer(o, corpus, comm.get());
@@ -223,8 +228,9 @@ int main(int argc, char** argv) {
     return rc == 0 ? 0 : 2;
   }
   try {
-    apply_saved_options(explicit_keys(app), options);
-    return run(options);
+    const braid::runtime::RankInfo info = braid::runtime::rank_info_from_env();
+    apply_saved_options(explicit_keys(app), info, options);
+    return run(options, info);
   } catch (const braid::InvalidUsage& e) {
     std::fprintf(stderr, "braid-train: error: %s\n", e.what());
     return 2;

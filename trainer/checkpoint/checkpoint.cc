@@ -69,6 +69,10 @@ std::vector<TensorToWrite> named_tensors(const Gpt& model, const std::string& pr
 
 }  // namespace
 
+std::string SavedLayout::describe() const {
+  return strategy + " on dp=" + std::to_string(dp) + " tp=" + std::to_string(tp) + " pp=" + std::to_string(pp);
+}
+
 Metadata config_metadata(const GptConfig& c, std::int64_t step) {
   return Metadata{{"format", "braid-gpt"},
                   {"n_layer", std::to_string(c.n_layer)},

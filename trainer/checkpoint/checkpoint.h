@@ -7,7 +7,8 @@
 // A training checkpoint is a directory per step under --checkpoint-dir:
 //   DIR/step_00000100/model.safetensors      weights
 //   DIR/step_00000100/optimizer.safetensors  AdamW state: m.<name>, v.<name>
-//   DIR/step_00000100/state.json             step, run options, data position
+//   DIR/step_00000100/state.json             step, run options, data position,
+//                                            the parallel layout that wrote it
 //   DIR/latest                               "step_00000100", replaced last
 // Every file is written atomically, and `latest` moves only after the
 // step's files are durable, so a crash at any point leaves the previous
@@ -40,12 +41,27 @@ void save_weights(const std::filesystem::path& path, const Gpt& model, std::int6
 // Refuses a file whose config differs from the model's.
 void load_weights(const std::filesystem::path& path, Gpt& model);
 
+// The parallel layout that wrote a checkpoint; a resume restores it unless
+// told otherwise (train/resume.h). strategy is empty where not recorded.
+struct SavedLayout {
+  std::string strategy;  // "none", "ddp", "zero2", ...
+  int dp = 1;
+  int tp = 1;
+  int pp = 1;
+
+  int world_size() const { return dp * tp * pp; }
+  bool operator==(const SavedLayout&) const = default;
+  // "zero2 on dp=2 tp=1 pp=1"
+  std::string describe() const;
+};
+
 struct TrainState {
   std::int64_t step = 0;           // steps completed; the next step to run
   nlohmann::json options;          // the run's options (train/options.h)
   std::string data_source;
   std::uint64_t data_bytes = 0;
   std::uint64_t data_fingerprint = 0;
+  SavedLayout layout = {};
 };
 
 // Writes DIR/step_<step>/..., then DIR/latest; keeps the newest `keep` steps.

@@ -36,7 +36,7 @@ std::int64_t metadata_int(const SafetensorsFile& f, const std::string& key) {
 }
 
 json state_json(const TrainState& s) {
-  return {{"format", "braid-train-state"},
+  json j = {{"format", "braid-train-state"},
           {"version", 1},
           {"step", s.step},
           {"options", s.options},
@@ -45,7 +45,24 @@ json state_json(const TrainState& s) {
           {"data", {{"source", s.data_source}, {"bytes", s.data_bytes}, {"fingerprint", s.data_fingerprint},
                     {"next_step", s.step}, {"seed", s.options.value("seed", json())},
                     {"sampler", "offset = hash_words(seed, stream, step, index) mod (bytes - T)"}}}};
+  const SavedLayout& l = s.layout;
+  if (!l.strategy.empty()) j["layout"] = {{"strategy", l.strategy}, {"dp", l.dp}, {"tp", l.tp}, {"pp", l.pp}};
+  return j;
 }
+
+namespace {
+
+// Checkpoints written before the layout was recorded have none.
+SavedLayout parse_layout(const json& j) {
+  if (!j.contains("layout")) return {};
+  const json& l = j.at("layout");
+  SavedLayout layout{l.at("strategy").get<std::string>(), l.at("dp").get<int>(), l.at("tp").get<int>(),
+                     l.at("pp").get<int>()};
+  if (layout.dp < 1 || layout.tp < 1 || layout.pp < 1) throw InvalidUsage("its layout has an axis below 1");
+  return layout;
+}
+
+}  // namespace
 
 TrainState parse_state(const json& j, const fs::path& path) {
   try {
@@ -56,6 +73,7 @@ TrainState parse_state(const json& j, const fs::path& path) {
     s.data_source = j.at("data").at("source").get<std::string>();
     s.data_bytes = j.at("data").at("bytes").get<std::uint64_t>();
     s.data_fingerprint = j.at("data").at("fingerprint").get<std::uint64_t>();
+    s.layout = parse_layout(j);
     if (s.step < 0) throw InvalidUsage("its step is negative");
     return s;
   } catch (const std::exception& e) {

@@ -18,6 +18,18 @@ struct Carver {
 
 }  // namespace
 
+// Per block: ln_1, residual_2, ln_2, output [N, C]; two means and two
+// rstds [N]; qkv 3, atty 1, fch 4, fch_gelu 4 [N, Cl]; att [B, NHl, T, T].
+// The head: ln_f [N, C], its mean and rstd, losses and dlosses [N], logits
+// and probs [N, V]. Then input, proj, dresidual [N, C] and the int32 tokens
+// and targets [N].
+double Activations::float_count(const GptConfig& c, const ModelLayout& l, double B, double T) {
+  const double N = B * T, C = c.n_embd, Cl = l.local_embd(c), NHl = l.local_heads(c), V = c.vocab_size;
+  const double block = 4 * N * C + 4 * N + 12 * N * Cl + B * NHl * T * T;
+  const double head = l.pp_is_last_stage ? N * C + 4 * N + 2 * N * V : 0;
+  return block * (l.pp_last_layer - l.pp_first_layer) + head + 3 * N * C + 2 * N;
+}
+
 Activations::Activations(const GptConfig& c, const ModelLayout& l, int B, int T, MemoryAccount* account,
                          Device device)
     : cap_B_(B), cap_T_(T), B_(B), T_(T), first_layer_(l.pp_first_layer) {
@@ -35,9 +47,10 @@ Activations::Activations(const GptConfig& c, const ModelLayout& l, int B, int T,
   block_stride_ = 4 * N_ * C_ + 4 * N_ + 12 * N_ * Cl_ + att;
   const std::size_t head = has_head_ ? N_ * C_ + 4 * N_ + 2 * N_ * V_ : 0;
   const std::size_t blocks = block_stride_ * (l.pp_last_layer - l.pp_first_layer);
-  // + 2N: the int32 tokens and targets, in the same (device) memory.
+  // The int32 tokens and targets live in the same (device) memory.
   static_assert(sizeof(std::int32_t) == sizeof(float));
-  buffer_ = FlatBuffer(blocks + head + 3 * N_ * C_ + 2 * N_, MemoryCategory::kActivations, account, device);
+  const auto count = static_cast<std::size_t>(float_count(c, l, B, T));
+  buffer_ = FlatBuffer(count, MemoryCategory::kActivations, account, device);
   Carver carve{buffer_.data()};
   blocks_ = carve.take(blocks);
   head_ = carve.take(head);

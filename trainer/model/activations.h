@@ -47,6 +47,10 @@ class Activations {
   // Every buffer, tokens and targets included, lives on `device`.
   Activations(const GptConfig& config, const ModelLayout& layout, int B, int T, MemoryAccount* account,
               Device device = Device::kCpu);
+  // The floats one Activations of capacity (B, T) holds, without building
+  // it (braid-train's memory check, train/memory_plan.h). In double: the
+  // check must not overflow on the configurations it refuses.
+  static double float_count(const GptConfig& config, const ModelLayout& layout, double B, double T);
 
   // Sets the shape of the next pass (B <= capacity_B, T <= capacity_T).
   void set_shape(int B, int T);

@@ -82,10 +82,14 @@ float* Gpt::stage_output(Activations& acts) const {
                                                         : acts.input();
 }
 
+double Gpt::scratch_float_count(const GptConfig& c, const ModelLayout& l, double N) {
+  return N * c.n_embd + 12 * N * l.local_embd(c);
+}
+
 void Gpt::ensure_scratch(std::size_t N) {
   if (N <= scratch_N_) return;
-  const std::size_t C = config_.n_embd, Cl = layout_.local_embd(config_);
-  scratch_ = FlatBuffer(N * C + 12 * N * Cl, MemoryCategory::kActivations, account_, device_);
+  const auto count = static_cast<std::size_t>(scratch_float_count(config_, layout_, static_cast<double>(N)));
+  scratch_ = FlatBuffer(count, MemoryCategory::kActivations, account_, device_);
   scratch_N_ = N;
 }
 

@@ -65,6 +65,8 @@ class Gpt {
   // Allocates backward's scratch for micro-batches of up to B x T now, so
   // the memory account holds it before the first step.
   void reserve_scratch(int B, int T) { ensure_scratch(static_cast<std::size_t>(B) * T); }
+  // The floats of that scratch for N = B x T tokens (train/memory_plan.h).
+  static double scratch_float_count(const GptConfig& config, const ModelLayout& layout, double N);
 
   // The whole stage. forward() embeds `tokens` on the first stage (other
   // stages read acts.input(), set by the strategy, and pass null) and, on

@@ -94,6 +94,19 @@ ParamTable ParamTable::gpt(const GptConfig& c, const ModelLayout& l, std::size_t
   return t;
 }
 
+// The tensors gpt() adds: per block ln_1 and ln_2 (2C each), c_attn (3Cl x C
+// + 3Cl), attn.c_proj (C x Cl + C), c_fc (4Cl x C + 4Cl), mlp.c_proj
+// (C x 4Cl + C); wte (V x C) and wpe (T x C) on the first stage; ln_f (2C)
+// and, on a last stage that is not the first, its own wte on the last.
+double ParamTable::gpt_param_count(const GptConfig& c, const ModelLayout& l) {
+  const double C = c.n_embd, Cl = l.local_embd(c), V = c.vocab_size, T = c.block_size;
+  const double block = 12 * C * Cl + 7 * Cl + 6 * C;
+  double count = block * (l.pp_last_layer - l.pp_first_layer);
+  if (l.pp_is_first_stage) count += V * C + T * C;
+  if (l.pp_is_last_stage) count += 2 * C + (l.pp_is_first_stage ? 0 : V * C);
+  return count;
+}
+
 const ParamView& ParamTable::find(std::string_view name) const {
   auto it = index_.find(std::string(name));
   if (it == index_.end()) {

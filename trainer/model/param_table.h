@@ -60,6 +60,9 @@ struct Unit {
 class ParamTable {
  public:
   static ParamTable gpt(const GptConfig& config, const ModelLayout& layout, std::size_t unit_multiple = 1);
+  // gpt(config, layout).param_count() without building the table (one view
+  // per tensor): in double, for configurations too large to build.
+  static double gpt_param_count(const GptConfig& config, const ModelLayout& layout);
 
   const std::vector<ParamView>& views() const { return views_; }
   const std::vector<Unit>& units() const { return units_; }

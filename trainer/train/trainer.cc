@@ -223,8 +223,9 @@ fs::path Trainer::save_checkpoint() {
   // Paths absolute, so `--resume` works from any directory.
   nlohmann::json saved = run_options_json(options_);
   if (!options_.data.empty()) saved["data"] = fs::absolute(options_.data).string();
-  saved["checkpoint_dir"] = fs::absolute(options_.checkpoint_dir).string();
-  TrainState s{step_, saved, corpus_.source, corpus_.bytes.size(), corpus_.fingerprint()};
+  const int dp = mesh_ ? mesh_->groups().shape.dp : strategy().world_size();
+  const SavedLayout layout{std::string(strategy_name(strategy().kind())), dp, options_.tp, options_.pp};
+  TrainState s{step_, saved, corpus_.source, corpus_.bytes.size(), corpus_.fingerprint(), layout};
   fs::path dir = mesh_ ? save_mesh_checkpoint(*mesh_, *world_, options_.checkpoint_dir, s)
                  : strategy_->kind() == StrategyKind::kNone
                      ? trainer::save_checkpoint(options_.checkpoint_dir, model(), optimizer(), s)

@@ -1,0 +1,71 @@
+#include "trainer/train/resume.h"
+
+#include <filesystem>
+#include <vector>
+
+#include "trainer/checkpoint/checkpoint.h"
+#include "trainer/strategy/compose.h"
+
+namespace braid::trainer {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+// The directory that holds a step directory: where new checkpoints go.
+fs::path checkpoint_home(const fs::path& step_dir) {
+  fs::path p = step_dir.lexically_normal();
+  if (p.filename().empty()) p = p.parent_path();  // "ckpt/step_00000002/"
+  return p.has_parent_path() ? p.parent_path() : fs::path(".");
+}
+
+// What this run will use under `o` in a world of `world_size` ranks.
+SavedLayout effective_layout(const TrainOptions& o, int world_size) {
+  const int dp = o.dp_size(world_size);
+  const std::string strategy = o.strategy.empty() ? std::string(strategy_name(default_strategy(dp))) : o.strategy;
+  return {strategy, dp, o.tp, o.pp};
+}
+
+// "--strategy and --tp from the command line", or "" when none is given.
+std::string given_layout_flags(const std::set<std::string>& given) {
+  std::string flags;
+  for (const char* key : {"strategy", "dp", "tp", "pp"}) {
+    if (given.count(key) != 0) flags += (flags.empty() ? "--" : " and --") + std::string(key);
+  }
+  return flags.empty() ? flags : flags + " from the command line";
+}
+
+// Restores the saved layout as resume.h says; returns why this run's
+// layout may differ from it.
+std::string restore_layout(const SavedLayout& saved, const std::set<std::string>& given, int world_size,
+                           TrainOptions& o) {
+  if (saved.strategy.empty()) return "the checkpoint does not record its layout";
+  if (saved.world_size() != world_size) {
+    return "this run has " + std::to_string(world_size) + " rank(s), the checkpoint's layout " +
+           std::to_string(saved.world_size()) + "; the defaults for " + std::to_string(world_size) + " apply";
+  }
+  if (given.count("tp") == 0) o.tp = saved.tp;
+  if (given.count("pp") == 0) o.pp = saved.pp;
+  const bool same_axes = o.dp_size(world_size) == saved.dp && o.tp == saved.tp && o.pp == saved.pp;
+  if (given.count("strategy") == 0 && same_axes) o.strategy = saved.strategy;
+  return given_layout_flags(given);
+}
+
+}  // namespace
+
+std::string apply_resume(const std::set<std::string>& given, int world_size, TrainOptions& o) {
+  const fs::path step_dir = resolve_checkpoint(o.resume);
+  const TrainState state = read_train_state(step_dir);
+  apply_run_options(state.options, given, o);
+  if (given.count("checkpoint_dir") == 0) o.checkpoint_dir = checkpoint_home(step_dir).string();
+  const std::string why = restore_layout(state.layout, given, world_size, o);
+  const SavedLayout now = effective_layout(o, world_size);
+  const std::string written = state.layout.strategy.empty() ? "an unrecorded layout" : state.layout.describe();
+  std::string text = "resume: " + step_dir.string() + ", step " + std::to_string(state.step) + ", written by " +
+                     written + "; new checkpoints go to " + o.checkpoint_dir + "\n";
+  if (now == state.layout) return text + "resume: this run continues with " + now.describe() + "\n";
+  return text + "resume: checkpoint was written by " + written + "; this run uses " + now.describe() + " (" +
+         (why.empty() ? "the saved layout does not fit these options" : why) + ")\n";
+}
+
+}  // namespace braid::trainer
