@@ -12,6 +12,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "cli_fixtures.h"
 #include "model_fixtures.h"
 #include "reference_gpt.h"
 #include "trainer/checkpoint/checkpoint.h"
@@ -20,42 +21,11 @@ namespace braid::trainer {
 namespace {
 
 namespace fs = std::filesystem;
-
-std::string read_text(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
-}
-
-struct Run {
-  int rc = -1;
-  std::string out, err;
-};
-
-// Runs braid-train with `args` (no shell metacharacters needed).
-Run braid_train(const test::TempDir& dir, const std::string& args) {
-  const char* bin = std::getenv("BRAID_TRAIN");
-  REQUIRE(bin != nullptr);
-  const std::string out = (dir / "stdout").string(), err = (dir / "stderr").string();
-  const int status = std::system((std::string(bin) + " " + args + " >" + out + " 2>" + err).c_str());
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, read_text(out), read_text(err)};
-}
-
-bool have_binary() {
-  if (std::getenv("BRAID_TRAIN") != nullptr) return true;
-  WARN("skipped: BRAID_TRAIN is not set (run through `meson test`)");
-  return false;
-}
-
-// Text with some structure, so a few steps of training change the model.
-fs::path write_text(const test::TempDir& dir, std::size_t bytes) {
-  std::string text;
-  Rng rng(5);
-  const char* words[] = {"braid ", "ring ", "all-reduce ", "moves ", "bytes. ", "\n"};
-  while (text.size() < bytes) text += words[rng.next_u64() % 6];
-  text.resize(bytes);
-  std::ofstream(dir / "text.txt", std::ios::binary) << text;
-  return dir / "text.txt";
-}
+using test::braid_train;
+using test::have_binary;
+using test::read_text;
+using test::Run;
+using test::write_text;
 
 const std::string kTiny = " --n-layer 1 --n-head 2 --n-embd 16 --block-size 32 --batch-size 4 --eval-batches 1 ";
 

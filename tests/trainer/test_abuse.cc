@@ -1,0 +1,281 @@
+// The trainer's part of the fault-and-abuse suite (issue 13), run for real
+// through the braid-train binary ($BRAID_TRAIN) and, for two ranks,
+// braid-launch ($BRAID_LAUNCH): damaged checkpoint files of both layouts are
+// refused naming the file and the tensor, a resume writes only where the
+// user said, configurations that cannot fit or cannot train are refused at
+// once with the numbers, and bound messages are right at the bound.
+#include <catch2/catch.hpp>
+
+#include <cstring>
+#include <map>
+
+#include <nlohmann/json.hpp>
+
+#include "cli_fixtures.h"
+#include "tests/tools/launch_harness.h"
+#include "trainer/model/activations.h"
+#include "trainer/model/param_table.h"
+#include "trainer/train/memory_plan.h"
+
+namespace braid::trainer {
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+using test::braid_train;
+using test::have_binary;
+using test::read_text;
+using test::Run;
+
+const std::string kTiny = " --n-layer 1 --n-head 2 --n-embd 16 --block-size 32 --batch-size 4 --eval-batches 1 ";
+
+void write_bytes(const fs::path& p, const std::string& bytes) { std::ofstream(p, std::ios::binary) << bytes; }
+
+// The file offset of the first data byte of tensor `name`.
+std::size_t data_offset(const std::string& file, const std::string& name) {
+  std::uint64_t header_bytes = 0;
+  std::memcpy(&header_bytes, file.data(), 8);
+  const json header = json::parse(file.substr(8, header_bytes));
+  return 8 + header_bytes + header.at(name).at("data_offsets")[0].get<std::size_t>();
+}
+
+// Flips bit 4 of the first data byte of tensor `name` in `path`.
+void flip_bit(const fs::path& path, const std::string& name) {
+  std::string bytes = read_text(path);
+  bytes[data_offset(bytes, name)] ^= 0x10;
+  write_bytes(path, bytes);
+}
+
+// The name of some tensor of a safetensors file (the last in the header).
+std::string some_tensor(const fs::path& path) {
+  const std::string bytes = read_text(path);
+  std::uint64_t header_bytes = 0;
+  std::memcpy(&header_bytes, bytes.data(), 8);
+  const json header = json::parse(bytes.substr(8, header_bytes));
+  std::string name;
+  for (const auto& [key, value] : header.items()) {
+    if (key != "__metadata__") name = key;
+  }
+  REQUIRE_FALSE(name.empty());
+  return name;
+}
+
+// Every file under `dir` by relative path, with its content.
+std::map<std::string, std::string> snapshot(const fs::path& dir) {
+  std::map<std::string, std::string> files;
+  for (const auto& e : fs::recursive_directory_iterator(dir)) {
+    if (e.is_regular_file()) files[fs::relative(e.path(), dir).string()] = read_text(e.path());
+  }
+  return files;
+}
+
+const char* launcher() {
+  return std::getenv("BRAID_TRAIN") != nullptr ? std::getenv("BRAID_LAUNCH") : nullptr;
+}
+
+// braid-train on two ranks through braid-launch.
+braid::test::LaunchResult launch_train(const braid::test::JobDir& job, const std::string& args) {
+  const std::string command = "exec " + std::string(std::getenv("BRAID_TRAIN")) + " " + args;
+  return braid::test::run_launch(job, braid::test::shell_job(2, command, job));
+}
+
+// A checkpoint of a 2-rank zero2 run at step 2 under job/ckpt.
+fs::path sharded_checkpoint(const braid::test::JobDir& job, const fs::path& text) {
+  const fs::path ckpt = job.path() / "ckpt";
+  const auto run = launch_train(job, kTiny + "--steps 2 --strategy zero2 --data " + text.string() +
+                                         " --checkpoint-dir " + ckpt.string());
+  INFO(run.out << run.err);
+  REQUIRE(run.status == 0);
+  REQUIRE(fs::exists(ckpt / "step_00000002" / "manifest.json"));
+  return ckpt;
+}
+
+TEST_CASE("abuse: a flipped bit or a trailing byte in a one-process checkpoint is refused by name", "[abuse]") {
+  if (!have_binary()) return;
+  test::TempDir dir;
+  const fs::path text = test::write_text(dir, 3000);
+  const fs::path ckpt = dir / "ckpt";
+  REQUIRE(braid_train(dir, kTiny + "--steps 1 --data " + text.string() + " --checkpoint-dir " + ckpt.string()).rc == 0);
+  const fs::path step = ckpt / "step_00000001";
+  const std::string resume = "--resume " + ckpt.string() + " --steps 2";
+  for (const char* file : {"model.safetensors", "optimizer.safetensors"}) {
+    const fs::path path = step / file;
+    const std::string good = read_text(path);
+    const std::string tensor = std::string(file) == "model.safetensors" ? "h.0.mlp.c_fc.weight" : "v.wpe.weight";
+    SECTION(std::string("a flipped bit in ") + file) {
+      flip_bit(path, tensor);
+      const Run r = braid_train(dir, resume);
+      CHECK(r.rc == 2);
+      CHECK_THAT(r.err, Catch::Contains(path.string()) && Catch::Contains("'" + tensor + "'") &&
+                            Catch::Contains("checksum"));
+    }
+    SECTION(std::string("a byte appended to ") + file) {
+      write_bytes(path, good + "x");
+      const Run r = braid_train(dir, resume);
+      CHECK(r.rc == 2);
+      CHECK_THAT(r.err, Catch::Contains(path.string()) && Catch::Contains("1 byte(s) follow"));
+    }
+    CHECK_FALSE(fs::exists(ckpt / "step_00000002"));
+  }
+  SECTION("--init-from of a weights file with a flipped bit") {
+    const fs::path weights = step / "model.safetensors";
+    flip_bit(weights, "wte.weight");
+    const Run r = braid_train(dir, "--steps 1 --data " + text.string() + " --init-from " + weights.string());
+    CHECK(r.rc == 2);
+    CHECK_THAT(r.err, Catch::Contains(weights.string()) && Catch::Contains("'wte.weight'"));
+  }
+}
+
+TEST_CASE("abuse: a flipped bit or a trailing byte in a 2-rank sharded checkpoint is refused by name", "[abuse]") {
+  if (!have_binary() || launcher() == nullptr) return;
+  braid::test::JobDir job;
+  test::TempDir dir;
+  const fs::path ckpt = sharded_checkpoint(job, test::write_text(dir, 3000));
+  const fs::path shard = ckpt / "step_00000002" / "shard_00001_of_00002.safetensors";
+  const std::string good = read_text(shard);
+  const std::string tensor = some_tensor(shard);
+  const std::string consolidate = "--consolidate " + ckpt.string() + " --out " + (dir / "w.safetensors").string();
+  SECTION("a flipped bit: resume on both ranks and consolidation refuse it") {
+    flip_bit(shard, tensor);
+    const auto resumed = launch_train(job, "--resume " + ckpt.string() + " --steps 3");
+    CHECK(resumed.status == 2);
+    CHECK_THAT(resumed.out + resumed.err, Catch::Contains(shard.string()) && Catch::Contains("'" + tensor + "'"));
+    const Run r = braid_train(dir, consolidate);
+    CHECK(r.rc == 2);
+    CHECK_THAT(r.err, Catch::Contains(shard.string()) && Catch::Contains("'" + tensor + "'"));
+  }
+  SECTION("a byte appended") {
+    write_bytes(shard, good + "x");
+    const Run r = braid_train(dir, "--resume " + ckpt.string() + " --steps 3");
+    CHECK(r.rc == 2);
+    CHECK_THAT(r.err, Catch::Contains(shard.string()) && Catch::Contains("1 byte(s) follow"));
+  }
+  CHECK_FALSE(fs::exists(ckpt / "step_00000003"));
+  CHECK_FALSE(fs::exists(dir / "w.safetensors"));
+}
+
+TEST_CASE("abuse: resuming from a copied checkpoint directory writes only into the copy", "[abuse]") {
+  if (!have_binary()) return;
+  test::TempDir dir;
+  const fs::path text = test::write_text(dir, 3000);
+  const fs::path original = dir / "original", copy = dir / "copy";
+  REQUIRE(braid_train(dir, kTiny + "--steps 2 --checkpoint-interval 1 --data " + text.string() +
+                               " --checkpoint-dir " + original.string())
+              .rc == 0);
+  fs::copy(original, copy, fs::copy_options::recursive);
+  const auto before = snapshot(original);
+  REQUIRE(before.count("step_00000001/model.safetensors") == 1);
+
+  const Run r = braid_train(dir, "--resume " + copy.string() + " --steps 4");
+  INFO(r.err);
+  REQUIRE(r.rc == 0);
+  CHECK(snapshot(original) == before);
+  CHECK(read_text(copy / "latest") == "step_00000004\n");
+  CHECK(fs::exists(copy / "step_00000003" / "state.json"));
+  CHECK_FALSE(fs::exists(copy / "step_00000001"));  // pruned, in the copy only
+  CHECK_THAT(r.err, Catch::Contains("resume: " + (copy / "step_00000002").string() + ", step 2, written by none on "
+                                    "dp=1 tp=1 pp=1; new checkpoints go to " + copy.string()));
+  CHECK_THAT(r.err, Catch::Contains("this run continues with none on dp=1 tp=1 pp=1"));
+
+  SECTION("--checkpoint-dir wins") {
+    const fs::path elsewhere = dir / "elsewhere";
+    const auto copied = snapshot(copy);
+    REQUIRE(braid_train(dir, "--resume " + copy.string() + " --steps 5 --checkpoint-dir " + elsewhere.string()).rc == 0);
+    CHECK(snapshot(copy) == copied);
+    CHECK(fs::exists(elsewhere / "step_00000005" / "model.safetensors"));
+  }
+}
+
+TEST_CASE("abuse: a resume says what it resumes and restores the strategy unless told otherwise", "[abuse]") {
+  if (!have_binary() || launcher() == nullptr) return;
+  braid::test::JobDir job;
+  test::TempDir dir;
+  const fs::path ckpt = sharded_checkpoint(job, test::write_text(dir, 3000));
+  const std::string resume = "--resume " + ckpt.string();
+  const std::string written = "written by zero2 on dp=2 tp=1 pp=1";
+
+  auto restored = launch_train(job, resume + " --steps 3");
+  INFO(restored.out << restored.err);
+  REQUIRE(restored.status == 0);
+  CHECK_THAT(restored.err, Catch::Contains("step 2, " + written) &&
+                               Catch::Contains("this run continues with zero2 on dp=2 tp=1 pp=1"));
+  const json manifest = json::parse(read_text(ckpt / "step_00000003" / "manifest.json"));
+  CHECK(manifest.at("shards").at("strategy").get<std::string>() == "zero2");
+
+  auto changed = launch_train(job, resume + " --steps 4 --strategy ddp");
+  REQUIRE(changed.status == 0);
+  CHECK_THAT(changed.err, Catch::Contains("checkpoint was written by zero2 on dp=2 tp=1 pp=1; this run uses ddp on "
+                                          "dp=2 tp=1 pp=1 (--strategy from the command line)"));
+
+  const Run one = braid_train(dir, resume + " --steps 5");
+  REQUIRE(one.rc == 0);
+  CHECK_THAT(one.err, Catch::Contains("step 4, written by ddp on dp=2 tp=1 pp=1") &&
+                          Catch::Contains("this run uses none on dp=1 tp=1 pp=1 (this run has 1 rank(s)"));
+}
+
+TEST_CASE("abuse: a model that cannot fit is refused at once with the numbers", "[abuse]") {
+  if (!have_binary()) return;
+  test::TempDir dir;
+  const Run r = braid_train(dir, "--n-layer 100000 --steps 1");
+  CHECK(r.rc == 2);
+  CHECK_THAT(r.err, Catch::Contains("needs") && Catch::Contains("per rank (parameters") &&
+                        Catch::Contains("gradients") && Catch::Contains("AdamW state") &&
+                        Catch::Contains("activations") && Catch::Contains("available"));
+}
+
+TEST_CASE("abuse: --n-embd at its bound passes validation, past it the message names the bound", "[abuse]") {
+  if (!have_binary()) return;
+  test::TempDir dir;
+  // At 16384 a block needs ~13 GiB: the memory check, not the bound,
+  // refuses it under a 4 GiB address-space limit.
+  const std::string bin = std::getenv("BRAID_TRAIN");
+  const std::string at_bound = " --n-layer 1 --n-head 128 --block-size 8 --batch-size 1 --steps 1 --n-embd ";
+  const Run at = test::run_shell(dir, "bash -c 'ulimit -v 4000000; exec " + bin + at_bound + "16384'");
+  CHECK(at.rc == 2);
+  CHECK_THAT(at.err, Catch::Contains("needs") && Catch::Contains("ulimit -v"));
+  CHECK_THAT(at.err, !Catch::Contains("too large"));
+  const Run past = braid_train(dir, at_bound + "16512");
+  CHECK(past.rc == 2);
+  CHECK_THAT(past.err, Catch::Contains("n_embd 16512 is too large; use at most 16384"));
+}
+
+TEST_CASE("abuse: values that cannot train are refused, with the rule", "[abuse]") {
+  if (!have_binary()) return;
+  test::TempDir dir;
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"--lr inf", "--lr must be a finite number"},
+      {"--lr nan", "--lr must be a finite number"},
+      {"--lr -0.1", "--lr must be positive"},
+      {"--min-lr inf", "--min-lr must be a finite number"},
+      {"--grad-clip inf", "--grad-clip must be a finite number"},
+      {"--threads 0", "x the"},
+      {"--threads 100000", "hardware threads of this machine"},
+  };
+  for (const auto& [args, message] : cases) {
+    INFO("braid-train " << args);
+    const Run r = braid_train(dir, kTiny + "--steps 1 " + args);
+    CHECK(r.rc == 2);
+    CHECK_THAT(r.err, Catch::Contains(message));
+  }
+}
+
+// The memory check's arithmetic is the trainer's own: the closed forms
+// agree with the tables and buffers that training builds.
+TEST_CASE("abuse: the memory check counts what the trainer allocates", "[abuse]") {
+  const GptConfig c{3, 4, 32, 16, 256};
+  const ModelLayout layouts[] = {ModelLayout::whole(c), {1, 2, 0, 2, true, false}, {0, 4, 2, 3, false, true}};
+  for (const ModelLayout& l : layouts) {
+    CHECK(ParamTable::gpt_param_count(c, l) == static_cast<double>(ParamTable::gpt(c, l).param_count()));
+    const Activations acts(c, l, 3, 16, nullptr);
+    CHECK(Activations::float_count(c, l, 3, 16) * sizeof(float) == static_cast<double>(acts.bytes()));
+  }
+  const MemoryNeed need{1 << 20, 1 << 20, 2 << 20, 1 << 20};
+  CHECK_NOTHROW(check_memory(need, {{5 << 20, "test", true}}, 1));
+  CHECK_THROWS_WITH(check_memory(need, {{5 << 20, "test", true}}, 2),
+                    Catch::Contains("needs 5 MiB per rank") && Catch::Contains("x 2 ranks on this host") &&
+                        Catch::Contains("5 MiB available (test)"));
+  CHECK_NOTHROW(check_memory(need, {{5 << 20, "test", false}}, 2));
+}
+
+}  // namespace
+}  // namespace braid::trainer
