@@ -58,6 +58,11 @@ struct Config {
   // sockets) before it sleeps in futex / ppoll, 0..10000. Default 20; no
   // spinning when the host has more local ranks than cores.
   int spin_us = 20;
+  // BRAID_STORE_MAX_BYTES: bytes of keys and values the rendezvous store
+  // holds for one job, 1 MiB..1 TiB. Default 64 MiB; braid itself keeps a
+  // few hundred bytes per rank there (addresses, shared-memory names,
+  // status). A set past it fails with an error naming this variable.
+  std::size_t store_max_bytes = 64u << 20;
 };
 
 // Parses the environment; throws InvalidUsage naming the variable on a bad

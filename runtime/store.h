@@ -14,6 +14,13 @@
 // A connection with a wrong token or version, a request larger than
 // kMaxRequestBytes, or a malformed body is answered with an error status
 // where possible, logged, and closed; the server keeps serving the others.
+//
+// The server guards itself (StoreLimits): a connection must complete its
+// handshake within a deadline, only so many may be waiting to do so (one
+// more, or running out of file descriptors, drops the oldest of them), and
+// the keys and values of a job are bounded in bytes. Drops are logged at
+// most once per few seconds. A set past the byte limit is answered with an
+// error naming it, and the connection stays usable.
 #pragma once
 
 #include <chrono>
@@ -23,6 +30,8 @@
 #include <string>
 #include <vector>
 
+#include "runtime/config.h"
+
 namespace braid::runtime {
 
 inline constexpr std::uint32_t kStoreProtocolVersion = 1;
@@ -30,11 +39,38 @@ inline constexpr std::size_t kMaxRequestBytes = 64u << 20;
 
 using Bytes = std::vector<std::uint8_t>;
 
+// What one store server may spend on its job, so that neither a flood of
+// connections nor a client with the token can exhaust the process serving it.
+struct StoreLimits {
+  // Bytes of keys and values held (each key also costs
+  // kStoreEntryOverheadBytes; a value still being sent to a client counts
+  // until it is sent). A set or add past it fails with InvalidUsage naming
+  // BRAID_STORE_MAX_BYTES. Requests being received are bounded by a second
+  // budget of the same size, so the store holds at most about twice this.
+  std::size_t max_bytes = 64u << 20;
+  // How long a new connection may take to send its whole handshake.
+  std::chrono::milliseconds handshake_timeout{10'000};
+  // Connections accepted whose handshake is not complete yet. Accepting one
+  // more drops the oldest: an idle connection is old by the time a real
+  // client, which sends its handshake at once, arrives behind it.
+  std::size_t max_pending_handshakes = 256;
+};
+
+inline constexpr std::size_t kStoreEntryOverheadBytes = 64;
+// store_limits() never allows fewer pending handshakes than this.
+inline constexpr std::size_t kMinPendingHandshakes = 16;
+
+// The limits for this process: BRAID_STORE_MAX_BYTES, a handshake deadline
+// of min(BRAID_TIMEOUT, 10 s), and at most a quarter of the soft
+// RLIMIT_NOFILE (16 to 1024) connections waiting for their handshake.
+StoreLimits store_limits(const Config& config);
+
 class StoreServer {
  public:
   // Listens on bind_addr:port (port 0 picks a free one) and serves on a
   // background thread until destroyed. Throws SystemError if it cannot bind.
-  StoreServer(const std::string& bind_addr, std::uint16_t port, std::string token);
+  StoreServer(const std::string& bind_addr, std::uint16_t port, std::string token,
+              const StoreLimits& limits = store_limits(config()));
   ~StoreServer();
   StoreServer(const StoreServer&) = delete;
   StoreServer& operator=(const StoreServer&) = delete;
@@ -49,8 +85,9 @@ class StoreServer {
 class Store {
  public:
   // Connects, retrying until `connect_timeout` has passed (the server may
-  // start after the client), then performs the handshake. The handshake and
-  // every later request are bounded by `connect_timeout` too, until
+  // start after the client, or drop the connection unanswered while it is
+  // flooded), then performs the handshake. The handshake and every later
+  // request are bounded by `connect_timeout` too, until
   // set_request_timeout(). Throws TimeoutError if no server answered,
   // RemoteError if it refused the token.
   Store(const std::string& host, std::uint16_t port, std::string token,
@@ -59,6 +96,8 @@ class Store {
   Store(const Store&) = delete;
   Store& operator=(const Store&) = delete;
 
+  // Throws InvalidUsage, naming BRAID_STORE_MAX_BYTES, when the store's
+  // byte limit leaves no room for the value; the connection stays usable.
   void set(const std::string& key, const Bytes& value);
   void set(const std::string& key, const std::string& value);
   // Waits until the key exists, then returns its value; TimeoutError names the key.

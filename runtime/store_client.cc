@@ -79,9 +79,10 @@ struct Store::Impl {
  private:
   template <class Start>
   error_code run_until(Start start, Clock::time_point deadline);
-  void connect(milliseconds connect_timeout);
+  void connect(Clock::time_point deadline, milliseconds connect_timeout);
   bool try_connect(Clock::time_point deadline, error_code& last);
-  void handshake();
+  // False when the server hung up before answering.
+  bool handshake();
   void write_all(const Bytes& bytes, const Exchange& exchange);
   Bytes read_exact(std::size_t bytes, const Exchange& exchange);
   [[noreturn]] void fail(const error_code& ec, const Exchange& exchange);
@@ -101,8 +102,17 @@ Store::Impl::Impl(std::string host, std::uint16_t port, std::string token, milli
     : host_(std::move(host)), port_(port), token_(std::move(token)), request_timeout_(connect_timeout) {
   // Until told otherwise (set_request_timeout) every request, the handshake
   // first, is bounded by the same timeout the caller gave for connecting.
-  connect(connect_timeout);
-  handshake();
+  auto deadline = Clock::now() + connect_timeout;
+  connect(deadline, connect_timeout);
+  while (!handshake()) {
+    // A flooded server drops the oldest connections waiting for their
+    // handshake; ours was one of them, so try again (store_server.h).
+    if (Clock::now() + kConnectRetry >= deadline)
+      throw RemoteError("the store at " + where() + " closed every connection before answering the handshake for " +
+                        ms_text(connect_timeout) + "; it may be flooded with connections (see its log)");
+    std::this_thread::sleep_for(kConnectRetry);
+    connect(deadline, connect_timeout);
+  }
 }
 
 // Runs one asynchronous operation to completion or until the deadline; on
@@ -126,8 +136,7 @@ error_code Store::Impl::run_until(Start start, Clock::time_point deadline) {
 // The server may start after its clients, so a failed connection is retried
 // every kConnectRetry until connect_timeout has passed. A host name is
 // resolved by the system resolver, whose own timeouts bound that step.
-void Store::Impl::connect(milliseconds connect_timeout) {
-  auto deadline = Clock::now() + connect_timeout;
+void Store::Impl::connect(Clock::time_point deadline, milliseconds connect_timeout) {
   error_code last;
   while (!try_connect(deadline, last)) {
     auto now = Clock::now();
@@ -153,19 +162,30 @@ bool Store::Impl::try_connect(Clock::time_point deadline, error_code& last) {
   return false;
 }
 
-void Store::Impl::handshake() {
+bool Store::Impl::handshake() {
   Bytes hello(kMagic, kMagic + sizeof kMagic);
   put_u32(hello, kStoreProtocolVersion);
   put_u32(hello, static_cast<std::uint32_t>(token_.size()));
   put_text(hello, token_);
   Exchange exchange(request_timeout_, "during the handshake");
-  write_all(hello, exchange);
-  Bytes header = read_exact(kHandshakeReplyHeaderBytes, exchange);
+  Bytes header(kHandshakeReplyHeaderBytes);
+  error_code ec = run_until(
+      [&](auto handler) { asio::async_write(socket_, asio::buffer(hello), handler); }, exchange.deadline);
+  if (!ec)
+    ec = run_until([&](auto handler) { asio::async_read(socket_, asio::buffer(header), handler); },
+                   exchange.deadline);
+  if (is_hang_up(ec)) {
+    error_code ignored;
+    socket_.close(ignored);
+    return false;
+  }
+  if (ec) fail(ec, exchange);
   std::uint32_t message_bytes = load_u32(header.data() + 1);
   if (message_bytes > kMaxMessageBytes) fail_with("it sent a malformed handshake reply", exchange);
   Bytes message = read_exact(message_bytes, exchange);
   if (header[0] != 0)
     throw RemoteError(std::string(message.begin(), message.end()) + " (store at " + where() + ")");
+  return true;
 }
 
 Reply Store::Impl::call(Command command, const Bytes& body, const std::string& what,
@@ -185,7 +205,7 @@ Reply Store::Impl::call(Command command, const Bytes& body, const std::string& w
     case Status::ok:
     case Status::not_found:
     case Status::timeout: return reply;
-    case Status::bad_value: throw InvalidUsage(text);
+    case Status::bad_value: throw InvalidUsage(text + " (store at " + where() + ", " + exchange.what + ")");
     case Status::bad_request: fail_with("it rejected a request: " + text, exchange);
   }
   fail_with("it answered with unknown status " + std::to_string(header[4]), exchange);

@@ -21,8 +21,10 @@
 //   not_found   try_get of an absent key: empty
 //   timeout     get/wait ran out of time: the key list still missing
 //   bad_value   the request was well formed but cannot apply (add on a key
-//               whose value is not a decimal integer): message; the
-//               connection stays open
+//               whose value is not a decimal integer; a set or add past the
+//               store's byte limit, BRAID_STORE_MAX_BYTES; a request body
+//               larger than the room left to receive it, which the server
+//               reads and discards): message; the connection stays open
 //   bad_request the request broke the protocol: message; the server closes
 //               the connection after sending it
 //
@@ -93,7 +95,8 @@ inline Bytes frame(std::uint8_t code, const Bytes& body) {
 // a peer's length can never make us read past the buffer. Throws RemoteError.
 class WireReader {
  public:
-  explicit WireReader(const Bytes& body) : at_(body.data()), end_(body.data() + body.size()) {}
+  explicit WireReader(const Bytes& body)
+      : begin_(body.data()), at_(body.data()), end_(body.data() + body.size()) {}
 
   std::uint32_t u32() { return load_u32(take(4)); }
 
@@ -127,6 +130,9 @@ class WireReader {
     return out;
   }
 
+  // Bytes of the body read so far.
+  std::size_t offset() const { return static_cast<std::size_t>(at_ - begin_); }
+
   void expect_end() const {
     if (at_ != end_) throw RemoteError("malformed store message: unexpected bytes after the last field");
   }
@@ -141,6 +147,7 @@ class WireReader {
     return p;
   }
 
+  const std::uint8_t* begin_;
   const std::uint8_t* at_;
   const std::uint8_t* end_;
 };
