@@ -7,6 +7,11 @@
 // aborts the communicator: the reason goes to the store for the peers, the
 // transports are shut down so peers blocked on this rank fail fast, and every
 // queued or later operation fails with AbortedError naming the first error.
+//
+// Before an algorithm runs, every rank must be known to have called the same
+// operation with the same arguments: the algorithm's own schedule proves it
+// (Algorithm::agrees) or agree_signatures runs first, so a mismatch fails
+// every rank before any user buffer is written.
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
@@ -135,12 +140,12 @@ void Communicator::Impl::execute(const Op& op, WorkState& state) {
   }
   try {
     if (state.staged) state.staged->wait_inputs(Clock::now() + timeout);
-    if (status) status->entered(op);
+    if (status) status->entered(op, &exchange.waiting_for);
     Algorithm algorithm = select_algorithm(op, size, forced_algo);
     if (size > 1 && forced_algo == "auto" && one_host && all_reduce_direct_applies(op))
-      algorithm = {all_reduce_direct, "direct"};
+      algorithm = {all_reduce_direct, "direct", true};
     const bool on_device = state.staged && state.staged->on_device();
-    if (on_device) algorithm.name = "cuda_ipc";
+    if (on_device) algorithm = {nullptr, "cuda_ipc", true};  // swaps with every rank first
     auto& logged = logged_choice[static_cast<std::size_t>(op.kind)];
     if (logged != algorithm.name) {
       logged = algorithm.name;
@@ -150,14 +155,17 @@ void Communicator::Impl::execute(const Op& op, WorkState& state) {
     }
     Exchange x(op, exchange, Clock::now() + timeout, [this, &op](int peer) {
       if (!status) return std::string("is unknown");
-      std::string text = status->describe_peer(peer), behind = status->ranks_behind(op, size);
-      return behind.empty() ? text : text + "; behind this call: " + behind;
+      std::string text = status->describe_peer(peer), holder = status->holder(op, size);
+      return holder.empty() ? text : text + "; holding this call up: " + holder;
     });
+    if (size > 1 && !algorithm.agrees) agree_signatures(x);
     if (on_device) state.staged->run_on_device(x);
     else algorithm.run(x);
     if (state.staged) state.staged->open_gate();
+    if (status) status->left(op);
     state.complete(nullptr);
   } catch (...) {
+    if (status) status->left(op);
     if (state.staged) state.staged->open_gate();  // the stream goes on; the Work carries the error
     auto error = with_context(op, rank, std::current_exception(), status.get());
     abort(message_of(error));

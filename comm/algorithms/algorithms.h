@@ -108,6 +108,10 @@ void broadcast_binomial(Exchange& x);
 void reduce_pipelined(Exchange& x);
 void all_to_all_pairwise(Exchange& x);
 void barrier_dissemination(Exchange& x);
+// Proves that every rank called the same operation (barrier_dissemination.cc);
+// run before an algorithm that writes a user buffer before its own messages
+// could prove it.
+void agree_signatures(Exchange& x);
 void send_direct(Exchange& x);
 void recv_direct(Exchange& x);
 
@@ -115,6 +119,12 @@ void recv_direct(Exchange& x);
 struct Algorithm {
   void (*run)(Exchange&) = nullptr;
   std::string_view name;
+  // Whether the schedule itself has checked, through a chain of headers, that
+  // every rank called the same operation before it writes any user buffer
+  // (recursive doubling, the dissemination barrier, the direct all-reduce's
+  // swap with every rank, point-to-point). Otherwise agree_signatures runs
+  // first.
+  bool agrees = false;
 };
 // `forced` is BRAID_ALGO ("auto" for the table's choice).
 Algorithm select_algorithm(const Op& op, int size, std::string_view forced);

@@ -1,18 +1,40 @@
-// Dissemination barrier: in round k rank r signals rank (r + 2^k) mod N and
-// waits for rank (r - 2^k) mod N, with header-only messages. After
-// ceil(log2 N) rounds every rank has transitively heard from every other, so
-// no rank leaves before all have entered.
+// Dissemination rounds: in round k rank r signals rank (r + 2^k) mod N and
+// waits for rank (r - 2^k) mod N, with header-only messages. A rank sends
+// round k only after round k-1 arrived, so after ceil(log2 N) rounds every
+// rank has transitively heard from every other.
+//
+// Two uses of the same rounds:
+// - the barrier: no rank leaves before all have entered;
+// - signature agreement before a collective: every header carries the
+//   sender's whole call (kind, count, dtype, op, root, sequence number) and
+//   is checked on arrival, so a rank that completes the rounds knows, through
+//   a chain of checks, that every rank called the same thing. A mismatch
+//   fails at least the ranks that see it, and their abort fails the rest,
+//   before any user buffer was written. Algorithms whose own schedule already
+//   proves this before their first write skip it (Algorithm::agrees).
 #include "comm/algorithms/algorithms.h"
 
 namespace braid::comm {
+namespace {
 
-void barrier_dissemination(Exchange& x) {
+// Steps no data-moving schedule uses, so a rank that skipped agreement (it
+// chose another algorithm because its arguments differ) fails on a header
+// that names both calls.
+constexpr std::uint32_t kAgreementStep = 0x7ffe0000u;
+
+void dissemination_rounds(Exchange& x, std::uint32_t first_step) {
   const int n = x.size(), r = x.rank();
-  for (int k = 0, distance = 1; distance < n; ++k, distance *= 2) {
-    Request sent = x.send((r + distance) % n, k, 0, nullptr, 0);
-    x.wait(x.recv((r - distance + n) % n, k, 0, nullptr, 0));
+  for (std::uint32_t k = 0, distance = 1; static_cast<int>(distance) < n; ++k, distance *= 2) {
+    Request sent = x.send((r + static_cast<int>(distance)) % n, first_step + k, 0, nullptr, 0);
+    x.wait(x.recv((r - static_cast<int>(distance) + n) % n, first_step + k, 0, nullptr, 0));
     x.wait(sent);
   }
 }
+
+}  // namespace
+
+void barrier_dissemination(Exchange& x) { dissemination_rounds(x, 0); }
+
+void agree_signatures(Exchange& x) { dissemination_rounds(x, kAgreementStep); }
 
 }  // namespace braid::comm

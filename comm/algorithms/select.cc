@@ -13,6 +13,11 @@
 // recursive_doubling for all_reduce, binomial or pipelined for broadcast);
 // elsewhere it is ignored.
 //
+// Every collective first proves that all ranks called it with the same
+// arguments (agree_signatures: ceil(log2 N) header-only rounds) unless its
+// schedule proves that by itself before writing a user buffer
+// (Algorithm::agrees): a mismatch never delivers data on any rank.
+//
 // The all-reduce thresholds come from braid-bench on the 2-core development
 // machine (BRAID_ALGO=ring vs recursive_doubling, -b 4K -e 1M, in place):
 //   2 ranks: recursive doubling wins to 16 KiB (TCP) / 16 KiB (shm), the ring
@@ -37,7 +42,7 @@ Algorithm select_algorithm(const Op& op, int size, std::string_view forced) {
       std::size_t bytes = op.count * dtype_bytes(op.dtype);
       bool small = forced == "recursive_doubling" ||
                    (forced != "ring" && bytes <= small_all_reduce_bytes(size) && size > 1);
-      return small ? Algorithm{all_reduce_recursive_doubling, "recursive_doubling"}
+      return small ? Algorithm{all_reduce_recursive_doubling, "recursive_doubling", true}
                    : Algorithm{all_reduce_ring, "ring"};
     }
     case OpKind::reduce_scatter: return {reduce_scatter, "ring"};
@@ -49,9 +54,9 @@ Algorithm select_algorithm(const Op& op, int size, std::string_view forced) {
     }
     case OpKind::reduce: return {reduce_pipelined, "pipelined"};
     case OpKind::all_to_all: return {all_to_all_pairwise, "pairwise"};
-    case OpKind::barrier: return {barrier_dissemination, "dissemination"};
-    case OpKind::send: return {send_direct, "direct"};
-    case OpKind::recv: return {recv_direct, "direct"};
+    case OpKind::barrier: return {barrier_dissemination, "dissemination", true};
+    case OpKind::send: return {send_direct, "direct", true};
+    case OpKind::recv: return {recv_direct, "direct", true};
   }
   return {};
 }

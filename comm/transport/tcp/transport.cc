@@ -138,8 +138,10 @@ void TcpTransport::finish_header(Request& r) {
   if (!mismatch.empty()) throw RemoteError(mismatch, r.peer);
 }
 
-// Reads the front receive of this socket: header and payload in one readv
-// (the header is checked before the request can complete), then the next.
+// Reads the front receive of this socket, then the next. Into staging,
+// header and payload come in one readv (the header is checked before the
+// request can complete); into the caller's memory the header is read and
+// checked alone first, so a mismatched message never writes a byte there.
 bool TcpTransport::pump_recvs(Stream& stream) {
   bool advanced = false;
   while (!stream.recvs.empty()) {
@@ -150,7 +152,8 @@ bool TcpTransport::pump_recvs(Stream& stream) {
     if (r.moved < kHeaderBytes)
       iov[count++] = {reinterpret_cast<char*>(&r.received) + r.moved, kHeaderBytes - r.moved};
     std::size_t payload_moved = r.moved > kHeaderBytes ? r.moved - kHeaderBytes : 0;
-    if (r.header.payload_bytes > payload_moved)
+    const bool header_first = !r.staging && r.moved < kHeaderBytes;
+    if (r.header.payload_bytes > payload_moved && !header_first)
       iov[count++] = {r.data + payload_moved, r.header.payload_bytes - payload_moved};
     IoResult io = read_some(stream.fd, iov, count);
     if (io.closed) fail(stream, "receiving from", 0);

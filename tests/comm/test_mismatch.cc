@@ -1,0 +1,171 @@
+// The mismatch grid (issue 13): every argument that must agree across ranks
+// -- the collective itself, count, dtype, reduce op, root -- is compared
+// before any rank writes a byte to a user buffer or returns.
+//
+// For each collective x each field it has x small (latency algorithms:
+// recursive doubling, binomial broadcast) and large (ring, pipelined chain)
+// x 2, 3 and 4 ranks x shm and tcp, the last rank calls with that one field
+// changed. Every rank must fail inside that very call (not at the next one)
+// with a RemoteError that says "mismatched collectives", well before the
+// timeout, and every rank's send and receive buffers must be exactly as
+// they were before the call: nothing delivered, nothing half-written.
+#include <catch2/catch.hpp>
+
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "tests/comm/failure_util.h"
+#include "tests/comm/harness.h"
+
+using namespace braid;
+using namespace braid::comm;
+using braid::test::expect;
+using namespace braid::test::failures;
+
+namespace {
+
+enum class Field { kind, count, dtype, op, root };
+
+const char* field_name(Field f) {
+  switch (f) {
+    case Field::kind: return "kind";
+    case Field::count: return "count";
+    case Field::dtype: return "dtype";
+    case Field::op: return "op";
+    case Field::root: return "root";
+  }
+  return "?";
+}
+
+// One rank's arguments for the call under test.
+struct Call {
+  OpKind kind = OpKind::all_reduce;
+  std::size_t count = 0;
+  DataType dtype = DataType::f32;
+  ReduceOp op = ReduceOp::sum;
+  int root = 0;
+};
+
+// The collective another rank calls instead (kind mismatches).
+OpKind other_kind(OpKind kind) {
+  switch (kind) {
+    case OpKind::all_reduce: return OpKind::all_gather;
+    case OpKind::reduce_scatter: return OpKind::all_reduce;
+    case OpKind::all_gather: return OpKind::broadcast;
+    case OpKind::broadcast: return OpKind::reduce;
+    case OpKind::reduce: return OpKind::broadcast;
+    case OpKind::all_to_all: return OpKind::all_reduce;
+    default: return OpKind::all_reduce;
+  }
+}
+
+std::vector<Field> fields_of(OpKind kind) {
+  switch (kind) {
+    case OpKind::all_reduce:
+    case OpKind::reduce_scatter: return {Field::kind, Field::count, Field::dtype, Field::op};
+    case OpKind::all_gather:
+    case OpKind::all_to_all: return {Field::kind, Field::count, Field::dtype};
+    case OpKind::broadcast: return {Field::kind, Field::count, Field::dtype, Field::root};
+    case OpKind::reduce: return {Field::kind, Field::count, Field::dtype, Field::op, Field::root};
+    case OpKind::barrier: return {Field::kind};
+    default: return {};
+  }
+}
+
+Call changed(Call call, Field field, int size) {
+  switch (field) {
+    case Field::kind: call.kind = other_kind(call.kind); break;
+    case Field::count: call.count += 1; break;
+    case Field::dtype: call.dtype = DataType::i32; break;  // same width: only the name differs
+    case Field::op: call.op = ReduceOp::max; break;
+    case Field::root: call.root = (call.root + 1) % size; break;
+  }
+  return call;
+}
+
+// Element counts of the send and receive buffers `call` needs on `size` ranks.
+std::pair<std::size_t, std::size_t> buffer_counts(const Call& c, int size) {
+  const std::size_t n = static_cast<std::size_t>(size);
+  switch (c.kind) {
+    case OpKind::reduce_scatter: return {c.count * n, c.count};
+    case OpKind::all_gather: return {c.count, c.count * n};
+    case OpKind::all_to_all: return {c.count * n, c.count * n};
+    case OpKind::barrier: return {0, 0};
+    default: return {c.count, c.count};
+  }
+}
+
+Work issue(Communicator& comm, const Call& c, const void* send, void* recv) {
+  switch (c.kind) {
+    case OpKind::all_reduce: return comm.all_reduce(send, recv, c.count, c.dtype, c.op);
+    case OpKind::reduce_scatter: return comm.reduce_scatter(send, recv, c.count, c.dtype, c.op);
+    case OpKind::all_gather: return comm.all_gather(send, recv, c.count, c.dtype);
+    case OpKind::broadcast: return comm.broadcast(send, recv, c.count, c.dtype, c.root);
+    case OpKind::reduce: return comm.reduce(send, recv, c.count, c.dtype, c.op, c.root);
+    case OpKind::all_to_all: return comm.all_to_all(send, recv, c.count, c.dtype);
+    default: return comm.barrier();
+  }
+}
+
+// Inside a rank: runs its call and requires it to fail with both buffers
+// untouched. Inputs are small integers; outputs start as a pattern no
+// collective of these inputs produces.
+void run_call(Communicator& comm, const Call& c) {
+  auto [send_count, recv_count] = buffer_counts(c, comm.size());
+  std::vector<std::int32_t> send(send_count), recv(recv_count, -7777);
+  for (std::size_t i = 0; i < send.size(); ++i) send[i] = static_cast<std::int32_t>((i + comm.rank()) % 5);
+  const auto send_before = send, recv_before = recv;
+  try {
+    tagged([&] { issue(comm, c, send.data(), recv.data()).wait(); });
+  } catch (...) {
+    expect(send == send_before, "rank " + std::to_string(comm.rank()) + " failed but its send buffer changed");
+    expect(recv == recv_before, "rank " + std::to_string(comm.rank()) + " failed but wrote its receive buffer");
+    throw;
+  }
+  throw std::runtime_error("rank " + std::to_string(comm.rank()) + " completed a mismatched call");
+}
+
+void check_case(const test::RunResult& result) {
+  INFO(result.summary());
+  REQUIRE_FALSE(result.timed_out);
+  for (std::size_t r = 0; r < result.ranks.size(); ++r) {
+    Outcome o = outcome_of(result.ranks[r]);
+    INFO("rank " << r << ": " << result.ranks[r].message);
+    CHECK(result.ranks[r].exit_code == 1);
+    CHECK(o.type == "RemoteError");  // never a timeout, never success
+    CHECK(contains(o.text, "mismatched collectives"));
+    CHECK(contains(o.text, " #2"));  // the call itself, not a later one
+  }
+}
+
+}  // namespace
+
+TEST_CASE("abuse: mismatched arguments fail every rank before any user buffer is written",
+          "[failures][abuse]") {
+  const std::string transport = GENERATE("shm", "tcp");
+  const int size = GENERATE(2, 3, 4);
+  const bool large = GENERATE(false, true);
+  // Large: past every latency threshold of select.cc (ring, pipelined chain).
+  const std::size_t count = large ? 100'000 : 37;
+  auto options = options_with(std::chrono::seconds(20), std::chrono::seconds(60), transport);
+  for (OpKind kind : {OpKind::all_reduce, OpKind::reduce_scatter, OpKind::all_gather, OpKind::broadcast,
+                      OpKind::reduce, OpKind::all_to_all, OpKind::barrier}) {
+    if (kind == OpKind::barrier && large) continue;
+    for (Field field : fields_of(kind)) {
+      const Call base{kind, count, DataType::f32, ReduceOp::sum, 0};
+      const Call odd = changed(base, field, size);
+      INFO(transport << ", " << size << " ranks, " << (large ? "large" : "small") << ", " << name(kind)
+                     << " with another " << field_name(field) << " on the last rank");
+      auto result = test::run_ranks(
+          size,
+          [&](Communicator& comm) {
+            comm.barrier().wait();  // #1: connections are up
+            run_call(comm, comm.rank() == comm.size() - 1 ? odd : base);
+          },
+          options);
+      check_case(result);
+    }
+  }
+}
