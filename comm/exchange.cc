@@ -52,6 +52,8 @@ void Exchange::release(const Request& request) { request.transport->release(requ
 // turns so that none starves while another blocks.
 void Exchange::drive(const Request& request) {
   Transport* t = request.transport;
+  if (t->is_done(request.id)) return;
+  c_.waiting_for.store(request.peer, std::memory_order_relaxed);
   while (!t->is_done(request.id)) {
     auto now = Clock::now();
     if (now >= deadline_) timed_out(request.peer);
@@ -63,6 +65,7 @@ void Exchange::drive(const Request& request) {
     for (Transport* other : c_.distinct) advanced |= other->progress(now);
     if (!advanced) t->progress(std::min(deadline_, now + std::chrono::microseconds(200)));
   }
+  c_.waiting_for.store(-1, std::memory_order_relaxed);
 }
 
 void Exchange::wait(const Request& request) {

@@ -1,12 +1,22 @@
 #include "comm/status.h"
 
 #include <chrono>
-#include <optional>
+#include <sstream>
 
 #include "runtime/errors.h"
 #include "runtime/store.h"
 
 namespace braid::comm {
+namespace {
+
+constexpr auto kPublishPeriod = std::chrono::milliseconds(100);
+// How long a rank inside an operation may go without a new heartbeat before
+// it is called silent: six periods, so a live rank on a loaded machine is not.
+constexpr auto kSilence = std::chrono::milliseconds(600);
+
+bool point_to_point(std::string_view kind) { return kind == "send" || kind == "recv"; }
+
+}  // namespace
 
 StatusBoard::StatusBoard(std::shared_ptr<runtime::Store> store, std::string key_prefix, int rank)
     : store_(std::move(store)), prefix_(std::move(key_prefix)), rank_(rank) {
@@ -26,22 +36,34 @@ std::string StatusBoard::key(const char* what, int rank) const {
   return prefix_ + "/" + what + "/" + std::to_string(rank);
 }
 
-void StatusBoard::entered(const Op& op) {
+void StatusBoard::entered(const Op& op, const std::atomic<int>* waiting_for) {
+  waiting_for_.store(waiting_for, std::memory_order_relaxed);
   kind_.store(static_cast<std::uint8_t>(op.kind), std::memory_order_relaxed);
+  left_seq_.store(0, std::memory_order_relaxed);
   seq_.store(op.seq, std::memory_order_release);
 }
 
+void StatusBoard::left(const Op& op) { left_seq_.store(op.seq, std::memory_order_release); }
+
+// Publishes on every change, and while inside an operation once per period
+// with a new beat, so that silence means the process stopped running.
 void StatusBoard::run() {
-  std::uint64_t published = 0;
+  std::uint64_t beat = 0;
+  std::string published;
   std::unique_lock lock(mu_);
-  while (!cv_.wait_for(lock, std::chrono::milliseconds(100), [this] { return stop_; })) {
-    std::uint64_t seq = seq_.load(std::memory_order_acquire);
-    if (seq == published) continue;
-    std::string value = std::string(name(static_cast<OpKind>(kind_.load()))) + " #" + std::to_string(seq);
+  while (!cv_.wait_for(lock, kPublishPeriod, [this] { return stop_; })) {
+    const std::uint64_t seq = seq_.load(std::memory_order_acquire);
+    if (seq == 0) continue;
+    const bool inside = left_seq_.load(std::memory_order_acquire) != seq;
+    const std::atomic<int>* waiting = waiting_for_.load(std::memory_order_relaxed);
+    const int peer = inside && waiting ? waiting->load(std::memory_order_relaxed) : -1;
+    std::string state = std::string(name(static_cast<OpKind>(kind_.load()))) + " #" + std::to_string(seq) +
+                        (inside ? " in " : " out ") + std::to_string(peer);
+    if (state == published && !inside) continue;
     lock.unlock();
     try {
-      store_->set(key("status", rank_), value);
-      published = seq;
+      store_->set(key("status", rank_), state + " " + std::to_string(++beat));
+      published = state;
     } catch (const Error&) {
       // The store is gone (job ending); attribution is best effort.
     }
@@ -49,38 +71,70 @@ void StatusBoard::run() {
   }
 }
 
+std::optional<StatusBoard::Record> StatusBoard::read(int peer) {
+  auto value = store_->try_get(key("status", peer));
+  if (!value) return std::nullopt;
+  std::istringstream in(std::string(value->begin(), value->end()));
+  Record r;
+  std::string hash_seq, where;
+  in >> r.kind >> hash_seq >> where >> r.waiting_for >> r.beat;
+  if (!in || hash_seq.size() < 2) return std::nullopt;
+  r.seq = std::stoull(hash_seq.substr(1));
+  r.inside = where == "in";
+  return r;
+}
+
+std::vector<std::optional<StatusBoard::Record>> StatusBoard::read_all(int size) {
+  std::vector<std::optional<Record>> records(static_cast<std::size_t>(size));
+  for (int peer = 0; peer < size; ++peer)
+    if (peer != rank_) records[static_cast<std::size_t>(peer)] = read(peer);
+  return records;
+}
+
 std::string StatusBoard::describe_peer(int peer) {
   if (!store_) return "is unknown";
   try {
-    auto value = store_->try_get(key("status", peer));
-    if (!value) return "has not entered any operation on this communicator (or entered one < 100 ms ago)";
-    return "last entered " + std::string(value->begin(), value->end());
+    auto r = read(peer);
+    if (!r) return "has not entered any operation on this communicator (or entered one < 100 ms ago)";
+    std::string text = "last entered " + r->kind + " #" + std::to_string(r->seq);
+    if (r->inside && r->waiting_for >= 0) text += " and waits there for rank " + std::to_string(r->waiting_for);
+    return text;
   } catch (const Error&) {
     return "could not be asked (the store did not answer)";
   }
 }
 
-std::string StatusBoard::ranks_behind(const Op& op, int size) {
+// First the ranks that have not reached `op` at all; if every rank has, the
+// ones inside it whose heartbeat stands still.
+std::string StatusBoard::holder(const Op& op, int size) {
   if (!store_ || op.kind == OpKind::send || op.kind == OpKind::recv) return {};
-  std::string list;
-  for (int peer = 0; peer < size; ++peer) {
-    if (peer == rank_) continue;
-    std::optional<runtime::Bytes> value;
-    try {
-      value = store_->try_get(key("status", peer));
-    } catch (const Error&) {
-      return {};
+  try {
+    auto before = read_all(size);
+    std::string list;
+    auto add = [&](int peer, const std::string& why) {
+      list += (list.empty() ? "rank " : ", rank ") + std::to_string(peer) + " (" + why + ")";
+    };
+    for (int peer = 0; peer < size; ++peer) {
+      const auto& r = before[static_cast<std::size_t>(peer)];
+      if (peer == rank_ || (r && point_to_point(r->kind))) continue;
+      if (!r) add(peer, "entered nothing yet");
+      else if (r->seq < op.seq) add(peer, "last entered " + r->kind + " #" + std::to_string(r->seq));
     }
-    std::string text = value ? std::string(value->begin(), value->end()) : std::string();
-    auto hash = text.find(" #");
-    bool p2p = text.rfind("send", 0) == 0 || text.rfind("recv", 0) == 0;
-    if (p2p) continue;
-    bool behind = !value || (hash != std::string::npos && std::stoull(text.substr(hash + 2)) < op.seq);
-    if (behind)
-      list += (list.empty() ? "" : ", ") + std::string("rank ") + std::to_string(peer) +
-              (value ? " (last entered " + text + ")" : " (entered nothing yet)");
+    if (!list.empty()) return list;
+    std::this_thread::sleep_for(kSilence);
+    auto after = read_all(size);
+    for (int peer = 0; peer < size; ++peer) {
+      const auto &r0 = before[static_cast<std::size_t>(peer)], &r1 = after[static_cast<std::size_t>(peer)];
+      if (!r0 || !r1 || !r1->inside || r1->beat != r0->beat) continue;
+      add(peer, "inside " + r1->kind + " #" + std::to_string(r1->seq) + " but silent for " +
+                    std::to_string(kSilence.count()) +
+                    " ms, where a running rank reports every 100: stopped (SIGSTOP, a debugger), frozen or "
+                    "starved of CPU");
+    }
+    return list;
+  } catch (const Error&) {
+    return {};
   }
-  return list;
 }
 
 void StatusBoard::publish_abort(const std::string& reason) {

@@ -1,21 +1,32 @@
-// StatusBoard: publishes, for timeout attribution, the last operation this
-// rank entered on a communicator, and reads its peers'.
+// StatusBoard: publishes, for timeout attribution, where this rank is on a
+// communicator, and reads its peers'.
 //
-// entered() only stores two atomics (it runs on every call); a background
-// thread publishes the value to the store when it changed, at most every
-// 100 ms. When a wait times out, the waiting rank reads the peer's entry, so
-// the error can say "rank 1 waits in all_reduce #812 for rank 2, which last
-// entered all_gather #811". The board also carries abort reasons: a rank
-// that fails writes its error before closing its connections, so peers that
-// see the connection drop can say why.
+// entered() and left() only store atomics (they run on every call); the
+// operation's Exchange stores the peer it is blocked on. A background
+// thread publishes a record to the store when it changed, and every 100 ms
+// with a new heartbeat while an operation is in progress:
+//   "<kind> #<seq> <in|out> <peer waited for, or -1> <beat>"
+// A frozen process (SIGSTOP, a debugger, a livelock in user code between
+// calls does not count: that is "out") stops beating while its record still
+// says "in".
+//
+// When a wait times out, the waiting rank asks holder() which rank holds
+// the call up: one that has not entered it ("last entered barrier #3"), or
+// one that is inside it and silent (its beat did not move in 600 ms while it
+// must every 100 ms) — not merely the neighbour it waits for, who may
+// itself be waiting. The board also carries abort reasons: a rank that fails
+// writes its error before closing its connections, so peers that see the
+// connection drop can say why.
 #pragma once
 
 #include <atomic>
 #include <condition_variable>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "comm/types.h"
 
@@ -30,27 +41,41 @@ class StatusBoard {
   StatusBoard(std::shared_ptr<runtime::Store> store, std::string key_prefix, int rank);
   ~StatusBoard();
 
-  void entered(const Op& op);
-  // "last entered all_gather #811", "has not entered any operation", ...
+  // `waiting_for` holds the peer the operation is blocked on (-1: none); the
+  // board reads it until the next entered().
+  void entered(const Op& op, const std::atomic<int>* waiting_for = nullptr);
+  void left(const Op& op);
+  // "last entered all_gather #811", "last entered all_reduce #5 and waits
+  // there for rank 3", "has not entered any operation ...".
   std::string describe_peer(int peer);
-  // The ranks (of `size`) whose last entered collective comes before `op`,
-  // e.g. "rank 2 (last entered barrier #3)", so a timeout names the rank
-  // that stopped even when the waiting rank waits for it only indirectly.
-  // Empty when none is behind or `op` is point-to-point.
-  std::string ranks_behind(const Op& op, int size);
+  // Which rank holds up `op` for a rank that timed out in it, e.g.
+  // "rank 2 (inside all_reduce #5 but silent for 600 ms: ...)" or
+  // "rank 2 (last entered barrier #3)". Takes up to 600 ms (it watches the
+  // heartbeats). Empty when no rank stands out or `op` is point-to-point.
+  std::string holder(const Op& op, int size);
   void publish_abort(const std::string& reason);
   // The reason a peer published when it aborted, or empty.
   std::string abort_reason(int peer);
 
  private:
+  struct Record {
+    std::string kind;
+    std::uint64_t seq = 0;
+    bool inside = false;
+    int waiting_for = -1;
+    std::uint64_t beat = 0;
+  };
   void run();
   std::string key(const char* what, int rank) const;
+  std::optional<Record> read(int peer);
+  std::vector<std::optional<Record>> read_all(int size);
 
   std::shared_ptr<runtime::Store> store_;
   std::string prefix_;
   int rank_;
-  std::atomic<std::uint64_t> seq_{0};
+  std::atomic<std::uint64_t> seq_{0}, left_seq_{0};
   std::atomic<std::uint8_t> kind_{0};
+  std::atomic<const std::atomic<int>*> waiting_for_{nullptr};
   std::mutex mu_;
   std::condition_variable cv_;
   bool stop_ = false;

@@ -10,6 +10,7 @@
 // header (a test checks their includes).
 #pragma once
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -51,6 +52,9 @@ struct ExchangeContext {
   Tuning tuning;
   std::vector<std::byte> scratch;    // reused across operations
   std::vector<Request> sends;        // sends in flight, cleared per operation
+  // The peer an operation is blocked on right now, -1 when none: read by the
+  // communicator's status board for timeout attribution (comm/status.h).
+  std::atomic<int> waiting_for{-1};
 };
 
 class Exchange {

@@ -213,6 +213,59 @@ TEST_CASE("failures: a rank frozen in the middle of a 32 MiB all_reduce times ou
   CHECK(timeouts >= 1);
 }
 
+TEST_CASE("abuse: a rank frozen inside a ring all_reduce is named by every survivor, not their neighbour",
+          "[failures][abuse]") {
+  // Ring order 0 -> 1 -> 2 -> 3 -> 0 with rank 2 stopped: rank 3 waits for
+  // rank 2, but rank 0 waits for rank 3 and rank 1 for rank 0. Each must
+  // name rank 2 as the rank holding the call up (its own timeout, or the
+  // first one's carried in the abort reason), and never a live neighbour.
+  const milliseconds timeout = seconds(2);
+  const std::string transport = GENERATE("tcp", "shm");
+  auto options = options_with(timeout, seconds(40), transport);
+  options.config.segment_bytes = 64u << 10;
+  options.config.algo = "ring";
+  auto result = test::run_ranks(
+      4,
+      [&](Communicator& comm) {
+        std::int64_t pid = getpid();
+        std::vector<std::int64_t> pids(4);
+        comm.all_gather(&pid, pids.data(), 1, DataType::i64).wait();
+        const std::size_t count = (8u << 20) / sizeof(float);
+        std::vector<float> data(count, 1.0f);
+        if (comm.rank() == 2)
+          std::thread([] {
+            std::this_thread::sleep_for(milliseconds(400));
+            raise(SIGSTOP);
+          }).detach();
+        auto stop_frozen = [&] {
+          if (comm.rank() == 0) kill(static_cast<pid_t>(pids[2]), SIGKILL);
+        };
+        try {
+          for (int i = 0; i < 100000; ++i)
+            tagged([&] { comm.all_reduce(data.data(), data.data(), count, DataType::f32, ReduceOp::max).wait(); });
+        } catch (...) {
+          stop_frozen();
+          throw;
+        }
+        stop_frozen();
+        throw std::runtime_error("every all_reduce completed although rank 2 should have frozen");
+      },
+      options);
+  INFO(result.summary());
+  INFO(transport);
+  REQUIRE_FALSE(result.timed_out);
+  CHECK(result.ranks[2].signal == SIGKILL);
+  for (int r : {0, 1, 3}) {
+    Outcome o = outcome_of(result.ranks[r]);
+    INFO("rank " << r << ": " << result.ranks[r].message);
+    CHECK(result.ranks[r].exit_code == 1);
+    CHECK((o.type == "TimeoutError" || o.type == "RemoteError"));
+    CHECK(contains(o.text, "holding this call up: rank 2 ("));
+    for (int live : {0, 1, 3}) CHECK_FALSE(contains(o.text, "holding this call up: rank " + std::to_string(live)));
+    CHECK(o.ms < timeout.count() + 3000);
+  }
+}
+
 // Writes junk into every connected TCP socket of this process (its peers and
 // its store connection); returns how many.
 int spray_garbage() {
@@ -361,10 +414,9 @@ TEST_CASE("failures: all_reduce with different reduce ops fails both ranks", "[f
 
 TEST_CASE("failures: broadcast with different roots never completes with wrong data", "[failures]") {
   // Rank 1 calls broadcast(root 1), the others broadcast(root 0). A rank that
-  // believes it is the root only sends, and in a binomial tree rank 2 gets
-  // root 0's data from rank 0 itself, so a rank may finish the broadcast
-  // itself — but only with the data of the root it named; the mismatch must
-  // surface at the latest in the barrier that follows, on every rank.
+  // believes it is the root would only send; the signature agreement before
+  // the broadcast fails every rank in the broadcast itself (#2), none of
+  // them with data.
   const std::string transport = GENERATE("tcp", "shm");
   const int size = GENERATE(2, 3);
   const std::size_t count = GENERATE(std::size_t{1000}, std::size_t{100000});  // binomial, pipelined
@@ -447,7 +499,7 @@ TEST_CASE("failures: a rank that stops calling is named in the timeout with its 
 
 // When rank 1 enters all_reduce #4 first, it waits on rank 0 (which waits on
 // rank 2) and may time out first; its message must still name rank 2, the
-// rank that never called all_reduce ("behind this call: rank 2 ...").
+// rank that never called all_reduce ("holding this call up: rank 2 ...").
 TEST_CASE("failures: the rank that never entered is named whichever survivor times out first",
           "[failures]") {
   const milliseconds timeout = seconds(2);
