@@ -169,3 +169,41 @@ TEST_CASE("abuse: mismatched arguments fail every rank before any user buffer is
     }
   }
 }
+
+// The direct all-reduce on registered buffers (Communicator::allocate) swaps
+// descriptors with every rank before it maps or writes anything; a mismatch
+// there must fail the same way.
+TEST_CASE("abuse: mismatched arguments on registered buffers fail before the direct all_reduce writes",
+          "[failures][abuse]") {
+  const int size = GENERATE(2, 3);
+  const std::size_t count = 100'000;  // above kDirectAllReduceMinBytes
+  auto options = options_with(std::chrono::seconds(20), std::chrono::seconds(60), "shm");
+  for (Field field : {Field::count, Field::dtype, Field::op}) {
+    INFO(size << " ranks, registered all_reduce with another " << field_name(field) << " on the last rank");
+    auto result = test::run_ranks(
+        size,
+        [&](Communicator& comm) {
+          comm.barrier().wait();
+          Call c{OpKind::all_reduce, count, DataType::f32, ReduceOp::sum, 0};
+          if (comm.rank() == comm.size() - 1) c = changed(c, field, comm.size());
+          const std::size_t bytes = (count + 1) * sizeof(std::int32_t);
+          auto* send = static_cast<std::int32_t*>(Communicator::allocate(bytes));
+          auto* recv = static_cast<std::int32_t*>(Communicator::allocate(bytes));
+          for (std::size_t i = 0; i < count + 1; ++i) {
+            send[i] = static_cast<std::int32_t>(i % 5);
+            recv[i] = -7777;
+          }
+          try {
+            tagged([&] { comm.all_reduce(send, recv, c.count, c.dtype, c.op).wait(); });
+          } catch (...) {
+            for (std::size_t i = 0; i < count + 1; ++i)
+              expect(recv[i] == -7777 && send[i] == static_cast<std::int32_t>(i % 5),
+                     "rank " + std::to_string(comm.rank()) + " failed but a registered buffer changed");
+            throw;
+          }
+          throw std::runtime_error("rank " + std::to_string(comm.rank()) + " completed a mismatched call");
+        },
+        options);
+    check_case(result);
+  }
+}
