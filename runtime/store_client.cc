@@ -108,8 +108,9 @@ Store::Impl::Impl(std::string host, std::uint16_t port, std::string token, milli
     // A flooded server drops the oldest connections waiting for their
     // handshake; ours was one of them, so try again (store_server.h).
     if (Clock::now() + kConnectRetry >= deadline)
-      throw RemoteError("the store at " + where() + " closed every connection before answering the handshake for " +
-                        ms_text(connect_timeout) + "; it may be flooded with connections (see its log)");
+      throw RemoteError("the store at " + where() + " closed every connection before answering the " +
+                        "handshake for " + ms_text(connect_timeout) +
+                        "; it may be flooded with connections (see its log)");
     std::this_thread::sleep_for(kConnectRetry);
     connect(deadline, connect_timeout);
   }

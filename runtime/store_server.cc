@@ -61,12 +61,11 @@ void DropLog::write(bool first) {
                         std::to_string(limits_.handshake_timeout.count()) + " ms");
   cause(counts_[2], "for lack of file descriptors");
   std::size_t total = counts_[0] + counts_[1] + counts_[2];
+  std::string interval = std::to_string(kDropLogInterval.count()) + " s";
   spdlog::warn("store on port {} dropped {} unauthenticated connection(s){} (last from {}): {}; braid's own "
                "clients reconnect by themselves, so many drops mean something else is flooding the port{}",
-               port_, total, first ? "" : " in the last " + std::to_string(kDropLogInterval.count()) + " s",
-               last_remote_, causes,
-               first ? "; further drops are summed up every " + std::to_string(kDropLogInterval.count()) + " s"
-                     : "");
+               port_, total, first ? "" : " in the last " + interval, last_remote_, causes,
+               first ? "; further drops are summed up every " + interval : "");
   counts_ = {};
 }
 

@@ -175,6 +175,7 @@ class Session : public std::enable_shared_from_this<Session> {
   void on_request_header();
   void on_request_body();
   void discard_request();
+  std::string refusal_of_request() const;
   void release_request();
   void dispatch(Command command, WireReader& in);
   void handle_set(WireReader& in);

@@ -141,16 +141,7 @@ void Session::on_request_header() {
 // Reads a body that the request budget has no room for, a scratch buffer at
 // a time, then says why it was not applied.
 void Session::discard_request() {
-  if (discard_bytes_ == 0) {
-    std::size_t max_bytes = server_.limits().max_bytes;
-    std::size_t body_bytes = load_u32(header_.data());
-    return respond(Status::bad_value,
-                   text_bytes("the store cannot take a request of " + std::to_string(body_bytes) + " bytes: " +
-                              (body_bytes > max_bytes ? "its limit is " + std::to_string(max_bytes) + " bytes"
-                                                      : "it is already receiving requests of nearly " +
-                                                            std::to_string(max_bytes) + " bytes") +
-                              " (BRAID_STORE_MAX_BYTES); the store is meant for addresses and names, not data"));
-  }
+  if (discard_bytes_ == 0) return respond(Status::bad_value, text_bytes(refusal_of_request()));
   std::size_t chunk = std::min(discard_bytes_, scratch_.size());
   asio::async_read(socket_, asio::buffer(scratch_, chunk),
                    [self = shared_from_this()](error_code ec, std::size_t bytes) {
@@ -158,6 +149,16 @@ void Session::discard_request() {
                      self->discard_bytes_ -= bytes;
                      self->discard_request();
                    });
+}
+
+std::string Session::refusal_of_request() const {
+  std::string max_bytes = std::to_string(server_.limits().max_bytes);
+  std::uint32_t body_bytes = load_u32(header_.data());
+  std::string why = body_bytes > server_.limits().max_bytes
+                        ? "its limit is " + max_bytes + " bytes"
+                        : "it is already receiving requests of nearly " + max_bytes + " bytes";
+  return "the store cannot take a request of " + std::to_string(body_bytes) + " bytes: " + why +
+         " (BRAID_STORE_MAX_BYTES); the store is meant for addresses and names, not data";
 }
 
 void Session::release_request() {

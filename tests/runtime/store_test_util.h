@@ -1,10 +1,13 @@
-// Helpers for the store tests: clients with short timeouts, a free port, and
-// a bare POSIX client that can speak the wire protocol wrongly on purpose.
+// Helpers for the store tests: clients with short timeouts, a free port, a
+// bare POSIX client that can speak the wire protocol wrongly on purpose, and
+// a flood of idle connections.
 // Every blocking call here has a deadline, so a broken server fails a test
 // instead of hanging it.
 #pragma once
 
 #include <arpa/inet.h>
+#include <ifaddrs.h>
+#include <net/if.h>
 #include <netinet/in.h>
 #include <poll.h>
 #include <sys/socket.h>
@@ -18,6 +21,7 @@
 #include <functional>
 #include <initializer_list>
 #include <memory>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <thread>
@@ -94,6 +98,23 @@ inline std::uint16_t unused_port() {
     throw std::runtime_error("cannot find a free port");
   ::close(fd);
   return ntohs(addr.sin_port);
+}
+
+// An IPv4 address of this machine other than loopback, if it has one.
+inline std::optional<std::string> local_ipv4_address() {
+  ifaddrs* list = nullptr;
+  if (::getifaddrs(&list) != 0) return std::nullopt;
+  std::optional<std::string> found;
+  for (ifaddrs* entry = list; entry && !found; entry = entry->ifa_next) {
+    if (!entry->ifa_addr || entry->ifa_addr->sa_family != AF_INET || (entry->ifa_flags & IFF_LOOPBACK) ||
+        !(entry->ifa_flags & IFF_UP))
+      continue;
+    char text[INET_ADDRSTRLEN] = {};
+    ::inet_ntop(AF_INET, &reinterpret_cast<sockaddr_in*>(entry->ifa_addr)->sin_addr, text, sizeof text);
+    found = text;
+  }
+  ::freeifaddrs(list);
+  return found;
 }
 
 inline Bytes le32_bytes(std::uint32_t value) {
@@ -211,6 +232,51 @@ class RawClient {
   }
 
   int fd_;
+};
+
+// `count` connections to 127.0.0.1:port that never send a byte, opened
+// without waiting for each; closed by the destructor.
+class Flood {
+ public:
+  Flood(std::uint16_t port, int count) {
+    sockaddr_in addr = loopback(port);
+    int failed = 0;
+    for (int i = 0; i < count; ++i) {
+      int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+      if (fd < 0) break;
+      fds_.push_back(fd);
+      int rc = ::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr);
+      failed += rc != 0 && errno != EINPROGRESS;
+    }
+    if (fds_.size() == static_cast<std::size_t>(count) && failed == 0) return;
+    for (int fd : fds_) ::close(fd);
+    throw std::runtime_error("flood: only " + std::to_string(fds_.size() - failed) + " of " +
+                             std::to_string(count) + " connections could be opened");
+  }
+  ~Flood() {
+    for (int fd : fds_) ::close(fd);
+  }
+  Flood(const Flood&) = delete;
+  Flood& operator=(const Flood&) = delete;
+
+  // Waits until at least `wanted` of the connections were closed by the
+  // server (EOF, reset or error), at most `limit`; returns how many were.
+  std::size_t wait_closed(std::size_t wanted, std::chrono::milliseconds limit) {
+    auto deadline = std::chrono::steady_clock::now() + limit;
+    std::vector<pollfd> polls;
+    for (int fd : fds_) polls.push_back({fd, POLLIN, 0});
+    std::size_t closed = 0;
+    while (closed < wanted && std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::sleep_for(20ms);
+      ::poll(polls.data(), polls.size(), 0);
+      closed = 0;
+      for (const pollfd& p : polls) closed += (p.revents & (POLLIN | POLLHUP | POLLERR)) != 0;
+    }
+    return closed;
+  }
+
+ private:
+  std::vector<int> fds_;
 };
 
 }  // namespace braid::test

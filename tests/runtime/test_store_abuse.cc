@@ -102,7 +102,8 @@ class ServerChild {
   }
 
  private:
-  [[noreturn]] static void serve(int port_fd, int log_fd, rlim_t nofile, std::optional<std::size_t> max_pending) {
+  [[noreturn]] static void serve(int port_fd, int log_fd, rlim_t nofile,
+                                 std::optional<std::size_t> max_pending) {
     ::prctl(PR_SET_PDEATHSIG, SIGKILL);
     ::dup2(log_fd, 1);
     ::dup2(log_fd, 2);
@@ -125,49 +126,6 @@ class ServerChild {
   pid_t pid_ = -1;
   std::uint16_t port_ = 0;
   std::string log_path_;
-};
-
-// `count` connections to 127.0.0.1:port that never send a byte, opened
-// without waiting for each; closed by the destructor.
-class Flood {
- public:
-  Flood(std::uint16_t port, int count) {
-    sockaddr_in addr = loopback(port);
-    int failed = 0;
-    for (int i = 0; i < count; ++i) {
-      int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-      if (fd < 0) break;
-      fds_.push_back(fd);
-      int rc = ::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr);
-      failed += rc != 0 && errno != EINPROGRESS;
-    }
-    REQUIRE(fds_.size() == static_cast<std::size_t>(count));
-    REQUIRE(failed == 0);
-  }
-  ~Flood() {
-    for (int fd : fds_) ::close(fd);
-  }
-  Flood(const Flood&) = delete;
-  Flood& operator=(const Flood&) = delete;
-
-  // Waits until at least `wanted` of the connections were closed by the
-  // server (EOF, reset or error), at most `limit`; returns how many were.
-  std::size_t wait_closed(std::size_t wanted, std::chrono::milliseconds limit) {
-    auto deadline = std::chrono::steady_clock::now() + limit;
-    std::vector<pollfd> polls;
-    for (int fd : fds_) polls.push_back({fd, POLLIN, 0});
-    std::size_t closed = 0;
-    while (closed < wanted && std::chrono::steady_clock::now() < deadline) {
-      std::this_thread::sleep_for(20ms);
-      ::poll(polls.data(), polls.size(), 0);
-      closed = 0;
-      for (const pollfd& p : polls) closed += (p.revents & (POLLIN | POLLHUP | POLLERR)) != 0;
-    }
-    return closed;
-  }
-
- private:
-  std::vector<int> fds_;
 };
 
 // The message of the InvalidUsage that fn throws.
@@ -279,7 +237,8 @@ TEST_CASE("store abuse: the store's memory is bounded and past it the client get
     int stored = 0;
     CHECK_THROWS_WITH(
         [&] {
-          for (; stored < 100'000; ++stored) store->set("key/" + std::to_string(stored), std::string(100, 'x'));
+          for (; stored < 100'000; ++stored)
+            store->set("key/" + std::to_string(stored), std::string(100, 'x'));
         }(),
         Contains("BRAID_STORE_MAX_BYTES"));
     CHECK(stored < static_cast<int>((1u << 20) / (100 + runtime::kStoreEntryOverheadBytes)));
