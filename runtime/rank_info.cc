@@ -1,5 +1,11 @@
 #include "runtime/rank_info.h"
 
+#include <arpa/inet.h>
+#include <netdb.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cerrno>
 #include <cstdlib>
 #include <functional>
 #include <string>
@@ -107,7 +113,65 @@ std::string derived_token(const RankInfo& info) {
   return "derived-" + std::to_string(std::hash<std::string>{}(shared));
 }
 
+// The source address of the route to one resolved destination, or "" with
+// `why` set: connect() on a UDP socket only looks up the route.
+std::string source_address(const addrinfo& destination, std::string& why) {
+  int fd = ::socket(destination.ai_family, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) {
+    why = errno_message("socket", errno);
+    return "";
+  }
+  sockaddr_storage local{};
+  socklen_t local_bytes = sizeof local;
+  char text[NI_MAXHOST] = {};
+  bool found = ::connect(fd, destination.ai_addr, destination.ai_addrlen) == 0 &&
+               ::getsockname(fd, reinterpret_cast<sockaddr*>(&local), &local_bytes) == 0 &&
+               ::getnameinfo(reinterpret_cast<sockaddr*>(&local), local_bytes, text, sizeof text, nullptr, 0,
+                             NI_NUMERICHOST) == 0;
+  if (!found) why = errno_message("route lookup", errno);
+  ::close(fd);
+  return found ? text : "";
+}
+
+[[noreturn]] void no_bind_address(const std::string& where, const std::string& why) {
+  throw InvalidUsage("cannot find the local address that reaches the store host " + where + " (" + why +
+                     "); the job spans several hosts, so ranks must listen on an address the other hosts "
+                     "can reach: set BRAID_BIND_ADDR to this host's address on the network they share");
+}
+
 }  // namespace
+
+std::string local_address_toward(const std::string& host, std::uint16_t port) {
+  std::string where = host + ":" + std::to_string(port);
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_DGRAM;
+  addrinfo* found = nullptr;
+  if (int err = ::getaddrinfo(host.c_str(), std::to_string(port).c_str(), &hints, &found); err != 0)
+    no_bind_address(where, std::string("cannot resolve it: ") + ::gai_strerror(err));
+  std::string why = "it resolves to no address";
+  std::string address;
+  for (const addrinfo* entry = found; entry && address.empty(); entry = entry->ai_next)
+    address = source_address(*entry, why);
+  ::freeaddrinfo(found);
+  if (address.empty()) no_bind_address(where, why);
+  return address;
+}
+
+bool is_loopback_address(const std::string& host) {
+  in_addr v4{};
+  in6_addr v6{};
+  if (::inet_pton(AF_INET, host.c_str(), &v4) == 1) return (ntohl(v4.s_addr) >> 24) == 127;
+  if (::inet_pton(AF_INET6, host.c_str(), &v6) == 1) return IN6_IS_ADDR_LOOPBACK(&v6);
+  return host == "localhost";
+}
+
+std::string peer_bind_address(const RankInfo& info, const Config& config) {
+  bool several_hosts = info.world_size > info.local_world_size;
+  if (!several_hosts || !is_loopback_address(config.bind_addr) || is_loopback_address(info.store_host))
+    return config.bind_addr;
+  return local_address_toward(info.store_host, info.store_port);
+}
 
 RankInfo rank_info_from_env() {
   RankInfo info;

@@ -25,6 +25,8 @@
 #include <cstdint>
 #include <string>
 
+#include "runtime/config.h"
+
 namespace braid::runtime {
 
 struct RankInfo {
@@ -46,5 +48,21 @@ RankInfo rank_info_from_env();
 
 // "rank 1/4 (local 1/2, node 0) via braid-launch, store 127.0.0.1:40123"
 std::string describe(const RankInfo& info);
+
+// The local address this host sends from when it talks to host:port (a
+// name or a numeric address): the kernel's route lookup, made by connecting
+// a UDP socket, which sends no packet. Throws InvalidUsage naming
+// BRAID_BIND_ADDR when the name does not resolve or no route reaches it.
+std::string local_address_toward(const std::string& host, std::uint16_t port);
+
+// Loopback: 127.0.0.0/8, ::1 or "localhost".
+bool is_loopback_address(const std::string& host);
+
+// The address this rank listens on for its peers: config.bind_addr, except
+// in a job that spans several hosts and whose store is not on loopback,
+// where a loopback bind address (BRAID_BIND_ADDR's default) cannot be
+// reached from the other hosts; there it is the local address that routes
+// to the store's host, or InvalidUsage saying to set BRAID_BIND_ADDR.
+std::string peer_bind_address(const RankInfo& info, const Config& config);
 
 }  // namespace braid::runtime

@@ -8,8 +8,10 @@
 #include <optional>
 #include <string>
 
+#include "runtime/config.h"
 #include "runtime/errors.h"
 #include "runtime/rank_info.h"
+#include "tests/runtime/store_test_util.h"
 
 using namespace braid;
 using Catch::Matchers::Contains;
@@ -223,4 +225,47 @@ TEST_CASE("rank_info: missing required variables are InvalidUsage naming them", 
     ScopedEnv env(vars);
     CHECK_THROWS_WITH(rank_info_from_env(), Contains("OMPI_COMM_WORLD_SIZE"));
   }
+}
+
+namespace {
+
+runtime::RankInfo across_hosts(const std::string& store_host) {
+  runtime::RankInfo info;
+  info.world_size = 4;
+  info.local_world_size = 2;
+  info.store_host = store_host;
+  info.store_port = 29500;
+  return info;
+}
+
+}  // namespace
+
+// No packet leaves the machine: a route lookup connects a UDP socket only.
+TEST_CASE("rank_info: ranks of a job across hosts listen on the address that routes to the store",
+          "[rank_info][abuse]") {
+  runtime::Config config;  // BRAID_BIND_ADDR unset: 127.0.0.1
+  CHECK(runtime::local_address_toward("127.0.0.1", 29500) == "127.0.0.1");
+  CHECK(runtime::is_loopback_address(runtime::local_address_toward("localhost", 29500)));
+  CHECK(runtime::peer_bind_address(across_hosts("127.0.0.1"), config) == "127.0.0.1");
+  if (auto mine = test::local_ipv4_address()) {
+    INFO("this machine's address " << *mine);
+    CHECK(runtime::peer_bind_address(across_hosts(*mine), config) == *mine);
+    runtime::RankInfo one_host = across_hosts(*mine);
+    one_host.local_world_size = one_host.world_size;
+    CHECK(runtime::peer_bind_address(one_host, config) == "127.0.0.1");
+  } else {
+    WARN("no non-loopback IPv4 address here: the route to one is not checked");
+  }
+  config.bind_addr = "10.9.8.7";  // a BRAID_BIND_ADDR that is set is kept
+  CHECK(runtime::peer_bind_address(across_hosts("127.0.0.1"), config) == "10.9.8.7");
+}
+
+TEST_CASE("rank_info: without a route to the store the bind address fails at once saying what to set",
+          "[rank_info][abuse]") {
+  runtime::Config config;
+  // Connecting a UDP socket to the broadcast address is refused (EACCES).
+  auto info = across_hosts("255.255.255.255");
+  CHECK_THROWS_AS(runtime::peer_bind_address(info, config), InvalidUsage);
+  CHECK_THROWS_WITH(runtime::peer_bind_address(info, config),
+                    Contains("255.255.255.255:29500") && Contains("set BRAID_BIND_ADDR"));
 }
