@@ -63,8 +63,10 @@ int main(int argc, char** argv) {
       "Ranks get BRAID_RANK, BRAID_WORLD_SIZE, BRAID_LOCAL_RANK, BRAID_LOCAL_WORLD_SIZE,\n"
       "BRAID_NODE_RANK, BRAID_STORE_ADDR, BRAID_JOB_TOKEN and torchrun's RANK, WORLD_SIZE,\n"
       "LOCAL_RANK, LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_ADDR, MASTER_PORT.\n"
-      "With --nnodes > 1, set BRAID_JOB_TOKEN to one secret on every node; without it the\n"
-      "token is derived from --master-addr:--master-port, which anyone can compute.\n"
+      "With --nnodes > 1, set BRAID_JOB_TOKEN to one secret on every node; without it node 0\n"
+      "generates one and prints how to pass it on, and the other nodes refuse to start.\n"
+      "Without BRAID_BIND_ADDR, ranks of such a job listen on the address that routes to\n"
+      "--master-addr. The soft RLIMIT_NOFILE is raised to the hard one when the job needs it.\n"
       "Exit status: 0 when every rank exits 0; else the first failing rank's status\n"
       "(128+N for signal N); 128+N when braid-launch receives signal N; 2 for bad\n"
       "arguments; 124 when --timeout expires; 127 when the program cannot be executed.");

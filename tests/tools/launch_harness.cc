@@ -90,7 +90,7 @@ std::map<int, pid_t> JobDir::recorded_pids() const {
 }
 
 LaunchedJob::LaunchedJob(const JobDir& dir, const std::vector<std::string>& args,
-                         const EnvChanges& env)
+                         const EnvChanges& env, const ChildLimits& limits)
     : out_path_(dir.path() / "launcher.out"), err_path_(dir.path() / "launcher.err") {
   std::vector<std::string> argv{launcher_path()};
   argv.insert(argv.end(), args.begin(), args.end());
@@ -105,6 +105,7 @@ LaunchedJob::LaunchedJob(const JobDir& dir, const std::vector<std::string>& args
   if (pid_ == 0) {
     dup2(out_fd, 1);
     dup2(err_fd, 2);
+    if (limits.nofile && setrlimit(RLIMIT_NOFILE, &*limits.nofile) != 0) _exit(125);
     execve(argv_c[0], argv_c.data(), envp_c.data());
     _exit(126);
   }
@@ -139,8 +140,8 @@ std::string LaunchedJob::out() const { return read_file(out_path_); }
 std::string LaunchedJob::err() const { return read_file(err_path_); }
 
 LaunchResult run_launch(const JobDir& dir, const std::vector<std::string>& args,
-                        const EnvChanges& env) {
-  LaunchedJob job(dir, args, env);
+                        const EnvChanges& env, const ChildLimits& limits) {
+  LaunchedJob job(dir, args, env, limits);
   LaunchResult result;
   result.status = job.wait();
   result.out = job.out();

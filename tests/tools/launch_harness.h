@@ -8,6 +8,7 @@
 // environment dumps.
 #pragma once
 
+#include <sys/resource.h>
 #include <sys/types.h>
 
 #include <chrono>
@@ -43,12 +44,18 @@ class JobDir {
 // Environment changes for the launcher: a value sets, nullopt unsets.
 using EnvChanges = std::map<std::string, std::optional<std::string>>;
 
+// Resource limits set in the launcher's process before it execs.
+struct ChildLimits {
+  std::optional<rlimit> nofile;  // RLIMIT_NOFILE: {soft, hard}
+};
+
 // braid-launch running as a child of the test; stdout and stderr go to
 // files in the job directory. The destructor kills and reaps it if the
 // test did not wait for it.
 class LaunchedJob {
  public:
-  LaunchedJob(const JobDir& dir, const std::vector<std::string>& args, const EnvChanges& env = {});
+  LaunchedJob(const JobDir& dir, const std::vector<std::string>& args, const EnvChanges& env = {},
+              const ChildLimits& limits = {});
   ~LaunchedJob();
   LaunchedJob(const LaunchedJob&) = delete;
   LaunchedJob& operator=(const LaunchedJob&) = delete;
@@ -75,7 +82,7 @@ struct LaunchResult {
 };
 
 LaunchResult run_launch(const JobDir& dir, const std::vector<std::string>& args,
-                        const EnvChanges& env = {});
+                        const EnvChanges& env = {}, const ChildLimits& limits = {});
 
 // braid-launch -n <nproc> [extra...] -- sh -c <script> <dir>
 std::vector<std::string> shell_job(int nproc, const std::string& script, const JobDir& dir,

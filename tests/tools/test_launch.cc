@@ -143,16 +143,6 @@ TEST_CASE("a non-zero node numbers its ranks globally and shares the token", "[l
     CHECK(env.at("BRAID_STORE_ADDR") == "127.0.0.1:29517");
     CHECK(env.at("BRAID_JOB_TOKEN") == "shared-secret");
   }
-
-  SECTION("without BRAID_JOB_TOKEN every launch derives the same token") {
-    JobDir a, b;
-    for (JobDir* d : {&a, &b})
-      REQUIRE(run_launch(*d, shell_job(1, "env > \"$0/env_0\"", *d, node1),
-                         {{"BRAID_JOB_TOKEN", std::nullopt}})
-                  .status == 0);
-    CHECK(rank_env(a, 0).at("BRAID_JOB_TOKEN") == rank_env(b, 0).at("BRAID_JOB_TOKEN"));
-    CHECK(rank_env(a, 0).at("BRAID_JOB_TOKEN").rfind("derived-", 0) == 0);
-  }
 }
 
 TEST_CASE("rank output is relayed line by line with a rank prefix", "[launch]") {

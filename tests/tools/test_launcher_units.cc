@@ -69,11 +69,9 @@ TEST_CASE("store endpoints follow --master-addr and BRAID_BIND_ADDR", "[launcher
   CHECK(bound.advertised_addr == "10.1.2.3");
 }
 
-TEST_CASE("tokens: random ones differ, derived ones agree", "[launcher]") {
+TEST_CASE("tokens: random ones differ", "[launcher]") {
   CHECK(random_token().size() == 32);
   CHECK(random_token() != random_token());
-  CHECK(derived_token("10.0.0.1", 29500) == derived_token("10.0.0.1", 29500));
-  CHECK(derived_token("10.0.0.1", 29500) != derived_token("10.0.0.1", 29501));
 }
 
 TEST_CASE("exit statuses read as a shell reports them", "[launcher]") {

@@ -6,6 +6,8 @@
 #include <map>
 #include <random>
 
+#include "runtime/errors.h"
+
 extern char** environ;
 
 namespace braid::launcher {
@@ -16,13 +18,6 @@ std::string hex(std::uint64_t value, int digits) {
   std::string out(static_cast<std::size_t>(digits), '0');
   for (int i = digits - 1; i >= 0; --i, value >>= 4) out[static_cast<std::size_t>(i)] = kDigits[value & 0xf];
   return out;
-}
-
-// FNV-1a: unlike std::hash, the same on every node and every build.
-std::uint64_t fnv1a(const std::string& text) {
-  std::uint64_t hash = 0xcbf29ce484222325ull;
-  for (unsigned char c : text) hash = (hash ^ c) * 0x100000001b3ull;
-  return hash;
 }
 
 std::map<std::string, std::string> current_environment() {
@@ -44,18 +39,22 @@ std::string random_token() {
   return token;
 }
 
-std::string derived_token(const std::string& host, std::uint16_t port) {
-  std::string shared = "braid-launch|" + host + ":" + std::to_string(port);
-  return "derived-" + hex(fnv1a(shared), 16);
-}
-
-std::string job_token(int nnodes, const std::string& host, std::uint16_t port) {
-  if (nnodes == 1) return random_token();
+JobToken job_token(int nnodes, int node_rank) {
   // Rank identity, like the rest of the rank contract, is read here and in
   // runtime/rank_info.cc rather than in runtime/config.
   const char* shared = std::getenv("BRAID_JOB_TOKEN");
-  if (shared && *shared) return shared;
-  return derived_token(host, port);
+  if (shared && *shared) return {shared, false};
+  if (nnodes == 1 || node_rank == 0) return {random_token(), nnodes > 1};
+  throw InvalidUsage("BRAID_JOB_TOKEN is not set: every node of a job across " + std::to_string(nnodes) +
+                     " nodes must use node 0's token, which this node cannot know. Start node 0 first and "
+                     "set BRAID_JOB_TOKEN here to the token it prints (export BRAID_JOB_TOKEN=...), or set "
+                     "BRAID_JOB_TOKEN to one secret on every node (e.g. from `openssl rand -hex 16`)");
+}
+
+std::string token_instruction(const std::string& token) {
+  return "BRAID_JOB_TOKEN is not set, so this job's token was generated; start the other nodes with it:\n"
+         "  export BRAID_JOB_TOKEN=" + token + "\n"
+         "(keep it secret: whoever has it can join the job and write to its store)";
 }
 
 std::vector<std::string> rank_environment(const JobIdentity& job, int local_rank) {
@@ -72,6 +71,7 @@ std::vector<std::string> rank_environment(const JobIdentity& job, int local_rank
   vars["BRAID_NODE_RANK"] = vars["GROUP_RANK"] = std::to_string(job.node_rank);
   vars["BRAID_STORE_ADDR"] = job.store_host + ":" + port;
   vars["BRAID_JOB_TOKEN"] = job.token;
+  if (!job.bind_addr.empty()) vars["BRAID_BIND_ADDR"] = job.bind_addr;
   vars["MASTER_ADDR"] = job.store_host;
   vars["MASTER_PORT"] = port;
   std::vector<std::string> flat;

@@ -25,20 +25,30 @@ struct JobIdentity {
   std::string store_host;
   std::uint16_t store_port = 0;
   std::string token;
+  // BRAID_BIND_ADDR for the ranks when the launcher chose it (a job across
+  // nodes without one set); empty: the ranks read their own.
+  std::string bind_addr;
 };
 
 // 128 random bits from std::random_device, as 32 hex digits.
 std::string random_token();
 
-// A token that every node computes alike from the store address alone.
-// Weak: anyone who knows the address can compute it too. It only keeps
-// apart jobs that reuse an address; set BRAID_JOB_TOKEN to a secret shared
-// by all nodes for real protection.
-std::string derived_token(const std::string& host, std::uint16_t port);
+// The job's token, and whether this launcher made it up.
+struct JobToken {
+  std::string token;
+  bool generated = false;
+};
 
-// The token for a job: random on a single node; on several nodes
-// BRAID_JOB_TOKEN from the launcher's environment if set, else derived.
-std::string job_token(int nnodes, const std::string& host, std::uint16_t port);
+// BRAID_JOB_TOKEN from the launcher's environment if set. Otherwise a
+// random token on a single node, and on node 0 of several, which must then
+// tell the other nodes (generated is true). Any other node cannot learn
+// node 0's random token by itself: it throws InvalidUsage saying to set
+// BRAID_JOB_TOKEN. No token is ever derived from the address, which anyone
+// could compute.
+JobToken job_token(int nnodes, int node_rank);
+
+// The line node 0 prints when it generated the token of a job across nodes.
+std::string token_instruction(const std::string& token);
 
 // The launcher's own environment with the rank's variables set over it.
 // OMP_NUM_THREADS and OPENBLAS_NUM_THREADS default to 1 (one BLAS thread

@@ -1,5 +1,6 @@
-// launch() in phases: check the options, settle the job's identity (store
-// address, token), serve the store, start the ranks one by one, supervise.
+// launch() in phases: check the options and the file-descriptor limit,
+// settle the job's identity (bind and store addresses, token), serve the
+// store, start the ranks one by one, supervise.
 //
 // Ranks start one at a time and each exec is confirmed before the next
 // fork (process.cc), so a missing program is reported once, for rank 0,
@@ -18,17 +19,18 @@
 
 #include "runtime/config.h"
 #include "runtime/errors.h"
+#include "runtime/rank_info.h"
 #include "runtime/shm_names.h"
 #include "runtime/store.h"
 #include "tools/launcher/environment.h"
+#include "tools/launcher/fd_limit.h"
+#include "tools/launcher/output.h"
 #include "tools/launcher/supervisor.h"
 
 namespace braid::launcher {
 namespace {
 
-bool is_loopback(const std::string& addr) {
-  return addr.starts_with("127.") || addr == "localhost" || addr == "::1";
-}
+bool is_loopback(const std::string& addr) { return runtime::is_loopback_address(addr); }
 
 bool is_wildcard(const std::string& addr) {
   return addr == "0.0.0.0" || addr == "::";
@@ -155,19 +157,52 @@ StoreEndpoints store_endpoints(const LaunchOptions& options, const std::string& 
   return endpoints;
 }
 
+namespace {
+
+// A job across nodes needs its ranks to listen where the other nodes can
+// reach them; with BRAID_BIND_ADDR unset (loopback) that is the address
+// that routes to the master, found now so that a node without one fails at
+// once saying what to set, instead of leaving the others waiting.
+std::string bind_address(const LaunchOptions& options, const std::string& configured) {
+  if (options.nnodes == 1 || !is_loopback(configured) || is_loopback(options.master_addr)) return configured;
+  std::string found =
+      runtime::local_address_toward(options.master_addr, static_cast<std::uint16_t>(options.master_port));
+  spdlog::info("braid-launch: BRAID_BIND_ADDR is not set; ranks listen on {}, the address that routes to {}",
+               found, options.master_addr);
+  return found;
+}
+
+void check_fd_limit(const LaunchOptions& options, const runtime::Config& config) {
+  FdNeeds needs = estimate_fd_needs(options, config.tcp_nsocks, config.transport == "tcp",
+                                    runtime::kMinPendingHandshakes);
+  fit_fd_limit(needs, options.nproc_per_node);
+}
+
+JobIdentity settle_identity(const LaunchOptions& options, const StoreEndpoints& endpoints,
+                            const std::string& bind_addr) {
+  JobToken token = job_token(options.nnodes, options.node_rank);
+  if (token.generated) say(token_instruction(token.token));
+  JobIdentity job{options.nproc_per_node, options.nnodes, options.node_rank, endpoints.advertised_addr,
+                  static_cast<std::uint16_t>(options.master_port), token.token, ""};
+  if (bind_addr != runtime::config().bind_addr) job.bind_addr = bind_addr;
+  return job;
+}
+
+}  // namespace
+
 int launch(const LaunchOptions& options) {
   validate(options);
-  StoreEndpoints endpoints = store_endpoints(options, runtime::config().bind_addr);
+  const runtime::Config& config = runtime::config();
+  check_fd_limit(options, config);
+  std::string bind_addr = bind_address(options, config.bind_addr);
+  StoreEndpoints endpoints = store_endpoints(options, bind_addr);
+  JobIdentity job = settle_identity(options, endpoints, bind_addr);
   if (!options.log_dir.empty()) create_log_dir(options.log_dir);
-  auto port = static_cast<std::uint16_t>(options.master_port);
-  JobIdentity job{options.nproc_per_node, options.nnodes, options.node_rank,
-                  endpoints.advertised_addr, port,
-                  job_token(options.nnodes, endpoints.advertised_addr, port)};
   SignalCatcher signals;  // before the store's thread starts (signals.h)
   std::optional<runtime::StoreServer> server;
   if (options.node_rank == 0) {
     std::string listen_addr = numeric_address(endpoints.listen_addr);
-    server.emplace(listen_addr, port, job.token);
+    server.emplace(listen_addr, job.store_port, job.token);
     job.store_port = server->port();
     spdlog::info("braid-launch: store listening on {}:{}", listen_addr, job.store_port);
   }
