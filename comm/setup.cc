@@ -5,13 +5,18 @@
 // then "<parent>/split<k>/color<c>" for the k-th split of a parent), so
 // communicators never read each other's addresses or status. The
 // communicator id on the wire is a hash of the prefix.
+#include <boost/system/system_error.hpp>
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <functional>
+#include <optional>
+#include <system_error>
 
 #include "comm/communicator_impl.h"
+#include "comm/resources.h"
 #include "comm/transport/shm/transport.h"
 #include "comm/transport/tcp/transport.h"
 #include "runtime/config.h"
@@ -102,14 +107,127 @@ void add_routes(Communicator::Impl& impl, const std::vector<bool>& mask) {
 
 bool any(const std::vector<bool>& mask) { return std::find(mask.begin(), mask.end(), true) != mask.end(); }
 
-}  // namespace
+// Descriptors and threads the transports of `plan` take (comm/resources.h).
+ResourceNeeds needs_of(const Plan& plan, const runtime::Config& config) {
+  const auto shm_peers = std::count(plan.use_shm.begin(), plan.use_shm.end(), true);
+  const auto tcp_peers = std::count(plan.use_tcp.begin(), plan.use_tcp.end(), true);
+  ResourceNeeds needs;
+  // shm: a pidfd per peer, and one descriptor while a segment is created or mapped.
+  if (shm_peers > 0) needs.fds += static_cast<int>(shm_peers) + 1;
+  // tcp: the sockets, and while they connect the listening socket and Asio's
+  // epoll, eventfd and timerfd.
+  if (tcp_peers > 0) needs.fds += static_cast<int>(tcp_peers) * config.tcp_nsocks + 4;
+  needs.threads = 2;  // the status board's and the progress thread
+  return needs;
+}
 
-void connect_transports(Communicator::Impl& impl) {
+// Where ranks publish why they cannot create a communicator, as
+// "<rank>|<reason>": found short of resources by the check, or failed later.
+enum class Stage { check, connect };
+std::string failure_key(const Communicator::Impl& impl, Stage stage) {
+  return impl.key_prefix + (stage == Stage::check ? "/setup/short" : "/setup/failed");
+}
+
+std::optional<std::pair<int, std::string>> published_failure(Communicator::Impl& impl, Stage stage) {
+  std::optional<runtime::Bytes> value;
+  try {
+    value = impl.store->try_get(failure_key(impl, stage));
+  } catch (const Error&) {
+    return std::nullopt;  // the store is gone too; the caller's own error stands
+  }
+  if (!value) return std::nullopt;
+  std::string text(value->begin(), value->end());
+  auto bar = text.find('|');
+  return std::make_pair(std::atoi(text.c_str()), bar == std::string::npos ? text : text.substr(bar + 1));
+}
+
+// The first failure published stays (a later one is mostly its echo).
+void publish_failure(Communicator::Impl& impl, Stage stage, const std::string& reason) {
+  if (!impl.store || impl.size == 1 || published_failure(impl, stage)) return;
+  try {
+    impl.store->set(failure_key(impl, stage), std::to_string(impl.rank) + "|" + reason);
+  } catch (const Error&) {
+    // Best effort: peers then time out waiting for this rank, naming it.
+  }
+}
+
+RemoteError peer_failed(const Communicator::Impl& impl, const std::pair<int, std::string>& failure) {
+  return RemoteError("rank " + std::to_string(impl.rank) + " cannot create communicator " + impl.key_prefix +
+                         " because rank " + std::to_string(failure.first) + " could not: " + failure.second,
+                     failure.first);
+}
+
+// Every rank checks what this communicator will take before it takes
+// anything, and the ranks agree on the outcome through the store: a rank
+// short of descriptors or threads fails with its reason, every other rank
+// at once with a RemoteError carrying it, rather than waiting for it until
+// the timeout. A failure is published before the vote, so whoever has seen
+// every vote sees it. A rank serving the store waits for every rank to have
+// read the outcome before it fails (its store goes with it).
+void agree_on_resources(Communicator::Impl& impl, const Plan& plan) {
+  std::string problem;
+  try {
+    check_resources(impl.rank, needs_of(plan, impl.config));
+  } catch (const SystemError& e) {
+    problem = e.what();
+  }
+  if (!impl.store || impl.size == 1) {
+    if (!problem.empty()) throw SystemError(problem);
+    return;
+  }
+  if (!problem.empty()) publish_failure(impl, Stage::check, problem);
+  const std::string votes = impl.key_prefix + "/setup/checked/", seen = impl.key_prefix + "/setup/seen/";
+  impl.store->set(votes + std::to_string(impl.rank), problem.empty() ? "ok" : "short");
+  std::vector<std::string> all_votes, all_seen;
+  for (int r = 0; r < impl.size; ++r) {
+    all_votes.push_back(votes + std::to_string(r));
+    all_seen.push_back(seen + std::to_string(r));
+  }
+  impl.store->wait(all_votes, impl.timeout);
+  auto failure = published_failure(impl, Stage::check);
+  if (!failure) return;
+  impl.store->set(seen + std::to_string(impl.rank), "1");
+  if (impl.store_server) impl.store->wait(all_seen, impl.timeout);
+  if (!problem.empty()) throw SystemError(problem);
+  throw peer_failed(impl, *failure);
+}
+
+// Set-up failed on this rank after the resource check (in flight). A braid
+// error stays as it is; Asio's and the standard library's system errors
+// (EMFILE, a thread that cannot start) become a SystemError naming the
+// limit. The reason goes to the store, where the peers whose own waits time
+// out find it, and a timeout here reports a peer's published failure.
+[[noreturn]] void fail_setup(Communicator::Impl& impl) {
+  const std::string who = "rank " + std::to_string(impl.rank) + " could not set up communicator " +
+                          impl.key_prefix + ": ";
+  try {
+    throw;
+  } catch (const TimeoutError& e) {
+    if (impl.store)
+      if (auto failure = published_failure(impl, Stage::connect)) throw peer_failed(impl, *failure);
+    publish_failure(impl, Stage::connect, e.what());
+    throw;
+  } catch (const Error& e) {
+    publish_failure(impl, Stage::connect, e.what());
+    throw;
+  } catch (const boost::system::system_error& e) {
+    SystemError error(who + e.what() + fd_limit_hint(e.code().value()));
+    publish_failure(impl, Stage::connect, error.what());
+    throw error;
+  } catch (const std::system_error& e) {
+    const bool thread = e.code() == std::errc::resource_unavailable_try_again;
+    SystemError error(who + e.what() + (thread ? thread_limit_hint() : fd_limit_hint(e.code().value())));
+    publish_failure(impl, Stage::connect, error.what());
+    throw error;
+  } catch (const std::exception& e) {
+    SystemError error(who + e.what());
+    publish_failure(impl, Stage::connect, error.what());
+    throw error;
+  }
+}
+
+void connect_planned(Communicator::Impl& impl, const Plan& plan) {
   const auto& config = impl.config;
-  impl.one_host = std::all_of(impl.hosts.begin(), impl.hosts.end(),
-                              [&](const std::string& h) { return h == impl.hosts.front(); });
-  impl.exchange.routes.assign(static_cast<std::size_t>(impl.size), nullptr);
-  Plan plan = plan_transports(impl);
   // Spinning only pays when every local rank has a core of its own.
   bool oversubscribed = static_cast<int>(plan.local.size()) > runtime::available_cores();
   auto spin = std::chrono::microseconds(oversubscribed ? 0 : config.spin_us);
@@ -120,6 +238,7 @@ void connect_transports(Communicator::Impl& impl) {
     options.comm_id = impl.comm_id;
     options.job_token = impl.info.job_token;
     options.ring_bytes = config.shm_ring_bytes;
+    options.host_bytes = config.shm_host_bytes;
     options.spin = spin;
     options.timeout = config.timeout;
     impl.transports.push_back(shm::connect_shm(*impl.store, impl.key_prefix, options));
@@ -147,6 +266,21 @@ void connect_transports(Communicator::Impl& impl) {
                impl.comm_id, impl.key_prefix, impl.rank, impl.size, impl.hosts[impl.rank],
                rank_list(plan.use_shm), rank_list(plan.use_tcp), config.tcp_nsocks, config.transport,
                ring_order(impl.size));
+}
+
+}  // namespace
+
+void connect_transports(Communicator::Impl& impl) {
+  impl.one_host = std::all_of(impl.hosts.begin(), impl.hosts.end(),
+                              [&](const std::string& h) { return h == impl.hosts.front(); });
+  impl.exchange.routes.assign(static_cast<std::size_t>(impl.size), nullptr);
+  Plan plan = plan_transports(impl);
+  agree_on_resources(impl, plan);
+  try {
+    connect_planned(impl, plan);
+  } catch (...) {
+    fail_setup(impl);
+  }
 }
 
 // Every rank publishes its host identity; all read everyone's.

@@ -54,6 +54,10 @@ struct Config {
   // BRAID_SHM_RING_BYTES: bytes of each shared-memory channel (one per
   // ordered pair of local ranks), rounded up to a power of two. Default 4 MiB.
   std::size_t shm_ring_bytes = 4u << 20;
+  // BRAID_SHM_HOST_BYTES: bytes all shared-memory rings of one host may take
+  // together, 1 MiB..1 TiB. Default 1 GiB. The L x (L-1) rings of L local
+  // ranks halve their size (never below 64 KiB) until they fit.
+  std::size_t shm_host_bytes = 1u << 30;
   // BRAID_SPIN_US: microseconds a waiting rank polls (shm doorbell, TCP
   // sockets) before it sleeps in futex / ppoll, 0..10000. Default 20; no
   // spinning when the host has more local ranks than cores.

@@ -9,13 +9,26 @@
 //    the job is visible in /dev/shm, whatever happens to the processes; a
 //    rank that dies before step 3 leaves its name behind, and braid-launch
 //    removes every name with the job's prefix when the job ends.
+//
+// A rank that fails on the way (no room in /dev/shm, no descriptor left)
+// writes "!<rank>!<reason>" into the keys its local peers wait on (its own
+// name and the group's ready flag), so that every one of them fails at once
+// with that reason instead of waiting for it until the timeout.
+//
+// Ring memory grows with the square of the local ranks (each ordered pair
+// has a channel), so the ring size is bounded by the host's budget
+// (ring_capacity()); every rank derives it from the same settings.
+#include <spdlog/spdlog.h>
 #include <sys/mman.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstdio>
+#include <cstdlib>
 
+#include "comm/resources.h"
 #include "comm/transport/shm/link.h"
 #include "runtime/errors.h"
 #include "runtime/shm_names.h"
@@ -48,6 +61,47 @@ std::string segment_name(const ShmOptions& o, int rank) {
   return runtime::shm_job_prefix(o.job_token) + text;
 }
 
+constexpr char kFailedMark = '!';
+
+// A peer's failure, relayed: this rank reports it but does not publish it
+// again as its own.
+class PeerSetupFailed : public RemoteError {
+ public:
+  using RemoteError::RemoteError;
+};
+
+std::string rank_text(int rank) { return "rank " + std::to_string(rank); }
+
+// Throws when a value read from the store is a peer's failure mark.
+void check_not_failed(const std::string& value, const ShmOptions& o) {
+  if (value.empty() || value[0] != kFailedMark) return;
+  auto end = value.find(kFailedMark, 1);
+  int failed = std::atoi(value.c_str() + 1);
+  throw PeerSetupFailed(rank_text(o.rank) + " cannot set up shared memory with its local peers because " +
+                            rank_text(failed) + " failed: " + value.substr(end + 1),
+                        failed);
+}
+
+void publish_failure(runtime::Store& store, const std::string& key_prefix, const std::string& group,
+                     const ShmOptions& o, const std::string& why) {
+  std::string mark = kFailedMark + std::to_string(o.rank) + kFailedMark + why;
+  try {
+    store.set(key_prefix + "/shm/" + std::to_string(o.rank), mark);
+    store.set(group + "/ready", mark);
+  } catch (const Error&) {
+    // The store itself failed: the peers' waits time out naming it.
+  }
+}
+
+void log_ring_size(const ShmOptions& o, std::size_t capacity) {
+  const std::size_t local = o.local_ranks.size(), configured = round_up_pow2(o.ring_bytes);
+  if (capacity == configured || o.rank != o.local_ranks.front()) return;
+  spdlog::info("shm: {} local ranks have {} rings; each has {} bytes instead of BRAID_SHM_RING_BYTES={} so that "
+               "together they take {} bytes, within BRAID_SHM_HOST_BYTES={} (rings never go below {} bytes)",
+               local, local * (local - 1), capacity, configured, local * (local - 1) * capacity, o.host_bytes,
+               kMinRingBytes);
+}
+
 struct UnlinkGuard {
   std::string name;
   ~UnlinkGuard() { shm_unlink(name.c_str()); }
@@ -59,6 +113,7 @@ std::unique_ptr<ShmTransport::Link> map_peer(runtime::Store& store, const std::s
   auto link = std::make_unique<ShmTransport::Link>();
   link->peer = peer;
   std::string name = store.get_string(key_prefix + "/shm/" + std::to_string(peer), o.timeout);
+  check_not_failed(name, o);
   link->mapping = Mapping::open(name, bytes);
   SegmentHeader* h = link->mapping.header();
   if (h->magic != kSegmentMagic || h->owner_rank != static_cast<std::uint32_t>(peer))
@@ -70,33 +125,73 @@ std::unique_ptr<ShmTransport::Link> map_peer(runtime::Store& store, const std::s
   link->in = mine.channel(in_index);
   link->in_ring = mine.ring(in_index);
   link->pidfd = static_cast<int>(syscall(SYS_pidfd_open, static_cast<pid_t>(h->owner_pid), 0));
+  // Without a pidfd (an old kernel) a dead peer is still noticed by its
+  // closed flag or the timeout; without descriptors nothing more will work.
+  if (link->pidfd < 0 && (errno == EMFILE || errno == ENFILE)) {
+    int err = errno;
+    std::string what = rank_text(o.rank) + " opening a pidfd on its local peer " + rank_text(peer);
+    throw SystemError(errno_message(what, err) + fd_limit_hint(err));
+  }
   return link;
 }
 
-}  // namespace
-
-std::unique_ptr<ShmTransport> connect_shm(runtime::Store& store, const std::string& key_prefix,
-                                          const ShmOptions& o) {
-  const std::size_t channels = o.local_ranks.size() - 1, capacity = round_up_pow2(o.ring_bytes);
-  const std::size_t bytes = segment_bytes(channels, capacity);
-  UnlinkGuard guard{segment_name(o, o.rank)};
-  Mapping mine = Mapping::create(guard.name, bytes);
+Mapping create_segment(const ShmOptions& o, const std::string& name, std::size_t channels, std::size_t capacity) {
+  const std::size_t local = o.local_ranks.size();
+  std::string purpose = rank_text(o.rank) + "'s shared-memory segment (a ring of " + std::to_string(capacity) +
+                        " bytes for each of its " + std::to_string(channels) + " local peer(s); this host's " +
+                        std::to_string(local) + " local ranks need " +
+                        std::to_string(local * segment_bytes(channels, capacity)) + " bytes in all)";
+  Mapping mine = Mapping::create(name, segment_bytes(channels, capacity), purpose);
   SegmentHeader* h = mine.header();
   h->owner_rank = static_cast<std::uint32_t>(o.rank);
   h->channels = static_cast<std::uint32_t>(channels);
   h->capacity = capacity;
   h->owner_pid = getpid();
   h->magic = kSegmentMagic;
+  return mine;
+}
+
+// Steps 1 to 3 of the set-up (see the top of this file).
+std::unique_ptr<ShmTransport> connect_segments(runtime::Store& store, const std::string& key_prefix,
+                                               const std::string& group, const ShmOptions& o) {
+  const std::size_t channels = o.local_ranks.size() - 1;
+  const std::size_t capacity = ring_capacity(o.local_ranks.size(), o.ring_bytes, o.host_bytes);
+  log_ring_size(o, capacity);
+  UnlinkGuard guard{segment_name(o, o.rank)};
+  Mapping mine = create_segment(o, guard.name, channels, capacity);
   store.set(key_prefix + "/shm/" + std::to_string(o.rank), guard.name);
   std::vector<std::unique_ptr<ShmTransport::Link>> links;
   for (int peer : o.local_ranks)
-    if (peer != o.rank) links.push_back(map_peer(store, key_prefix, o, mine, peer, bytes));
-  // One counter per host: the group is named by its lowest rank.
-  std::string group = key_prefix + "/shm_group" + std::to_string(o.local_ranks.front());
+    if (peer != o.rank)
+      links.push_back(map_peer(store, key_prefix, o, mine, peer, segment_bytes(channels, capacity)));
   if (store.add(group + "/mapped", 1) == static_cast<std::int64_t>(o.local_ranks.size()))
     store.set(group + "/ready", "1");
   store.wait({group + "/ready"}, o.timeout);
+  check_not_failed(store.get_string(group + "/ready", o.timeout), o);
   return std::make_unique<ShmTransport>(o, std::move(mine), std::move(links));
+}
+
+}  // namespace
+
+std::size_t ring_capacity(std::size_t local_ranks, std::size_t ring_bytes, std::size_t host_bytes) {
+  const std::size_t rings = local_ranks * (local_ranks > 0 ? local_ranks - 1 : 0);
+  std::size_t capacity = round_up_pow2(ring_bytes);
+  while (capacity > kMinRingBytes && rings * capacity > host_bytes) capacity /= 2;
+  return capacity;
+}
+
+std::unique_ptr<ShmTransport> connect_shm(runtime::Store& store, const std::string& key_prefix,
+                                          const ShmOptions& o) {
+  // One counter and ready flag per host: the group is named by its lowest rank.
+  const std::string group = key_prefix + "/shm_group" + std::to_string(o.local_ranks.front());
+  try {
+    return connect_segments(store, key_prefix, group, o);
+  } catch (const PeerSetupFailed&) {
+    throw;
+  } catch (const std::exception& e) {
+    publish_failure(store, key_prefix, group, o, e.what());
+    throw;
+  }
 }
 
 }  // namespace braid::comm::shm

@@ -4,42 +4,78 @@
 #include <linux/futex.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstring>
 #include <utility>
 
+#include "comm/resources.h"
 #include "runtime/errors.h"
 
 namespace braid::comm::shm {
 
-Mapping Mapping::create(const std::string& name, std::size_t bytes) {
-  int fd = shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
-  if (fd < 0) throw SystemError(errno_message("creating shared memory " + name, errno));
-  if (ftruncate(fd, static_cast<off_t>(bytes)) != 0) {
-    int err = errno;
-    close(fd);
-    shm_unlink(name.c_str());
-    throw SystemError(errno_message("sizing shared memory " + name + " to " + std::to_string(bytes) +
-                                        " bytes (is /dev/shm full?)", err));
-  }
+namespace {
+
+std::string shm_space() {
+  struct statvfs fs {};
+  if (statvfs("/dev/shm", &fs) != 0) return "/dev/shm cannot be inspected";
+  return "/dev/shm has " + std::to_string(std::uint64_t(fs.f_bavail) * fs.f_frsize) + " bytes free of " +
+         std::to_string(std::uint64_t(fs.f_blocks) * fs.f_frsize);
+}
+
+Mapping map_fd(int fd, const std::string& name, std::size_t bytes, const char* whose) {
   void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
   int err = errno;
   close(fd);
-  if (p == MAP_FAILED) {
-    shm_unlink(name.c_str());
-    throw SystemError(errno_message("mapping shared memory " + name, err));
-  }
+  if (p == MAP_FAILED)
+    throw SystemError(errno_message(std::string("mapping ") + whose + "shared memory " + name, err));
+  return Mapping::adopt(static_cast<std::byte*>(p), bytes);
+}
+
+}  // namespace
+
+Mapping Mapping::adopt(std::byte* data, std::size_t bytes) {
   Mapping m;
-  m.data_ = static_cast<std::byte*>(p);
+  m.data_ = data;
   m.bytes_ = bytes;
   return m;
 }
 
+// The pages are reserved here, not at first touch: a tmpfs file sized by
+// ftruncate alone is sparse, and with /dev/shm short the first write to a
+// page that cannot be had kills the process with SIGBUS in the middle of a
+// collective. posix_fallocate returns its error rather than setting errno.
+Mapping Mapping::create(const std::string& name, std::size_t bytes, const std::string& purpose) {
+  int fd = shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
+  if (fd < 0) {
+    int err = errno;
+    throw SystemError(errno_message("creating shared memory " + name, err) + fd_limit_hint(err));
+  }
+  if (int err = posix_fallocate(fd, 0, static_cast<off_t>(bytes)); err != 0) {
+    close(fd);
+    shm_unlink(name.c_str());
+    throw SystemError(purpose + " needs " + std::to_string(bytes) + " bytes of shared memory (" + name +
+                      "), but reserving them failed (" + std::strerror(err) + "): " + shm_space() +
+                      ". Make /dev/shm larger (mount -o remount,size=... /dev/shm; docker run --shm-size), "
+                      "set BRAID_SHM_RING_BYTES or BRAID_SHM_HOST_BYTES smaller, or set BRAID_TRANSPORT=tcp");
+  }
+  try {
+    return map_fd(fd, name, bytes, "");
+  } catch (const SystemError&) {
+    shm_unlink(name.c_str());
+    throw;
+  }
+}
+
 Mapping Mapping::open(const std::string& name, std::size_t bytes) {
   int fd = shm_open(name.c_str(), O_RDWR, 0);
-  if (fd < 0) throw SystemError(errno_message("opening a peer's shared memory " + name, errno));
+  if (fd < 0) {
+    int err = errno;
+    throw SystemError(errno_message("opening a peer's shared memory " + name, err) + fd_limit_hint(err));
+  }
   struct stat st {};
   if (fstat(fd, &st) != 0 || static_cast<std::size_t>(st.st_size) != bytes) {
     close(fd);
@@ -47,14 +83,7 @@ Mapping Mapping::open(const std::string& name, std::size_t bytes) {
                       " bytes, expected " + std::to_string(bytes) +
                       "; do all ranks use the same BRAID_SHM_* settings?");
   }
-  void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
-  int err = errno;
-  close(fd);
-  if (p == MAP_FAILED) throw SystemError(errno_message("mapping a peer's shared memory " + name, err));
-  Mapping m;
-  m.data_ = static_cast<std::byte*>(p);
-  m.bytes_ = bytes;
-  return m;
+  return map_fd(fd, name, bytes, "a peer's ");
 }
 
 Mapping::Mapping(Mapping&& other) noexcept

@@ -60,10 +60,16 @@ inline std::size_t segment_bytes(std::size_t channels, std::size_t capacity) {
 class Mapping {
  public:
   Mapping() = default;
-  // Creates `name` exclusively (fails if it exists), sized and zeroed.
-  static Mapping create(const std::string& name, std::size_t bytes);
+  // Creates `name` exclusively (fails if it exists), zeroed, with all its
+  // pages reserved in /dev/shm: when they cannot be had it throws a
+  // SystemError that starts with `purpose` ("rank 3's shared-memory
+  // segment (...)") and names the bytes needed, the bytes free and the
+  // remedies, so a short /dev/shm fails here and never with SIGBUS later.
+  static Mapping create(const std::string& name, std::size_t bytes, const std::string& purpose);
   // Opens an existing `name` of exactly `bytes`.
   static Mapping open(const std::string& name, std::size_t bytes);
+  // Takes ownership of an existing mapping.
+  static Mapping adopt(std::byte* data, std::size_t bytes);
   Mapping(Mapping&& other) noexcept;
   Mapping& operator=(Mapping&& other) noexcept;
   ~Mapping();

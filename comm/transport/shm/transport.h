@@ -36,14 +36,28 @@ struct ShmOptions {
   std::uint32_t comm_id = 0;
   std::string job_token;
   std::size_t ring_bytes = 4u << 20;  // per channel, rounded up to a power of two
+  std::size_t host_bytes = 1u << 30;  // budget of all rings of this host together (ring_capacity())
   std::chrono::nanoseconds spin{20'000};
   std::chrono::milliseconds timeout{300'000};
 };
 
 class ShmTransport;
 
+inline constexpr std::size_t kMinRingBytes = 64u << 10;
+
+// Bytes of each ring when `local_ranks` ranks share a host: `ring_bytes`
+// rounded up to a power of two, halved while the host's local_ranks x
+// (local_ranks - 1) rings would together take more than `host_bytes`, but
+// never below kMinRingBytes (past about 128 local ranks the total passes the
+// budget rather than the rings shrinking further). A pure function of its
+// arguments, so every rank of a host derives the same size.
+std::size_t ring_capacity(std::size_t local_ranks, std::size_t ring_bytes, std::size_t host_bytes);
+
 // Creates this rank's segment, maps every local peer's, waits until all have
 // mapped each other, then unlinks its own name so nothing stays in /dev/shm.
+// A rank that fails (e.g. /dev/shm too small: a SystemError naming the bytes
+// needed and free and the remedies) fails its local peers too, at once,
+// with a RemoteError that carries its reason.
 std::unique_ptr<ShmTransport> connect_shm(runtime::Store& store, const std::string& key_prefix,
                                           const ShmOptions& options);
 
