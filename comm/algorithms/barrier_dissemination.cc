@@ -11,7 +11,8 @@
 //   a chain of checks, that every rank called the same thing. A mismatch
 //   fails at least the ranks that see it, and their abort fails the rest,
 //   before any user buffer was written. Algorithms whose own schedule already
-//   proves this before their first write skip it (Algorithm::agrees).
+//   proves this before their first write skip it (Algorithm::agrees). On
+//   a few ranks, one round of headers between every pair does the same.
 #include "comm/algorithms/algorithms.h"
 
 namespace braid::comm {
@@ -35,6 +36,15 @@ void dissemination_rounds(Exchange& x, std::uint32_t first_step) {
 
 void barrier_dissemination(Exchange& x) { dissemination_rounds(x, 0); }
 
-void agree_signatures(Exchange& x) { dissemination_rounds(x, kAgreementStep); }
+// Up to this many ranks every rank sends its header to every other and
+// checks all of theirs: one round, whose messages all leave at once, instead
+// of ceil(log2 N) rounds that each wait for the last (a sleep and a wake-up
+// each when ranks outnumber cores).
+constexpr int kAllPairsAgreementRanks = 8;
+
+void agree_signatures(Exchange& x) {
+  if (x.size() > kAllPairsAgreementRanks) return dissemination_rounds(x, kAgreementStep);
+  x.swap_with_all(kAgreementStep, nullptr, nullptr, 0);
+}
 
 }  // namespace braid::comm
