@@ -44,6 +44,11 @@ namespace {
 
 constexpr std::size_t KiB = 1024, MiB = 1024 * KiB, GiB = 1024 * MiB;
 
+// Every rank's BRAID_TIMEOUT here. A failure must arrive well within it:
+// a rank that learns of a peer's failure only by timing out fails the test.
+constexpr seconds kTimeout{20};
+constexpr milliseconds kWellWithinTimeout = kTimeout / 2;
+
 // In the child: a mount namespace of its own, "/" private so nothing
 // propagates out, and a tmpfs of `bytes` on /dev/shm. Returns why not, or "".
 std::string enter_short_shm(std::size_t bytes) {
@@ -173,7 +178,7 @@ TEST_CASE("a /dev/shm too small for the rings fails set-up on every rank, naming
           "[abuse][resources]") {
   // Three ranks need a segment of two 4 MiB rings each; /dev/shm has 1 MiB.
   constexpr int kRanks = 3;
-  test::RunOptions options = options_with(seconds(20), seconds(60), "shm");
+  test::RunOptions options = options_with(kTimeout, seconds(60), "shm");
   options.config.shm_ring_bytes = 4 * MiB;
   auto run = run_with_short_shm(1 * MiB, kRanks, touch_rings, options);
   if (!run.skipped.empty()) {
@@ -183,7 +188,7 @@ TEST_CASE("a /dev/shm too small for the rings fails set-up on every rank, naming
   const auto& result = run.result;
   INFO(result.summary());
   REQUIRE(!result.timed_out);
-  CHECK(result.elapsed < milliseconds(10'000));  // not the 20 s timeout
+  CHECK(result.elapsed < kWellWithinTimeout);
   CHECK(result.leftover_shm == 0);
   for (int r = 0; r < kRanks; ++r) {
     INFO("rank " << r);
@@ -204,7 +209,7 @@ TEST_CASE("a rank whose /dev/shm is short fails its local peers at once with its
     WARN("skipped: " << why);
     return;
   }
-  test::RunOptions options = options_with(seconds(20), seconds(60), "shm");
+  test::RunOptions options = options_with(kTimeout, seconds(60), "shm");
   options.config.shm_ring_bytes = 4 * MiB;
   options.enter_rank = [](int rank) {
     if (rank == 1) expect(enter_short_shm(1 * MiB).empty(), "rank 1 could not mount its small /dev/shm");
@@ -213,7 +218,7 @@ TEST_CASE("a rank whose /dev/shm is short fails its local peers at once with its
   auto result = test::run_ranks(2, touch_rings, options);
   INFO(result.summary());
   REQUIRE(!result.timed_out);
-  CHECK(result.elapsed < milliseconds(10'000));  // not the 20 s timeout
+  CHECK(result.elapsed < kWellWithinTimeout);
   CHECK(result.leftover_shm == 0);               // rank 0 removed its segment
   for (const auto& rank : result.ranks) {
     CHECK(rank.signal == 0);
@@ -281,7 +286,7 @@ TEST_CASE("8 local ranks with a small host budget run on rings that fit it", "[a
 
 TEST_CASE("communicators created past RLIMIT_NOFILE fail with a named error on every rank", "[abuse][resources]") {
   const std::string transport = GENERATE("shm", "tcp");
-  test::RunOptions options = options_with(seconds(20), seconds(90), transport);
+  test::RunOptions options = options_with(kTimeout, seconds(90), transport);
   options.config.shm_ring_bytes = 64 * KiB;
   auto result = test::run_ranks(2, [](Communicator& comm) {
     tagged([&] {
@@ -317,6 +322,6 @@ TEST_CASE("communicators created past RLIMIT_NOFILE fail with a named error on e
   CHECK(peer.type == "RemoteError");
   CHECK(contains(peer.text, "because rank 0 could not"));
   CHECK(contains(peer.text, "RLIMIT_NOFILE"));
-  CHECK(peer.ms < 10'000);  // not the 20 s timeout
+  CHECK(peer.ms < kWellWithinTimeout.count());
   for (const auto& rank : result.ranks) CHECK(rank.signal == 0);
 }
