@@ -84,6 +84,7 @@ struct Communicator::Impl {
   std::shared_ptr<WorkState> enqueue(Op op);
   void execute(const Op& op, WorkState& state);
   void run_worker();
+  bool start_worker(const Op& op, WorkState& state);
   void abort(const std::string& reason);
 };
 

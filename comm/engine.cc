@@ -15,6 +15,7 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <system_error>
 
 #include "comm/algorithms/algorithms.h"
 #include "comm/communicator_impl.h"
@@ -102,11 +103,32 @@ std::shared_ptr<WorkState> Communicator::Impl::enqueue(Op op) {
     cv.notify_all();
     return state;
   }
+  if (!worker.joinable() && !start_worker(op, *state)) return state;
   queue.emplace_back(op, state);
-  if (!worker.joinable()) worker = std::thread([this] { run_worker(); });
   lock.unlock();
   cv.notify_all();
   return state;
+}
+
+// Called with `mu` held. A process out of threads gets a named error, not
+// a queued call that no thread will ever run: the communicator aborts (so
+// its peers fail too) and the call's Work carries the error.
+bool Communicator::Impl::start_worker(const Op& op, WorkState& state) {
+  try {
+    worker = std::thread([this] { run_worker(); });
+    return true;
+  } catch (const std::system_error& e) {
+    auto error = std::make_exception_ptr(SystemError(
+        "rank " + std::to_string(rank) + ", " + describe(op) +
+        ": cannot start the communicator's progress thread (" + e.what() +
+        "): the process is out of threads (ulimit -u, the cgroup's pids.max, kernel.threads-max); "
+        "destroy communicators that are no longer used or raise the limit"));
+    if (!failure) failure = error;
+    abort(message_of(error));
+    if (state.staged) state.staged->open_gate();
+    state.complete(error);
+    return false;
+  }
 }
 
 void Communicator::Impl::run_worker() {

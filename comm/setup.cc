@@ -22,6 +22,7 @@
 #include "runtime/config.h"
 #include "runtime/errors.h"
 #include "runtime/log.h"
+#include "runtime/rank_info.h"
 #include "runtime/store.h"
 #include "runtime/topology.h"
 
@@ -251,7 +252,7 @@ void connect_planned(Communicator::Impl& impl, const Plan& plan) {
     options.comm_id = impl.comm_id;
     options.nsocks = config.tcp_nsocks;
     options.buffer_bytes = config.socket_buffer_bytes;
-    options.bind_addr = config.bind_addr;
+    options.bind_addr = runtime::peer_bind_address(impl.info, config);  // routable across hosts
     options.token = impl.info.job_token;
     options.timeout = config.timeout;
     options.peers = plan.use_tcp;

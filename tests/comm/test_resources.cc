@@ -325,3 +325,48 @@ TEST_CASE("communicators created past RLIMIT_NOFILE fail with a named error on e
   CHECK(peer.ms < kWellWithinTimeout.count());
   for (const auto& rank : result.ranks) CHECK(rank.signal == 0);
 }
+
+namespace {
+
+// The process's virtual memory size now, from /proc/self/status.
+std::size_t vm_size_bytes() {
+  std::ifstream status("/proc/self/status");
+  std::string line;
+  while (std::getline(status, line))
+    if (line.rfind("VmSize:", 0) == 0) return std::stoull(line.substr(7)) * 1024;
+  return 0;
+}
+
+}  // namespace
+
+TEST_CASE("abuse: a rank that cannot start its progress thread fails with a named error, and its peers too",
+          "[resources][abuse]") {
+  // An address-space limit just above what rank 0 maps now leaves no room
+  // for a thread stack (root ignores RLIMIT_NPROC, not RLIMIT_AS). Its first
+  // call too large to run inline needs the progress thread.
+  const std::string transport = GENERATE("shm", "tcp");
+  INFO(transport);
+  auto options = options_with(seconds(20), seconds(60), transport);
+  auto result = test::run_ranks(
+      2,
+      [&](Communicator& comm) {
+        const std::size_t count = (1u << 20) / sizeof(float);  // above BRAID_INLINE_BYTES
+        std::vector<float> data(count, 1.0f);
+        comm.barrier().wait();
+        if (comm.rank() == 0) {
+          rlimit limit{vm_size_bytes() + (1u << 20), RLIM_INFINITY};
+          expect(setrlimit(RLIMIT_AS, &limit) == 0, "setrlimit(RLIMIT_AS) failed");
+        }
+        tagged([&] { comm.all_reduce(data.data(), data.data(), count, DataType::f32, ReduceOp::sum).wait(); });
+        throw std::runtime_error("the all_reduce completed although rank 0 could not start a thread");
+      },
+      options);
+  INFO(result.summary());
+  REQUIRE_FALSE(result.timed_out);
+  Outcome first = outcome_of(result.ranks[0]), peer = outcome_of(result.ranks[1]);
+  CHECK(first.type == "SystemError");
+  CHECK(contains(first.text, "cannot start the communicator's progress thread"));
+  CHECK(peer.type == "RemoteError");
+  CHECK(contains(peer.text, "cannot start the communicator's progress thread"));
+  CHECK(peer.ms < 10000);
+}
