@@ -68,30 +68,44 @@ struct FinalStaging {
   std::array<Request, kSlots> sent{};  // the send still reading each slot
 };
 
+struct ReduceScatterRingOptions {
+  // Wire step of the schedule's step 0, and whether the caller has already
+  // posted that step (reduce_scatter_ring_start).
+  std::uint32_t first_step = 0;
+  bool first_sent = false;
+  // dst has room for the rank's own output chunk only (it points there);
+  // partial sums of other chunks go to scratch.
+  bool final_only = false;
+  OnFinalSegment on_final;
+  // With on_final, final segments are reduced into these slots rather than
+  // dst, for a caller that sends them on and writes dst with streaming
+  // stores (an out-of-place all-reduce spares the read-for-ownership of its
+  // output that way); a segment whose slot's send has not yet gone is
+  // reduced into dst as without staging, so staging never waits on a peer.
+  FinalStaging* staging = nullptr;
+};
 // Ring reduce-scatter of the `layout` chunks of `src` (element type and op from
 // x.op()): on return chunk `rank` of `dst` holds the reduction over all ranks.
 // Partial sums of other chunks are written to dst too, so dst must have room
-// for every chunk unless `final_only` is set, in which case dst points at the
-// rank's own output chunk and partial sums go to scratch. With `staging`
-// (and on_final), final segments are reduced into its slots rather than
-// dst, for a caller that sends them on and writes dst with streaming stores
-// (an out-of-place all-reduce spares the read-for-ownership of its output
-// that way); a segment whose slot's send has not yet gone is reduced into
-// dst as without staging, so staging never waits on a peer.
+// for every chunk unless options.final_only is set.
 void reduce_scatter_ring(Exchange& x, const std::byte* src, std::byte* dst, const ChunkLayout& layout,
-                         bool final_only, const OnFinalSegment& on_final = {}, std::uint32_t first_step = 0,
-                         bool first_sent = false, FinalStaging* staging = nullptr);
+                         const ReduceScatterRingOptions& options);
 // The reduce-scatter's first step alone (this rank's contribution to the
 // chunk of its right neighbour, straight from `src`), for a caller that
 // posts it early and passes first_sent; its sends are left to
 // Exchange::wait_sends.
 void reduce_scatter_ring_start(Exchange& x, const std::byte* src, const ChunkLayout& layout, std::uint32_t first_step);
+struct AllGatherRingOptions {
+  // Wire step of the schedule's step 0, and whether the caller has already
+  // posted that step's sends of the rank's own chunk.
+  std::uint32_t first_step = 0;
+  bool first_sent = false;
+  // How the last step's receives, which are not forwarded, are written.
+  Placement last_step = Placement::cached;
+};
 // Ring all-gather: chunk `rank` of `buf` is present; on return every chunk is.
-// Wire steps are numbered from `first_step`; with `first_sent` the caller has
-// already posted the step-0 sends of the rank's own chunk. The last step's
-// receives, which are not forwarded, are written as `last_step` says.
-void all_gather_ring(Exchange& x, std::byte* buf, const ChunkLayout& layout, std::uint32_t first_step = 0,
-                     bool first_sent = false, Placement last_step = Placement::cached);
+void all_gather_ring(Exchange& x, std::byte* buf, const ChunkLayout& layout,
+                     const AllGatherRingOptions& options = {});
 
 void all_reduce_ring(Exchange& x);
 // On buffers from Communicator::allocate on every rank of one host

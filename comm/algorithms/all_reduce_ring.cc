@@ -4,7 +4,15 @@
 // the output buffer (so in place and out of place share one path); for avg
 // each rank divides its own chunk by N before the all-gather circulates it.
 // The two phases overlap: a segment of the own chunk is sent on as soon as
-// it is final.
+// it is final. In the verbs of DESIGN.md (NCCL's device/all_reduce.h reads
+// the same) one round is
+//
+//   send                     reduce_scatter_ring_start
+//   recv_reduce_send x N-2   reduce_scatter_ring, whose last step hands
+//   recv_reduce_copy_send    each final segment to copy_send (below): the
+//                            all-gather's step 0
+//   recv_copy_send x N-2     all_gather_ring, its step 0 already sent
+//   recv
 //
 // A large message runs in rounds, each a full reduce-scatter + all-gather of
 // N chunks of BRAID_CHUNK_BYTES: within a round the all-gather sends a
@@ -34,54 +42,90 @@
 #include "kernels/cpu/reduce.h"
 
 namespace braid::comm {
+namespace {
 
-void all_reduce_ring(Exchange& x) {
-  const Op& op = x.op();
-  const std::size_t es = x.element_bytes();
-  auto* out = static_cast<std::byte*>(op.recv);
-  auto* in = static_cast<const std::byte*>(op.send);
-  const int n = x.size(), right = (x.rank() + 1) % n;
-  if (n == 1) {
-    if (op.send != op.recv) std::memcpy(out, op.send, op.count * es);
-    return;
+// One all-reduce, cut into rounds of round_ elements.
+class AllReduceRing {
+ public:
+  explicit AllReduceRing(Exchange& x);
+  void run() {
+    std::uint32_t step = 0;
+    for (std::size_t first = 0; first < op_.count; first += round_, step += steps_per_round_)
+      run_round(first, step);
+    x_.wait_sends();
   }
-  const std::size_t chunk = x.tuning().chunk_bytes / es;
-  const std::size_t round = chunk == 0 ? op.count : std::max<std::size_t>(1, chunk) * static_cast<std::size_t>(n);
-  const auto steps_per_round = static_cast<std::uint32_t>(2 * (n - 1));
-  auto layout_at = [&](std::size_t first) { return ChunkLayout{std::min(round, op.count - first), n}; };
+
+ private:
+  ChunkLayout layout_at(std::size_t first) const { return {std::min(round_, op_.count - first), n_}; }
+  const std::byte* in_at(std::size_t first) const { return in_ + first * es_; }
+  void run_round(std::size_t first, std::uint32_t step);
+
+  Exchange& x_;
+  const Op& op_;
+  const std::byte* in_;
+  std::byte* out_;
+  const int n_;
+  const std::size_t es_, seg_;
+  std::size_t round_;
+  std::uint32_t steps_per_round_;
+  bool early_, stage_;
+  FinalStaging staging_;
+};
+
+AllReduceRing::AllReduceRing(Exchange& x)
+    : x_(x), op_(x.op()), in_(static_cast<const std::byte*>(op_.send)), out_(static_cast<std::byte*>(op_.recv)),
+      n_(x.size()), es_(x.element_bytes()), seg_(segment_count(x)) {
+  const std::size_t chunk = x.tuning().chunk_bytes / es_;
+  round_ = chunk == 0 ? op_.count : std::max<std::size_t>(1, chunk) * static_cast<std::size_t>(n_);
+  steps_per_round_ = static_cast<std::uint32_t>(2 * (n_ - 1));
   // With 2 ranks the all-gather only receives, so the next round's first
   // sends can follow this round's all-gather sends on the link at once; with
   // more, the all-gather forwards, and they must wait until it has.
-  const bool early = n == 2;
+  early_ = n_ == 2;
   // Out of place, the output is written with streaming stores from staging
   // slots (reduce_scatter_ring), sparing the read-for-ownership of memory
   // that is only overwritten; in place the output was just read, so it is
   // in cache and plain stores are cheaper.
-  const std::size_t seg = segment_count(x);
   const std::size_t stream_bytes = x.tuning().stream_bytes;
-  const bool stage = op.send != op.recv && stream_bytes != 0 && op.count * es >= stream_bytes;
-  FinalStaging staging;
-  if (stage) staging = {x.scratch(FinalStaging::kSlots * seg * es), seg * es};
-  std::uint32_t step = 0;
-  for (std::size_t first = 0; first < op.count; first += round, step += steps_per_round) {
-    const ChunkLayout layout = layout_at(first);
-    if (first == 0 || !early) reduce_scatter_ring_start(x, in + first * es, layout, step);
-    std::byte* o = out + first * es;
-    const std::uint32_t ag_first_step = step + static_cast<std::uint32_t>(n - 1);
-    reduce_scatter_ring(
-        x, in + first * es, o, layout, false,
-        [&](std::size_t g, std::byte* data, std::size_t count) {
-          if (op.reduce_op == ReduceOp::avg) kernels::cpu::divide(data, count, op.dtype, n);
-          std::byte* place = o + (layout.offset(x.rank()) + g * seg) * es;
-          if (data != place) kernels::cpu::stream_copy(place, data, count * es);
-          return x.send(right, ag_first_step, g, data, count * es);
-        },
-        step, true, stage ? &staging : nullptr);
-    if (early && first + round < op.count)
-      reduce_scatter_ring_start(x, in + (first + round) * es, layout_at(first + round), step + steps_per_round);
-    all_gather_ring(x, o, layout, ag_first_step, true, stage ? Placement::streamed : Placement::cached);
-  }
-  x.wait_sends();
+  stage_ = op_.send != op_.recv && stream_bytes != 0 && op_.count * es_ >= stream_bytes;
+  if (stage_) staging_ = {x.scratch(FinalStaging::kSlots * seg_ * es_), seg_ * es_};
+}
+
+// One round over the elements from `first`, on the wire steps from `step`.
+void AllReduceRing::run_round(std::size_t first, std::uint32_t step) {
+  const ChunkLayout layout = layout_at(first);
+  std::byte* out = out_ + first * es_;
+  const std::uint32_t gather_step = step + static_cast<std::uint32_t>(n_ - 1);
+  // The copy_send of recv_reduce_copy_send: a final segment of this rank's
+  // chunk is divided for avg, copied to its place in the output (it is there
+  // already unless staged) and sent as the all-gather's step 0.
+  auto copy_send = [&](std::size_t g, std::byte* data, std::size_t count) {
+    if (op_.reduce_op == ReduceOp::avg) kernels::cpu::divide(data, count, op_.dtype, n_);
+    std::byte* place = out + (layout.offset(x_.rank()) + g * seg_) * es_;
+    if (data != place) kernels::cpu::stream_copy(place, data, count * es_);
+    return x_.send((x_.rank() + 1) % n_, gather_step, g, data, count * es_);
+  };
+  // send (with 2 ranks, posted by the previous round)
+  if (first == 0 || !early_) reduce_scatter_ring_start(x_, in_at(first), layout, step);
+  // recv_reduce_send x N-2, recv_reduce_copy_send
+  reduce_scatter_ring(x_, in_at(first), out, layout,
+                      {.first_step = step, .first_sent = true, .on_final = copy_send,
+                       .staging = stage_ ? &staging_ : nullptr});
+  // With 2 ranks, the next round's send goes out now, so the pair does not drain.
+  if (early_ && first + round_ < op_.count)
+    reduce_scatter_ring_start(x_, in_at(first + round_), layout_at(first + round_), step + steps_per_round_);
+  // recv_copy_send x N-2, recv
+  all_gather_ring(x_, out, layout,
+                  {.first_step = gather_step, .first_sent = true,
+                   .last_step = stage_ ? Placement::streamed : Placement::cached});
+}
+
+}  // namespace
+
+void all_reduce_ring(Exchange& x) {
+  const Op& op = x.op();
+  if (x.size() > 1) return AllReduceRing(x).run();
+  if (op.send != op.recv) std::memcpy(op.recv, op.send, op.count * x.element_bytes());
 }
 
 }  // namespace braid::comm

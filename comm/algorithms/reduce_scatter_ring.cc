@@ -5,15 +5,23 @@
 // receives chunk (r-s-2) mod N from its left one, which it reduces with its
 // own contribution; what it reduced at step s it sends at step s+1. After
 // N-1 steps chunk r has passed through every rank and holds the full
-// reduction. Each chunk travels in segments: as soon as a segment is reduced
-// it is sent on, so sending segment k overlaps receiving and reducing k+1,
-// and received segments are reduced straight out of transport memory
-// (recv_view) with no extra copy. A caller can act on each final segment of
-// its own chunk while it is still in cache (all_reduce_ring starts its
-// all-gather there).
+// reduction. In the verbs of DESIGN.md the schedule is
+//
+//   send                     step 0: this rank's contribution to chunk r-1
+//   recv_reduce_send x N-2   steps 0 .. N-3: partial sums travel on
+//   recv_reduce_copy_send    step N-2: chunk r becomes final in dst; the
+//                            caller's on_final copies it on and sends it
+//                            (all_reduce_ring starts its all-gather there)
+//
+// Each chunk travels in segments: as soon as a segment is reduced it is sent
+// on, so sending segment k overlaps receiving and reducing k+1, and received
+// segments are reduced straight out of transport memory (recv_view) with no
+// extra copy. A caller thus acts on each final segment of its own chunk
+// while it is still in cache.
 //
 // Per rank this sends (N-1)/N of the message: the bandwidth optimum.
 #include <algorithm>
+#include <span>
 #include <vector>
 
 #include "comm/algorithms/algorithms.h"
@@ -27,8 +35,9 @@ std::size_t segment_count(const Exchange& x) {
 
 namespace {
 
-// Step 0: this rank's own contribution to its right neighbour's chunk.
-void post_first_step(Exchange& x, const std::byte* src, const ChunkLayout& layout, std::uint32_t first_step,
+// Step 0 (the `send` verb): this rank's own contribution to its right
+// neighbour's chunk, straight from src.
+void send_first_step(Exchange& x, const std::byte* src, const ChunkLayout& layout, std::uint32_t first_step,
                      std::vector<Request>* sent) {
   const int n = x.size(), right = (x.rank() + 1) % n, first = (x.rank() - 1 + n) % n;
   const std::size_t es = x.element_bytes(), seg = segment_count(x);
@@ -39,71 +48,161 @@ void post_first_step(Exchange& x, const std::byte* src, const ChunkLayout& layou
   }
 }
 
+// The segments of one step's chunk as they arrive from the left neighbour,
+// into transport memory; receives are posted a window ahead of the one
+// being consumed.
+class StepReceives {
+ public:
+  StepReceives(Exchange& x, int left, std::uint32_t step, std::size_t count)
+      : x_(x), left_(left), step_(step), count_(count), seg_(segment_count(x)), ahead_(x.tuning().window) {}
+
+  std::size_t segments() const { return (count_ + seg_ - 1) / seg_; }
+  std::size_t count_of(std::size_t g) const { return std::min(seg_, count_ - g * seg_); }
+
+  // Waits for the next segment; its bytes stay readable until release().
+  std::span<const std::byte> next() {
+    for (; posted_ < segments() && !ahead_.full(); ++posted_)
+      ahead_.push(x_.recv_view(left_, step_, posted_, count_of(posted_) * x_.element_bytes()));
+    current_ = ahead_.pop();
+    x_.wait(current_);
+    return x_.view(current_);
+  }
+  void release() { x_.release(current_); }
+
+ private:
+  Exchange& x_;
+  int left_;
+  std::uint32_t step_;
+  std::size_t count_, seg_, posted_ = 0;
+  Window ahead_;
+  Request current_{};
+};
+
+class ReduceScatterRing {
+ public:
+  ReduceScatterRing(Exchange& x, const std::byte* src, std::byte* dst, const ChunkLayout& layout,
+                    const ReduceScatterRingOptions& options);
+
+  void send() { send_first_step(x_, src_, layout_, o_.first_step, &sent_); }
+  void recv_reduce_send(int s);
+  void recv_reduce_copy_send(int s);
+  // Only this schedule's own sends are waited for: sends the on_final
+  // callback posts belong to the caller's next phase.
+  void wait_sent() {
+    for (const Request& request : sent_) x_.wait(request);
+    sent_.clear();
+  }
+
+ private:
+  int chunk_at(int s) const { return ((r_ - s - 2) % n_ + 2 * n_) % n_; }  // received at step s
+  StepReceives receive(int s);
+  std::byte* partial(int s, int chunk);
+  Request* free_staging_slot(std::size_t g);
+  void reduce(std::byte* out, int chunk, std::size_t g, std::size_t count, std::span<const std::byte> received);
+
+  Exchange& x_;
+  const std::byte* src_;
+  std::byte* dst_;
+  const ChunkLayout& layout_;
+  const ReduceScatterRingOptions& o_;
+  const int n_, r_;
+  const std::size_t es_, seg_;
+  FinalStaging* staging_;
+  std::size_t slot_bytes_ = 0;
+  std::byte* slots_ = nullptr;
+  std::vector<Request> sent_;
+};
+
+ReduceScatterRing::ReduceScatterRing(Exchange& x, const std::byte* src, std::byte* dst, const ChunkLayout& layout,
+                                     const ReduceScatterRingOptions& options)
+    : x_(x), src_(src), dst_(dst), layout_(layout), o_(options), n_(x.size()), r_(x.rank()),
+      es_(x.element_bytes()), seg_(segment_count(x)), staging_(options.staging) {
+  // Partial sums live in dst, or in two alternating scratch slots when dst
+  // only has room for the final chunk.
+  slot_bytes_ = layout.count_of(0) * es_;
+  if (o_.final_only) slots_ = x.scratch(2 * slot_bytes_);
+  if (!o_.on_final || (staging_ && staging_->slot_bytes < seg_ * es_)) staging_ = nullptr;
+}
+
+// Starts step s. A scratch slot is rewritten two steps after it was sent, so
+// with final_only the sends so far are waited for first.
+StepReceives ReduceScatterRing::receive(int s) {
+  if (o_.final_only && s >= 2) wait_sent();
+  return StepReceives(x_, (r_ - 1 + n_) % n_, o_.first_step + s, layout_.count_of(chunk_at(s)));
+}
+
+// Where step s accumulates `chunk`: its place in dst, or a scratch slot.
+std::byte* ReduceScatterRing::partial(int s, int chunk) {
+  if (s == n_ - 2 || !o_.final_only) return o_.final_only ? dst_ : dst_ + layout_.offset(chunk) * es_;
+  return slots_ + (s % 2) * slot_bytes_;
+}
+
+// The staging slot for final segment g, cleared for reuse, or null: without
+// staging, or while the slot's last send has not gone (the segment then goes
+// to dst, so staging never waits on a peer).
+Request* ReduceScatterRing::free_staging_slot(std::size_t g) {
+  if (!staging_) return nullptr;
+  Request& slot = staging_->sent[g % FinalStaging::kSlots];
+  if (slot.transport && !x_.send_done(slot)) return nullptr;
+  slot = {};
+  return &slot;
+}
+
+void ReduceScatterRing::reduce(std::byte* out, int chunk, std::size_t g, std::size_t count,
+                               std::span<const std::byte> received) {
+  kernels::cpu::reduce(out, src_ + (layout_.offset(chunk) + g * seg_) * es_, received.data(), count,
+                       x_.op().dtype, x_.op().reduce_op);
+}
+
+// Steps 0 .. N-3: reduce each arriving segment with this rank's own
+// contribution and send the partial sum on at step s+1.
+void ReduceScatterRing::recv_reduce_send(int s) {
+  const int c = chunk_at(s);
+  StepReceives in = receive(s);
+  for (std::size_t g = 0; g < in.segments(); ++g) {
+    auto received = in.next();
+    std::byte* out = partial(s, c) + g * seg_ * es_;
+    reduce(out, c, g, in.count_of(g), received);
+    in.release();
+    sent_.push_back(x_.send((r_ + 1) % n_, o_.first_step + s + 1, g, out, in.count_of(g) * es_));
+  }
+}
+
+// Step N-2: each segment of chunk r becomes final, reduced into dst or a
+// staging slot and handed to on_final, which copies it to its place and
+// sends it on; without on_final (a plain reduce-scatter) the copy and send
+// are nobody's, and it is recv_reduce into dst.
+void ReduceScatterRing::recv_reduce_copy_send(int s) {
+  const int c = chunk_at(s);
+  StepReceives in = receive(s);
+  for (std::size_t g = 0; g < in.segments(); ++g) {
+    auto received = in.next();
+    Request* slot = free_staging_slot(g);
+    std::byte* out = slot ? staging_->memory + (g % FinalStaging::kSlots) * staging_->slot_bytes
+                          : partial(s, c) + g * seg_ * es_;
+    reduce(out, c, g, in.count_of(g), received);
+    in.release();
+    if (!o_.on_final) continue;
+    Request reading = o_.on_final(g, out, in.count_of(g));
+    if (slot) *slot = reading;
+  }
+}
+
 }  // namespace
 
 void reduce_scatter_ring_start(Exchange& x, const std::byte* src, const ChunkLayout& layout,
                                std::uint32_t first_step) {
-  post_first_step(x, src, layout, first_step, nullptr);
+  send_first_step(x, src, layout, first_step, nullptr);
 }
 
 void reduce_scatter_ring(Exchange& x, const std::byte* src, std::byte* dst, const ChunkLayout& layout,
-                         bool final_only, const OnFinalSegment& on_final, std::uint32_t first_step,
-                         bool first_sent, FinalStaging* staging) {
-  const int n = x.size(), r = x.rank();
-  const int left = (r - 1 + n) % n, right = (r + 1) % n;
-  const std::size_t es = x.element_bytes(), seg = segment_count(x);
-  const Op& op = x.op();
-  auto chunk_at = [&](int s, int offset) { return ((r - s - offset) % n + 2 * n) % n; };
-  // Partial sums live in dst, or in two alternating scratch slots when dst only
-  // has room for the final chunk; a slot is rewritten two steps after it was
-  // sent, so its sends are waited for first.
-  std::size_t slot_bytes = layout.count_of(0) * es;
-  std::byte* slots = final_only ? x.scratch(2 * slot_bytes) : nullptr;
-  if (!on_final || (staging && staging->slot_bytes < seg * es)) staging = nullptr;
-  auto acc = [&](int s, int chunk) -> std::byte* {
-    if (s == n - 2 || !final_only) return final_only ? dst : dst + layout.offset(chunk) * es;
-    return slots + (s % 2) * slot_bytes;
-  };
-  // Only this schedule's own sends are waited for: sends the on_final
-  // callback posts belong to the caller's next phase.
-  std::vector<Request> sent;
-  auto wait_sent = [&] {
-    for (const Request& request : sent) x.wait(request);
-    sent.clear();
-  };
-  if (!first_sent) post_first_step(x, src, layout, first_step, &sent);
-  for (int s = 0; s < n - 1; ++s) {
-    if (final_only && s >= 2) wait_sent();
-    const int c = chunk_at(s, 2);
-    const std::size_t c_count = layout.count_of(c), segments = (c_count + seg - 1) / seg;
-    Window ahead(x.tuning().window);
-    std::size_t posted = 0;
-    for (std::size_t g = 0; g < segments; ++g) {
-      for (; posted < segments && !ahead.full(); ++posted)
-        ahead.push(x.recv_view(left, first_step + s, posted, std::min(seg, c_count - posted * seg) * es));
-      Request in = ahead.pop();
-      x.wait(in);
-      const std::size_t off = g * seg, n_elems = std::min(seg, c_count - off);
-      std::byte* out = acc(s, c) + off * es;
-      const std::size_t k = g % FinalStaging::kSlots;
-      Request* slot = staging && s == n - 2 ? &staging->sent[k] : nullptr;
-      if (slot && (!slot->transport || x.send_done(*slot))) {
-        *slot = {};
-        out = staging->memory + k * staging->slot_bytes;
-      } else {
-        slot = nullptr;
-      }
-      kernels::cpu::reduce(out, src + (layout.offset(c) + off) * es, x.view(in).data(), n_elems,
-                           op.dtype, op.reduce_op);
-      x.release(in);
-      if (s < n - 2) sent.push_back(x.send(right, first_step + s + 1, g, out, n_elems * es));
-      else if (on_final) {
-        Request reading = on_final(g, out, n_elems);
-        if (slot) *slot = reading;
-      }
-    }
-  }
-  wait_sent();
+                         const ReduceScatterRingOptions& options) {
+  const int n = x.size();
+  ReduceScatterRing ring(x, src, dst, layout, options);
+  if (!options.first_sent) ring.send();
+  for (int s = 0; s < n - 2; ++s) ring.recv_reduce_send(s);
+  if (n > 1) ring.recv_reduce_copy_send(n - 2);
+  ring.wait_sent();
 }
 
 void reduce_scatter(Exchange& x) {
@@ -114,11 +213,13 @@ void reduce_scatter(Exchange& x) {
   auto* out = static_cast<std::byte*>(op.recv);
   if (x.size() == 1) {
     if (out != src) std::copy_n(src, op.count * es, out);
-  } else if (out == src + x.rank() * op.count * es) {
-    // In place: partial sums may overwrite the caller's input, as NCCL allows.
-    reduce_scatter_ring(x, src, const_cast<std::byte*>(src), layout, false);
   } else {
-    reduce_scatter_ring(x, src, out, layout, true);
+    // In place (out is this rank's chunk of src), partial sums may overwrite
+    // the caller's input, as NCCL allows; out of place, out holds only the
+    // rank's own chunk.
+    ReduceScatterRingOptions options;
+    options.final_only = out != src + x.rank() * op.count * es;
+    reduce_scatter_ring(x, src, options.final_only ? out : const_cast<std::byte*>(src), layout, options);
   }
   if (op.reduce_op == ReduceOp::avg) kernels::cpu::divide(out, op.count, op.dtype, x.size());
 }
