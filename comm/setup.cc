@@ -246,7 +246,7 @@ void connect_planned(Communicator::Impl& impl, const Plan& plan) {
     add_routes(impl, plan.use_shm);
   }
   if (any(plan.use_tcp)) {
-    tcp::MeshOptions options;
+    tcp::TcpOptions options;
     options.rank = impl.rank;
     options.size = impl.size;
     options.comm_id = impl.comm_id;
@@ -254,11 +254,10 @@ void connect_planned(Communicator::Impl& impl, const Plan& plan) {
     options.buffer_bytes = config.socket_buffer_bytes;
     options.bind_addr = runtime::peer_bind_address(impl.info, config);  // routable across hosts
     options.token = impl.info.job_token;
+    options.spin = spin;
     options.timeout = config.timeout;
     options.peers = plan.use_tcp;
-    auto fds = tcp::connect_mesh(*impl.store, impl.key_prefix, options);
-    impl.transports.push_back(
-        std::make_unique<tcp::TcpTransport>(impl.rank, std::move(fds), config.socket_buffer_bytes, spin));
+    impl.transports.push_back(tcp::connect_tcp(*impl.store, impl.key_prefix, options));
     add_routes(impl, plan.use_tcp);
   }
   impl.status = std::make_unique<StatusBoard>(impl.store, impl.key_prefix, impl.rank);

@@ -45,14 +45,14 @@ struct Hello {
 };
 
 struct Mesh {
-  const MeshOptions& options;
+  const TcpOptions& options;
   asio::io_context io;
   tcp::acceptor acceptor{io};
   std::vector<std::vector<int>> fds;
   int pending = 0;
   std::exception_ptr error;
 
-  explicit Mesh(const MeshOptions& o) : options(o), fds(static_cast<std::size_t>(o.size)) {
+  explicit Mesh(const TcpOptions& o) : options(o), fds(static_cast<std::size_t>(o.size)) {
     for (int peer = 0; peer < o.size; ++peer)
       if (wanted(peer)) {
         fds[peer].assign(static_cast<std::size_t>(o.nsocks), -1);
@@ -101,7 +101,7 @@ struct Incoming : std::enable_shared_from_this<Incoming> {
   }
 
   void check() {
-    const MeshOptions& o = mesh.options;
+    const TcpOptions& o = mesh.options;
     const Hello& h = hello;
     if (h.version != kHelloVersion) return refuse("it speaks protocol version " + std::to_string(h.version));
     if (token != o.token) return refuse("it presented the wrong job token");
@@ -147,7 +147,7 @@ struct Outgoing : std::enable_shared_from_this<Outgoing> {
   Outgoing(Mesh& m, int p, int i) : mesh(m), peer(p), index(i), socket(m.io) {}
 
   void start(const tcp::endpoint& endpoint) {
-    const MeshOptions& o = mesh.options;
+    const TcpOptions& o = mesh.options;
     Hello h;
     h.socket_index = static_cast<std::uint16_t>(index);
     h.from = o.rank;
@@ -200,10 +200,10 @@ std::string missing_peers(const Mesh& mesh) {
   return list;
 }
 
-}  // namespace
-
+// Connects the sockets; returns fds[peer][socket], empty for this rank and
+// for ranks not connected.
 std::vector<std::vector<int>> connect_mesh(runtime::Store& store, const std::string& key_prefix,
-                                           const MeshOptions& o) {
+                                           const TcpOptions& o) {
   Mesh mesh(o);
   if (mesh.pending == 0) return mesh.fds;
   boost::system::error_code ec;
@@ -238,6 +238,14 @@ std::vector<std::vector<int>> connect_mesh(runtime::Store& store, const std::str
     std::rethrow_exception(mesh.error);
   }
   return mesh.fds;
+}
+
+}  // namespace
+
+std::unique_ptr<TcpTransport> connect_tcp(runtime::Store& store, const std::string& key_prefix,
+                                          const TcpOptions& options) {
+  return std::make_unique<TcpTransport>(options.rank, connect_mesh(store, key_prefix, options),
+                                        options.buffer_bytes, options.spin);
 }
 
 }  // namespace braid::comm::tcp

@@ -1,5 +1,5 @@
 // The TCP transport: one or more sockets (BRAID_TCP_NSOCKS) to every peer,
-// set up through the store by connect_mesh() (connection.cc), then driven by
+// set up through the store by connect_tcp() (connection.cc), then driven by
 // one poll() loop in the thread running the current operation.
 //
 // Wire format on each socket: a stream of messages, each a WireHeader
@@ -33,27 +33,29 @@ class Store;
 
 namespace braid::comm::tcp {
 
-struct MeshOptions {
+struct TcpOptions {
   int rank = 0;
   int size = 1;
   std::uint32_t comm_id = 0;
   int nsocks = 1;
-  std::size_t buffer_bytes = 4u << 20;
+  std::size_t buffer_bytes = 4u << 20;  // SO_SNDBUF and SO_RCVBUF of every socket
   std::string bind_addr = "127.0.0.1";
   std::string token;
+  std::chrono::nanoseconds spin{};  // how long progress() polls before it sleeps in ppoll
   std::chrono::milliseconds timeout{300'000};
   std::vector<bool> peers;  // which ranks to connect; empty means all
 };
+
+class TcpTransport;
 
 // Connects this rank to every other rank of the communicator: publishes a
 // listening address under `key_prefix` in the store, connects to lower ranks,
 // accepts higher ranks. Every connection starts with a handshake carrying the
 // job token, protocol version, communicator id and both ranks; a mismatch is
 // refused and logged. Only the ranks in options.peers are connected (both
-// sides must agree). Returns fds[peer][socket], empty for this rank and for
-// ranks not connected.
-std::vector<std::vector<int>> connect_mesh(runtime::Store& store, const std::string& key_prefix,
-                                           const MeshOptions& options);
+// sides must agree). Returns the transport over those connections.
+std::unique_ptr<TcpTransport> connect_tcp(runtime::Store& store, const std::string& key_prefix,
+                                          const TcpOptions& options);
 
 class TcpTransport final : public Transport {
  public:
