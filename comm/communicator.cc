@@ -6,7 +6,7 @@
 
 #include "comm/communicator_impl.h"
 #include "comm/device.h"
-#include "comm/shared_buffers.h"
+#include "comm/transport/shm/memory.h"
 #include "runtime/errors.h"
 
 namespace braid::comm {
@@ -158,9 +158,11 @@ Work Communicator::all_to_all(const void* send, void* recv, std::size_t count_pe
 
 Work Communicator::barrier() { return submit(make(OpKind::barrier, nullptr, nullptr, 0, DataType::u8)); }
 
-void* Communicator::allocate(std::size_t bytes) { return shared_buffers::allocate(bytes); }
+// Registered memory is the shm transport's kind (memfds the ranks of a host
+// map into each other); a transport that registers other memory adds its own.
+void* Communicator::allocate(std::size_t bytes) { return shm::regions::allocate(bytes); }
 
-void Communicator::deallocate(void* pointer) { shared_buffers::release(pointer); }
+void Communicator::deallocate(void* pointer) { shm::regions::release(pointer); }
 
 TrafficStats Communicator::traffic() const {
   TrafficStats stats;
@@ -169,6 +171,11 @@ TrafficStats Communicator::traffic() const {
     stats.bytes_received += t->bytes_received();
   }
   return stats;
+}
+
+AlgorithmChoice Communicator::last_algorithm(OpKind kind) const {
+  std::lock_guard lock(impl_->choice_mu);
+  return impl_->last_choice.at(static_cast<std::size_t>(kind));
 }
 
 std::string Communicator::transport_summary() const {

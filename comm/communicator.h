@@ -38,6 +38,12 @@
 
 namespace braid::comm {
 
+// What select.cc chose for a call, and why ("ring", "1048576 B > 32768 B on 2 ranks").
+struct AlgorithmChoice {
+  std::string name;
+  std::string reason;
+};
+
 struct TrafficStats {
   std::uint64_t bytes_sent = 0;
   std::uint64_t bytes_received = 0;
@@ -90,6 +96,9 @@ class Communicator {
   TrafficStats traffic() const;
   // "tcp" for every peer, or e.g. "shm+tcp".
   std::string transport_summary() const;
+  // The algorithm the last call of `kind` ran with and why, as select.cc
+  // returned it (braid-bench prints it); empty names before any such call.
+  AlgorithmChoice last_algorithm(OpKind kind) const;
 
   struct Impl;
 

@@ -10,10 +10,12 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "comm/algorithms/algorithms.h"
 #include "comm/algorithms/exchange.h"
 #include "comm/communicator.h"
 #include "comm/device.h"
@@ -78,13 +80,17 @@ struct Communicator::Impl {
   ExchangeContext exchange;  // routes, tuning and buffers every operation reuses
   std::mutex staging_mu;                  // orders staging + queueing of calls on device memory
   std::unique_ptr<DeviceStaging> device;  // from the first call on device memory
-  std::array<std::string_view, 16> logged_choice{};  // [OpKind] algorithm last logged
+  std::mutex choice_mu;
+  std::array<AlgorithmChoice, 16> last_choice{};  // [OpKind]
+  std::set<std::pair<std::size_t, std::string>> logged_choices;  // (OpKind, algorithm) logged at info
 
   ~Impl();
   std::shared_ptr<WorkState> enqueue(Op op);
   void execute(const Op& op, WorkState& state);
   void run_worker();
   bool start_worker(const Op& op, WorkState& state);
+  CallShape shape_of(const Op& op) const;
+  void note_choice(OpKind kind, const Algorithm& algorithm);
   void abort(const std::string& reason);
 };
 

@@ -20,7 +20,7 @@
 // This is the path across hosts (TCP) and the fallback for every transport.
 //
 // A collective (all but send / recv) among ranks of one host
-// (BRAID_TRANSPORT=auto) whose buffers CUDA IPC can share runs on the device
+// (BRAID_TRANSPORT=auto) whose buffers CUDA IPC can share (select.cc decides) runs on the device
 // instead: the stream gets only the `ready` event and the gate; the engine
 // waits for `ready`, the ranks swap IPC handles of their buffers (small host
 // messages), each rank runs its share as kernels over the peers' mapped
@@ -38,6 +38,7 @@
 #include <chrono>
 #include <memory>
 
+#include "comm/algorithms/algorithms.h"
 #include "comm/algorithms/exchange.h"
 #include "comm/types.h"
 
@@ -70,13 +71,15 @@ class DeviceStaging {
   // Caller's thread, in issue order: queues the copies and the gate on
   // op.stream and points op.send / op.recv at the staging buffers (in-place
   // calls stay in place). `rank` and `size` give the buffers' extents.
-  virtual std::shared_ptr<StagedOp> stage(Op& op, int rank, int size) = 0;
+  // Whether the call runs on the device over mapped peers (cuda_ipc) or is
+  // staged is select.cc's answer for `shape`, once the staging has said
+  // whether it can map every peer's buffers.
+  virtual std::shared_ptr<StagedOp> stage(Op& op, int rank, int size, CallShape shape) = 0;
 };
 
 // Throws InvalidUsage without CUDA support, SystemError when the device
-// cannot be used (no driver, no such device). `ipc`: every rank of the
-// communicator is on this host and the transport is not forced.
-std::unique_ptr<DeviceStaging> make_device_staging(int device, std::chrono::milliseconds timeout, bool ipc);
+// cannot be used (no driver, no such device).
+std::unique_ptr<DeviceStaging> make_device_staging(int device, std::chrono::milliseconds timeout);
 
 // Elements in op's send and receive buffers on `rank`, 0 for a buffer the
 // call does not use there (a broadcast's send buffer off the root, ...).

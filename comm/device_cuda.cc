@@ -311,8 +311,8 @@ class CudaStagedOp final : public StagedOp {
 
 class CudaStaging final : public DeviceStaging {
  public:
-  CudaStaging(int device, std::chrono::milliseconds timeout, bool ipc)
-      : shared_(std::make_shared<Shared>()), timeout_(timeout), ipc_(ipc) {
+  CudaStaging(int device, std::chrono::milliseconds timeout)
+      : shared_(std::make_shared<Shared>()), timeout_(timeout) {
     int count = 0;
     check(cudaGetDeviceCount(&count), "no usable CUDA device (cudaGetDeviceCount)");
     if (device < 0 || device >= count)
@@ -330,10 +330,9 @@ class CudaStaging final : public DeviceStaging {
     shared_->timed_out[0] = 0;
     check(cudaHostGetDevicePointer(reinterpret_cast<void**>(&shared_->gate_device), gate, 0), "gate mapping");
     check(cudaHostGetDevicePointer(reinterpret_cast<void**>(&shared_->timed_out_device), flag, 0), "flag mapping");
-    if (ipc_) check(cudaStreamCreateWithFlags(&shared_->ipc_stream, cudaStreamNonBlocking), "cudaStreamCreate");
   }
 
-  std::shared_ptr<StagedOp> stage(Op& op, int rank, int size) override {
+  std::shared_ptr<StagedOp> stage(Op& op, int rank, int size, CallShape shape) override {
     if (op.memory.device != shared_->device)
       throw InvalidUsage("this communicator works on CUDA device " + std::to_string(shared_->device) +
                          " (its first call on device memory); this call's buffers are on device " +
@@ -347,9 +346,13 @@ class CudaStaging final : public DeviceStaging {
     const std::uint64_t ticket = tickets_ + 1;
     auto staged = std::make_shared<CudaStagedOp>(shared_, ticket);
     staged->timeout_ = timeout_;
-    if (ipc_ && has_device_path(op.kind) && size > 1 && size <= kernels::cuda::kMaxMulti &&
-        shareable(op, rank, size, staged->mine_)) {
+    // What the device path can do for this call; select.cc decides.
+    shape.device_peers_mappable =
+        has_device_path(op.kind) && size <= kernels::cuda::kMaxMulti && shareable(op, rank, size, staged->mine_);
+    if (select_algorithm(shape).name == "cuda_ipc") {
       staged->ipc_ = true;
+      if (!shared_->ipc_stream)
+        check(cudaStreamCreateWithFlags(&shared_->ipc_stream, cudaStreamNonBlocking), "cudaStreamCreate");
       auto stream = static_cast<cudaStream_t>(op.stream.cuda);
       check(cudaEventCreateWithFlags(&staged->staged_, cudaEventDisableTiming), "cudaEventCreate");
       check(cudaEventCreateWithFlags(&staged->finished_, cudaEventDisableTiming), "cudaEventCreate");
@@ -440,14 +443,13 @@ class CudaStaging final : public DeviceStaging {
 
   std::shared_ptr<Shared> shared_;
   std::chrono::milliseconds timeout_;
-  bool ipc_;
   std::uint64_t tickets_ = 0;
 };
 
 }  // namespace
 
-std::unique_ptr<DeviceStaging> make_device_staging(int device, std::chrono::milliseconds timeout, bool ipc) {
-  return std::make_unique<CudaStaging>(device, timeout, ipc);
+std::unique_ptr<DeviceStaging> make_device_staging(int device, std::chrono::milliseconds timeout) {
+  return std::make_unique<CudaStaging>(device, timeout);
 }
 
 }  // namespace braid::comm

@@ -5,7 +5,7 @@
 
 namespace braid::comm {
 
-std::unique_ptr<DeviceStaging> make_device_staging(int device, std::chrono::milliseconds, bool) {
+std::unique_ptr<DeviceStaging> make_device_staging(int device, std::chrono::milliseconds) {
   throw InvalidUsage("CUDA device " + std::to_string(device) +
                      " memory was passed, but this braid was built without CUDA");
 }

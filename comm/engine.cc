@@ -84,8 +84,8 @@ std::shared_ptr<WorkState> Communicator::Impl::enqueue(Op op) {
   std::unique_lock staging_lock(staging_mu, std::defer_lock);
   if (op.memory.kind == runtime::MemoryKind::device) {
     staging_lock.lock();
-    if (!device) device = make_device_staging(op.memory.device, timeout, one_host && config.transport == "auto");
-    state->staged = device->stage(op, rank, size);
+    if (!device) device = make_device_staging(op.memory.device, timeout);
+    state->staged = device->stage(op, rank, size, shape_of(op));
     state->timeout = timeout;
   }
   std::unique_lock lock(mu);
@@ -163,18 +163,11 @@ void Communicator::Impl::execute(const Op& op, WorkState& state) {
   try {
     if (state.staged) state.staged->wait_inputs(Clock::now() + timeout);
     if (status) status->entered(op, &exchange.waiting_for);
-    Algorithm algorithm = select_algorithm(op, size, forced_algo);
-    if (size > 1 && forced_algo == "auto" && one_host && all_reduce_direct_applies(op))
-      algorithm = {all_reduce_direct, "direct", true};
     const bool on_device = state.staged && state.staged->on_device();
-    if (on_device) algorithm = {nullptr, "cuda_ipc", true};  // swaps with every rank first
-    auto& logged = logged_choice[static_cast<std::size_t>(op.kind)];
-    if (logged != algorithm.name) {
-      logged = algorithm.name;
-      spdlog::info("comm {:08x}: {} uses the {} algorithm (from {} bytes on {} ranks; BRAID_ALGO={})",
-                   comm_id, name(op.kind), algorithm.name, op.count * dtype_bytes(op.dtype), size,
-                   forced_algo);
-    }
+    CallShape shape = shape_of(op);
+    shape.device_peers_mappable = on_device;
+    const Algorithm algorithm = select_algorithm(shape);
+    note_choice(op.kind, algorithm);
     Exchange x(op, exchange, Clock::now() + timeout, [this, &op](int peer) {
       if (!status) return std::string("is unknown");
       std::string text = status->describe_peer(peer), holder = status->holder(op, size);
@@ -197,6 +190,35 @@ void Communicator::Impl::execute(const Op& op, WorkState& state) {
     }
     state.complete(error);
   }
+}
+
+// What select.cc needs to know of `op` on this communicator. Registered:
+// both buffers (those the call uses) in memory the transport to every peer
+// can map.
+CallShape Communicator::Impl::shape_of(const Op& op) const {
+  CallShape shape;
+  shape.kind = op.kind;
+  shape.bytes = op.count * dtype_bytes(op.dtype);
+  shape.ranks = size;
+  shape.one_host = one_host;
+  shape.device = op.memory.kind == runtime::MemoryKind::device;
+  RegionRef ref;
+  shape.registered = !shape.device && op.send && op.recv && find_region(exchange, op.send, shape.bytes, ref) &&
+                     find_region(exchange, op.recv, shape.bytes, ref);
+  shape.transport = config.transport;
+  shape.forced = forced_algo;
+  return shape;
+}
+
+// Logs at info the first call of each kind that runs with each algorithm,
+// with select.cc's reason, and keeps the choice for
+// Communicator::last_algorithm.
+void Communicator::Impl::note_choice(OpKind kind, const Algorithm& algorithm) {
+  std::lock_guard lock(choice_mu);
+  const auto k = static_cast<std::size_t>(kind);
+  if (logged_choices.insert({k, std::string(algorithm.name)}).second)
+    spdlog::info("comm {:08x}: {} uses the {} algorithm: {}", comm_id, name(kind), algorithm.name, algorithm.reason);
+  last_choice[k] = {std::string(algorithm.name), algorithm.reason};
 }
 
 void Communicator::Impl::abort(const std::string& reason) {

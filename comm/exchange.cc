@@ -105,6 +105,22 @@ void Exchange::wait_sends() {
   c_.sends.clear();
 }
 
+bool find_region(const ExchangeContext& context, const void* data, std::size_t bytes, RegionRef& ref) {
+  return context.distinct.size() == 1 && context.distinct.front()->find_region(data, bytes, ref);
+}
+
+bool Exchange::find_region(const void* data, std::size_t bytes, RegionRef& ref) const {
+  return comm::find_region(c_, data, bytes, ref);
+}
+
+std::span<std::byte> Exchange::peer_region(int peer, const RegionRef& ref, std::size_t bytes) {
+  if (ref.bytes != bytes)
+    throw RemoteError("rank " + std::to_string(peer) + " named a registered buffer of " + std::to_string(ref.bytes) +
+                          " bytes where " + describe(op_) + " needs " + std::to_string(bytes),
+                      peer);
+  return c_.routes.at(static_cast<std::size_t>(peer))->map_region(peer, ref);
+}
+
 std::byte* Exchange::scratch(std::size_t bytes) {
   if (c_.scratch.size() < bytes) c_.scratch.resize(bytes);
   return c_.scratch.data();

@@ -61,4 +61,16 @@ struct Op {
 // "all_reduce #12 (count 1024, f32, sum)"
 std::string describe(const Op& op);
 
+// A buffer in registered memory (Communicator::allocate; DESIGN.md
+// "Registered regions"), as a peer's transport needs it: the owning
+// transport's key for the region and the buffer's place in it. Algorithms
+// only pass it on (Exchange::find_region / peer_region); the transport that
+// receives it checks key, offset and bytes against what the owner really
+// registered before it touches a byte.
+struct RegionRef {
+  std::uint64_t key[2] = {0, 0};  // shm: the memfd's number and inode in the owner's process
+  std::uint64_t offset = 0;
+  std::uint64_t bytes = 0;
+};
+
 }  // namespace braid::comm

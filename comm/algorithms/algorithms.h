@@ -6,6 +6,7 @@
 #include <array>
 #include <cstddef>
 #include <functional>
+#include <string>
 #include <string_view>
 
 #include "comm/algorithms/exchange.h"
@@ -108,11 +109,9 @@ void all_gather_ring(Exchange& x, std::byte* buf, const ChunkLayout& layout,
                      const AllGatherRingOptions& options = {});
 
 void all_reduce_ring(Exchange& x);
-// On buffers from Communicator::allocate on every rank of one host
-// (all_reduce_direct.cc): whether this call qualifies on this rank (the
-// caller also checks that every rank shares the host), and the algorithm.
+// On registered buffers of every rank of one host (all_reduce_direct.cc),
+// from this size.
 inline constexpr std::size_t kDirectAllReduceMinBytes = 64u << 10;
-bool all_reduce_direct_applies(const Op& op);
 void all_reduce_direct(Exchange& x);
 void all_reduce_recursive_doubling(Exchange& x);
 void reduce_scatter(Exchange& x);
@@ -129,19 +128,36 @@ void agree_signatures(Exchange& x);
 void send_direct(Exchange& x);
 void recv_direct(Exchange& x);
 
-// Algorithm table (select.cc): which function runs this op, and its name.
+// What select.cc decides from: the call, and what its ranks and buffers can
+// do. Built by the engine for every call and by the device path when it
+// stages one.
+struct CallShape {
+  OpKind kind = OpKind::barrier;
+  std::size_t bytes = 0;  // count x element size
+  int ranks = 1;
+  bool one_host = false;    // every rank of the communicator on this host
+  bool registered = false;  // send and receive buffers in registered memory the peers can map
+  bool device = false;      // CUDA device memory
+  bool device_peers_mappable = false;  // ... and the device path can map every peer's buffers (CUDA IPC)
+  std::string_view transport = "auto";  // BRAID_TRANSPORT
+  std::string_view forced = "auto";     // BRAID_ALGO
+};
+
+// The algorithm table's answer: which function runs the call (null for
+// cuda_ipc, which the device path runs), its name, and why, with the
+// threshold that decided ("recursive_doubling: 1024 B <= 32768 B on 2 ranks").
 struct Algorithm {
   void (*run)(Exchange&) = nullptr;
   std::string_view name;
   // Whether the schedule itself has checked, through a chain of headers, that
   // every rank called the same operation before it writes any user buffer
   // (recursive doubling, the dissemination barrier, the direct all-reduce's
-  // swap with every rank, point-to-point). Otherwise agree_signatures runs
-  // first.
+  // swap with every rank, cuda_ipc's likewise, point-to-point). Otherwise
+  // agree_signatures runs first.
   bool agrees = false;
+  std::string reason;
 };
-// `forced` is BRAID_ALGO ("auto" for the table's choice).
-Algorithm select_algorithm(const Op& op, int size, std::string_view forced);
+Algorithm select_algorithm(const CallShape& call);
 
 // Elements per segment for this dtype (at least one).
 std::size_t segment_count(const Exchange& x);

@@ -57,6 +57,11 @@ struct ExchangeContext {
   std::atomic<int> waiting_for{-1};
 };
 
+// Whether [data, data + bytes) lies in registered memory that one transport
+// reaching every peer can hand out (Exchange::find_region, and select.cc's
+// question before an Exchange exists).
+bool find_region(const ExchangeContext& context, const void* data, std::size_t bytes, RegionRef& ref);
+
 class Exchange {
  public:
   // Describes where `peer` is (its last-entered operation) for timeout messages.
@@ -96,6 +101,16 @@ class Exchange {
 
   // A buffer of at least `bytes` owned by the communicator, reused across ops.
   std::byte* scratch(std::size_t bytes);
+
+  // Registered memory (DESIGN.md "Registered regions"): whether
+  // [data, data + bytes) lies in memory this rank registered that the
+  // transport reaching every peer can hand out (`ref` names it for them),
+  // and the part of `peer`'s registered memory that a ref it sent names, as
+  // a span here, checked against what the peer registered (RemoteError when
+  // it lies outside, or does not hold the `bytes` this call needs). Refs
+  // are opaque: pass them on, read nothing in them.
+  bool find_region(const void* data, std::size_t bytes, RegionRef& ref) const;
+  std::span<std::byte> peer_region(int peer, const RegionRef& ref, std::size_t bytes);
 
  private:
   void drive(const Request& request);

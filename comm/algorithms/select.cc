@@ -1,22 +1,32 @@
-// The algorithm table: the one place that decides which algorithm runs a call.
+// The algorithm table: the one place that decides which algorithm runs a
+// call. The engine asks it for every call, the device path when it stages a
+// call (to know whether the kernels over mapped peers run it), and
+// braid-bench prints what it returned.
 //
-//   all_reduce      recursive doubling up to small_all_reduce_bytes(N), ring above
-//   reduce_scatter  ring
-//   all_gather      ring
-//   broadcast       binomial tree up to kSmallBroadcastBytes, pipelined chain above
-//   reduce          pipelined chain
-//   all_to_all      pairwise
-//   barrier         dissemination
-//   send / recv     direct
+//   device buffers      cuda_ipc (kernels over the peers' buffers mapped
+//                       through CUDA IPC) on one host when every peer's
+//                       buffer can be mapped; else staged through pinned
+//                       host memory and the host table below
+//   all_reduce          direct on registered buffers of one host from
+//                       kDirectAllReduceMinBytes; else recursive doubling
+//                       up to small_all_reduce_bytes(N), ring above
+//   reduce_scatter      ring
+//   all_gather          ring
+//   broadcast           binomial tree up to kSmallBroadcastBytes, pipelined chain above
+//   reduce              pipelined chain
+//   all_to_all          pairwise
+//   barrier             dissemination
+//   send / recv         direct
 //
 // BRAID_ALGO forces a choice where the collective has it (ring or
-// recursive_doubling for all_reduce, binomial or pipelined for broadcast);
-// elsewhere it is ignored.
+// recursive_doubling for all_reduce, binomial or pipelined for broadcast)
+// and turns off direct; BRAID_TRANSPORT other than auto turns off cuda_ipc.
+// Elsewhere they are ignored.
 //
 // Every collective first proves that all ranks called it with the same
-// arguments (agree_signatures: ceil(log2 N) header-only rounds) unless its
-// schedule proves that by itself before writing a user buffer
-// (Algorithm::agrees): a mismatch never delivers data on any rank.
+// arguments (agree_signatures) unless its schedule proves that by itself
+// before writing a user buffer (Algorithm::agrees): a mismatch never
+// delivers data on any rank.
 //
 // The all-reduce thresholds come from braid-bench on the 2-core development
 // machine (BRAID_ALGO=ring vs recursive_doubling, -b 4K -e 1M, in place):
@@ -32,33 +42,65 @@ namespace {
 
 constexpr std::size_t kSmallBroadcastBytes = 32u << 10;
 
-std::size_t small_all_reduce_bytes(int size) { return size <= 2 ? 32u << 10 : 256u << 10; }
+std::size_t small_all_reduce_bytes(int ranks) { return ranks <= 2 ? 32u << 10 : 256u << 10; }
+
+std::string bytes_text(std::size_t bytes) { return std::to_string(bytes) + " B"; }
+
+std::string forced_text(const CallShape& call) { return "BRAID_ALGO=" + std::string(call.forced); }
+
+bool point_to_point(OpKind kind) { return kind == OpKind::send || kind == OpKind::recv; }
+
+Algorithm select_all_reduce(const CallShape& call) {
+  const std::size_t limit = small_all_reduce_bytes(call.ranks);
+  if (call.forced == "recursive_doubling")
+    return {all_reduce_recursive_doubling, "recursive_doubling", true, forced_text(call)};
+  if (call.forced == "ring") return {all_reduce_ring, "ring", false, forced_text(call)};
+  if (call.registered && call.one_host && call.ranks > 1 && call.bytes >= kDirectAllReduceMinBytes)
+    return {all_reduce_direct, "direct", true,
+            "registered buffers on one host, " + bytes_text(call.bytes) + " >= " + bytes_text(kDirectAllReduceMinBytes)};
+  if (call.bytes <= limit && call.ranks > 1)
+    return {all_reduce_recursive_doubling, "recursive_doubling", true,
+            bytes_text(call.bytes) + " <= " + bytes_text(limit) + " on " + std::to_string(call.ranks) + " ranks"};
+  return {all_reduce_ring, "ring", false,
+          bytes_text(call.bytes) + " > " + bytes_text(limit) + " on " + std::to_string(call.ranks) + " ranks"};
+}
+
+Algorithm select_broadcast(const CallShape& call) {
+  if (call.forced == "binomial") return {broadcast_binomial, "binomial", false, forced_text(call)};
+  if (call.forced == "pipelined") return {broadcast_pipelined, "pipelined", false, forced_text(call)};
+  if (call.bytes <= kSmallBroadcastBytes)
+    return {broadcast_binomial, "binomial", false, bytes_text(call.bytes) + " <= " + bytes_text(kSmallBroadcastBytes)};
+  return {broadcast_pipelined, "pipelined", false, bytes_text(call.bytes) + " > " + bytes_text(kSmallBroadcastBytes)};
+}
+
+Algorithm select_host(const CallShape& call) {
+  switch (call.kind) {
+    case OpKind::all_reduce: return select_all_reduce(call);
+    case OpKind::reduce_scatter: return {reduce_scatter, "ring", false, "the only one"};
+    case OpKind::all_gather: return {all_gather, "ring", false, "the only one"};
+    case OpKind::broadcast: return select_broadcast(call);
+    case OpKind::reduce: return {reduce_pipelined, "pipelined", false, "the only one"};
+    case OpKind::all_to_all: return {all_to_all_pairwise, "pairwise", false, "the only one"};
+    case OpKind::barrier: return {barrier_dissemination, "dissemination", true, "the only one"};
+    case OpKind::send: return {send_direct, "direct", true, "point-to-point"};
+    case OpKind::recv: return {recv_direct, "direct", true, "point-to-point"};
+  }
+  return {};
+}
 
 }  // namespace
 
-Algorithm select_algorithm(const Op& op, int size, std::string_view forced) {
-  switch (op.kind) {
-    case OpKind::all_reduce: {
-      std::size_t bytes = op.count * dtype_bytes(op.dtype);
-      bool small = forced == "recursive_doubling" ||
-                   (forced != "ring" && bytes <= small_all_reduce_bytes(size) && size > 1);
-      return small ? Algorithm{all_reduce_recursive_doubling, "recursive_doubling", true}
-                   : Algorithm{all_reduce_ring, "ring"};
-    }
-    case OpKind::reduce_scatter: return {reduce_scatter, "ring"};
-    case OpKind::all_gather: return {all_gather, "ring"};
-    case OpKind::broadcast: {
-      std::size_t bytes = op.count * dtype_bytes(op.dtype);
-      bool small = forced == "binomial" || (forced != "pipelined" && bytes <= kSmallBroadcastBytes);
-      return small ? Algorithm{broadcast_binomial, "binomial"} : Algorithm{broadcast_pipelined, "pipelined"};
-    }
-    case OpKind::reduce: return {reduce_pipelined, "pipelined"};
-    case OpKind::all_to_all: return {all_to_all_pairwise, "pairwise"};
-    case OpKind::barrier: return {barrier_dissemination, "dissemination", true};
-    case OpKind::send: return {send_direct, "direct", true};
-    case OpKind::recv: return {recv_direct, "direct", true};
-  }
-  return {};
+Algorithm select_algorithm(const CallShape& call) {
+  if (!call.device) return select_host(call);
+  if (!point_to_point(call.kind) && call.ranks > 1 && call.one_host && call.device_peers_mappable &&
+      call.transport == "auto")
+    return {nullptr, "cuda_ipc", true, "device buffers on one host, every peer's mapped through CUDA IPC"};
+  CallShape host = call;
+  host.device = false;
+  host.registered = false;  // the staging buffers are not
+  Algorithm staged = select_host(host);
+  staged.reason = "device buffers staged through pinned host memory; " + staged.reason;
+  return staged;
 }
 
 }  // namespace braid::comm

@@ -4,6 +4,8 @@
 // are received into transport memory.
 #pragma once
 
+#include "comm/transport/transport_only.h"
+
 #include <cstddef>
 #include <memory>
 #include <vector>

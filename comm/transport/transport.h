@@ -13,6 +13,8 @@
 // current operation) and never blocks past the deadline it is given.
 #pragma once
 
+#include "comm/transport/transport_only.h"
+
 #include <cstddef>
 #include <cstdint>
 #include <span>
@@ -21,6 +23,7 @@
 
 #include "comm/types.h"
 #include "comm/wire.h"
+#include "runtime/errors.h"
 
 namespace braid::comm {
 
@@ -53,9 +56,26 @@ class Transport {
   // Closes every connection so that peers blocked on this rank fail fast.
   virtual void shutdown() = 0;
 
+  // Registered memory. find_region: whether [data, data + bytes) lies in
+  // memory this rank registered that this transport can hand its peers;
+  // fills `ref` if so. map_region: the bytes `ref` names in `peer`'s
+  // registered memory as a span here (shm maps the peer's region), after
+  // checking them against what the peer really registered: RemoteError
+  // when `ref` lies outside it, InvalidUsage from a transport that cannot
+  // reach a peer's memory (the defaults).
+  virtual bool find_region(const void* data, std::size_t bytes, RegionRef& ref);
+  virtual std::span<std::byte> map_region(int peer, const RegionRef& ref);
+
   // Bytes of payload moved, for traffic accounting.
   virtual std::uint64_t bytes_sent() const = 0;
   virtual std::uint64_t bytes_received() const = 0;
 };
+
+inline bool Transport::find_region(const void*, std::size_t, RegionRef&) { return false; }
+
+inline std::span<std::byte> Transport::map_region(int peer, const RegionRef&) {
+  throw InvalidUsage("the " + std::string(name()) + " transport cannot reach the registered memory of rank " +
+                     std::to_string(peer));
+}
 
 }  // namespace braid::comm

@@ -18,6 +18,7 @@
 #include <sys/mount.h>
 #include <sys/resource.h>
 #include <sys/statvfs.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -369,4 +370,48 @@ TEST_CASE("abuse: a rank that cannot start its progress thread fails with a name
   CHECK(peer.type == "RemoteError");
   CHECK(contains(peer.text, "cannot start the communicator's progress thread"));
   CHECK(peer.ms < 10000);
+}
+
+TEST_CASE("abuse: a peer's reference to registered memory is checked against what it registered",
+          "[resources][abuse]") {
+  // The peer is this process (a pidfd on itself), so the check is the only
+  // thing between a forged reference and a wild read or write.
+  const int self = static_cast<int>(syscall(SYS_pidfd_open, getpid(), 0));
+  REQUIRE(self >= 0);
+  auto* base = static_cast<std::byte*>(shm::regions::allocate(1u << 20));
+  for (std::size_t i = 0; i < (1u << 20); ++i) base[i] = static_cast<std::byte>(i % 251);
+  RegionRef ref;
+  REQUIRE(shm::regions::find(base + 100, 1000, ref));
+  CHECK_FALSE(shm::regions::find(base + 100, 4u << 20, ref = {}));  // runs past the allocation
+  REQUIRE(shm::regions::find(base + 100, 1000, ref));
+  {
+    shm::regions::PeerRegions peer;
+    auto span = peer.map(self, 1, ref);
+    REQUIRE(span.size() == 1000);
+    CHECK(std::memcmp(span.data(), base + 100, 1000) == 0);
+    auto refused = [&](RegionRef bad, const std::string& words) {
+      try {
+        peer.map(self, 1, bad);
+        FAIL("a forged reference was mapped");
+      } catch (const RemoteError& e) {
+        INFO(e.what());
+        CHECK(std::string(e.what()).find("rank 1") != std::string::npos);
+        CHECK(std::string(e.what()).find(words) != std::string::npos);
+      }
+    };
+    RegionRef past = ref;
+    past.offset = 3u << 20;  // the memfd holds 2 MiB
+    refused(past, "checked against what it registered");
+    RegionRef huge = ref;
+    huge.bytes = ~std::uint64_t{0} - 50;
+    refused(huge, "checked against what it registered");
+    RegionRef other = ref;
+    other.key[1] ^= 1;  // another inode: not the allocation it names
+    refused(other, "does not hold");
+    RegionRef not_memory = ref;
+    not_memory.key[0] = static_cast<std::uint64_t>(self);  // an open fd, but no registered memory
+    refused(not_memory, "does not hold");
+  }
+  shm::regions::release(base);
+  close(self);
 }

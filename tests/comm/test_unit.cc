@@ -55,9 +55,14 @@ TEST_CASE("chunk layout covers every element once") {
     }
 }
 
-TEST_CASE("algorithms include no transport header") {
+// The reading half of the boundary (the building half: BRAID_ALGORITHMS_BUILD
+// and comm/algorithms/boundary.h). Quoted includes: the algorithms' own
+// headers, kernels, comm/types.h and runtime/errors.h. Angle brackets: the
+// C++ standard library only, so no <sys/socket.h>, <sys/mman.h>,
+// <infiniband/verbs.h>, <cuda_runtime.h>, <unistd.h> ...
+TEST_CASE("algorithms include no transport header and no system header") {
   const char* root = BRAID_SOURCE_ROOT;
-  std::regex include_line(R"(#include\s+"([^"]+)\")");
+  std::regex quoted(R"(#\s*include\s+"([^"]+)\")"), angled(R"(#\s*include\s+<([^>]+)>)");
   int files = 0;
   for (const auto& entry : std::filesystem::directory_iterator(std::filesystem::path(root) / "comm" / "algorithms")) {
     std::ifstream in(entry.path());
@@ -65,13 +70,17 @@ TEST_CASE("algorithms include no transport header") {
     ++files;
     while (std::getline(in, line)) {
       std::smatch m;
-      if (!std::regex_search(line, m, include_line)) continue;
-      std::string header = m[1];
-      INFO(entry.path().string() << " includes " << header);
-      // comm/shared_buffers.h is memory the caller registered, not a
-      // transport: the direct all-reduce reads and writes it.
-      CHECK((header.rfind("comm/algorithms/", 0) == 0 || header.rfind("kernels/", 0) == 0 ||
-             header == "comm/types.h" || header == "comm/shared_buffers.h"));
+      if (std::regex_search(line, m, quoted)) {
+        const std::string header = m[1];
+        INFO(entry.path().string() << " includes \"" << header << '"');
+        CHECK((header.rfind("comm/algorithms/", 0) == 0 || header.rfind("kernels/", 0) == 0 ||
+               header == "comm/types.h" || header == "runtime/errors.h"));
+      } else if (std::regex_search(line, m, angled)) {
+        const std::string header = m[1];
+        INFO(entry.path().string() << " includes <" << header << '>');
+        CHECK(header.find('/') == std::string::npos);  // no sys/, netinet/, infiniband/, linux/ ...
+        CHECK(header.find(".h") == std::string::npos);   // no C or vendor headers (unistd.h, cuda.h ...)
+      }
     }
   }
   CHECK(files >= 10);

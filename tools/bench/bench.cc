@@ -89,19 +89,16 @@ Case make_case(const std::string& coll, std::size_t bytes, std::size_t es, int n
   return c;
 }
 
-// The op select.cc would see for this row, to print the algorithm that ran.
-Op probe_op(const std::string& collective, std::size_t count, DataType dtype) {
+// The OpKind of a --coll name (send_recv: the send side).
+OpKind kind_of(const std::string& collective) {
   static const std::pair<const char*, OpKind> kKinds[] = {
       {"all_reduce", OpKind::all_reduce}, {"reduce_scatter", OpKind::reduce_scatter},
       {"all_gather", OpKind::all_gather}, {"broadcast", OpKind::broadcast},
       {"reduce", OpKind::reduce},         {"all_to_all", OpKind::all_to_all},
       {"send_recv", OpKind::send}};
-  Op op;
   for (const auto& [text, kind] : kKinds)
-    if (collective == text) op.kind = kind;
-  op.count = count;
-  op.dtype = dtype;
-  return op;
+    if (collective == text) return kind;
+  return OpKind::barrier;
 }
 
 class Runner {
@@ -109,6 +106,7 @@ class Runner {
   Runner(Communicator& comm, const BenchOptions& o) : comm_(comm), o_(o), es_(dtype_bytes(o.dtype)) {}
 
   ~Runner() { release_device(); }
+  OpKind kind() const { return kind_of(o_.collective); }
   Runner(const Runner&) = delete;
   Runner& operator=(const Runner&) = delete;
 
@@ -227,6 +225,7 @@ class Runner {
 struct Result {
   double seconds = 0;
   std::uint64_t wrong = 0;
+  AlgorithmChoice choice;
 };
 
 Result measure(Communicator& comm, Runner& runner, bool in_place, int check) {
@@ -238,11 +237,14 @@ Result measure(Communicator& comm, Runner& runner, bool in_place, int check) {
   }
   runner.fill(in_place);
   double seconds = runner.time_iterations(in_place);
+  // What select.cc returned for the timed calls, before the bookkeeping
+  // all_reduces below make calls of their own.
+  const AlgorithmChoice choice = comm.last_algorithm(runner.kind());
   double max_seconds = 0;
   std::uint64_t total_wrong = 0;
   comm.all_reduce(&seconds, &max_seconds, 1, DataType::f64, ReduceOp::max).wait();
   comm.all_reduce(&result.wrong, &total_wrong, 1, DataType::i64, ReduceOp::sum).wait();
-  return {max_seconds, total_wrong};
+  return {max_seconds, total_wrong, choice};
 }
 
 // The sizes of the sweep: -b, -b x factor, ... while at most -e. A sweep
@@ -392,23 +394,18 @@ int run_bench(const BenchOptions& o) {
   double busbw_sum = 0;
   int rows_count = 0;
   std::uint64_t all_wrong = 0;
+  AlgorithmChoice last_choice;
   for (std::size_t bytes : sweep_sizes(o)) {
     Case c = make_case(o.collective, bytes, es, n);
     std::size_t actual_bytes = std::max(c.send_elems, c.recv_elems) * es;
     runner.prepare(c);
     Result out = measure(*comm, runner, false, o.check);
     Result in = o.collective == "send_recv" ? out : measure(*comm, runner, true, o.check);
-    std::string algo(select_algorithm(probe_op(o.collective, c.count, o.dtype), n, runtime::config().algo).name);
-    if (o.registered && !o.cuda && n > 1 && comm->transport_summary() == "shm" &&
-        runtime::config().algo == "auto" && o.collective == "all_reduce" &&
-        c.count * es >= kDirectAllReduceMinBytes)
-      algo = "direct";  // as the engine decides for registered buffers on one host
+    const AlgorithmChoice& choice = out.choice;  // what select.cc returned for the timed calls
+    const std::string algo = choice.name;
     std::string path = comm->transport_summary() + ":" + algo;
-    if (o.cuda) {  // as comm/device.h decides: one host and no forced transport -> CUDA IPC kernels
-      const bool ipc = o.collective != "send_recv" && n > 1 && n <= 8 && comm->transport_summary() == "shm" &&
-                       runtime::config().transport == "auto";
-      path = ipc ? "cuda_ipc:direct" : "staged+" + path;
-    }
+    if (algo == "cuda_ipc") path = "cuda_ipc:direct";
+    else if (o.cuda) path = "staged+" + path;
     auto algbw = [&](const Result& res) { return res.seconds > 0 ? actual_bytes / res.seconds / 1e9 : 0.0; };
     double out_bus = algbw(out) * c.bus_factor, in_bus = algbw(in) * c.bus_factor;
     all_wrong += out.wrong + in.wrong;
@@ -416,6 +413,9 @@ int run_bench(const BenchOptions& o) {
     ++rows_count;
     if (r == 0) {
       bool rooted = o.collective == "broadcast" || o.collective == "reduce";
+      if (choice.name != last_choice.name)  // the rows below run it; say why, as select.cc did
+        std::printf("# %s: %s\n", path.c_str(), choice.reason.c_str());
+      last_choice = choice;
       std::printf(" %12zu %12zu %6s %6s %5d %-26s %10.2f %8.3f %8.3f %6.3f %7llu %10.2f %8.3f %8.3f %6.3f %7llu\n",
                   actual_bytes, c.count, std::string(name(o.dtype)).c_str(),
                   reduces ? std::string(name(o.op)).c_str() : "none", rooted ? o.root : -1, path.c_str(),
@@ -425,6 +425,7 @@ int run_bench(const BenchOptions& o) {
       rows.push_back({{"collective", o.collective}, {"bytes", actual_bytes}, {"count", c.count},
                       {"dtype", name(o.dtype)}, {"op", name(o.op)}, {"root", rooted ? o.root : -1},
                       {"ranks", n}, {"transport", comm->transport_summary()}, {"algorithm", algo},
+                      {"algorithm_reason", choice.reason},
                       {"out_of_place", {{"time_us", out.seconds * 1e6}, {"algbw_gbps", algbw(out)},
                                         {"busbw_gbps", out_bus}, {"wrong", out.wrong}}},
                       {"in_place", {{"time_us", in.seconds * 1e6}, {"algbw_gbps", algbw(in)},

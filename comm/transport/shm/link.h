@@ -1,6 +1,8 @@
 // Private to the shm transport: what a rank holds for one local peer.
 #pragma once
 
+#include "comm/transport/transport_only.h"
+
 #include <unistd.h>
 
 #include <deque>
@@ -20,6 +22,7 @@ struct ShmTransport::Link {
   std::deque<RequestId> sends, recvs;
   std::deque<RequestId> views;   // in-place views handed out, in ring order
   std::uint64_t cursor = 0;      // inbound bytes parsed so far (tail trails it while views are held)
+  regions::PeerRegions regions;  // the peer's registered memory mapped here
 
   Link() = default;
   Link(const Link&) = delete;

@@ -8,8 +8,11 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <limits>
+#include <mutex>
 #include <utility>
 
 #include "comm/resources.h"
@@ -110,5 +113,101 @@ void futex_wait(std::atomic<std::uint32_t>& word, std::uint32_t expected, std::c
 void futex_wake_all(std::atomic<std::uint32_t>& word) {
   syscall(SYS_futex, reinterpret_cast<std::uint32_t*>(&word), FUTEX_WAKE, INT32_MAX, nullptr, nullptr, 0);
 }
+
+
+namespace regions {
+namespace {
+
+struct Allocation {
+  int fd = -1;
+  std::size_t bytes = 0;
+  std::uint64_t inode = 0;
+};
+
+std::mutex registry_mu;
+std::map<const std::byte*, Allocation> allocations;  // this process's, by base address
+
+std::string errno_text(const std::string& what) { return what + ": " + std::strerror(errno); }
+
+}  // namespace
+
+void* allocate(std::size_t bytes) {
+  constexpr std::size_t kAlign = 2u << 20;
+  const std::size_t size = (std::max<std::size_t>(bytes, 1) + kAlign - 1) / kAlign * kAlign;
+  const int fd = static_cast<int>(syscall(SYS_memfd_create, "braid-region", 1u /* MFD_CLOEXEC */));
+  if (fd < 0) throw SystemError(errno_text("memfd_create for registered memory"));
+  struct stat st {};
+  if (ftruncate(fd, static_cast<off_t>(size)) != 0 || fstat(fd, &st) != 0) {
+    const std::string why = errno_text("sizing registered memory of " + std::to_string(size) + " bytes");
+    close(fd);
+    throw SystemError(why);
+  }
+  void* base = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
+  if (base == MAP_FAILED) {
+    const std::string why = errno_text("mmap of registered memory of " + std::to_string(size) + " bytes");
+    close(fd);
+    throw SystemError(why);
+  }
+  std::lock_guard lock(registry_mu);
+  allocations[static_cast<const std::byte*>(base)] = {fd, size, static_cast<std::uint64_t>(st.st_ino)};
+  return base;
+}
+
+void release(void* pointer) {
+  std::lock_guard lock(registry_mu);
+  auto it = allocations.find(static_cast<const std::byte*>(pointer));
+  if (it == allocations.end()) throw InvalidUsage("deallocate() of a pointer that allocate() did not return");
+  munmap(pointer, it->second.bytes);
+  close(it->second.fd);
+  allocations.erase(it);
+}
+
+bool find(const void* pointer, std::size_t bytes, RegionRef& ref) {
+  if (pointer == nullptr) return false;
+  const auto* p = static_cast<const std::byte*>(pointer);
+  std::lock_guard lock(registry_mu);
+  auto it = allocations.upper_bound(p);
+  if (it == allocations.begin()) return false;
+  --it;
+  const std::size_t offset = static_cast<std::size_t>(p - it->first);
+  if (offset + bytes > it->second.bytes) return false;
+  ref = {{static_cast<std::uint64_t>(it->second.fd), it->second.inode}, offset, bytes};
+  return true;
+}
+
+PeerRegions::~PeerRegions() {
+  for (auto& [fd, m] : by_fd_) munmap(m.base, m.bytes);
+}
+
+std::span<std::byte> PeerRegions::map(int pidfd, int peer, const RegionRef& ref) {
+  const std::string whose = "the registered memory of rank " + std::to_string(peer);
+  auto it = by_fd_.find(ref.key[0]);
+  if (it == by_fd_.end() || it->second.inode != ref.key[1]) {
+    if (it != by_fd_.end()) {  // a reused fd number: another allocation, mapped afresh
+      munmap(it->second.base, it->second.bytes);
+      by_fd_.erase(it);
+    }
+    if (ref.key[0] > static_cast<std::uint64_t>(std::numeric_limits<int>::max()))
+      throw RemoteError("rank " + std::to_string(peer) + " named a region with an impossible key", peer);
+    const int fd = static_cast<int>(syscall(SYS_pidfd_getfd, pidfd, static_cast<int>(ref.key[0]), 0));
+    if (fd < 0) throw SystemError(errno_text("pidfd_getfd of " + whose + " (has it exited? ptrace rules must allow it)"));
+    struct stat st {};
+    const bool ok = fstat(fd, &st) == 0 && static_cast<std::uint64_t>(st.st_ino) == ref.key[1];
+    const auto size = static_cast<std::size_t>(st.st_size);
+    void* base = ok ? mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0) : MAP_FAILED;
+    close(fd);
+    if (!ok) throw RemoteError("rank " + std::to_string(peer) + " named a region it does not hold (freed, or not registered memory)", peer);
+    if (base == MAP_FAILED) throw SystemError(errno_text("mmap of " + whose));
+    it = by_fd_.emplace(ref.key[0], Mapped{static_cast<std::byte*>(base), size, ref.key[1]}).first;
+  }
+  if (ref.offset > it->second.bytes || ref.bytes > it->second.bytes - ref.offset)
+    throw RemoteError("rank " + std::to_string(peer) + " named bytes [" + std::to_string(ref.offset) + ", +" +
+                          std::to_string(ref.bytes) + ") of a region of " + std::to_string(it->second.bytes) +
+                          " bytes; a peer's offsets are checked against what it registered",
+                      peer);
+  return {it->second.base + ref.offset, static_cast<std::size_t>(ref.bytes)};
+}
+
+}  // namespace regions
 
 }  // namespace braid::comm::shm

@@ -20,11 +20,17 @@
 // anything it may be waiting on.
 #pragma once
 
+#include "comm/transport/transport_only.h"
+
 #include <atomic>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <map>
+#include <span>
 #include <string>
+
+#include "comm/types.h"
 
 namespace braid::comm::shm {
 
@@ -90,5 +96,45 @@ class Mapping {
 // futex on a word in shared memory (not FUTEX_PRIVATE: other processes wake it).
 void futex_wait(std::atomic<std::uint32_t>& word, std::uint32_t expected, std::chrono::nanoseconds timeout);
 void futex_wake_all(std::atomic<std::uint32_t>& word);
+
+// Registered regions (Communicator::allocate): host memory the ranks of one
+// host map into each other. Each allocation is an anonymous memfd
+// (memfd_create), so nothing is named in /dev/shm and nothing outlives the
+// processes. Its RegionRef key is (fd number, inode) in the owner's
+// process; a peer opens it with pidfd_getfd through the pidfd it already
+// holds on the owner (so a ref can only ever name memory of the peer that
+// sent it), checks the inode (a reused fd number is another allocation) and
+// that offset + bytes lie within the memfd's real size, and maps it.
+namespace regions {
+
+// Zeroed, 2 MiB-aligned within its memfd; throws SystemError when memory runs out.
+void* allocate(std::size_t bytes);
+// Frees an allocation; InvalidUsage for a pointer allocate() did not return.
+void release(void* pointer);
+// Whether [pointer, pointer + bytes) lies in one allocation of this process.
+bool find(const void* pointer, std::size_t bytes, RegionRef& ref);
+
+// A peer's regions mapped into this process, cached by fd number.
+class PeerRegions {
+ public:
+  PeerRegions() = default;
+  PeerRegions(const PeerRegions&) = delete;
+  PeerRegions& operator=(const PeerRegions&) = delete;
+  ~PeerRegions();
+  // The bytes `ref` names, opened through `pidfd` (the owner's); RemoteError
+  // naming `peer` when ref lies outside what the owner registered,
+  // SystemError when the memfd cannot be opened (the peer exited).
+  std::span<std::byte> map(int pidfd, int peer, const RegionRef& ref);
+
+ private:
+  struct Mapped {
+    std::byte* base = nullptr;
+    std::size_t bytes = 0;
+    std::uint64_t inode = 0;
+  };
+  std::map<std::uint64_t, Mapped> by_fd_;
+};
+
+}  // namespace regions
 
 }  // namespace braid::comm::shm

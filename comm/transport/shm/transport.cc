@@ -201,6 +201,18 @@ void ShmTransport::free_consumed(Link& l) {
   if (used >= capacity_ / 4) ring_doorbell(l.mapping.header());
 }
 
+bool ShmTransport::find_region(const void* data, std::size_t bytes, RegionRef& ref) {
+  return regions::find(data, bytes, ref);
+}
+
+std::span<std::byte> ShmTransport::map_region(int peer, const RegionRef& ref) {
+  Link& l = link(peer);
+  if (l.pidfd < 0)
+    throw SystemError("rank " + std::to_string(rank_) + " holds no pidfd on rank " + std::to_string(peer) +
+                      " (a kernel before 5.3?), so it cannot open that rank's registered memory");
+  return l.regions.map(l.pidfd, peer, ref);
+}
+
 bool ShmTransport::pump_recvs(Link& l) {
   bool advanced = false;
   while (!l.recvs.empty()) {

@@ -14,6 +14,8 @@
 // segment, each within one sleep slice (50 ms), never a hang.
 #pragma once
 
+#include "comm/transport/transport_only.h"
+
 #include <chrono>
 #include <deque>
 #include <memory>
@@ -77,6 +79,10 @@ class ShmTransport final : public Transport {
   void shutdown() override;
   std::uint64_t bytes_sent() const override { return bytes_sent_; }
   std::uint64_t bytes_received() const override { return bytes_received_; }
+  // Registered memory: regions::find here, and a peer's region opened
+  // through the pidfd this rank holds on it (memory.h).
+  bool find_region(const void* data, std::size_t bytes, RegionRef& ref) override;
+  std::span<std::byte> map_region(int peer, const RegionRef& ref) override;
 
  private:
   struct Request {

@@ -2,6 +2,8 @@
 // vectored I/O on a connected socket's file descriptor.
 #pragma once
 
+#include "comm/transport/transport_only.h"
+
 #include <sys/uio.h>
 
 #include <cstddef>

@@ -14,6 +14,8 @@
 // and a header plus its payload leave in one vectored call.
 #pragma once
 
+#include "comm/transport/transport_only.h"
+
 #include <poll.h>
 
 #include <atomic>
