@@ -173,6 +173,12 @@ TrafficStats Communicator::traffic() const {
   return stats;
 }
 
+std::string Communicator::transport_of(int peer) const {
+  if (peer == impl_->rank) return "self";
+  Transport* t = impl_->exchange.routes.at(static_cast<std::size_t>(peer));
+  return t ? std::string(t->name()) : "none";
+}
+
 AlgorithmChoice Communicator::last_algorithm(OpKind kind) const {
   std::lock_guard lock(impl_->choice_mu);
   return impl_->last_choice.at(static_cast<std::size_t>(kind));

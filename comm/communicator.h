@@ -96,6 +96,8 @@ class Communicator {
   TrafficStats traffic() const;
   // "tcp" for every peer, or e.g. "shm+tcp".
   std::string transport_summary() const;
+  // The transport that reaches `peer` ("shm", "tcp"; "self" for this rank).
+  std::string transport_of(int peer) const;
   // The algorithm the last call of `kind` ran with and why, as select.cc
   // returned it (braid-bench prints it); empty names before any such call.
   AlgorithmChoice last_algorithm(OpKind kind) const;

@@ -2,70 +2,141 @@
 //
 //   braid-launch --nproc-per-node 2 -- braid-bench --coll all_reduce -b 8 -e 256M -f 2
 //
-// For every size from -b to -e (times -f) it runs the collective out of place
-// and in place, checks the result against verifiable inputs (-c 1, exact
-// small integers), times -n iterations after -w warm-up ones, and prints
-// time, algbw and busbw as nccl-tests defines them, plus busbw as a fraction
-// of this machine's single-core memcpy bandwidth measured at start. With
-// --device cuda the buffers are in GPU memory, the calls go on a CUDA stream,
-// and the reference is the GPU's device-to-device cudaMemcpy bandwidth.
+// For every size from -b to -e (times -f, or plus -i) it runs the collective
+// out of place and in place, checks the result against verifiable inputs
+// (-c 1, exact small integers), times -n iterations after -w warm-up ones,
+// and prints time, algbw and busbw as nccl-tests defines them, plus busbw as
+// a fraction of this machine's single-core memcpy bandwidth measured at
+// start. With --device cuda the buffers are in GPU memory, the calls go on a
+// CUDA stream, and the reference is the GPU's device-to-device cudaMemcpy
+// bandwidth. nccl-tests' flags keep their meanings; the few that have none
+// here (threads per process, several GPUs per rank, CUDA graphs) are refused
+// by name unless given their neutral value.
 #include <CLI/CLI.hpp>
-#include <nlohmann/json.hpp>
 
 #include <cstdio>
-#include <fstream>
 
-#include "tools/bench/bench.h"
 #include "runtime/config.h"
 #include "runtime/errors.h"
+#include "tools/bench/bench.h"
 
 using namespace braid;
 
-int main(int argc, char** argv) {
-  comm::BenchOptions o;
-  std::string min_bytes = "8", max_bytes = "64M", dtype = "f32", op = "sum";
-  CLI::App app{"braid-bench: collective bandwidth and latency, nccl-tests style"};
-  app.add_option("-b,--minbytes", min_bytes, "smallest message (bytes, K/M/G suffixes)");
-  app.add_option("-e,--maxbytes", max_bytes, "largest message");
-  app.add_option("-f,--stepfactor", o.factor, "size multiplier between rows")->check(CLI::Range(2, 1024));
-  app.add_option("-n,--iters", o.iters, "timed iterations per size")->check(CLI::PositiveNumber);
-  app.add_option("-w,--warmup_iters", o.warmup, "untimed iterations per size")->check(CLI::NonNegativeNumber);
-  app.add_option("-c,--check", o.check, "verify results (0 or 1)")->check(CLI::Range(0, 1));
-  app.add_option("-o,--op", op, "sum|prod|min|max|avg");
-  app.add_option("-d,--datatype", dtype, "f32|f64|f16|bf16|i8|u8|i32|i64");
-  app.add_option("-r,--root", o.root, "root of broadcast and reduce")->check(CLI::NonNegativeNumber);
-  app.add_option("--coll", o.collective,
-                 "all_reduce|reduce_scatter|all_gather|broadcast|reduce|all_to_all|send_recv")
-      ->check(CLI::IsMember({"all_reduce", "reduce_scatter", "all_gather", "broadcast", "reduce",
-                             "all_to_all", "send_recv"}));
-  int registered = 0;
-  app.add_option("-R,--registered", registered,
+namespace {
+
+struct Flags {
+  std::string min_bytes = "8", max_bytes = "64M", step_bytes = "0", dtype = "f32", op = "sum", device = "cpu";
+  int registered = 0, threads = 1, gpus = 1, parallel_init = 0, cuda_graphs = 0, blocking = 0, cpu_time = 0;
+  int null_stream = 0;
+};
+
+void add_flags(CLI::App& app, comm::BenchOptions& o, Flags& f) {
+  app.add_option("-b,--minbytes", f.min_bytes, "smallest message (bytes, K/M/G suffixes)")->capture_default_str();
+  app.add_option("-e,--maxbytes", f.max_bytes, "largest message")->capture_default_str();
+  app.add_option("-i,--stepbytes", f.step_bytes, "grow sizes by this many bytes instead of by -f (0: use -f)")
+      ->capture_default_str();
+  app.add_option("-f,--stepfactor", o.factor, "size multiplier between rows")->check(CLI::Range(2, 1024))
+      ->capture_default_str();
+  app.add_option("-n,--iters", o.iters, "timed iterations per size")->check(CLI::PositiveNumber)->capture_default_str();
+  app.add_option("-w,--warmup_iters", o.warmup, "untimed iterations per size")->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  app.add_option("-m,--agg_iters", o.agg_iters, "calls issued back to back in each timed iteration")
+      ->check(CLI::PositiveNumber)->capture_default_str();
+  app.add_option("-N,--run_cycles", o.cycles, "run the whole sweep this many times (0: until stopped)")
+      ->check(CLI::NonNegativeNumber)->capture_default_str();
+  app.add_option("-c,--check", o.check, "verify results (0 or 1)")->check(CLI::Range(0, 1))->capture_default_str();
+  app.add_option("-o,--op", f.op, "sum|prod|min|max|avg|all")->capture_default_str();
+  app.add_option("-d,--datatype", f.dtype, "f32|f64|f16|bf16|i8|u8|i32|i64|all")->capture_default_str();
+  app.add_option("-r,--root", o.root, "root of broadcast and reduce")->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  app.add_option("-a,--average", o.average, "time over ranks: 0 rank 0, 1 mean, 2 min, 3 max")
+      ->check(CLI::Range(0, 3))->capture_default_str();
+  app.add_option("-z,--blocking", f.blocking, "1: wait for each call before issuing the next")
+      ->check(CLI::Range(0, 1))->capture_default_str();
+  app.add_option("-C,--report_cputime", f.cpu_time, "1: time until the calls are issued, not until they complete")
+      ->check(CLI::Range(0, 1))->capture_default_str();
+  app.add_option("-T,--timeout", o.timeout_s, "seconds any wait may take (BRAID_TIMEOUT for this run; 0: as set)")
+      ->check(CLI::NonNegativeNumber)->capture_default_str();
+  app.add_option("-y,--stream_null", f.null_stream, "1: --device cuda calls on the default (null) stream")
+      ->check(CLI::Range(0, 1))->capture_default_str();
+  app.add_option("-t,--nthreads", f.threads, "threads per process (braid: one rank per process, so 1)")
+      ->capture_default_str();
+  app.add_option("-g,--ngpus", f.gpus, "GPUs per thread (braid: one device per rank, so 1)")->capture_default_str();
+  app.add_option("-p,--parallel_init", f.parallel_init, "0 (with one rank per process there is nothing to parallelize)")
+      ->capture_default_str();
+  app.add_option("-G,--cudagraph", f.cuda_graphs, "0 (CUDA graph capture is not built into braid)")
+      ->capture_default_str();
+  app.add_option("--coll", o.collective, "all_reduce|reduce_scatter|all_gather|broadcast|reduce|all_to_all|send_recv")
+      ->check(CLI::IsMember({"all_reduce", "reduce_scatter", "all_gather", "broadcast", "reduce", "all_to_all",
+                             "send_recv"}))
+      ->capture_default_str();
+  app.add_option("-R,--registered", f.registered,
                  "1: host buffers from Communicator::allocate, which the local ranks map into each other "
                  "(all_reduce then runs the direct algorithm on one host)")
-      ->check(CLI::Range(0, 1));
-  std::string device = "cpu";
-  app.add_option("--device", device, "cpu: host buffers; cuda: GPU buffers on a CUDA stream (GPU local_rank mod GPUs)")
-      ->check(CLI::IsMember({"cpu", "cuda"}));
-  app.add_option("--json", o.json_path, "write every row as JSON to this file");
-  app.add_option("--csv", o.csv_path, "write every row as CSV to this file");
+      ->check(CLI::Range(0, 1))->capture_default_str();
+  app.add_option("--device", f.device, "cpu: host buffers; cuda: GPU buffers on a CUDA stream (GPU local_rank mod GPUs)")
+      ->check(CLI::IsMember({"cpu", "cuda"}))->capture_default_str();
+  app.add_option("-J,--json,--output_file", o.json_path, "write the run's parameters and every row as JSON to this file");
+  app.add_option("--csv", o.csv_path, "write every row, every column, as CSV to this file");
+}
+
+// nccl-tests flags whose meaning braid has no counterpart for: only their
+// neutral value is accepted.
+void refuse_meaningless(const Flags& f) {
+  if (f.threads != 1)
+    throw InvalidUsage("-t " + std::to_string(f.threads) + ": braid runs one rank per process; start more ranks "
+                       "with braid-launch --nproc-per-node instead of threads");
+  if (f.gpus != 1)
+    throw InvalidUsage("-g " + std::to_string(f.gpus) + ": each braid rank drives one device; start one rank "
+                       "per GPU with braid-launch --nproc-per-node");
+  if (f.parallel_init != 0) throw InvalidUsage("-p 1: with one rank per process there is nothing to initialize in parallel");
+  if (f.cuda_graphs != 0) throw InvalidUsage("-G " + std::to_string(f.cuda_graphs) + ": CUDA graph capture of braid calls is not supported");
+  if (f.null_stream && f.device != "cuda") throw InvalidUsage("-y 1 chooses a CUDA stream; it needs --device cuda");
+}
+
+template <typename T, typename Parse>
+std::vector<T> parse_list(const std::string& text, const std::vector<std::string>& all, Parse parse, const char* what) {
+  std::vector<T> values;
+  for (const std::string& each : text == "all" ? all : std::vector<std::string>{text}) {
+    auto value = parse(each);
+    if (!value) throw InvalidUsage("unknown " + std::string(what) + " '" + each + "'");
+    values.push_back(*value);
+  }
+  return values;
+}
+
+void fill_options(comm::BenchOptions& o, const Flags& f) {
+  refuse_meaningless(f);
+  o.min_bytes = runtime::parse_bytes(f.min_bytes);
+  o.max_bytes = runtime::parse_bytes(f.max_bytes);
+  o.step_bytes = runtime::parse_bytes(f.step_bytes);
+  o.dtypes = parse_list<DataType>(f.dtype, {"f32", "f64", "f16", "bf16", "i8", "u8", "i32", "i64"},
+                                  [](const std::string& s) { return parse_dtype(s); }, "datatype");
+  o.ops = parse_list<ReduceOp>(f.op, {"sum", "prod", "min", "max", "avg"},
+                               [](const std::string& s) { return parse_reduce_op(s); }, "op");
+  if (o.min_bytes > o.max_bytes) throw InvalidUsage("-b must not exceed -e");
+  o.blocking = f.blocking == 1;
+  o.cpu_time = f.cpu_time == 1;
+  o.null_stream = f.null_stream == 1;
+  o.cuda = f.device == "cuda";
+  o.registered = f.registered == 1;
+  if (o.registered && o.cuda) throw InvalidUsage("-R 1 registers host buffers; it does not combine with --device cuda");
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  comm::BenchOptions o;
+  Flags f;
+  CLI::App app{"braid-bench: collective bandwidth and latency, nccl-tests style"};
+  add_flags(app, o, f);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     return app.exit(e) == 0 ? 0 : 2;  // --help is 0; every argument error is 2, as in the other tools
   }
   try {
-    o.min_bytes = runtime::parse_bytes(min_bytes);
-    o.max_bytes = runtime::parse_bytes(max_bytes);
-    auto parsed_dtype = parse_dtype(dtype);
-    auto parsed_op = parse_reduce_op(op);
-    if (!parsed_dtype) throw InvalidUsage("unknown datatype '" + dtype + "'");
-    if (!parsed_op) throw InvalidUsage("unknown op '" + op + "'");
-    if (o.min_bytes > o.max_bytes) throw InvalidUsage("-b must not exceed -e");
-    o.dtype = *parsed_dtype;
-    o.op = *parsed_op;
-    o.cuda = device == "cuda";
-    o.registered = registered == 1;
-    if (o.registered && o.cuda) throw InvalidUsage("-R 1 registers host buffers; it does not combine with --device cuda");
+    fill_options(o, f);
     return comm::run_bench(o);
   } catch (const InvalidUsage& e) {
     std::fprintf(stderr, "braid-bench: %s\n", e.what());

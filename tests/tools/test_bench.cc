@@ -2,10 +2,13 @@
 // collective checked (-c 1) on 3 ranks, the nccl-tests table and the JSON and
 // CSV files; and a bad argument refused with status 2.
 #include <catch2/catch.hpp>
+#include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <cstdlib>
 #include <fstream>
 #include <sstream>
+#include <vector>
 
 #include "tests/tools/launch_harness.h"
 
@@ -124,4 +127,72 @@ TEST_CASE("braid-bench stops with a named error when --json or --csv cannot be w
   CHECK(status == 1);
   CHECK_THAT(job.err(), Catch::Contains(flag + " file '" + path + "'") && Catch::Contains(cause));
   CHECK_THAT(job.err(), Catch::Contains("rank 0") && Catch::Contains("exited with status 1"));
+}
+
+// nccl-tests' flags and output, as its users read them (issue 17).
+TEST_CASE("braid-bench: -d all -o all run every dtype and op, and the JSON holds the run", "[bench]") {
+  JobDir dir;
+  std::string json = (dir.path() / "run.json").string(), csv = (dir.path() / "run.csv").string();
+  LaunchedJob job(dir, {"--nproc-per-node", "2", "--", bench_path(), "-b", "8", "-e", "64", "-f", "8", "-d", "all",
+                        "-o", "all", "-n", "3", "-w", "1", "-c", "1", "-J", json, "--csv", csv});
+  int status = job.wait(std::chrono::seconds(60));
+  INFO(job.out() << job.err());
+  REQUIRE(status == 0);
+  CHECK_THAT(job.out(), Catch::Contains("out-of-place") && Catch::Contains("in-place"));
+  CHECK_THAT(job.out(), Catch::Contains("Out of bounds values : 0 OK"));
+  const auto run = nlohmann::json::parse(slurp(json));
+  CHECK(run["rows"].size() == 8 * 5 * 2);  // dtypes x ops x sizes
+  CHECK(run["out_of_bounds"] == 0);
+  CHECK(run["ranks"] == 2);
+  CHECK(run["parameters"]["datatypes"].size() == 8);
+  CHECK(run["parameters"]["ops"].size() == 5);
+  CHECK(run["transports_from_rank_0"][1]["transport"] == "shm");
+  CHECK(run["transports_from_rank_0"][0]["transport"] == "self");
+  CHECK(run.contains("host"));
+  CHECK(run.contains("version"));
+  CHECK(run["average_busbw_gbps"].get<double>() > 0);
+  const std::string table = slurp(csv);
+  CHECK_THAT(table, Catch::StartsWith("collective,bytes,count"));
+  CHECK_THAT(table, Catch::Contains("oop_busbw_per_memcpy") && Catch::Contains("memcpy_gbps") &&
+                        Catch::Contains("algorithm_reason"));
+  CHECK(std::count(table.begin(), table.end(), '\n') == 1 + 8 * 5 * 2);
+}
+
+TEST_CASE("braid-bench: -i, -N, -m, -z, -C, -a and -T keep their nccl-tests meanings", "[bench]") {
+  JobDir dir;
+  std::string json = (dir.path() / "run.json").string();
+  LaunchedJob job(dir, {"--nproc-per-node", "2", "--", bench_path(), "-b", "1K", "-e", "4K", "-i", "1K", "-N", "2",
+                        "-m", "3", "-z", "1", "-C", "1", "-a", "0", "-T", "30", "-n", "3", "-w", "1", "-J", json});
+  int status = job.wait(std::chrono::seconds(60));
+  INFO(job.out() << job.err());
+  REQUIRE(status == 0);
+  const auto run = nlohmann::json::parse(slurp(json));
+  std::vector<std::size_t> sizes;
+  for (const auto& row : run["rows"]) sizes.push_back(row["bytes"].get<std::size_t>());
+  CHECK(sizes == std::vector<std::size_t>{1024, 2048, 3072, 4096, 1024, 2048, 3072, 4096});  // -i 1K, two cycles
+  CHECK(run["parameters"]["agg_iters"] == 3);
+  CHECK(run["parameters"]["average"] == 0);
+  CHECK(run["parameters"]["timeout_s"] == 30);
+  CHECK(run["out_of_bounds"] == 0);
+}
+
+TEST_CASE("braid-bench: nccl-tests flags with no meaning here are refused by name", "[bench]") {
+  const std::vector<std::pair<std::vector<std::string>, std::string>> cases = {
+      {{"-t", "2"}, "one rank per process"},  {{"-g", "2"}, "one device"},
+      {{"-p", "1"}, "nothing to initialize"}, {{"-G", "1"}, "CUDA graph"},
+      {{"-y", "1"}, "needs --device cuda"}};
+  for (const auto& [flags, words] : cases) {
+    JobDir dir;
+    std::vector<std::string> args{"--nproc-per-node", "1", "--", bench_path()};
+    args.insert(args.end(), flags.begin(), flags.end());
+    LaunchedJob job(dir, args);
+    int status = job.wait(std::chrono::seconds(20));
+    INFO(flags[0] << ": " << job.out() << job.err());
+    CHECK(status == 2);
+    CHECK_THAT(job.err() + job.out(), Catch::Contains(words));
+  }
+  JobDir dir;
+  LaunchedJob help(dir, {"--nproc-per-node", "1", "--", bench_path(), "--help"});
+  REQUIRE(help.wait(std::chrono::seconds(20)) == 0);
+  CHECK_THAT(squeezed(help.out()), Catch::Contains("-n,--iters INT:POSITIVE=20"));  // defaults shown
 }

@@ -4,6 +4,8 @@
 
 #include <sys/mman.h>
 
+#include <unistd.h>
+
 #include <cerrno>
 #include <chrono>
 #include <cstdlib>
@@ -11,6 +13,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <memory>
 #include <optional>
 #include <sstream>
 #include <vector>
@@ -107,6 +110,7 @@ class Runner {
 
   ~Runner() { release_device(); }
   OpKind kind() const { return kind_of(o_.collective); }
+  const BenchOptions& options() const { return o_; }
   Runner(const Runner&) = delete;
   Runner& operator=(const Runner&) = delete;
 
@@ -146,7 +150,7 @@ class Runner {
     std::byte* send = o_.cuda ? device_send_ : send_.data;
     std::byte* out = o_.cuda ? device_recv_ : recv_.data;
     std::byte* in = input(in_place, send, out);
-    const Stream stream{o_.cuda ? bench_device::stream() : nullptr};
+    const Stream stream{o_.cuda && !o_.null_stream ? bench_device::stream() : nullptr};
     const std::string& coll = o_.collective;
     int n = comm_.size(), r = comm_.rank();
     if (coll == "all_reduce") return comm_.all_reduce(in, out, c_.count, o_.dtype, o_.op, stream);
@@ -196,14 +200,22 @@ class Runner {
     return wrong;
   }
 
+  // Seconds per call: -n iterations of -m calls each, issued back to back
+  // (or each waited for, -z); with -C until the last call was issued.
   double time_iterations(bool in_place) {
     for (int i = 0; i < o_.warmup; ++i) issue(in_place).wait();
     comm_.barrier().wait();
     auto start = std::chrono::steady_clock::now();
     Work last;
-    for (int i = 0; i < o_.iters; ++i) last = issue(in_place);
+    for (int i = 0; i < o_.iters; ++i)
+      for (int k = 0; k < o_.agg_iters; ++k) {
+        last = issue(in_place);
+        if (o_.blocking) last.wait();
+      }
+    const auto issued = std::chrono::steady_clock::now();
     last.wait();
-    return Seconds(std::chrono::steady_clock::now() - start).count() / o_.iters;
+    const auto end = o_.cpu_time ? issued : std::chrono::steady_clock::now();
+    return Seconds(end - start).count() / (static_cast<double>(o_.iters) * o_.agg_iters);
   }
 
  private:
@@ -240,14 +252,18 @@ Result measure(Communicator& comm, Runner& runner, bool in_place, int check) {
   // What select.cc returned for the timed calls, before the bookkeeping
   // all_reduces below make calls of their own.
   const AlgorithmChoice choice = comm.last_algorithm(runner.kind());
-  double max_seconds = 0;
+  // -a: rank 0's time, or the mean, min or max over ranks, as nccl-tests.
+  static constexpr ReduceOp kOver[] = {ReduceOp::sum, ReduceOp::avg, ReduceOp::min, ReduceOp::max};
+  const int average = runner.options().average;
+  double over_ranks = 0;
   std::uint64_t total_wrong = 0;
-  comm.all_reduce(&seconds, &max_seconds, 1, DataType::f64, ReduceOp::max).wait();
+  if (average == 0) comm.broadcast(&seconds, &over_ranks, 1, DataType::f64, 0).wait();
+  else comm.all_reduce(&seconds, &over_ranks, 1, DataType::f64, kOver[average]).wait();
   comm.all_reduce(&result.wrong, &total_wrong, 1, DataType::i64, ReduceOp::sum).wait();
-  return {max_seconds, total_wrong, choice};
+  return {over_ranks, total_wrong, choice};
 }
 
-// The sizes of the sweep: -b, -b x factor, ... while at most -e. A sweep
+// The sizes of the sweep: -b, -b x factor (or -b + stepbytes), ... while at most -e. A sweep
 // from 0 runs the empty call once and goes on from one element, since 0
 // times the factor would stay 0 for ever.
 std::vector<std::size_t> sweep_sizes(const BenchOptions& o) {
@@ -257,9 +273,10 @@ std::vector<std::size_t> sweep_sizes(const BenchOptions& o) {
     sizes.push_back(0);
     bytes = dtype_bytes(o.dtype);
   }
-  for (; bytes <= o.max_bytes; bytes *= o.factor) {
+  for (; bytes <= o.max_bytes; bytes = o.step_bytes ? bytes + o.step_bytes : bytes * o.factor) {
     sizes.push_back(bytes);
-    if (bytes > o.max_bytes / o.factor) break;  // the next size passes -e (or overflows)
+    if (o.step_bytes ? bytes > o.max_bytes - o.step_bytes : bytes > o.max_bytes / o.factor)
+      break;  // the next size passes -e (or overflows)
   }
   return sizes;
 }
@@ -303,19 +320,25 @@ class OutputFile {
   std::FILE* file_ = nullptr;
 };
 
+// Every column of every row, the memcpy baseline and select.cc's reason included.
 std::string csv_text(const nlohmann::json& rows) {
   std::ostringstream csv;
-  csv << "collective,bytes,count,dtype,op,root,ranks,transport,algorithm,oop_time_us,oop_algbw_gbps,"
-         "oop_busbw_gbps,oop_wrong,ip_time_us,ip_algbw_gbps,ip_busbw_gbps,ip_wrong\n";
-  for (auto& row : rows)
+  csv << "collective,bytes,count,dtype,op,root,ranks,transport,algorithm,algorithm_reason,"
+         "oop_time_us,oop_algbw_gbps,oop_busbw_gbps,oop_busbw_per_memcpy,oop_wrong,"
+         "ip_time_us,ip_algbw_gbps,ip_busbw_gbps,ip_busbw_per_memcpy,ip_wrong,memcpy_gbps\n";
+  auto group = [&](const nlohmann::json& g) {
+    csv << g["time_us"] << ',' << g["algbw_gbps"] << ',' << g["busbw_gbps"] << ',' << g["busbw_per_memcpy"] << ','
+        << g["wrong"] << ',';
+  };
+  for (auto& row : rows) {
     csv << row["collective"].get<std::string>() << ',' << row["bytes"] << ',' << row["count"] << ','
         << row["dtype"].get<std::string>() << ',' << row["op"].get<std::string>() << ',' << row["root"] << ','
         << row["ranks"] << ',' << row["transport"].get<std::string>() << ','
-        << row["algorithm"].get<std::string>() << ',' << row["out_of_place"]["time_us"] << ','
-        << row["out_of_place"]["algbw_gbps"] << ',' << row["out_of_place"]["busbw_gbps"] << ','
-        << row["out_of_place"]["wrong"] << ',' << row["in_place"]["time_us"] << ','
-        << row["in_place"]["algbw_gbps"] << ',' << row["in_place"]["busbw_gbps"] << ','
-        << row["in_place"]["wrong"] << '\n';
+        << row["algorithm"].get<std::string>() << ",\"" << row["algorithm_reason"].get<std::string>() << "\",";
+    group(row["out_of_place"]);
+    group(row["in_place"]);
+    csv << row["memcpy_gbps"] << '\n';
+  }
   return csv.str();
 }
 
@@ -333,7 +356,9 @@ void print_header(Communicator& comm, const BenchOptions& o, double memcpy_gbps)
     std::printf("# single-core memcpy bandwidth: %.2f GB/s (busbw/memcpy below is relative to it)\n", memcpy_gbps);
   }
   if (o.registered) std::printf("# buffers from Communicator::allocate (registered, mapped by the local ranks)\n");
-  std::printf("#\n#%12s %12s %6s %6s %5s %-26s %10s %8s %8s %6s %7s %10s %8s %8s %6s %7s\n", "size", "count",
+  std::printf("#\n#%12s %12s %6s %6s %5s %-26s %-42s %s\n", "", "", "", "", "", "", "                 out-of-place",
+              "                in-place");
+  std::printf("#%12s %12s %6s %6s %5s %-26s %10s %8s %8s %6s %7s %10s %8s %8s %6s %7s\n", "size", "count",
               "type", "redop", "root", "transport:algorithm", "time", "algbw", "busbw", "/mcpy", "#wrong", "time", "algbw",
               "busbw", "/mcpy", "#wrong");
   std::printf("#%12s %12s %6s %6s %5s %-26s %10s %8s %8s %6s %7s %10s %8s %8s %6s %7s\n", "(B)", "(elements)", "",
@@ -375,72 +400,127 @@ double measure_memcpy_gbps() {
   return best;
 }
 
-int run_bench(const BenchOptions& o) {
-  auto comm = Communicator::create_world();
-  const int n = comm->size(), r = comm->rank();
-  if ((o.collective == "broadcast" || o.collective == "reduce") && o.root >= n)
-    throw InvalidUsage("--root " + std::to_string(o.root) + " is out of range for " + std::to_string(n) + " ranks");
-  if (o.cuda) bench_device::init(runtime::rank_info_from_env().local_rank);
-  double memcpy_gbps = r != 0 ? 0 : o.cuda ? bench_device::measure_copy_gbps() : measure_memcpy_gbps();
-  comm->broadcast(&memcpy_gbps, &memcpy_gbps, 1, DataType::f64, 0).wait();
-  const std::size_t es = dtype_bytes(o.dtype);
-  bool reduces = o.collective == "all_reduce" || o.collective == "reduce_scatter" || o.collective == "reduce";
-  if (r == 0) print_header(*comm, o, memcpy_gbps);
-  std::optional<OutputFile> json_file, csv_file;
-  // The files are rank 0's: it alone fails, so a launcher names it as the rank that failed.
-  if (!open_outputs(*comm, o, json_file, csv_file)) return r == 0 ? 1 : 0;
-  nlohmann::json rows = nlohmann::json::array();
-  Runner runner(*comm, o);
+namespace {
+
+struct Totals {
   double busbw_sum = 0;
-  int rows_count = 0;
-  std::uint64_t all_wrong = 0;
+  int rows = 0;
+  std::uint64_t wrong = 0;
+};
+
+// One sweep of sizes for one dtype and op: prints its rows (rank 0) and
+// appends them to `rows`.
+void run_sweep(Communicator& comm, const BenchOptions& o, double memcpy_gbps, nlohmann::json& rows, Totals& totals) {
+  const int n = comm.size(), r = comm.rank();
+  const std::size_t es = dtype_bytes(o.dtype);
+  const bool reduces = o.collective == "all_reduce" || o.collective == "reduce_scatter" || o.collective == "reduce";
+  const bool rooted = o.collective == "broadcast" || o.collective == "reduce";
+  Runner runner(comm, o);
   AlgorithmChoice last_choice;
   for (std::size_t bytes : sweep_sizes(o)) {
     Case c = make_case(o.collective, bytes, es, n);
     std::size_t actual_bytes = std::max(c.send_elems, c.recv_elems) * es;
     runner.prepare(c);
-    Result out = measure(*comm, runner, false, o.check);
-    Result in = o.collective == "send_recv" ? out : measure(*comm, runner, true, o.check);
+    Result out = measure(comm, runner, false, o.check);
+    Result in = o.collective == "send_recv" ? out : measure(comm, runner, true, o.check);
     const AlgorithmChoice& choice = out.choice;  // what select.cc returned for the timed calls
-    const std::string algo = choice.name;
-    std::string path = comm->transport_summary() + ":" + algo;
-    if (algo == "cuda_ipc") path = "cuda_ipc:direct";
+    std::string path = comm.transport_summary() + ":" + choice.name;
+    if (choice.name == "cuda_ipc") path = "cuda_ipc:direct";
     else if (o.cuda) path = "staged+" + path;
     auto algbw = [&](const Result& res) { return res.seconds > 0 ? actual_bytes / res.seconds / 1e9 : 0.0; };
     double out_bus = algbw(out) * c.bus_factor, in_bus = algbw(in) * c.bus_factor;
-    all_wrong += out.wrong + in.wrong;
-    busbw_sum += (out_bus + in_bus) / 2;
-    ++rows_count;
-    if (r == 0) {
-      bool rooted = o.collective == "broadcast" || o.collective == "reduce";
-      if (choice.name != last_choice.name)  // the rows below run it; say why, as select.cc did
-        std::printf("# %s: %s\n", path.c_str(), choice.reason.c_str());
-      last_choice = choice;
-      std::printf(" %12zu %12zu %6s %6s %5d %-26s %10.2f %8.3f %8.3f %6.3f %7llu %10.2f %8.3f %8.3f %6.3f %7llu\n",
-                  actual_bytes, c.count, std::string(name(o.dtype)).c_str(),
-                  reduces ? std::string(name(o.op)).c_str() : "none", rooted ? o.root : -1, path.c_str(),
-                  out.seconds * 1e6, algbw(out), out_bus, out_bus / memcpy_gbps, (unsigned long long)out.wrong,
-                  in.seconds * 1e6, algbw(in), in_bus, in_bus / memcpy_gbps, (unsigned long long)in.wrong);
-      std::fflush(stdout);
-      rows.push_back({{"collective", o.collective}, {"bytes", actual_bytes}, {"count", c.count},
-                      {"dtype", name(o.dtype)}, {"op", name(o.op)}, {"root", rooted ? o.root : -1},
-                      {"ranks", n}, {"transport", comm->transport_summary()}, {"algorithm", algo},
-                      {"algorithm_reason", choice.reason},
-                      {"out_of_place", {{"time_us", out.seconds * 1e6}, {"algbw_gbps", algbw(out)},
-                                        {"busbw_gbps", out_bus}, {"wrong", out.wrong}}},
-                      {"in_place", {{"time_us", in.seconds * 1e6}, {"algbw_gbps", algbw(in)},
-                                    {"busbw_gbps", in_bus}, {"wrong", in.wrong}}},
-                      {"memcpy_gbps", memcpy_gbps}});
-    }
+    totals.wrong += out.wrong + in.wrong;
+    totals.busbw_sum += (out_bus + in_bus) / 2;
+    ++totals.rows;
+    if (r != 0) continue;
+    if (choice.name != last_choice.name)  // the rows below run it; say why, as select.cc did
+      std::printf("# %s: %s\n", path.c_str(), choice.reason.c_str());
+    last_choice = choice;
+    std::printf(" %12zu %12zu %6s %6s %5d %-26s %10.2f %8.3f %8.3f %6.3f %7llu %10.2f %8.3f %8.3f %6.3f %7llu\n",
+                actual_bytes, c.count, std::string(name(o.dtype)).c_str(),
+                reduces ? std::string(name(o.op)).c_str() : "none", rooted ? o.root : -1, path.c_str(),
+                out.seconds * 1e6, algbw(out), out_bus, out_bus / memcpy_gbps, (unsigned long long)out.wrong,
+                in.seconds * 1e6, algbw(in), in_bus, in_bus / memcpy_gbps, (unsigned long long)in.wrong);
+    std::fflush(stdout);
+    auto group = [&](const Result& res, double bus) {
+      return nlohmann::json{{"time_us", res.seconds * 1e6}, {"algbw_gbps", algbw(res)}, {"busbw_gbps", bus},
+                            {"busbw_per_memcpy", bus / memcpy_gbps}, {"wrong", res.wrong}};
+    };
+    rows.push_back({{"collective", o.collective}, {"bytes", actual_bytes}, {"count", c.count},
+                    {"dtype", name(o.dtype)}, {"op", reduces ? std::string(name(o.op)) : "none"},
+                    {"root", rooted ? o.root : -1}, {"ranks", n}, {"transport", comm.transport_summary()},
+                    {"algorithm", choice.name}, {"algorithm_reason", choice.reason},
+                    {"out_of_place", group(out, out_bus)}, {"in_place", group(in, in_bus)},
+                    {"memcpy_gbps", memcpy_gbps}});
   }
+}
+
+// The JSON file: the run's parameters, where it ran, and every row.
+nlohmann::json run_json(Communicator& comm, const BenchOptions& o, double memcpy_gbps, const Totals& totals,
+                        nlohmann::json rows) {
+  char host[256] = {};
+  gethostname(host, sizeof host - 1);
+  nlohmann::json transports = nlohmann::json::array();
+  for (int p = 0; p < comm.size(); ++p) transports.push_back({{"peer", p}, {"transport", comm.transport_of(p)}});
+  nlohmann::json dtypes = nlohmann::json::array(), ops = nlohmann::json::array();
+  for (DataType d : o.dtypes) dtypes.push_back(name(d));
+  for (ReduceOp op : o.ops) ops.push_back(name(op));
+  const nlohmann::json parameters = {
+      {"collective", o.collective}, {"minbytes", o.min_bytes}, {"maxbytes", o.max_bytes},
+      {"stepfactor", o.factor},    {"stepbytes", o.step_bytes}, {"iters", o.iters},
+      {"warmup_iters", o.warmup},  {"agg_iters", o.agg_iters}, {"run_cycles", o.cycles},
+      {"check", o.check},          {"root", o.root},           {"average", o.average},
+      {"blocking", o.blocking},    {"report_cputime", o.cpu_time}, {"stream_null", o.null_stream},
+      {"timeout_s", o.timeout_s},  {"datatypes", dtypes},      {"ops", ops},
+      {"registered", o.registered}, {"device", o.cuda ? "cuda" : "cpu"}};
+  return {{"tool", "braid-bench"}, {"version", BRAID_VERSION}, {"host", host}, {"ranks", comm.size()},
+          {"transport", comm.transport_summary()}, {"transports_from_rank_0", transports},
+          {"parameters", parameters}, {"memcpy_gbps", memcpy_gbps},
+          {"average_busbw_gbps", totals.rows ? totals.busbw_sum / totals.rows : 0.0},
+          {"out_of_bounds", totals.wrong}, {"rows", std::move(rows)}};
+}
+
+std::unique_ptr<Communicator> world(const BenchOptions& o) {
+  runtime::Config config = runtime::config();
+  if (o.timeout_s > 0) config.timeout = std::chrono::seconds(o.timeout_s);  // -T
+  return Communicator::create_world(runtime::rank_info_from_env(), config);
+}
+
+}  // namespace
+
+int run_bench(const BenchOptions& options) {
+  auto comm = world(options);
+  const int n = comm->size(), r = comm->rank();
+  if ((options.collective == "broadcast" || options.collective == "reduce") && options.root >= n)
+    throw InvalidUsage("--root " + std::to_string(options.root) + " is out of range for " + std::to_string(n) + " ranks");
+  if (options.cuda) bench_device::init(runtime::rank_info_from_env().local_rank);
+  double memcpy_gbps = r != 0 ? 0 : options.cuda ? bench_device::measure_copy_gbps() : measure_memcpy_gbps();
+  comm->broadcast(&memcpy_gbps, &memcpy_gbps, 1, DataType::f64, 0).wait();
+  std::optional<OutputFile> json_file, csv_file;
+  // The files are rank 0's: it alone fails, so a launcher names it as the rank that failed.
+  if (!open_outputs(*comm, options, json_file, csv_file)) return r == 0 ? 1 : 0;
+  const bool reduces = options.collective == "all_reduce" || options.collective == "reduce_scatter" ||
+                       options.collective == "reduce";
+  const std::vector<ReduceOp> ops = reduces ? options.ops : std::vector<ReduceOp>{options.ops.front()};
+  nlohmann::json rows = nlohmann::json::array();
+  Totals totals;
+  for (int cycle = 0; options.cycles == 0 || cycle < options.cycles; ++cycle)
+    for (DataType dtype : options.dtypes)
+      for (ReduceOp op : ops) {
+        BenchOptions o = options;
+        o.dtype = dtype;
+        o.op = op;
+        if (r == 0) print_header(*comm, o, memcpy_gbps);
+        run_sweep(*comm, o, memcpy_gbps, rows, totals);
+      }
   if (r == 0) {
-    std::printf("# Out of bounds values : %llu %s\n", (unsigned long long)all_wrong, all_wrong ? "FAILED" : "OK");
-    std::printf("# Avg bus bandwidth    : %.3f GB/s (%.3f x memcpy)\n", busbw_sum / rows_count,
-                busbw_sum / rows_count / memcpy_gbps);
-    json_file->write_and_close(rows.dump(2) + "\n");
+    std::printf("# Out of bounds values : %llu %s\n", (unsigned long long)totals.wrong, totals.wrong ? "FAILED" : "OK");
+    const double average = totals.rows ? totals.busbw_sum / totals.rows : 0.0;
+    std::printf("# Avg bus bandwidth    : %.3f GB/s (%.3f x memcpy)\n", average, average / memcpy_gbps);
+    json_file->write_and_close(run_json(*comm, options, memcpy_gbps, totals, rows).dump(2) + "\n");
     csv_file->write_and_close(csv_text(rows));
   }
-  return all_wrong ? 1 : 0;
+  return totals.wrong ? 1 : 0;
 }
 
 }  // namespace braid::comm

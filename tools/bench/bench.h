@@ -4,16 +4,29 @@
 
 #include <cstddef>
 #include <string>
+#include <vector>
 
 #include "kernels/dtype.h"
 
 namespace braid::comm {
 
+// The flags follow nccl-tests (tools/braid_bench.cc lists them with their defaults).
 struct BenchOptions {
   std::string collective = "all_reduce";
   std::size_t min_bytes = 8, max_bytes = 64u << 20;
+  std::size_t step_bytes = 0;  // -i: sizes grow by this many bytes instead of by -f
   int factor = 2;
   int iters = 20, warmup = 5, check = 1, root = 0;
+  int agg_iters = 1;      // -m: calls issued back to back per timed iteration
+  int cycles = 1;         // -N: the whole sweep this many times (0: until stopped)
+  int average = 1;        // -a: time over ranks: 0 rank 0, 1 mean, 2 min, 3 max
+  bool blocking = false;  // -z: wait for each call before issuing the next
+  bool cpu_time = false;  // -C: time until the calls are issued, not until they complete
+  bool null_stream = false;  // -y: --device cuda calls on the default stream
+  int timeout_s = 0;      // -T: BRAID_TIMEOUT for this run (0: as configured)
+  std::vector<DataType> dtypes{DataType::f32};  // -d (all: every dtype, one sweep each)
+  std::vector<ReduceOp> ops{ReduceOp::sum};     // -o (all: every op)
+  // The sweep being run: one of dtypes and one of ops.
   DataType dtype = DataType::f32;
   ReduceOp op = ReduceOp::sum;
   std::string json_path, csv_path;
