@@ -17,6 +17,7 @@
 
 #include "comm/communicator_impl.h"
 #include "comm/resources.h"
+#include "comm/transport/ibverbs/connect.h"
 #include "comm/transport/shm/transport.h"
 #include "comm/transport/tcp/transport.h"
 #include "runtime/config.h"
@@ -67,10 +68,11 @@ std::string ring_order(int size) {
 namespace {
 
 // Which transport reaches each peer: shared memory for ranks on this host
-// (unless BRAID_TRANSPORT=tcp), TCP for the others.
+// (unless BRAID_TRANSPORT=tcp), TCP for the others; BRAID_TRANSPORT=ibverbs
+// puts every peer on RDMA (choosing it between hosts under auto is not done yet).
 struct Plan {
   std::vector<int> local;    // ranks on this host, this one included, sorted
-  std::vector<bool> use_shm, use_tcp;
+  std::vector<bool> use_shm, use_tcp, use_ib;
 };
 
 Plan plan_transports(const Communicator::Impl& impl) {
@@ -78,12 +80,14 @@ Plan plan_transports(const Communicator::Impl& impl) {
   const std::string& mode = impl.config.transport;
   plan.use_shm.assign(impl.size, false);
   plan.use_tcp.assign(impl.size, false);
+  plan.use_ib.assign(impl.size, false);
   std::string remote;
   for (int peer = 0; peer < impl.size; ++peer) {
     bool same_host = impl.hosts[peer] == impl.hosts[impl.rank];
     if (same_host) plan.local.push_back(peer);
     if (peer == impl.rank) continue;
-    if (same_host && mode != "tcp") plan.use_shm[peer] = true;
+    if (mode == "ibverbs") plan.use_ib[peer] = true;
+    else if (same_host && mode != "tcp") plan.use_shm[peer] = true;
     else plan.use_tcp[peer] = true;
     if (!same_host) remote += (remote.empty() ? "" : ", ") + std::to_string(peer);
   }
@@ -118,6 +122,8 @@ ResourceNeeds needs_of(const Plan& plan, const runtime::Config& config) {
   // tcp: the sockets, and while they connect the listening socket and Asio's
   // epoll, eventfd and timerfd.
   if (tcp_peers > 0) needs.fds += static_cast<int>(tcp_peers) * config.tcp_nsocks + 4;
+  // ibverbs: the device's command and async descriptors and the completion channel.
+  if (any(plan.use_ib)) needs.fds += 4;
   needs.threads = 2;  // the status board's and the progress thread
   return needs;
 }
@@ -260,11 +266,24 @@ void connect_planned(Communicator::Impl& impl, const Plan& plan) {
     impl.transports.push_back(tcp::connect_tcp(*impl.store, impl.key_prefix, options));
     add_routes(impl, plan.use_tcp);
   }
+  if (any(plan.use_ib)) {
+    ibverbs::IbOptions options;
+    options.rank = impl.rank;
+    options.size = impl.size;
+    options.comm_id = impl.comm_id;
+    options.token = impl.info.job_token;
+    options.device = {config.ib_hca, config.ib_gid_index};
+    options.spin = spin;
+    options.timeout = config.timeout;
+    options.peers = plan.use_ib;
+    impl.transports.push_back(ibverbs::open_ibverbs(*impl.store, impl.key_prefix, options));
+    add_routes(impl, plan.use_ib);
+  }
   impl.status = std::make_unique<StatusBoard>(impl.store, impl.key_prefix, impl.rank);
   spdlog::info("comm {:08x} ({}): rank {}/{} on host {}; shm to ranks {}; tcp to ranks {} ({} socket(s) each); "
-               "BRAID_TRANSPORT={}; ring order {}",
+               "ibverbs to ranks {}; BRAID_TRANSPORT={}; ring order {}",
                impl.comm_id, impl.key_prefix, impl.rank, impl.size, impl.hosts[impl.rank],
-               rank_list(plan.use_shm), rank_list(plan.use_tcp), config.tcp_nsocks, config.transport,
+               rank_list(plan.use_shm), rank_list(plan.use_tcp), config.tcp_nsocks, rank_list(plan.use_ib), config.transport,
                ring_order(impl.size));
 }
 

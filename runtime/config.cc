@@ -44,6 +44,16 @@ std::size_t bytes_in_range(const char* name, std::size_t fallback, std::size_t l
   return parsed;
 }
 
+int int_in_range(const char* name, int fallback, int lo, int hi) {
+  const char* value = env(name);
+  if (!value) return fallback;
+  char* end = nullptr;
+  long parsed = std::strtol(value, &end, 10);
+  if (*end != '\0' || parsed < lo || parsed > hi)
+    bad(name, value, "an integer from " + std::to_string(lo) + " to " + std::to_string(hi));
+  return static_cast<int>(parsed);
+}
+
 Config read_config() {
   Config c;
   c.log_level = one_of("BRAID_LOG_LEVEL", c.log_level,
@@ -55,7 +65,10 @@ Config read_config() {
     c.timeout = std::chrono::milliseconds(static_cast<long long>(seconds * 1000));
   }
   if (const char* a = env("BRAID_BIND_ADDR")) c.bind_addr = a;
-  c.transport = one_of("BRAID_TRANSPORT", c.transport, {"auto", "tcp", "shm"});
+  c.transport = one_of("BRAID_TRANSPORT", c.transport, {"auto", "tcp", "shm", "ibverbs"});
+  if (const char* h = env("BRAID_IB_HCA")) c.ib_hca = h;
+  c.ib_gid_index = int_in_range("BRAID_IB_GID_INDEX", c.ib_gid_index, -1, 255);
+  c.ib_qps_per_peer = int_in_range("BRAID_IB_QPS_PER_PEER", c.ib_qps_per_peer, 1, 1);
   c.algo = one_of("BRAID_ALGO", c.algo,
                   {"auto", "ring", "recursive_doubling", "binomial", "pipelined"});
   c.tcp_nsocks = static_cast<int>(bytes_in_range("BRAID_TCP_NSOCKS", c.tcp_nsocks, 1, 16));

@@ -20,8 +20,20 @@ struct Config {
   std::chrono::milliseconds timeout{300'000};
   // BRAID_BIND_ADDR: the only address braid listens on. Default 127.0.0.1.
   std::string bind_addr = "127.0.0.1";
-  // BRAID_TRANSPORT: auto|tcp|shm. Which transport carries peer traffic.
+  // BRAID_TRANSPORT: auto|tcp|shm|ibverbs. Which transport carries peer
+  // traffic. ibverbs forces RDMA for every peer and is refused in a build
+  // without libibverbs or when no verbs device is usable.
   std::string transport = "auto";
+  // BRAID_IB_HCA: name[:port] of the verbs device (and port) to use, e.g.
+  // mlx5_0:1 or rxe0. Default: chosen from the GID tables (the ibverbs
+  // transport logs its choice and why).
+  std::string ib_hca;
+  // BRAID_IB_GID_INDEX: GID index on that port, 0..255; -1 (default) picks
+  // RoCE v2 with an IPv4-mapped address, then a global IPv6, then link-local.
+  int ib_gid_index = -1;
+  // BRAID_IB_QPS_PER_PEER: reliable-connected queue pairs per peer. Only 1
+  // for now (striping large messages over several is not implemented yet).
+  int ib_qps_per_peer = 1;
   // BRAID_ALGO: auto|ring|recursive_doubling|binomial|pipelined. Forces the
   // algorithm where the collective has it (all_reduce: ring or
   // recursive_doubling; broadcast: binomial or pipelined). Default auto

@@ -1,0 +1,40 @@
+// What setup.cc needs of the ibverbs transport, in a build with or without
+// libibverbs: the options, and open_ibverbs(), which connects (connection.cc)
+// or, in a build without libibverbs, refuses by name (unavailable.cc).
+#pragma once
+
+#include "comm/transport/transport_only.h"
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "comm/transport/ibverbs/device.h"
+#include "comm/transport/transport.h"
+
+namespace braid::runtime {
+class Store;
+}
+
+namespace braid::comm::ibverbs {
+
+struct IbOptions {
+  int rank = 0;
+  int size = 1;
+  std::uint32_t comm_id = 0;
+  std::string token;
+  GidRequest device;  // BRAID_IB_HCA, BRAID_IB_GID_INDEX
+  std::size_t slot_bytes = (256u << 10) + 4096;  // a default segment and its header fit one slot
+  int slots = 8;                                 // ring slots per peer and direction
+  std::chrono::nanoseconds spin{};
+  std::chrono::milliseconds timeout{300'000};
+  std::vector<bool> peers;  // which ranks to connect; empty means all
+};
+
+// connect_ibverbs() (transport.h) as a plain Transport.
+std::unique_ptr<Transport> open_ibverbs(runtime::Store& store, const std::string& key_prefix,
+                                        const IbOptions& options);
+
+}  // namespace braid::comm::ibverbs

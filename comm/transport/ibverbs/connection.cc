@@ -1,0 +1,270 @@
+// Connection set-up of the ibverbs transport.
+//
+// 1. Choose the device, port and GID (device.h) and open them: protection
+//    domain, completion channel, one completion queue for every peer.
+// 2. Register one receive ring, one send staging area and one control
+//    region, each with a block per peer (memory.h, transport.h).
+// 3. Per peer: create an RC queue pair, move it to INIT and post its
+//    receives (before any peer can write with an immediate to it).
+// 4. Publish a ConnectionData under <prefix>/ibverbs/<from>/<to>. It carries
+//    the job token's digest besides the queue pair number, PSN, GID, LID,
+//    MTU and the ring and control addresses and rkeys for that peer; the
+//    store itself only serves clients that presented the job token, and the
+//    reader refuses data whose magic, version, ranks, communicator, token
+//    digest or ring shape differ from its own.
+// 5. Move each queue pair to RTR and RTS, then prove the path with an RDMA
+//    write each way (transport.cc): a wrong GID index or an unroutable peer
+//    fails here, naming both ranks, the device, the GID index and the remedy.
+//
+// Retry settings: the local ACK timeout is 4.096 us x 2^t, retried 7 times,
+// so a peer that stops answering fails a write after 8 x 4.096 us x 2^t;
+// t is chosen so that this is at most a quarter of BRAID_TIMEOUT (between
+// 67 ms and 1 s per try).
+#include <fcntl.h>
+#include <infiniband/verbs.h>
+#include <spdlog/spdlog.h>
+
+#include <cstring>
+
+#include "comm/transport/ibverbs/transport.h"
+#include "runtime/errors.h"
+#include "runtime/store.h"
+
+namespace braid::comm::ibverbs {
+namespace {
+
+constexpr std::uint32_t kMagic = 0x42444942;  // "BIDB"
+constexpr std::uint16_t kVersion = 1;
+
+struct ConnectionData {
+  std::uint32_t magic = kMagic;
+  std::uint16_t version = kVersion;
+  std::uint16_t lid = 0;
+  std::int32_t from = 0, to = 0;
+  std::uint32_t comm_id = 0;
+  std::uint32_t qp_num = 0;
+  std::uint32_t psn = 0;
+  std::uint32_t mtu = 0;  // ibv_mtu
+  std::uint64_t token_digest = 0;
+  std::uint8_t gid[16] = {};
+  std::uint64_t ring_address = 0;
+  std::uint64_t slot_bytes = 0;
+  std::uint32_t ring_rkey = 0;
+  std::uint32_t slots = 0;
+  std::uint64_t credit_address = 0;
+  std::uint32_t control_rkey = 0;
+  std::uint32_t gid_kind = 0;
+};
+
+std::uint64_t digest(const std::string& token) {
+  std::uint64_t h = 1469598103934665603ull;  // FNV-1a 64
+  for (unsigned char c : token) h = (h ^ c) * 1099511628211ull;
+  return h;
+}
+
+std::string who(const IbOptions& o, int peer) {
+  return "rank " + std::to_string(o.rank) + " could not set up RDMA with rank " + std::to_string(peer);
+}
+
+std::string where(const GidEntry& gid) {
+  return gid.device + " port " + std::to_string(gid.port) + " GID index " + std::to_string(gid.index);
+}
+
+int ack_timeout_exponent(std::chrono::milliseconds timeout) {
+  int t = 14;
+  while (t < 18 && 8 * 4.096e-6 * static_cast<double>(1 << (t + 1)) <= timeout.count() / 4000.0) ++t;
+  return t;
+}
+
+void set_nonblocking(int fd) { fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK); }
+
+std::unique_ptr<Verbs> open_verbs(const GidChoice& choice, int cq_entries, int rank) {
+  auto verbs = std::make_unique<Verbs>();
+  verbs->gid = choice.entry;
+  int count = 0;
+  ibv_device** devices = ibv_get_device_list(&count);
+  for (int i = 0; devices && i < count && !verbs->context; ++i)
+    if (choice.entry.device == ibv_get_device_name(devices[i])) verbs->context = ibv_open_device(devices[i]);
+  if (devices) ibv_free_device_list(devices);
+  const std::string what = "rank " + std::to_string(rank) + " could not open RDMA device " + choice.entry.device;
+  if (!verbs->context) throw SystemError(errno_message(what, errno));
+  if (!(verbs->pd = ibv_alloc_pd(verbs->context))) throw SystemError(errno_message(what + " (protection domain)", errno));
+  if (!(verbs->channel = ibv_create_comp_channel(verbs->context)))
+    throw SystemError(errno_message(what + " (completion channel)", errno));
+  if (!(verbs->cq = ibv_create_cq(verbs->context, cq_entries, nullptr, verbs->channel, 0)))
+    throw SystemError(errno_message(what + " (completion queue of " + std::to_string(cq_entries) + ")", errno));
+  set_nonblocking(verbs->channel->fd);
+  set_nonblocking(verbs->context->async_fd);
+  return verbs;
+}
+
+ibv_qp* create_qp(Verbs& verbs, const IbOptions& o, int peer) {
+  ibv_qp_init_attr init{};
+  init.send_cq = verbs.cq;
+  init.recv_cq = verbs.cq;
+  init.qp_type = IBV_QPT_RC;
+  init.cap.max_send_wr = static_cast<std::uint32_t>(o.slots + 8);
+  init.cap.max_recv_wr = static_cast<std::uint32_t>(2 * o.slots + 8);
+  init.cap.max_send_sge = 1;
+  init.cap.max_recv_sge = 1;
+  ibv_qp* qp = ibv_create_qp(verbs.pd, &init);
+  if (!qp) throw SystemError(errno_message(who(o, peer) + ": creating a queue pair on " + verbs.gid.device, errno));
+  ibv_qp_attr attr{};
+  attr.qp_state = IBV_QPS_INIT;
+  attr.port_num = static_cast<std::uint8_t>(verbs.gid.port);
+  attr.qp_access_flags = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE;
+  if (int error = ibv_modify_qp(qp, &attr, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS)) {
+    ibv_destroy_qp(qp);
+    throw SystemError(errno_message(who(o, peer) + ": moving its queue pair to INIT", error));
+  }
+  return qp;
+}
+
+ConnectionData local_data(const IbOptions& o, const IbTransport::Peer& peer, const Verbs& verbs,
+                          const ibv_port_attr& port, std::uint64_t ring, std::uint32_t ring_rkey,
+                          std::uint64_t credit, std::uint32_t control_rkey) {
+  ConnectionData d;
+  d.lid = port.lid;
+  d.from = o.rank;
+  d.to = peer.rank;
+  d.comm_id = o.comm_id;
+  d.qp_num = peer.qp->qp_num;
+  d.psn = (peer.qp->qp_num * 2654435761u) & 0xffffff;
+  d.mtu = port.active_mtu;
+  d.token_digest = digest(o.token);
+  std::memcpy(d.gid, verbs.gid.gid.data(), 16);
+  d.ring_address = ring;
+  d.slot_bytes = o.slot_bytes;
+  d.ring_rkey = ring_rkey;
+  d.slots = static_cast<std::uint32_t>(o.slots);
+  d.credit_address = credit;
+  d.control_rkey = control_rkey;
+  d.gid_kind = static_cast<std::uint32_t>(verbs.gid.kind);
+  return d;
+}
+
+ConnectionData read_remote(runtime::Store& store, const std::string& prefix, const IbOptions& o, int peer) {
+  runtime::Bytes bytes = store.get(prefix + "/ibverbs/" + std::to_string(peer) + "/" + std::to_string(o.rank), o.timeout);
+  ConnectionData d;
+  if (bytes.size() != sizeof d) throw RemoteError(who(o, peer) + ": it published malformed connection data", peer);
+  std::memcpy(&d, bytes.data(), sizeof d);
+  std::string why;
+  if (d.magic != kMagic || d.version != kVersion) why = "it speaks another protocol version";
+  else if (d.token_digest != digest(o.token)) why = "it presented the wrong job token";
+  else if (d.from != peer || d.to != o.rank || d.comm_id != o.comm_id) why = "it addressed another communicator or rank";
+  else if (d.slots != static_cast<std::uint32_t>(o.slots) || d.slot_bytes != o.slot_bytes)
+    why = "its receive ring has another shape (a different braid build?)";
+  if (!why.empty()) {
+    spdlog::warn("{}: refused its connection data: {}", who(o, peer), why);
+    throw RemoteError(who(o, peer) + ": refused its connection data: " + why, peer);
+  }
+  return d;
+}
+
+// RTR then RTS, with the retry settings of the header comment.
+void bring_up(ibv_qp* qp, const Verbs& verbs, const ConnectionData& mine, const ConnectionData& theirs,
+              const IbOptions& o) {
+  ibv_qp_attr attr{};
+  attr.qp_state = IBV_QPS_RTR;
+  attr.path_mtu = static_cast<ibv_mtu>(std::min(mine.mtu, theirs.mtu));
+  attr.dest_qp_num = theirs.qp_num;
+  attr.rq_psn = theirs.psn;
+  attr.max_dest_rd_atomic = 1;
+  attr.min_rnr_timer = 12;
+  attr.ah_attr.port_num = static_cast<std::uint8_t>(verbs.gid.port);
+  attr.ah_attr.dlid = theirs.lid;
+  attr.ah_attr.is_global = 1;
+  std::memcpy(attr.ah_attr.grh.dgid.raw, theirs.gid, 16);
+  attr.ah_attr.grh.sgid_index = static_cast<std::uint8_t>(verbs.gid.index);
+  attr.ah_attr.grh.hop_limit = 64;
+  const std::string at = " (" + where(verbs.gid) + ", this rank's GID " + gid_text(verbs.gid.gid) + ")";
+  const std::string remedy = ": set BRAID_IB_GID_INDEX / BRAID_IB_HCA on both ranks to a GID that routes between "
+                             "them (ibv_devinfo -v lists them), or use BRAID_TRANSPORT=tcp";
+  if (int error = ibv_modify_qp(qp, &attr, IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN |
+                                               IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER))
+    throw RemoteError(errno_message(who(o, theirs.from) + ": its queue pair could not reach RTR towards the peer's GID " +
+                                        gid_text(*reinterpret_cast<const std::array<std::uint8_t, 16>*>(theirs.gid)) + at,
+                                    error) + remedy,
+                      theirs.from);
+  attr = {};
+  attr.qp_state = IBV_QPS_RTS;
+  attr.timeout = static_cast<std::uint8_t>(ack_timeout_exponent(o.timeout));
+  attr.retry_cnt = 7;
+  attr.rnr_retry = 7;  // receives are reposted as they are used; RNR is never expected
+  attr.sq_psn = mine.psn;
+  attr.max_rd_atomic = 1;
+  if (int error = ibv_modify_qp(qp, &attr, IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY |
+                                               IBV_QP_SQ_PSN | IBV_QP_MAX_QP_RD_ATOMIC))
+    throw SystemError(errno_message(who(o, theirs.from) + ": moving its queue pair to RTS" + at, error) + remedy);
+}
+
+std::vector<int> peer_ranks(const IbOptions& o) {
+  std::vector<int> ranks;
+  for (int r = 0; r < o.size; ++r)
+    if (r != o.rank && (o.peers.empty() || o.peers[r])) ranks.push_back(r);
+  return ranks;
+}
+
+}  // namespace
+
+std::unique_ptr<IbTransport> connect_ibverbs(runtime::Store& store, const std::string& key_prefix,
+                                             const IbOptions& o) {
+  GidChoice choice = choose_gid(probe_gid_table(), o.device, o.rank);
+  spdlog::info("ibverbs: {}", choice.reason);
+  const std::vector<int> ranks = peer_ranks(o);
+  const std::size_t n = std::max<std::size_t>(ranks.size(), 1);
+  auto verbs = open_verbs(choice, static_cast<int>(n) * (4 * o.slots + 24), o.rank);
+  const std::size_t ring_bytes = n * static_cast<std::size_t>(o.slots) * o.slot_bytes;
+  Registered ring(verbs->pd, ring_bytes, "receive ring"), staging(verbs->pd, ring_bytes, "send staging");
+  Registered control(verbs->pd, n * sizeof(IbTransport::ControlBlock), "control region");
+  ibv_port_attr port{};
+  if (int error = ibv_query_port(verbs->context, static_cast<std::uint8_t>(verbs->gid.port), &port))
+    throw SystemError(errno_message("rank " + std::to_string(o.rank) + " could not query " + where(verbs->gid), error));
+
+  std::vector<IbTransport::Peer> peers(ranks.size());
+  std::vector<ConnectionData> mine(ranks.size());
+  for (std::size_t i = 0; i < ranks.size(); ++i) {
+    peers[i].rank = ranks[i];
+    peers[i].qp = create_qp(*verbs, o, ranks[i]);
+  }
+  // Until the transport owns them, a throw destroys the queue pairs here.
+  std::vector<ibv_qp*> qps;
+  for (auto& p : peers) qps.push_back(p.qp);
+  struct QpGuard {
+    std::vector<ibv_qp*>* qps;
+    ~QpGuard() {
+      if (qps)
+        for (ibv_qp* qp : *qps) ibv_destroy_qp(qp);
+    }
+  } guard{&qps};
+  for (std::size_t i = 0; i < ranks.size(); ++i) {
+    for (int k = 0; k < 2 * o.slots + 8; ++k) {
+      ibv_recv_wr wr{}, *bad = nullptr;
+      wr.wr_id = (std::uint64_t{4} << 56) | i;  // Work::receive, peer index i (transport.cc)
+      if (int error = ibv_post_recv(peers[i].qp, &wr, &bad))
+        throw SystemError(errno_message(who(o, ranks[i]) + ": posting receives", error));
+    }
+    mine[i] = local_data(o, peers[i], *verbs, port, ring.address() + i * o.slots * o.slot_bytes, ring.rkey(),
+                         control.address() + i * sizeof(IbTransport::ControlBlock), control.rkey());
+    runtime::Bytes bytes(sizeof(ConnectionData));
+    std::memcpy(bytes.data(), &mine[i], sizeof(ConnectionData));
+    store.set(key_prefix + "/ibverbs/" + std::to_string(o.rank) + "/" + std::to_string(ranks[i]), bytes);
+  }
+  for (std::size_t i = 0; i < ranks.size(); ++i) {
+    ConnectionData theirs = read_remote(store, key_prefix, o, ranks[i]);
+    bring_up(peers[i].qp, *verbs, mine[i], theirs, o);
+    peers[i].remote = {theirs.ring_address, theirs.ring_rkey, theirs.credit_address, theirs.control_rkey};
+  }
+  guard.qps = nullptr;
+  auto result = std::make_unique<IbTransport>(o, std::move(verbs), std::move(peers), std::move(ring),
+                                              std::move(staging), std::move(control));
+  result->prove_paths(Clock::now() + o.timeout);
+  return result;
+}
+
+std::unique_ptr<Transport> open_ibverbs(runtime::Store& store, const std::string& key_prefix,
+                                        const IbOptions& options) {
+  return connect_ibverbs(store, key_prefix, options);
+}
+
+}  // namespace braid::comm::ibverbs

@@ -1,0 +1,443 @@
+// The data path of the ibverbs transport (the protocol is in transport.h).
+#include "comm/transport/ibverbs/transport.h"
+
+#include <arpa/inet.h>
+#include <infiniband/verbs.h>
+#include <poll.h>
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+
+#include "runtime/errors.h"
+
+namespace braid::comm::ibverbs {
+namespace {
+
+constexpr std::size_t kHeaderBytes = sizeof(WireHeader);
+constexpr std::uint32_t kCreditImm = 0xffffffffu;
+constexpr int kMaxCreditWrites = 2;
+
+// wr_id: the kind of work request in the top byte, the peer index below.
+enum class Work : std::uint64_t { data = 1, credit = 2, proof = 3, receive = 4 };
+std::uint64_t wr_id(Work kind, std::size_t peer) { return (static_cast<std::uint64_t>(kind) << 56) | peer; }
+Work kind_of(std::uint64_t id) { return static_cast<Work>(id >> 56); }
+std::size_t peer_index_of(std::uint64_t id) { return static_cast<std::size_t>(id & 0xffffffffu); }
+
+const char* operation(Work kind) {
+  switch (kind) {
+    case Work::data: return "an RDMA write of message data";
+    case Work::credit: return "an RDMA write returning ring credits";
+    case Work::proof: return "the set-up path proof (an 8-byte RDMA write)";
+    default: return "a receive of an RDMA write with immediate";
+  }
+}
+
+std::uint64_t load_acquire(const std::uint64_t& word) {
+  return std::atomic_ref<const std::uint64_t>(word).load(std::memory_order_acquire);
+}
+
+}  // namespace
+
+Verbs::~Verbs() {
+  if (cq) ibv_destroy_cq(cq);
+  if (channel) ibv_destroy_comp_channel(channel);
+  if (pd) ibv_dealloc_pd(pd);
+  if (context) ibv_close_device(context);
+}
+
+IbTransport::IbTransport(const IbOptions& options, std::unique_ptr<Verbs> verbs, std::vector<Peer> peers,
+                         Registered ring, Registered staging, Registered control)
+    : rank_(options.rank),
+      slot_bytes_(options.slot_bytes),
+      slots_(static_cast<std::uint64_t>(options.slots)),
+      spin_(options.spin),
+      verbs_(std::move(verbs)),
+      ring_(std::move(ring)),
+      staging_(std::move(staging)),
+      control_(std::move(control)),
+      peers_(std::move(peers)),
+      index_by_rank_(static_cast<std::size_t>(options.size), -1) {
+  for (std::size_t i = 0; i < peers_.size(); ++i) {
+    index_by_rank_[peers_[i].rank] = static_cast<int>(i);
+    peers_[i].piece_bytes.assign(slots_, 0);
+    peers_[i].held.assign(slots_, false);
+  }
+}
+
+IbTransport::~IbTransport() { shutdown(); }
+
+// Destroying the queue pairs makes a peer's next write to this rank fail
+// with retry exceeded, so peers blocked on this rank learn of it within the
+// queue pairs' retry time (connection.cc) rather than waiting out the timeout.
+void IbTransport::shutdown() {
+  if (shut_down_) return;
+  shut_down_ = true;
+  for (auto& peer : peers_)
+    if (peer.qp) {
+      ibv_destroy_qp(peer.qp);
+      peer.qp = nullptr;
+    }
+}
+
+IbTransport::Peer& IbTransport::peer_of(int rank) {
+  int index = rank >= 0 && rank < static_cast<int>(index_by_rank_.size()) ? index_by_rank_[rank] : -1;
+  if (index < 0)
+    throw InvalidUsage("rank " + std::to_string(rank_) + " has no RDMA connection to rank " + std::to_string(rank));
+  return peers_[static_cast<std::size_t>(index)];
+}
+
+std::byte* IbTransport::ring_slot(const Peer& peer, std::uint64_t piece) const {
+  return ring_.data() + (index_of(peer) * slots_ + piece % slots_) * slot_bytes_;
+}
+
+std::byte* IbTransport::staging_slot(const Peer& peer, std::uint64_t piece) const {
+  return staging_.data() + (index_of(peer) * slots_ + piece % slots_) * slot_bytes_;
+}
+
+IbTransport::ControlBlock& IbTransport::control(const Peer& peer) const {
+  return reinterpret_cast<ControlBlock*>(control_.data())[index_of(peer)];
+}
+
+RequestId IbTransport::allocate(int peer, const WireHeader& header) {
+  RequestId id = requests_.acquire();
+  Request& r = requests_[id];
+  r.peer = peer;
+  r.header = header;
+  return id;
+}
+
+RequestId IbTransport::post_send(int peer, const WireHeader& header, const void* data) {
+  Peer& p = peer_of(peer);
+  RequestId id = allocate(peer, header);
+  requests_[id].data = static_cast<std::byte*>(const_cast<void*>(data));
+  p.sends.push_back(id);
+  return id;
+}
+
+RequestId IbTransport::post_recv(int peer, const WireHeader& expected, void* data, Placement) {
+  Peer& p = peer_of(peer);
+  RequestId id = allocate(peer, expected);
+  requests_[id].data = static_cast<std::byte*>(data);
+  p.recvs.push_back(id);
+  return id;
+}
+
+bool IbTransport::is_done(RequestId request) { return requests_.at(request).done; }
+
+std::span<const std::byte> IbTransport::view(RequestId request) {
+  const Request& r = requests_.at(request);
+  return {r.data, static_cast<std::size_t>(r.header.payload_bytes)};
+}
+
+// A view lent from the ring gives its slot back; the credit goes out with
+// the next progress().
+void IbTransport::release(RequestId request) {
+  Request& r = requests_.at(request);
+  if (r.in_place) {
+    Peer& p = peer_of(r.peer);
+    p.held[r.held_slot] = false;
+    --p.held_count;
+  }
+  staging_pool_.give_back(std::move(r.staging));
+  requests_.release(request);
+}
+
+void IbTransport::post_write(Peer& peer, std::uint64_t id, const void* local, std::uint32_t lkey,
+                             std::uint32_t bytes, std::uint64_t remote, std::uint32_t rkey, bool with_imm,
+                             std::uint32_t imm) {
+  ibv_sge sge{reinterpret_cast<std::uint64_t>(local), bytes, lkey};
+  ibv_send_wr wr{};
+  ibv_send_wr* bad = nullptr;
+  wr.wr_id = id;
+  wr.sg_list = &sge;
+  wr.num_sge = 1;
+  wr.opcode = with_imm ? IBV_WR_RDMA_WRITE_WITH_IMM : IBV_WR_RDMA_WRITE;
+  wr.send_flags = IBV_SEND_SIGNALED;
+  wr.imm_data = htonl(imm);
+  wr.wr.rdma.remote_addr = remote;
+  wr.wr.rdma.rkey = rkey;
+  if (int error = ibv_post_send(peer.qp, &wr, &bad))
+    throw SystemError(errno_message("rank " + std::to_string(rank_) + " could not post " +
+                                        operation(kind_of(id)) + " to rank " + std::to_string(peer.rank),
+                                    error));
+}
+
+void IbTransport::post_receive(Peer& peer) {
+  ibv_recv_wr wr{};
+  ibv_recv_wr* bad = nullptr;
+  wr.wr_id = wr_id(Work::receive, index_of(peer));
+  if (int error = ibv_post_recv(peer.qp, &wr, &bad))
+    throw SystemError(errno_message("rank " + std::to_string(rank_) + " could not post an RDMA receive for rank " +
+                                        std::to_string(peer.rank),
+                                    error));
+}
+
+// Sends: copy the next piece of the front message into its staging slot and
+// write it into the peer's ring, as long as credits and staging slots last.
+bool IbTransport::pump_sends(Peer& peer) {
+  bool advanced = false;
+  while (!peer.sends.empty()) {
+    Request& r = requests_[peer.sends.front()];
+    const std::size_t total = kHeaderBytes + r.header.payload_bytes;
+    while (peer.front_posted < total && peer.posted - peer.credits < slots_ && peer.posted - peer.completed < slots_) {
+      post_piece(peer, r);
+      advanced = true;
+    }
+    if (peer.front_posted < total) break;
+    r.last_piece = peer.posted - 1;
+    peer.sending.push_back(peer.sends.front());
+    peer.sends.pop_front();
+    peer.front_posted = 0;
+  }
+  return advanced;
+}
+
+void IbTransport::post_piece(Peer& peer, Request& r) {
+  const std::size_t total = kHeaderBytes + r.header.payload_bytes;
+  const std::size_t offset = peer.front_posted, bytes = std::min(slot_bytes_, total - offset);
+  std::byte* slot = staging_slot(peer, peer.posted);
+  std::size_t filled = 0;
+  if (offset < kHeaderBytes) {
+    filled = kHeaderBytes - offset;
+    std::memcpy(slot, reinterpret_cast<const std::byte*>(&r.header) + offset, filled);
+  }
+  const std::size_t payload_offset = offset + filled - kHeaderBytes;
+  if (bytes > filled) std::memcpy(slot + filled, r.data + payload_offset, bytes - filled);
+  const std::uint64_t remote = peer.remote.ring_address + (peer.posted % slots_) * slot_bytes_;
+  post_write(peer, wr_id(Work::data, index_of(peer)), slot, staging_.lkey(), static_cast<std::uint32_t>(bytes),
+             remote, peer.remote.ring_rkey, true, static_cast<std::uint32_t>(bytes));
+  ++peer.posted;
+  peer.front_posted += bytes;
+}
+
+// Receives: take arrived pieces into the front request, header first.
+bool IbTransport::pump_recvs(Peer& peer) {
+  bool advanced = false;
+  while (!peer.recvs.empty() && peer.taken < peer.arrived) {
+    Request& r = requests_[peer.recvs.front()];
+    take_piece(peer, r);
+    advanced = true;
+    if (!r.done) continue;
+    bytes_received_.fetch_add(r.header.payload_bytes, std::memory_order_relaxed);
+    peer.recvs.pop_front();
+  }
+  free_slots(peer);
+  return advanced;
+}
+
+// The first piece's header is checked before a payload byte is copied; every
+// piece's length must be the one the header implies (else the peer sent garbage).
+void IbTransport::take_piece(Peer& peer, Request& r) {
+  const std::uint64_t piece = peer.taken++;
+  const std::byte* slot = ring_slot(peer, piece);
+  const std::size_t bytes = peer.piece_bytes[piece % slots_];
+  std::size_t payload_from = 0;
+  if (r.moved == 0) {
+    if (bytes < kHeaderBytes)
+      throw RemoteError("rank " + std::to_string(rank_) + " received a " + std::to_string(bytes) +
+                            "-byte RDMA piece without a message header from rank " + std::to_string(peer.rank) +
+                            " (garbage on the wire)",
+                        peer.rank);
+    std::memcpy(&r.received, slot, kHeaderBytes);
+    std::string mismatch = header_mismatch(r.header, r.received, rank_, peer.rank);
+    if (!mismatch.empty()) throw RemoteError(mismatch, peer.rank);
+    payload_from = kHeaderBytes;
+  }
+  const std::size_t total = kHeaderBytes + r.header.payload_bytes;
+  if (bytes != std::min(slot_bytes_, total - r.moved))
+    throw RemoteError("rank " + std::to_string(rank_) + " received an RDMA piece of " + std::to_string(bytes) +
+                          " bytes from rank " + std::to_string(peer.rank) + " where its message header implies " +
+                          std::to_string(std::min(slot_bytes_, total - r.moved)) + " (garbage on the wire)",
+                      peer.rank);
+  if (!r.data && r.moved == 0 && bytes == total && peer.held_count < static_cast<int>(slots_ / 2)) {
+    // A single-piece view is lent straight from the ring until release().
+    r.in_place = true;
+    r.held_slot = piece % slots_;
+    peer.held[r.held_slot] = true;
+    ++peer.held_count;
+    r.data = const_cast<std::byte*>(slot) + kHeaderBytes;
+  } else {
+    if (!r.data) {
+      r.staging = staging_pool_.take(r.header.payload_bytes);
+      r.data = r.staging->data();
+    }
+    const std::size_t payload_offset = r.moved + payload_from - kHeaderBytes;
+    std::memcpy(r.data + payload_offset, slot + payload_from, bytes - payload_from);
+  }
+  r.moved += bytes;
+  r.done = r.moved == total;
+}
+
+// Slots are freed in ring order: a slot lent as a view holds back the ones after it.
+void IbTransport::free_slots(Peer& peer) {
+  while (peer.freed < peer.taken && !peer.held[peer.freed % slots_]) ++peer.freed;
+  send_credits(peer);
+}
+
+void IbTransport::send_credits(Peer& peer) {
+  if (peer.freed == peer.credits_sent || peer.credit_writes >= kMaxCreditWrites) return;
+  ControlBlock& block = control(peer);
+  std::atomic_ref<std::uint64_t>(block.credit_out).store(peer.freed, std::memory_order_release);
+  post_write(peer, wr_id(Work::credit, index_of(peer)), &block.credit_out, control_.lkey(), sizeof(std::uint64_t),
+             peer.remote.credit_address, peer.remote.control_rkey, true, kCreditImm);
+  peer.credits_sent = peer.freed;
+  ++peer.credit_writes;
+}
+
+void IbTransport::on_receive(Peer& peer, const ibv_wc& wc) {
+  post_receive(peer);  // this receive is used up; the peer may need another at once
+  const std::uint32_t imm = ntohl(wc.imm_data);
+  if (!(wc.wc_flags & IBV_WC_WITH_IMM))
+    throw RemoteError("rank " + std::to_string(rank_) + " received an RDMA message without an immediate from rank " +
+                          std::to_string(peer.rank) + " (not a braid peer?)",
+                      peer.rank);
+  if (imm == kCreditImm) {
+    peer.credits = std::max(peer.credits, load_acquire(control(peer).credit_in));
+    return;
+  }
+  if (imm > slot_bytes_ || peer.arrived - peer.freed >= slots_)
+    throw RemoteError("rank " + std::to_string(rank_) + " received an RDMA piece from rank " +
+                          std::to_string(peer.rank) + " beyond its ring credits or slot size (garbage on the wire)",
+                      peer.rank);
+  peer.piece_bytes[peer.arrived % slots_] = imm;
+  ++peer.arrived;
+}
+
+void IbTransport::on_completion(const ibv_wc& wc) {
+  Peer& peer = peers_.at(peer_index_of(wc.wr_id));
+  if (wc.status != IBV_WC_SUCCESS) fail_completion(peer, wc);
+  switch (kind_of(wc.wr_id)) {
+    case Work::data:
+      ++peer.completed;
+      while (!peer.sending.empty() && requests_[peer.sending.front()].last_piece < peer.completed) {
+        Request& r = requests_[peer.sending.front()];
+        r.done = true;
+        bytes_sent_.fetch_add(r.header.payload_bytes, std::memory_order_relaxed);
+        peer.sending.pop_front();
+      }
+      break;
+    case Work::credit: --peer.credit_writes; break;
+    case Work::proof: peer.proved = true; break;
+    case Work::receive: on_receive(peer, wc); break;
+  }
+}
+
+int IbTransport::poll_completions() {
+  ibv_wc wcs[32];
+  int total = 0;
+  for (;;) {
+    int n = ibv_poll_cq(verbs_->cq, 32, wcs);
+    if (n < 0) throw SystemError("rank " + std::to_string(rank_) + " could not poll its RDMA completion queue");
+    for (int i = 0; i < n; ++i) on_completion(wcs[i]);
+    total += n;
+    if (n < 32) return total;
+  }
+}
+
+bool IbTransport::pump_all() {
+  if (shut_down_) throw AbortedError("rank " + std::to_string(rank_) + ": the RDMA transport was shut down");
+  bool advanced = poll_completions() > 0;
+  for (auto& peer : peers_) {
+    advanced |= pump_recvs(peer);
+    advanced |= pump_sends(peer);
+  }
+  return advanced;
+}
+
+bool IbTransport::progress(Clock::time_point deadline) {
+  if (pump_all()) return true;
+  if (Clock::now() >= deadline) return false;
+  for (auto spin_end = std::min(deadline, Clock::now() + spin_); Clock::now() < spin_end;)
+    if (pump_all()) return true;
+  // Arm the completion channel, then look once more: a completion that
+  // arrived before arming raises no event.
+  if (ibv_req_notify_cq(verbs_->cq, 0))
+    throw SystemError("rank " + std::to_string(rank_) + " could not arm its RDMA completion channel");
+  if (pump_all()) return true;
+  wait_events(deadline);
+  return pump_all();
+}
+
+// Sleeps until the completion channel or the device's async event queue
+// has something, or the deadline passes.
+void IbTransport::wait_events(Clock::time_point deadline) {
+  pollfd fds[2] = {{verbs_->channel->fd, POLLIN, 0}, {verbs_->context->async_fd, POLLIN, 0}};
+  auto wait = std::max(deadline - Clock::now(), Clock::duration::zero());
+  auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(wait).count();
+  timespec ts{static_cast<time_t>(ns / 1'000'000'000), static_cast<long>(ns % 1'000'000'000)};
+  int ready = ppoll(fds, 2, &ts, nullptr);
+  if (ready < 0 && errno != EINTR) throw SystemError(errno_message("ppoll on the RDMA completion channel", errno));
+  if (fds[0].revents & POLLIN) {
+    ibv_cq* cq = nullptr;
+    void* context = nullptr;
+    if (ibv_get_cq_event(verbs_->channel, &cq, &context) == 0) ibv_ack_cq_events(cq, 1);
+  }
+  if (fds[1].revents & POLLIN) drain_async_events();
+}
+
+// Port down, a fatal queue pair or device error fail the communicator with
+// the event named; the others (port active, GID change, ...) are logged.
+void IbTransport::drain_async_events() {
+  ibv_async_event event{};
+  while (ibv_get_async_event(verbs_->context, &event) == 0) {
+    const ibv_event_type type = event.event_type;
+    ibv_ack_async_event(&event);
+    const std::string what = "rank " + std::to_string(rank_) + " got RDMA event '" + ibv_event_type_str(type) +
+                             "' on " + verbs_->gid.device + " port " + std::to_string(verbs_->gid.port);
+    switch (type) {
+      case IBV_EVENT_QP_FATAL: case IBV_EVENT_QP_REQ_ERR: case IBV_EVENT_QP_ACCESS_ERR:
+        throw RemoteError(what + ": a queue pair to a peer failed; the peer died, or sent an invalid request");
+      case IBV_EVENT_PORT_ERR: case IBV_EVENT_DEVICE_FATAL: case IBV_EVENT_CQ_ERR:
+        throw SystemError(what + ": the link or device is down; check the cable/switch port or netdev "
+                                 "(ip link, ibv_devinfo), or choose another with BRAID_IB_HCA");
+      default: spdlog::info("{}", what);
+    }
+  }
+}
+
+void IbTransport::fail_completion(Peer& peer, const ibv_wc& wc) {
+  const Work kind = kind_of(wc.wr_id);
+  const std::string me = "rank " + std::to_string(rank_), them = "rank " + std::to_string(peer.rank);
+  const GidEntry& gid = verbs_->gid;
+  std::string what = me + ": " + operation(kind) + " with " + them + " failed: " + ibv_wc_status_str(wc.status) +
+                     " (status " + std::to_string(wc.status) + ", vendor error " + std::to_string(wc.vendor_err) +
+                     ") on " + gid.device + " port " + std::to_string(gid.port) + " GID index " +
+                     std::to_string(gid.index);
+  const bool unreachable = wc.status == IBV_WC_RETRY_EXC_ERR || wc.status == IBV_WC_RNR_RETRY_EXC_ERR;
+  if (kind == Work::proof)
+    throw RemoteError(what + ": " + them + " is not reachable over this path; set BRAID_IB_GID_INDEX (or "
+                             "BRAID_IB_HCA) on both ranks to a GID whose network routes between them "
+                             "(show_gids / ibv_devinfo -v list them), or use BRAID_TRANSPORT=tcp",
+                      peer.rank);
+  if (unreachable || wc.status == IBV_WC_WR_FLUSH_ERR || wc.status == IBV_WC_REM_OP_ERR ||
+      wc.status == IBV_WC_REM_ACCESS_ERR || wc.status == IBV_WC_REM_INV_REQ_ERR)
+    throw RemoteError(what + ": " + them + " exited, crashed, hung or became unreachable", peer.rank);
+  throw SystemError(what + ": a local RDMA failure; check ulimit -l and the device (ibv_devinfo)");
+}
+
+void IbTransport::prove_paths(Clock::time_point deadline) {
+  for (auto& peer : peers_) {
+    ControlBlock& block = control(peer);
+    block.proof_out = static_cast<std::uint64_t>(rank_) + 1;
+    post_write(peer, wr_id(Work::proof, index_of(peer)), &block.proof_out, control_.lkey(), sizeof(std::uint64_t),
+               peer.remote.credit_address + offsetof(ControlBlock, proof_in), peer.remote.control_rkey, false, 0);
+  }
+  auto all_proved = [this] {
+    return std::all_of(peers_.begin(), peers_.end(), [](const Peer& p) { return p.proved; });
+  };
+  while (!all_proved()) {
+    if (Clock::now() >= deadline) {
+      std::string missing;
+      for (const auto& p : peers_)
+        if (!p.proved) missing += (missing.empty() ? "" : ", ") + std::to_string(p.rank);
+      throw TimeoutError("rank " + std::to_string(rank_) + " timed out proving its RDMA path to rank(s) " + missing +
+                         " on " + verbs_->gid.device + " GID index " + std::to_string(verbs_->gid.index) +
+                         "; check BRAID_IB_GID_INDEX / BRAID_IB_HCA on both ranks");
+    }
+    progress(deadline);
+  }
+}
+
+}  // namespace braid::comm::ibverbs

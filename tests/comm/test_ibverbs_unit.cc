@@ -1,0 +1,84 @@
+// The ibverbs transport's device, port and GID choice (comm/transport/ibverbs/
+// device.h), as a pure function over GID tables: no device needed.
+#include <catch2/catch.hpp>
+
+#include <arpa/inet.h>
+
+#include "comm/transport/ibverbs/device.h"
+#include "runtime/errors.h"
+
+using namespace braid::comm::ibverbs;
+using Catch::Matchers::Contains;
+
+namespace {
+
+GidEntry entry(const char* device, int port, int index, const char* address, GidKind kind = GidKind::roce_v2,
+               bool active = true) {
+  GidEntry e;
+  e.device = device;
+  e.port = port;
+  e.index = index;
+  e.kind = kind;
+  e.port_active = active;
+  REQUIRE(inet_pton(AF_INET6, address, e.gid.data()) == 1);
+  return e;
+}
+
+// A typical ConnectX RoCE port: v1 and v2 of link-local, IPv4-mapped and global addresses.
+std::vector<GidEntry> roce_table() {
+  return {entry("mlx5_0", 1, 0, "fe80::1", GidKind::roce_v1), entry("mlx5_0", 1, 1, "fe80::1"),
+          entry("mlx5_0", 1, 2, "::ffff:10.0.0.1", GidKind::roce_v1), entry("mlx5_0", 1, 3, "::ffff:10.0.0.1"),
+          entry("mlx5_0", 1, 4, "2001:db8::1", GidKind::roce_v1), entry("mlx5_0", 1, 5, "2001:db8::1")};
+}
+
+}  // namespace
+
+TEST_CASE("ibverbs GID choice prefers RoCE v2 IPv4-mapped, then global IPv6, then link-local", "[ibverbs]") {
+  auto table = roce_table();
+  auto choice = choose_gid(table, {}, 0);
+  CHECK(choice.entry.index == 3);
+  CHECK_THAT(choice.reason, Contains("IPv4-mapped") && Contains("mlx5_0 port 1 GID index 3"));
+  table.erase(table.begin() + 3);
+  CHECK(choose_gid(table, {}, 0).entry.index == 5);
+  table.pop_back();
+  choice = choose_gid(table, {}, 0);
+  CHECK(choice.entry.index == 1);
+  CHECK_THAT(choice.reason, Contains("link-local"));
+}
+
+TEST_CASE("ibverbs GID choice: soft-RoCE's single link-local GID is chosen", "[ibverbs]") {
+  auto choice = choose_gid({entry("rxe0", 1, 0, "fe80::a8bb:ccff:fedd:1")}, {}, 3);
+  CHECK(choice.entry.device == "rxe0");
+  CHECK(choice.entry.index == 0);
+  CHECK_THAT(choice.reason, Contains("rank 3"));
+}
+
+TEST_CASE("ibverbs GID choice: BRAID_IB_HCA and BRAID_IB_GID_INDEX override", "[ibverbs]") {
+  auto table = roce_table();
+  auto second = roce_table();
+  for (auto& e : second) e.device = "mlx5_1";
+  table.insert(table.end(), second.begin(), second.end());
+  CHECK(choose_gid(table, {}, 0).entry.device == "mlx5_0");  // ties go to the first device
+  CHECK(choose_gid(table, {"mlx5_1", -1}, 0).entry.device == "mlx5_1");
+  CHECK(choose_gid(table, {"mlx5_1:1", -1}, 0).entry.index == 3);
+  auto forced = choose_gid(table, {"", 0}, 0);
+  CHECK(forced.entry.index == 0);
+  CHECK(forced.entry.kind == GidKind::roce_v1);
+  CHECK_THAT(forced.reason, Contains("BRAID_IB_GID_INDEX=0"));
+}
+
+TEST_CASE("ibverbs GID choice refuses what the host does not offer, naming it and the remedy", "[ibverbs]") {
+  std::vector<GidEntry> rxe = {entry("rxe0", 1, 0, "fe80::1")};
+  auto refused = [&](const GidRequest& request, const std::string& text) {
+    CHECK_THROWS_AS(choose_gid(rxe, request, 1), braid::InvalidUsage);
+    CHECK_THROWS_WITH(choose_gid(rxe, request, 1),
+                      Contains("rank 1") && Contains(text) && Contains("BRAID_IB_GID_INDEX"));
+  };
+  refused({"", 1}, "BRAID_IB_GID_INDEX=1");
+  refused({"mlx5_0", -1}, "BRAID_IB_HCA=mlx5_0");
+  refused({"rxe0:2", -1}, "rxe0 port 1 GID index 0");
+  CHECK_THROWS_WITH(choose_gid(rxe, {"rxe0:x", -1}, 1), Contains("rank 1") && Contains("BRAID_IB_HCA='rxe0:x'"));
+  CHECK_THROWS_AS(choose_gid({}, {}, 0), braid::InvalidUsage);
+  CHECK_THROWS_AS(choose_gid({entry("rxe0", 1, 0, "fe80::1", GidKind::roce_v2, false)}, {}, 0), braid::InvalidUsage);
+  CHECK_THROWS_AS(choose_gid({entry("rxe0", 1, 0, "::")}, {}, 0), braid::InvalidUsage);
+}
