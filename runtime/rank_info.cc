@@ -39,11 +39,36 @@ int required_int(const char* name, int lo, int hi) {
   return env_int(name, 0, lo, hi);
 }
 
+// The numeric address a host name (or address) resolves to, IPv4 first, as
+// the store binds and connects to addresses: torchrun's --standalone and
+// --master_addr localhost set MASTER_ADDR=localhost.
+std::string numeric_address(const std::string& host, const char* var, const std::string& launcher) {
+  in_addr v4{};
+  in6_addr v6{};
+  if (::inet_pton(AF_INET, host.c_str(), &v4) == 1 || ::inet_pton(AF_INET6, host.c_str(), &v6) == 1) return host;
+  addrinfo hints{};
+  hints.ai_socktype = SOCK_STREAM;
+  std::string address;
+  for (int family : {AF_INET, AF_INET6}) {
+    hints.ai_family = family;
+    addrinfo* found = nullptr;
+    if (::getaddrinfo(host.c_str(), nullptr, &hints, &found) != 0) continue;
+    char text[NI_MAXHOST] = {};
+    if (::getnameinfo(found->ai_addr, found->ai_addrlen, text, sizeof text, nullptr, 0, NI_NUMERICHOST) == 0)
+      address = text;
+    ::freeaddrinfo(found);
+    if (!address.empty()) return address;
+  }
+  throw InvalidUsage(std::string(var) + "='" + host + "' (set by " + launcher +
+                     ") does not resolve to an address of this host's resolver; set it to the store host's "
+                     "IP address or a name that resolves");
+}
+
 void parse_store_addr(RankInfo& info, const std::string& addr, const char* var) {
   auto colon = addr.rfind(':');
   if (colon == std::string::npos || colon == 0)
     throw InvalidUsage(std::string(var) + "='" + addr + "' must be host:port");
-  info.store_host = addr.substr(0, colon);
+  info.store_host = numeric_address(addr.substr(0, colon), var, "the environment");
   char* end = nullptr;
   long port = std::strtol(addr.c_str() + colon + 1, &end, 10);
   if (*end != '\0' || port <= 0 || port > 65535)
@@ -52,7 +77,8 @@ void parse_store_addr(RankInfo& info, const std::string& addr, const char* var) 
 }
 
 void read_master(RankInfo& info, int port_offset) {
-  info.store_host = env("MASTER_ADDR") ? env("MASTER_ADDR") : "127.0.0.1";
+  info.store_host = numeric_address(env("MASTER_ADDR") ? env("MASTER_ADDR") : "127.0.0.1", "MASTER_ADDR",
+                                    info.launcher);
   info.store_port = static_cast<std::uint16_t>(env_int("MASTER_PORT", 29500, 1, 65534) + port_offset);
 }
 
@@ -180,6 +206,8 @@ RankInfo rank_info_from_env() {
   }
   if (const char* addr = env("BRAID_STORE_ADDR")) parse_store_addr(info, addr, "BRAID_STORE_ADDR");
   info.job_token = env("BRAID_JOB_TOKEN") ? env("BRAID_JOB_TOKEN") : derived_token(info);
+  info.restart_count = env_int(env("BRAID_RESTART_COUNT") ? "BRAID_RESTART_COUNT" : "TORCHELASTIC_RESTART_COUNT", 0, 0,
+                               1 << 20);
   return info;
 }
 

@@ -35,6 +35,9 @@ struct RankInfo {
   int local_rank = 0;
   int local_world_size = 1;
   int node_rank = 0;
+  // Restarts of the job so far (braid-launch / torchrun --max-restarts:
+  // BRAID_RESTART_COUNT or TORCHELASTIC_RESTART_COUNT), 0 on the first run.
+  int restart_count = 0;
   std::string store_host = "127.0.0.1";
   std::uint16_t store_port = 0;    // 0: pick a free port (single process only)
   bool store_served_by_rank0 = true;  // false when the launcher serves it

@@ -3,6 +3,9 @@
 // The command line lives here; the machinery in tools/launcher/.
 #include <CLI/CLI.hpp>
 
+#include <algorithm>
+#include <thread>
+
 #include <cmath>
 #include <exception>
 #include <string>
@@ -33,21 +36,54 @@ std::vector<std::string> program_arguments(std::vector<std::string> rest) {
   return rest;
 }
 
-void add_options(CLI::App& app, LaunchOptions& options, double& timeout_s, double& grace_s) {
-  app.add_option("-n,--nproc-per-node", options.nproc_per_node, "ranks to start on this node")
+// torchrun's spellings (--nproc_per_node, --master_addr, ...) are accepted
+// beside braid's, with the same meanings.
+struct CliExtras {
+  std::string nproc = "";
+  bool standalone = false;
+};
+
+void add_options(CLI::App& app, LaunchOptions& options, CliExtras& extras, double& timeout_s, double& grace_s) {
+  app.add_option("-n,--nproc-per-node,--nproc_per_node", extras.nproc,
+                 "ranks to start on this node; auto: one per core")
       ->required();
   app.add_option("--nnodes", options.nnodes, "nodes in the job")->capture_default_str();
-  app.add_option("--node-rank", options.node_rank, "this node's index in [0, nnodes)")
+  app.add_option("--node-rank,--node_rank", options.node_rank, "this node's index in [0, nnodes)")
       ->capture_default_str();
-  app.add_option("--master-addr", options.master_addr, "address where ranks reach the store")
+  app.add_option("--master-addr,--master_addr", options.master_addr, "address where ranks reach the store")
       ->capture_default_str();
-  app.add_option("--master-port", options.master_port,
+  app.add_option("--master-port,--master_port", options.master_port,
                  "store port; default on one node: a free port (required with --nnodes > 1)");
+  app.add_flag("--standalone", extras.standalone,
+               "one node, its store on a free port of 127.0.0.1 (torchrun's --standalone)");
+  app.add_option("--max-restarts,--max_restarts", options.max_restarts,
+                 "on a rank's failure stop every rank and start them all again, at most this many times "
+                 "(ranks see BRAID_RESTART_COUNT / TORCHELASTIC_RESTART_COUNT)")
+      ->capture_default_str();
   app.add_option("--log-dir", options.log_dir,
                  "write each rank's output to DIR/rank_<r>.out and .err instead of relaying it");
   app.add_option("--timeout", timeout_s, "stop the job after this many seconds (exit 124); 0: no limit");
   app.add_option("--grace-period", grace_s, "seconds between SIGTERM and SIGKILL when stopping")
       ->capture_default_str();
+}
+
+void apply_extras(const CliExtras& extras, LaunchOptions& options) {
+  if (extras.nproc == "auto") {
+    options.nproc_per_node = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  } else {
+    try {
+      std::size_t used = 0;
+      options.nproc_per_node = std::stoi(extras.nproc, &used);
+      if (used != extras.nproc.size()) throw std::invalid_argument("trailing text");
+    } catch (const std::exception&) {
+      throw braid::InvalidUsage("--nproc-per-node '" + extras.nproc + "' must be a number of ranks or 'auto'");
+    }
+  }
+  if (extras.standalone) {
+    if (options.nnodes != 1) throw braid::InvalidUsage("--standalone runs one node; drop --nnodes or --standalone");
+    options.master_addr = "127.0.0.1";
+    options.master_port = 0;
+  }
 }
 
 }  // namespace
@@ -56,9 +92,10 @@ int main(int argc, char** argv) {
   CLI::App app{"Start N ranks of a braid program on this node and supervise them.\n"
                "usage: braid-launch --nproc-per-node N [options] -- PROGRAM [ARGS...]"};
   LaunchOptions options;
+  CliExtras extras;
   double timeout_s = 0;
   double grace_s = 5;
-  add_options(app, options, timeout_s, grace_s);
+  add_options(app, options, extras, timeout_s, grace_s);
   app.footer(
       "Ranks get BRAID_RANK, BRAID_WORLD_SIZE, BRAID_LOCAL_RANK, BRAID_LOCAL_WORLD_SIZE,\n"
       "BRAID_NODE_RANK, BRAID_STORE_ADDR, BRAID_JOB_TOKEN and torchrun's RANK, WORLD_SIZE,\n"
@@ -79,6 +116,7 @@ int main(int argc, char** argv) {
   }
   try {
     options.command = program_arguments(app.remaining());
+    apply_extras(extras, options);
     options.timeout = from_seconds(timeout_s);
     options.grace_period = from_seconds(grace_s);
     braid::runtime::setup_logging(-1);

@@ -24,6 +24,8 @@
 
 #include <CLI/CLI.hpp>
 
+#include <filesystem>
+
 #include "comm/communicator.h"
 #include "runtime/errors.h"
 #include "runtime/log.h"
@@ -109,6 +111,16 @@ void apply_saved_options(const std::set<std::string>& given, const braid::runtim
   namespace t = braid::trainer;
   if (!o.resume.empty() && !o.init_from.empty()) {
     throw braid::InvalidUsage("--resume and --init-from exclude each other; pass one");
+  }
+  // Restarted by the launcher (--max-restarts): go on from the run's own
+  // last checkpoint, as torchrun users expect, rather than from scratch.
+  if (info.restart_count > 0 && o.resume.empty() && !o.checkpoint_dir.empty() &&
+      std::filesystem::exists(std::filesystem::path(o.checkpoint_dir) / "latest")) {
+    o.resume = o.checkpoint_dir;
+    o.init_from.clear();
+    if (info.rank == 0)
+      std::fprintf(stderr, "restart %d: resuming from the last checkpoint in %s\n", info.restart_count,
+                   o.checkpoint_dir.c_str());
   }
   if (!o.resume.empty()) {
     const std::string note = t::apply_resume(given, info.world_size, o);

@@ -47,7 +47,8 @@ class ScopedEnv {
       "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID", "SLURM_PROCID", "SLURM_NTASKS",
       "SLURM_LOCALID", "SLURM_NTASKS_PER_NODE", "SLURM_NODEID", "SLURM_JOB_ID", "OMPI_COMM_WORLD_RANK",
       "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE",
-      "OMPI_COMM_WORLD_NODE_RANK", "OMPI_MCA_ess_base_jobid"};
+      "OMPI_COMM_WORLD_NODE_RANK", "OMPI_MCA_ess_base_jobid", "BRAID_RESTART_COUNT",
+      "TORCHELASTIC_RESTART_COUNT"};
   std::map<std::string, std::optional<std::string>> saved_;
 };
 
@@ -57,10 +58,10 @@ const std::map<std::string, std::string> kBraid = {
     {"BRAID_JOB_TOKEN", "job-42"}};
 const std::map<std::string, std::string> kTorchrun = {
     {"RANK", "5"},       {"WORLD_SIZE", "8"},          {"LOCAL_RANK", "1"},     {"LOCAL_WORLD_SIZE", "4"},
-    {"GROUP_RANK", "1"}, {"MASTER_ADDR", "node0"},     {"MASTER_PORT", "29400"}};
+    {"GROUP_RANK", "1"}, {"MASTER_ADDR", "10.0.0.7"},     {"MASTER_PORT", "29400"}};
 const std::map<std::string, std::string> kSlurm = {
     {"SLURM_PROCID", "6"}, {"SLURM_NTASKS", "12"}, {"SLURM_LOCALID", "2"},     {"SLURM_NTASKS_PER_NODE", "4"},
-    {"SLURM_NODEID", "1"}, {"SLURM_JOB_ID", "777"}, {"MASTER_ADDR", "head"},   {"MASTER_PORT", "31000"}};
+    {"SLURM_NODEID", "1"}, {"SLURM_JOB_ID", "777"}, {"MASTER_ADDR", "10.0.0.9"},   {"MASTER_PORT", "31000"}};
 const std::map<std::string, std::string> kOpenMpi = {
     {"OMPI_COMM_WORLD_RANK", "2"}, {"OMPI_COMM_WORLD_SIZE", "4"}, {"OMPI_COMM_WORLD_LOCAL_RANK", "0"},
     {"OMPI_COMM_WORLD_LOCAL_SIZE", "2"}, {"OMPI_COMM_WORLD_NODE_RANK", "1"}};
@@ -116,7 +117,7 @@ TEST_CASE("rank_info: torchrun variables, store on MASTER_PORT + 1", "[rank_info
   CHECK(info.local_rank == 1);
   CHECK(info.local_world_size == 4);
   CHECK(info.node_rank == 1);
-  CHECK(info.store_host == "node0");
+  CHECK(info.store_host == "10.0.0.7");
   CHECK(info.store_port == 29401);
   CHECK(info.store_served_by_rank0);
 }
@@ -130,7 +131,7 @@ TEST_CASE("rank_info: Slurm variables", "[rank_info]") {
   CHECK(info.local_rank == 2);
   CHECK(info.local_world_size == 4);
   CHECK(info.node_rank == 1);
-  CHECK(info.store_host == "head");
+  CHECK(info.store_host == "10.0.0.9");
   CHECK(info.store_port == 31000);
 }
 
@@ -163,10 +164,10 @@ TEST_CASE("rank_info: precedence is braid-launch, torchrun, Slurm, Open MPI", "[
 }
 
 TEST_CASE("rank_info: BRAID_STORE_ADDR and BRAID_JOB_TOKEN override any launcher", "[rank_info]") {
-  ScopedEnv env(merged(kTorchrun, {{"BRAID_STORE_ADDR", "store-host:5555"}, {"BRAID_JOB_TOKEN", "tok"}}));
+  ScopedEnv env(merged(kTorchrun, {{"BRAID_STORE_ADDR", "10.0.0.11:5555"}, {"BRAID_JOB_TOKEN", "tok"}}));
   auto info = rank_info_from_env();
   CHECK(info.launcher == "torchrun");
-  CHECK(info.store_host == "store-host");
+  CHECK(info.store_host == "10.0.0.11");
   CHECK(info.store_port == 5555);
   CHECK(info.job_token == "tok");
 }
@@ -268,4 +269,37 @@ TEST_CASE("rank_info: without a route to the store the bind address fails at onc
   CHECK_THROWS_AS(runtime::peer_bind_address(info, config), InvalidUsage);
   CHECK_THROWS_WITH(runtime::peer_bind_address(info, config),
                     Contains("255.255.255.255:29500") && Contains("set BRAID_BIND_ADDR"));
+}
+
+// torchrun --standalone and --master_addr localhost set MASTER_ADDR=localhost
+// (issue 17): names resolve; one that does not is refused naming the
+// variable and the launcher that set it.
+TEST_CASE("rank_info: MASTER_ADDR names resolve, and an unknown one says where it came from", "[rank_info]") {
+  auto vars = kTorchrun;
+  vars["MASTER_ADDR"] = "localhost";
+  {
+    ScopedEnv env(vars);
+    auto info = rank_info_from_env();
+    CHECK((info.store_host == "127.0.0.1" || info.store_host == "::1"));
+  }
+  vars["MASTER_ADDR"] = "no-such-host.invalid";
+  ScopedEnv env(vars);
+  try {
+    rank_info_from_env();
+    FAIL("an unresolvable MASTER_ADDR was accepted");
+  } catch (const braid::InvalidUsage& e) {
+    CHECK_THAT(e.what(), Catch::Contains("MASTER_ADDR='no-such-host.invalid' (set by torchrun)"));
+  }
+}
+
+TEST_CASE("rank_info: the restart count of braid-launch or torchrun", "[rank_info]") {
+  auto vars = kTorchrun;
+  vars["TORCHELASTIC_RESTART_COUNT"] = "2";
+  {
+    ScopedEnv env(vars);
+    CHECK(rank_info_from_env().restart_count == 2);
+  }
+  vars["BRAID_RESTART_COUNT"] = "3";
+  ScopedEnv env(vars);
+  CHECK(rank_info_from_env().restart_count == 3);
 }

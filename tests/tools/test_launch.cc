@@ -8,7 +8,9 @@
 #include <map>
 #include <optional>
 #include <sstream>
+#include <algorithm>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "launch_harness.h"
@@ -296,4 +298,46 @@ TEST_CASE("the launcher serves the store the ranks are told about", "[launch][st
   REQUIRE(::kill(job.pid(), SIGTERM) == 0);
   CHECK(job.wait() == 128 + SIGTERM);
   check_no_rank_survives(dir, 1);
+}
+
+// torchrun's spellings and modes (issue 17).
+TEST_CASE("braid-launch takes torchrun's spellings, --standalone and --nproc-per-node auto", "[launch]") {
+  JobDir dir;
+  auto result = run_launch(dir, {"--nproc_per_node", "auto", "--standalone", "--master_addr", "10.9.9.9", "--",
+                                 "/bin/sh", "-c", "echo \"world $WORLD_SIZE at $MASTER_ADDR\""});
+  INFO(result.out << result.err);
+  REQUIRE(result.status == 0);
+  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  CHECK_THAT(result.out, Catch::Contains("world " + std::to_string(cores) + " at 127.0.0.1"));  // standalone wins
+  auto bad = run_launch(dir, {"--nproc-per-node", "some", "--", "true"});
+  CHECK(bad.status == 2);
+  CHECK_THAT(bad.err, Catch::Contains("must be a number of ranks or 'auto'"));
+  auto two_nodes = run_launch(dir, {"--nproc-per-node", "1", "--standalone", "--nnodes", "2", "--", "true"});
+  CHECK(two_nodes.status == 2);
+}
+
+TEST_CASE("--max-restarts stops every rank on a failure and starts them all again", "[launch]") {
+  JobDir dir;
+  // Attempt 0: rank 1 fails once both ranks run; attempt 1 succeeds. Each
+  // rank notes the attempt it saw, from both restart-count variables.
+  std::string script =
+      "echo \"$BRAID_RESTART_COUNT $TORCHELASTIC_RESTART_COUNT\" >> \"$0/attempts_$BRAID_RANK\"; "
+      "[ \"$BRAID_RESTART_COUNT\" -ge 1 ] && exit 0; "
+      "if [ \"$BRAID_RANK\" = 1 ]; then "
+      "  while [ ! -e \"$0/attempts_0\" ]; do sleep 0.02; done; exit 3; "
+      "fi; exec sleep 60";
+  auto result = run_launch(dir, shell_job(2, script, dir, {"--max-restarts", "2"}));
+  INFO(result.out << result.err);
+  CHECK(result.status == 0);
+  CHECK_THAT(result.err, Catch::Contains("restarting all 2 ranks (restart 1 of at most 2)"));
+  for (int r = 0; r < 2; ++r) CHECK(read_file(dir.path() / ("attempts_" + std::to_string(r))) == "0 0\n1 1\n");
+  // A rank that always fails: the job gives up after the last restart with its status.
+  auto always = run_launch(dir, shell_job(2, "exit 5", dir, {"--max_restarts", "1"}));
+  CHECK(always.status == 5);
+  CHECK_THAT(always.err, Catch::Contains("restart 1 of at most 1"));
+  CHECK_THAT(always.err, !Catch::Contains("restart 2"));
+  // Across nodes it is refused before anything starts.
+  auto nodes = run_launch(dir, shell_job(1, "true", dir, {"--max-restarts", "1", "--nnodes", "2", "--master-port", "29999"}));
+  CHECK(nodes.status == 2);
+  CHECK_THAT(nodes.err, Catch::Contains("cannot restart yet"));
 }

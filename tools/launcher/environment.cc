@@ -69,6 +69,7 @@ std::vector<std::string> rank_environment(const JobIdentity& job, int local_rank
   vars["BRAID_LOCAL_RANK"] = vars["LOCAL_RANK"] = std::to_string(local_rank);
   vars["BRAID_LOCAL_WORLD_SIZE"] = vars["LOCAL_WORLD_SIZE"] = std::to_string(job.nproc_per_node);
   vars["BRAID_NODE_RANK"] = vars["GROUP_RANK"] = std::to_string(job.node_rank);
+  vars["BRAID_RESTART_COUNT"] = vars["TORCHELASTIC_RESTART_COUNT"] = std::to_string(job.restart);
   vars["BRAID_STORE_ADDR"] = job.store_host + ":" + port;
   vars["BRAID_JOB_TOKEN"] = job.token;
   if (!job.bind_addr.empty()) vars["BRAID_BIND_ADDR"] = job.bind_addr;

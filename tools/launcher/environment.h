@@ -28,6 +28,7 @@ struct JobIdentity {
   // BRAID_BIND_ADDR for the ranks when the launcher chose it (a job across
   // nodes without one set); empty: the ranks read their own.
   std::string bind_addr;
+  int restart = 0;  // how many times --max-restarts has restarted the job (BRAID_RESTART_COUNT)
 };
 
 // 128 random bits from std::random_device, as 32 hex digits.

@@ -106,9 +106,14 @@ void start_rank(const LaunchOptions& options, const JobIdentity& job, int local_
   supervisor.add(RankProcess{rank, pid, std::move(stdio.relay_out), std::move(stdio.relay_err)});
 }
 
-int start_and_supervise(const LaunchOptions& options, const JobIdentity& job,
-                        SignalCatcher& signals) {
-  Supervisor supervisor(signals, options.timeout, options.grace_period);
+struct Outcome {
+  int status = 0;
+  bool rank_failed = false;  // restartable (Supervisor::rank_failed)
+};
+
+Outcome start_and_supervise(const LaunchOptions& options, const JobIdentity& job, SignalCatcher& signals,
+                            std::chrono::milliseconds timeout) {
+  Supervisor supervisor(signals, timeout, options.grace_period);
   int started = 0;
   try {
     for (; started < options.nproc_per_node; ++started)
@@ -123,12 +128,23 @@ int start_and_supervise(const LaunchOptions& options, const JobIdentity& job,
     supervisor.run();
     throw;
   }
-  return supervisor.run();
+  const int status = supervisor.run();
+  return {status, supervisor.rank_failed()};
+}
+
+// What is left of --timeout (zero: none) after `elapsed`, at least 1 ms.
+std::chrono::milliseconds remaining(std::chrono::milliseconds timeout, std::chrono::steady_clock::duration elapsed) {
+  if (timeout.count() == 0) return timeout;
+  auto left = timeout - std::chrono::duration_cast<std::chrono::milliseconds>(elapsed);
+  return std::max(left, std::chrono::milliseconds(1));
 }
 
 }  // namespace
 
 void validate(const LaunchOptions& options) {
+  require(options.max_restarts >= 0, "--max-restarts must be at least 0, got " + std::to_string(options.max_restarts));
+  require(options.max_restarts == 0 || options.nnodes == 1,
+          "--max-restarts restarts the ranks of one node; a job across nodes cannot restart yet (use --nnodes 1)");
   require(!options.command.empty(),
           "no program given: use braid-launch --nproc-per-node N [options] -- PROGRAM [ARGS...]");
   require(options.nproc_per_node >= 1, "--nproc-per-node must be at least 1, got " +
@@ -199,19 +215,29 @@ int launch(const LaunchOptions& options) {
   JobIdentity job = settle_identity(options, endpoints, bind_addr);
   if (!options.log_dir.empty()) create_log_dir(options.log_dir);
   SignalCatcher signals;  // before the store's thread starts (signals.h)
-  std::optional<runtime::StoreServer> server;
-  if (options.node_rank == 0) {
-    std::string listen_addr = numeric_address(endpoints.listen_addr);
-    server.emplace(listen_addr, job.store_port, job.token);
-    job.store_port = server->port();
-    spdlog::info("braid-launch: store listening on {}:{}", listen_addr, job.store_port);
+  const auto started = std::chrono::steady_clock::now();
+  // Each attempt gets a store and a token of its own, so that no rank of a
+  // restarted job reads what the failed one left in the store.
+  for (;; ++job.restart) {
+    std::optional<runtime::StoreServer> server;
+    if (options.node_rank == 0) {
+      std::string listen_addr = numeric_address(endpoints.listen_addr);
+      server.emplace(listen_addr, job.store_port, job.token);
+      job.store_port = server->port();
+      spdlog::info("braid-launch: store listening on {}:{}", listen_addr, job.store_port);
+    }
+    Outcome outcome =
+        start_and_supervise(options, job, signals, remaining(options.timeout, std::chrono::steady_clock::now() - started));
+    // Ranks unlink their shared memory as soon as all peers have mapped it; a
+    // rank killed before that leaves a name behind, removed here.
+    if (int removed = runtime::remove_job_segments(job.token))
+      spdlog::warn("braid-launch: removed {} shared-memory segment(s) left by failed ranks", removed);
+    if (!outcome.rank_failed || job.restart >= options.max_restarts) return outcome.status;
+    say("restarting all " + std::to_string(options.nproc_per_node) + " ranks (restart " +
+        std::to_string(job.restart + 1) + " of at most " + std::to_string(options.max_restarts) + ")");
+    job.token = random_token();
+    job.store_port = static_cast<std::uint16_t>(options.master_port);
   }
-  int status = start_and_supervise(options, job, signals);
-  // Ranks unlink their shared memory as soon as all peers have mapped it; a
-  // rank killed before that leaves a name behind, removed here.
-  if (int removed = runtime::remove_job_segments(job.token))
-    spdlog::warn("braid-launch: removed {} shared-memory segment(s) left by failed ranks", removed);
-  return status;
 }
 
 }  // namespace braid::launcher

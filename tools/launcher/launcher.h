@@ -35,6 +35,9 @@ struct LaunchOptions {
   // How long ranks get between SIGTERM and SIGKILL when the job is stopped.
   std::chrono::milliseconds grace_period{5000};
   // The program and its arguments; the program is looked up in PATH.
+  // On a rank's failure, stop every rank and start them all again, this many
+  // times at most (torchrun's --max-restarts); one node only.
+  int max_restarts = 0;
   std::vector<std::string> command;
 };
 

@@ -128,10 +128,12 @@ void Supervisor::on_rank_exit(const Rank& rank, const ExitStatus& status) {
   if (others > 1) line += "; stopping the other " + count_of_ranks(others);
   say(line);
   exit_status_ = status.shell_status();
+  rank_failed_ = true;
   stop(SIGTERM);
 }
 
 void Supervisor::on_launcher_signal(int signo) {
+  interrupted_ = true;
   int running = running_count();
   if (running == 0) return;
   if (stopping_) {
@@ -151,6 +153,7 @@ void Supervisor::handle_deadlines() {
     say("the job ran past its --timeout of " + seconds_text(timeout_) + "; stopping " +
         count_of_ranks(running_count()));
     exit_status_ = kExitTimeout;
+    interrupted_ = true;
     stop(SIGTERM);
   }
   if (kill_deadline_ && now >= *kill_deadline_) {

@@ -50,6 +50,10 @@ class Supervisor {
   // Returns once every rank has been reaped and its output drained: 0 when
   // all exited 0, otherwise the status of the first reason to stop.
   int run();
+  // Whether the job stopped because a rank failed, not because braid-launch
+  // was signalled, timed out or aborted the start: what --max-restarts
+  // restarts.
+  bool rank_failed() const { return rank_failed_ && !interrupted_; }
 
  private:
   struct Stream {
@@ -86,6 +90,7 @@ class Supervisor {
   std::optional<Clock::time_point> kill_deadline_;
   std::optional<Clock::time_point> drain_deadline_;
   bool stopping_ = false;
+  bool rank_failed_ = false, interrupted_ = false;
   int exit_status_ = 0;
 };
 
