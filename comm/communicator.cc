@@ -2,6 +2,7 @@
 // through the one submit(): ten collectives, one copy of the checking code.
 #include "comm/communicator.h"
 
+#include <algorithm>
 #include <limits>
 
 #include "comm/communicator_impl.h"
@@ -177,6 +178,18 @@ std::string Communicator::transport_of(int peer) const {
   if (peer == impl_->rank) return "self";
   Transport* t = impl_->exchange.routes.at(static_cast<std::size_t>(peer));
   return t ? std::string(t->name()) : "none";
+}
+
+int Communicator::host_index(int rank) const {
+  const auto& hosts = impl_->hosts;
+  if (hosts.empty()) return 0;
+  const std::string& mine = hosts.at(static_cast<std::size_t>(rank));
+  std::vector<std::string> seen;
+  for (const std::string& host : hosts) {
+    if (host == mine) break;
+    if (std::find(seen.begin(), seen.end(), host) == seen.end()) seen.push_back(host);
+  }
+  return static_cast<int>(seen.size());
 }
 
 AlgorithmChoice Communicator::last_algorithm(OpKind kind) const {

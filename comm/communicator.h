@@ -98,6 +98,10 @@ class Communicator {
   std::string transport_summary() const;
   // The transport that reaches `peer` ("shm", "tcp"; "self" for this rank).
   std::string transport_of(int peer) const;
+  // The node `rank` runs on: hosts (their BRAID_HOST_ID, default hostname and
+  // boot id) numbered 0, 1, ... in the order of their lowest rank, whatever
+  // the launcher calls its nodes.
+  int host_index(int rank) const;
   // The algorithm the last call of `kind` ran with and why, as select.cc
   // returned it (braid-bench prints it); empty names before any such call.
   AlgorithmChoice last_algorithm(OpKind kind) const;

@@ -158,12 +158,19 @@ int eval_only(braid::trainer::Trainer& trainer, const braid::trainer::TextCorpus
   return 0;
 }
 
+// This rank's node in the rank map: from the hosts the ranks run on, not
+// from the launcher (Open MPI's OMPI_COMM_WORLD_NODE_RANK is a rank within
+// the node, not a node index).
+int node_index(braid::trainer::Trainer& trainer, const braid::runtime::RankInfo& info) {
+  return trainer.world() != nullptr ? trainer.world()->host_index(trainer.rank()) : info.node_rank;
+}
+
 // The rank map and every rank's memory (collective; rank 0 prints).
 void print_start(braid::trainer::Trainer& trainer, const braid::runtime::RankInfo& info,
                  const braid::trainer::TextCorpus& corpus) {
   namespace t = braid::trainer;
   t::Strategy& strategy = trainer.strategy();
-  const auto ranks = t::gather_rank_stats(trainer, t::rank_stats(trainer, info.local_rank, info.node_rank));
+  const auto ranks = t::gather_rank_stats(trainer, t::rank_stats(trainer, info.local_rank, node_index(trainer, info)));
   if (trainer.rank() != 0) return;
   const TrainOptions& o = trainer.options();
   std::fprintf(stderr, "braid-train: model %s (%zu parameters), %zu bytes of data from %s; device %s\n",
@@ -183,7 +190,7 @@ void print_start(braid::trainer::Trainer& trainer, const braid::runtime::RankInf
 void print_summary(braid::trainer::Trainer& trainer, const braid::trainer::TrainSummary& summary,
                    const braid::runtime::RankInfo& info) {
   namespace t = braid::trainer;
-  const auto ranks = t::gather_rank_stats(trainer, t::rank_stats(trainer, info.local_rank, info.node_rank));
+  const auto ranks = t::gather_rank_stats(trainer, t::rank_stats(trainer, info.local_rank, node_index(trainer, info)));
   if (trainer.rank() != 0) return;
   std::string text = t::format_summary(summary, trainer.options());
   if (trainer.world_size() > 1 || trainer.strategy().comm() != nullptr) {

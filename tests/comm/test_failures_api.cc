@@ -536,3 +536,22 @@ TEST_CASE("failures: a store that never answers fails create_world within the co
 }
 
 }  // namespace
+
+// Node identity comes from the hosts the ranks run on (issue 17): hosts are
+// numbered in the order of their lowest rank, whatever a launcher says.
+TEST_CASE("host_index numbers the hosts of a communicator by their lowest rank", "[failures]") {
+  auto options = test::run_options(seconds(60), test::test_config());
+  const char* hosts[] = {"host-b", "host-a", "host-b", "host-c"};
+  options.host_of = [&](int rank) { return std::string(hosts[rank]); };
+  auto result = test::run_ranks(
+      4,
+      [](Communicator& comm) {
+        const int expected[] = {0, 1, 0, 2};
+        for (int r = 0; r < comm.size(); ++r)
+          expect(comm.host_index(r) == expected[r], "rank " + std::to_string(r) + " is on node " +
+                                                        std::to_string(comm.host_index(r)));
+      },
+      options);
+  INFO(result.summary());
+  CHECK(result.all_ok());
+}
