@@ -1,12 +1,18 @@
 #!/bin/sh
 # Installs braid's build dependencies from Debian's packages (only those
 # missing, so a second run does nothing), then configures and builds into
-# ./build. Safe to run any number of times.
+# ./build, and the binaries the RDMA VM tests run inside the VM into
+# ./build-vm. Safe to run any number of times.
 set -eu
 cd "$(dirname "$0")/.."
 
 PACKAGES="meson ninja-build g++ pkg-config libboost-dev libspdlog-dev libfmt-dev catch2 \
-libcli11-dev nlohmann-json3-dev libhwloc-dev libopenblas-dev libibverbs-dev libxxhash-dev fortunes iproute2"
+libcli11-dev nlohmann-json3-dev libhwloc-dev libopenblas-dev libibverbs-dev libxxhash-dev fortunes iproute2 \
+qemu-system-x86 linux-image-amd64 busybox-static cpio rdma-core ibverbs-utils ibverbs-providers perftest"
+# The second line is the RDMA VM (tests/rdma, scripts/rdma_vm.sh): QEMU boots
+# Debian's kernel, which has soft-RoCE, with the host's / as its root;
+# installing linux-image-amd64 adds files under /boot and /lib/modules and
+# does not change the running kernel.
 
 missing=""
 for p in $PACKAGES; do
@@ -24,3 +30,10 @@ if [ ! -f build/build.ninja ]; then
   meson setup build
 fi
 ninja -C build
+
+# Binaries that run inside the RDMA VM: TCG's `-cpu max` has no AVX-512, so
+# no -march=native; only what the VM runs is built.
+if [ ! -f build-vm/build.ninja ]; then
+  meson setup build-vm -Dnative=false -Dtests=disabled -Dcuda=disabled
+fi
+ninja -C build-vm tools/braid-bench tools/braid-launch
