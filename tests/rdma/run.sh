@@ -1,0 +1,46 @@
+#!/bin/bash
+# run.sh [--build-vm] GUEST TIMEOUT_S [ARG...]
+#
+# One test of the meson suite 'rdma': boots the soft-RoCE VM
+# (scripts/rdma_vm.sh) and runs tests/rdma/guest/GUEST.sh in it with ARGs,
+# in a fresh work folder that is removed afterwards (RDMA_VM_KEEP=1 keeps
+# it and says where). With --build-vm it first brings the VM's binaries up
+# to date (ninja in build-vm/, which scripts/setup.sh configures with
+# -Dnative=false) and passes that folder as the guest script's first
+# argument. Exits with the guest script's status; 77 (skip) where the VM
+# cannot run here, with the reason; 99 when the VM did not boot or timed out.
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+repo=$(cd "$here/../.." && pwd)
+cd "$repo"
+
+build_vm=0
+[ "${1:-}" = --build-vm ] && { build_vm=1; shift; }
+[ $# -ge 2 ] || { echo "usage: run.sh [--build-vm] GUEST TIMEOUT_S [ARG...]" >&2; exit 2; }
+guest="$here/guest/$1.sh" timeout_s=$2
+shift 2
+
+scripts/rdma_vm.sh --check || exit $?
+
+args=()
+if [ "$build_vm" = 1 ]; then
+  vm_build=${RDMA_VM_BUILD:-$repo/build-vm}
+  if [ ! -f "$vm_build/build.ninja" ]; then
+    echo "rdma test: $vm_build is not configured; run scripts/setup.sh (it builds the VM's binaries with -Dnative=false)" >&2
+    exit 1
+  fi
+  ninja -C "$vm_build" tools/braid-bench tools/braid-launch >&2
+  args=("$vm_build")
+fi
+
+workdir=$(mktemp -d "${TMPDIR:-/tmp}/braid-rdma-vm.XXXXXX")
+cleanup() {
+  if [ "${RDMA_VM_KEEP:-0}" = 1 ]; then echo "rdma test: work folder kept: $workdir" >&2
+  else rm -rf "$workdir"; fi
+}
+trap cleanup EXIT
+trap 'exit 143' TERM INT HUP
+
+status=0
+scripts/rdma_vm.sh "$workdir" "$guest" "$timeout_s" "${args[@]}" || status=$?
+exit "$status"
