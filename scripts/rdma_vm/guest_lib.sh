@@ -27,6 +27,14 @@
 #   on_host NS CMD...       runs CMD in host NS with BRAID_HOST_ID=NS,
 #                           BRAID_IB_HCA=<its rxe>, BRAID_BIND_ADDR=<its IPv4>
 #   rxe_hca NS / rxe_addr NS   print the host's rxe device / IPv4 address
+#   launch_two_hosts LAUNCH NS1 NS2 NPROC [SECONDS] -- PROGRAM ARG...
+#                           one braid job over both hosts: braid-launch
+#                           (path LAUNCH) as node 0 on NS1 (its store on
+#                           NS1's address) and node 1 on NS2, NPROC ranks
+#                           each, under on_host and a fresh BRAID_JOB_TOKEN;
+#                           prints both nodes' output, status 0 only if both
+#                           succeed. BRAID_* set by the caller pass through
+#                           (e.g. BRAID_TRANSPORT=ibverbs)
 #
 # Checks (TAP-like lines; the script ends with `finish`)
 #   check NAME CMD...        CMD must succeed
@@ -180,4 +188,25 @@ rxe_pingpong() { # SNS CNS SDEV CDEV GID ADDR [ARG...]
   [ "$src" -eq 0 ] && [ "$crc" -eq 0 ] && return 0
   [ "$crc" -ne 0 ] && return "$crc"
   return "$src"
+}
+
+launch_two_hosts() { # LAUNCH NS1 NS2 NPROC [SECONDS] -- PROGRAM ARG...
+  local launch=$1 ns1=$2 ns2=$3 nproc=$4 s=60 log pid st0 st1 port=29517
+  shift 4
+  [ "${1:-}" != -- ] && { s=$1; shift; }
+  [ "${1:-}" = -- ] || { echo "usage: launch_two_hosts LAUNCH NS1 NS2 NPROC [SECONDS] -- PROGRAM ARG..." >&2; return 2; }
+  shift
+  log=$(mktemp -d)
+  local common=(--nproc-per-node "$nproc" --nnodes 2 --master-addr "$(rxe_addr "$ns1")" --master-port "$port")
+  BRAID_JOB_TOKEN=$(od -An -tx1 -N16 /dev/urandom | tr -d ' \n') && export BRAID_JOB_TOKEN
+  on_host "$ns2" timeout -k 2 "$s" "$launch" "${common[@]}" --node-rank 1 -- "$@" >"$log/node1" 2>&1 &
+  pid=$!
+  on_host "$ns1" timeout -k 2 "$s" "$launch" "${common[@]}" --node-rank 0 -- "$@" >"$log/node0" 2>&1
+  st0=$?
+  wait "$pid"; st1=$?
+  unset BRAID_JOB_TOKEN
+  sed "s/^/[$ns1] /" "$log/node0"; sed "s/^/[$ns2] /" "$log/node1"
+  echo "# launch_two_hosts: node 0 ($ns1) status $st0, node 1 ($ns2) status $st1"
+  rm -rf "$log"
+  [ "$st0" -eq 0 ] && [ "$st1" -eq 0 ]
 }

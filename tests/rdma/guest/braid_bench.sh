@@ -2,21 +2,41 @@
 # Guest script (runs inside the VM, see scripts/rdma_vm/guest_lib.sh): the
 # VM's braid binaries (build-vm, -Dnative=false: TCG's CPU has no AVX-512)
 # run in the guest. A 2-rank braid-bench all_reduce over TCP and over
-# shared memory, with its result check: no wrong value.
+# shared memory, with its result check: no wrong value; and one job over
+# the two "hosts" of rxe_two_hosts (one rank on each, launched by
+# launch_two_hosts), which braid connects over TCP: the plumbing the
+# ibverbs tests use with BRAID_TRANSPORT=ibverbs.
 # $1: the build folder holding tools/braid-launch and tools/braid-bench.
 build=${1:?usage: braid_bench.sh BUILD_VM_DIR}
 
-bench() { # TRANSPORT
-  local out
-  out=$(BRAID_TRANSPORT=$1 BRAID_TIMEOUT=30 bounded 40 "$build/tools/braid-launch" --nproc-per-node 2 -- \
-    "$build/tools/braid-bench" -b 8 -e 1M -f 32 -c 1 2>&1)
-  local status=$?
-  echo "$out"
-  [ "$status" -eq 0 ] || { echo "# braid-launch exited with $status"; return 1; }
-  grep -q "2 ranks, transport $1," <<<"$out" || { echo "# not run over $1"; return 1; }
-  grep -q '# Out of bounds values : 0 OK' <<<"$out" || { echo "# wrong values"; return 1; }
+bench_args=(-b 8 -e 1M -f 32 -c 1)
+export BRAID_TIMEOUT=30
+
+expect_clean_run() { # STATUS TRANSPORT OUTPUT
+  [ "$1" -eq 0 ] || { echo "# braid-launch exited with $1"; return 1; }
+  grep -q "2 ranks, transport $2," <<<"$3" || { echo "# not run over $2"; return 1; }
+  grep -q '# Out of bounds values : 0 OK' <<<"$3" || { echo "# wrong values"; return 1; }
 }
 
-check "braid-bench all_reduce, 2 ranks over tcp, no wrong value" bench tcp
-check "braid-bench all_reduce, 2 ranks over shm, no wrong value" bench shm
+bench_one_host() { # TRANSPORT
+  local out status
+  out=$(BRAID_TRANSPORT=$1 bounded 40 "$build/tools/braid-launch" --nproc-per-node 2 -- \
+    "$build/tools/braid-bench" "${bench_args[@]}" 2>&1)
+  status=$?
+  echo "$out"
+  expect_clean_run "$status" "$1" "$out"
+}
+
+bench_two_hosts() {
+  local out status
+  out=$(launch_two_hosts "$build/tools/braid-launch" h1 h2 1 40 -- "$build/tools/braid-bench" "${bench_args[@]}" 2>&1)
+  status=$?
+  echo "$out"
+  expect_clean_run "$status" tcp "$out"
+}
+
+check "braid-bench all_reduce, 2 ranks over tcp, no wrong value" bench_one_host tcp
+check "braid-bench all_reduce, 2 ranks over shm, no wrong value" bench_one_host shm
+check "two hosts h1 and h2 set up" rxe_two_hosts h1 h2
+check "braid-bench all_reduce, one rank on each of two hosts (auto: tcp), no wrong value" bench_two_hosts
 finish
