@@ -100,8 +100,8 @@ build_initramfs() {
     esac
     echo "$base" >> "$tmp/modules.order"
   done
-  (cd "$tmp" && find . | cpio -o -H newc --quiet | gzip -1) > "$dest.tmp"
-  mv "$dest.tmp" "$dest"
+  (cd "$tmp" && find . | cpio -o -H newc --quiet | gzip -1) > "$dest.tmp.$$"
+  mv "$dest.tmp.$$" "$dest"
   rm -rf "$tmp"
 }
 

@@ -122,7 +122,7 @@ rxe_reset() {
   for d in /sys/class/net/rxe-*; do [ -e "$d" ] && ip link delete "${d##*/}" 2>/dev/null; done
   for ns in "${!rdma_vm_hca[@]}"; do ip netns delete "$ns"; unset "rdma_vm_hca[$ns]" "rdma_vm_addr[$ns]"; done
   if compgen -G '/sys/class/infiniband/rxe*' >/dev/null || compgen -G '/sys/class/net/rxe-*' >/dev/null; then
-    echo "rdma_vm: rxe_reset left: $(ls /sys/class/infiniband /sys/class/net | grep rxe | tr '\n' ' ')" >&2
+    echo "rdma_vm: rxe_reset left: $(compgen -G '/sys/class/infiniband/rxe*'; compgen -G '/sys/class/net/rxe-*')" >&2
     return 1
   fi
 }
@@ -137,26 +137,26 @@ rxe_one_host() {
 
 declare -A rdma_vm_hca rdma_vm_addr
 rxe_two_hosts() { # NS1 NS2
-  local ns=("$1" "$2") i
+  local hosts=("$1" "$2") i
   rxe_free rxe0 rxe1 || return 1
   if [ ${#1} -gt 11 ] || [ ${#2} -gt 11 ]; then echo "rdma_vm: host names up to 11 characters (rxe-NAME is an interface)" >&2; return 1; fi
   for i in 0 1; do
-    ip netns add "${ns[i]}" || return 1
-    ip -n "${ns[i]}" link set lo up || return 1
-    rdma_vm_hca[${ns[i]}]=rxe$i
-    rdma_vm_addr[${ns[i]}]=10.11.0.$((i + 1))
+    ip netns add "${hosts[i]}" || return 1
+    ip -n "${hosts[i]}" link set lo up || return 1
+    rdma_vm_hca[${hosts[i]}]=rxe$i
+    rdma_vm_addr[${hosts[i]}]=10.11.0.$((i + 1))
   done
   # control network: eth0 in each namespace
-  ip link add rxe-tmp0 netns "${ns[0]}" type veth peer name rxe-tmp1 netns "${ns[1]}" || return 1
+  ip link add rxe-tmp0 netns "${hosts[0]}" type veth peer name rxe-tmp1 netns "${hosts[1]}" || return 1
   for i in 0 1; do
-    ip -n "${ns[i]}" link set "rxe-tmp$i" name eth0 &&
-      ip -n "${ns[i]}" addr add "${rdma_vm_addr[${ns[i]}]}/24" dev eth0 &&
-      rxe_veth_up "${ns[i]}" eth0 || return 1
+    ip -n "${hosts[i]}" link set "rxe-tmp$i" name eth0 &&
+      ip -n "${hosts[i]}" addr add "${rdma_vm_addr[${hosts[i]}]}/24" dev eth0 &&
+      rxe_veth_up "${hosts[i]}" eth0 || return 1
   done
   # RDMA wire: rxe0 and rxe1 on the two ends of a veth pair
-  ip link add "rxe-${ns[0]}" type veth peer name "rxe-${ns[1]}" || return 1
+  ip link add "rxe-${hosts[0]}" type veth peer name "rxe-${hosts[1]}" || return 1
   for i in 0 1; do
-    rxe_veth_up "" "rxe-${ns[i]}" && rdma link add "rxe$i" type rxe netdev "rxe-${ns[i]}" || return 1
+    rxe_veth_up "" "rxe-${hosts[i]}" && rdma link add "rxe$i" type rxe netdev "rxe-${hosts[i]}" || return 1
   done
   rxe_wait_gid rxe0 0 && rxe_wait_gid rxe1 0
 }
