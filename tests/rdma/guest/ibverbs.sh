@@ -1,0 +1,73 @@
+#!/bin/bash
+# Guest script (runs inside the VM, see scripts/rdma_vm/guest_lib.sh): braid's
+# ibverbs transport on real verbs (soft-RoCE), forced with
+# BRAID_TRANSPORT=ibverbs.
+#  - one rxe host, 2 ranks: braid-bench of every collective over ibverbs,
+#    no wrong value;
+#  - BRAID_IB_GID_INDEX=1 (rxe has index 0 only): both ranks fail at set-up,
+#    at once, with an error naming the GID index and the remedy;
+#  - two hosts (rxe_two_hosts), one rank each, each naming its own rxe
+#    device (BRAID_IB_HCA, set by on_host): all_reduce, no wrong value.
+# Not tested yet: a peer killed mid-run. The survivor, blocked waiting for
+# the dead peer's data or credits with no RDMA write outstanding, gets no
+# completion error and fails only at BRAID_TIMEOUT with a TimeoutError
+# (not the transport's RemoteError naming the peer).
+# $1: the build folder holding tools/braid-launch and tools/braid-bench.
+build=${1:?usage: ibverbs.sh BUILD_VM_DIR}
+launch=$build/tools/braid-launch bench=$build/tools/braid-bench
+
+export BRAID_TRANSPORT=ibverbs BRAID_TIMEOUT=20
+
+bench_one_host() { # COLLECTIVE
+  local out status
+  out=$(bounded 30 "$launch" --nproc-per-node 2 -- \
+    "$bench" --coll "$1" -b 8 -e 256K -f 32 -n 3 -w 1 -c 1 2>&1)
+  status=$?
+  echo "$out" | grep -E '^\[rank 0\] (#  +[0-9]| +[0-9])|Out of bounds|transport|braid-bench:|braid-launch:'
+  [ "$status" -eq 0 ] || { echo "# braid-launch exited with $status"; return 1; }
+  grep -q "braid-bench $1: 2 ranks, transport ibverbs," <<<"$out" || { echo "# not run over ibverbs"; return 1; }
+  grep -q '# Out of bounds values : 0 OK' <<<"$out" || { echo "# wrong values"; return 1; }
+}
+
+# Both ranks must name the GID index and the remedy; the job must fail fast
+# (well under BRAID_TIMEOUT: the choice fails before any connection is tried).
+wrong_gid() {
+  local out status start=$SECONDS
+  out=$(BRAID_IB_GID_INDEX=1 bounded 30 "$launch" --nproc-per-node 2 -- "$bench" -b 8 -e 8 -n 1 -w 0 2>&1)
+  status=$?
+  while IFS= read -r line; do echo "  $line"; done <<<"$out"
+  echo "# status $status after $((SECONDS - start)) s"
+  [ "$status" -ne 0 ] && [ "$status" -ne 124 ] && [ "$status" -ne 137 ] || return 1
+  [ $((SECONDS - start)) -lt 15 ] || { echo "# too slow for a set-up error"; return 1; }
+  local r
+  for r in 0 1; do
+    grep -q "rank $r found no usable RDMA device: it needs an active port with a GID at BRAID_IB_GID_INDEX=1, and this host offers: rxe0 port 1 GID index 0" <<<"$out" \
+      || { echo "# rank $r did not name the GID index and what the host offers"; return 1; }
+  done
+  grep -q "Set BRAID_IB_HCA / BRAID_IB_GID_INDEX to one of those" <<<"$out" || { echo "# no remedy"; return 1; }
+}
+
+# One rank on each of two hosts (rxe_two_hosts: rxe0 for h1, rxe1 for h2,
+# named per host by on_host's BRAID_IB_HCA), RDMA across the veth wire.
+bench_two_hosts() {
+  local out status
+  out=$(BRAID_LOG_LEVEL=info launch_two_hosts "$launch" h1 h2 1 40 -- "$bench" -b 8 -e 256K -f 32 -n 3 -w 1 -c 1 2>&1)
+  status=$?
+  echo "$out" | grep -E '^\[h1\] \[rank 0\] (#  +[0-9]| +[0-9])|Out of bounds|transport|braid-bench:|braid-launch:|launch_two_hosts|ibverbs: rank'
+  [ "$status" -eq 0 ] || return 1
+  if ! grep -q "ibverbs: rank 0 uses rxe0 port 1 GID index 0 .*on BRAID_IB_HCA=rxe0" <<<"$out" ||
+    ! grep -q "ibverbs: rank 1 uses rxe1 port 1 GID index 0 .*on BRAID_IB_HCA=rxe1" <<<"$out"; then
+    echo "# the ranks did not use their own host's rxe device"; return 1
+  fi
+  grep -q "braid-bench all_reduce: 2 ranks, transport ibverbs," <<<"$out" || { echo "# not run over ibverbs"; return 1; }
+  grep -q '# Out of bounds values : 0 OK' <<<"$out" || { echo "# wrong values"; return 1; }
+}
+
+check "one rxe host" rxe_one_host
+for coll in all_reduce reduce_scatter all_gather broadcast reduce all_to_all send_recv; do
+  check "braid-bench $coll, 2 ranks over ibverbs, no wrong value" bench_one_host "$coll"
+done
+check "BRAID_IB_GID_INDEX=1: both ranks fail at set-up naming the index and the remedy" wrong_gid
+check "rxe_reset, then two hosts h1 and h2" eval 'rxe_reset && rxe_two_hosts h1 h2'
+check "braid-bench all_reduce, one rank on each of two hosts over ibverbs, no wrong value" bench_two_hosts
+finish
