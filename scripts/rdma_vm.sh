@@ -5,7 +5,9 @@
 # Runs GUEST_SCRIPT (a bash script, with ARGs) inside a small QEMU VM that
 # boots Debian's kernel with soft-RoCE (rdma_rxe), so RDMA code runs against
 # real verbs on a machine without an RDMA NIC (see README, "RDMA VM tests").
-# The VM sees the host's / read-only at the same paths and WORKDIR writable
+# The VM sees the host's / and this repository read-only at the same paths
+# (the repository shared on its own, so that a checkout under /tmp, which is
+# a fresh tmpfs in the guest, is still seen), and WORKDIR writable
 # at its own path; /tmp, /run and /dev/shm are fresh tmpfs in the guest.
 # The guest script runs (as a copy in WORKDIR/vm/script/) as root in the
 # caller's directory, with the helpers of scripts/rdma_vm/guest_lib.sh
@@ -151,6 +153,7 @@ started_ns=$(date +%s%N)
   -kernel "$kernel" -initrd "$initrd" \
   -append "console=ttyS0 quiet panic=-1" \
   -virtfs local,path=/,mount_tag=hostroot,security_model=none,readonly=on,multidevs=remap \
+  -virtfs local,path="$repo",mount_tag=repo,security_model=none,readonly=on,multidevs=remap \
   -virtfs local,path="$workdir",mount_tag=work,security_model=none,multidevs=remap \
   </dev/null >"$out/console.log" 2>&1 &
 qemu_pid=$!
