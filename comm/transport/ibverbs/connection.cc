@@ -16,10 +16,16 @@
 //    write each way (transport.cc): a wrong GID index or an unroutable peer
 //    fails here, naming both ranks, the device, the GID index and the remedy.
 //
-// Retry settings: the local ACK timeout is 4.096 us x 2^t, retried 7 times,
-// so a peer that stops answering fails a write after 8 x 4.096 us x 2^t;
-// t is chosen so that this is at most a quarter of BRAID_TIMEOUT (between
-// 67 ms and 1 s per try).
+// Retry settings: the local ACK timeout is 4.096 us x 2^t, retried 6 times,
+// so a peer that stops answering fails a write after 7 x 4.096 us x 2^t;
+// t is chosen so that this is at most a quarter of BRAID_TIMEOUT, between
+// 67 ms and 268 ms per try (t 14..16): a dead peer is named within about
+// 0.5-1.9 s of the first write it leaves unanswered (with the keepalive of
+// transport.h, of blocking on it), whatever BRAID_TIMEOUT. A live peer's
+// adapter answers in microseconds; only a link down or a fabric stalled for
+// all 7 tries (nearly 2 s) would be taken for a dead peer. Not 7 retries:
+// soft-RoCE (rdma_rxe) reads a retry count of 7 as "retry forever", so a
+// write to a dead peer would never complete there.
 #include <fcntl.h>
 #include <infiniband/verbs.h>
 #include <spdlog/spdlog.h>
@@ -72,7 +78,7 @@ std::string where(const GidEntry& gid) {
 
 int ack_timeout_exponent(std::chrono::milliseconds timeout) {
   int t = 14;
-  while (t < 18 && 8 * 4.096e-6 * static_cast<double>(1 << (t + 1)) <= timeout.count() / 4000.0) ++t;
+  while (t < 16 && 7 * 4.096e-6 * static_cast<double>(1 << (t + 1)) <= timeout.count() / 4000.0) ++t;
   return t;
 }
 
@@ -189,7 +195,7 @@ void bring_up(ibv_qp* qp, const Verbs& verbs, const ConnectionData& mine, const 
   attr = {};
   attr.qp_state = IBV_QPS_RTS;
   attr.timeout = static_cast<std::uint8_t>(ack_timeout_exponent(o.timeout));
-  attr.retry_cnt = 7;
+  attr.retry_cnt = 6;  // 7 tries; not 7: rxe retries forever (header comment)
   attr.rnr_retry = 7;  // receives are reposted as they are used; RNR is never expected
   attr.sq_psn = mine.psn;
   attr.max_rd_atomic = 1;

@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstddef>
 #include <cstring>
 
 #include "runtime/errors.h"
@@ -18,9 +19,13 @@ namespace {
 constexpr std::size_t kHeaderBytes = sizeof(WireHeader);
 constexpr std::uint32_t kCreditImm = 0xffffffffu;
 constexpr int kMaxCreditWrites = 2;
+// How long progress() waits with nothing advancing before it probes the
+// peers it waits on (the keepalive of transport.h): well below any sensible
+// BRAID_TIMEOUT, and long enough that a job whose data flows never probes.
+constexpr std::chrono::milliseconds kKeepaliveInterval{200};
 
 // wr_id: the kind of work request in the top byte, the peer index below.
-enum class Work : std::uint64_t { data = 1, credit = 2, proof = 3, receive = 4 };
+enum class Work : std::uint64_t { data = 1, credit = 2, proof = 3, receive = 4, keepalive = 5 };
 std::uint64_t wr_id(Work kind, std::size_t peer) { return (static_cast<std::uint64_t>(kind) << 56) | peer; }
 Work kind_of(std::uint64_t id) { return static_cast<Work>(id >> 56); }
 std::size_t peer_index_of(std::uint64_t id) { return static_cast<std::size_t>(id & 0xffffffffu); }
@@ -30,6 +35,7 @@ const char* operation(Work kind) {
     case Work::data: return "an RDMA write of message data";
     case Work::credit: return "an RDMA write returning ring credits";
     case Work::proof: return "the set-up path proof (an 8-byte RDMA write)";
+    case Work::keepalive: return "a keepalive (an 8-byte RDMA write to a peer this rank waits on)";
     default: return "a receive of an RDMA write with immediate";
   }
 }
@@ -58,7 +64,8 @@ IbTransport::IbTransport(const IbOptions& options, std::unique_ptr<Verbs> verbs,
       staging_(std::move(staging)),
       control_(std::move(control)),
       peers_(std::move(peers)),
-      index_by_rank_(static_cast<std::size_t>(options.size), -1) {
+      index_by_rank_(static_cast<std::size_t>(options.size), -1),
+      next_keepalive_(Clock::now() + kKeepaliveInterval) {
   for (std::size_t i = 0; i < peers_.size(); ++i) {
     index_by_rank_[peers_[i].rank] = static_cast<int>(i);
     peers_[i].piece_bytes.assign(slots_, 0);
@@ -113,6 +120,7 @@ RequestId IbTransport::post_send(int peer, const WireHeader& header, const void*
   RequestId id = allocate(peer, header);
   requests_[id].data = static_cast<std::byte*>(const_cast<void*>(data));
   p.sends.push_back(id);
+  next_keepalive_ = Clock::now() + kKeepaliveInterval;  // a new operation: not blocked yet
   return id;
 }
 
@@ -121,6 +129,7 @@ RequestId IbTransport::post_recv(int peer, const WireHeader& expected, void* dat
   RequestId id = allocate(peer, expected);
   requests_[id].data = static_cast<std::byte*>(data);
   p.recvs.push_back(id);
+  next_keepalive_ = Clock::now() + kKeepaliveInterval;
   return id;
 }
 
@@ -305,7 +314,8 @@ void IbTransport::on_receive(Peer& peer, const ibv_wc& wc) {
   ++peer.arrived;
 }
 
-void IbTransport::on_completion(const ibv_wc& wc) {
+// Returns whether the completion advanced the protocol (a keepalive's does not).
+bool IbTransport::on_completion(const ibv_wc& wc) {
   Peer& peer = peers_.at(peer_index_of(wc.wr_id));
   if (wc.status != IBV_WC_SUCCESS) fail_completion(peer, wc);
   switch (kind_of(wc.wr_id)) {
@@ -321,7 +331,9 @@ void IbTransport::on_completion(const ibv_wc& wc) {
     case Work::credit: --peer.credit_writes; break;
     case Work::proof: peer.proved = true; break;
     case Work::receive: on_receive(peer, wc); break;
+    case Work::keepalive: peer.keepalive_pending = false; return false;
   }
+  return true;
 }
 
 int IbTransport::poll_completions() {
@@ -330,9 +342,8 @@ int IbTransport::poll_completions() {
   for (;;) {
     int n = ibv_poll_cq(verbs_->cq, 32, wcs);
     if (n < 0) throw SystemError("rank " + std::to_string(rank_) + " could not poll its RDMA completion queue");
-    for (int i = 0; i < n; ++i) on_completion(wcs[i]);
-    total += n;
-    if (n < 32) return total;
+    for (int i = 0; i < n; ++i) total += on_completion(wcs[i]) ? 1 : 0;
+    if (n < 32) return total;  // completions that advanced something
   }
 }
 
@@ -343,7 +354,25 @@ bool IbTransport::pump_all() {
     advanced |= pump_recvs(peer);
     advanced |= pump_sends(peer);
   }
+  if (advanced) next_keepalive_ = Clock::now() + kKeepaliveInterval;
   return advanced;
+}
+
+// The keepalive of transport.h: probe each peer this rank waits on (a receive
+// posted, or a send not fully written for want of credits) unless a write to
+// it is outstanding already, whose failure would name a dead peer as well.
+void IbTransport::keep_alive() {
+  for (auto& peer : peers_) {
+    const bool waiting = !peer.recvs.empty() || !peer.sends.empty();
+    const bool outstanding = peer.keepalive_pending || peer.posted != peer.completed || peer.credit_writes > 0;
+    if (!waiting || outstanding) continue;
+    ControlBlock& block = control(peer);
+    ++block.keepalive_out;
+    post_write(peer, wr_id(Work::keepalive, index_of(peer)), &block.keepalive_out, control_.lkey(),
+               sizeof(std::uint64_t), peer.remote.credit_address + offsetof(ControlBlock, keepalive_in),
+               peer.remote.control_rkey, false, 0);
+    peer.keepalive_pending = true;
+  }
 }
 
 bool IbTransport::progress(Clock::time_point deadline) {
@@ -356,7 +385,14 @@ bool IbTransport::progress(Clock::time_point deadline) {
   if (ibv_req_notify_cq(verbs_->cq, 0))
     throw SystemError("rank " + std::to_string(rank_) + " could not arm its RDMA completion channel");
   if (pump_all()) return true;
-  wait_events(deadline);
+  // Blocked: probe the peers waited on once per kKeepaliveInterval, and wake
+  // for the next probe; a keepalive's completion wakes the wait but counts
+  // as no progress, so probes never come faster than the interval.
+  if (Clock::now() >= next_keepalive_) {
+    keep_alive();
+    next_keepalive_ = Clock::now() + kKeepaliveInterval;
+  }
+  wait_events(std::min(deadline, next_keepalive_));
   return pump_all();
 }
 
@@ -405,13 +441,18 @@ void IbTransport::fail_completion(Peer& peer, const ibv_wc& wc) {
                      " (status " + std::to_string(wc.status) + ", vendor error " + std::to_string(wc.vendor_err) +
                      ") on " + gid.device + " port " + std::to_string(gid.port) + " GID index " +
                      std::to_string(gid.index);
-  const bool unreachable = wc.status == IBV_WC_RETRY_EXC_ERR || wc.status == IBV_WC_RNR_RETRY_EXC_ERR;
   if (kind == Work::proof)
     throw RemoteError(what + ": " + them + " is not reachable over this path; set BRAID_IB_GID_INDEX (or "
                              "BRAID_IB_HCA) on both ranks to a GID whose network routes between them "
                              "(show_gids / ibv_devinfo -v list them), or use BRAID_TRANSPORT=tcp",
                       peer.rank);
-  if (unreachable || wc.status == IBV_WC_WR_FLUSH_ERR || wc.status == IBV_WC_REM_OP_ERR ||
+  if (wc.status == IBV_WC_RETRY_EXC_ERR)
+    throw RemoteError(what + ": " + them + " did not answer RDMA (retries exhausted): it exited, crashed or its "
+                             "link is down; see " + them + "'s own output for why it stopped, and if it still runs "
+                             "check the link between the two (ibv_devinfo port state, ip link), or use "
+                             "BRAID_TRANSPORT=tcp",
+                      peer.rank);
+  if (wc.status == IBV_WC_RNR_RETRY_EXC_ERR || wc.status == IBV_WC_WR_FLUSH_ERR || wc.status == IBV_WC_REM_OP_ERR ||
       wc.status == IBV_WC_REM_ACCESS_ERR || wc.status == IBV_WC_REM_INV_REQ_ERR)
     throw RemoteError(what + ": " + them + " exited, crashed, hung or became unreachable", peer.rank);
   throw SystemError(what + ": a local RDMA failure; check ulimit -l and the device (ibv_devinfo)");

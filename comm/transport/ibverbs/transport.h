@@ -20,6 +20,20 @@
 // a ring is never overrun, and a peer that writes beyond its credits is
 // reported as sending garbage.
 //
+// Keepalive: RC reports a peer that stopped answering only through a write
+// of this rank's own that runs out of retries, and soft-RoCE drops packets
+// to a destroyed queue pair without a word. A rank blocked on a peer (a
+// receive, or a send out of credits) with no write outstanding to it would
+// therefore wait for a dead peer until BRAID_TIMEOUT. So once progress() has
+// seen nothing advance for kKeepaliveInterval, it posts to each peer it
+// waits on and has no write outstanding to an 8-byte signaled RDMA write
+// (no immediate) into the keepalive word of that peer's control block, at
+// most once per interval. The peer's adapter acknowledges it without its
+// process or a receive; nothing reads the word, so the ring and credit
+// protocol never see it. A dead peer's write fails after the queue pair's
+// retries (connection.cc: under 2 s) as "retries exhausted", a
+// RemoteError naming the peer. Data that flows never triggers a keepalive.
+//
 // Every sender first copies into a registered staging slot: registering
 // caller buffers (a bounded registration cache), direct RDMA writes of large
 // messages into the peer's registered buffer (find_region / map_region) and
@@ -108,6 +122,7 @@ class IbTransport final : public Transport {
     int held_count = 0;
     std::deque<RequestId> recvs;
     bool proved = false;
+    bool keepalive_pending = false;  // a keepalive write not yet completed
   };
 
   IbTransport(const IbOptions& options, std::unique_ptr<Verbs> verbs, std::vector<Peer> peers,
@@ -134,7 +149,9 @@ class IbTransport final : public Transport {
     std::uint64_t credit_out;  // source of this rank's credit writes to the peer
     std::uint64_t proof_in;    // written by the peer's path proof
     std::uint64_t proof_out;   // source of this rank's path proof
-    std::uint64_t pad[4];
+    std::uint64_t keepalive_in;   // written by the peer's keepalives; never read
+    std::uint64_t keepalive_out;  // source of this rank's keepalives
+    std::uint64_t pad[2];
   };
 
  private:
@@ -158,7 +175,8 @@ class IbTransport final : public Transport {
 
   bool pump_all();
   int poll_completions();
-  void on_completion(const ibv_wc& wc);
+  bool on_completion(const ibv_wc& wc);
+  void keep_alive();
   void on_receive(Peer& peer, const ibv_wc& wc);
   void post_receive(Peer& peer);
   bool pump_sends(Peer& peer);
@@ -185,6 +203,7 @@ class IbTransport final : public Transport {
   StagingPool staging_pool_;
   std::atomic<std::uint64_t> bytes_sent_{0}, bytes_received_{0};
   bool shut_down_ = false;
+  Clock::time_point next_keepalive_;  // nothing advanced since this minus kKeepaliveInterval
 };
 
 }  // namespace braid::comm::ibverbs
