@@ -194,7 +194,9 @@ int Communicator::host_index(int rank) const {
 
 AlgorithmChoice Communicator::last_algorithm(OpKind kind) const {
   std::lock_guard lock(impl_->choice_mu);
-  return impl_->last_choice.at(static_cast<std::size_t>(kind));
+  const Algorithm& last = impl_->choices_by_kind.at(static_cast<std::size_t>(kind)).last;
+  if (last.name.empty()) return {};
+  return {std::string(last.name), describe(last.reason)};
 }
 
 std::string Communicator::transport_summary() const {

@@ -10,7 +10,6 @@
 #include <map>
 #include <memory>
 #include <mutex>
-#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -81,8 +80,11 @@ struct Communicator::Impl {
   std::mutex staging_mu;                  // orders staging + queueing of calls on device memory
   std::unique_ptr<DeviceStaging> device;  // from the first call on device memory
   std::mutex choice_mu;
-  std::array<AlgorithmChoice, 16> last_choice{};  // [OpKind]
-  std::set<std::pair<std::size_t, std::string>> logged_choices;  // (OpKind, algorithm) logged at info
+  struct Choices {
+    Algorithm last;                              // for Communicator::last_algorithm
+    std::array<std::string_view, 4> logged{};   // algorithms already logged at info
+  };
+  std::array<Choices, 16> choices_by_kind{};  // [OpKind]
 
   ~Impl();
   std::shared_ptr<WorkState> enqueue(Op op);

@@ -213,12 +213,18 @@ CallShape Communicator::Impl::shape_of(const Op& op) const {
 // Logs at info the first call of each kind that runs with each algorithm,
 // with select.cc's reason, and keeps the choice for
 // Communicator::last_algorithm.
+// Runs on every call: plain values only; the sentence is built for the log
+// line, once per (kind, algorithm), and when last_algorithm is asked.
 void Communicator::Impl::note_choice(OpKind kind, const Algorithm& algorithm) {
   std::lock_guard lock(choice_mu);
-  const auto k = static_cast<std::size_t>(kind);
-  if (logged_choices.insert({k, std::string(algorithm.name)}).second)
-    spdlog::info("comm {:08x}: {} uses the {} algorithm: {}", comm_id, name(kind), algorithm.name, algorithm.reason);
-  last_choice[k] = {std::string(algorithm.name), algorithm.reason};
+  Choices& choices = choices_by_kind[static_cast<std::size_t>(kind)];
+  choices.last = algorithm;
+  auto& logged = choices.logged;
+  if (std::find(logged.begin(), logged.end(), algorithm.name) != logged.end()) return;
+  auto free = std::find(logged.begin(), logged.end(), std::string_view());
+  if (free != logged.end()) *free = algorithm.name;
+  spdlog::info("comm {:08x}: {} uses the {} algorithm: {}", comm_id, name(kind), algorithm.name,
+               describe(algorithm.reason));
 }
 
 void Communicator::Impl::abort(const std::string& reason) {

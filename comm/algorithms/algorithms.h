@@ -143,9 +143,21 @@ struct CallShape {
   std::string_view forced = "auto";     // BRAID_ALGO
 };
 
+// Why select.cc chose an algorithm, as plain values: select_algorithm runs on
+// every call, so the sentence is built only when someone reads it
+// (describe(): "1024 B <= 32768 B on 2 ranks", with the threshold that decided).
+struct Reason {
+  enum class Rule : std::uint8_t { only_one, point_to_point, forced, registered, at_most, above, cuda_ipc };
+  Rule rule = Rule::only_one;
+  std::size_t bytes = 0, limit = 0;
+  int ranks = 0;                // 0: the rule does not depend on the rank count
+  std::string_view forced;      // BRAID_ALGO, for Rule::forced
+  bool staged = false;          // device buffers staged through pinned host memory
+};
+std::string describe(const Reason& reason);
+
 // The algorithm table's answer: which function runs the call (null for
-// cuda_ipc, which the device path runs), its name, and why, with the
-// threshold that decided ("recursive_doubling: 1024 B <= 32768 B on 2 ranks").
+// cuda_ipc, which the device path runs), its name, and why.
 struct Algorithm {
   void (*run)(Exchange&) = nullptr;
   std::string_view name;
@@ -155,7 +167,7 @@ struct Algorithm {
   // swap with every rank, cuda_ipc's likewise, point-to-point). Otherwise
   // agree_signatures runs first.
   bool agrees = false;
-  std::string reason;
+  Reason reason;
 };
 Algorithm select_algorithm(const CallShape& call);
 

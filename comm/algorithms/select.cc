@@ -44,62 +44,95 @@ constexpr std::size_t kSmallBroadcastBytes = 32u << 10;
 
 std::size_t small_all_reduce_bytes(int ranks) { return ranks <= 2 ? 32u << 10 : 256u << 10; }
 
-std::string bytes_text(std::size_t bytes) { return std::to_string(bytes) + " B"; }
-
-std::string forced_text(const CallShape& call) { return "BRAID_ALGO=" + std::string(call.forced); }
-
 bool point_to_point(OpKind kind) { return kind == OpKind::send || kind == OpKind::recv; }
+
+using Rule = Reason::Rule;
+
+Reason because(Rule rule, std::size_t bytes = 0, std::size_t limit = 0, int ranks = 0) {
+  Reason reason;
+  reason.rule = rule;
+  reason.bytes = bytes;
+  reason.limit = limit;
+  reason.ranks = ranks;
+  return reason;
+}
+
+Reason forced(const CallShape& call) {
+  Reason reason = because(Rule::forced);
+  reason.forced = call.forced;
+  return reason;
+}
+
+// `bytes` against `limit`: at most (the small-message algorithm) or above.
+Reason size_rule(const CallShape& call, std::size_t limit, int ranks) {
+  return because(call.bytes <= limit ? Rule::at_most : Rule::above, call.bytes, limit, ranks);
+}
 
 Algorithm select_all_reduce(const CallShape& call) {
   const std::size_t limit = small_all_reduce_bytes(call.ranks);
-  if (call.forced == "recursive_doubling")
-    return {all_reduce_recursive_doubling, "recursive_doubling", true, forced_text(call)};
-  if (call.forced == "ring") return {all_reduce_ring, "ring", false, forced_text(call)};
+  if (call.forced == "recursive_doubling") return {all_reduce_recursive_doubling, "recursive_doubling", true, forced(call)};
+  if (call.forced == "ring") return {all_reduce_ring, "ring", false, forced(call)};
   if (call.registered && call.one_host && call.ranks > 1 && call.bytes >= kDirectAllReduceMinBytes)
-    return {all_reduce_direct, "direct", true,
-            "registered buffers on one host, " + bytes_text(call.bytes) + " >= " + bytes_text(kDirectAllReduceMinBytes)};
+    return {all_reduce_direct, "direct", true, because(Rule::registered, call.bytes, kDirectAllReduceMinBytes)};
   if (call.bytes <= limit && call.ranks > 1)
-    return {all_reduce_recursive_doubling, "recursive_doubling", true,
-            bytes_text(call.bytes) + " <= " + bytes_text(limit) + " on " + std::to_string(call.ranks) + " ranks"};
-  return {all_reduce_ring, "ring", false,
-          bytes_text(call.bytes) + " > " + bytes_text(limit) + " on " + std::to_string(call.ranks) + " ranks"};
+    return {all_reduce_recursive_doubling, "recursive_doubling", true, size_rule(call, limit, call.ranks)};
+  return {all_reduce_ring, "ring", false, size_rule(call, limit, call.ranks)};
 }
 
 Algorithm select_broadcast(const CallShape& call) {
-  if (call.forced == "binomial") return {broadcast_binomial, "binomial", false, forced_text(call)};
-  if (call.forced == "pipelined") return {broadcast_pipelined, "pipelined", false, forced_text(call)};
-  if (call.bytes <= kSmallBroadcastBytes)
-    return {broadcast_binomial, "binomial", false, bytes_text(call.bytes) + " <= " + bytes_text(kSmallBroadcastBytes)};
-  return {broadcast_pipelined, "pipelined", false, bytes_text(call.bytes) + " > " + bytes_text(kSmallBroadcastBytes)};
+  if (call.forced == "binomial") return {broadcast_binomial, "binomial", false, forced(call)};
+  if (call.forced == "pipelined") return {broadcast_pipelined, "pipelined", false, forced(call)};
+  const Reason reason = size_rule(call, kSmallBroadcastBytes, 0);
+  if (call.bytes <= kSmallBroadcastBytes) return {broadcast_binomial, "binomial", false, reason};
+  return {broadcast_pipelined, "pipelined", false, reason};
 }
 
 Algorithm select_host(const CallShape& call) {
   switch (call.kind) {
     case OpKind::all_reduce: return select_all_reduce(call);
-    case OpKind::reduce_scatter: return {reduce_scatter, "ring", false, "the only one"};
-    case OpKind::all_gather: return {all_gather, "ring", false, "the only one"};
+    case OpKind::reduce_scatter: return {reduce_scatter, "ring", false, because(Rule::only_one)};
+    case OpKind::all_gather: return {all_gather, "ring", false, because(Rule::only_one)};
     case OpKind::broadcast: return select_broadcast(call);
-    case OpKind::reduce: return {reduce_pipelined, "pipelined", false, "the only one"};
-    case OpKind::all_to_all: return {all_to_all_pairwise, "pairwise", false, "the only one"};
-    case OpKind::barrier: return {barrier_dissemination, "dissemination", true, "the only one"};
-    case OpKind::send: return {send_direct, "direct", true, "point-to-point"};
-    case OpKind::recv: return {recv_direct, "direct", true, "point-to-point"};
+    case OpKind::reduce: return {reduce_pipelined, "pipelined", false, because(Rule::only_one)};
+    case OpKind::all_to_all: return {all_to_all_pairwise, "pairwise", false, because(Rule::only_one)};
+    case OpKind::barrier: return {barrier_dissemination, "dissemination", true, because(Rule::only_one)};
+    case OpKind::send: return {send_direct, "direct", true, because(Rule::point_to_point)};
+    case OpKind::recv: return {recv_direct, "direct", true, because(Rule::point_to_point)};
+  }
+  return {};
+}
+
+std::string rule_text(const Reason& r) {
+  auto bytes = [](std::size_t n) { return std::to_string(n) + " B"; };
+  const std::string on = r.ranks > 0 ? " on " + std::to_string(r.ranks) + " ranks" : "";
+  switch (r.rule) {
+    case Rule::only_one: return "the only one";
+    case Rule::point_to_point: return "point-to-point";
+    case Rule::forced: return "BRAID_ALGO=" + std::string(r.forced);
+    case Rule::registered: return "registered buffers on one host, " + bytes(r.bytes) + " >= " + bytes(r.limit);
+    case Rule::at_most: return bytes(r.bytes) + " <= " + bytes(r.limit) + on;
+    case Rule::above: return bytes(r.bytes) + " > " + bytes(r.limit) + on;
+    case Rule::cuda_ipc: return "device buffers on one host, every peer's mapped through CUDA IPC";
   }
   return {};
 }
 
 }  // namespace
 
+std::string describe(const Reason& reason) {
+  return (reason.staged ? "device buffers staged through pinned host memory; " : "") + rule_text(reason);
+}
+
 Algorithm select_algorithm(const CallShape& call) {
   if (!call.device) return select_host(call);
   if (!point_to_point(call.kind) && call.ranks > 1 && call.one_host && call.device_peers_mappable &&
       call.transport == "auto")
-    return {nullptr, "cuda_ipc", true, "device buffers on one host, every peer's mapped through CUDA IPC"};
+    return {nullptr, "cuda_ipc", true, because(Rule::cuda_ipc)};
   CallShape host = call;
   host.device = false;
   host.registered = false;  // the staging buffers are not
   Algorithm staged = select_host(host);
-  staged.reason = "device buffers staged through pinned host memory; " + staged.reason;
+  staged.reason.staged = true;
   return staged;
 }
 

@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <cstring>
 #include <limits>
@@ -126,6 +127,9 @@ struct Allocation {
 
 std::mutex registry_mu;
 std::map<const std::byte*, Allocation> allocations;  // this process's, by base address
+// Read without the lock: every call asks find(), and most processes never
+// register memory.
+std::atomic<std::size_t> allocation_count{0};
 
 std::string errno_text(const std::string& what) { return what + ": " + std::strerror(errno); }
 
@@ -150,6 +154,7 @@ void* allocate(std::size_t bytes) {
   }
   std::lock_guard lock(registry_mu);
   allocations[static_cast<const std::byte*>(base)] = {fd, size, static_cast<std::uint64_t>(st.st_ino)};
+  allocation_count.store(allocations.size(), std::memory_order_release);
   return base;
 }
 
@@ -160,10 +165,11 @@ void release(void* pointer) {
   munmap(pointer, it->second.bytes);
   close(it->second.fd);
   allocations.erase(it);
+  allocation_count.store(allocations.size(), std::memory_order_release);
 }
 
 bool find(const void* pointer, std::size_t bytes, RegionRef& ref) {
-  if (pointer == nullptr) return false;
+  if (pointer == nullptr || allocation_count.load(std::memory_order_acquire) == 0) return false;
   const auto* p = static_cast<const std::byte*>(pointer);
   std::lock_guard lock(registry_mu);
   auto it = allocations.upper_bound(p);
