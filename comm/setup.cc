@@ -233,48 +233,46 @@ void agree_on_resources(Communicator::Impl& impl, const Plan& plan) {
   }
 }
 
+// A transport's options with the fields every transport shares filled in.
+template <typename Options>
+Options with_common(const ConnectOptions& common) {
+  Options options;
+  static_cast<ConnectOptions&>(options) = common;
+  return options;
+}
+
 void connect_planned(Communicator::Impl& impl, const Plan& plan) {
   const auto& config = impl.config;
   // Spinning only pays when every local rank has a core of its own.
   bool oversubscribed = static_cast<int>(plan.local.size()) > runtime::available_cores();
   auto spin = std::chrono::microseconds(oversubscribed ? 0 : config.spin_us);
+  ConnectOptions common;
+  common.rank = impl.rank;
+  common.size = impl.size;
+  common.comm_id = impl.comm_id;
+  common.job_token = impl.info.job_token;
+  common.spin = spin;
+  common.timeout = config.timeout;
   if (any(plan.use_shm)) {
-    shm::ShmOptions options;
-    options.rank = impl.rank;
+    auto options = with_common<shm::ShmOptions>(common);
     options.local_ranks = plan.local;
-    options.comm_id = impl.comm_id;
-    options.job_token = impl.info.job_token;
     options.ring_bytes = config.shm_ring_bytes;
     options.host_bytes = config.shm_host_bytes;
-    options.spin = spin;
-    options.timeout = config.timeout;
     impl.transports.push_back(shm::connect_shm(*impl.store, impl.key_prefix, options));
     add_routes(impl, plan.use_shm);
   }
   if (any(plan.use_tcp)) {
-    tcp::TcpOptions options;
-    options.rank = impl.rank;
-    options.size = impl.size;
-    options.comm_id = impl.comm_id;
+    auto options = with_common<tcp::TcpOptions>(common);
     options.nsocks = config.tcp_nsocks;
     options.buffer_bytes = config.socket_buffer_bytes;
     options.bind_addr = runtime::peer_bind_address(impl.info, config);  // routable across hosts
-    options.token = impl.info.job_token;
-    options.spin = spin;
-    options.timeout = config.timeout;
     options.peers = plan.use_tcp;
     impl.transports.push_back(tcp::connect_tcp(*impl.store, impl.key_prefix, options));
     add_routes(impl, plan.use_tcp);
   }
   if (any(plan.use_ib)) {
-    ibverbs::IbOptions options;
-    options.rank = impl.rank;
-    options.size = impl.size;
-    options.comm_id = impl.comm_id;
-    options.token = impl.info.job_token;
+    auto options = with_common<ibverbs::IbOptions>(common);
     options.device = {config.ib_hca, config.ib_gid_index};
-    options.spin = spin;
-    options.timeout = config.timeout;
     options.peers = plan.use_ib;
     impl.transports.push_back(ibverbs::open_ibverbs(*impl.store, impl.key_prefix, options));
     add_routes(impl, plan.use_ib);

@@ -15,6 +15,7 @@
 
 #include "comm/transport/transport_only.h"
 
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <span>
@@ -28,6 +29,18 @@
 namespace braid::comm {
 
 using RequestId = std::uint32_t;
+
+// What every transport's factory (connect_shm, connect_tcp, open_ibverbs)
+// needs of its communicator; setup.cc fills it once and each transport's
+// options add their own fields.
+struct ConnectOptions {
+  int rank = 0;
+  int size = 1;
+  std::uint32_t comm_id = 0;
+  std::string job_token;  // every connection proves it (transport-specific handshake)
+  std::chrono::nanoseconds spin{};  // how long progress() polls before it sleeps
+  std::chrono::milliseconds timeout{300'000};
+};
 
 class Transport {
  public:

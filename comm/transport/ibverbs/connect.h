@@ -20,16 +20,10 @@ class Store;
 
 namespace braid::comm::ibverbs {
 
-struct IbOptions {
-  int rank = 0;
-  int size = 1;
-  std::uint32_t comm_id = 0;
-  std::string token;
+struct IbOptions : ConnectOptions {
   GidRequest device;  // BRAID_IB_HCA, BRAID_IB_GID_INDEX
   std::size_t slot_bytes = (256u << 10) + 4096;  // a default segment and its header fit one slot
   int slots = 8;                                 // ring slots per peer and direction
-  std::chrono::nanoseconds spin{};
-  std::chrono::milliseconds timeout{300'000};
   std::vector<bool> peers;  // which ranks to connect; empty means all
 };
 

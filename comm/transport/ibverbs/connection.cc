@@ -137,7 +137,7 @@ ConnectionData local_data(const IbOptions& o, const IbTransport::Peer& peer, con
   d.qp_num = peer.qp->qp_num;
   d.psn = (peer.qp->qp_num * 2654435761u) & 0xffffff;
   d.mtu = port.active_mtu;
-  d.token_digest = digest(o.token);
+  d.token_digest = digest(o.job_token);
   std::memcpy(d.gid, verbs.gid.gid.data(), 16);
   d.ring_address = ring;
   d.slot_bytes = o.slot_bytes;
@@ -156,7 +156,7 @@ ConnectionData read_remote(runtime::Store& store, const std::string& prefix, con
   std::memcpy(&d, bytes.data(), sizeof d);
   std::string why;
   if (d.magic != kMagic || d.version != kVersion) why = "it speaks another protocol version";
-  else if (d.token_digest != digest(o.token)) why = "it presented the wrong job token";
+  else if (d.token_digest != digest(o.job_token)) why = "it presented the wrong job token";
   else if (d.from != peer || d.to != o.rank || d.comm_id != o.comm_id) why = "it addressed another communicator or rank";
   else if (d.slots != static_cast<std::uint32_t>(o.slots) || d.slot_bytes != o.slot_bytes)
     why = "its receive ring has another shape (a different braid build?)";

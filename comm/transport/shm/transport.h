@@ -32,15 +32,10 @@ class Store;
 
 namespace braid::comm::shm {
 
-struct ShmOptions {
-  int rank = 0;
+struct ShmOptions : ConnectOptions {
   std::vector<int> local_ranks;   // every rank of this host in the communicator, sorted, this one included
-  std::uint32_t comm_id = 0;
-  std::string job_token;
   std::size_t ring_bytes = 4u << 20;  // per channel, rounded up to a power of two
   std::size_t host_bytes = 1u << 30;  // budget of all rings of this host together (ring_capacity())
-  std::chrono::nanoseconds spin{20'000};
-  std::chrono::milliseconds timeout{300'000};
 };
 
 class ShmTransport;

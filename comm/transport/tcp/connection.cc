@@ -104,7 +104,7 @@ struct Incoming : std::enable_shared_from_this<Incoming> {
     const TcpOptions& o = mesh.options;
     const Hello& h = hello;
     if (h.version != kHelloVersion) return refuse("it speaks protocol version " + std::to_string(h.version));
-    if (token != o.token) return refuse("it presented the wrong job token");
+    if (token != o.job_token) return refuse("it presented the wrong job token");
     if (h.comm_id != o.comm_id || h.to != o.rank) return refuse("it addressed another communicator or rank");
     if (h.from <= o.rank || h.from >= o.size || !mesh.wanted(h.from) || h.socket_index >= o.nsocks)
       return refuse("it claimed to be rank " + std::to_string(h.from) + " socket " +
@@ -153,10 +153,10 @@ struct Outgoing : std::enable_shared_from_this<Outgoing> {
     h.from = o.rank;
     h.to = peer;
     h.comm_id = o.comm_id;
-    h.token_bytes = static_cast<std::uint32_t>(o.token.size());
-    hello.resize(sizeof h + o.token.size());
+    h.token_bytes = static_cast<std::uint32_t>(o.job_token.size());
+    hello.resize(sizeof h + o.job_token.size());
     std::memcpy(hello.data(), &h, sizeof h);
-    std::memcpy(hello.data() + sizeof h, o.token.data(), o.token.size());
+    std::memcpy(hello.data() + sizeof h, o.job_token.data(), o.job_token.size());
     auto self = shared_from_this();
     socket.async_connect(endpoint, [self, endpoint](auto ec) {
       if (ec) return self->fail("could not connect to " + endpoint.address().to_string() + ":" +

@@ -35,16 +35,10 @@ class Store;
 
 namespace braid::comm::tcp {
 
-struct TcpOptions {
-  int rank = 0;
-  int size = 1;
-  std::uint32_t comm_id = 0;
+struct TcpOptions : ConnectOptions {
   int nsocks = 1;
   std::size_t buffer_bytes = 4u << 20;  // SO_SNDBUF and SO_RCVBUF of every socket
   std::string bind_addr = "127.0.0.1";
-  std::string token;
-  std::chrono::nanoseconds spin{};  // how long progress() polls before it sleeps in ppoll
-  std::chrono::milliseconds timeout{300'000};
   std::vector<bool> peers;  // which ranks to connect; empty means all
 };
 
