@@ -15,6 +15,8 @@ namespace braid::comm::tcp {
 namespace {
 
 constexpr int kMaxIov = 64;
+// Receives into caller memory up to this size go through staging (post_recv).
+constexpr std::size_t kStagedCallerBytes = 64u << 10;
 constexpr std::size_t kHeaderBytes = sizeof(WireHeader);
 
 }  // namespace
@@ -71,12 +73,17 @@ RequestId TcpTransport::post_send(int peer, const WireHeader& header, const void
   return id;
 }
 
+// A payload bound for caller memory must not land there before its header
+// is checked. Up to kStagedCallerBytes it is read with its header in one
+// readv into staging and copied over once complete (a copy is cheaper than
+// a system call at that size); larger ones read the header alone first.
 RequestId TcpTransport::post_recv(int peer, const WireHeader& expected, void* data, Placement) {
   RequestId id = allocate(peer, expected);
   Request& r = requests_[id];
-  if (data) {
+  if (data && expected.payload_bytes > kStagedCallerBytes) {
     r.data = static_cast<std::byte*>(data);
   } else {
+    r.copy_to = static_cast<std::byte*>(data);
     r.staging = staging_.take(expected.payload_bytes);
     r.data = r.staging->data();
   }
@@ -140,8 +147,9 @@ void TcpTransport::finish_header(Request& r) {
 
 // Reads the front receive of this socket, then the next. Into staging,
 // header and payload come in one readv (the header is checked before the
-// request can complete); into the caller's memory the header is read and
-// checked alone first, so a mismatched message never writes a byte there.
+// request can complete); into the caller's memory (large receives, see
+// post_recv) the header is read and checked alone first, so a mismatched
+// message never writes a byte there.
 bool TcpTransport::pump_recvs(Stream& stream) {
   bool advanced = false;
   while (!stream.recvs.empty()) {
@@ -165,6 +173,7 @@ bool TcpTransport::pump_recvs(Stream& stream) {
     if (!had_header && r.moved >= kHeaderBytes) finish_header(r);
     if (r.moved < total) continue;
     quick_ack(stream.fd);
+    if (r.copy_to && r.header.payload_bytes) std::memcpy(r.copy_to, r.data, r.header.payload_bytes);
     r.done = true;
     bytes_received_.fetch_add(r.header.payload_bytes, std::memory_order_relaxed);
     stream.recvs.pop_front();

@@ -80,6 +80,7 @@ class TcpTransport final : public Transport {
     std::byte* data = nullptr;
     std::size_t moved = 0;  // header + payload bytes moved so far
     Staging staging;
+    std::byte* copy_to = nullptr;  // a small receive into caller memory: staged, copied once checked
   };
   struct Stream {
     int fd = -1;
