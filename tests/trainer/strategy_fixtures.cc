@@ -12,12 +12,13 @@ namespace braid::trainer::test {
 using nlohmann::json;
 
 std::vector<json> run_trainers(int ranks, const TrainOptions& options, const TextCorpus& corpus,
-                               const RankBody& body, const std::string& algo) {
+                               const RankBody& body, const std::string& algo, const std::string& transport) {
   TempDir dir;
   braid::test::RunOptions run_options;
   run_options.deadline = std::chrono::seconds(90);
   run_options.config = braid::test::test_config(std::chrono::seconds(30));
   run_options.config.algo = algo;
+  run_options.config.transport = transport;
   const auto result = braid::test::run_ranks(
       ranks,
       [&](comm::Communicator& comm) {

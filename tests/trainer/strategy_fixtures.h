@@ -22,8 +22,10 @@ using RankBody = std::function<void(Trainer& trainer, nlohmann::json& out)>;
 // JSON. Fails the test, with every rank's error, when a rank fails. `algo`
 // is BRAID_ALGO for the ranks: "ring" makes every all-reduce the ring,
 // whose bytes the textbook theory counts, whatever the message size.
+// `transport` is BRAID_TRANSPORT ("tcp": no shm, so no registered memory).
 std::vector<nlohmann::json> run_trainers(int ranks, const TrainOptions& options, const TextCorpus& corpus,
-                                         const RankBody& body, const std::string& algo = "auto");
+                                         const RankBody& body, const std::string& algo = "auto",
+                                         const std::string& transport = "auto");
 
 // A body that runs `steps` steps and records per step: loss, grad_norm,
 // bytes_sent, bytes_received; and the theory and the memory peaks.

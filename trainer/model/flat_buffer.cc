@@ -49,7 +49,10 @@ std::size_t MemoryAccount::peak_bytes(MemoryCategory category) const {
   return peak_[static_cast<std::size_t>(category)];
 }
 
-void FlatBuffer::Free::operator()(float* p) const { trainer::backend(device).release(p); }
+void FlatBuffer::Free::operator()(float* p) const {
+  if (deallocate != nullptr) deallocate(p);
+  else trainer::backend(device).release(p);
+}
 
 FlatBuffer::FlatBuffer(std::size_t count, MemoryCategory category, MemoryAccount* account, Device device)
     : count_(count), category_(category), account_(account), device_(device) {
@@ -57,6 +60,51 @@ FlatBuffer::FlatBuffer(std::size_t count, MemoryCategory category, MemoryAccount
   data_ = std::unique_ptr<float[], Free>(
       static_cast<float*>(b.allocate(count * sizeof(float), category_name(category))), Free{device});
   if (account_ != nullptr) account_->allocate(category_, count_ * sizeof(float));
+}
+
+namespace {
+
+float* allocate_registered(RegisteredMemory memory, std::size_t count, MemoryCategory category) {
+  if (memory.allocate == nullptr || memory.deallocate == nullptr) {
+    throw InvalidUsage("FlatBuffer: RegisteredMemory needs both allocate and deallocate");
+  }
+  void* p = memory.allocate(std::max<std::size_t>(count, 1) * sizeof(float));
+  if (p == nullptr) {
+    throw SystemError("registered memory of " + std::to_string(count * sizeof(float)) + " bytes for " +
+                      std::string(category_name(category)) + " could not be allocated");
+  }
+  return static_cast<float*>(p);
+}
+
+}  // namespace
+
+FlatBuffer::FlatBuffer(std::size_t count, MemoryCategory category, MemoryAccount* account, RegisteredMemory memory)
+    : data_(allocate_registered(memory, count, category), Free{Device::kCpu, memory.deallocate}),
+      count_(count),
+      category_(category),
+      account_(account),
+      device_(Device::kCpu) {
+  if (account_ != nullptr) account_->allocate(category_, count_ * sizeof(float));
+}
+
+void FlatBuffer::move_to_registered(RegisteredMemory memory) {
+  if (device_ != Device::kCpu) {
+    throw InvalidUsage("FlatBuffer: only a CPU buffer can move into registered memory, this one is on " +
+                       std::string(device_name(device_)));
+  }
+  if (data_.get_deleter().deallocate == memory.deallocate) return;
+  std::unique_ptr<float[], Free> moved(allocate_registered(memory, count_, category_),
+                                       Free{Device::kCpu, memory.deallocate});
+  if (count_ > 0) std::memcpy(moved.get(), data_.get(), count_ * sizeof(float));
+  data_ = std::move(moved);
+}
+
+void FlatBuffer::move_to_backend() {
+  if (!registered()) return;
+  std::unique_ptr<float[], Free> moved(
+      static_cast<float*>(backend().allocate(count_ * sizeof(float), category_name(category_))), Free{device_});
+  if (count_ > 0) std::memcpy(moved.get(), data_.get(), count_ * sizeof(float));
+  data_ = std::move(moved);
 }
 
 FlatBuffer::FlatBuffer(FlatBuffer&& other) noexcept

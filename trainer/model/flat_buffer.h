@@ -59,15 +59,32 @@ class MemoryAccount {
   std::size_t peak_total_ = 0;
 };
 
+// Host memory from outside the backend: in practice a communicator's
+// registered memory (comm::Communicator::allocate / deallocate), whose
+// buffers the ranks of one host map into each other so that a collective
+// on them can run the direct algorithm. `allocate` returns zeroed memory or
+// throws; it may round the size up (registered memory comes in 2 MiB units).
+struct RegisteredMemory {
+  void* (*allocate)(std::size_t bytes) = nullptr;
+  void (*deallocate)(void* pointer) = nullptr;
+};
+
 // A zero-initialised float buffer on one Device (64-byte aligned on the
 // CPU), charged to an account. Movable, not copyable; releases its charge
 // when destroyed. data() points into the device's memory: host code reads
 // and writes a CUDA buffer only through backend() (span() and view() are
 // for CPU buffers).
+//
+// A CPU buffer may come from RegisteredMemory instead of the backend. The
+// account is charged count() floats either way: what the buffer holds, not
+// what its allocator rounded up to (the backend's alignment is not counted
+// either), so the ZeRO table holds whichever memory a buffer came from.
 class FlatBuffer {
  public:
   FlatBuffer() = default;
   FlatBuffer(std::size_t count, MemoryCategory category, MemoryAccount* account, Device device = Device::kCpu);
+  // A CPU buffer from `memory`; throws what memory.allocate throws.
+  FlatBuffer(std::size_t count, MemoryCategory category, MemoryAccount* account, RegisteredMemory memory);
   FlatBuffer(FlatBuffer&& other) noexcept;
   FlatBuffer& operator=(FlatBuffer&& other) noexcept;
   FlatBuffer(const FlatBuffer&) = delete;
@@ -83,11 +100,21 @@ class FlatBuffer {
   std::span<const float> view(Range r) const;
   void zero();
   Device device() const { return device_; }
+  MemoryCategory category() const { return category_; }
   const Backend& backend() const { return trainer::backend(device_); }
+  // Whether the memory came from RegisteredMemory.
+  bool registered() const { return data_.get_deleter().deallocate != nullptr; }
+  // Move the contents into memory from `memory` (a CPU buffer only), or
+  // back into the backend's, and free the old memory; the count and the
+  // account's charge stay. Throws what memory.allocate throws, leaving the
+  // buffer as it was. A no-op when the memory already comes from there.
+  void move_to_registered(RegisteredMemory memory);
+  void move_to_backend();
 
  private:
   struct Free {
     Device device;
+    void (*deallocate)(void*) = nullptr;  // set: RegisteredMemory's
     void operator()(float* p) const;
   };
   void release();

@@ -8,6 +8,8 @@ namespace braid::trainer {
 
 DdpStrategy::DdpStrategy(const StrategySetup& setup) : Strategy(setup) {
   build_model(ModelStorage{});
+  comm_memory_.adopt(model_->grads());
+  comm_memory_.agree({&model_->grads()});
   build_optimizer({Range{0, model_->table().count()}});
   tracker_.emplace(model_->table(), plan_buckets(model_->table(), setup.bucket_bytes));
 }
@@ -16,7 +18,8 @@ void DdpStrategy::hold_back_unit(int unit) { tracker_->hold_back(unit); }
 
 std::string DdpStrategy::describe() const {
   return "ddp: " + std::to_string(tracker_->buckets().size()) + " gradient bucket(s) of >= " +
-         std::to_string(setup_.bucket_bytes) + " bytes, ring all-reduce launched from backward";
+         std::to_string(setup_.bucket_bytes) + " bytes, all-reduce launched from backward" +
+         (buffers_registered() ? ", gradients in registered memory (direct all-reduce on one host)" : "");
 }
 
 void DdpStrategy::begin_micro_batch(int index, bool last) {
@@ -45,7 +48,10 @@ void DdpStrategy::all_reduce_bucket(int b) {
 }
 
 StepResult DdpStrategy::finish_step(double loss_sum, double tokens, float lr, long step) {
+  const bool communicated = !in_flight_.empty();
   meter_.wait_all(in_flight_);
+  // Before the loss sum below, the last all-reduce was the last bucket's.
+  if (communicated) bucket_algorithm_ = comm_->last_algorithm(comm::OpKind::all_reduce);
   sum_over_ranks({&loss_sum, 1});
   // Every rank holds the same summed gradients, so the same norm.
   const Range all{0, model_->table().count()};

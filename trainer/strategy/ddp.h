@@ -5,7 +5,9 @@
 // overlaps the backward of the earlier ones. With gradient accumulation the
 // micro-batches accumulate locally and only the last one communicates.
 // Every rank then clips and steps the same summed gradients: the replicas
-// stay identical without sending a parameter.
+// stay identical without sending a parameter. On one host over shm the
+// gradient buffer is registered memory (comm_memory.h), so buckets of at
+// least 64 KiB run the direct all-reduce instead of the ring.
 #pragma once
 
 #include <optional>
@@ -33,11 +35,16 @@ class DdpStrategy : public Strategy {
   // Ring all-reduce: 2(N-1)/N of the gradient bytes each way.
   TrafficTheory traffic_theory(int grad_accum) const override;
 
+  // The algorithm the last step's last bucket all-reduce ran with, as
+  // select.cc chose it (empty before the first communicating step).
+  const comm::AlgorithmChoice& bucket_algorithm() const { return bucket_algorithm_; }
+
  private:
   void all_reduce_bucket(int bucket);
   std::optional<BucketTracker> tracker_;
   bool communicate_ = false;  // the step's last micro-batch
   std::vector<comm::Work> in_flight_;
+  comm::AlgorithmChoice bucket_algorithm_;
 };
 
 }  // namespace braid::trainer

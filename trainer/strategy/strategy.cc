@@ -51,7 +51,10 @@ MemoryTheory memory_theory(StrategyKind kind, int world_size, int rank, std::siz
 }
 
 Strategy::Strategy(const StrategySetup& setup)
-    : setup_(setup), comm_(setup.comm), meter_(setup.comm, &backend(setup.device)) {}
+    : setup_(setup),
+      comm_(setup.comm),
+      meter_(setup.comm, &backend(setup.device)),
+      comm_memory_(setup.comm, setup.device) {}
 
 Strategy::~Strategy() {
   if (model_) model_->set_hooks(nullptr);

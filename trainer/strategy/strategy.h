@@ -32,6 +32,7 @@
 #include "comm/communicator.h"
 #include "trainer/model/gpt.h"
 #include "trainer/optim/adamw.h"
+#include "trainer/strategy/comm_memory.h"
 #include "trainer/strategy/dp_comm.h"
 
 namespace braid::trainer {
@@ -121,6 +122,9 @@ class Strategy : public ModelHooks {
   AdamW& optimizer() { return *optimizer_; }
   CommMeter& meter() { return meter_; }
   comm::Communicator* comm() { return comm_; }
+  // Whether the buffers this strategy's collectives run on are registered
+  // memory on every rank (comm_memory.h).
+  bool buffers_registered() const { return comm_memory_.registers(); }
 
   // The step. begin_micro_batch() before each forward (index 0 zeroes the
   // gradients; `last` is the step's last micro-batch, where DDP and ZeRO-1
@@ -181,6 +185,8 @@ class Strategy : public ModelHooks {
   StrategySetup setup_;
   comm::Communicator* comm_;
   CommMeter meter_;
+  // Where the buffers the collectives run on come from (comm_memory.h).
+  CommMemory comm_memory_;
   std::unique_ptr<Gpt> model_;
   std::unique_ptr<AdamW> optimizer_;
 };

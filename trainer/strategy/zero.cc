@@ -15,8 +15,19 @@ ZeroStrategy::ZeroStrategy(const StrategySetup& setup, int stage) : Strategy(set
   partition_.emplace(stage == 3 ? unit_buckets(table) : plan_buckets(table, setup.bucket_bytes), world_size(), rank());
   build_optimizer(partition_->chunks());
   if (stage == 1) tracker_.emplace(table, partition_->groups());
-  if (stage >= 2) grads_.emplace(*partition_, table, meter_, setup.memory, setup.device);
-  if (stage == 3) params_.emplace(*partition_, table, meter_, setup.memory, setup.device);
+  if (stage >= 2) grads_.emplace(*partition_, table, meter_, setup.memory, comm_memory_);
+  if (stage == 3) params_.emplace(*partition_, table, meter_, setup.memory, comm_memory_);
+  register_buffers();
+}
+
+void ZeroStrategy::register_buffers() {
+  // Whole parameters (stages 1, 2) and gradients (stage 1) are the model's;
+  // the shards are the gatherers'. The same list on every rank.
+  FlatBuffer& params = stage_ < 3 ? model_->params() : params_->shard_buffer();
+  FlatBuffer& grads = stage_ < 2 ? model_->grads() : grads_->shard_buffer();
+  comm_memory_.adopt(params);
+  comm_memory_.adopt(grads);
+  comm_memory_.agree({&params, &grads});
 }
 
 StrategyKind ZeroStrategy::kind() const {
@@ -29,7 +40,7 @@ std::string ZeroStrategy::describe() const {
          (stage_ == 3 ? " units gathered on use" : " buckets of >= " + std::to_string(setup_.bucket_bytes) + " bytes") +
          ", shard of " + std::to_string(partition_->shard_count()) + " of " +
          std::to_string(model_->table().count()) + " elements (units padded to a multiple of " +
-         std::to_string(world_size()) + ")";
+         std::to_string(world_size()) + ")" + (comm_memory_.registers() ? ", buffers in registered memory" : "");
 }
 
 void ZeroStrategy::begin_micro_batch(int index, bool last) {

@@ -65,6 +65,7 @@ class ZeroStrategy : public Strategy {
   float* shard_params(std::size_t g);
   void reduce_scatter_bucket(int group);  // zero1, in place in the full gradients
   void all_gather_params();               // zero1 and zero2, in place
+  void register_buffers();                // comm_memory.h
   double shard_square_sum();
 
   int stage_;

@@ -38,7 +38,7 @@ float* BufferPool::acquire(std::size_t count) {
     if (best == all_.size() || all_[i].count() < all_[best].count()) best = i;
   }
   if (best == all_.size()) {
-    all_.emplace_back(count, MemoryCategory::kCommunication, account_, device_);
+    all_.push_back(memory_->allocate(count, MemoryCategory::kCommunication, account_));
     in_use_.push_back(false);
   }
   in_use_[best] = true;
@@ -55,13 +55,13 @@ void BufferPool::release(float* buffer) {
 // ShardedGradients
 
 ShardedGradients::ShardedGradients(const ZeroPartition& partition, const ParamTable& table, CommMeter& meter,
-                                   MemoryAccount* account, Device device)
+                                   MemoryAccount* account, const CommMemory& memory)
     : partition_(partition),
       table_(table),
       meter_(meter),
       tracker_(table, partition.groups()),
-      shard_(partition.shard_count(), MemoryCategory::kGradients, account, device),
-      pool_(account, device) {}
+      shard_(memory.allocate(partition.shard_count(), MemoryCategory::kGradients, account)),
+      pool_(account, memory) {}
 
 float* ShardedGradients::lend(int unit) {
   const int g = tracker_.bucket_of(unit);
@@ -155,11 +155,11 @@ std::vector<Use> pass_schedule(const ParamTable& table, Pass pass) {
 }  // namespace
 
 UnitGatherer::UnitGatherer(const ZeroPartition& partition, const ParamTable& table, CommMeter& meter,
-                           MemoryAccount* account, Device device)
+                           MemoryAccount* account, const CommMemory& memory)
     : partition_(partition),
       meter_(meter),
-      shard_(partition.shard_count(), MemoryCategory::kParameters, account, device),
-      pool_(account, device),
+      shard_(memory.allocate(partition.shard_count(), MemoryCategory::kParameters, account)),
+      pool_(account, memory),
       units_(table.units().size()),
       group_of_unit_(table.units().size(), -1) {
   for (std::size_t g = 0; g < partition.groups().size(); ++g) {

@@ -12,6 +12,7 @@
 #include "trainer/model/flat_buffer.h"
 #include "trainer/model/hooks.h"
 #include "trainer/model/param_table.h"
+#include "trainer/strategy/comm_memory.h"
 #include "trainer/strategy/dp_comm.h"
 
 namespace braid::trainer {
@@ -43,16 +44,16 @@ class ZeroPartition {
 // staging buckets and gathered units. acquire() hands out the smallest free
 // buffer that is large enough, or allocates one of exactly `count`; as the
 // same groups ask for the same sizes every step, the pool settles after
-// the first.
+// the first. The buffers come from `memory` (registered where it can).
 class BufferPool {
  public:
-  BufferPool(MemoryAccount* account, Device device) : account_(account), device_(device) {}
+  BufferPool(MemoryAccount* account, const CommMemory& memory) : account_(account), memory_(&memory) {}
   float* acquire(std::size_t count);
   void release(float* buffer);
 
  private:
   MemoryAccount* account_;
-  Device device_;
+  const CommMemory* memory_;
   std::vector<FlatBuffer> all_;
   std::vector<bool> in_use_;
 };
@@ -69,9 +70,10 @@ class BufferPool {
 class ShardedGradients {
  public:
   ShardedGradients(const ZeroPartition& partition, const ParamTable& table, CommMeter& meter,
-                   MemoryAccount* account, Device device);
+                   MemoryAccount* account, const CommMemory& memory);
 
   float* shard() { return shard_.data(); }
+  FlatBuffer& shard_buffer() { return shard_; }
   void zero_shard() { shard_.zero(); }
   void begin_micro_batch() { tracker_.reset(false); }
   // For ModelHooks::unit_grads and grads_ready.
@@ -113,9 +115,10 @@ class ShardedGradients {
 class UnitGatherer {
  public:
   UnitGatherer(const ZeroPartition& partition, const ParamTable& table, CommMeter& meter, MemoryAccount* account,
-               Device device);
+               const CommMemory& memory);
 
   float* shard() { return shard_.data(); }
+  FlatBuffer& shard_buffer() { return shard_; }
   // Training micro-batch (forward then backward; `last`: nothing follows in
   // this step) or forward-only passes (evaluation, generation, repeating).
   void begin_training(bool last);

@@ -1,0 +1,66 @@
+// Registered memory for the buffers a data-parallel strategy's collectives
+// run on (DESIGN.md "Registered regions", issue 14).
+//
+// comm::Communicator::allocate hands out host memory that the ranks of one
+// host map into each other through the shm transport. An all-reduce of at
+// least 64 KiB whose send and receive buffers come from there on every rank
+// runs the direct algorithm (comm/algorithms/select.cc): each rank reduces
+// its chunk straight out of its peers' buffers into theirs, no ring through
+// the transport. So DDP's gradient buffer comes from there. So do ZeRO's
+// buffers (full gradients and parameters of stages 1 and 2, the gradient
+// and parameter shards, the staging and gather buffers), although
+// reduce_scatter and all_gather have only the ring today, which copies
+// through the transport whether or not the buffers are registered: for ZeRO
+// this changes nothing yet but where the bytes live.
+//
+// The ranks must agree. A rank whose buffers are registered takes the
+// direct all-reduce and one whose are not the ring; the direct algorithm
+// then fails both with a header mismatch (never wrong data). The policy
+// (CPU buffers, more than one rank, shm to every peer) comes out the same
+// on every rank; only a registered allocation that fails on some rank could
+// split them, so a strategy agrees on its persistent buffers once, at
+// construction (agree()). Pooled buffers allocated later fall back on their
+// own rank only: they are used by reduce_scatter and all_gather, whose
+// choice does not depend on registration.
+#pragma once
+
+#include <initializer_list>
+
+#include "comm/communicator.h"
+#include "trainer/model/flat_buffer.h"
+
+namespace braid::trainer {
+
+// comm::Communicator::allocate / deallocate.
+RegisteredMemory communicator_memory();
+
+class CommMemory {
+ public:
+  // Registers when `device` is the CPU and every peer of `comm` (more than
+  // one rank) is reached through shm, the transport that maps
+  // Communicator::allocate's memory. `memory` is where registered buffers
+  // come from (another allocator only in tests).
+  CommMemory(comm::Communicator* comm, Device device, RegisteredMemory memory = communicator_memory());
+
+  bool registers() const { return registers_; }
+  // `count` floats of `category`: registered memory when registers() (the
+  // backend's, with a warning, when that allocation fails), else the
+  // backend's.
+  FlatBuffer allocate(std::size_t count, MemoryCategory category, MemoryAccount* account) const;
+  // Moves `buffer` (before it is used: from build_model) into registered
+  // memory when registers(); the account's charge is unchanged.
+  void adopt(FlatBuffer& buffer) const;
+  // Collective over the communicator when registers(), after every rank
+  // has allocated the same persistent buffers: keeps them registered only
+  // when every rank's are, else moves this rank's into backend memory.
+  // Returns whether they stay registered.
+  bool agree(std::initializer_list<FlatBuffer*> buffers);
+
+ private:
+  comm::Communicator* comm_;
+  Device device_;
+  RegisteredMemory memory_;
+  bool registers_ = false;
+};
+
+}  // namespace braid::trainer
