@@ -1,35 +1,16 @@
-// The public vocabulary of comm/: element types, reduction operators (from
-// kernels/), collective kinds, and the descriptor every call builds.
+// comm/'s private vocabulary: the descriptor every call builds, where a
+// receive is written, and references into registered memory. The public part
+// (DataType, ReduceOp, OpKind, Stream) is include/braid/types.h.
 #pragma once
 
-#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <string>
-#include <string_view>
 
-#include "kernels/dtype.h"
+#include "braid/types.h"
 #include "runtime/device.h"
 
 namespace braid::comm {
-
-using braid::DataType;
-using braid::ReduceOp;
-using Clock = std::chrono::steady_clock;
-
-enum class OpKind : std::uint8_t {
-  all_reduce, reduce_scatter, all_gather, broadcast, reduce,
-  send, recv, all_to_all, barrier,
-};
-std::string_view name(OpKind kind);
-
-// A CUDA stream (a cudaStream_t) for calls on device memory; the default,
-// null, is the device's legacy default stream, as stream 0 is in NCCL. A
-// call on device buffers is ordered after the work already queued on its
-// stream, and work queued there after the call waits for its result.
-struct Stream {
-  void* cuda = nullptr;
-};
 
 // How a receive's payload is written into the caller's buffer, where the
 // transport copies it itself: `streamed` uses non-temporal stores, for

@@ -1,0 +1,119 @@
+// Communicator: braid's public API for collectives.
+//
+// A communicator is a group of ranks connected by transports. Every call
+// takes (send buffer, receive buffer, count, DataType[, ReduceOp][, root]),
+// works in place (same buffer, or for reduce_scatter / all_gather the rank's
+// own slice of the larger buffer, as in NCCL) and out of place, validates its
+// arguments before any byte moves (InvalidUsage), and returns a Work.
+//
+// Calls are queued and run in issue order by the communicator; small ones run
+// directly in the calling thread when the communicator is idle (lower
+// latency), the others on its progress thread, so several may be in flight
+// while the caller computes. After any operation fails the communicator is
+// aborted: its connections are closed (so peers fail fast too) and every
+// later call fails with AbortedError carrying the first error.
+//
+// Buffers may be host or CUDA device memory (found with the driver, see
+// runtime/device.h), both buffers of a call on the same side. A call on
+// device memory takes an optional Stream and follows NCCL's stream
+// semantics: it starts after the work already queued on the stream, and work
+// queued after it waits for its result; Work::wait() returns once the result
+// is in device memory. Device buffers move through pinned host staging
+// (comm/device.h); a build without CUDA refuses them by name.
+//
+// Counts follow NCCL (see comm/types.h): reduce_scatter's count is per rank
+// (output), all_gather's count is per rank (input), all_to_all's count is per
+// peer.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "braid/config.h"
+#include "braid/rank_info.h"
+#include "braid/types.h"
+#include "braid/work.h"
+
+namespace braid::comm {
+
+struct Op;  // comm/types.h: one validated call, private to the library
+
+// What select.cc chose for a call, and why ("ring", "1048576 B > 32768 B on 2 ranks").
+struct AlgorithmChoice {
+  std::string name;
+  std::string reason;
+};
+
+struct TrafficStats {
+  std::uint64_t bytes_sent = 0;
+  std::uint64_t bytes_received = 0;
+};
+
+class Communicator {
+ public:
+  // The world communicator of this process, from the launcher's environment
+  // (runtime::rank_info_from_env). Connects to the store (serving it when this
+  // is rank 0 and no launcher does) and to every peer.
+  static std::unique_ptr<Communicator> create_world();
+  static std::unique_ptr<Communicator> create_world(const runtime::RankInfo& info);
+  // With explicit settings instead of the BRAID_* environment (tests, embedding).
+  static std::unique_ptr<Communicator> create_world(const runtime::RankInfo& info,
+                                                    const runtime::Config& config);
+  ~Communicator();
+  Communicator(const Communicator&) = delete;
+  Communicator& operator=(const Communicator&) = delete;
+
+  int rank() const;
+  int size() const;
+
+  Work all_reduce(const void* send, void* recv, std::size_t count, DataType dtype, ReduceOp op, Stream stream = {});
+  Work reduce_scatter(const void* send, void* recv, std::size_t recv_count, DataType dtype, ReduceOp op,
+                      Stream stream = {});
+  Work all_gather(const void* send, void* recv, std::size_t send_count, DataType dtype, Stream stream = {});
+  Work broadcast(const void* send, void* recv, std::size_t count, DataType dtype, int root, Stream stream = {});
+  Work reduce(const void* send, void* recv, std::size_t count, DataType dtype, ReduceOp op, int root,
+              Stream stream = {});
+  Work send(const void* buffer, std::size_t count, DataType dtype, int peer, Stream stream = {});
+  Work recv(void* buffer, std::size_t count, DataType dtype, int peer, Stream stream = {});
+  Work all_to_all(const void* send, void* recv, std::size_t count_per_peer, DataType dtype, Stream stream = {});
+  Work barrier();
+
+  // Host memory that the ranks of one host map into each other (anonymous
+  // shared memory, nothing named in /dev/shm). An all_reduce of at least
+  // 64 KiB whose buffers come from here on every rank of a one-host
+  // communicator skips the transport rings: each rank reduces its chunk
+  // straight from every input into every output (all_reduce_direct.cc).
+  // Zeroed; throws SystemError when memory runs out. Any communicator.
+  static void* allocate(std::size_t bytes);
+  static void deallocate(void* pointer);
+
+  // Collective over this communicator: ranks passing the same color form a
+  // new communicator, ordered by (key, rank). A negative color takes part in
+  // the split but gets nullptr.
+  std::unique_ptr<Communicator> split(int color, int key);
+
+  // Payload bytes this communicator's transports moved since creation.
+  TrafficStats traffic() const;
+  // "tcp" for every peer, or e.g. "shm+tcp".
+  std::string transport_summary() const;
+  // The transport that reaches `peer` ("shm", "tcp"; "self" for this rank).
+  std::string transport_of(int peer) const;
+  // The node `rank` runs on: hosts (their BRAID_HOST_ID, default hostname and
+  // boot id) numbered 0, 1, ... in the order of their lowest rank, whatever
+  // the launcher calls its nodes.
+  int host_index(int rank) const;
+  // The algorithm the last call of `kind` ran with and why, as select.cc
+  // returned it (braid-bench prints it); empty names before any such call.
+  AlgorithmChoice last_algorithm(OpKind kind) const;
+
+  struct Impl;
+
+ private:
+  explicit Communicator(std::shared_ptr<Impl> impl);
+  Work submit(Op op);
+  std::shared_ptr<Impl> impl_;
+};
+
+}  // namespace braid::comm

@@ -1,0 +1,71 @@
+// Who this process is in the job: read from the environment of whichever
+// launcher started it.
+//
+// Precedence (first match wins):
+//   1. braid-launch:  BRAID_RANK, BRAID_WORLD_SIZE, BRAID_LOCAL_RANK,
+//                     BRAID_LOCAL_WORLD_SIZE, BRAID_NODE_RANK,
+//                     BRAID_STORE_ADDR (host:port), BRAID_JOB_TOKEN.
+//                     The launcher serves the store.
+//   2. torchrun:      RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE,
+//                     GROUP_RANK, MASTER_ADDR, MASTER_PORT. torchrun's agent
+//                     owns MASTER_PORT, so rank 0 serves braid's store on
+//                     MASTER_PORT + 1.
+//   3. Slurm (srun):  SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID, SLURM_NODEID;
+//                     store at MASTER_ADDR:MASTER_PORT (default
+//                     127.0.0.1:29500), served by rank 0.
+//   4. Open MPI:      OMPI_COMM_WORLD_RANK, OMPI_COMM_WORLD_SIZE,
+//                     OMPI_COMM_WORLD_LOCAL_RANK, OMPI_COMM_WORLD_LOCAL_SIZE;
+//                     store as for Slurm.
+//   5. none:          a single process, rank 0 of 1, serving its own store.
+// BRAID_STORE_ADDR and BRAID_JOB_TOKEN, when set, override the store address
+// and token under any launcher. Without BRAID_JOB_TOKEN the token is derived
+// from what every rank of the job shares (launcher, job id, store address).
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "braid/config.h"
+
+namespace braid::runtime {
+
+struct RankInfo {
+  int rank = 0;
+  int world_size = 1;
+  int local_rank = 0;
+  int local_world_size = 1;
+  int node_rank = 0;
+  // Restarts of the job so far (braid-launch / torchrun --max-restarts:
+  // BRAID_RESTART_COUNT or TORCHELASTIC_RESTART_COUNT), 0 on the first run.
+  int restart_count = 0;
+  std::string store_host = "127.0.0.1";
+  std::uint16_t store_port = 0;    // 0: pick a free port (single process only)
+  bool store_served_by_rank0 = true;  // false when the launcher serves it
+  std::string job_token;
+  std::string launcher = "none";  // braid-launch | torchrun | slurm | openmpi | none
+};
+
+// Reads and validates the environment; throws InvalidUsage naming the
+// variable that is missing or malformed.
+RankInfo rank_info_from_env();
+
+// "rank 1/4 (local 1/2, node 0) via braid-launch, store 127.0.0.1:40123"
+std::string describe(const RankInfo& info);
+
+// The local address this host sends from when it talks to host:port (a
+// name or a numeric address): the kernel's route lookup, made by connecting
+// a UDP socket, which sends no packet. Throws InvalidUsage naming
+// BRAID_BIND_ADDR when the name does not resolve or no route reaches it.
+std::string local_address_toward(const std::string& host, std::uint16_t port);
+
+// Loopback: 127.0.0.0/8, ::1 or "localhost".
+bool is_loopback_address(const std::string& host);
+
+// The address this rank listens on for its peers: config.bind_addr, except
+// in a job that spans several hosts and whose store is not on loopback,
+// where a loopback bind address (BRAID_BIND_ADDR's default) cannot be
+// reached from the other hosts; there it is the local address that routes
+// to the store's host, or InvalidUsage saying to set BRAID_BIND_ADDR.
+std::string peer_bind_address(const RankInfo& info, const Config& config);
+
+}  // namespace braid::runtime

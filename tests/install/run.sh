@@ -1,0 +1,62 @@
+#!/bin/sh
+# Installs braid from BUILD_DIR into a temporary DESTDIR, builds CLIENT_CC
+# (a program outside the tree) exactly as a user would:
+#   c++ -std=c++20 client.cc $(pkg-config --cflags --libs braid)
+# checks that neither it nor the installed libraries need the CUDA runtime at
+# load time, then runs it under the installed braid-launch (3 ranks) and
+# under torchrun (2 ranks). The installed files stand in a DESTDIR, so
+# pkg-config gets PKG_CONFIG_SYSROOT_DIR and the programs LD_LIBRARY_PATH,
+# as for any staged install.
+#
+# usage: run.sh BUILD_DIR CLIENT_CC    (MESON: the meson command)
+set -eu
+build=$1
+client_src=$2
+here=$(dirname "$0")
+meson=${MESON:-meson}
+tmp=$(mktemp -d "${TMPDIR:-/tmp}/braid-install.XXXXXX")
+trap 'rm -rf "$tmp"' EXIT INT TERM
+
+fail() { echo "install test: $*" >&2; exit 1; }
+
+"$meson" install -C "$build" --no-rebuild --quiet --destdir "$tmp/root" >/dev/null
+pc=$(find "$tmp/root" -name braid.pc | head -n 1)
+[ -n "$pc" ] || fail "meson install wrote no braid.pc"
+libdir=$(dirname "$(dirname "$pc")")
+launch=$(find "$tmp/root" -path '*/bin/braid-launch' | head -n 1)
+[ -n "$launch" ] || fail "meson install wrote no bin/braid-launch"
+for h in braid communicator config dtype errors rank_info types work; do
+  [ -n "$(find "$tmp/root" -path "*/include/braid/$h.h")" ] || fail "include/braid/$h.h not installed"
+done
+ls "$libdir"/libbraid_comm.so* >/dev/null || fail "no libbraid_comm.so in $libdir"
+
+cp "$client_src" "$tmp/client.cc"
+flags=$(PKG_CONFIG_PATH=$(dirname "$pc") PKG_CONFIG_SYSROOT_DIR="$tmp/root" pkg-config --cflags --libs braid)
+echo "install test: c++ -std=c++20 client.cc $flags"
+# shellcheck disable=SC2086  # the flags are words, as in the README's command line
+c++ -std=c++20 "$tmp/client.cc" $flags -o "$tmp/client"
+
+# A host-only client of a CUDA build loads no CUDA runtime: neither it nor
+# the libraries it links name one (comm loads its CUDA part at run time).
+needed=$(for f in "$tmp/client" "$libdir"/libbraid_comm.so "$libdir"/libbraid_runtime.so "$libdir"/libbraid_kernels.so; do
+  readelf -d "$f" | grep NEEDED; done)
+if echo "$needed" | grep -Ei 'cudart|cublas|libcuda'; then fail "the client or a braid library needs CUDA at load time"; fi
+
+export LD_LIBRARY_PATH="$libdir${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+export BRAID_TIMEOUT=30
+
+out=$(timeout 60 "$launch" --nproc-per-node 3 --timeout 50 -- "$tmp/client" 2>&1) || fail "under braid-launch: $out"
+echo "$out"
+[ "$(echo "$out" | grep -c 'correct')" -eq 3 ] || fail "under braid-launch, not every rank reported correct results"
+
+torchrun=$(command -v torchrun || true)
+[ -n "$torchrun" ] || { echo "install test: SKIP torchrun part: torchrun not installed (python3-torch; scripts/setup.sh installs it)"; exit 77; }
+port=$(python3 "$here/free_ports.py")
+# --redirects/--tee name a local rank that does not exist: Debian's torchrun
+# 1.13 on Python 3.11 fails at start on their default "0" (Std.from_str
+# returns None: 3.11 no longer iterates an IntFlag's zero member).
+out=$(timeout 90 "$torchrun" --nnodes 1 --nproc_per_node 2 --master_addr 127.0.0.1 --master_port "$port" \
+  --redirects 9:1 --tee 9:1 --no_python "$tmp/client" 2>&1) || fail "under torchrun: $out"
+echo "$out"
+[ "$(echo "$out" | grep -c 'correct')" -eq 2 ] || fail "under torchrun, not every rank reported correct results"
+echo "install test: ok"
