@@ -1,5 +1,8 @@
 #include "tools/launcher/environment.h"
 
+#include <arpa/inet.h>
+#include <netdb.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <cstdlib>
@@ -57,6 +60,26 @@ std::string token_instruction(const std::string& token) {
          "(keep it secret: whoever has it can join the job and write to its store)";
 }
 
+std::uint16_t torch_store_port(const std::string& listen_addr, int nnodes, std::uint16_t store_port) {
+  std::uint16_t next = static_cast<std::uint16_t>(store_port == 65535 ? store_port - 1 : store_port + 1);
+  addrinfo hints{};
+  hints.ai_flags = AI_NUMERICHOST | AI_PASSIVE;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* found = nullptr;
+  if (nnodes > 1 || getaddrinfo(listen_addr.c_str(), "0", &hints, &found) != 0) return next;
+  std::uint16_t port = next;
+  int fd = socket(found->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_storage bound{};
+  socklen_t bound_bytes = sizeof bound;
+  if (fd >= 0 && bind(fd, found->ai_addr, found->ai_addrlen) == 0 &&
+      getsockname(fd, reinterpret_cast<sockaddr*>(&bound), &bound_bytes) == 0)
+    port = ntohs(bound.ss_family == AF_INET6 ? reinterpret_cast<sockaddr_in6*>(&bound)->sin6_port
+                                             : reinterpret_cast<sockaddr_in*>(&bound)->sin_port);
+  if (fd >= 0) close(fd);
+  freeaddrinfo(found);
+  return port;
+}
+
 std::vector<std::string> rank_environment(const JobIdentity& job, int local_rank) {
   auto vars = current_environment();
   vars.try_emplace("OMP_NUM_THREADS", "1");
@@ -74,7 +97,7 @@ std::vector<std::string> rank_environment(const JobIdentity& job, int local_rank
   vars["BRAID_JOB_TOKEN"] = job.token;
   if (!job.bind_addr.empty()) vars["BRAID_BIND_ADDR"] = job.bind_addr;
   vars["MASTER_ADDR"] = job.store_host;
-  vars["MASTER_PORT"] = port;
+  vars["MASTER_PORT"] = std::to_string(job.torch_port);
   std::vector<std::string> flat;
   flat.reserve(vars.size());
   for (const auto& [name, value] : vars) flat.push_back(name + "=" + value);

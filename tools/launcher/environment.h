@@ -5,10 +5,9 @@
 // BRAID_NODE_RANK, BRAID_STORE_ADDR (host:port) and BRAID_JOB_TOKEN. The
 // torchrun names (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE,
 // GROUP_RANK, MASTER_ADDR, MASTER_PORT) are set too, for programs written
-// against torchrun; MASTER_ADDR/MASTER_PORT name braid's store, and braid
-// ranks read the BRAID_* names first, so the two never disagree. Note that
-// a program that also starts torch.distributed's own store on MASTER_PORT
-// would collide with braid's store.
+// against torchrun. As under torchrun, MASTER_PORT is where
+// torch.distributed's rank 0 serves torch's own store (env://), never
+// braid's store (torch_store_port); braid ranks read BRAID_STORE_ADDR.
 #pragma once
 
 #include <cstdint>
@@ -29,6 +28,8 @@ struct JobIdentity {
   // nodes without one set); empty: the ranks read their own.
   std::string bind_addr;
   int restart = 0;  // how many times --max-restarts has restarted the job (BRAID_RESTART_COUNT)
+  // MASTER_PORT: where torch.distributed's rank 0 serves torch's own store.
+  std::uint16_t torch_port = 0;
 };
 
 // 128 random bits from std::random_device, as 32 hex digits.
@@ -50,6 +51,11 @@ JobToken job_token(int nnodes, int node_rank);
 
 // The line node 0 prints when it generated the token of a job across nodes.
 std::string token_instruction(const std::string& token);
+
+// MASTER_PORT for torch.distributed's store. On one node a port free now on
+// `listen_addr` (as torchrun picks its MASTER_PORT); across nodes, which
+// cannot agree on a free one, braid's store port + 1 (- 1 for 65535).
+std::uint16_t torch_store_port(const std::string& listen_addr, int nnodes, std::uint16_t store_port);
 
 // The launcher's own environment with the rank's variables set over it.
 // OMP_NUM_THREADS and OPENBLAS_NUM_THREADS default to 1 (one BLAS thread

@@ -226,6 +226,7 @@ int launch(const LaunchOptions& options) {
       job.store_port = server->port();
       spdlog::info("braid-launch: store listening on {}:{}", listen_addr, job.store_port);
     }
+    job.torch_port = torch_store_port(numeric_address(endpoints.listen_addr), options.nnodes, job.store_port);
     Outcome outcome =
         start_and_supervise(options, job, signals, remaining(options.timeout, std::chrono::steady_clock::now() - started));
     // Ranks unlink their shared memory as soon as all peers have mapped it; a
