@@ -1,0 +1,27 @@
+"""braid as a torch.distributed backend.
+
+    import braid_torch  # registers the backend "braid"
+    torch.distributed.init_process_group("braid")
+
+works under torchrun and under braid-launch (any init_method: braid meets
+through the store torch passes to the backend, see rendezvous.h). Every
+process group, new_group ones included, is one braid communicator.
+"""
+import torch.distributed as dist
+
+from . import _C
+
+__all__ = ["transport_summary"]
+
+
+def _create_process_group(store, rank, size, timeout):
+    return _C.create_process_group(store, rank, size, timeout)
+
+
+def transport_summary(group=None):
+    """The transports braid chose for `group` (default: the world): "shm", "tcp", "shm+tcp"."""
+    return _C.transport_summary(group if group is not None else dist.distributed_c10d._get_default_group())
+
+
+if "BRAID" not in dist.Backend._plugins:
+    dist.Backend.register_backend("braid", _create_process_group)

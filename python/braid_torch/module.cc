@@ -1,0 +1,30 @@
+// braid_torch._C: the Python face of ProcessGroupBraid. __init__.py registers
+// create_process_group with torch.distributed as backend "braid".
+//
+// The process group crosses into Python as torch's own ProcessGroup type
+// (torch.distributed must be imported first, which __init__.py does), so
+// everything torch does with a process group works on it.
+#include <pybind11/chrono.h>
+#include <pybind11/pybind11.h>
+#include <torch/csrc/utils/pybind.h>
+
+#include "braid/errors.h"
+#include "process_group.h"
+
+namespace py = pybind11;
+
+PYBIND11_MODULE(_C, module) {
+  module.doc() = "braid as a torch.distributed backend";
+  module.def("create_process_group", &braid::torch_backend::create_process_group, py::arg("store"),
+             py::arg("rank"), py::arg("size"), py::arg("timeout"),
+             py::call_guard<py::gil_scoped_release>(),
+             "A braid process group of `size` ranks that meet through torch's `store` (blocks until they have).");
+  module.def(
+      "transport_summary",
+      [](const c10::intrusive_ptr<c10d::ProcessGroup>& group) {
+        auto* braid_group = dynamic_cast<braid::torch_backend::ProcessGroupBraid*>(group.get());
+        if (!braid_group) throw braid::InvalidUsage("braid: transport_summary: not a braid process group");
+        return braid_group->transport_summary();
+      },
+      py::arg("group"), "The transports braid chose for the group's peers: \"shm\", \"tcp\", \"shm+tcp\".");
+}

@@ -1,0 +1,289 @@
+// torch.distributed's operations as braid calls (process_group.h).
+#include "process_group.h"
+
+#include <algorithm>
+#include <string>
+
+#include "braid/errors.h"
+#include "tensors.h"
+
+namespace braid::torch_backend {
+
+namespace {
+
+runtime::Config group_config(std::chrono::milliseconds timeout) {
+  runtime::Config config = runtime::config();
+  if (timeout.count() > 0) config.timeout = std::min(config.timeout, timeout);
+  return config;
+}
+
+[[noreturn]] void refuse(const char* op, const std::string& what) {
+  throw InvalidUsage(std::string("braid: ") + op + ": " + what);
+}
+
+// A flat contiguous copy of `tensors`, in order (coalesced all-reduce,
+// reduce-scatter's list of inputs).
+at::Tensor flatten(const std::vector<at::Tensor>& tensors) {
+  std::vector<at::Tensor> views;
+  views.reserve(tensors.size());
+  for (const auto& tensor : tensors) views.push_back(tensor.reshape({-1}));
+  return at::cat(views);
+}
+
+// Copies consecutive parts of `flat` (of `count` elements each, or each
+// tensor's own count when `count` is 0) into `tensors`.
+void unflatten(const at::Tensor& flat, std::vector<at::Tensor>& tensors, int64_t count = 0) {
+  int64_t offset = 0;
+  for (auto& tensor : tensors) {
+    int64_t n = count ? count : tensor.numel();
+    tensor.copy_(flat.narrow(0, offset, n).view(tensor.sizes()));
+    offset += n;
+  }
+}
+
+// Elements of `tensor` each rank's part holds, from torch's split sizes
+// (in rows of dimension 0); equal parts when `splits` is empty.
+std::vector<int64_t> element_splits(const at::Tensor& tensor, const std::vector<int64_t>& splits, int size) {
+  const int64_t rows = tensor.dim() ? tensor.size(0) : 1;
+  const int64_t row_elements = rows ? tensor.numel() / rows : 0;
+  std::vector<int64_t> counts(static_cast<std::size_t>(size));
+  if (splits.empty()) {
+    if (rows % size != 0)
+      refuse("alltoall_base", std::to_string(rows) + " rows do not split into " + std::to_string(size) +
+                                  " equal parts; pass split sizes");
+    std::fill(counts.begin(), counts.end(), rows / size * row_elements);
+    return counts;
+  }
+  if (splits.size() != counts.size())
+    refuse("alltoall_base", std::to_string(splits.size()) + " split sizes for " + std::to_string(size) + " ranks");
+  int64_t total = 0;
+  for (std::size_t r = 0; r < counts.size(); ++r) {
+    if (splits[r] < 0) refuse("alltoall_base", "negative split size " + std::to_string(splits[r]));
+    counts[r] = splits[r] * row_elements;
+    total += splits[r];
+  }
+  if (total != rows)
+    refuse("alltoall_base", "split sizes add up to " + std::to_string(total) + " rows, the tensor has " +
+                                std::to_string(rows));
+  return counts;
+}
+
+}  // namespace
+
+ProcessGroupBraid::ProcessGroupBraid(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
+                                     std::chrono::milliseconds timeout)
+    : c10d::ProcessGroup(rank, size) {
+  runtime::Config config = group_config(timeout);
+  Rendezvous found = rendezvous(*store, rank, size, config);
+  store_server_ = std::move(found.server);
+  comm_ = comm::Communicator::create_world(found.info, config);
+  completer_ = std::make_unique<Completer>();
+}
+
+ProcessGroupBraid::~ProcessGroupBraid() = default;
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::enqueue(Call call) {
+  Pending pending;
+  pending.finish = std::move(call.finish);
+  pending.keep_alive = std::move(call.keep_alive);
+  pending.outputs = std::move(call.outputs);
+  pending.future = make_future();
+  pending.completion = std::make_shared<Completion>();
+  auto work = c10::make_intrusive<BraidWork>(getRank(), call.type, pending);
+  std::lock_guard lock(issue_mutex_);
+  pending.work = call.issue();
+  completer_->push(std::move(pending));
+  return work;
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::broadcast(std::vector<at::Tensor>& tensors,
+                                                            const c10d::BroadcastOptions& opts) {
+  at::Tensor& tensor = single_tensor(tensors, "broadcast");
+  Buffer buffer = movable(tensor, "broadcast");
+  int root = static_cast<int>(opts.rootRank);
+  return enqueue({c10d::OpType::BROADCAST,
+                  [this, buffer, root] { return comm_->broadcast(buffer.data, buffer.data, buffer.count, buffer.dtype, root); },
+                  {tensor}, {}, {}});
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::allreduce(std::vector<at::Tensor>& tensors,
+                                                            const c10d::AllreduceOptions& opts) {
+  at::Tensor& tensor = single_tensor(tensors, "allreduce");
+  Buffer buffer = reducible(tensor, "allreduce");
+  ReduceOp op = reduce_op(opts.reduceOp, "allreduce");
+  return enqueue({c10d::OpType::ALLREDUCE,
+                  [this, buffer, op] { return comm_->all_reduce(buffer.data, buffer.data, buffer.count, buffer.dtype, op); },
+                  {tensor}, {}, {}});
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::allreduce_coalesced(std::vector<at::Tensor>& tensors,
+                                                                      const c10d::AllreduceCoalescedOptions& opts) {
+  if (tensors.empty()) refuse("allreduce_coalesced", "no tensors");
+  for (const auto& tensor : tensors) {
+    check_dense(tensor, "allreduce_coalesced");
+    if (tensor.scalar_type() != tensors[0].scalar_type() || tensor.device() != tensors[0].device())
+      refuse("allreduce_coalesced", "every tensor must have the first one's dtype and device");
+  }
+  at::Tensor flat = flatten(tensors);
+  Buffer buffer = reducible(flat, "allreduce_coalesced");
+  ReduceOp op = reduce_op(opts.reduceOp, "allreduce_coalesced");
+  std::vector<at::Tensor> outputs = tensors;
+  return enqueue({c10d::OpType::ALLREDUCE_COALESCED,
+                  [this, buffer, op] { return comm_->all_reduce(buffer.data, buffer.data, buffer.count, buffer.dtype, op); },
+                  outputs, {flat}, [flat, outputs]() mutable { unflatten(flat, outputs); }});
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::reduce(std::vector<at::Tensor>& tensors,
+                                                         const c10d::ReduceOptions& opts) {
+  at::Tensor& tensor = single_tensor(tensors, "reduce");
+  Buffer buffer = reducible(tensor, "reduce");
+  ReduceOp op = reduce_op(opts.reduceOp, "reduce");
+  int root = static_cast<int>(opts.rootRank);
+  return enqueue({c10d::OpType::REDUCE,
+                  [this, buffer, op, root] {
+                    return comm_->reduce(buffer.data, buffer.data, buffer.count, buffer.dtype, op, root);
+                  },
+                  {tensor}, {}, {}});
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::allgather(std::vector<std::vector<at::Tensor>>& outputs,
+                                                            std::vector<at::Tensor>& inputs,
+                                                            const c10d::AllgatherOptions& opts) {
+  at::Tensor& input = single_tensor(inputs, "allgather");
+  if (outputs.size() != 1 || outputs[0].size() != static_cast<std::size_t>(getSize()))
+    refuse("allgather", "needs one list of " + std::to_string(getSize()) + " output tensors");
+  check_same(outputs[0], input, "allgather");
+  at::Tensor flat = at::empty({getSize() * input.numel()}, input.options());
+  Buffer send = movable(input, "allgather");
+  Buffer recv = movable(flat, "allgather");
+  std::vector<at::Tensor> results = outputs[0];
+  int64_t count = input.numel();
+  return enqueue({c10d::OpType::ALLGATHER,
+                  [this, send, recv] { return comm_->all_gather(send.data, recv.data, send.count, send.dtype); },
+                  results, {input, flat}, [flat, results, count]() mutable { unflatten(flat, results, count); }});
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::_allgather_base(at::Tensor& output, at::Tensor& input,
+                                                                  const c10d::AllgatherOptions& opts) {
+  check_dense(input, "_allgather_base");
+  check_dense(output, "_allgather_base");
+  if (output.scalar_type() != input.scalar_type() || output.numel() != getSize() * input.numel())
+    refuse("_allgather_base", "the output must have the input's dtype and " + std::to_string(getSize()) +
+                                  " times its elements");
+  Buffer send = movable(input, "_allgather_base");
+  Buffer recv = movable(output, "_allgather_base");
+  return enqueue({c10d::OpType::_ALLGATHER_BASE,
+                  [this, send, recv] { return comm_->all_gather(send.data, recv.data, send.count, send.dtype); },
+                  {output}, {input}, {}});
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::reduce_scatter(std::vector<at::Tensor>& outputs,
+                                                                 std::vector<std::vector<at::Tensor>>& inputs,
+                                                                 const c10d::ReduceScatterOptions& opts) {
+  at::Tensor& output = single_tensor(outputs, "reduce_scatter");
+  if (inputs.size() != 1 || inputs[0].size() != static_cast<std::size_t>(getSize()))
+    refuse("reduce_scatter", "needs one list of " + std::to_string(getSize()) + " input tensors");
+  check_same(inputs[0], output, "reduce_scatter");
+  at::Tensor flat = flatten(inputs[0]);
+  Buffer send = reducible(flat, "reduce_scatter");
+  Buffer recv = reducible(output, "reduce_scatter");
+  ReduceOp op = reduce_op(opts.reduceOp, "reduce_scatter");
+  return enqueue({c10d::OpType::REDUCE_SCATTER,
+                  [this, send, recv, op] { return comm_->reduce_scatter(send.data, recv.data, recv.count, recv.dtype, op); },
+                  {output}, {flat}, {}});
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::_reduce_scatter_base(at::Tensor& output, at::Tensor& input,
+                                                                       const c10d::ReduceScatterOptions& opts) {
+  check_dense(input, "_reduce_scatter_base");
+  check_dense(output, "_reduce_scatter_base");
+  if (output.scalar_type() != input.scalar_type() || input.numel() != getSize() * output.numel())
+    refuse("_reduce_scatter_base", "the input must have the output's dtype and " + std::to_string(getSize()) +
+                                       " times its elements");
+  Buffer send = reducible(input, "_reduce_scatter_base");
+  Buffer recv = reducible(output, "_reduce_scatter_base");
+  ReduceOp op = reduce_op(opts.reduceOp, "_reduce_scatter_base");
+  return enqueue({c10d::OpType::_REDUCE_SCATTER_BASE,
+                  [this, send, recv, op] { return comm_->reduce_scatter(send.data, recv.data, recv.count, recv.dtype, op); },
+                  {output}, {input}, {}});
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::alltoall_base(at::Tensor& output, at::Tensor& input,
+                                                                std::vector<int64_t>& output_split_sizes,
+                                                                std::vector<int64_t>& input_split_sizes,
+                                                                const c10d::AllToAllOptions& opts) {
+  check_dense(input, "alltoall_base");
+  check_dense(output, "alltoall_base");
+  if (output.scalar_type() != input.scalar_type()) refuse("alltoall_base", "input and output dtypes differ");
+  if (!output_split_sizes.empty() || !input_split_sizes.empty())
+    return alltoall_unequal(output, input, output_split_sizes, input_split_sizes);
+  if (output.numel() != input.numel()) refuse("alltoall_base", "input and output element counts differ");
+  Buffer send = per_rank(movable(input, "alltoall_base"), getSize(), "alltoall_base");
+  Buffer recv = movable(output, "alltoall_base");
+  return enqueue({c10d::OpType::ALLTOALL_BASE,
+                  [this, send, recv] { return comm_->all_to_all(send.data, recv.data, send.count, send.dtype); },
+                  {output}, {input}, {}});
+}
+
+// Unequal parts travel as one all-to-all of equal slots, each as large as the
+// largest part any rank sends (agreed by an all-reduce of one integer first).
+c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::alltoall_unequal(at::Tensor& output, at::Tensor& input,
+                                                                   const std::vector<int64_t>& output_splits,
+                                                                   const std::vector<int64_t>& input_splits) {
+  const int size = getSize();
+  std::vector<int64_t> sends = element_splits(input, input_splits, size);
+  std::vector<int64_t> recvs = element_splits(output, output_splits, size);
+  int64_t slot = std::max(*std::max_element(sends.begin(), sends.end()), *std::max_element(recvs.begin(), recvs.end()));
+  {
+    std::lock_guard lock(issue_mutex_);
+    comm_->all_reduce(&slot, &slot, 1, DataType::i64, ReduceOp::max).wait();
+  }
+  at::Tensor packed_in = at::zeros({size * slot}, input.options());
+  at::Tensor packed_out = at::empty({size * slot}, input.options());
+  at::Tensor flat_in = input.reshape({-1});
+  for (int64_t r = 0, offset = 0; r < size; offset += sends[r], ++r)
+    packed_in.narrow(0, r * slot, sends[r]).copy_(flat_in.narrow(0, offset, sends[r]));
+  Buffer send = per_rank(movable(packed_in, "alltoall_base"), size, "alltoall_base");
+  Buffer recv = movable(packed_out, "alltoall_base");
+  auto unpack = [output, packed_out, recvs, slot, size]() mutable {
+    at::Tensor flat_out = output.view({-1});
+    for (int64_t r = 0, offset = 0; r < size; offset += recvs[r], ++r)
+      flat_out.narrow(0, offset, recvs[r]).copy_(packed_out.narrow(0, r * slot, recvs[r]));
+  };
+  return enqueue({c10d::OpType::ALLTOALL_BASE,
+                  [this, send, recv] { return comm_->all_to_all(send.data, recv.data, send.count, send.dtype); },
+                  {output}, {packed_in, packed_out}, unpack});
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::send(std::vector<at::Tensor>& tensors, int dst_rank, int tag) {
+  at::Tensor& tensor = single_tensor(tensors, "send");
+  if (tag != 0)
+    refuse("send", "tag " + std::to_string(tag) +
+                       " is not supported: braid matches messages between two ranks by their order; use tag 0");
+  Buffer buffer = movable(tensor, "send");
+  return enqueue({c10d::OpType::SEND,
+                  [this, buffer, dst_rank] { return comm_->send(buffer.data, buffer.count, buffer.dtype, dst_rank); },
+                  {tensor}, {}, {}});
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::recv(std::vector<at::Tensor>& tensors, int src_rank, int tag) {
+  at::Tensor& tensor = single_tensor(tensors, "recv");
+  if (tag != 0)
+    refuse("recv", "tag " + std::to_string(tag) +
+                       " is not supported: braid matches messages between two ranks by their order; use tag 0");
+  Buffer buffer = movable(tensor, "recv");
+  return enqueue({c10d::OpType::RECV,
+                  [this, buffer, src_rank] { return comm_->recv(buffer.data, buffer.count, buffer.dtype, src_rank); },
+                  {tensor}, {}, {}});
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::barrier(const c10d::BarrierOptions& opts) {
+  return enqueue({c10d::OpType::BARRIER, [this] { return comm_->barrier(); }, {}, {}, {}});
+}
+
+c10::intrusive_ptr<c10d::ProcessGroup> create_process_group(const c10::intrusive_ptr<c10d::Store>& store, int rank,
+                                                            int size, std::chrono::milliseconds timeout) {
+  return c10::make_intrusive<ProcessGroupBraid>(store, rank, size, timeout);
+}
+
+}  // namespace braid::torch_backend

@@ -1,0 +1,95 @@
+// ProcessGroupBraid: braid as a torch.distributed backend (c10d::ProcessGroup
+// of torch 1.13), registered from Python as "braid" (braid_torch/__init__.py).
+//
+// Each process group owns one braid Communicator, created at construction
+// through torch's store (rendezvous.h). Every operation validates its
+// tensors, issues one braid call (in the caller's thread, in issue order) and
+// returns a Work whose future completes when braid's call has (work.h).
+// Where torch's layout differs from braid's (a list of per-rank tensors, a
+// coalesced list, unequal all-to-all splits) the call goes through one
+// contiguous staging tensor. Tensors must be contiguous; CPU tensors of every
+// dtype move, and float32/64, float16, bfloat16, int8, uint8, int32 and int64
+// reduce with SUM, AVG, PRODUCT, MIN and MAX. CUDA tensors go through braid's
+// device path on the device's default stream (braid's CUDA builds).
+#pragma once
+
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+#include <torch/csrc/distributed/c10d/Store.hpp>
+
+#include <chrono>
+#include <functional>
+#include <memory>
+#include <mutex>
+
+#include "braid/communicator.h"
+#include "rendezvous.h"
+#include "work.h"
+
+namespace braid::torch_backend {
+
+class ProcessGroupBraid : public c10d::ProcessGroup {
+ public:
+  // Blocks until every rank of the group has connected (at most `timeout`,
+  // or BRAID_TIMEOUT where that is shorter).
+  ProcessGroupBraid(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
+                    std::chrono::milliseconds timeout);
+  ~ProcessGroupBraid() override;
+
+  const std::string getBackendName() const override { return "braid"; }
+
+  c10::intrusive_ptr<c10d::Work> broadcast(std::vector<at::Tensor>& tensors,
+                                           const c10d::BroadcastOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> allreduce(std::vector<at::Tensor>& tensors,
+                                           const c10d::AllreduceOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> allreduce_coalesced(std::vector<at::Tensor>& tensors,
+                                                     const c10d::AllreduceCoalescedOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> reduce(std::vector<at::Tensor>& tensors, const c10d::ReduceOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> allgather(std::vector<std::vector<at::Tensor>>& outputs,
+                                           std::vector<at::Tensor>& inputs,
+                                           const c10d::AllgatherOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> _allgather_base(at::Tensor& output, at::Tensor& input,
+                                                 const c10d::AllgatherOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> reduce_scatter(std::vector<at::Tensor>& outputs,
+                                                std::vector<std::vector<at::Tensor>>& inputs,
+                                                const c10d::ReduceScatterOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> _reduce_scatter_base(at::Tensor& output, at::Tensor& input,
+                                                      const c10d::ReduceScatterOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> alltoall_base(at::Tensor& output, at::Tensor& input,
+                                               std::vector<int64_t>& output_split_sizes,
+                                               std::vector<int64_t>& input_split_sizes,
+                                               const c10d::AllToAllOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> send(std::vector<at::Tensor>& tensors, int dst_rank, int tag) override;
+  c10::intrusive_ptr<c10d::Work> recv(std::vector<at::Tensor>& tensors, int src_rank, int tag) override;
+  c10::intrusive_ptr<c10d::Work> barrier(const c10d::BarrierOptions& opts) override;
+
+  // braid's view of the group: "shm", "tcp", "shm+tcp".
+  std::string transport_summary() const { return comm_->transport_summary(); }
+
+ private:
+  // One call: issue() runs braid's call under the issue lock (so the
+  // completion thread sees calls in braid's issue order); finish() runs on
+  // the completion thread after it succeeded.
+  struct Call {
+    c10d::OpType type;
+    std::function<comm::Work()> issue;
+    std::vector<at::Tensor> outputs;
+    std::vector<at::Tensor> keep_alive;
+    std::function<void()> finish;
+  };
+  c10::intrusive_ptr<c10d::Work> enqueue(Call call);
+  c10::intrusive_ptr<c10d::Work> alltoall_unequal(at::Tensor& output, at::Tensor& input,
+                                                  const std::vector<int64_t>& output_splits,
+                                                  const std::vector<int64_t>& input_splits);
+
+  // Destroyed in reverse: the completer drains first, then the
+  // communicator closes, then rank 0's store stops.
+  std::unique_ptr<runtime::StoreServer> store_server_;
+  std::unique_ptr<comm::Communicator> comm_;
+  std::mutex issue_mutex_;
+  std::unique_ptr<Completer> completer_;
+};
+
+c10::intrusive_ptr<c10d::ProcessGroup> create_process_group(const c10::intrusive_ptr<c10d::Store>& store, int rank,
+                                                            int size, std::chrono::milliseconds timeout);
+
+}  // namespace braid::torch_backend

@@ -1,0 +1,46 @@
+// How torch tensors and options become braid call arguments, with the checks
+// that refuse what braid cannot do before any byte moves. Every refusal is a
+// braid::InvalidUsage (Python: RuntimeError) that names the operation.
+#pragma once
+
+#include <ATen/ATen.h>
+#include <torch/csrc/distributed/c10d/Types.hpp>
+
+#include <cstddef>
+#include <vector>
+
+#include "braid/types.h"
+
+namespace braid::torch_backend {
+
+// A tensor's storage as braid sees it: a pointer, an element count and a
+// braid element type. Tensors of a dtype braid does not reduce (bool,
+// int16, complex, ...) travel as bytes where no reduction is involved.
+struct Buffer {
+  void* data = nullptr;
+  std::size_t count = 0;
+  DataType dtype = DataType::u8;
+};
+
+// The one tensor of a per-process call (torch's multi-tensor lists are for
+// several devices per process, which braid does not take).
+at::Tensor& single_tensor(std::vector<at::Tensor>& tensors, const char* op);
+// Refuses sparse, non-contiguous and CUDA-less-build device tensors by name.
+void check_dense(const at::Tensor& tensor, const char* op);
+// Every tensor dense and of `like`'s dtype, device and element count.
+void check_same(const std::vector<at::Tensor>& tensors, const at::Tensor& like, const char* op);
+
+// For reductions: the tensor with its braid dtype, or InvalidUsage naming
+// the dtypes braid reduces.
+Buffer reducible(const at::Tensor& tensor, const char* op);
+// For data movement: the tensor as typed elements where braid knows the
+// dtype, else as bytes.
+Buffer movable(const at::Tensor& tensor, const char* op);
+// The same storage split into `ranks` equal parts (the count of one part), for the per-rank
+// counts of all_gather, reduce_scatter and all_to_all.
+Buffer per_rank(Buffer whole, std::size_t ranks, const char* op);
+
+// sum, avg, product, min, max; the bitwise and premultiplied sums are refused.
+ReduceOp reduce_op(const c10d::ReduceOp& op, const char* name);
+
+}  // namespace braid::torch_backend

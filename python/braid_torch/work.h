@@ -1,0 +1,91 @@
+// How braid's Work handles become torch's: a Work whose future DDP's comm
+// hooks chain on, completed by one thread per process group.
+//
+// braid completes the operations of a communicator in issue order, so one
+// completion thread waits for them in that order (each wait bounded by
+// BRAID_TIMEOUT), runs the call's finishing step (copying out of a staging
+// buffer where torch's layout differs from braid's), and then completes the
+// torch future with the call's output tensors, or fails it with braid's
+// message. Callbacks chained on the future (DDP's) run on that thread.
+#pragma once
+
+#include <ATen/ATen.h>
+#include <ATen/core/ivalue.h>
+#include <torch/csrc/distributed/c10d/Work.hpp>
+
+#include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <functional>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "braid/work.h"
+
+namespace braid::torch_backend {
+
+// Signalled once the future is complete, so that Work::wait(timeout) can
+// give up at its deadline.
+struct Completion {
+  std::mutex mutex;
+  std::condition_variable done_cv;
+  bool done = false;
+};
+
+// One issued call, as the completion thread finishes it.
+struct Pending {
+  comm::Work work;
+  std::function<void()> finish;       // after the braid call succeeded; may be empty
+  std::vector<at::Tensor> keep_alive;  // inputs and staging the call reads or writes
+  std::vector<at::Tensor> outputs;     // the future's value
+  c10::intrusive_ptr<c10::ivalue::Future> future;
+  std::shared_ptr<Completion> completion;
+};
+
+class Completer {
+ public:
+  Completer();
+  // Finishes every call still queued (each bounded by its own wait), then joins.
+  ~Completer();
+  Completer(const Completer&) = delete;
+  Completer& operator=(const Completer&) = delete;
+
+  void push(Pending pending);
+
+ private:
+  void run();
+  static void complete(Pending& pending);
+
+  std::mutex mutex_;
+  std::condition_variable queued_cv_;
+  std::deque<Pending> queue_;
+  bool stopping_ = false;
+  std::thread thread_;
+};
+
+class BraidWork : public c10d::Work {
+ public:
+  BraidWork(int rank, c10d::OpType type, const Pending& pending);
+
+  bool isCompleted() override;
+  bool isSuccess() const override;
+  std::exception_ptr exception() const override;
+  std::vector<at::Tensor> result() override;
+  // Waits for the call and rethrows its error (RuntimeError with braid's
+  // message). kNoTimeout waits as long as braid's own bound (BRAID_TIMEOUT);
+  // a timeout that expires first throws, leaving the call queued.
+  bool wait(std::chrono::milliseconds timeout) override;
+  void synchronize() override {}
+  c10::intrusive_ptr<c10::ivalue::Future> getFuture() override;
+
+ private:
+  std::vector<at::Tensor> outputs_;
+  c10::intrusive_ptr<c10::ivalue::Future> future_;
+  std::shared_ptr<Completion> completion_;
+};
+
+// A future for a call's list of output tensors.
+c10::intrusive_ptr<c10::ivalue::Future> make_future();
+
+}  // namespace braid::torch_backend

@@ -1,0 +1,179 @@
+"""Every operation of the braid backend against gloo's result on the same
+inputs, on however many ranks the launcher starts (tests/torch/meson.build:
+2 and 4 under torchrun, 3 under braid-launch).
+
+braid is the default group (dist.init_process_group("braid")); gloo is a
+second group over the same ranks. Inputs are small integers, so sums,
+products, minima and maxima are exact in every dtype and the results must be
+equal; where gloo lacks an operation (bfloat16, AVG, reduce-scatter,
+all-gather into one tensor) the reference is gloo's nearest operation
+(float32, SUM / size, all-reduce then slice, all-gather then cat).
+"""
+import warnings
+
+import torch
+import torch.distributed as dist
+
+import braid_torch
+from check import Checks, gloo_group
+
+REDUCED = [torch.float32, torch.float64, torch.float16, torch.bfloat16,
+           torch.int8, torch.uint8, torch.int32, torch.int64]
+MOVED = [torch.float32, torch.bool, torch.int16, torch.complex64]
+COUNTS = [1, 13, 4099]
+OPS = {"sum": dist.ReduceOp.SUM, "product": dist.ReduceOp.PRODUCT,
+       "min": dist.ReduceOp.MIN, "max": dist.ReduceOp.MAX}
+
+
+def values(count, rank, dtype, op="sum", salt=0):
+    """Small integers that differ per rank and element; 1 or 2 for products."""
+    i = torch.arange(count, dtype=torch.int64) + 7 * salt
+    v = (i + rank) % 2 + 1 if op == "product" else (i * 3 + rank * 5) % 11
+    if dtype == torch.bool:
+        return v % 2 == 1
+    if dtype.is_complex:
+        return torch.complex(v.float(), -v.float()).to(dtype)
+    return v.to(dtype)
+
+
+def gloo_bytes(t):
+    """t as gloo can move it: gloo refuses bool, int16 and complex, so those as their bytes."""
+    return t.view(torch.uint8) if t.dtype in (torch.bool, torch.int16, torch.complex64) else t
+
+
+def gloo_all_reduce(t, op):
+    """gloo's all-reduce of t; bfloat16 through float32 (exact for these values)."""
+    ref = t.float() if t.dtype == torch.bfloat16 else t.clone()
+    dist.all_reduce(ref, op=op, group=gloo_group())
+    return ref.to(t.dtype)
+
+
+def check_all_reduce(c, rank, size):
+    for dtype in REDUCED:
+        for name, op in OPS.items():
+            for count in COUNTS:
+                t = values(count, rank, dtype, name)
+                want = gloo_all_reduce(t, op)
+                dist.all_reduce(t, op=op)
+                c.equal(f"all_reduce {name} {dtype} x{count}", t, want)
+        if dtype.is_floating_point:
+            t = values(4099, rank, dtype)
+            want = (gloo_all_reduce(t, dist.ReduceOp.SUM).double() / size).to(dtype)
+            dist.all_reduce(t, op=dist.ReduceOp.AVG)
+            c.equal(f"all_reduce avg {dtype}", t, want, rtol=1e-2 if torch.finfo(dtype).bits == 16 else 1e-6)
+
+
+def check_coalesced(c, rank, size):
+    for dtype in (torch.float32, torch.int64):
+        tensors = [values(n, rank, dtype, salt=n) for n in (5, 1, 300)]
+        want = [t.clone() for t in tensors]
+        dist.all_reduce_coalesced(want, group=gloo_group())
+        dist.all_reduce_coalesced(tensors)
+        c.equal(f"all_reduce_coalesced {dtype}", tensors, want)
+
+
+def check_broadcast_reduce(c, rank, size):
+    for root in sorted({0, size - 1}):
+        for dtype in MOVED:
+            t = values(4099, rank, dtype).reshape(-1, 1)
+            want = t.clone()
+            dist.broadcast(gloo_bytes(want), src=root, group=gloo_group())
+            dist.broadcast(t, src=root)
+            c.equal(f"broadcast root {root} {dtype}", t, want)
+        for dtype in (torch.float32, torch.int32):
+            for name in ("sum", "max"):
+                t = values(4099, rank, dtype)
+                want = t.clone()
+                dist.reduce(want, dst=root, op=OPS[name], group=gloo_group())
+                dist.reduce(t, dst=root, op=OPS[name])
+                if rank == root:
+                    c.equal(f"reduce root {root} {name} {dtype}", t, want)
+
+
+def check_all_gather(c, rank, size):
+    for dtype in MOVED:
+        for count in (1, 13):
+            t = values(count, rank, dtype)
+            want = [torch.empty_like(t) for _ in range(size)]
+            dist.all_gather([gloo_bytes(w) for w in want], gloo_bytes(t), group=gloo_group())
+            got = [torch.empty_like(t) for _ in range(size)]
+            dist.all_gather(got, t)
+            c.equal(f"all_gather {dtype} x{count}", got, want)
+            out = torch.empty(size * count, dtype=dtype)
+            dist.all_gather_into_tensor(out, t)
+            c.equal(f"all_gather_into_tensor {dtype} x{count}", out, torch.cat(want))
+
+
+def check_reduce_scatter(c, rank, size):
+    for dtype in (torch.float32, torch.float16, torch.int64):
+        for name, op in OPS.items():
+            count = 13
+            whole = values(size * count, rank, dtype, name)
+            want = gloo_all_reduce(whole, op).narrow(0, rank * count, count)
+            got = torch.empty(count, dtype=dtype)
+            dist.reduce_scatter(got, list(whole.split(count)), op=op)
+            c.equal(f"reduce_scatter {name} {dtype}", got, want)
+            got = torch.empty(count, dtype=dtype)
+            dist.reduce_scatter_tensor(got, whole, op=op)
+            c.equal(f"reduce_scatter_tensor {name} {dtype}", got, want)
+
+
+def check_all_to_all(c, rank, size):
+    for dtype in (torch.float32, torch.bool):
+        t = values(size * 5, rank, dtype).reshape(size * 5, 1)
+        want, got = torch.empty_like(t), torch.empty_like(t)
+        dist.all_to_all_single(gloo_bytes(want), gloo_bytes(t), group=gloo_group())
+        dist.all_to_all_single(got, t)
+        c.equal(f"all_to_all_single equal {dtype}", got, want)
+    # Unequal splits: rank r sends (r + p) % 3 + 1 rows of 2 to peer p.
+    sends = [(rank + p) % 3 + 1 for p in range(size)]
+    recvs = [(p + rank) % 3 + 1 for p in range(size)]
+    t = values(2 * sum(sends), rank, torch.int32).reshape(-1, 2)
+    want, got = torch.empty(sum(recvs), 2, dtype=torch.int32), torch.empty(sum(recvs), 2, dtype=torch.int32)
+    dist.all_to_all_single(want, t, recvs, sends, group=gloo_group())
+    dist.all_to_all_single(got, t, recvs, sends)
+    c.equal("all_to_all_single unequal", got, want)
+
+
+def check_send_recv(c, rank, size):
+    """A ring: rank r sends to r + 1 and receives from r - 1; even ranks send first."""
+    for dtype in (torch.float64, torch.bool):
+        t = values(4099, rank, dtype)
+        got = torch.empty_like(t)
+        to, frm = (rank + 1) % size, (rank - 1) % size
+        if rank % 2 == 0:
+            dist.send(t, to)
+            dist.recv(got, frm)
+        else:
+            dist.recv(got, frm)
+            dist.send(t, to)
+        c.equal(f"send/recv ring {dtype}", got, values(4099, frm, dtype))
+
+
+def check_async(c, rank, size):
+    """Work handles and their futures, as DDP's comm hooks chain them."""
+    t = values(1000, rank, torch.float32)
+    want = gloo_all_reduce(t, dist.ReduceOp.SUM) * 2
+    work = dist.all_reduce(t, async_op=True)
+    doubled = work.get_future().then(lambda fut: fut.value()[0] * 2)
+    c.equal("future then", doubled.wait(), want)
+    work.wait()
+    c.true("work completed", work.is_completed() and work.is_success())
+    dist.barrier()
+
+
+def main():
+    warnings.filterwarnings("ignore", message=".*all_reduce_coalesced will be deprecated")
+    dist.init_process_group("braid")
+    rank, size = dist.get_rank(), dist.get_world_size()
+    c = Checks(rank)
+    for check in (check_all_reduce, check_coalesced, check_broadcast_reduce, check_all_gather,
+                  check_reduce_scatter, check_all_to_all, check_send_recv, check_async):
+        check(c, rank, size)
+    if rank == 0:
+        print(f"braid transports: {braid_torch.transport_summary()}", flush=True)
+    c.finish()
+
+
+if __name__ == "__main__":
+    main()
