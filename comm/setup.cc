@@ -67,13 +67,49 @@ std::string ring_order(int size) {
 
 namespace {
 
-// Which transport reaches each peer: shared memory for ranks on this host
-// (unless BRAID_TRANSPORT=tcp), TCP for the others; BRAID_TRANSPORT=ibverbs
-// puts every peer on RDMA (choosing it between hosts under auto is not done yet).
+// Which transport reaches each peer. BRAID_TRANSPORT=auto: shared memory
+// for ranks on this host; RDMA for ranks on other hosts when both ends have
+// a usable verbs device (rdma_ability), TCP otherwise. tcp puts every peer
+// on TCP, ibverbs every peer on RDMA, shm refuses ranks on other hosts.
 struct Plan {
   std::vector<int> local;    // ranks on this host, this one included, sorted
   std::vector<bool> use_shm, use_tcp, use_ib;
+  std::string why;  // for the info log: why ranks of other hosts got what they got
 };
+
+// Under auto with ranks on other hosts: every rank publishes whether it can
+// use RDMA ("ok|<device>" or "no|<reason>") under <prefix>/ib/<rank>, and
+// reads those of the ranks on other hosts. Both ends of a pair read the same
+// two answers, so they agree on its transport.
+std::vector<std::string> rdma_ability(const Communicator::Impl& impl, const std::vector<bool>& remote) {
+  std::vector<std::string> ability(static_cast<std::size_t>(impl.size));
+  std::string chosen;
+  std::string reason = ibverbs::unusable_reason({impl.config.ib_hca, impl.config.ib_gid_index}, impl.rank, chosen);
+  ability[impl.rank] = reason.empty() ? "ok|" + chosen : "no|" + reason;
+  const std::string key = impl.key_prefix + "/ib/";
+  impl.store->set(key + std::to_string(impl.rank), ability[impl.rank]);
+  for (int peer = 0; peer < impl.size; ++peer)
+    if (remote[peer]) ability[peer] = impl.store->get_string(key + std::to_string(peer), impl.timeout);
+  return ability;
+}
+
+void choose_between_hosts(const Communicator::Impl& impl, Plan& plan, const std::vector<bool>& remote) {
+  std::vector<std::string> ability = rdma_ability(impl, remote);
+  auto usable = [&](int r) { return ability[r].rfind("ok|", 0) == 0; };
+  std::string without;
+  for (int peer = 0; peer < impl.size; ++peer) {
+    if (!remote[peer]) continue;
+    if (usable(impl.rank) && usable(peer)) plan.use_ib[peer] = true;
+    else plan.use_tcp[peer] = true;
+    if (!usable(peer)) without += "; rank " + std::to_string(peer) + ": " + ability[peer].substr(3);
+  }
+  if (!usable(impl.rank))
+    plan.why = "other hosts over tcp: this rank cannot use RDMA (" + ability[impl.rank].substr(3) + ")";
+  else if (!without.empty())
+    plan.why = "RDMA with " + ability[impl.rank].substr(3) + " to ranks that have a device; tcp to those that do not" + without;
+  else
+    plan.why = "other hosts over RDMA: every end has a verbs device (this rank's: " + ability[impl.rank].substr(3) + ")";
+}
 
 Plan plan_transports(const Communicator::Impl& impl) {
   Plan plan;
@@ -81,19 +117,23 @@ Plan plan_transports(const Communicator::Impl& impl) {
   plan.use_shm.assign(impl.size, false);
   plan.use_tcp.assign(impl.size, false);
   plan.use_ib.assign(impl.size, false);
-  std::string remote;
+  std::vector<bool> remote(static_cast<std::size_t>(impl.size), false);
+  std::string remote_list;
   for (int peer = 0; peer < impl.size; ++peer) {
     bool same_host = impl.hosts[peer] == impl.hosts[impl.rank];
     if (same_host) plan.local.push_back(peer);
     if (peer == impl.rank) continue;
     if (mode == "ibverbs") plan.use_ib[peer] = true;
     else if (same_host && mode != "tcp") plan.use_shm[peer] = true;
-    else plan.use_tcp[peer] = true;
-    if (!same_host) remote += (remote.empty() ? "" : ", ") + std::to_string(peer);
+    else if (mode == "tcp") plan.use_tcp[peer] = true;
+    if (!same_host) remote[peer] = true;
+    if (!same_host) remote_list += (remote_list.empty() ? "" : ", ") + std::to_string(peer);
   }
-  if (mode == "shm" && !remote.empty())
-    throw InvalidUsage("BRAID_TRANSPORT=shm, but rank(s) " + remote + " run on another host than rank " +
-                       std::to_string(impl.rank) + "; use BRAID_TRANSPORT=auto to reach them over TCP");
+  if (mode == "shm" && !remote_list.empty())
+    throw InvalidUsage("BRAID_TRANSPORT=shm, but rank(s) " + remote_list + " run on another host than rank " +
+                       std::to_string(impl.rank) + "; use BRAID_TRANSPORT=auto to reach them over TCP or RDMA");
+  if (mode == "auto" && !remote_list.empty()) choose_between_hosts(impl, plan, remote);
+  if (plan.why.empty()) plan.why = "BRAID_TRANSPORT=" + mode;
   return plan;
 }
 
@@ -273,16 +313,17 @@ void connect_planned(Communicator::Impl& impl, const Plan& plan) {
   if (any(plan.use_ib)) {
     auto options = with_common<ibverbs::IbOptions>(common);
     options.device = {config.ib_hca, config.ib_gid_index};
+    options.qps = config.ib_qps_per_peer;
     options.peers = plan.use_ib;
     impl.transports.push_back(ibverbs::open_ibverbs(*impl.store, impl.key_prefix, options));
     add_routes(impl, plan.use_ib);
   }
   impl.status = std::make_unique<StatusBoard>(impl.store, impl.key_prefix, impl.rank);
   spdlog::info("comm {:08x} ({}): rank {}/{} on host {}; shm to ranks {}; tcp to ranks {} ({} socket(s) each); "
-               "ibverbs to ranks {}; BRAID_TRANSPORT={}; ring order {}",
+               "ibverbs to ranks {}; BRAID_TRANSPORT={} ({}); ring order {}",
                impl.comm_id, impl.key_prefix, impl.rank, impl.size, impl.hosts[impl.rank],
                rank_list(plan.use_shm), rank_list(plan.use_tcp), config.tcp_nsocks, rank_list(plan.use_ib), config.transport,
-               ring_order(impl.size));
+               plan.why, ring_order(impl.size));
 }
 
 }  // namespace

@@ -68,7 +68,7 @@ Config read_config() {
   c.transport = one_of("BRAID_TRANSPORT", c.transport, {"auto", "tcp", "shm", "ibverbs"});
   if (const char* h = env("BRAID_IB_HCA")) c.ib_hca = h;
   c.ib_gid_index = int_in_range("BRAID_IB_GID_INDEX", c.ib_gid_index, -1, 255);
-  c.ib_qps_per_peer = int_in_range("BRAID_IB_QPS_PER_PEER", c.ib_qps_per_peer, 1, 1);
+  c.ib_qps_per_peer = int_in_range("BRAID_IB_QPS_PER_PEER", c.ib_qps_per_peer, 1, 8);
   c.algo = one_of("BRAID_ALGO", c.algo,
                   {"auto", "ring", "recursive_doubling", "binomial", "pipelined"});
   c.tcp_nsocks = static_cast<int>(bytes_in_range("BRAID_TCP_NSOCKS", c.tcp_nsocks, 1, 16));

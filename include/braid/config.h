@@ -31,8 +31,8 @@ struct Config {
   // BRAID_IB_GID_INDEX: GID index on that port, 0..255; -1 (default) picks
   // RoCE v2 with an IPv4-mapped address, then a global IPv6, then link-local.
   int ib_gid_index = -1;
-  // BRAID_IB_QPS_PER_PEER: reliable-connected queue pairs per peer. Only 1
-  // for now (striping large messages over several is not implemented yet).
+  // BRAID_IB_QPS_PER_PEER: reliable-connected queue pairs per peer, 1..8;
+  // large messages are written directly in stripes over them.
   int ib_qps_per_peer = 1;
   // BRAID_ALGO: auto|ring|recursive_doubling|binomial|pipelined. Forces the
   // algorithm where the collective has it (all_reduce: ring or

@@ -1,10 +1,12 @@
-// The ibverbs transport's device, port and GID choice (comm/transport/ibverbs/
-// device.h), as a pure function over GID tables: no device needed.
+// The ibverbs transport's pure parts, no device needed: the device, port
+// and GID choice (comm/transport/ibverbs/device.h) over GID tables, and the
+// checks of the direct-write protocol (direct.cc).
 #include <catch2/catch.hpp>
 
 #include <arpa/inet.h>
 
 #include "comm/transport/ibverbs/device.h"
+#include "comm/transport/ibverbs/transport.h"
 #include "runtime/errors.h"
 
 using namespace braid::comm::ibverbs;
@@ -81,4 +83,36 @@ TEST_CASE("ibverbs GID choice refuses what the host does not offer, naming it an
   CHECK_THROWS_AS(choose_gid({}, {}, 0), braid::InvalidUsage);
   CHECK_THROWS_AS(choose_gid({entry("rxe0", 1, 0, "fe80::1", GidKind::roce_v2, false)}, {}, 0), braid::InvalidUsage);
   CHECK_THROWS_AS(choose_gid({entry("rxe0", 1, 0, "::")}, {}, 0), braid::InvalidUsage);
+}
+
+// The sender's check of a receiver's clear-to-send (comm/transport/ibverbs/
+// direct.cc): the payload must lie within the registration the receiver
+// advertises, or nothing is written and the peer is named.
+TEST_CASE("ibverbs: a clear-to-send beyond its advertised registration is refused", "[ibverbs]") {
+  Cts cts;
+  cts.region_base = 0x10000;
+  cts.region_bytes = 0x4000;
+  cts.address = 0x11000;
+  cts.offer = 1;
+  CHECK(advertised_range_error(cts, 0x3000, 0, 1).empty());  // ends exactly at the region's end
+  CHECK_THAT(advertised_range_error(cts, 0x3001, 0, 1),
+             Contains("rank 0 refused a receive buffer rank 1 advertised") && Contains("12289 bytes") &&
+                 Contains("within its registration of 16384 bytes"));
+  cts.address = 0xf000;  // starts before the region
+  CHECK_FALSE(advertised_range_error(cts, 16, 2, 3).empty());
+  cts.address = 0x11000;
+  cts.region_base = ~std::uint64_t{0} - 0x100;  // a region that wraps around the address space
+  CHECK_FALSE(advertised_range_error(cts, 16, 0, 1).empty());
+  cts.region_base = 0x10000;
+  cts.region_bytes = 0x10;  // smaller than the payload
+  CHECK_FALSE(advertised_range_error(cts, 0x20, 0, 1).empty());
+}
+
+TEST_CASE("ibverbs: large messages stripe over at most BRAID_IB_QPS_PER_PEER queue pairs, 64 KiB each at least",
+          "[ibverbs]") {
+  CHECK(stripes_of(64u << 10, 4) == 1);
+  CHECK(stripes_of((64u << 10) + 1, 4) == 2);
+  CHECK(stripes_of(1u << 20, 4) == 4);
+  CHECK(stripes_of(1u << 20, 1) == 1);
+  CHECK(stripes_of(1u << 30, 8) == 8);
 }

@@ -32,6 +32,7 @@
 
 #include <cstring>
 
+#include "comm/transport/ibverbs/ids.h"
 #include "comm/transport/ibverbs/transport.h"
 #include "runtime/errors.h"
 #include "runtime/store.h"
@@ -40,7 +41,7 @@ namespace braid::comm::ibverbs {
 namespace {
 
 constexpr std::uint32_t kMagic = 0x42444942;  // "BIDB"
-constexpr std::uint16_t kVersion = 1;
+constexpr std::uint16_t kVersion = 2;
 
 struct ConnectionData {
   std::uint32_t magic = kMagic;
@@ -48,8 +49,8 @@ struct ConnectionData {
   std::uint16_t lid = 0;
   std::int32_t from = 0, to = 0;
   std::uint32_t comm_id = 0;
-  std::uint32_t qp_num = 0;
-  std::uint32_t psn = 0;
+  std::uint32_t qps = 0;  // queue pairs per peer (BRAID_IB_QPS_PER_PEER), their numbers below
+  std::uint32_t qp_nums[kMaxQpsPerPeer] = {};
   std::uint32_t mtu = 0;  // ibv_mtu
   std::uint64_t token_digest = 0;
   std::uint8_t gid[16] = {};
@@ -104,13 +105,20 @@ std::unique_ptr<Verbs> open_verbs(const GidChoice& choice, int cq_entries, int r
   return verbs;
 }
 
-ibv_qp* create_qp(Verbs& verbs, const IbOptions& o, int peer) {
+// Work requests a queue pair holds at most (transport.h): on the first, ring
+// pieces, credits, Cts and stripes; on the others, stripes. Receives are
+// reposted as they are used, so these bound what is in flight at once.
+int send_depth(const IbOptions& o) { return o.slots + 3 * kCtsSlots + 8; }
+int receive_depth(const IbOptions& o, int qp) { return qp == 0 ? 2 * o.slots + 2 * kCtsSlots + 8 : kCtsSlots + 8; }
+std::uint32_t psn_of(std::uint32_t qp_num) { return (qp_num * 2654435761u) & 0xffffff; }
+
+ibv_qp* create_qp(Verbs& verbs, const IbOptions& o, int peer, int index) {
   ibv_qp_init_attr init{};
   init.send_cq = verbs.cq;
   init.recv_cq = verbs.cq;
   init.qp_type = IBV_QPT_RC;
-  init.cap.max_send_wr = static_cast<std::uint32_t>(o.slots + 8);
-  init.cap.max_recv_wr = static_cast<std::uint32_t>(2 * o.slots + 8);
+  init.cap.max_send_wr = static_cast<std::uint32_t>(send_depth(o));
+  init.cap.max_recv_wr = static_cast<std::uint32_t>(receive_depth(o, index));
   init.cap.max_send_sge = 1;
   init.cap.max_recv_sge = 1;
   ibv_qp* qp = ibv_create_qp(verbs.pd, &init);
@@ -134,8 +142,8 @@ ConnectionData local_data(const IbOptions& o, const IbTransport::Peer& peer, con
   d.from = o.rank;
   d.to = peer.rank;
   d.comm_id = o.comm_id;
-  d.qp_num = peer.qp->qp_num;
-  d.psn = (peer.qp->qp_num * 2654435761u) & 0xffffff;
+  d.qps = static_cast<std::uint32_t>(peer.qps.size());
+  for (std::size_t q = 0; q < peer.qps.size(); ++q) d.qp_nums[q] = peer.qps[q]->qp_num;
   d.mtu = port.active_mtu;
   d.token_digest = digest(o.job_token);
   std::memcpy(d.gid, verbs.gid.gid.data(), 16);
@@ -160,6 +168,9 @@ ConnectionData read_remote(runtime::Store& store, const std::string& prefix, con
   else if (d.from != peer || d.to != o.rank || d.comm_id != o.comm_id) why = "it addressed another communicator or rank";
   else if (d.slots != static_cast<std::uint32_t>(o.slots) || d.slot_bytes != o.slot_bytes)
     why = "its receive ring has another shape (a different braid build?)";
+  else if (d.qps != static_cast<std::uint32_t>(o.qps))
+    why = "it uses " + std::to_string(d.qps) + " queue pairs per peer and this rank " + std::to_string(o.qps) +
+          "; set the same BRAID_IB_QPS_PER_PEER on every rank";
   if (!why.empty()) {
     spdlog::warn("{}: refused its connection data: {}", who(o, peer), why);
     throw RemoteError(who(o, peer) + ": refused its connection data: " + why, peer);
@@ -169,12 +180,12 @@ ConnectionData read_remote(runtime::Store& store, const std::string& prefix, con
 
 // RTR then RTS, with the retry settings of the header comment.
 void bring_up(ibv_qp* qp, const Verbs& verbs, const ConnectionData& mine, const ConnectionData& theirs,
-              const IbOptions& o) {
+              const IbOptions& o, int q) {
   ibv_qp_attr attr{};
   attr.qp_state = IBV_QPS_RTR;
   attr.path_mtu = static_cast<ibv_mtu>(std::min(mine.mtu, theirs.mtu));
-  attr.dest_qp_num = theirs.qp_num;
-  attr.rq_psn = theirs.psn;
+  attr.dest_qp_num = theirs.qp_nums[q];
+  attr.rq_psn = psn_of(theirs.qp_nums[q]);
   attr.max_dest_rd_atomic = 1;
   attr.min_rnr_timer = 12;
   attr.ah_attr.port_num = static_cast<std::uint8_t>(verbs.gid.port);
@@ -197,7 +208,7 @@ void bring_up(ibv_qp* qp, const Verbs& verbs, const ConnectionData& mine, const 
   attr.timeout = static_cast<std::uint8_t>(ack_timeout_exponent(o.timeout));
   attr.retry_cnt = 6;  // 7 tries; not 7: rxe retries forever (header comment)
   attr.rnr_retry = 7;  // receives are reposted as they are used; RNR is never expected
-  attr.sq_psn = mine.psn;
+  attr.sq_psn = psn_of(mine.qp_nums[q]);
   attr.max_rd_atomic = 1;
   if (int error = ibv_modify_qp(qp, &attr, IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY |
                                                IBV_QP_SQ_PSN | IBV_QP_MAX_QP_RD_ATOMIC))
@@ -219,7 +230,9 @@ std::unique_ptr<IbTransport> connect_ibverbs(runtime::Store& store, const std::s
   spdlog::info("ibverbs: {}", choice.reason);
   const std::vector<int> ranks = peer_ranks(o);
   const std::size_t n = std::max<std::size_t>(ranks.size(), 1);
-  auto verbs = open_verbs(choice, static_cast<int>(n) * (4 * o.slots + 24), o.rank);
+  int cq_entries = 0;
+  for (int q = 0; q < o.qps; ++q) cq_entries += send_depth(o) + receive_depth(o, q);
+  auto verbs = open_verbs(choice, static_cast<int>(n) * cq_entries, o.rank);
   const std::size_t ring_bytes = n * static_cast<std::size_t>(o.slots) * o.slot_bytes;
   Registered ring(verbs->pd, ring_bytes, "receive ring"), staging(verbs->pd, ring_bytes, "send staging");
   Registered control(verbs->pd, n * sizeof(IbTransport::ControlBlock), "control region");
@@ -229,13 +242,15 @@ std::unique_ptr<IbTransport> connect_ibverbs(runtime::Store& store, const std::s
 
   std::vector<IbTransport::Peer> peers(ranks.size());
   std::vector<ConnectionData> mine(ranks.size());
-  for (std::size_t i = 0; i < ranks.size(); ++i) {
-    peers[i].rank = ranks[i];
-    peers[i].qp = create_qp(*verbs, o, ranks[i]);
-  }
   // Until the transport owns them, a throw destroys the queue pairs here.
   std::vector<ibv_qp*> qps;
-  for (auto& p : peers) qps.push_back(p.qp);
+  for (std::size_t i = 0; i < ranks.size(); ++i) {
+    peers[i].rank = ranks[i];
+    for (int q = 0; q < o.qps; ++q) {
+      peers[i].qps.push_back(create_qp(*verbs, o, ranks[i], q));
+      qps.push_back(peers[i].qps.back());
+    }
+  }
   struct QpGuard {
     std::vector<ibv_qp*>* qps;
     ~QpGuard() {
@@ -244,12 +259,13 @@ std::unique_ptr<IbTransport> connect_ibverbs(runtime::Store& store, const std::s
     }
   } guard{&qps};
   for (std::size_t i = 0; i < ranks.size(); ++i) {
-    for (int k = 0; k < 2 * o.slots + 8; ++k) {
-      ibv_recv_wr wr{}, *bad = nullptr;
-      wr.wr_id = (std::uint64_t{4} << 56) | i;  // Work::receive, peer index i (transport.cc)
-      if (int error = ibv_post_recv(peers[i].qp, &wr, &bad))
-        throw SystemError(errno_message(who(o, ranks[i]) + ": posting receives", error));
-    }
+    for (int q = 0; q < o.qps; ++q)
+      for (int k = 0; k < receive_depth(o, q); ++k) {
+        ibv_recv_wr wr{}, *bad = nullptr;
+        wr.wr_id = wr_id(Work::receive, i, q);
+        if (int error = ibv_post_recv(peers[i].qps[q], &wr, &bad))
+          throw SystemError(errno_message(who(o, ranks[i]) + ": posting receives", error));
+      }
     mine[i] = local_data(o, peers[i], *verbs, port, ring.address() + i * o.slots * o.slot_bytes, ring.rkey(),
                          control.address() + i * sizeof(IbTransport::ControlBlock), control.rkey());
     runtime::Bytes bytes(sizeof(ConnectionData));
@@ -258,7 +274,7 @@ std::unique_ptr<IbTransport> connect_ibverbs(runtime::Store& store, const std::s
   }
   for (std::size_t i = 0; i < ranks.size(); ++i) {
     ConnectionData theirs = read_remote(store, key_prefix, o, ranks[i]);
-    bring_up(peers[i].qp, *verbs, mine[i], theirs, o);
+    for (int q = 0; q < o.qps; ++q) bring_up(peers[i].qps[q], *verbs, mine[i], theirs, o, q);
     peers[i].remote = {theirs.ring_address, theirs.ring_rkey, theirs.credit_address, theirs.control_rkey};
   }
   guard.qps = nullptr;
@@ -266,6 +282,19 @@ std::unique_ptr<IbTransport> connect_ibverbs(runtime::Store& store, const std::s
                                               std::move(staging), std::move(control));
   result->prove_paths(Clock::now() + o.timeout);
   return result;
+}
+
+std::string unusable_reason(const GidRequest& request, int rank, std::string& chosen) {
+  std::vector<GidEntry> table = probe_gid_table();
+  if (table.empty()) return "no RDMA device (ibv_devices lists none, or no GID is set)";
+  try {
+    GidChoice choice = choose_gid(table, request, rank);
+    chosen = choice.entry.device + " port " + std::to_string(choice.entry.port) + " GID index " +
+             std::to_string(choice.entry.index);
+    return "";
+  } catch (const InvalidUsage& e) {
+    return e.what();
+  }
 }
 
 std::unique_ptr<Transport> open_ibverbs(runtime::Store& store, const std::string& key_prefix,

@@ -1,5 +1,6 @@
 // The data path of the ibverbs transport (the protocol is in transport.h).
 #include "comm/transport/ibverbs/transport.h"
+#include "comm/transport/ibverbs/ids.h"
 
 #include <arpa/inet.h>
 #include <infiniband/verbs.h>
@@ -17,18 +18,16 @@ namespace braid::comm::ibverbs {
 namespace {
 
 constexpr std::size_t kHeaderBytes = sizeof(WireHeader);
-constexpr std::uint32_t kCreditImm = 0xffffffffu;
+// Registration cache bounds (memory.h): enough for a few large buffers of a
+// training job, far below what RLIMIT_MEMLOCK usually allows on RDMA hosts.
+constexpr std::size_t kCacheBytes = std::size_t{1} << 30;
+constexpr std::size_t kCacheEntries = 64;
 constexpr int kMaxCreditWrites = 2;
 // How long progress() waits with nothing advancing before it probes the
 // peers it waits on (the keepalive of transport.h): well below any sensible
 // BRAID_TIMEOUT, and long enough that a job whose data flows never probes.
 constexpr std::chrono::milliseconds kKeepaliveInterval{200};
 
-// wr_id: the kind of work request in the top byte, the peer index below.
-enum class Work : std::uint64_t { data = 1, credit = 2, proof = 3, receive = 4, keepalive = 5 };
-std::uint64_t wr_id(Work kind, std::size_t peer) { return (static_cast<std::uint64_t>(kind) << 56) | peer; }
-Work kind_of(std::uint64_t id) { return static_cast<Work>(id >> 56); }
-std::size_t peer_index_of(std::uint64_t id) { return static_cast<std::size_t>(id & 0xffffffffu); }
 
 const char* operation(Work kind) {
   switch (kind) {
@@ -36,6 +35,8 @@ const char* operation(Work kind) {
     case Work::credit: return "an RDMA write returning ring credits";
     case Work::proof: return "the set-up path proof (an 8-byte RDMA write)";
     case Work::keepalive: return "a keepalive (an 8-byte RDMA write to a peer this rank waits on)";
+    case Work::cts: return "an RDMA write of a clear-to-send (a receive buffer offered for a large message)";
+    case Work::direct: return "a direct RDMA write of a large message into the peer's buffer";
     default: return "a receive of an RDMA write with immediate";
   }
 }
@@ -63,6 +64,7 @@ IbTransport::IbTransport(const IbOptions& options, std::unique_ptr<Verbs> verbs,
       ring_(std::move(ring)),
       staging_(std::move(staging)),
       control_(std::move(control)),
+      cache_(verbs_->pd, kCacheBytes, kCacheEntries),
       peers_(std::move(peers)),
       index_by_rank_(static_cast<std::size_t>(options.size), -1),
       next_keepalive_(Clock::now() + kKeepaliveInterval) {
@@ -70,6 +72,9 @@ IbTransport::IbTransport(const IbOptions& options, std::unique_ptr<Verbs> verbs,
     index_by_rank_[peers_[i].rank] = static_cast<int>(i);
     peers_[i].piece_bytes.assign(slots_, 0);
     peers_[i].held.assign(slots_, false);
+    peers_[i].stripes_arrived.assign(peers_[i].qps.size(), 0);
+    peers_[i].stripes_taken.assign(peers_[i].qps.size(), 0);
+    peers_[i].direct_writes.resize(peers_[i].qps.size());
   }
 }
 
@@ -81,11 +86,15 @@ IbTransport::~IbTransport() { shutdown(); }
 void IbTransport::shutdown() {
   if (shut_down_) return;
   shut_down_ = true;
+  spdlog::debug("ibverbs: rank {} wrote {} large message(s) directly ({} bytes), sent {} through the ring; "
+                "{} bytes registered in its cache",
+                rank_, direct_sent_, direct_bytes_, large_through_ring_, cache_.registered_bytes());
   for (auto& peer : peers_)
-    if (peer.qp) {
-      ibv_destroy_qp(peer.qp);
-      peer.qp = nullptr;
-    }
+    for (ibv_qp*& qp : peer.qps)
+      if (qp) {
+        ibv_destroy_qp(qp);
+        qp = nullptr;
+      }
 }
 
 IbTransport::Peer& IbTransport::peer_of(int rank) {
@@ -119,6 +128,7 @@ RequestId IbTransport::post_send(int peer, const WireHeader& header, const void*
   Peer& p = peer_of(peer);
   RequestId id = allocate(peer, header);
   requests_[id].data = static_cast<std::byte*>(const_cast<void*>(data));
+  if (header.payload_bytes >= kDirectMinBytes) requests_[id].mode = Mode::large;
   p.sends.push_back(id);
   next_keepalive_ = Clock::now() + kKeepaliveInterval;  // a new operation: not blocked yet
   return id;
@@ -128,6 +138,7 @@ RequestId IbTransport::post_recv(int peer, const WireHeader& expected, void* dat
   Peer& p = peer_of(peer);
   RequestId id = allocate(peer, expected);
   requests_[id].data = static_cast<std::byte*>(data);
+  if (expected.payload_bytes >= kDirectMinBytes) requests_[id].mode = Mode::large;
   p.recvs.push_back(id);
   next_keepalive_ = Clock::now() + kKeepaliveInterval;
   return id;
@@ -149,13 +160,14 @@ void IbTransport::release(RequestId request) {
     p.held[r.held_slot] = false;
     --p.held_count;
   }
+  unpin(r);
   staging_pool_.give_back(std::move(r.staging));
   requests_.release(request);
 }
 
 void IbTransport::post_write(Peer& peer, std::uint64_t id, const void* local, std::uint32_t lkey,
                              std::uint32_t bytes, std::uint64_t remote, std::uint32_t rkey, bool with_imm,
-                             std::uint32_t imm) {
+                             std::uint32_t imm, int qp) {
   ibv_sge sge{reinterpret_cast<std::uint64_t>(local), bytes, lkey};
   ibv_send_wr wr{};
   ibv_send_wr* bad = nullptr;
@@ -167,17 +179,17 @@ void IbTransport::post_write(Peer& peer, std::uint64_t id, const void* local, st
   wr.imm_data = htonl(imm);
   wr.wr.rdma.remote_addr = remote;
   wr.wr.rdma.rkey = rkey;
-  if (int error = ibv_post_send(peer.qp, &wr, &bad))
+  if (int error = ibv_post_send(peer.qps[qp], &wr, &bad))
     throw SystemError(errno_message("rank " + std::to_string(rank_) + " could not post " +
                                         operation(kind_of(id)) + " to rank " + std::to_string(peer.rank),
                                     error));
 }
 
-void IbTransport::post_receive(Peer& peer) {
+void IbTransport::post_receive(Peer& peer, int qp) {
   ibv_recv_wr wr{};
   ibv_recv_wr* bad = nullptr;
-  wr.wr_id = wr_id(Work::receive, index_of(peer));
-  if (int error = ibv_post_recv(peer.qp, &wr, &bad))
+  wr.wr_id = wr_id(Work::receive, index_of(peer), qp);
+  if (int error = ibv_post_recv(peer.qps[qp], &wr, &bad))
     throw SystemError(errno_message("rank " + std::to_string(rank_) + " could not post an RDMA receive for rank " +
                                         std::to_string(peer.rank),
                                     error));
@@ -190,7 +202,8 @@ bool IbTransport::pump_sends(Peer& peer) {
   while (!peer.sends.empty()) {
     Request& r = requests_[peer.sends.front()];
     const std::size_t total = kHeaderBytes + r.header.payload_bytes;
-    while (peer.front_posted < total && peer.posted - peer.credits < slots_ && peer.posted - peer.completed < slots_) {
+    if (r.mode == Mode::large && !start_large(peer, r, advanced)) break;
+    while (peer.front_posted < total && can_post_piece(peer)) {
       post_piece(peer, r);
       advanced = true;
     }
@@ -203,9 +216,16 @@ bool IbTransport::pump_sends(Peer& peer) {
   return advanced;
 }
 
-void IbTransport::post_piece(Peer& peer, Request& r) {
+bool IbTransport::can_post_piece(const Peer& peer) const {
+  return peer.posted - peer.credits < slots_ && peer.posted - peer.completed < slots_;
+}
+
+// The next piece of the front message: at most a slot, at most `limit`
+// bytes (a request-to-send is the header alone); `flags` ride in the
+// immediate beside the byte count.
+void IbTransport::post_piece(Peer& peer, Request& r, std::size_t limit, std::uint32_t flags) {
   const std::size_t total = kHeaderBytes + r.header.payload_bytes;
-  const std::size_t offset = peer.front_posted, bytes = std::min(slot_bytes_, total - offset);
+  const std::size_t offset = peer.front_posted, bytes = std::min({slot_bytes_, total - offset, limit});
   std::byte* slot = staging_slot(peer, peer.posted);
   std::size_t filled = 0;
   if (offset < kHeaderBytes) {
@@ -216,20 +236,28 @@ void IbTransport::post_piece(Peer& peer, Request& r) {
   if (bytes > filled) std::memcpy(slot + filled, r.data + payload_offset, bytes - filled);
   const std::uint64_t remote = peer.remote.ring_address + (peer.posted % slots_) * slot_bytes_;
   post_write(peer, wr_id(Work::data, index_of(peer)), slot, staging_.lkey(), static_cast<std::uint32_t>(bytes),
-             remote, peer.remote.ring_rkey, true, static_cast<std::uint32_t>(bytes));
+             remote, peer.remote.ring_rkey, true, static_cast<std::uint32_t>(bytes) | flags);
   ++peer.posted;
   peer.front_posted += bytes;
 }
 
 // Receives: take arrived pieces into the front request, header first.
 bool IbTransport::pump_recvs(Peer& peer) {
+  offer_cts(peer);
   bool advanced = false;
-  while (!peer.recvs.empty() && peer.taken < peer.arrived) {
+  while (!peer.recvs.empty()) {
     Request& r = requests_[peer.recvs.front()];
-    take_piece(peer, r);
+    if (r.mode == Mode::direct) {
+      if (!take_stripes(peer, r)) break;
+    } else {
+      if (peer.taken == peer.arrived) break;
+      take_piece(peer, r);
+    }
     advanced = true;
     if (!r.done) continue;
     bytes_received_.fetch_add(r.header.payload_bytes, std::memory_order_relaxed);
+    if (r.offered) ++peer.large_done;
+    unpin(r);
     peer.recvs.pop_front();
   }
   free_slots(peer);
@@ -241,7 +269,8 @@ bool IbTransport::pump_recvs(Peer& peer) {
 void IbTransport::take_piece(Peer& peer, Request& r) {
   const std::uint64_t piece = peer.taken++;
   const std::byte* slot = ring_slot(peer, piece);
-  const std::size_t bytes = peer.piece_bytes[piece % slots_];
+  const std::size_t bytes = peer.piece_bytes[piece % slots_] & kPieceBytesMask;
+  const bool sender_registered = peer.piece_bytes[piece % slots_] & kSenderRegistered;
   std::size_t payload_from = 0;
   if (r.moved == 0) {
     if (bytes < kHeaderBytes)
@@ -253,6 +282,16 @@ void IbTransport::take_piece(Peer& peer, Request& r) {
     std::string mismatch = header_mismatch(r.header, r.received, rank_, peer.rank);
     if (!mismatch.empty()) throw RemoteError(mismatch, peer.rank);
     payload_from = kHeaderBytes;
+    if (r.mode == Mode::large) {  // the request-to-send of a large message: the header alone
+      if (bytes != kHeaderBytes)
+        throw RemoteError("rank " + std::to_string(rank_) + " received a large message from rank " +
+                              std::to_string(peer.rank) + " without its request-to-send (garbage on the wire)",
+                          peer.rank);
+      r.moved = kHeaderBytes;
+      r.mode = r.key && sender_registered ? Mode::direct : Mode::ring;
+      if (r.mode == Mode::ring) unpin(r);
+      return;
+    }
   }
   const std::size_t total = kHeaderBytes + r.header.payload_bytes;
   if (bytes != std::min(slot_bytes_, total - r.moved))
@@ -296,17 +335,30 @@ void IbTransport::send_credits(Peer& peer) {
 }
 
 void IbTransport::on_receive(Peer& peer, const ibv_wc& wc) {
-  post_receive(peer);  // this receive is used up; the peer may need another at once
+  const int qp = qp_of(wc.wr_id);
+  post_receive(peer, qp);  // this receive is used up; the peer may need another at once
   const std::uint32_t imm = ntohl(wc.imm_data);
   if (!(wc.wc_flags & IBV_WC_WITH_IMM))
     throw RemoteError("rank " + std::to_string(rank_) + " received an RDMA message without an immediate from rank " +
                           std::to_string(peer.rank) + " (not a braid peer?)",
                       peer.rank);
+  if (imm == kStripeImm) {
+    ++peer.stripes_arrived[static_cast<std::size_t>(qp)];
+    return;
+  }
+  if (qp != 0)
+    throw RemoteError("rank " + std::to_string(rank_) + " received ring traffic on a striping queue pair from rank " +
+                          std::to_string(peer.rank) + " (garbage on the wire)",
+                      peer.rank);
   if (imm == kCreditImm) {
     peer.credits = std::max(peer.credits, load_acquire(control(peer).credit_in));
     return;
   }
-  if (imm > slot_bytes_ || peer.arrived - peer.freed >= slots_)
+  if (imm == kCtsImm) {
+    ++peer.cts_arrived;
+    return;
+  }
+  if ((imm & kPieceBytesMask) > slot_bytes_ || peer.arrived - peer.freed >= slots_)
     throw RemoteError("rank " + std::to_string(rank_) + " received an RDMA piece from rank " +
                           std::to_string(peer.rank) + " beyond its ring credits or slot size (garbage on the wire)",
                       peer.rank);
@@ -321,19 +373,34 @@ bool IbTransport::on_completion(const ibv_wc& wc) {
   switch (kind_of(wc.wr_id)) {
     case Work::data:
       ++peer.completed;
-      while (!peer.sending.empty() && requests_[peer.sending.front()].last_piece < peer.completed) {
-        Request& r = requests_[peer.sending.front()];
-        r.done = true;
-        bytes_sent_.fetch_add(r.header.payload_bytes, std::memory_order_relaxed);
-        peer.sending.pop_front();
-      }
+      retire_sends(peer);
       break;
+    case Work::direct: {
+      auto& pending = peer.direct_writes[static_cast<std::size_t>(qp_of(wc.wr_id))];
+      --requests_[pending.front()].writes_left;
+      pending.pop_front();
+      retire_sends(peer);
+      break;
+    }
+    case Work::cts: --peer.cts_writes; break;
     case Work::credit: --peer.credit_writes; break;
     case Work::proof: peer.proved = true; break;
     case Work::receive: on_receive(peer, wc); break;
     case Work::keepalive: peer.keepalive_pending = false; return false;
   }
   return true;
+}
+
+// Sends complete in posting order once their ring pieces and direct writes have.
+void IbTransport::retire_sends(Peer& peer) {
+  while (!peer.sending.empty()) {
+    Request& r = requests_[peer.sending.front()];
+    if (r.last_piece >= peer.completed || r.writes_left > 0) return;
+    r.done = true;
+    unpin(r);
+    bytes_sent_.fetch_add(r.header.payload_bytes, std::memory_order_relaxed);
+    peer.sending.pop_front();
+  }
 }
 
 int IbTransport::poll_completions() {
@@ -353,6 +420,7 @@ bool IbTransport::pump_all() {
   for (auto& peer : peers_) {
     advanced |= pump_recvs(peer);
     advanced |= pump_sends(peer);
+    if (!peer.failure.empty() && peer.completed == peer.posted) throw RemoteError(peer.failure, peer.rank);
   }
   if (advanced) next_keepalive_ = Clock::now() + kKeepaliveInterval;
   return advanced;
@@ -364,7 +432,10 @@ bool IbTransport::pump_all() {
 void IbTransport::keep_alive() {
   for (auto& peer : peers_) {
     const bool waiting = !peer.recvs.empty() || !peer.sends.empty();
-    const bool outstanding = peer.keepalive_pending || peer.posted != peer.completed || peer.credit_writes > 0;
+    const bool outstanding = peer.keepalive_pending || peer.posted != peer.completed || peer.credit_writes > 0 ||
+                             peer.cts_writes > 0 ||
+                             std::any_of(peer.direct_writes.begin(), peer.direct_writes.end(),
+                                         [](const auto& q) { return !q.empty(); });
     if (!waiting || outstanding) continue;
     ControlBlock& block = control(peer);
     ++block.keepalive_out;
@@ -451,6 +522,11 @@ void IbTransport::fail_completion(Peer& peer, const ibv_wc& wc) {
                              "link is down; see " + them + "'s own output for why it stopped, and if it still runs "
                              "check the link between the two (ibv_devinfo port state, ip link), or use "
                              "BRAID_TRANSPORT=tcp",
+                      peer.rank);
+  if (wc.status == IBV_WC_REM_ACCESS_ERR && kind == Work::direct)
+    throw RemoteError(what + ": " + them + " no longer holds the buffer it offered for this message: it exited "
+                             "or crashed (its registrations went with it); see " + them + "'s own output for why "
+                             "it stopped",
                       peer.rank);
   if (wc.status == IBV_WC_RNR_RETRY_EXC_ERR || wc.status == IBV_WC_WR_FLUSH_ERR || wc.status == IBV_WC_REM_OP_ERR ||
       wc.status == IBV_WC_REM_ACCESS_ERR || wc.status == IBV_WC_REM_INV_REQ_ERR)

@@ -34,10 +34,26 @@
 // retries (connection.cc: under 2 s) as "retries exhausted", a
 // RemoteError naming the peer. Data that flows never triggers a keepalive.
 //
-// Every sender first copies into a registered staging slot: registering
-// caller buffers (a bounded registration cache), direct RDMA writes of large
-// messages into the peer's registered buffer (find_region / map_region) and
-// striping over BRAID_IB_QPS_PER_PEER queue pairs are not implemented yet.
+// Large messages (payload of at least kDirectMinBytes) are written straight
+// from the sender's buffer into the receiver's (direct.cc):
+//  - the receiver, as soon as it posts the receive, registers its buffer
+//    (RegistrationCache, memory.h) and writes a clear-to-send (Cts) into the
+//    sender's control block: the header it expects, the buffer's address
+//    and rkey and the registration that covers it (or "no offer" when the
+//    buffer cannot be registered); at most kCtsSlots are outstanding;
+//  - the sender writes the header alone into the ring (a request-to-send,
+//    flagged when its own buffer is registered), so that a receiver which
+//    expects something else fails on it as on any header;
+//  - with an offer and a registered source, the sender checks the Cts: the
+//    expected header must be its own, the range must lie in the advertised
+//    registration (a peer advertising more is refused by name); it then
+//    writes the payload in stripes over the peer's queue pairs
+//    (BRAID_IB_QPS_PER_PEER), the last write of each with an immediate
+//    (kStripeImm). RC delivers each queue pair's writes in order, so the
+//    receiver's message is complete when every stripe's immediate is in;
+//  - otherwise the rest of the message follows the header through the ring.
+// Both ends reach the same choice from the same two facts (the offer, the
+// flag), so neither waits for what the other will not send.
 #pragma once
 
 #include "comm/transport/transport_only.h"
@@ -47,6 +63,7 @@
 #include <cstdint>
 #include <deque>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -70,6 +87,27 @@ class Store;
 namespace braid::comm::ibverbs {
 
 class IbTransport;
+
+inline constexpr std::uint64_t kDirectMinBytes = 64u << 10;
+inline constexpr int kCtsSlots = 8;
+inline constexpr int kMaxQpsPerPeer = 8;
+
+// A receiver's clear-to-send for one large message (direct.cc).
+struct Cts {
+  WireHeader expected;
+  std::uint64_t seq = 0;           // counts this direction's large messages from 0
+  std::uint64_t address = 0;       // where the payload goes
+  std::uint64_t region_base = 0;   // the registration that covers it
+  std::uint64_t region_bytes = 0;
+  std::uint32_t rkey = 0;
+  std::uint32_t offer = 0;  // 0: no direct write, send through the ring
+};
+
+// Why the sender of `payload_bytes` refuses `cts`, or "" (direct.cc).
+std::string advertised_range_error(const Cts& cts, std::uint64_t payload_bytes, int rank, int peer);
+
+// How many queue pairs carry a direct write of `payload_bytes`.
+int stripes_of(std::uint64_t payload_bytes, int qps);
 
 // Chooses the device, port and GID (device.h; logged at info), creates one
 // RC queue pair per peer, exchanges the connection data through the store
@@ -107,7 +145,7 @@ class IbTransport final : public Transport {
   // pieces since set-up and never wrap in practice (64 bits).
   struct Peer {
     int rank = -1;
-    ibv_qp* qp = nullptr;
+    std::vector<ibv_qp*> qps;  // qps[0] carries the ring, credits and Cts; all carry stripes
     RemoteEnd remote;
     // sending
     std::uint64_t posted = 0, completed = 0;  // pieces written, and locally completed
@@ -123,6 +161,13 @@ class IbTransport final : public Transport {
     std::deque<RequestId> recvs;
     bool proved = false;
     bool keepalive_pending = false;  // a keepalive write not yet completed
+    // large messages (direct.cc)
+    std::uint64_t cts_sent = 0, large_done = 0;     // receiving: Cts written, large receives completed
+    std::uint64_t cts_arrived = 0, cts_taken = 0;   // sending: Cts received, consumed
+    int cts_writes = 0;                              // Cts writes not yet completed
+    std::vector<std::uint64_t> stripes_arrived, stripes_taken;  // per queue pair
+    std::vector<std::deque<RequestId>> direct_writes;  // per queue pair, in posting order
+    std::string failure;  // a refused Cts: thrown once the request-to-send is out
   };
 
   IbTransport(const IbOptions& options, std::unique_ptr<Verbs> verbs, std::vector<Peer> peers,
@@ -152,11 +197,18 @@ class IbTransport final : public Transport {
     std::uint64_t keepalive_in;   // written by the peer's keepalives; never read
     std::uint64_t keepalive_out;  // source of this rank's keepalives
     std::uint64_t pad[2];
+    Cts cts_in[kCtsSlots];   // written by the peer: its clear-to-sends for this rank's large messages
+    Cts cts_out[kCtsSlots];  // sources of this rank's clear-to-sends
   };
 
  private:
+  enum class Mode : std::uint8_t { ring, large, direct };  // large: protocol not settled yet
   struct Request {
     bool done = false, in_place = false;
+    Mode mode = Mode::ring;
+    bool offered = false;             // receives: its Cts is out (an offer when `key` is set)
+    std::optional<MemoryKey> key;     // the registration pinned for a direct write
+    int writes_left = 0;              // sends: direct writes not yet completed
     int peer = -1;
     WireHeader header, received;
     std::byte* data = nullptr;
@@ -178,15 +230,23 @@ class IbTransport final : public Transport {
   bool on_completion(const ibv_wc& wc);
   void keep_alive();
   void on_receive(Peer& peer, const ibv_wc& wc);
-  void post_receive(Peer& peer);
+  void post_receive(Peer& peer, int qp);
   bool pump_sends(Peer& peer);
-  void post_piece(Peer& peer, Request& r);
+  void post_piece(Peer& peer, Request& r, std::size_t limit = ~std::size_t{0}, std::uint32_t flags = 0);
+  bool can_post_piece(const Peer& peer) const;
+  void retire_sends(Peer& peer);
+  // direct.cc
+  bool start_large(Peer& peer, Request& r, bool& advanced);
+  void write_direct(Peer& peer, Request& r, const Cts& cts);
+  void offer_cts(Peer& peer);
+  bool take_stripes(Peer& peer, Request& r);
+  void unpin(Request& r);
   bool pump_recvs(Peer& peer);
   void take_piece(Peer& peer, Request& r);
   void free_slots(Peer& peer);
   void send_credits(Peer& peer);
   void post_write(Peer& peer, std::uint64_t wr_id, const void* local, std::uint32_t lkey, std::uint32_t bytes,
-                  std::uint64_t remote, std::uint32_t rkey, bool with_imm, std::uint32_t imm);
+                  std::uint64_t remote, std::uint32_t rkey, bool with_imm, std::uint32_t imm, int qp = 0);
   void wait_events(Clock::time_point deadline);
   void drain_async_events();
   [[noreturn]] void fail_completion(Peer& peer, const ibv_wc& wc);
@@ -197,11 +257,13 @@ class IbTransport final : public Transport {
   std::chrono::nanoseconds spin_;
   std::unique_ptr<Verbs> verbs_;
   Registered ring_, staging_, control_;
+  RegistrationCache cache_;  // after verbs_: unregistered before the protection domain goes
   std::vector<Peer> peers_;
   std::vector<int> index_by_rank_;  // -1 for ranks not connected
   RequestPool<Request> requests_;
   StagingPool staging_pool_;
   std::atomic<std::uint64_t> bytes_sent_{0}, bytes_received_{0};
+  std::uint64_t direct_sent_ = 0, direct_bytes_ = 0, large_through_ring_ = 0;  // logged at shutdown
   bool shut_down_ = false;
   Clock::time_point next_keepalive_;  // nothing advanced since this minus kKeepaliveInterval
 };

@@ -11,4 +11,8 @@ std::unique_ptr<Transport> open_ibverbs(runtime::Store&, const std::string&, con
                      "libibverbs-dev (rdma-core) and rebuild with -Dibverbs=enabled, or use BRAID_TRANSPORT=auto");
 }
 
+std::string unusable_reason(const GidRequest&, int, std::string&) {
+  return "this braid was built without libibverbs";
+}
+
 }  // namespace braid::comm::ibverbs

@@ -181,6 +181,18 @@ bool find(const void* pointer, std::size_t bytes, RegionRef& ref) {
   return true;
 }
 
+bool extent(const void* pointer, Extent& out) {
+  if (pointer == nullptr || allocation_count.load(std::memory_order_acquire) == 0) return false;
+  const auto* p = static_cast<const std::byte*>(pointer);
+  std::lock_guard lock(registry_mu);
+  auto it = allocations.upper_bound(p);
+  if (it == allocations.begin()) return false;
+  --it;
+  if (static_cast<std::size_t>(p - it->first) >= it->second.bytes) return false;
+  out = {it->first, it->second.bytes, it->second.inode};
+  return true;
+}
+
 PeerRegions::~PeerRegions() {
   for (auto& [fd, m] : by_fd_) munmap(m.base, m.bytes);
 }

@@ -113,6 +113,14 @@ void* allocate(std::size_t bytes);
 void release(void* pointer);
 // Whether [pointer, pointer + bytes) lies in one allocation of this process.
 bool find(const void* pointer, std::size_t bytes, RegionRef& ref);
+// The whole allocation `pointer` lies in (its base, size and memfd inode):
+// what the ibverbs transport registers once.
+struct Extent {
+  const std::byte* base = nullptr;
+  std::size_t bytes = 0;
+  std::uint64_t inode = 0;
+};
+bool extent(const void* pointer, Extent& out);
 
 // A peer's regions mapped into this process, cached by fd number.
 class PeerRegions {

@@ -1,0 +1,32 @@
+// Private to the ibverbs transport: what its work request ids and
+// immediates encode (the protocol is in transport.h).
+#pragma once
+
+#include "comm/transport/transport_only.h"
+
+#include <cstddef>
+#include <cstdint>
+
+namespace braid::comm::ibverbs {
+
+// wr_id: the kind of work request in the top byte, the queue pair's index
+// among the peer's in the next, the peer's index in the low 32 bits.
+enum class Work : std::uint64_t { data = 1, credit = 2, proof = 3, receive = 4, keepalive = 5, cts = 6, direct = 7 };
+
+inline std::uint64_t wr_id(Work kind, std::size_t peer, int qp = 0) {
+  return (static_cast<std::uint64_t>(kind) << 56) | (static_cast<std::uint64_t>(qp & 0xff) << 48) | (peer & 0xffffffffu);
+}
+inline Work kind_of(std::uint64_t id) { return static_cast<Work>(id >> 56); }
+inline int qp_of(std::uint64_t id) { return static_cast<int>((id >> 48) & 0xff); }
+inline std::size_t peer_index_of(std::uint64_t id) { return static_cast<std::size_t>(id & 0xffffffffu); }
+
+// Immediates. A ring piece's is its byte count (at most a slot, far below
+// bit 30), with kSenderRegistered set on a request-to-send whose sender can
+// write directly; the others are reserved values.
+inline constexpr std::uint32_t kCreditImm = 0xffffffffu;
+inline constexpr std::uint32_t kCtsImm = 0xfffffffeu;
+inline constexpr std::uint32_t kStripeImm = 0xfffffffdu;
+inline constexpr std::uint32_t kSenderRegistered = 0x40000000u;
+inline constexpr std::uint32_t kPieceBytesMask = 0x3fffffffu;
+
+}  // namespace braid::comm::ibverbs
