@@ -139,6 +139,8 @@ struct RemoteEnd {
   std::uint32_t control_rkey = 0;
 };
 
+struct TestAccess;  // tests/rdma/programs/forge_cts.cc
+
 class IbTransport final : public Transport {
  public:
   // One peer's queue pair and both directions' counters. Counters count
@@ -202,6 +204,7 @@ class IbTransport final : public Transport {
   };
 
  private:
+  friend struct TestAccess;
   enum class Mode : std::uint8_t { ring, large, direct };  // large: protocol not settled yet
   struct Request {
     bool done = false, in_place = false;
