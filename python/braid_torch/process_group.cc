@@ -177,6 +177,45 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::_allgather_base(at::Tensor& ou
                   {output}, {input}, {}});
 }
 
+c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::gather(std::vector<std::vector<at::Tensor>>& outputs,
+                                                         std::vector<at::Tensor>& inputs,
+                                                         const c10d::GatherOptions& opts) {
+  at::Tensor& input = single_tensor(inputs, "gather");
+  const bool root = getRank() == opts.rootRank;
+  if (root && (outputs.size() != 1 || outputs[0].size() != static_cast<std::size_t>(getSize())))
+    refuse("gather", "the root needs one list of " + std::to_string(getSize()) + " output tensors");
+  if (!root && !(outputs.empty() || (outputs.size() == 1 && outputs[0].empty())))
+    refuse("gather", "only the root passes output tensors");
+  std::vector<at::Tensor> results = root ? outputs[0] : std::vector<at::Tensor>{};
+  check_same(results, input, "gather");
+  at::Tensor flat = at::empty({getSize() * input.numel()}, input.options());
+  Buffer send = movable(input, "gather");
+  Buffer recv = movable(flat, "gather");
+  int64_t count = input.numel();
+  return enqueue({c10d::OpType::GATHER,
+                  [this, send, recv] { return comm_->all_gather(send.data, recv.data, send.count, send.dtype); },
+                  results, {input, flat}, [flat, results, count]() mutable { unflatten(flat, results, count); }});
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::scatter(std::vector<at::Tensor>& outputs,
+                                                          std::vector<std::vector<at::Tensor>>& inputs,
+                                                          const c10d::ScatterOptions& opts) {
+  at::Tensor& output = single_tensor(outputs, "scatter");
+  const int root = static_cast<int>(opts.rootRank);
+  const bool is_root = getRank() == root;
+  if (is_root && (inputs.size() != 1 || inputs[0].size() != static_cast<std::size_t>(getSize())))
+    refuse("scatter", "the root needs one list of " + std::to_string(getSize()) + " input tensors");
+  if (!is_root && !(inputs.empty() || (inputs.size() == 1 && inputs[0].empty())))
+    refuse("scatter", "only the root passes input tensors");
+  if (is_root) check_same(inputs[0], output, "scatter");
+  at::Tensor flat = is_root ? flatten(inputs[0]) : at::empty({getSize() * output.numel()}, output.options());
+  Buffer whole = movable(flat, "scatter");
+  at::Tensor mine = flat.narrow(0, getRank() * output.numel(), output.numel());
+  return enqueue({c10d::OpType::SCATTER,
+                  [this, whole, root] { return comm_->broadcast(whole.data, whole.data, whole.count, whole.dtype, root); },
+                  {output}, {flat}, [output, mine]() mutable { output.copy_(mine.view(output.sizes())); }});
+}
+
 c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::reduce_scatter(std::vector<at::Tensor>& outputs,
                                                                  std::vector<std::vector<at::Tensor>>& inputs,
                                                                  const c10d::ReduceScatterOptions& opts) {

@@ -7,9 +7,10 @@
 // returns a Work whose future completes when braid's call has (work.h).
 // Where torch's layout differs from braid's (a list of per-rank tensors, a
 // coalesced list, unequal all-to-all splits) the call goes through one
-// contiguous staging tensor. Tensors must be contiguous; CPU tensors of every
-// dtype move, and float32/64, float16, bfloat16, int8, uint8, int32 and int64
-// reduce with SUM, AVG, PRODUCT, MIN and MAX. CUDA tensors go through braid's
+// contiguous staging tensor; gather and scatter are an all-gather and a
+// broadcast. Tensors must be contiguous; CPU tensors of every dtype move,
+// and float32/64, float16, bfloat16, int8, uint8, int32 and int64 reduce
+// with SUM, AVG, PRODUCT, MIN and MAX. CUDA tensors go through braid's
 // device path on the device's default stream (braid's CUDA builds).
 #pragma once
 
@@ -49,6 +50,14 @@ class ProcessGroupBraid : public c10d::ProcessGroup {
                                            const c10d::AllgatherOptions& opts) override;
   c10::intrusive_ptr<c10d::Work> _allgather_base(at::Tensor& output, at::Tensor& input,
                                                  const c10d::AllgatherOptions& opts) override;
+  // braid has no gather or scatter: gather is an all-gather whose result
+  // only the root keeps, scatter a broadcast of the root's whole list of
+  // which each rank keeps its part (N times the bytes; rarely hot).
+  c10::intrusive_ptr<c10d::Work> gather(std::vector<std::vector<at::Tensor>>& outputs,
+                                        std::vector<at::Tensor>& inputs, const c10d::GatherOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> scatter(std::vector<at::Tensor>& outputs,
+                                         std::vector<std::vector<at::Tensor>>& inputs,
+                                         const c10d::ScatterOptions& opts) override;
   c10::intrusive_ptr<c10d::Work> reduce_scatter(std::vector<at::Tensor>& outputs,
                                                 std::vector<std::vector<at::Tensor>>& inputs,
                                                 const c10d::ReduceScatterOptions& opts) override;

@@ -7,7 +7,8 @@ second group over the same ranks. Inputs are small integers, so sums,
 products, minima and maxima are exact in every dtype and the results must be
 equal; where gloo lacks an operation (bfloat16, AVG, reduce-scatter,
 all-gather into one tensor) the reference is gloo's nearest operation
-(float32, SUM / size, all-reduce then slice, all-gather then cat).
+(float32, SUM / size, all-reduce then slice, all-gather then cat), and
+dtypes gloo cannot move (bool, int16, complex) go to gloo as their bytes.
 """
 import warnings
 
@@ -104,6 +105,25 @@ def check_all_gather(c, rank, size):
             c.equal(f"all_gather_into_tensor {dtype} x{count}", out, torch.cat(want))
 
 
+def check_gather_scatter(c, rank, size):
+    for root in sorted({0, size - 1}):
+        for dtype in (torch.float32, torch.bool):
+            t = values(13, rank, dtype)
+            want = [torch.empty_like(t) for _ in range(size)] if rank == root else None
+            dist.gather(gloo_bytes(t), [gloo_bytes(w) for w in want] if want else None, dst=root,
+                        group=gloo_group())
+            got = [torch.empty_like(t) for _ in range(size)] if rank == root else None
+            dist.gather(t, got, dst=root)
+            if rank == root:
+                c.equal(f"gather root {root} {dtype}", got, want)
+            parts = [values(13, rank, dtype, salt=p) for p in range(size)] if rank == root else None
+            want, got = torch.empty(13, dtype=dtype), torch.empty(13, dtype=dtype)
+            dist.scatter(gloo_bytes(want), [gloo_bytes(p) for p in parts] if parts else None, src=root,
+                         group=gloo_group())
+            dist.scatter(got, parts, src=root)
+            c.equal(f"scatter root {root} {dtype}", got, want)
+
+
 def check_reduce_scatter(c, rank, size):
     for dtype in (torch.float32, torch.float16, torch.int64):
         for name, op in OPS.items():
@@ -168,7 +188,7 @@ def main():
     rank, size = dist.get_rank(), dist.get_world_size()
     c = Checks(rank)
     for check in (check_all_reduce, check_coalesced, check_broadcast_reduce, check_all_gather,
-                  check_reduce_scatter, check_all_to_all, check_send_recv, check_async):
+                  check_gather_scatter, check_reduce_scatter, check_all_to_all, check_send_recv, check_async):
         check(c, rank, size)
     if rank == 0:
         print(f"braid transports: {braid_torch.transport_summary()}", flush=True)
