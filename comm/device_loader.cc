@@ -1,0 +1,60 @@
+// comm/device.h in a CUDA build: the device path (device_cuda.cc,
+// device_gate.cu and the CUDA kernels) is a plugin of its own,
+// libbraid_comm_cuda.so, installed beside libbraid_comm.so and loaded the
+// first time a call on device memory arrives. So libbraid_comm.so names no
+// CUDA library, and a host-only client of a CUDA build links and loads
+// without the CUDA runtime (issue 16); only a process that passes device
+// memory, and so already has CUDA loaded, loads the plugin.
+#include <dlfcn.h>
+
+#include <filesystem>
+#include <mutex>
+#include <string>
+
+#include "comm/device.h"
+#include "comm/device_plugin.h"
+#include "runtime/errors.h"
+
+namespace braid::comm {
+
+namespace {
+
+void anchor() {}  // an address inside libbraid_comm.so, to find its folder
+
+struct Plugin {
+  DevicePluginFactory factory = nullptr;
+  std::string error;
+};
+
+Plugin load_plugin() {
+  Plugin plugin;
+  Dl_info self{};
+  if (dladdr(reinterpret_cast<void*>(&anchor), &self) == 0 || self.dli_fname == nullptr) {
+    plugin.error = "cannot find the folder of libbraid_comm";
+    return plugin;
+  }
+  auto path = std::filesystem::path(self.dli_fname).parent_path() / kDevicePluginFile;
+  void* handle = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
+  if (handle == nullptr) {
+    plugin.error = dlerror();
+    return plugin;
+  }
+  plugin.factory = reinterpret_cast<DevicePluginFactory>(dlsym(handle, kDevicePluginEntry));
+  if (plugin.factory == nullptr) plugin.error = path.string() + " has no " + kDevicePluginEntry;
+  return plugin;
+}
+
+}  // namespace
+
+std::unique_ptr<DeviceStaging> make_device_staging(int device, std::chrono::milliseconds timeout) {
+  static std::once_flag once;
+  static Plugin plugin;
+  std::call_once(once, [] { plugin = load_plugin(); });
+  if (plugin.factory == nullptr)
+    throw SystemError("CUDA device " + std::to_string(device) + " memory was passed, but braid's CUDA part (" +
+                      kDevicePluginFile + ") could not be loaded: " + plugin.error +
+                      ". Install it beside libbraid_comm and make the CUDA runtime (libcudart) loadable");
+  return std::unique_ptr<DeviceStaging>(plugin.factory(device, timeout.count()));
+}
+
+}  // namespace braid::comm
