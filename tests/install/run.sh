@@ -3,8 +3,8 @@
 # (a program outside the tree) exactly as a user would:
 #   c++ -std=c++20 client.cc $(pkg-config --cflags --libs braid)
 # checks that neither it nor the installed libraries need the CUDA runtime at
-# load time, then runs it under the installed braid-launch (3 ranks) and
-# under torchrun (2 ranks). The installed files stand in a DESTDIR, so
+# load time, then runs it under the installed braid-launch (3 ranks), under
+# torchrun and under Open MPI's mpirun (2 ranks each). The installed files stand in a DESTDIR, so
 # pkg-config gets PKG_CONFIG_SYSROOT_DIR and the programs LD_LIBRARY_PATH,
 # as for any staged install.
 #
@@ -59,4 +59,16 @@ out=$(timeout 90 "$torchrun" --nnodes 1 --nproc_per_node 2 --master_addr 127.0.0
   --redirects 9:1 --tee 9:1 --no_python "$tmp/client" 2>&1) || fail "under torchrun: $out"
 echo "$out"
 [ "$(echo "$out" | grep -c 'correct')" -eq 2 ] || fail "under torchrun, not every rank reported correct results"
+
+# Open MPI: ranks from OMPI_COMM_WORLD_*, rank 0 serves braid's store at
+# MASTER_ADDR:MASTER_PORT (runtime/rank_info.h).
+mpirun=$(command -v mpirun || true)
+[ -n "$mpirun" ] || { echo "install test: SKIP mpirun part: mpirun not installed (openmpi-bin; scripts/setup.sh installs it)"; exit 77; }
+root_flag=""
+[ "$(id -u)" -ne 0 ] || root_flag="--allow-run-as-root"
+port=$(python3 "$here/free_ports.py")
+out=$(timeout 90 "$mpirun" $root_flag --oversubscribe -np 2 -x MASTER_ADDR=127.0.0.1 -x MASTER_PORT="$port" \
+  -x LD_LIBRARY_PATH -x BRAID_TIMEOUT "$tmp/client" 2>&1) || fail "under mpirun: $out"
+echo "$out"
+[ "$(echo "$out" | grep -c 'correct')" -eq 2 ] || fail "under mpirun, not every rank reported correct results"
 echo "install test: ok"
