@@ -45,6 +45,15 @@ if echo "$needed" | grep -Ei 'cudart|cublas|libcuda'; then fail "the client or a
 export LD_LIBRARY_PATH="$libdir${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 export BRAID_TIMEOUT=30
 
+# The torch backend, where this build has it: the installed package
+# imports and registers "braid" with torch.distributed.
+ext=$(find "$tmp/root" -path '*/braid_torch/_C*.so' | head -n 1)
+if [ -n "$ext" ]; then
+  (cd "$tmp" && PYTHONPATH=$(dirname "$(dirname "$ext")") /usr/bin/python3 -c \
+    'import braid_torch, torch.distributed as d; assert "BRAID" in d.Backend._plugins; print("install test: braid_torch registers braid")') ||
+    fail "the installed braid_torch does not import"
+fi
+
 out=$(timeout 60 "$launch" --nproc-per-node 3 --timeout 50 -- "$tmp/client" 2>&1) || fail "under braid-launch: $out"
 echo "$out"
 [ "$(echo "$out" | grep -c 'correct')" -eq 3 ] || fail "under braid-launch, not every rank reported correct results"
