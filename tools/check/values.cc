@@ -1,0 +1,92 @@
+#include "tools/check/values.h"
+
+#include <algorithm>
+#include <bit>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+
+namespace braid::check {
+namespace {
+
+std::int64_t base(std::size_t index) {
+  const std::uint64_t h = (static_cast<std::uint64_t>(index) + 1) * 0x9E3779B97F4A7C15ull;
+  return static_cast<std::int64_t>((h >> 40) % 13) - 6;
+}
+
+std::int64_t high(std::size_t index) {
+  return (static_cast<std::int64_t>(index % 3) - 1) * (std::int64_t{1} << 33);
+}
+
+std::uint16_t bf16_bits(std::int64_t value) {
+  // Integers of at most 8 significant bits are exact in bfloat16: the upper
+  // half of the float's bits, no rounding needed.
+  return static_cast<std::uint16_t>(std::bit_cast<std::uint32_t>(static_cast<float>(value)) >> 16);
+}
+
+std::optional<std::int64_t> integral(double value) {
+  if (!std::isfinite(value) || value != std::floor(value)) return std::nullopt;
+  return static_cast<std::int64_t>(value);
+}
+
+}  // namespace
+
+std::int64_t input_value(int rank, std::size_t index, int ranks, DataType dtype) {
+  std::int64_t value = base(index) + 2 * static_cast<std::int64_t>((static_cast<std::size_t>(rank) + index) % ranks);
+  return dtype == DataType::i64 ? value + high(index) : value;
+}
+
+std::int64_t reduced_value(std::size_t index, int ranks, DataType dtype, ReduceOp op) {
+  std::int64_t sum = 0, max = input_value(0, index, ranks, dtype);
+  for (int r = 0; r < ranks; ++r) {
+    const std::int64_t v = input_value(r, index, ranks, dtype);
+    sum += v;
+    max = std::max(max, v);
+  }
+  if (op == ReduceOp::max) return max;
+  if (op == ReduceOp::avg) return sum / ranks;  // exact: the model makes the sum a multiple of ranks
+  return sum;
+}
+
+bool supported(DataType dtype) {
+  return dtype == DataType::f32 || dtype == DataType::bf16 || dtype == DataType::i64;
+}
+
+bool supported(ReduceOp op) { return op == ReduceOp::sum || op == ReduceOp::max || op == ReduceOp::avg; }
+
+void store(void* buffer, std::size_t i, DataType dtype, std::int64_t value) {
+  switch (dtype) {
+    case DataType::f32: static_cast<float*>(buffer)[i] = static_cast<float>(value); break;
+    case DataType::bf16: static_cast<std::uint16_t*>(buffer)[i] = bf16_bits(value); break;
+    case DataType::i64: static_cast<std::int64_t*>(buffer)[i] = value; break;
+    default: break;  // refused before any buffer is filled (supported())
+  }
+}
+
+std::optional<std::int64_t> load(const void* buffer, std::size_t i, DataType dtype) {
+  switch (dtype) {
+    case DataType::f32: return integral(static_cast<const float*>(buffer)[i]);
+    case DataType::bf16: {
+      const std::uint32_t bits = std::uint32_t{static_cast<const std::uint16_t*>(buffer)[i]} << 16;
+      return integral(std::bit_cast<float>(bits));
+    }
+    case DataType::i64: return static_cast<const std::int64_t*>(buffer)[i];
+    default: return std::nullopt;
+  }
+}
+
+std::string show(const void* buffer, std::size_t i, DataType dtype) {
+  if (auto value = load(buffer, i, dtype)) return std::to_string(*value);
+  const std::size_t bytes = dtype_bytes(dtype);
+  std::uint64_t bits = 0;
+  std::memcpy(&bits, static_cast<const std::byte*>(buffer) + i * bytes, bytes);
+  char text[32];
+  std::snprintf(text, sizeof text, "bits 0x%0*llx", static_cast<int>(2 * bytes), static_cast<unsigned long long>(bits));
+  return text;
+}
+
+void fill_sentinel(void* buffer, std::size_t count, DataType dtype) {
+  std::memset(buffer, 0xA5, count * dtype_bytes(dtype));
+}
+
+}  // namespace braid::check
