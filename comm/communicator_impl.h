@@ -10,6 +10,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -79,6 +80,12 @@ struct Communicator::Impl {
   ExchangeContext exchange;  // routes, tuning and buffers every operation reuses
   std::mutex staging_mu;                  // orders staging + queueing of calls on device memory
   std::unique_ptr<DeviceStaging> device;  // from the first call on device memory
+  std::unique_ptr<Reducer> device_reducer;  // with `device`: the direct collectives' kernels
+  // cuda_ipc: device memory of the ranks of this host as registered
+  // regions, connected with `device` where setup.cc left its options (there
+  // are ranks on this host). Not in `transports`: it carries no messages.
+  std::optional<cuda_ipc::CudaIpcOptions> cuda_ipc;
+  std::unique_ptr<Transport> device_regions;
   std::mutex choice_mu;
   struct Choices {
     Algorithm last;                              // for Communicator::last_algorithm
@@ -88,10 +95,12 @@ struct Communicator::Impl {
 
   ~Impl();
   std::shared_ptr<WorkState> enqueue(Op op);
+  void start_device(int ordinal);
   void execute(const Op& op, WorkState& state);
   void run_worker();
   bool start_worker(const Op& op, WorkState& state);
   CallShape shape_of(const Op& op) const;
+  bool registered(const Op& op) const;
   void note_choice(OpKind kind, const Algorithm& algorithm);
   void abort(const std::string& reason);
 };

@@ -19,27 +19,28 @@
 //
 // This is the path across hosts (TCP) and the fallback for every transport.
 //
-// A collective (all but send / recv) among ranks of one host
-// (BRAID_TRANSPORT=auto) whose buffers CUDA IPC can share (select.cc decides) runs on the device
-// instead: the stream gets only the `ready` event and the gate; the engine
-// waits for `ready`, the ranks swap IPC handles of their buffers (small host
-// messages), each rank runs its share as kernels over the peers' mapped
-// buffers (kernels::cuda::reduce_multi; for all_reduce one fused kernel
-// over its chunk that reads every rank's input and writes every rank's
-// output), then a barrier, then the gate opens. Every byte is read once and
-// written once: the least traffic these collectives can make. This departs from
-// DESIGN.md's transport-with-views for CUDA IPC: the peers' buffers are
-// mapped directly, with no transport ring in between.
-// If one rank takes this path and another cannot (a buffer IPC cannot share,
-// e.g. from cudaMallocAsync), their first messages differ in size and both
-// fail with the header mismatch naming the two calls.
+// A collective whose buffers every rank of one host shares through CUDA IPC
+// (comm/transport/cuda_ipc/; select.cc decides) runs on the device instead:
+// the stream gets only the `staged` event, the gate and the `finished`
+// event, and no copies; the engine waits for `staged`, runs the direct
+// collective (comm/algorithms/<kind>_direct.cc) over the peers' mapped
+// buffers with the device Reducer below (kernels::cuda::reduce_multi on a
+// stream of its own, waited for before the collective's closing barrier),
+// then opens the gate. Every byte is read once and written once: the least
+// traffic these collectives can make. If one rank takes this path and
+// another cannot (a buffer IPC cannot share, e.g. from cudaMallocAsync),
+// their first messages differ and both fail with the header mismatch
+// naming the two calls.
 #pragma once
 
 #include <chrono>
 #include <memory>
+#include <string>
 
 #include "comm/algorithms/algorithms.h"
 #include "comm/algorithms/exchange.h"
+#include "comm/algorithms/reducer.h"
+#include "comm/transport/cuda_ipc/transport.h"
 #include "comm/types.h"
 
 namespace braid::comm {
@@ -58,10 +59,9 @@ class StagedOp {
   virtual bool results_ready() = 0;
   // Work::wait: until results_ready(), at most until `deadline`.
   virtual void wait_results(Clock::time_point deadline) = 0;
-  // The CUDA IPC path: the engine calls run_on_device instead of the host
-  // algorithm (after wait_inputs, before open_gate).
+  // Whether the call runs on its device buffers (a direct collective over
+  // the peers' buffers mapped through CUDA IPC) rather than on staging.
   virtual bool on_device() const { return false; }
-  virtual void run_on_device(Exchange& x) { (void)x; }
 };
 
 // One per communicator and device, created on its first call on device memory.
@@ -71,19 +71,25 @@ class DeviceStaging {
   // Caller's thread, in issue order: queues the copies and the gate on
   // op.stream and points op.send / op.recv at the staging buffers (in-place
   // calls stay in place). `rank` and `size` give the buffers' extents.
-  // Whether the call runs on the device over mapped peers (cuda_ipc) or is
-  // staged is select.cc's answer for `shape`, once the staging has said
-  // whether it can map every peer's buffers.
-  virtual std::shared_ptr<StagedOp> stage(Op& op, int rank, int size, CallShape shape) = 0;
+  // Whether the call runs on the device buffers (cuda_ipc) or is staged is
+  // select.cc's answer for `shape` (its `registered`: every buffer the call
+  // uses here is shareable through CUDA IPC).
+  virtual std::shared_ptr<StagedOp> stage(Op& op, int rank, int size, const CallShape& shape) = 0;
+
+  // The rest of the device path, made here so that everything that calls
+  // CUDA comes from this one factory: the Reducer of the direct collectives
+  // on this device's memory (kernels::cuda::reduce_multi on a stream of its
+  // own, comm/device_reducer_cuda.cc), and cuda_ipc, the transport that
+  // makes device memory of the ranks of this host registered regions
+  // (comm/transport/cuda_ipc/transport.h).
+  virtual std::unique_ptr<Reducer> make_reducer() = 0;
+  virtual std::unique_ptr<Transport> connect_regions(std::shared_ptr<runtime::Store> store,
+                                                     const std::string& key_prefix,
+                                                     const cuda_ipc::CudaIpcOptions& options) = 0;
 };
 
 // Throws InvalidUsage without CUDA support, SystemError when the device
 // cannot be used (no driver, no such device).
 std::unique_ptr<DeviceStaging> make_device_staging(int device, std::chrono::milliseconds timeout);
-
-// Elements in op's send and receive buffers on `rank`, 0 for a buffer the
-// call does not use there (a broadcast's send buffer off the root, ...).
-std::size_t send_elements(const Op& op, int rank, int size);
-std::size_t recv_elements(const Op& op, int rank, int size);
 
 }  // namespace braid::comm

@@ -84,8 +84,10 @@ std::shared_ptr<WorkState> Communicator::Impl::enqueue(Op op) {
   std::unique_lock staging_lock(staging_mu, std::defer_lock);
   if (op.memory.kind == runtime::MemoryKind::device) {
     staging_lock.lock();
-    if (!device) device = make_device_staging(op.memory.device, timeout);
-    state->staged = device->stage(op, rank, size, shape_of(op));
+    if (!device) start_device(op.memory.device);
+    CallShape shape = shape_of(op);
+    shape.registered = registration_matters(shape) && registered(op);  // shareable through CUDA IPC
+    state->staged = device->stage(op, rank, size, shape);
     state->timeout = timeout;
   }
   std::unique_lock lock(mu);
@@ -108,6 +110,17 @@ std::shared_ptr<WorkState> Communicator::Impl::enqueue(Op op) {
   lock.unlock();
   cv.notify_all();
   return state;
+}
+
+// The device path, on the first call on device memory (staging_mu held):
+// staging, the Reducer, and cuda_ipc to the ranks of this host.
+void Communicator::Impl::start_device(int ordinal) {
+  auto staging = make_device_staging(ordinal, timeout);
+  device_reducer = staging->make_reducer();
+  exchange.device_reducer = device_reducer.get();
+  if (cuda_ipc) device_regions = staging->connect_regions(store, key_prefix, *cuda_ipc);
+  exchange.device_regions = device_regions.get();
+  device = std::move(staging);
 }
 
 // Called with `mu` held. A process out of threads gets a named error, not
@@ -163,9 +176,8 @@ void Communicator::Impl::execute(const Op& op, WorkState& state) {
   try {
     if (state.staged) state.staged->wait_inputs(Clock::now() + timeout);
     if (status) status->entered(op, &exchange.waiting_for);
-    const bool on_device = state.staged && state.staged->on_device();
     CallShape shape = shape_of(op);
-    shape.device_peers_mappable = on_device;
+    if (state.staged) shape.registered = state.staged->on_device();  // as when it was staged
     const Algorithm algorithm = select_algorithm(shape);
     note_choice(op.kind, algorithm);
     Exchange x(op, exchange, Clock::now() + timeout, [this, &op](int peer) {
@@ -174,8 +186,7 @@ void Communicator::Impl::execute(const Op& op, WorkState& state) {
       return holder.empty() ? text : text + "; holding this call up: " + holder;
     });
     if (size > 1 && !algorithm.agrees) agree_signatures(x);
-    if (on_device) state.staged->run_on_device(x);
-    else algorithm.run(x);
+    algorithm.run(x);
     if (state.staged) state.staged->open_gate();
     if (status) status->left(op);
     state.complete(nullptr);
@@ -192,9 +203,9 @@ void Communicator::Impl::execute(const Op& op, WorkState& state) {
   }
 }
 
-// What select.cc needs to know of `op` on this communicator. Registered:
-// both buffers (those the call uses) in memory the transport to every peer
-// can map.
+// What select.cc needs to know of `op` on this communicator. Whether
+// device buffers are registered (shareable through CUDA IPC) is asked once,
+// when the call is staged (enqueue), and kept by its StagedOp.
 CallShape Communicator::Impl::shape_of(const Op& op) const {
   CallShape shape;
   shape.kind = op.kind;
@@ -202,12 +213,27 @@ CallShape Communicator::Impl::shape_of(const Op& op) const {
   shape.ranks = size;
   shape.one_host = one_host;
   shape.device = op.memory.kind == runtime::MemoryKind::device;
-  RegionRef ref;
-  shape.registered = !shape.device && op.send && op.recv && find_region(exchange, op.send, shape.bytes, ref) &&
-                     find_region(exchange, op.recv, shape.bytes, ref);
+  const std::size_t send_bytes = send_elements(op, rank, size) * dtype_bytes(op.dtype);
+  const std::size_t recv_bytes = recv_elements(op, rank, size) * dtype_bytes(op.dtype);
+  auto* send = static_cast<const std::byte*>(op.send);
+  auto* recv = static_cast<const std::byte*>(op.recv);
+  shape.in_place = send_bytes && recv_bytes && send < recv + recv_bytes && recv < send + send_bytes;
   shape.transport = config.transport;
   shape.forced = forced_algo;
+  shape.registered = !shape.device && registration_matters(shape) && registered(op);
   return shape;
+}
+
+// Whether every buffer `op` uses on this rank lies in registered memory its
+// peers can map: host memory through the transport to every peer, device
+// memory through cuda_ipc.
+bool Communicator::Impl::registered(const Op& op) const {
+  const std::size_t es = dtype_bytes(op.dtype);
+  const std::size_t send_bytes = send_elements(op, rank, size) * es, recv_bytes = recv_elements(op, rank, size) * es;
+  RegionRef ref;
+  return (send_bytes || recv_bytes) &&
+         (!send_bytes || find_region(exchange, op.send, send_bytes, ref, op.memory.kind)) &&
+         (!recv_bytes || find_region(exchange, op.recv, recv_bytes, ref, op.memory.kind));
 }
 
 // Logs at info the first call of each kind that runs with each algorithm,

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <vector>
 
+#include "comm/algorithms/reducer.h"
 #include "comm/transport/transport.h"
 #include "comm/wire.h"
 #include "runtime/errors.h"
@@ -105,12 +106,15 @@ void Exchange::wait_sends() {
   c_.sends.clear();
 }
 
-bool find_region(const ExchangeContext& context, const void* data, std::size_t bytes, RegionRef& ref) {
+bool find_region(const ExchangeContext& context, const void* data, std::size_t bytes, RegionRef& ref,
+                 runtime::MemoryKind memory) {
+  if (memory == runtime::MemoryKind::device)
+    return context.device_regions && context.device_regions->find_region(data, bytes, ref);
   return context.distinct.size() == 1 && context.distinct.front()->find_region(data, bytes, ref);
 }
 
 bool Exchange::find_region(const void* data, std::size_t bytes, RegionRef& ref) const {
-  return comm::find_region(c_, data, bytes, ref);
+  return comm::find_region(c_, data, bytes, ref, op_.memory.kind);
 }
 
 std::span<std::byte> Exchange::peer_region(int peer, const RegionRef& ref, std::size_t bytes) {
@@ -118,7 +122,17 @@ std::span<std::byte> Exchange::peer_region(int peer, const RegionRef& ref, std::
     throw RemoteError("rank " + std::to_string(peer) + " named a registered buffer of " + std::to_string(ref.bytes) +
                           " bytes where " + describe(op_) + " needs " + std::to_string(bytes),
                       peer);
+  if (op_.memory.kind == runtime::MemoryKind::device) {
+    if (!c_.device_regions) throw InvalidUsage("no transport here maps the device memory of rank " + std::to_string(peer));
+    return c_.device_regions->map_region(peer, ref);
+  }
   return c_.routes.at(static_cast<std::size_t>(peer))->map_region(peer, ref);
+}
+
+Reducer& Exchange::reducer() {
+  if (op_.memory.kind != runtime::MemoryKind::device) return host_reducer();
+  if (!c_.device_reducer) throw InvalidUsage(describe(op_) + ": device memory, but no device path to reduce it");
+  return *c_.device_reducer;
 }
 
 std::byte* Exchange::scratch(std::size_t bytes) {

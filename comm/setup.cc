@@ -300,6 +300,8 @@ void connect_planned(Communicator::Impl& impl, const Plan& plan) {
     options.host_bytes = config.shm_host_bytes;
     impl.transports.push_back(shm::connect_shm(*impl.store, impl.key_prefix, options));
     add_routes(impl, plan.use_shm);
+    impl.cuda_ipc = with_common<cuda_ipc::CudaIpcOptions>(common);  // device memory of the same peers
+    impl.cuda_ipc->local_ranks = plan.local;
   }
   if (any(plan.use_tcp)) {
     auto options = with_common<tcp::TcpOptions>(common);

@@ -112,7 +112,13 @@ void all_reduce_ring(Exchange& x);
 // On registered buffers of every rank of one host (all_reduce_direct.cc),
 // from this size.
 inline constexpr std::size_t kDirectAllReduceMinBytes = 64u << 10;
+// The direct collectives (direct.h): every rank's buffers mapped, no ring.
 void all_reduce_direct(Exchange& x);
+void reduce_direct(Exchange& x);
+void reduce_scatter_direct(Exchange& x);
+void all_gather_direct(Exchange& x);
+void broadcast_direct(Exchange& x);
+void all_to_all_direct(Exchange& x);
 void all_reduce_recursive_doubling(Exchange& x);
 void reduce_scatter(Exchange& x);
 void all_gather(Exchange& x);
@@ -136,9 +142,12 @@ struct CallShape {
   std::size_t bytes = 0;  // count x element size
   int ranks = 1;
   bool one_host = false;    // every rank of the communicator on this host
-  bool registered = false;  // send and receive buffers in registered memory the peers can map
+  // Every buffer the call uses on this rank lies in registered memory the
+  // peers can map: host memory through the transport to every peer, device
+  // memory through CUDA IPC.
+  bool registered = false;
   bool device = false;      // CUDA device memory
-  bool device_peers_mappable = false;  // ... and the device path can map every peer's buffers (CUDA IPC)
+  bool in_place = false;    // the send and receive buffers overlap
   std::string_view transport = "auto";  // BRAID_TRANSPORT
   std::string_view forced = "auto";     // BRAID_ALGO
 };
@@ -156,20 +165,29 @@ struct Reason {
 };
 std::string describe(const Reason& reason);
 
-// The algorithm table's answer: which function runs the call (null for
-// cuda_ipc, which the device path runs), its name, and why.
+// The algorithm table's answer: which function runs the call, its name, and why.
 struct Algorithm {
   void (*run)(Exchange&) = nullptr;
   std::string_view name;
   // Whether the schedule itself has checked, through a chain of headers, that
   // every rank called the same operation before it writes any user buffer
-  // (recursive doubling, the dissemination barrier, the direct all-reduce's
-  // swap with every rank, cuda_ipc's likewise, point-to-point). Otherwise
-  // agree_signatures runs first.
+  // (recursive doubling, the dissemination barrier, the direct collectives'
+  // swap with every rank, point-to-point). Otherwise agree_signatures runs
+  // first.
   bool agrees = false;
   Reason reason;
 };
 Algorithm select_algorithm(const CallShape& call);
+// Whether the answer for `call` depends on call.registered: the engine
+// looks the buffers up in registered memory (for device memory a CUDA IPC
+// export) only then.
+bool registration_matters(const CallShape& call);
+
+// Elements in op's send and receive buffers on `rank`, 0 for a buffer the
+// call does not use there (a broadcast's send buffer off the root, ...);
+// defined with the validation of the calls (comm/communicator.cc).
+std::size_t send_elements(const Op& op, int rank, int size);
+std::size_t recv_elements(const Op& op, int rank, int size);
 
 // Elements per segment for this dtype (at least one).
 std::size_t segment_count(const Exchange& x);

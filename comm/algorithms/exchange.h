@@ -23,6 +23,7 @@
 namespace braid::comm {
 
 class Transport;
+class Reducer;
 
 struct Request {
   enum class Kind : std::uint8_t { send, recv, view };
@@ -55,12 +56,19 @@ struct ExchangeContext {
   // The peer an operation is blocked on right now, -1 when none: read by the
   // communicator's status board for timeout attribution (comm/status.h).
   std::atomic<int> waiting_for{-1};
+  // Device memory: the transport that registers it and maps the peers'
+  // (cuda_ipc; null without CUDA or local peers), and the device path's
+  // Reducer (set by the communicator's first call on device memory).
+  Transport* device_regions = nullptr;
+  Reducer* device_reducer = nullptr;
 };
 
 // Whether [data, data + bytes) lies in registered memory that one transport
-// reaching every peer can hand out (Exchange::find_region, and select.cc's
-// question before an Exchange exists).
-bool find_region(const ExchangeContext& context, const void* data, std::size_t bytes, RegionRef& ref);
+// reaching every peer can hand out: host memory through the transport to
+// every peer, device memory through device_regions (Exchange::find_region,
+// and select.cc's question before an Exchange exists).
+bool find_region(const ExchangeContext& context, const void* data, std::size_t bytes, RegionRef& ref,
+                 runtime::MemoryKind memory = runtime::MemoryKind::host);
 
 class Exchange {
  public:
@@ -111,6 +119,14 @@ class Exchange {
   // are opaque: pass them on, read nothing in them.
   bool find_region(const void* data, std::size_t bytes, RegionRef& ref) const;
   std::span<std::byte> peer_region(int peer, const RegionRef& ref, std::size_t bytes);
+
+  // The arithmetic of the direct collectives on the memory the call's
+  // buffers are in (comm/algorithms/reducer.h); finish() it by deadline().
+  // Regions and reducer follow op().memory; a call staged through pinned
+  // host memory keeps its device kind there, but select.cc never runs a
+  // direct collective on staging.
+  Reducer& reducer();
+  Clock::time_point deadline() const { return deadline_; }
 
  private:
   void drive(const Request& request);

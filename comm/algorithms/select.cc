@@ -3,9 +3,11 @@
 // call (to know whether the kernels over mapped peers run it), and
 // braid-bench prints what it returned.
 //
-//   device buffers      cuda_ipc (kernels over the peers' buffers mapped
-//                       through CUDA IPC) on one host when every peer's
-//                       buffer can be mapped; else staged through pinned
+//   device buffers      cuda_ipc: the direct collective (<kind>_direct.cc,
+//                       kernels over the peers' buffers mapped through
+//                       CUDA IPC) on one host of at most kMaxDirectRanks
+//                       ranks when every buffer is shareable, but never an
+//                       in-place all_to_all; else staged through pinned
 //                       host memory and the host table below
 //   all_reduce          direct on registered buffers of one host from
 //                       kDirectAllReduceMinBytes; else recursive doubling
@@ -20,8 +22,10 @@
 //
 // BRAID_ALGO forces a choice where the collective has it (ring or
 // recursive_doubling for all_reduce, binomial or pipelined for broadcast)
-// and turns off direct; BRAID_TRANSPORT other than auto turns off cuda_ipc.
-// Elsewhere they are ignored.
+// and turns off direct; `direct` forces the direct collective of any kind on
+// registered host buffers of one host (as cuda_ipc would run it), whatever
+// the size; BRAID_TRANSPORT other than auto turns off cuda_ipc. Elsewhere
+// they are ignored.
 //
 // Every collective first proves that all ranks called it with the same
 // arguments (agree_signatures) unless its schedule proves that by itself
@@ -36,6 +40,7 @@
 //            instead of 2(N-1) ring steps, each a context switch when ranks
 //            outnumber cores).
 #include "comm/algorithms/algorithms.h"
+#include "comm/algorithms/reducer.h"
 
 namespace braid::comm {
 namespace {
@@ -44,7 +49,26 @@ constexpr std::size_t kSmallBroadcastBytes = 32u << 10;
 
 std::size_t small_all_reduce_bytes(int ranks) { return ranks <= 2 ? 32u << 10 : 256u << 10; }
 
-bool point_to_point(OpKind kind) { return kind == OpKind::send || kind == OpKind::recv; }
+// The direct collective of `kind`, null where there is none.
+void (*direct_of(OpKind kind))(Exchange&) {
+  switch (kind) {
+    case OpKind::all_reduce: return all_reduce_direct;
+    case OpKind::reduce: return reduce_direct;
+    case OpKind::reduce_scatter: return reduce_scatter_direct;
+    case OpKind::all_gather: return all_gather_direct;
+    case OpKind::broadcast: return broadcast_direct;
+    case OpKind::all_to_all: return all_to_all_direct;
+    default: return nullptr;
+  }
+}
+
+// Whether a direct collective can run the call: registered buffers on every
+// rank of one host, and not an in-place all-to-all (it would overwrite a
+// block of a peer's input before that peer has read it).
+bool direct_possible(const CallShape& call) {
+  return direct_of(call.kind) && call.registered && call.one_host && call.ranks > 1 &&
+         !(call.kind == OpKind::all_to_all && call.in_place);
+}
 
 using Rule = Reason::Rule;
 
@@ -88,6 +112,7 @@ Algorithm select_broadcast(const CallShape& call) {
 }
 
 Algorithm select_host(const CallShape& call) {
+  if (call.forced == "direct" && direct_possible(call)) return {direct_of(call.kind), "direct", true, forced(call)};
   switch (call.kind) {
     case OpKind::all_reduce: return select_all_reduce(call);
     case OpKind::reduce_scatter: return {reduce_scatter, "ring", false, because(Rule::only_one)};
@@ -123,11 +148,17 @@ std::string describe(const Reason& reason) {
   return (reason.staged ? "device buffers staged through pinned host memory; " : "") + rule_text(reason);
 }
 
+bool registration_matters(const CallShape& call) {
+  CallShape registered = call, not_registered = call;
+  registered.registered = true;
+  not_registered.registered = false;
+  return select_algorithm(registered).name != select_algorithm(not_registered).name;
+}
+
 Algorithm select_algorithm(const CallShape& call) {
   if (!call.device) return select_host(call);
-  if (!point_to_point(call.kind) && call.ranks > 1 && call.one_host && call.device_peers_mappable &&
-      call.transport == "auto")
-    return {nullptr, "cuda_ipc", true, because(Rule::cuda_ipc)};
+  if (direct_possible(call) && call.ranks <= kMaxDirectRanks && call.transport == "auto")
+    return {direct_of(call.kind), "cuda_ipc", true, because(Rule::cuda_ipc)};
   CallShape host = call;
   host.device = false;
   host.registered = false;  // the staging buffers are not

@@ -1,0 +1,72 @@
+// The phases every direct collective shares (direct.h explains them).
+#include "comm/algorithms/direct.h"
+
+#include "comm/algorithms/algorithms.h"
+#include "comm/algorithms/reducer.h"
+#include "runtime/errors.h"
+
+namespace braid::comm {
+namespace {
+
+// What a rank tells its peers: references to the buffers its call uses
+// (zero where it uses none; a peer never maps those).
+struct References {
+  RegionRef send, recv;
+};
+
+}  // namespace
+
+DirectBuffers open_direct(Exchange& x) {
+  const Op& op = x.op();
+  const int n = x.size(), me = x.rank();
+  const std::size_t es = x.element_bytes();
+  auto send_bytes = [&](int rank) { return send_elements(op, rank, n) * es; };
+  auto recv_bytes = [&](int rank) { return recv_elements(op, rank, n) * es; };
+  References mine;
+  if ((send_bytes(me) && !x.find_region(op.send, send_bytes(me), mine.send)) ||
+      (recv_bytes(me) && !x.find_region(op.recv, recv_bytes(me), mine.recv)))
+    throw InvalidUsage(describe(op) + ": a direct collective needs send and receive buffers in registered memory "
+                       "that every peer can map");
+  std::vector<References> theirs(static_cast<std::size_t>(n));
+  x.swap_with_all(kDirectStep, &mine, theirs.data(), sizeof(References));
+
+  // What each peer's call uses follows from the op, not from its message:
+  // a reference a peer left out where its call needs a buffer is refused.
+  DirectBuffers b;
+  b.send.assign(static_cast<std::size_t>(n), nullptr);
+  b.recv.assign(static_cast<std::size_t>(n), nullptr);
+  for (int p = 0; p < n; ++p) {
+    if (p == me) {
+      if (send_bytes(p)) b.send[p] = static_cast<const std::byte*>(op.send);
+      if (recv_bytes(p)) b.recv[p] = static_cast<std::byte*>(op.recv);
+      continue;
+    }
+    if (send_bytes(p)) b.send[p] = x.peer_region(p, theirs[p].send, send_bytes(p)).data();
+    if (recv_bytes(p)) b.recv[p] = x.peer_region(p, theirs[p].recv, recv_bytes(p)).data();
+  }
+  return b;
+}
+
+void close_direct(Exchange& x) {
+  x.reducer().finish(x.deadline());
+  std::uint8_t token = 1;
+  std::vector<std::uint8_t> tokens(static_cast<std::size_t>(x.size()));
+  x.swap_with_all(kDirectStep + 1, &token, tokens.data(), 1);
+}
+
+std::vector<int> this_rank_first(int rank, int size) {
+  std::vector<int> order{rank};
+  for (int p = 0; p < size; ++p)
+    if (p != rank) order.push_back(p);
+  return order;
+}
+
+void direct_step(Exchange& x, const std::vector<void*>& dsts, const std::vector<const void*>& srcs,
+                 std::size_t count, bool reduces) {
+  if (count == 0) return;
+  const Op& op = x.op();
+  const int divisor = reduces && op.reduce_op == ReduceOp::avg ? x.size() : 0;
+  x.reducer().reduce_multi(dsts, srcs, count, op.dtype, reduces ? op.reduce_op : ReduceOp::sum, divisor);
+}
+
+}  // namespace braid::comm

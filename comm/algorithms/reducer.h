@@ -1,0 +1,49 @@
+// The arithmetic of the direct collectives, wherever their buffers live.
+//
+// A direct collective (direct.h) reads its peers' buffers and writes into
+// them in place, so one fused step does all its work: reduce n sources and
+// write the result to several destinations. On host memory that is
+// kernels::cpu; on CUDA device memory it is kernels::cuda's reduce_multi on
+// a stream of the device path, which algorithms cannot name (they build
+// without CUDA headers: boundary.h). The Exchange hands an algorithm the
+// Reducer for the call's memory (Exchange::reducer), so one schedule serves
+// host registered memory and device memory mapped through CUDA IPC.
+#pragma once
+
+#include <cstddef>
+#include <span>
+
+#include "comm/types.h"
+
+namespace braid::comm {
+
+// Most sources or destinations of one step on a device
+// (kernels::cuda::kMaxMulti), and so the most ranks a direct collective on
+// device memory runs on (select.cc). The host takes any number.
+inline constexpr int kMaxDirectRanks = 8;
+
+class Reducer {
+ public:
+  virtual ~Reducer() = default;
+  // For i < count: r = op(srcs[0][i], ..., srcs[n-1][i]), reduced in the
+  // sources' order and divided by `divisor` unless it is 0 (avg reduces as
+  // sum, then divides), written to every dsts[k][i]. One source is a copy
+  // (pass ReduceOp::sum and divisor 0). At least one source and one
+  // destination (on a device at most kMaxDirectRanks); a destination may be
+  // one of the sources (the same pointer): every source of an element is
+  // read before it is written.
+  // Asynchronous on device memory until finish().
+  virtual void reduce_multi(std::span<void* const> dsts, std::span<const void* const> srcs, std::size_t count,
+                            DataType dtype, ReduceOp op, int divisor) = 0;
+  // Returns once every step issued so far has written its destinations:
+  // at once on the host; on a device when its kernels have finished
+  // (TimeoutError at `deadline`, SystemError on a device fault).
+  virtual void finish(Clock::time_point deadline) = 0;
+};
+
+// kernels::cpu, in blocks that stay in L1/L2 between the reduction and the
+// copies to the other destinations. Stateless apart from a per-thread
+// block of scratch; one instance serves every communicator.
+Reducer& host_reducer();
+
+}  // namespace braid::comm

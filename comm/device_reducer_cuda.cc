@@ -1,0 +1,68 @@
+// The device Reducer (DeviceStaging::make_reducer, CUDA builds): the direct
+// collectives' steps as kernels::cuda::reduce_multi on a non-blocking
+// stream of the communicator's device. The stream waits for nothing on the
+// caller's stream: the engine has already waited (on the host) for the
+// call's `staged` event, and the caller's stream waits at the gate until
+// the collective is over, so the kernels run between the two. finish()
+// records an event after the kernels and polls it, bounded, before the
+// collective's closing barrier tells the peers this rank's share is written.
+#include <cuda_runtime.h>
+
+#include <stdexcept>
+
+#include "comm/device.h"
+#include "comm/device_cuda.h"
+#include "kernels/cuda/reduce.h"
+#include "runtime/errors.h"
+
+namespace braid::comm {
+namespace {
+
+static_assert(kMaxDirectRanks == kernels::cuda::kMaxMulti, "a direct step on a device is one reduce_multi");
+
+class CudaReducer final : public Reducer {
+ public:
+  explicit CudaReducer(int device) : device_(device) {}
+
+  ~CudaReducer() override {
+    if (done_) cudaEventDestroy(done_);
+    if (stream_) cudaStreamDestroy(stream_);
+  }
+
+  void reduce_multi(std::span<void* const> dsts, std::span<const void* const> srcs, std::size_t count,
+                    DataType dtype, ReduceOp op, int divisor) override {
+    if (count == 0) return;
+    DeviceScope scope(device_);
+    if (!stream_) {
+      check_cuda(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate");
+      check_cuda(cudaEventCreateWithFlags(&done_, cudaEventDisableTiming), "cudaEventCreate");
+    }
+    try {
+      kernels::cuda::reduce_multi(dsts.data(), static_cast<int>(dsts.size()), srcs.data(),
+                                  static_cast<int>(srcs.size()), count, dtype, op, divisor, stream_);
+    } catch (const std::runtime_error& e) {
+      throw SystemError(e.what());
+    }
+    pending_ = true;
+  }
+
+  void finish(Clock::time_point deadline) override {
+    if (!pending_) return;
+    DeviceScope scope(device_);
+    check_cuda(cudaEventRecord(done_, stream_), "cudaEventRecord");
+    wait_for_event(done_, deadline, "this rank's kernels of a collective on device memory did not finish");
+    pending_ = false;
+  }
+
+ private:
+  int device_;
+  cudaStream_t stream_ = nullptr;
+  cudaEvent_t done_ = nullptr;
+  bool pending_ = false;  // kernels issued since the last finish()
+};
+
+}  // namespace
+
+std::unique_ptr<Reducer> make_device_reducer(int device) { return std::make_unique<CudaReducer>(device); }
+
+}  // namespace braid::comm

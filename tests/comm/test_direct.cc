@@ -1,0 +1,195 @@
+// The direct collectives (comm/algorithms/<kind>_direct.cc) on registered
+// host memory, where this project's CI can run them: the same schedules
+// serve CUDA device memory mapped through CUDA IPC (tests/comm/
+// test_direct_cuda.cc runs them there when a GPU is present). BRAID_ALGO
+// direct (config.algo) forces every kind onto them; an all_reduce of
+// kDirectAllReduceMinBytes and more takes them by itself. Inputs are small
+// integers (tools/bench/verify.h), so results are exact in every dtype and
+// op; the traffic counters show that only references and the closing
+// barrier crossed the transport. Plus the host Reducer's aliasing rules.
+#include <catch2/catch.hpp>
+
+#include <cstring>
+#include <numeric>
+#include <vector>
+
+#include "comm/algorithms/reducer.h"
+#include "tests/comm/harness.h"
+#include "tools/bench/verify.h"
+
+using namespace braid;
+using namespace braid::comm;
+using braid::test::expect;
+
+namespace {
+
+constexpr DataType kDtypes[] = {DataType::f32, DataType::f64, DataType::f16, DataType::bf16,
+                                DataType::i8,  DataType::u8,  DataType::i32, DataType::i64};
+constexpr ReduceOp kOps[] = {ReduceOp::sum, ReduceOp::prod, ReduceOp::min, ReduceOp::max, ReduceOp::avg};
+
+struct Case {
+  OpKind kind;
+  DataType dtype;
+  ReduceOp op;
+  std::size_t count;
+  bool in_place;
+  int root;
+};
+
+std::string describe(const Case& c, int size) {
+  return std::string(name(c.kind)) + " " + std::string(name(c.dtype)) + " " + std::string(name(c.op)) + " count " +
+         std::to_string(c.count) + (c.in_place ? " in place" : " out of place") + " root " + std::to_string(c.root) +
+         " on " + std::to_string(size) + " ranks";
+}
+
+bool per_rank(OpKind kind) {
+  return kind == OpKind::reduce_scatter || kind == OpKind::all_gather || kind == OpKind::all_to_all;
+}
+
+// Registered memory (Communicator::allocate), freed on scope exit.
+struct Registered {
+  explicit Registered(std::size_t bytes) : data(static_cast<std::byte*>(Communicator::allocate(bytes))) {}
+  ~Registered() { Communicator::deallocate(data); }
+  Registered(const Registered&) = delete;
+  Registered& operator=(const Registered&) = delete;
+  std::byte* data;
+};
+
+void issue(Communicator& comm, const Case& c, const std::byte* in, std::byte* out) {
+  switch (c.kind) {
+    case OpKind::all_reduce: comm.all_reduce(in, out, c.count, c.dtype, c.op).wait(); break;
+    case OpKind::reduce_scatter: comm.reduce_scatter(in, out, c.count, c.dtype, c.op).wait(); break;
+    case OpKind::all_gather: comm.all_gather(in, out, c.count, c.dtype).wait(); break;
+    case OpKind::broadcast: comm.broadcast(in, out, c.count, c.dtype, c.root).wait(); break;
+    case OpKind::reduce: comm.reduce(in, out, c.count, c.dtype, c.op, c.root).wait(); break;
+    case OpKind::all_to_all: comm.all_to_all(in, out, c.count, c.dtype).wait(); break;
+    default: break;
+  }
+}
+
+const std::byte* expected(const verify::ExpectedTable& table, const Case& c, int r, std::size_t i) {
+  switch (c.kind) {
+    case OpKind::all_reduce:
+    case OpKind::reduce: return table.reduction(i);
+    case OpKind::reduce_scatter: return table.reduction(r * c.count + i);
+    case OpKind::all_gather: return table.input(int(i / c.count), i % c.count);
+    case OpKind::broadcast: return table.input(c.root, i);
+    default: return table.input(int(i / c.count), r * c.count + i % c.count);  // all_to_all
+  }
+}
+
+// Runs one case on registered buffers (reused across cases: registering
+// and mapping costs more than a case), checks the output exactly, and that
+// the direct collective ran it (but for an in-place all_to_all, which
+// select.cc keeps off it) with next to nothing through the transport.
+void run_case(Communicator& comm, const Case& c, Registered& send, Registered& recv) {
+  const int n = comm.size(), r = comm.rank();
+  const std::size_t es = dtype_bytes(c.dtype), count = c.count;
+  const std::size_t big = per_rank(c.kind) ? count * n : count;
+  std::memset(recv.data, 0, big * es);
+  std::byte* in = send.data;
+  std::byte* out = recv.data;
+  if (c.in_place) {
+    in = c.kind == OpKind::all_gather ? recv.data + r * count * es : recv.data;
+    out = c.kind == OpKind::reduce_scatter ? recv.data + r * count * es : recv.data;
+  }
+  const std::size_t fill = c.kind == OpKind::all_gather ? count : big;
+  verify::fill_input(in, fill, 0, r, n, c.dtype, c.op);
+  const auto before = comm.traffic();
+  issue(comm, c, in, out);
+  const auto sent = comm.traffic().bytes_sent - before.bytes_sent;
+  const std::string algorithm = comm.last_algorithm(c.kind).name;
+  if (count > 0 && !(c.kind == OpKind::all_to_all && c.in_place)) {
+    expect(algorithm == "direct", describe(c, n) + " ran " + algorithm + ", not direct");
+    expect(sent < 512u * static_cast<unsigned>(n), describe(c, n) + " sent " + std::to_string(sent) +
+                                                        " bytes through the transport: not direct");
+  }
+  if (c.kind == OpKind::reduce && r != c.root) return;
+  verify::ExpectedTable table(n, c.dtype, c.op);
+  const std::size_t out_elems = c.kind == OpKind::reduce_scatter ? count : big;
+  for (std::size_t i = 0; i < out_elems; ++i)
+    if (std::memcmp(out + i * es, expected(table, c, r, i), es) != 0)
+      expect(false, "wrong element " + std::to_string(i) + " in " + describe(c, n));
+}
+
+constexpr std::size_t kMaxCount = 20011;
+
+std::vector<Case> grid(int size) {
+  std::vector<Case> cases;
+  const std::size_t counts[] = {0, 1, 1009, static_cast<std::size_t>(size) * 37 + 1, kMaxCount};
+  for (DataType dtype : kDtypes)
+    for (std::size_t count : counts)
+      for (bool in_place : {false, true}) {
+        const int root = static_cast<int>(count % size);
+        for (OpKind kind : {OpKind::all_reduce, OpKind::reduce_scatter, OpKind::reduce})
+          for (ReduceOp op : kOps) cases.push_back({kind, dtype, op, count, in_place, root});
+        for (OpKind kind : {OpKind::all_gather, OpKind::broadcast, OpKind::all_to_all})
+          cases.push_back({kind, dtype, ReduceOp::sum, count, in_place, root});
+      }
+  return cases;
+}
+
+}  // namespace
+
+TEST_CASE("direct collectives on registered host buffers: every kind x dtype x op x count x placement",
+          "[collectives][registered][direct]") {
+  const int size = GENERATE(2, 3, 5);
+  runtime::Config config = test::test_config();
+  config.algo = "direct";
+  auto result = test::run_ranks(size, [](Communicator& comm) {
+    const std::size_t bytes = kMaxCount * static_cast<std::size_t>(comm.size()) * 8;
+    Registered send(bytes), recv(bytes);
+    for (const Case& c : grid(comm.size())) run_case(comm, c, send, recv);
+  }, test::run_options(std::chrono::seconds(240), config));
+  INFO(size << " ranks: " << result.summary());
+  CHECK(result.all_ok());
+  CHECK(result.leftover_shm == 0);
+}
+
+TEST_CASE("direct broadcast with an unregistered buffer on one rank: every rank fails naming both calls",
+          "[collectives][registered][direct]") {
+  runtime::Config config = test::test_config(std::chrono::seconds(20));
+  config.algo = "direct";
+  auto result = test::run_ranks(3, [](Communicator& comm) {
+    const std::size_t count = 4096;
+    std::vector<std::int32_t> heap(count, 1);
+    Registered mine(count * 4);
+    void* buffer = comm.rank() == 2 ? static_cast<void*>(heap.data()) : mine.data;
+    comm.broadcast(buffer, buffer, count, DataType::i32, 0).wait();
+    expect(false, "a direct broadcast with one unregistered buffer completed");
+  }, test::run_options(std::chrono::seconds(60), config));
+  INFO(result.summary());
+  REQUIRE_FALSE(result.timed_out);
+  for (const auto& rank : result.ranks) CHECK(rank.exit_code == 1);
+  CHECK_THAT(result.summary(), Catch::Contains("broadcast"));
+}
+
+// The host Reducer (comm/algorithms/reducer.h): a destination may be any
+// one of the sources, at any position, and the result is still the
+// reduction of the inputs as they were; one source is a copy; avg divides.
+TEST_CASE("host reduce_multi: destinations may be sources, over several blocks", "[direct]") {
+  const std::size_t count = 20000;  // 80 KB of i32: three 32 KiB blocks
+  const int n = 4;
+  for (int aliased = 0; aliased < n; ++aliased) {
+    std::vector<std::vector<std::int32_t>> in(n, std::vector<std::int32_t>(count));
+    for (int p = 0; p < n; ++p)
+      for (std::size_t i = 0; i < count; ++i) in[p][i] = static_cast<std::int32_t>(i % 1000) + 1000 * p;
+    std::vector<std::int32_t> other(count, -1);
+    std::vector<const void*> srcs;
+    for (int p = 0; p < n; ++p) srcs.push_back(in[p].data());
+    std::vector<void*> dsts{in[aliased].data(), other.data()};
+    host_reducer().reduce_multi(dsts, srcs, count, DataType::i32, ReduceOp::avg, n);
+    for (std::size_t i = 0; i < count; ++i) {
+      const std::int32_t want = static_cast<std::int32_t>(i % 1000) + 1500;  // (4 x i + 6000) / 4
+      INFO("source " << aliased << " is a destination, element " << i);
+      REQUIRE(in[aliased][i] == want);
+      REQUIRE(other[i] == want);
+    }
+  }
+  std::vector<std::int32_t> from(count), to(count);
+  std::iota(from.begin(), from.end(), 7);
+  const void* one_source = from.data();
+  void* destination = to.data();
+  host_reducer().reduce_multi({&destination, 1}, {&one_source, 1}, count, DataType::i32, ReduceOp::sum, 0);
+  CHECK(to == from);
+}

@@ -1,0 +1,418 @@
+// The direct collectives on CUDA device memory (CUDA builds): every
+// direct collective (comm/algorithms/<kind>_direct.cc) over device buffers
+// that the ranks of one host map through the cuda_ipc transport, and that
+// transport's refusal of forged region references.
+//
+// Needs a GPU: without one (this project's CI) each test says so and passes
+// as skipped; scripts/gpu_check.sh runs them (test_comm_device). CUDA is
+// only touched in forked processes, never in the test process itself.
+#include <catch2/catch.hpp>
+
+#include <cuda_runtime.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <fstream>
+#include <functional>
+#include <span>
+#include <thread>
+#include <vector>
+
+#include "comm/device.h"
+#include "runtime/errors.h"
+#include "runtime/store.h"
+#include "tests/comm/harness.h"
+#include "tools/bench/verify.h"
+
+using namespace braid;
+using namespace braid::comm;
+using braid::test::expect;
+
+namespace {
+
+constexpr const char* kNoGpu = "skipped: no CUDA device (the CUDA code is built; the GPU checks run on a machine with one)";
+
+// GPUs visible to a fresh process (0 when there is no driver or device).
+int probe_gpus() {
+  pid_t child = fork();
+  if (child == 0) {
+    int count = 0;
+    _exit(cudaGetDeviceCount(&count) == cudaSuccess ? count : 0);
+  }
+  int status = 0;
+  if (child < 0 || waitpid(child, &status, 0) != child || !WIFEXITED(status)) return 0;
+  return WEXITSTATUS(status);
+}
+
+void cuda(cudaError_t status, const std::string& what) {
+  expect(status == cudaSuccess, "CUDA " + what + ": " + cudaGetErrorString(status));
+}
+
+// Device memory from cudaMalloc (shareable through CUDA IPC) or from the
+// stream-ordered allocator (which IPC cannot share: calls on it are staged).
+struct DeviceBuffer {
+  DeviceBuffer(std::size_t bytes, bool shareable) : shareable(shareable) {
+    if (shareable) cuda(cudaMalloc(&data, bytes), "cudaMalloc");
+    else cuda(cudaMallocAsync(&data, bytes, nullptr), "cudaMallocAsync"), cuda(cudaDeviceSynchronize(), "sync");
+  }
+  ~DeviceBuffer() {
+    if (shareable) cudaFree(data);
+    else cudaFreeAsync(data, nullptr), cudaDeviceSynchronize();
+  }
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+  std::byte* bytes() const { return static_cast<std::byte*>(data); }
+  void* data = nullptr;
+  bool shareable;
+};
+
+struct Case {
+  OpKind kind;
+  DataType dtype;
+  ReduceOp op;
+  std::size_t count;
+  bool in_place;
+  int root;
+};
+
+std::string describe(const Case& c, int size) {
+  return std::string(name(c.kind)) + " " + std::string(name(c.dtype)) + " " + std::string(name(c.op)) + " count " +
+         std::to_string(c.count) + (c.in_place ? " in place" : " out of place") + " root " + std::to_string(c.root) +
+         " on " + std::to_string(size) + " ranks";
+}
+
+bool per_rank(OpKind kind) {
+  return kind == OpKind::reduce_scatter || kind == OpKind::all_gather || kind == OpKind::all_to_all;
+}
+
+Work issue(Communicator& comm, const Case& c, const void* in, void* out, Stream s) {
+  switch (c.kind) {
+    case OpKind::all_reduce: return comm.all_reduce(in, out, c.count, c.dtype, c.op, s);
+    case OpKind::reduce_scatter: return comm.reduce_scatter(in, out, c.count, c.dtype, c.op, s);
+    case OpKind::all_gather: return comm.all_gather(in, out, c.count, c.dtype, s);
+    case OpKind::broadcast: return comm.broadcast(in, out, c.count, c.dtype, c.root, s);
+    case OpKind::reduce: return comm.reduce(in, out, c.count, c.dtype, c.op, c.root, s);
+    default: return comm.all_to_all(in, out, c.count, c.dtype, s);
+  }
+}
+
+const std::byte* expected(const verify::ExpectedTable& table, const Case& c, int r, std::size_t i) {
+  switch (c.kind) {
+    case OpKind::all_reduce:
+    case OpKind::reduce: return table.reduction(i);
+    case OpKind::reduce_scatter: return table.reduction(r * c.count + i);
+    case OpKind::all_gather: return table.input(int(i / c.count), i % c.count);
+    case OpKind::broadcast: return table.input(c.root, i);
+    default: return table.input(int(i / c.count), r * c.count + i % c.count);  // all_to_all
+  }
+}
+
+// One case on device buffers `send` and `recv` (each of at least the
+// largest case), on stream `s`: the input is uploaded, the call issued and
+// the output downloaded on the stream, with no Work::wait; the output must
+// be exact, and the call run direct (cuda_ipc) or staged as `direct` says.
+void run_case(Communicator& comm, const Case& c, DeviceBuffer& send, DeviceBuffer& recv, cudaStream_t s,
+              bool direct) {
+  const int n = comm.size(), r = comm.rank();
+  const std::size_t es = dtype_bytes(c.dtype), count = c.count, big = per_rank(c.kind) ? count * n : count;
+  std::vector<std::byte> host_in(std::max<std::size_t>(1, big) * es), host_out(host_in.size());
+  std::byte* in = send.bytes();
+  std::byte* out = recv.bytes();
+  if (c.in_place) {
+    in = c.kind == OpKind::all_gather ? recv.bytes() + r * count * es : recv.bytes();
+    out = c.kind == OpKind::reduce_scatter ? recv.bytes() + r * count * es : recv.bytes();
+  }
+  const std::size_t fill = c.kind == OpKind::all_gather ? count : big;
+  verify::fill_input(host_in.data(), fill, 0, r, n, c.dtype, c.op);
+  cuda(cudaMemsetAsync(recv.data, 0, big * es, s), "memset");
+  cuda(cudaMemcpyAsync(in, host_in.data(), fill * es, cudaMemcpyHostToDevice, s), "upload");
+  const auto before = comm.traffic();
+  issue(comm, c, in, out, Stream{s});
+  const std::size_t out_elems = c.kind == OpKind::reduce_scatter ? count : big;
+  cuda(cudaMemcpyAsync(host_out.data(), out, out_elems * es, cudaMemcpyDeviceToHost, s), "download");
+  cuda(cudaStreamSynchronize(s), "sync");
+  const std::string ran = comm.last_algorithm(c.kind).name;
+  expect((ran == "cuda_ipc") == direct, describe(c, n) + " ran " + ran + (direct ? ", not" : ", yet not") +
+                                          " direct on device buffers IPC " + (send.shareable ? "shares" : "cannot share"));
+  if (ran == "cuda_ipc")
+    expect(comm.traffic().bytes_sent - before.bytes_sent < 512u * static_cast<unsigned>(n),
+           describe(c, n) + " moved its data through the transport: not direct");
+  if (c.kind == OpKind::reduce && r != c.root) return;
+  verify::ExpectedTable table(n, c.dtype, c.op);
+  for (std::size_t i = 0; i < out_elems; ++i)
+    if (std::memcmp(host_out.data() + i * es, expected(table, c, r, i), es) != 0)
+      expect(false, "wrong element " + std::to_string(i) + " in " + describe(c, n) + " (" + ran + ")");
+}
+
+constexpr DataType kDtypes[] = {DataType::f32, DataType::f64, DataType::f16, DataType::bf16,
+                                DataType::i8,  DataType::u8,  DataType::i32, DataType::i64};
+constexpr ReduceOp kOps[] = {ReduceOp::sum, ReduceOp::prod, ReduceOp::min, ReduceOp::max, ReduceOp::avg};
+constexpr std::size_t kMaxCount = 100003;
+
+std::vector<Case> grid(int size, std::span<const DataType> dtypes) {
+  std::vector<Case> cases;
+  const std::size_t counts[] = {1, 1009, static_cast<std::size_t>(size) * 37 + 1, kMaxCount};
+  for (DataType dtype : dtypes)
+    for (std::size_t count : counts)
+      for (bool in_place : {false, true}) {
+        const int root = static_cast<int>(count % size);
+        for (OpKind kind : {OpKind::all_reduce, OpKind::reduce_scatter, OpKind::reduce})
+          for (ReduceOp op : kOps) cases.push_back({kind, dtype, op, count, in_place, root});
+        for (OpKind kind : {OpKind::all_gather, OpKind::broadcast, OpKind::all_to_all})
+          cases.push_back({kind, dtype, ReduceOp::sum, count, in_place, root});
+      }
+  return cases;
+}
+
+// Rank r on GPU r mod the GPU count, with a stream of its own.
+cudaStream_t rank_stream(int rank) {
+  int gpus = 0;
+  cuda(cudaGetDeviceCount(&gpus), "cudaGetDeviceCount");
+  cuda(cudaSetDevice(rank % gpus), "cudaSetDevice");
+  cudaStream_t s;
+  cuda(cudaStreamCreate(&s), "cudaStreamCreate");
+  return s;
+}
+
+// Every case of the grid on buffers from `shareable` memory, each run
+// direct when `direct` (but an in-place all_to_all, which never is).
+void sweep(Communicator& comm, bool shareable, bool direct, std::span<const DataType> dtypes = kDtypes) {
+  cudaStream_t s = rank_stream(comm.rank());
+  {
+    const std::size_t bytes = kMaxCount * static_cast<std::size_t>(comm.size()) * 8;
+    DeviceBuffer send(bytes, shareable), recv(bytes, shareable);
+    for (const Case& c : grid(comm.size(), dtypes))
+      run_case(comm, c, send, recv, s, direct && !(c.kind == OpKind::all_to_all && c.in_place));
+  }
+  cuda(cudaStreamDestroy(s), "cudaStreamDestroy");
+}
+
+}  // namespace
+
+TEST_CASE("cuda_ipc: every direct collective on device buffers, every dtype, op, count and placement",
+          "[device][cuda_ipc]") {
+  if (probe_gpus() == 0) {
+    WARN(kNoGpu);
+    return;
+  }
+  for (int n : {2, 3, 4}) {
+    auto result = test::run_ranks(n, [](Communicator& comm) { sweep(comm, true, true); },
+                                  test::run_options(std::chrono::seconds(300), test::test_config()));
+    INFO(n << " ranks: " << result.summary());
+    CHECK(result.all_ok());
+  }
+}
+
+// The same grid where the direct path must not run, with the same results:
+// buffers CUDA IPC cannot share (the stream-ordered allocator), and
+// BRAID_TRANSPORT=shm (which turns cuda_ipc off).
+TEST_CASE("cuda_ipc: calls it cannot take are staged, with the same results", "[device][cuda_ipc]") {
+  if (probe_gpus() == 0) {
+    WARN(kNoGpu);
+    return;
+  }
+  constexpr DataType dtypes[] = {DataType::f32, DataType::i32};
+  auto unshareable = test::run_ranks(2, [&](Communicator& comm) { sweep(comm, false, false, dtypes); },
+                                     test::run_options(std::chrono::seconds(300), test::test_config()));
+  INFO("cudaMallocAsync buffers: " << unshareable.summary());
+  CHECK(unshareable.all_ok());
+  runtime::Config config = test::test_config();
+  config.transport = "shm";
+  auto forced_shm = test::run_ranks(3, [&](Communicator& comm) { sweep(comm, true, false, dtypes); },
+                                    test::run_options(std::chrono::seconds(300), config));
+  INFO("BRAID_TRANSPORT=shm: " << forced_shm.summary());
+  CHECK(forced_shm.all_ok());
+}
+
+// One rank's buffers IPC can share, the other's not: one rank goes direct,
+// the other is staged; both must fail, naming the call, well within the
+// timeout, and never hang.
+TEST_CASE("cuda_ipc: direct on one rank and staged on another fails on both, naming the call",
+          "[device][cuda_ipc]") {
+  if (probe_gpus() == 0) {
+    WARN(kNoGpu);
+    return;
+  }
+  auto result = test::run_ranks(2, [](Communicator& comm) {
+    cudaStream_t s = rank_stream(comm.rank());
+    DeviceBuffer buffer(1 << 20, comm.rank() == 0);
+    comm.all_reduce(buffer.data, buffer.data, 1 << 18, DataType::f32, ReduceOp::sum, Stream{s}).wait();
+    cuda(cudaStreamSynchronize(s), "sync");
+    expect(false, "an all_reduce direct on one rank and staged on the other completed");
+  }, test::run_options(std::chrono::seconds(60), test::test_config(std::chrono::seconds(20))));
+  INFO(result.summary());
+  REQUIRE_FALSE(result.timed_out);
+  for (const auto& rank : result.ranks) CHECK(rank.exit_code == 1);
+  CHECK_THAT(result.summary(), Catch::Contains("all_reduce"));
+}
+
+namespace {
+
+// Runs fn(rank, store) in `size` forked processes that share a store served
+// by this process, under `deadline` (then SIGKILL). Returns each rank's
+// failure message, empty for a rank that succeeded.
+std::vector<std::string> fork_with_store(int size, const std::function<void(int, runtime::Store&)>& fn,
+                                         std::chrono::seconds deadline) {
+  const std::string token = "cuda-ipc-test-" + std::to_string(getpid());
+  runtime::StoreServer server("127.0.0.1", 0, token);
+  std::vector<pid_t> pids;
+  std::vector<int> pipes;
+  std::fflush(nullptr);
+  for (int rank = 0; rank < size; ++rank) {
+    int fds[2];
+    REQUIRE(pipe(fds) == 0);
+    pid_t pid = fork();
+    if (pid == 0) {
+      close(fds[0]);
+      std::string message;
+      try {
+        auto store = std::make_shared<runtime::Store>("127.0.0.1", server.port(), token, std::chrono::seconds(20));
+        fn(rank, *store);
+      } catch (const std::exception& e) {
+        message = e.what();
+        if (message.empty()) message = "failed";
+      }
+      (void)!write(fds[1], message.data(), message.size());
+      _exit(message.empty() ? 0 : 1);
+    }
+    close(fds[1]);
+    pids.push_back(pid);
+    pipes.push_back(fds[0]);
+  }
+  std::vector<std::string> failures(static_cast<std::size_t>(size));
+  const auto end = std::chrono::steady_clock::now() + deadline;
+  for (int rank = 0; rank < size; ++rank) {
+    int status = 0;
+    while (waitpid(pids[rank], &status, WNOHANG) == 0) {
+      if (std::chrono::steady_clock::now() > end) {
+        for (pid_t pid : pids) kill(pid, SIGKILL);
+        waitpid(pids[rank], &status, 0);
+        failures[rank] = "killed at the deadline";
+        break;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    char text[4096];
+    const ssize_t got = read(pipes[rank], text, sizeof text);
+    if (got > 0) failures[rank] += std::string(text, static_cast<std::size_t>(got));
+    else if (failures[rank].empty() && !(WIFEXITED(status) && WEXITSTATUS(status) == 0)) failures[rank] = "died";
+    close(pipes[rank]);
+  }
+  return failures;
+}
+
+// cuda_ipc between ranks 0 and 1, made as the communicator makes it: by the
+// device path of the current device (comm/device.h), where the CUDA code is.
+std::unique_ptr<Transport> ipc_transport(int rank, std::shared_ptr<runtime::Store> store) {
+  cuda_ipc::CudaIpcOptions options;
+  options.rank = rank;
+  options.size = 2;
+  options.local_ranks = {0, 1};
+  int device = 0;
+  cuda(cudaGetDevice(&device), "cudaGetDevice");
+  return make_device_staging(device, std::chrono::seconds(60))->connect_regions(std::move(store), "test/cuda_ipc",
+                                                                                options);
+}
+
+// Rank 1 of the forged-reference test: shares 1 MiB holding i % 251 at byte
+// i, hands rank 0 a reference to bytes [100, 1100), waits until it is done.
+void share_region(runtime::Store& store) {
+  std::shared_ptr<runtime::Store> shared(&store, [](runtime::Store*) {});
+  cuda(cudaSetDevice(0), "cudaSetDevice");
+  std::vector<std::uint8_t> pattern(1u << 20);
+  for (std::size_t i = 0; i < pattern.size(); ++i) pattern[i] = static_cast<std::uint8_t>(i % 251);
+  void* base = nullptr;
+  cuda(cudaMalloc(&base, pattern.size()), "cudaMalloc");
+  cuda(cudaMemcpy(base, pattern.data(), pattern.size(), cudaMemcpyHostToDevice), "upload");
+  auto ipc = ipc_transport(1, shared);
+  RegionRef ref, past;
+  expect(ipc->find_region(static_cast<std::byte*>(base) + 100, 1000, ref), "cudaMalloc memory was not shareable");
+  expect(!ipc->find_region(static_cast<std::byte*>(base) + 100, 64u << 20, past), "a range past the allocation was");
+  runtime::Bytes bytes(sizeof ref);
+  std::memcpy(bytes.data(), &ref, sizeof ref);
+  store.set("test/ref", bytes);
+  store.get("test/done", std::chrono::seconds(60));
+  ipc.reset();
+  cudaFree(base);
+}
+
+// InvalidUsage whose text has `words`, from `call`.
+void expect_refusal(const std::function<void()>& call, const std::string& words) {
+  try {
+    call();
+  } catch (const InvalidUsage& e) {
+    expect(std::string(e.what()).find(words) != std::string::npos, std::string("refused, but with: ") + e.what());
+    return;
+  }
+  expect(false, "not refused: " + words);
+}
+
+// Rank 0: what cuda_ipc refuses by name (messages, host memory, mapping
+// before sharing or from a rank that is not a peer), then maps the
+// reference, reads the pattern through it, and sees every forged variant
+// refused with an error naming rank 1.
+void map_forged(runtime::Store& store) {
+  std::shared_ptr<runtime::Store> shared(&store, [](runtime::Store*) {});
+  int gpus = 0;
+  cuda(cudaGetDeviceCount(&gpus), "cudaGetDeviceCount");
+  cuda(cudaSetDevice(gpus > 1 ? 1 : 0), "cudaSetDevice");
+  void* own = nullptr;
+  cuda(cudaMalloc(&own, 4096), "cudaMalloc");
+  auto ipc = ipc_transport(0, shared);
+  RegionRef mine, ref;
+  expect_refusal([&] { ipc->map_region(1, ref); }, "before sharing any of its own");
+  std::vector<float> host(1024);
+  expect(!ipc->find_region(host.data(), 4096, mine), "host memory was found as a device region");
+  expect_refusal([&] { ipc->post_send(1, WireHeader{}, host.data()); }, "carries no messages");
+  expect(ipc->find_region(own, 4096, mine), "cudaMalloc memory was not shareable");
+  const runtime::Bytes bytes = store.get("test/ref", std::chrono::seconds(60));
+  std::memcpy(&ref, bytes.data(), sizeof ref);
+  std::span<std::byte> span = ipc->map_region(1, ref);
+  std::vector<std::uint8_t> seen(span.size());
+  cuda(cudaMemcpy(seen.data(), span.data(), span.size(), cudaMemcpyDeviceToHost), "download");
+  for (std::size_t i = 0; i < seen.size(); ++i)
+    expect(seen[i] == (100 + i) % 251, "the mapped region reads wrong at byte " + std::to_string(i));
+  auto refused = [&](RegionRef bad, const std::string& words) {
+    try {
+      ipc->map_region(1, bad);
+    } catch (const RemoteError& e) {
+      const std::string text = e.what();
+      expect(e.peer() == 1 && text.find("rank 1") != std::string::npos && text.find(words) != std::string::npos,
+             "refused, but with: " + text);
+      return;
+    }
+    expect(false, "a forged reference (" + words + ") was mapped");
+  };
+  RegionRef past = ref, huge = ref, unknown = ref, odd = ref;
+  past.offset = 64u << 20;
+  huge.bytes = ~std::uint64_t{0} - 50;
+  unknown.key[0] += 1000;
+  odd.key[1] = 1;
+  refused(past, "checked against what it registered");
+  refused(huge, "checked against what it registered");
+  refused(unknown, "has not registered");
+  refused(odd, "impossible key");
+  expect_refusal([&] { ipc->map_region(0, ref); }, "not a peer on this host");
+  expect_refusal([&] { ipc->map_region(3, ref); }, "not a peer on this host");
+  store.set("test/done", "1");
+  ipc.reset();
+  cudaFree(own);
+}
+
+}  // namespace
+
+TEST_CASE("cuda_ipc: a peer's region reference is checked against what it registered", "[device][cuda_ipc]") {
+  if (probe_gpus() == 0) {
+    WARN(kNoGpu);
+    return;
+  }
+  auto failures = fork_with_store(2, [](int rank, runtime::Store& store) {
+    if (rank == 1) share_region(store);
+    else map_forged(store);
+  }, std::chrono::seconds(120));
+  INFO("rank 0: " << failures[0] << "\nrank 1: " << failures[1]);
+  CHECK(failures[0].empty());
+  CHECK(failures[1].empty());
+}
