@@ -21,7 +21,7 @@
 // is in device memory. Device buffers move through pinned host staging
 // (comm/device.h); a build without CUDA refuses them by name.
 //
-// Counts follow NCCL (see comm/types.h): reduce_scatter's count is per rank
+// Counts follow NCCL: reduce_scatter's count is per rank
 // (output), all_gather's count is per rank (input), all_to_all's count is per
 // peer.
 #pragma once
