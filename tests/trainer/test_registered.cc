@@ -3,7 +3,8 @@
 // Communicator::allocate and every bucket's all-reduce runs the direct
 // algorithm; the same run over TCP (no shm, so nothing registered) is the
 // unregistered path, and both train the same model. Every strategy's memory
-// accounting is the same either way. When a registered allocation fails on
+// accounting is the same either way; with "direct" forced, ZeRO's
+// reduce-scatters and all-gathers run directly on its registered buffers. When a registered allocation fails on
 // one rank, every rank goes back to ordinary memory, contents kept.
 #include <catch2/catch.hpp>
 
@@ -112,6 +113,27 @@ TEST_CASE("registered buffers leave every strategy's losses and memory accountin
       CHECK(test::max_abs_diff(doubles(shm[r]["loss"]), doubles(tcp[r]["loss"])) < 1e-5);
     }
     CHECK(max_param_diff(shm[0], tcp[0]) < 1e-4);
+  }
+}
+
+TEST_CASE("zero's registered buffers run every collective directly when direct is forced", "[strategy]") {
+  // select.cc runs host reduce_scatter and all_gather directly only when
+  // the config forces "direct"; they then need every buffer registered.
+  const TextCorpus corpus = test::synthetic_corpus();
+  TrainOptions o = registered_options();
+  for (const char* s : {"zero1", "zero2", "zero3"}) {
+    o.strategy = s;
+    const auto direct = test::run_trainers(2, o, corpus, registered_body(2), "direct", "auto");
+    const auto tcp = test::run_trainers(2, o, corpus, registered_body(2), "auto", "tcp");
+    for (int r = 0; r < 2; ++r) {
+      INFO(s << " on 2 ranks, rank " << r);
+      CHECK(direct[r]["registered"] == true);
+      // References and tokens only: one ring reduce-scatter of the
+      // smallest group would send more.
+      for (double sent : doubles(direct[r]["bytes_sent"])) CHECK(sent < 8192);
+      CHECK(test::max_abs_diff(doubles(direct[r]["loss"]), doubles(tcp[r]["loss"])) < 1e-5);
+    }
+    CHECK(max_param_diff(direct[0], tcp[0]) < 1e-4);
   }
 }
 

@@ -8,20 +8,21 @@
 // its chunk straight out of its peers' buffers into theirs, no ring through
 // the transport. So DDP's gradient buffer comes from there. So do ZeRO's
 // buffers (full gradients and parameters of stages 1 and 2, the gradient
-// and parameter shards, the staging and gather buffers), although
-// reduce_scatter and all_gather have only the ring today, which copies
-// through the transport whether or not the buffers are registered: for ZeRO
-// this changes nothing yet but where the bytes live.
+// and parameter shards, the staging and gather buffers): select.cc gives
+// host reduce_scatter and all_gather the ring whether or not their buffers
+// are registered, unless the communicator's config forces algo "direct",
+// which then runs every ZeRO collective directly.
 //
 // The ranks must agree. A rank whose buffers are registered takes the
-// direct all-reduce and one whose are not the ring; the direct algorithm
+// direct collective and one whose are not the ring; the direct algorithm
 // then fails both with a header mismatch (never wrong data). The policy
 // (CPU buffers, more than one rank, shm to every peer) comes out the same
 // on every rank; only a registered allocation that fails on some rank could
 // split them, so a strategy agrees on its persistent buffers once, at
-// construction (agree()). Pooled buffers allocated later fall back on their
-// own rank only: they are used by reduce_scatter and all_gather, whose
-// choice does not depend on registration.
+// construction (agree()). Pooled buffers allocated later (ZeRO's staging
+// and gather buffers) fall back on their own rank only, with a warning: by
+// default their collectives do not depend on registration; under a forced
+// "direct" such a fallback fails the run by name.
 #pragma once
 
 #include <initializer_list>
