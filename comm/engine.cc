@@ -220,6 +220,7 @@ CallShape Communicator::Impl::shape_of(const Op& op) const {
   shape.in_place = send_bytes && recv_bytes && send < recv + recv_bytes && recv < send + send_bytes;
   shape.transport = config.transport;
   shape.forced = forced_algo;
+  shape.slot_bytes = slot_capacity(exchange);
   shape.registered = !shape.device && registration_matters(shape) && registered(op);
   return shape;
 }

@@ -127,6 +127,13 @@ void broadcast_binomial(Exchange& x);
 void reduce_pipelined(Exchange& x);
 void all_to_all_pairwise(Exchange& x);
 void barrier_dissemination(Exchange& x);
+// The one-shot collectives through the shared slots of a one-host
+// communicator (oneshot.h).
+void all_reduce_oneshot(Exchange& x);
+void reduce_oneshot(Exchange& x);
+void broadcast_oneshot(Exchange& x);
+void all_gather_oneshot(Exchange& x);
+void barrier_oneshot(Exchange& x);
 // Proves that every rank called the same operation (barrier_dissemination.cc);
 // run before an algorithm that writes a user buffer before its own messages
 // could prove it.
@@ -148,6 +155,9 @@ struct CallShape {
   bool registered = false;
   bool device = false;      // CUDA device memory
   bool in_place = false;    // the send and receive buffers overlap
+  // Payload bytes of a rank's shared slot (Exchange::slot_capacity): 0
+  // unless every rank is on this host and reached through shared memory.
+  std::size_t slot_bytes = 0;
   std::string_view transport = "auto";  // BRAID_TRANSPORT
   std::string_view forced = "auto";     // BRAID_ALGO
 };
@@ -156,7 +166,7 @@ struct CallShape {
 // every call, so the sentence is built only when someone reads it
 // (describe(): "1024 B <= 32768 B on 2 ranks", with the threshold that decided).
 struct Reason {
-  enum class Rule : std::uint8_t { only_one, point_to_point, forced, registered, at_most, above, cuda_ipc };
+  enum class Rule : std::uint8_t { only_one, point_to_point, forced, registered, at_most, above, cuda_ipc, slots };
   Rule rule = Rule::only_one;
   std::size_t bytes = 0, limit = 0;
   int ranks = 0;                // 0: the rule does not depend on the rank count

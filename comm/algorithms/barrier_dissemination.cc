@@ -12,8 +12,11 @@
 //   fails at least the ranks that see it, and their abort fails the rest,
 //   before any user buffer was written. Algorithms whose own schedule already
 //   proves this before their first write skip it (Algorithm::agrees). On
-//   a few ranks, one round of headers between every pair does the same.
+//   a few ranks, one round of headers between every pair does the same,
+//   and on a communicator with shared slots (one host over shm) one
+//   published slot per rank does (oneshot.h).
 #include "comm/algorithms/algorithms.h"
+#include "comm/algorithms/oneshot.h"
 
 namespace braid::comm {
 namespace {
@@ -43,6 +46,7 @@ void barrier_dissemination(Exchange& x) { dissemination_rounds(x, 0); }
 constexpr int kAllPairsAgreementRanks = 8;
 
 void agree_signatures(Exchange& x) {
+  if (x.slot_capacity() > 0) return agree_through_slots(x);
   if (x.size() > kAllPairsAgreementRanks) return dissemination_rounds(x, kAgreementStep);
   x.swap_with_all(kAgreementStep, nullptr, nullptr, 0);
 }

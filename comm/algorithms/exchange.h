@@ -70,6 +70,11 @@ struct ExchangeContext {
 bool find_region(const ExchangeContext& context, const void* data, std::size_t bytes, RegionRef& ref,
                  runtime::MemoryKind memory = runtime::MemoryKind::host);
 
+// Payload bytes a rank's shared slot holds for one call: 0 unless every
+// peer is reached through one transport that has shared slots (shm with
+// the whole communicator on this host).
+std::size_t slot_capacity(const ExchangeContext& context);
+
 class Exchange {
  public:
   // Describes where `peer` is (its last-entered operation) for timeout messages.
@@ -127,6 +132,18 @@ class Exchange {
   // direct collective on staging.
   Reducer& reducer();
   Clock::time_point deadline() const { return deadline_; }
+
+  // Shared slots (comm/exchange_slots.cc): each rank has one per call, which
+  // every other rank reads. Fill at most slot_capacity() bytes of my_slot()
+  // (0: no slots here), publish_slot(bytes) with the call's signature, then
+  // peer_slot(peer, bytes) waits for `peer`'s, checks that it is this very
+  // call carrying `bytes` (a RemoteError naming both calls otherwise) and
+  // gives its payload, readable until this call returns. Every wait is
+  // bounded by deadline() and attributed as the messages' waits are.
+  std::size_t slot_capacity() const { return comm::slot_capacity(c_); }
+  std::span<std::byte> my_slot();
+  void publish_slot(std::size_t bytes);
+  std::span<const std::byte> peer_slot(int peer, std::size_t bytes);
 
  private:
   void drive(const Request& request);

@@ -39,7 +39,10 @@
 //   4 ranks: recursive doubling wins to 256 KiB on both (log2 N exchanges
 //            instead of 2(N-1) ring steps, each a context switch when ranks
 //            outnumber cores).
+#include <optional>
+
 #include "comm/algorithms/algorithms.h"
+#include "comm/algorithms/oneshot.h"
 #include "comm/algorithms/reducer.h"
 
 namespace braid::comm {
@@ -48,6 +51,30 @@ namespace {
 constexpr std::size_t kSmallBroadcastBytes = 32u << 10;
 
 std::size_t small_all_reduce_bytes(int ranks) { return ranks <= 2 ? 32u << 10 : 256u << 10; }
+
+// One-shot collectives through the shared slots (oneshot.h), up to these
+// bytes of each rank's contribution (TODO: measured crossovers).
+std::size_t oneshot_limit(OpKind kind, int ranks) {
+  (void)ranks;
+  switch (kind) {
+    case OpKind::all_reduce: return 16u << 10;
+    case OpKind::reduce: return 16u << 10;
+    case OpKind::broadcast: return 16u << 10;
+    case OpKind::all_gather: return 16u << 10;
+    default: return 0;
+  }
+}
+
+void (*oneshot_of(OpKind kind))(Exchange&) {
+  switch (kind) {
+    case OpKind::all_reduce: return all_reduce_oneshot;
+    case OpKind::reduce: return reduce_oneshot;
+    case OpKind::broadcast: return broadcast_oneshot;
+    case OpKind::all_gather: return all_gather_oneshot;
+    case OpKind::barrier: return barrier_oneshot;
+    default: return nullptr;
+  }
+}
 
 // The direct collective of `kind`, null where there is none.
 void (*direct_of(OpKind kind))(Exchange&) {
@@ -111,8 +138,22 @@ Algorithm select_broadcast(const CallShape& call) {
   return {broadcast_pipelined, "pipelined", false, reason};
 }
 
+// The one-shot collective for `call` where the communicator has shared
+// slots, the collective has one, and the call fits and is small enough
+// (BRAID_ALGO=oneshot: whenever it fits; another BRAID_ALGO: never).
+std::optional<Algorithm> select_oneshot(const CallShape& call) {
+  auto run = oneshot_of(call.kind);
+  if (!run || call.slot_bytes == 0 || call.ranks < 2 || call.ranks > kMaxOneshotRanks || call.bytes > call.slot_bytes)
+    return std::nullopt;
+  if (call.forced == "oneshot") return Algorithm{run, "oneshot", true, forced(call)};
+  const std::size_t limit = call.kind == OpKind::barrier ? call.slot_bytes : oneshot_limit(call.kind, call.ranks);
+  if (call.forced != "auto" || call.bytes > limit) return std::nullopt;
+  return Algorithm{run, "oneshot", true, because(Rule::slots, call.bytes, limit, call.ranks)};
+}
+
 Algorithm select_host(const CallShape& call) {
   if (call.forced == "direct" && direct_possible(call)) return {direct_of(call.kind), "direct", true, forced(call)};
+  if (auto oneshot = select_oneshot(call)) return *oneshot;
   switch (call.kind) {
     case OpKind::all_reduce: return select_all_reduce(call);
     case OpKind::reduce_scatter: return {reduce_scatter, "ring", false, because(Rule::only_one)};
@@ -138,6 +179,7 @@ std::string rule_text(const Reason& r) {
     case Rule::at_most: return bytes(r.bytes) + " <= " + bytes(r.limit) + on;
     case Rule::above: return bytes(r.bytes) + " > " + bytes(r.limit) + on;
     case Rule::cuda_ipc: return "device buffers on one host, every peer's mapped through CUDA IPC";
+    case Rule::slots: return "shared slots on one host, " + bytes(r.bytes) + " <= " + bytes(r.limit) + on;
   }
   return {};
 }
@@ -155,7 +197,9 @@ bool registration_matters(const CallShape& call) {
   return select_algorithm(registered).name != select_algorithm(not_registered).name;
 }
 
-Algorithm select_algorithm(const CallShape& call) {
+namespace {
+
+Algorithm choose(const CallShape& call) {
   if (!call.device) return select_host(call);
   if (direct_possible(call) && call.ranks <= kMaxDirectRanks && call.transport == "auto")
     return {direct_of(call.kind), "cuda_ipc", true, because(Rule::cuda_ipc)};
@@ -165,6 +209,19 @@ Algorithm select_algorithm(const CallShape& call) {
   Algorithm staged = select_host(host);
   staged.reason.staged = true;
   return staged;
+}
+
+}  // namespace
+
+// On a communicator with shared slots every collective passes through them
+// (oneshot.h), so that a slot is never rewritten while a peer still reads
+// it: the others agree through them (agree_signatures) even where their own
+// schedule would prove agreement.
+Algorithm select_algorithm(const CallShape& call) {
+  Algorithm algorithm = choose(call);
+  const bool point_to_point = call.kind == OpKind::send || call.kind == OpKind::recv;
+  if (call.slot_bytes > 0 && !point_to_point && algorithm.name != "oneshot") algorithm.agrees = false;
+  return algorithm;
 }
 
 }  // namespace braid::comm

@@ -42,6 +42,40 @@ struct ConnectOptions {
   std::chrono::milliseconds timeout{300'000};
 };
 
+// Shared slots: memory that every rank of a communicator on one host can
+// read, offered by a transport whose ranks share it (shm). Each rank owns two
+// slots, one for calls of even and one for calls of odd sequence number
+// (Op::seq). A rank writes its slot, then publish()es the call's sequence
+// number into the slot's flag word (release); a peer reads the slot once
+// wait() saw that number there (acquire). The first bytes of a slot share a
+// cache line with the flag, so a small message and its arrival travel as
+// one line. The transport moves flags and wakes sleepers; what a slot holds
+// is its user's protocol (comm/exchange_slots.cc).
+//
+// A slot may be rewritten two calls later, so its user must know that every
+// peer finished reading it by then: true when every collective of the
+// communicator publishes a slot and reads every peer's before it returns
+// (select.cc makes it so), since a rank can enter call s + 2 only after all
+// ranks published s + 1, each after it finished call s.
+class SharedSlots {
+ public:
+  virtual ~SharedSlots() = default;
+  // Bytes of every slot after its flag word; the same on every rank.
+  virtual std::size_t slot_bytes() const = 0;
+  // This rank's slot for call `seq`, to fill before publish(seq).
+  virtual std::span<std::byte> mine(std::uint64_t seq) = 0;
+  // Marks this rank's slot for `seq` complete and wakes the peers that sleep.
+  virtual void publish(std::uint64_t seq) = 0;
+  // Waits until `peer` has published `seq`: polls while every local rank has
+  // a core (ConnectOptions::spin), yields and then sleeps otherwise. False
+  // once `deadline` passed; RemoteError naming the peer when it exited or
+  // closed its communicator before publishing.
+  virtual bool wait(int peer, std::uint64_t seq, Clock::time_point deadline) = 0;
+  // `peer`'s slot for `seq`, to read after wait() returned true and before
+  // this rank publishes seq + 1.
+  virtual std::span<const std::byte> theirs(int peer, std::uint64_t seq) const = 0;
+};
+
 class Transport {
  public:
   virtual ~Transport() = default;
@@ -78,6 +112,11 @@ class Transport {
   // reach a peer's memory (the defaults).
   virtual bool find_region(const void* data, std::size_t bytes, RegionRef& ref);
   virtual std::span<std::byte> map_region(int peer, const RegionRef& ref);
+
+  // The shared slots of this communicator's ranks (SharedSlots), or null:
+  // only a transport that reaches every rank of the communicator through
+  // shared memory has them.
+  virtual SharedSlots* shared_slots() { return nullptr; }
 
   // Bytes of payload moved, for traffic accounting.
   virtual std::uint64_t bytes_sent() const = 0;

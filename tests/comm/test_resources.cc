@@ -197,7 +197,8 @@ TEST_CASE("a /dev/shm too small for the rings fails set-up on every rank, naming
     CHECK(result.ranks[r].exit_code == 1);
     const std::string own = "'s shared-memory segment (a ring of 4194304 bytes for each of its 2 local peer(s)";
     CHECK(contains(result.ranks[r].message, "rank " + std::to_string(r) + own));
-    check_names_bytes_and_remedy(result.ranks[r].message, shm::segment_bytes(kRanks - 1, 4 * MiB));
+    check_names_bytes_and_remedy(result.ranks[r].message,
+                                 shm::segment_bytes(kRanks - 1, 4 * MiB, shm::kSlotAreaBytes));
   }
 }
 
@@ -224,7 +225,7 @@ TEST_CASE("a rank whose /dev/shm is short fails its local peers at once with its
   for (const auto& rank : result.ranks) {
     CHECK(rank.signal == 0);
     CHECK(rank.exit_code == 1);
-    check_names_bytes_and_remedy(rank.message, shm::segment_bytes(1, 4 * MiB));
+    check_names_bytes_and_remedy(rank.message, shm::segment_bytes(1, 4 * MiB, shm::kSlotAreaBytes));
   }
   CHECK(contains(result.ranks[1].message, "rank 1's shared-memory segment"));
   CHECK(contains(result.ranks[0].message, "rank 0 cannot set up shared memory with its local peers because rank 1 "

@@ -17,7 +17,9 @@
 //
 // Ring memory grows with the square of the local ranks (each ordered pair
 // has a channel), so the ring size is bounded by the host's budget
-// (ring_capacity()); every rank derives it from the same settings.
+// (ring_capacity()); every rank derives it from the same settings. When every
+// rank of the communicator is on this host, each segment also holds its
+// owner's shared slots (memory.h).
 #include <spdlog/spdlog.h>
 #include <sys/mman.h>
 #include <sys/syscall.h>
@@ -135,18 +137,24 @@ std::unique_ptr<ShmTransport::Link> map_peer(runtime::Store& store, const std::s
   return link;
 }
 
+// Shared slots only where they cover the whole communicator.
+std::size_t slot_area(const ShmOptions& o) {
+  return static_cast<int>(o.local_ranks.size()) == o.size ? kSlotAreaBytes : 0;
+}
+
 Mapping create_segment(const ShmOptions& o, const std::string& name, std::size_t channels, std::size_t capacity) {
-  const std::size_t local = o.local_ranks.size();
+  const std::size_t local = o.local_ranks.size(), bytes = segment_bytes(channels, capacity, slot_area(o));
   std::string purpose = rank_text(o.rank) + "'s shared-memory segment (a ring of " + std::to_string(capacity) +
                         " bytes for each of its " + std::to_string(channels) + " local peer(s); this host's " +
-                        std::to_string(local) + " local ranks need " +
-                        std::to_string(local * segment_bytes(channels, capacity)) + " bytes in all)";
-  Mapping mine = Mapping::create(name, segment_bytes(channels, capacity), purpose);
+                        std::to_string(local) + " local ranks need " + std::to_string(local * bytes) +
+                        " bytes in all)";
+  Mapping mine = Mapping::create(name, bytes, purpose);
   SegmentHeader* h = mine.header();
   h->owner_rank = static_cast<std::uint32_t>(o.rank);
   h->channels = static_cast<std::uint32_t>(channels);
   h->capacity = capacity;
   h->owner_pid = getpid();
+  h->slot_area = slot_area(o);
   h->magic = kSegmentMagic;
   return mine;
 }
@@ -163,7 +171,7 @@ std::unique_ptr<ShmTransport> connect_segments(runtime::Store& store, const std:
   std::vector<std::unique_ptr<ShmTransport::Link>> links;
   for (int peer : o.local_ranks)
     if (peer != o.rank)
-      links.push_back(map_peer(store, key_prefix, o, mine, peer, segment_bytes(channels, capacity)));
+      links.push_back(map_peer(store, key_prefix, o, mine, peer, segment_bytes(channels, capacity, slot_area(o))));
   if (store.add(group + "/mapped", 1) == static_cast<std::int64_t>(o.local_ranks.size()))
     store.set(group + "/ready", "1");
   store.wait({group + "/ready"}, o.timeout);

@@ -14,6 +14,12 @@
 // would, the sender first writes a wrap marker and restarts at offset 0, so
 // the receiver can hand that payload to an algorithm as a view in place.
 //
+// When every rank of the communicator is on this host, the owner's two
+// shared slots (transport.h SharedSlots) lie between the header and the
+// channels: each a 64-bit flag holding the sequence number of the call it
+// was last published for, then kSharedSlotBytes of content, then a spare
+// cache line so that writing one slot never touches a line of the other.
+//
 // The segment header carries the owner's doorbell: a futex word peers bump
 // (and wake, when the owner sleeps) whenever they write into its channels
 // or free space in channels it writes to, so one futex wakes a rank for
@@ -44,6 +50,7 @@ struct alignas(64) SegmentHeader {
   std::uint32_t channels;
   std::uint64_t capacity;
   std::int64_t owner_pid;
+  std::uint64_t slot_area;  // bytes of shared slots after this header (0: none)
   alignas(64) std::atomic<std::uint32_t> doorbell;
   std::atomic<std::uint32_t> sleeping;
   std::atomic<std::uint32_t> closed;  // the owner closed or failed; peers stop waiting on it
@@ -54,9 +61,16 @@ struct alignas(64) ChannelControl {
   alignas(64) std::atomic<std::uint64_t> tail;
 };
 
+// A slot's content after its flag word: the flag and the first 56 bytes
+// share a line, and 64 KiB + 32 bytes remain after a 24-byte call header.
+inline constexpr std::size_t kSharedSlotBytes = (64u << 10) + 56;
+inline constexpr std::size_t kSlotStride = sizeof(std::uint64_t) + kSharedSlotBytes + 64;
+inline constexpr std::size_t kSlotAreaBytes = 2 * kSlotStride;
+static_assert(kSlotStride % 64 == 0, "slots start on cache lines");
+
 inline std::size_t channel_stride(std::size_t capacity) { return sizeof(ChannelControl) + capacity; }
-inline std::size_t segment_bytes(std::size_t channels, std::size_t capacity) {
-  return sizeof(SegmentHeader) + channels * channel_stride(capacity);
+inline std::size_t segment_bytes(std::size_t channels, std::size_t capacity, std::size_t slot_area) {
+  return sizeof(SegmentHeader) + slot_area + channels * channel_stride(capacity);
 }
 
 // An mmap of a POSIX shared-memory object; unmapped on destruction. Mapped
@@ -83,9 +97,11 @@ class Mapping {
   std::byte* data() const { return data_; }
   SegmentHeader* header() const { return reinterpret_cast<SegmentHeader*>(data_); }
   ChannelControl* channel(std::size_t index) const {
-    return reinterpret_cast<ChannelControl*>(data_ + sizeof(SegmentHeader) +
+    return reinterpret_cast<ChannelControl*>(data_ + sizeof(SegmentHeader) + header()->slot_area +
                                              index * channel_stride(header()->capacity));
   }
+  // Shared slot `parity` (0 or 1): its flag word, then its content.
+  std::byte* slot(std::size_t parity) const { return data_ + sizeof(SegmentHeader) + parity * kSlotStride; }
   std::byte* ring(std::size_t index) const { return reinterpret_cast<std::byte*>(channel(index) + 1); }
 
  private:

@@ -12,6 +12,10 @@
 // ranks yield their core at once). A peer that dies is noticed through its
 // pidfd, and one that fails or closes through the `closed` flag in its
 // segment, each within one sleep slice (50 ms), never a hang.
+//
+// When every rank of the communicator is on this host, the transport also
+// offers the ranks' shared slots (slots.h), where small collectives move
+// their data and its arrival flag in one cache line.
 #pragma once
 
 #include "comm/transport/transport_only.h"
@@ -23,6 +27,7 @@
 #include <vector>
 
 #include "comm/transport/shm/memory.h"
+#include "comm/transport/shm/slots.h"
 #include "comm/transport/pools.h"
 #include "comm/transport/transport.h"
 
@@ -78,6 +83,8 @@ class ShmTransport final : public Transport {
   // through the pidfd this rank holds on it (memory.h).
   bool find_region(const void* data, std::size_t bytes, RegionRef& ref) override;
   std::span<std::byte> map_region(int peer, const RegionRef& ref) override;
+  // Shared slots (slots.h), when every rank of the communicator is local.
+  SharedSlots* shared_slots() override { return slots_.get(); }
 
  private:
   struct Request {
@@ -111,6 +118,7 @@ class ShmTransport final : public Transport {
   Mapping mine_;
   std::vector<std::unique_ptr<Link>> links_;
   std::vector<Link*> by_rank_;
+  std::unique_ptr<ShmSlots> slots_;
   RequestPool<Request> requests_;
   StagingPool staging_;
   std::atomic<std::uint64_t> bytes_sent_{0}, bytes_received_{0};

@@ -1,0 +1,32 @@
+#include "comm/algorithms/oneshot.h"
+
+#include <cstring>
+#include <string>
+
+#include "comm/algorithms/algorithms.h"
+#include "runtime/errors.h"
+
+namespace braid::comm {
+
+SlotViews share_slots(Exchange& x, const void* data, std::size_t bytes, int source) {
+  const int n = x.size(), r = x.rank();
+  if (n > kMaxOneshotRanks || bytes > x.slot_capacity())
+    throw InvalidUsage(describe(x.op()) + ": a one-shot collective of " + std::to_string(bytes) + " bytes on " +
+                       std::to_string(n) + " ranks does not fit the shared slots");
+  const std::size_t mine = source < 0 || source == r ? bytes : 0;
+  std::span<std::byte> slot = x.my_slot();
+  if (mine > 0) std::memcpy(slot.data(), data, mine);
+  x.publish_slot(mine);
+  SlotViews views;
+  views.at[r] = slot.data();
+  for (int peer = 0; peer < n; ++peer)
+    if (peer != r) views.at[peer] = x.peer_slot(peer, source < 0 || source == peer ? bytes : 0).data();
+  return views;
+}
+
+// On a communicator with shared slots every collective agrees through them
+// (oneshot.h): its signature alone, published and checked against every
+// peer's.
+void agree_through_slots(Exchange& x) { share_slots(x, nullptr, 0); }
+
+}  // namespace braid::comm

@@ -1,0 +1,107 @@
+// The Exchange's side of the shared slots (transport.h SharedSlots): what a
+// slot holds, and the check every reader applies to it.
+//
+// A slot starts with the writer's call signature, then its payload:
+//
+//   flag    u64   the call's sequence number, written last (the transport's)
+//   header  24 B  count, payload bytes, root, kind, dtype, reduce op, comm id
+//   payload       at most slot_capacity() bytes; the first 32 share the
+//                 flag's cache line, so an 8-byte all-reduce moves one line
+//
+// A reader compares the header with its own call as a message receiver
+// compares wire headers (comm/wire.h): a peer that called another
+// collective, or the same one with other arguments, or that runs the call
+// with another algorithm (other payload bytes), fails the reader with a
+// RemoteError naming both calls before any byte of the payload is used.
+#include <cstring>
+
+#include "comm/algorithms/exchange.h"
+#include "comm/transport/transport.h"
+#include "comm/wire.h"
+#include "runtime/errors.h"
+
+namespace braid::comm {
+namespace {
+
+constexpr std::uint8_t kSlotMagic = 0xb5;
+
+struct SlotHeader {
+  std::uint64_t count;
+  std::uint32_t payload_bytes;
+  std::int32_t root;
+  std::uint8_t kind, dtype, reduce_op, magic;
+  std::uint32_t comm_id;
+  bool operator==(const SlotHeader&) const = default;
+};
+static_assert(sizeof(SlotHeader) == 24, "the slot header is part of the shared-memory protocol");
+
+// This rank's call, as it publishes it and expects it of every peer.
+SlotHeader signature(const Op& op, std::uint32_t comm_id, std::size_t bytes) {
+  return {op.count,
+          static_cast<std::uint32_t>(bytes),
+          op.root,
+          static_cast<std::uint8_t>(op.kind),
+          static_cast<std::uint8_t>(op.dtype),
+          static_cast<std::uint8_t>(op.reduce_op),
+          kSlotMagic,
+          comm_id};
+}
+
+SharedSlots* slots_of(const ExchangeContext& c) {
+  return c.distinct.size() == 1 ? c.distinct.front()->shared_slots() : nullptr;
+}
+
+// The wire header that `slot` stands for, so that wire.h's check and its
+// messages serve the slots too.
+WireHeader as_wire(const SlotHeader& slot, std::uint64_t seq) {
+  WireHeader h;
+  if (slot.magic != kSlotMagic) h.magic = 0;
+  h.kind = slot.kind;
+  h.dtype = slot.dtype;
+  h.reduce_op = slot.reduce_op;
+  h.root = slot.root;
+  h.comm_id = slot.comm_id;
+  h.seq = seq;
+  h.count = slot.count;
+  h.payload_bytes = slot.payload_bytes;
+  return h;
+}
+
+}  // namespace
+
+std::size_t slot_capacity(const ExchangeContext& context) {
+  const SharedSlots* slots = slots_of(context);
+  return slots ? slots->slot_bytes() - sizeof(SlotHeader) : 0;
+}
+
+std::span<std::byte> Exchange::my_slot() {
+  SharedSlots* slots = slots_of(c_);
+  if (!slots) throw InvalidUsage(describe(op_) + ": no shared slots on this communicator");
+  return slots->mine(op_.seq).subspan(sizeof(SlotHeader));
+}
+
+void Exchange::publish_slot(std::size_t bytes) {
+  SharedSlots* slots = slots_of(c_);
+  if (!slots || bytes > slot_capacity()) throw InvalidUsage(describe(op_) + ": does not fit a shared slot");
+  const SlotHeader header = signature(op_, c_.comm_id, bytes);
+  std::memcpy(slots->mine(op_.seq).data(), &header, sizeof header);
+  slots->publish(op_.seq);
+}
+
+std::span<const std::byte> Exchange::peer_slot(int peer, std::size_t bytes) {
+  SharedSlots* slots = slots_of(c_);
+  if (!slots) throw InvalidUsage(describe(op_) + ": no shared slots on this communicator");
+  c_.waiting_for.store(peer, std::memory_order_relaxed);
+  if (!slots->wait(peer, op_.seq, deadline_)) timed_out(peer);
+  c_.waiting_for.store(-1, std::memory_order_relaxed);
+  const std::span<const std::byte> slot = slots->theirs(peer, op_.seq);
+  SlotHeader header;
+  std::memcpy(&header, slot.data(), sizeof header);
+  if (header != signature(op_, c_.comm_id, bytes)) {  // the sentence is built only for a mismatch
+    const WireHeader expected = expected_header(c_.comm_id, op_, c_.rank, peer, 0, 0, bytes);
+    throw RemoteError(header_mismatch(expected, as_wire(header, op_.seq), c_.rank, peer), peer);
+  }
+  return slot.subspan(sizeof(SlotHeader), bytes);
+}
+
+}  // namespace braid::comm

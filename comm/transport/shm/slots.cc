@@ -1,0 +1,112 @@
+#include "comm/transport/shm/slots.h"
+
+#include <poll.h>
+#include <sched.h>
+
+#include <algorithm>
+#include <string>
+
+#include "runtime/errors.h"
+
+namespace braid::comm::shm {
+namespace {
+
+inline void cpu_relax() { __builtin_ia32_pause(); }
+
+constexpr auto kSleepSlice = std::chrono::milliseconds(50);  // a dead peer is noticed within one
+
+std::string rank_text(int rank) { return "rank " + std::to_string(rank); }
+
+}  // namespace
+
+ShmSlots::ShmSlots(int rank, std::vector<std::byte*> segments, std::vector<int> pidfds,
+                   std::chrono::nanoseconds spin)
+    : rank_(rank), segments_(std::move(segments)), pidfds_(std::move(pidfds)), spin_(spin) {}
+
+std::atomic<std::uint64_t>& ShmSlots::flag(int rank, std::uint64_t seq) const {
+  std::byte* slot = segments_[rank] + sizeof(SegmentHeader) + (seq & 1) * kSlotStride;
+  return *reinterpret_cast<std::atomic<std::uint64_t>*>(slot);
+}
+
+std::span<std::byte> ShmSlots::mine(std::uint64_t seq) {
+  return {reinterpret_cast<std::byte*>(&flag(rank_, seq)) + sizeof(std::uint64_t), kSharedSlotBytes};
+}
+
+std::span<const std::byte> ShmSlots::theirs(int peer, std::uint64_t seq) const {
+  return {reinterpret_cast<const std::byte*>(&flag(peer, seq)) + sizeof(std::uint64_t), kSharedSlotBytes};
+}
+
+void ShmSlots::publish(std::uint64_t seq) {
+  flag(rank_, seq).store(seq, std::memory_order_release);
+  std::atomic_thread_fence(std::memory_order_seq_cst);  // pairs with a sleeper's store of `sleeping`
+  for (int r = 0; r < static_cast<int>(segments_.size()); ++r) {
+    if (r == rank_) continue;
+    SegmentHeader* h = header(r);
+    if (h->sleeping.load(std::memory_order_seq_cst) == 0) continue;
+    h->doorbell.fetch_add(1, std::memory_order_seq_cst);
+    futex_wake_all(h->doorbell);
+  }
+}
+
+// Polls while the ranks have cores of their own (a peer on another core
+// publishes within a microsecond or two); when they do not, hands the core
+// to a runnable peer a few times instead. Then sleeps.
+bool ShmSlots::wait(int peer, std::uint64_t seq, Clock::time_point deadline) {
+  const auto& f = flag(peer, seq);
+  if (f.load(std::memory_order_acquire) == seq) return true;
+  if (spin_ > std::chrono::nanoseconds::zero()) {
+    const auto spin_end = Clock::now() + spin_;
+    do {
+      for (int i = 0; i < 16; ++i) {
+        cpu_relax();
+        if (f.load(std::memory_order_acquire) == seq) return true;
+      }
+    } while (Clock::now() < spin_end);
+  } else {
+    for (int i = 0; i < kYields; ++i) {
+      sched_yield();
+      if (f.load(std::memory_order_acquire) == seq) return true;
+    }
+  }
+  return sleep(peer, seq, deadline);
+}
+
+// Sleeps on this rank's doorbell in slices, looking after each at whether
+// the peer is still there to publish.
+bool ShmSlots::sleep(int peer, std::uint64_t seq, Clock::time_point deadline) {
+  SegmentHeader* me = header(rank_);
+  const auto& f = flag(peer, seq);
+  for (;;) {
+    const std::uint32_t seen = me->doorbell.load(std::memory_order_seq_cst);
+    me->sleeping.store(1, std::memory_order_seq_cst);
+    if (f.load(std::memory_order_seq_cst) == seq) {
+      me->sleeping.store(0, std::memory_order_relaxed);
+      return true;
+    }
+    const auto now = Clock::now();
+    if (now >= deadline) {
+      me->sleeping.store(0, std::memory_order_relaxed);
+      return false;
+    }
+    futex_wait(me->doorbell, seen, std::min<Clock::duration>(deadline - now, kSleepSlice));
+    me->sleeping.store(0, std::memory_order_relaxed);
+    if (f.load(std::memory_order_acquire) == seq) return true;
+    check_alive(peer);
+  }
+}
+
+void ShmSlots::check_alive(int peer) const {
+  const std::string me = rank_text(rank_), them = rank_text(peer);
+  const int pidfd = pidfds_[peer];
+  pollfd pfd{pidfd, POLLIN, 0};
+  if (pidfd >= 0 && poll(&pfd, 1, 0) > 0)
+    throw RemoteError(me + " was waiting for " + them + "'s shared slot (pid " +
+                          std::to_string(header(peer)->owner_pid) + "), but " + them + " exited or was killed",
+                      peer);
+  if (header(peer)->closed.load(std::memory_order_acquire))
+    throw RemoteError(me + " was waiting for " + them + "'s shared slot, but " + them +
+                          " closed its communicator (it failed or finished)",
+                      peer);
+}
+
+}  // namespace braid::comm::shm

@@ -1,0 +1,61 @@
+// Private to the shm transport: the shared slots (transport.h SharedSlots)
+// of a communicator whose ranks all run on this host.
+//
+// A rank's slots live in its own segment (memory.h), so it writes only its
+// own memory and reads its peers' slots through the mappings the transport
+// already holds.
+//
+// Waking without a read-modify-write on the fast path: publish() stores the
+// flag, fences, then reads each peer's `sleeping` word and rings the
+// doorbell (increment + futex wake) only of peers that sleep. A waiter reads
+// its doorbell, sets `sleeping`, looks at the flag once more and sleeps only
+// while the doorbell still holds what it read. Either the waiter's last look
+// sees the flag or the publisher sees the waiter asleep and moves its
+// doorbell, so a wake-up is never lost, and ranks that spin exchange nothing
+// but the slot lines themselves.
+#pragma once
+
+#include "comm/transport/transport_only.h"
+
+#include <atomic>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "comm/transport/shm/memory.h"
+#include "comm/transport/transport.h"
+
+namespace braid::comm::shm {
+
+class ShmSlots final : public SharedSlots {
+ public:
+  // segments[r]: rank r's mapped segment (this rank's own included);
+  // pidfds[r]: a pidfd on rank r's process, -1 for this rank or none. Both
+  // stay owned by the transport, which outlives this object.
+  ShmSlots(int rank, std::vector<std::byte*> segments, std::vector<int> pidfds, std::chrono::nanoseconds spin);
+
+  std::size_t slot_bytes() const override { return kSharedSlotBytes; }
+  std::span<std::byte> mine(std::uint64_t seq) override;
+  void publish(std::uint64_t seq) override;
+  bool wait(int peer, std::uint64_t seq, Clock::time_point deadline) override;
+  std::span<const std::byte> theirs(int peer, std::uint64_t seq) const override;
+
+ private:
+  std::atomic<std::uint64_t>& flag(int rank, std::uint64_t seq) const;
+  SegmentHeader* header(int rank) const { return reinterpret_cast<SegmentHeader*>(segments_[rank]); }
+  bool sleep(int peer, std::uint64_t seq, Clock::time_point deadline);
+  void check_alive(int peer) const;
+
+  // Oversubscribed (no spin): turns of the core handed to runnable peers
+  // before sleeping; the peer that runs next is often the one to publish.
+  static constexpr int kYields = 16;
+
+  int rank_;
+  std::vector<std::byte*> segments_;
+  std::vector<int> pidfds_;
+  std::chrono::nanoseconds spin_;
+};
+
+}  // namespace braid::comm::shm

@@ -1,0 +1,231 @@
+// The one-shot collectives through the shared slots (issue 18; comm/
+// algorithms/oneshot.h) on real processes over shared memory:
+//
+// - every dtype x op x count x placement gives the exact result on 2..8
+//   ranks, and the call really ran "oneshot" (Communicator::last_algorithm);
+// - the slots are reused every other call, interleaved with collectives
+//   that agree through them and run elsewhere (ring, pairwise) and with
+//   point-to-point calls, and stay right;
+// - a mismatched call (another count, or a small call against a large one
+//   that only agrees through the slots) fails every rank inside that call
+//   with both calls named and no user buffer touched;
+// - a rank that dies while its peers wait for its slot is named, fast, and
+//   one that never comes is a timeout naming it, not a hang.
+#include <catch2/catch.hpp>
+
+#include <signal.h>
+
+#include <cstring>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "tests/comm/failure_util.h"
+#include "tests/comm/harness.h"
+#include "tools/bench/verify.h"
+
+using namespace braid;
+using namespace braid::comm;
+using braid::test::expect;
+using namespace braid::test::failures;
+
+namespace {
+
+constexpr DataType kDtypes[] = {DataType::f32, DataType::f64, DataType::f16, DataType::bf16,
+                                DataType::i8,  DataType::u8,  DataType::i32, DataType::i64};
+constexpr ReduceOp kOps[] = {ReduceOp::sum, ReduceOp::prod, ReduceOp::min, ReduceOp::max, ReduceOp::avg};
+
+struct Case {
+  OpKind kind;
+  DataType dtype;
+  ReduceOp op;
+  std::size_t count;
+  bool in_place;
+  int root;
+};
+
+std::string text(const Case& c, int size) {
+  return std::string(name(c.kind)) + " " + std::string(name(c.dtype)) + " " + std::string(name(c.op)) + " count " +
+         std::to_string(c.count) + (c.in_place ? " in place" : " out of place") + " root " + std::to_string(c.root) +
+         " on " + std::to_string(size) + " ranks";
+}
+
+// Runs `c` and checks every output element exactly, and that select.cc ran
+// it with `algorithm`.
+void run_case(Communicator& comm, const Case& c, const std::string& algorithm = "oneshot") {
+  const int n = comm.size(), r = comm.rank();
+  const std::size_t es = dtype_bytes(c.dtype), count = c.count;
+  const std::size_t out_count = c.kind == OpKind::all_gather ? count * n : count;
+  std::vector<std::byte> send(std::max<std::size_t>(1, count) * es), recv(std::max<std::size_t>(1, out_count) * es);
+  std::byte* in = c.in_place ? recv.data() + (c.kind == OpKind::all_gather ? r * count * es : 0) : send.data();
+  verify::fill_input(in, count, 0, r, n, c.dtype, c.op);
+  switch (c.kind) {
+    case OpKind::all_reduce: comm.all_reduce(in, recv.data(), count, c.dtype, c.op).wait(); break;
+    case OpKind::reduce: comm.reduce(in, recv.data(), count, c.dtype, c.op, c.root).wait(); break;
+    case OpKind::broadcast: comm.broadcast(in, recv.data(), count, c.dtype, c.root).wait(); break;
+    case OpKind::all_gather: comm.all_gather(in, recv.data(), count, c.dtype).wait(); break;
+    default: comm.barrier().wait(); break;
+  }
+  const std::string ran(comm.last_algorithm(c.kind).name);
+  expect(ran == algorithm, text(c, n) + " ran " + ran + ", not " + algorithm);
+  if (c.kind == OpKind::barrier || (c.kind == OpKind::reduce && r != c.root)) return;
+  verify::ExpectedTable table(n, c.dtype, c.op);
+  for (std::size_t i = 0; i < out_count; ++i) {
+    const std::byte* expected = c.kind == OpKind::broadcast    ? table.input(c.root, i)
+                                : c.kind == OpKind::all_gather ? table.input(int(i / count), i % count)
+                                                               : table.reduction(i);
+    if (std::memcmp(recv.data() + i * es, expected, es) != 0)
+      expect(false, "wrong element " + std::to_string(i) + " in " + text(c, n));
+  }
+}
+
+test::RunOptions shm_options(std::chrono::milliseconds timeout = std::chrono::seconds(30)) {
+  auto options = test::run_options(std::chrono::seconds(240), test::test_config(timeout));
+  options.config.transport = "shm";
+  return options;
+}
+
+}  // namespace
+
+TEST_CASE("one-shot collectives are exact for every dtype, op, count and placement on 2 to 8 ranks",
+          "[oneshot]") {
+  const int size = GENERATE(2, 3, 4, 5, 8);
+  auto result = test::run_ranks(size, [](Communicator& comm) {
+    const int n = comm.size();
+    // Counts up to 1 KiB of i64: 8 elements share the flag's cache line.
+    for (std::size_t count : {std::size_t{0}, std::size_t{1}, std::size_t{4}, std::size_t{37}, std::size_t{128}})
+      for (DataType dtype : kDtypes)
+        for (bool in_place : {false, true}) {
+          const int root = static_cast<int>(count % n);
+          for (ReduceOp op : kOps) {
+            run_case(comm, {OpKind::all_reduce, dtype, op, count, in_place, root});
+            run_case(comm, {OpKind::reduce, dtype, op, count, in_place, root});
+          }
+          run_case(comm, {OpKind::broadcast, dtype, ReduceOp::sum, count, in_place, root});
+          run_case(comm, {OpKind::all_gather, dtype, ReduceOp::sum, count, in_place, root});
+        }
+    run_case(comm, {OpKind::barrier, DataType::f32, ReduceOp::sum, 0, false, -1});
+  }, shm_options());
+  INFO(size << " ranks\n" << result.summary());
+  REQUIRE(result.all_ok());
+  CHECK(result.leftover_shm == 0);
+}
+
+TEST_CASE("one-shot slots stay right when reused between ring, pairwise and point-to-point calls", "[oneshot]") {
+  const int size = GENERATE(2, 3, 4);
+  auto result = test::run_ranks(size, [](Communicator& comm) {
+    const int n = comm.size(), r = comm.rank();
+    for (int round = 0; round < 40; ++round) {
+      // Odd and even sequence numbers alternate through every pattern below.
+      run_case(comm, {OpKind::all_reduce, DataType::i32, ReduceOp::sum, std::size_t(1 + round), round % 2 == 0, 0});
+      if (round % 3 == 0)  // past the one-shot limit: the ring, agreeing through the slots
+        run_case(comm, {OpKind::all_reduce, DataType::f32, ReduceOp::max, 100'000, false, 0}, "ring");
+      if (round % 4 == 1) {
+        std::vector<std::int32_t> a(5 * n, r), b(5 * n, -1);
+        comm.all_to_all(a.data(), b.data(), 5, DataType::i32).wait();
+        for (int p = 0; p < n; ++p) expect(b[5 * p] == p, "all_to_all gave a wrong block");
+      }
+      if (round % 5 == 2 && n >= 2) {  // no sequence number: the slots must not notice
+        std::int64_t token = round, got = -1;
+        if (r == 0) comm.send(&token, 1, DataType::i64, 1).wait();
+        if (r == 1) comm.recv(&got, 1, DataType::i64, 0).wait();
+        if (r == 1) expect(got == round, "send/recv between one-shot calls lost its value");
+      }
+      run_case(comm, {OpKind::broadcast, DataType::u8, ReduceOp::sum, std::size_t(round), false, round % n});
+    }
+  }, shm_options());
+  INFO(size << " ranks\n" << result.summary());
+  REQUIRE(result.all_ok());
+}
+
+namespace {
+
+// Inside a rank: `count` elements of all_reduce (f32 sum), expected to fail
+// with both buffers untouched.
+void mismatched_all_reduce(Communicator& comm, std::size_t count) {
+  std::vector<float> send(count + 1, 2.0f), recv(count + 1, -7.0f);
+  try {
+    tagged([&] { comm.all_reduce(send.data(), recv.data(), count, DataType::f32, ReduceOp::sum).wait(); });
+  } catch (...) {
+    for (std::size_t i = 0; i <= count; ++i)
+      expect(send[i] == 2.0f && recv[i] == -7.0f, "rank " + std::to_string(comm.rank()) + " touched a buffer");
+    throw;
+  }
+  throw std::runtime_error("rank " + std::to_string(comm.rank()) + " completed a mismatched call");
+}
+
+void check_every_rank_named_the_mismatch(const test::RunResult& result) {
+  INFO(result.summary());
+  REQUIRE_FALSE(result.timed_out);
+  for (std::size_t r = 0; r < result.ranks.size(); ++r) {
+    const Outcome o = outcome_of(result.ranks[r]);
+    INFO("rank " << r << ": " << result.ranks[r].message);
+    CHECK(o.type == "RemoteError");
+    CHECK(contains(o.text, "mismatched collectives"));
+    CHECK(contains(o.text, "all_reduce #2"));
+    CHECK(o.ms < 5000);  // the timeout is 20 s
+  }
+}
+
+}  // namespace
+
+TEST_CASE("a mismatched one-shot call fails every rank in that call, buffers untouched", "[oneshot][failures]") {
+  const int size = GENERATE(2, 3, 4);
+  // The last rank's count: another small one (both one-shot), or one past
+  // every one-shot limit (it agrees through the slots, then would run the ring).
+  const std::size_t odd_count = GENERATE(std::size_t{9}, std::size_t{100'000});
+  auto result = test::run_ranks(size, [odd_count](Communicator& comm) {
+    comm.barrier().wait();  // #1
+    mismatched_all_reduce(comm, comm.rank() == comm.size() - 1 ? odd_count : 8);
+  }, shm_options(std::chrono::seconds(20)));
+  INFO(size << " ranks, the last one with count " << odd_count);
+  check_every_rank_named_the_mismatch(result);
+}
+
+TEST_CASE("a rank killed before it publishes its slot is named by every waiting rank", "[oneshot][failures]") {
+  const int size = GENERATE(2, 4);
+  const auto timeout = std::chrono::seconds(20);
+  auto result = test::run_ranks(size, [](Communicator& comm) {
+    std::vector<float> buf(16, 1.0f);
+    for (int i = 0; i < 5; ++i) comm.all_reduce(buf.data(), buf.data(), 16, DataType::f32, ReduceOp::sum).wait();
+    if (comm.rank() == 1) raise(SIGKILL);
+    tagged([&] { comm.all_reduce(buf.data(), buf.data(), 16, DataType::f32, ReduceOp::sum).wait(); });
+    throw std::runtime_error("an all_reduce completed without rank 1");
+  }, shm_options(timeout));
+  INFO(size << " ranks\n" << result.summary());
+  REQUIRE_FALSE(result.timed_out);
+  CHECK(result.ranks[1].signal == SIGKILL);
+  for (int r = 0; r < size; ++r) {
+    if (r == 1) continue;
+    const Outcome o = outcome_of(result.ranks[r]);
+    INFO("rank " << r << ": " << result.ranks[r].message);
+    CHECK(o.type == "RemoteError");
+    CHECK(contains(o.text, "all_reduce #6"));
+    CHECK(contains(o.text, "rank 1"));
+    CHECK(o.ms < 5000);
+  }
+  CHECK(result.leftover_shm == 0);
+}
+
+TEST_CASE("a rank that never calls is a timeout naming it, not a hang", "[oneshot][failures]") {
+  const auto timeout = std::chrono::milliseconds(1500);
+  auto result = test::run_ranks(3, [timeout](Communicator& comm) {
+    std::int32_t v = 1;
+    comm.all_reduce(&v, &v, 1, DataType::i32, ReduceOp::sum).wait();
+    if (comm.rank() == 2) {  // stays alive and silent past its peers' timeout, then leaves
+      std::this_thread::sleep_for(timeout * 3);
+      return;
+    }
+    tagged([&] { comm.all_reduce(&v, &v, 1, DataType::i32, ReduceOp::sum).wait(); });
+  }, shm_options(timeout));
+  INFO(result.summary());
+  REQUIRE_FALSE(result.timed_out);
+  for (int r = 0; r < 2; ++r) {
+    const Outcome o = outcome_of(result.ranks[r]);
+    INFO("rank " << r << ": " << result.ranks[r].message);
+    CHECK(o.type == "TimeoutError");
+    CHECK(contains(o.text, "all_reduce #2"));
+    CHECK(contains(o.text, "rank 2"));
+    CHECK(o.ms >= timeout.count() - 100);
+  }
+}
