@@ -59,10 +59,14 @@ class StepReceives {
   std::size_t segments() const { return (count_ + seg_ - 1) / seg_; }
   std::size_t count_of(std::size_t g) const { return std::min(seg_, count_ - g * seg_); }
 
-  // Waits for the next segment; its bytes stay readable until release().
-  std::span<const std::byte> next() {
+  // Posts receives up to the window.
+  void post_ahead() {
     for (; posted_ < segments() && !ahead_.full(); ++posted_)
       ahead_.push(x_.recv_view(left_, step_, posted_, count_of(posted_) * x_.element_bytes()));
+  }
+  // Waits for the next segment; its bytes stay readable until release().
+  std::span<const std::byte> next() {
+    post_ahead();
     current_ = ahead_.pop();
     x_.wait(current_);
     return x_.view(current_);
@@ -125,10 +129,15 @@ ReduceScatterRing::ReduceScatterRing(Exchange& x, const std::byte* src, std::byt
 }
 
 // Starts step s. A scratch slot is rewritten two steps after it was sent, so
-// with final_only the sends so far are waited for first.
+// with final_only the sends so far are waited for before this step reduces
+// into it; the step's receives are posted first, so that a transport which
+// writes large messages straight into a posted receive (ibverbs) finds
+// them, and the left neighbour's sends do not wait on this rank's.
 StepReceives ReduceScatterRing::receive(int s) {
+  StepReceives in(x_, (r_ - 1 + n_) % n_, o_.first_step + s, layout_.count_of(chunk_at(s)));
+  in.post_ahead();
   if (o_.final_only && s >= 2) wait_sent();
-  return StepReceives(x_, (r_ - 1 + n_) % n_, o_.first_step + s, layout_.count_of(chunk_at(s)));
+  return in;
 }
 
 // Where step s accumulates `chunk`: its place in dst, or a scratch slot.

@@ -42,49 +42,44 @@ void IbTransport::unpin(Request& r) {
   r.key.reset();
 }
 
-// The sender's side, for the front message: the request-to-send, then the
-// receiver's Cts, then direct writes or the ring. False while it waits.
+// The sender's side, for the front message m of its large messages: direct
+// only when the receiver's Cts for m is already here (never waiting for it:
+// a receiver that posts its receive only after its own sends complete must
+// not deadlock, as it would if every send waited for its peer's receive),
+// offers a buffer, expects exactly this header, and the offered range lies
+// within the advertised registration; otherwise the message goes through
+// the ring as any other, and a receiver that expected something else names
+// the mismatch from its header. Returns true when `r` needs no more
+// pieces than the ring path would post (false: wait for credits).
 bool IbTransport::start_large(Peer& peer, Request& r, bool& advanced) {
+  const std::uint64_t m = peer.large_sent;
   const std::uint64_t payload = r.header.payload_bytes;
-  if (peer.front_posted == 0) {
-    if (!can_post_piece(peer)) return false;
-    const int qps = static_cast<int>(peer.qps.size());
-    if (r.data && payload <= kMaxStripeBytes * static_cast<std::uint64_t>(stripes_of(payload, qps)))
-      r.key = cache_.pin(r.data, payload);
-    post_piece(peer, r, kHeaderBytes, r.key ? kSenderRegistered : 0);
-    advanced = true;
-  }
-  if (peer.cts_arrived == peer.cts_taken) return false;
+  r.mode = Mode::ring;
+  ++peer.large_sent;
+  if (peer.cts_arrived <= m || !r.data) return true;
   for (const auto& pending : peer.direct_writes)
-    if (pending.size() >= 2 * kCtsSlots) return false;  // the send queue's share for direct writes
+    if (pending.size() >= 2 * kCtsSlots) return true;  // the send queue's share for direct writes is in use
   Cts cts;
   std::atomic_thread_fence(std::memory_order_acquire);
-  std::memcpy(&cts, &control(peer).cts_in[peer.cts_taken % kCtsSlots], sizeof cts);
-  const std::uint64_t seq = peer.cts_taken++;
-  advanced = true;
-  std::string refusal;
-  if (cts.seq != seq) refusal = "rank " + std::to_string(rank_) + " received clear-to-send " + std::to_string(cts.seq) +
-                                " from rank " + std::to_string(peer.rank) + " where it expected " +
-                                std::to_string(seq) + " (garbage on the wire)";
-  else refusal = header_mismatch(cts.expected, r.header, peer.rank, rank_);  // in the receiver's words
-  if (refusal.empty() && cts.offer && r.key) refusal = advertised_range_error(cts, payload, rank_, peer.rank);
-  if (!refusal.empty()) {
-    // The request-to-send is out: the receiver fails on it too. This rank
-    // fails once it has been delivered (pump_all).
-    peer.failure = refusal;
+  std::memcpy(&cts, &control(peer).cts_in[m % kCtsSlots], sizeof cts);
+  if (cts.seq != m || !cts.offer || !header_mismatch(cts.expected, r.header, peer.rank, rank_).empty()) return true;
+  if (std::string refusal = advertised_range_error(cts, payload, rank_, peer.rank); !refusal.empty()) {
+    peer.failure = refusal;  // thrown by pump_all once what was posted before has gone
     return false;
   }
-  if (cts.offer && r.key) {
-    write_direct(peer, r, cts);
-    ++direct_sent_;
-    direct_bytes_ += payload;
-    peer.front_posted = kHeaderBytes + payload;
-    r.mode = Mode::direct;
-  } else {
-    unpin(r);
-    r.mode = Mode::ring;
-    ++large_through_ring_;
-  }
+  const int qps = static_cast<int>(peer.qps.size());
+  if (payload > kMaxStripeBytes * static_cast<std::uint64_t>(stripes_of(payload, qps))) return true;
+  r.key = cache_.pin(r.data, payload);
+  if (!r.key) return true;
+  write_direct(peer, r, cts);
+  // The header alone, flagged, follows in the ring: the receiver takes it
+  // in order with the other messages and then waits for the stripes.
+  post_piece(peer, r, kHeaderBytes, kDirectHeader);
+  peer.front_posted = kHeaderBytes + payload;
+  r.mode = Mode::direct;
+  ++direct_sent_;
+  direct_bytes_ += payload;
+  advanced = true;
   return true;
 }
 
@@ -110,7 +105,7 @@ void IbTransport::write_direct(Peer& peer, Request& r, const Cts& cts) {
 void IbTransport::offer_cts(Peer& peer) {
   for (RequestId id : peer.recvs) {
     Request& r = requests_[id];
-    if (r.mode != Mode::large || r.offered || r.moved > 0) continue;
+    if (r.mode != Mode::large || r.offered) continue;
     if (peer.cts_sent - peer.large_done >= kCtsSlots) return;
     const std::uint64_t payload = r.header.payload_bytes;
     if (!r.data) {

@@ -21,12 +21,12 @@ inline int qp_of(std::uint64_t id) { return static_cast<int>((id >> 48) & 0xff);
 inline std::size_t peer_index_of(std::uint64_t id) { return static_cast<std::size_t>(id & 0xffffffffu); }
 
 // Immediates. A ring piece's is its byte count (at most a slot, far below
-// bit 30), with kSenderRegistered set on a request-to-send whose sender can
-// write directly; the others are reserved values.
+// bit 30), with kDirectHeader set on the header-only piece that stands in
+// the ring for a message written directly; the others are reserved values.
 inline constexpr std::uint32_t kCreditImm = 0xffffffffu;
 inline constexpr std::uint32_t kCtsImm = 0xfffffffeu;
 inline constexpr std::uint32_t kStripeImm = 0xfffffffdu;
-inline constexpr std::uint32_t kSenderRegistered = 0x40000000u;
+inline constexpr std::uint32_t kDirectHeader = 0x40000000u;
 inline constexpr std::uint32_t kPieceBytesMask = 0x3fffffffu;
 
 }  // namespace braid::comm::ibverbs

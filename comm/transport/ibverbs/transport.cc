@@ -11,6 +11,7 @@
 #include <cerrno>
 #include <cstddef>
 #include <cstring>
+#include <thread>
 
 #include "runtime/errors.h"
 
@@ -27,6 +28,8 @@ constexpr int kMaxCreditWrites = 2;
 // peers it waits on (the keepalive of transport.h): well below any sensible
 // BRAID_TIMEOUT, and long enough that a job whose data flows never probes.
 constexpr std::chrono::milliseconds kKeepaliveInterval{200};
+// How long shutdown() lets writes already posted reach their peers.
+constexpr std::chrono::milliseconds kDrainTime{500};
 
 
 const char* operation(Work kind) {
@@ -80,15 +83,22 @@ IbTransport::IbTransport(const IbOptions& options, std::unique_ptr<Verbs> verbs,
 
 IbTransport::~IbTransport() { shutdown(); }
 
-// Destroying the queue pairs makes a peer's next write to this rank fail
+// First the writes already posted are given up to kDrainTime to complete:
+// a failing rank's last messages often carry what tells its peers why (the
+// header of a mismatched call, which each peer then names itself), and
+// destroying a queue pair drops what is still in flight. Then destroying
+// the queue pairs makes a peer's next write to this rank fail
 // with retry exceeded, so peers blocked on this rank learn of it within the
 // queue pairs' retry time (connection.cc) rather than waiting out the timeout.
 void IbTransport::shutdown() {
   if (shut_down_) return;
   shut_down_ = true;
+  drain(Clock::now() + kDrainTime);
+  std::uint64_t large = 0;
+  for (const auto& peer : peers_) large += peer.large_sent;
   spdlog::debug("ibverbs: rank {} wrote {} large message(s) directly ({} bytes), sent {} through the ring; "
                 "{} bytes registered in its cache",
-                rank_, direct_sent_, direct_bytes_, large_through_ring_, cache_.registered_bytes());
+                rank_, direct_sent_, direct_bytes_, large - direct_sent_, cache_.registered_bytes());
   for (auto& peer : peers_)
     for (ibv_qp*& qp : peer.qps)
       if (qp) {
@@ -183,6 +193,21 @@ void IbTransport::post_write(Peer& peer, std::uint64_t id, const void* local, st
     throw SystemError(errno_message("rank " + std::to_string(rank_) + " could not post " +
                                         operation(kind_of(id)) + " to rank " + std::to_string(peer.rank),
                                     error));
+  ++writes_in_flight_;
+}
+
+// Polls the completion queue, taking no action on what completes, until no
+// write of this rank's is in flight or `deadline` passes (sleeping 1 ms
+// between polls: a failing rank must not spin).
+void IbTransport::drain(Clock::time_point deadline) {
+  ibv_wc wcs[32];
+  while (writes_in_flight_ > 0 && Clock::now() < deadline) {
+    int n = ibv_poll_cq(verbs_->cq, 32, wcs);
+    if (n < 0) return;
+    for (int i = 0; i < n; ++i)
+      if (kind_of(wcs[i].wr_id) != Work::receive) --writes_in_flight_;
+    if (n == 0) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
 }
 
 void IbTransport::post_receive(Peer& peer, int qp) {
@@ -199,10 +224,13 @@ void IbTransport::post_receive(Peer& peer, int qp) {
 // write it into the peer's ring, as long as credits and staging slots last.
 bool IbTransport::pump_sends(Peer& peer) {
   bool advanced = false;
-  while (!peer.sends.empty()) {
+  while (!peer.sends.empty() && peer.failure.empty()) {
     Request& r = requests_[peer.sends.front()];
     const std::size_t total = kHeaderBytes + r.header.payload_bytes;
-    if (r.mode == Mode::large && !start_large(peer, r, advanced)) break;
+    if (r.mode == Mode::large && peer.front_posted == 0) {
+      if (!can_post_piece(peer)) break;
+      if (!start_large(peer, r, advanced)) break;
+    }
     while (peer.front_posted < total && can_post_piece(peer)) {
       post_piece(peer, r);
       advanced = true;
@@ -270,7 +298,7 @@ void IbTransport::take_piece(Peer& peer, Request& r) {
   const std::uint64_t piece = peer.taken++;
   const std::byte* slot = ring_slot(peer, piece);
   const std::size_t bytes = peer.piece_bytes[piece % slots_] & kPieceBytesMask;
-  const bool sender_registered = peer.piece_bytes[piece % slots_] & kSenderRegistered;
+  const bool direct = peer.piece_bytes[piece % slots_] & kDirectHeader;
   std::size_t payload_from = 0;
   if (r.moved == 0) {
     if (bytes < kHeaderBytes)
@@ -282,16 +310,17 @@ void IbTransport::take_piece(Peer& peer, Request& r) {
     std::string mismatch = header_mismatch(r.header, r.received, rank_, peer.rank);
     if (!mismatch.empty()) throw RemoteError(mismatch, peer.rank);
     payload_from = kHeaderBytes;
-    if (r.mode == Mode::large) {  // the request-to-send of a large message: the header alone
-      if (bytes != kHeaderBytes)
-        throw RemoteError("rank " + std::to_string(rank_) + " received a large message from rank " +
-                              std::to_string(peer.rank) + " without its request-to-send (garbage on the wire)",
+    if (direct) {  // the header of a message written directly: the stripes follow
+      if (!r.key || bytes != kHeaderBytes)
+        throw RemoteError("rank " + std::to_string(rank_) + " received a direct-write header from rank " +
+                              std::to_string(peer.rank) + " for a buffer it never offered (garbage on the wire)",
                           peer.rank);
       r.moved = kHeaderBytes;
-      r.mode = r.key && sender_registered ? Mode::direct : Mode::ring;
-      if (r.mode == Mode::ring) unpin(r);
+      r.mode = Mode::direct;
       return;
     }
+    unpin(r);  // offered or not, this one comes through the ring
+    r.mode = Mode::ring;
   }
   const std::size_t total = kHeaderBytes + r.header.payload_bytes;
   if (bytes != std::min(slot_bytes_, total - r.moved))
@@ -369,6 +398,7 @@ void IbTransport::on_receive(Peer& peer, const ibv_wc& wc) {
 // Returns whether the completion advanced the protocol (a keepalive's does not).
 bool IbTransport::on_completion(const ibv_wc& wc) {
   Peer& peer = peers_.at(peer_index_of(wc.wr_id));
+  if (kind_of(wc.wr_id) != Work::receive) --writes_in_flight_;
   if (wc.status != IBV_WC_SUCCESS) fail_completion(peer, wc);
   switch (kind_of(wc.wr_id)) {
     case Work::data:
@@ -417,9 +447,12 @@ int IbTransport::poll_completions() {
 bool IbTransport::pump_all() {
   if (shut_down_) throw AbortedError("rank " + std::to_string(rank_) + ": the RDMA transport was shut down");
   bool advanced = poll_completions() > 0;
+  // Sends first: a rank that is about to find its peer's header mismatched
+  // still puts its own on the wire, so the peer names the mismatch too
+  // rather than learning only that this rank stopped answering.
   for (auto& peer : peers_) {
-    advanced |= pump_recvs(peer);
     advanced |= pump_sends(peer);
+    advanced |= pump_recvs(peer);
     if (!peer.failure.empty() && peer.completed == peer.posted) throw RemoteError(peer.failure, peer.rank);
   }
   if (advanced) next_keepalive_ = Clock::now() + kKeepaliveInterval;
@@ -531,7 +564,15 @@ void IbTransport::fail_completion(Peer& peer, const ibv_wc& wc) {
   if (wc.status == IBV_WC_RNR_RETRY_EXC_ERR || wc.status == IBV_WC_WR_FLUSH_ERR || wc.status == IBV_WC_REM_OP_ERR ||
       wc.status == IBV_WC_REM_ACCESS_ERR || wc.status == IBV_WC_REM_INV_REQ_ERR)
     throw RemoteError(what + ": " + them + " exited, crashed, hung or became unreachable", peer.rank);
-  throw SystemError(what + ": a local RDMA failure; check ulimit -l and the device (ibv_devinfo)");
+  // A local error: most often this rank's own link went down under the write.
+  ibv_port_attr port{};
+  if (ibv_query_port(verbs_->context, static_cast<std::uint8_t>(gid.port), &port) == 0 &&
+      port.state != IBV_PORT_ACTIVE)
+    throw SystemError(what + ": this rank's port is " + ibv_port_state_str(port.state) +
+                      ": its link went down; check the cable, switch port or netdev (ip link, ibv_devinfo), "
+                      "or choose another device with BRAID_IB_HCA, or use BRAID_TRANSPORT=tcp");
+  throw SystemError(what + ": a local RDMA failure with the port up; check the device (ibv_devinfo) and, for "
+                           "registration failures, ulimit -l");
 }
 
 void IbTransport::prove_paths(Clock::time_point deadline) {

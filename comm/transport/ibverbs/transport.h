@@ -35,25 +35,28 @@
 // RemoteError naming the peer. Data that flows never triggers a keepalive.
 //
 // Large messages (payload of at least kDirectMinBytes) are written straight
-// from the sender's buffer into the receiver's (direct.cc):
+// from the sender's buffer into the receiver's when the receiver is ready
+// (direct.cc):
 //  - the receiver, as soon as it posts the receive, registers its buffer
 //    (RegistrationCache, memory.h) and writes a clear-to-send (Cts) into the
 //    sender's control block: the header it expects, the buffer's address
 //    and rkey and the registration that covers it (or "no offer" when the
 //    buffer cannot be registered); at most kCtsSlots are outstanding;
-//  - the sender writes the header alone into the ring (a request-to-send,
-//    flagged when its own buffer is registered), so that a receiver which
-//    expects something else fails on it as on any header;
-//  - with an offer and a registered source, the sender checks the Cts: the
-//    expected header must be its own, the range must lie in the advertised
-//    registration (a peer advertising more is refused by name); it then
-//    writes the payload in stripes over the peer's queue pairs
-//    (BRAID_IB_QPS_PER_PEER), the last write of each with an immediate
-//    (kStripeImm). RC delivers each queue pair's writes in order, so the
-//    receiver's message is complete when every stripe's immediate is in;
-//  - otherwise the rest of the message follows the header through the ring.
-// Both ends reach the same choice from the same two facts (the offer, the
-// flag), so neither waits for what the other will not send.
+//  - when the sender starts the message and the Cts for it is already
+//    there, offers a buffer and expects exactly this header, it checks that
+//    the range lies in the advertised registration (a peer advertising more
+//    is refused by name), writes the payload in stripes over the peer's
+//    queue pairs (BRAID_IB_QPS_PER_PEER), the last write of each with an
+//    immediate (kStripeImm), and puts the header alone in the ring, flagged
+//    (kDirectHeader); RC delivers each queue pair's writes in order, so the
+//    receiver, having taken the flagged header in ring order, has the
+//    message once every stripe's immediate is in;
+//  - otherwise (no Cts yet, no offer, another header, a source that cannot
+//    be registered) the message goes through the ring like a small one, and
+//    the receiver takes it as such. The sender never waits for a Cts: a
+//    send completes without its receive being posted, as on the ring, so
+//    schedules that wait for their sends before posting receives cannot
+//    deadlock.
 #pragma once
 
 #include "comm/transport/transport_only.h"
@@ -165,7 +168,7 @@ class IbTransport final : public Transport {
     bool keepalive_pending = false;  // a keepalive write not yet completed
     // large messages (direct.cc)
     std::uint64_t cts_sent = 0, large_done = 0;     // receiving: Cts written, large receives completed
-    std::uint64_t cts_arrived = 0, cts_taken = 0;   // sending: Cts received, consumed
+    std::uint64_t cts_arrived = 0, large_sent = 0;  // sending: Cts received, large messages started
     int cts_writes = 0;                              // Cts writes not yet completed
     std::vector<std::uint64_t> stripes_arrived, stripes_taken;  // per queue pair
     std::vector<std::deque<RequestId>> direct_writes;  // per queue pair, in posting order
@@ -251,6 +254,7 @@ class IbTransport final : public Transport {
   void post_write(Peer& peer, std::uint64_t wr_id, const void* local, std::uint32_t lkey, std::uint32_t bytes,
                   std::uint64_t remote, std::uint32_t rkey, bool with_imm, std::uint32_t imm, int qp = 0);
   void wait_events(Clock::time_point deadline);
+  void drain(Clock::time_point deadline);
   void drain_async_events();
   [[noreturn]] void fail_completion(Peer& peer, const ibv_wc& wc);
 
@@ -266,8 +270,9 @@ class IbTransport final : public Transport {
   RequestPool<Request> requests_;
   StagingPool staging_pool_;
   std::atomic<std::uint64_t> bytes_sent_{0}, bytes_received_{0};
-  std::uint64_t direct_sent_ = 0, direct_bytes_ = 0, large_through_ring_ = 0;  // logged at shutdown
+  std::uint64_t direct_sent_ = 0, direct_bytes_ = 0;  // logged at shutdown
   bool shut_down_ = false;
+  std::int64_t writes_in_flight_ = 0;  // signaled writes posted and not yet completed (drain)
   Clock::time_point next_keepalive_;  // nothing advanced since this minus kKeepaliveInterval
 };
 
