@@ -5,7 +5,8 @@
 //
 // Rank 0 receives 1 MiB from rank 1, but instead of the clear-to-send its
 // transport would write, it writes a forged one (TestAccess below): the
-// right header and buffer address, with a registration of 4 KiB around it.
+// right header and buffer address, with a registration of 4 KiB around it;
+// rank 1 sends once that Cts is in (as a sender that finds it in time does).
 // Rank 1 must refuse to write (a RemoteError naming rank 0 and the
 // registration) and fail; rank 0 must then fail naming rank 1 (gone), with
 // not one byte of its buffer written. Exit 0 when the rank saw exactly that.
@@ -46,6 +47,15 @@ struct TestAccess {
                      (seq % kCtsSlots) * sizeof(Cts),
                  peer.remote.control_rkey, true, kCtsImm);
     ++peer.cts_writes;
+  }
+  // Until rank `peer_rank`'s first clear-to-send is here: a sender writes
+  // directly only with the Cts in hand, and otherwise sends through the ring.
+  static bool wait_cts(IbTransport& t, int peer_rank, Clock::time_point deadline) {
+    while (t.peer_of(peer_rank).cts_arrived == 0) {
+      if (Clock::now() >= deadline) return false;
+      t.progress(deadline);
+    }
+    return true;
   }
 };
 
@@ -107,6 +117,10 @@ int main() {
     ibverbs::TestAccess::forge_cts(*transport, 1, 4096);
     error = run(*transport, r, std::chrono::seconds(15));
   } else {
+    if (!ibverbs::TestAccess::wait_cts(*transport, 0, Clock::now() + std::chrono::seconds(15))) {
+      std::printf("rank 1: no clear-to-send from rank 0\n");
+      return 1;
+    }
     RequestId r = transport->post_send(0, header, buffer.data());
     error = run(*transport, r, std::chrono::seconds(15));
   }
