@@ -25,6 +25,7 @@
 #include "runtime/log.h"
 #include "runtime/rank_info.h"
 #include "runtime/store.h"
+#include "runtime/store_ports.h"
 #include "runtime/topology.h"
 
 namespace braid::comm {
@@ -368,13 +369,10 @@ std::unique_ptr<Communicator> Communicator::create_world(const runtime::RankInfo
   runtime::setup_logging(info.rank, config.log_level);
   auto impl = new_impl(info, config, "braid/world", info.rank, info.world_size);
   if (info.world_size > 1 || info.launcher != "none") {
-    std::uint16_t port = info.store_port;
-    if (info.store_served_by_rank0 && info.rank == 0) {
-      impl->store_server = std::make_shared<runtime::StoreServer>(info.store_host, port, info.job_token);
-      port = impl->store_server->port();
-    }
-    if (port == 0) throw InvalidUsage("no store address: set BRAID_STORE_ADDR or start with braid-launch");
-    impl->store = std::make_shared<runtime::Store>(info.store_host, port, info.job_token, config.timeout);
+    // On the first free port of the job's sequence, found by the others
+    // through the token (runtime/store_ports.h).
+    impl->store_server = runtime::serve_job_store(info);
+    impl->store = runtime::connect_job_store(info, impl->store_server.get(), config.timeout);
     impl->store->set_request_timeout(config.timeout);
   }
   spdlog::info("{}; {}", runtime::describe(info), runtime::describe_placement());

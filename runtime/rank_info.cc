@@ -11,6 +11,7 @@
 #include <string>
 
 #include "runtime/errors.h"
+#include "runtime/store_ports.h"
 
 namespace braid::runtime {
 namespace {
@@ -76,10 +77,10 @@ void parse_store_addr(RankInfo& info, const std::string& addr, const char* var) 
   info.store_port = static_cast<std::uint16_t>(port);
 }
 
-void read_master(RankInfo& info, int port_offset) {
+void read_master(RankInfo& info) {
   info.store_host = numeric_address(env("MASTER_ADDR") ? env("MASTER_ADDR") : "127.0.0.1", "MASTER_ADDR",
                                     info.launcher);
-  info.store_port = static_cast<std::uint16_t>(env_int("MASTER_PORT", 29500, 1, 65534) + port_offset);
+  info.store_port = static_cast<std::uint16_t>(env_int("MASTER_PORT", 29500, 1, 65535));
 }
 
 bool read_braid(RankInfo& info) {
@@ -104,7 +105,7 @@ bool read_torchrun(RankInfo& info) {
   info.local_world_size = env_int("LOCAL_WORLD_SIZE", info.world_size, 1, info.world_size);
   info.local_rank = env_int("LOCAL_RANK", info.rank % info.local_world_size, 0, info.local_world_size - 1);
   info.node_rank = env_int("GROUP_RANK", info.rank / info.local_world_size, 0, 1 << 20);
-  read_master(info, 1);
+  read_master(info);  // the agent's port: braid's store moves off it (rank_info_from_env)
   return true;
 }
 
@@ -116,7 +117,7 @@ bool read_slurm(RankInfo& info) {
   info.local_rank = env_int("SLURM_LOCALID", 0, 0, info.world_size - 1);
   info.local_world_size = env_int("SLURM_NTASKS_PER_NODE", info.world_size, 1, info.world_size);
   info.node_rank = env_int("SLURM_NODEID", 0, 0, 1 << 20);
-  read_master(info, 0);
+  read_master(info);
   return true;
 }
 
@@ -128,13 +129,14 @@ bool read_openmpi(RankInfo& info) {
   info.local_world_size = env_int("OMPI_COMM_WORLD_LOCAL_SIZE", info.world_size, 1, info.world_size);
   info.local_rank = env_int("OMPI_COMM_WORLD_LOCAL_RANK", 0, 0, info.local_world_size - 1);
   info.node_rank = env_int("OMPI_COMM_WORLD_NODE_RANK", 0, 0, 1 << 20);
-  read_master(info, 0);
+  read_master(info);
   return true;
 }
 
 std::string derived_token(const RankInfo& info) {
   std::string shared = info.launcher + "|" + info.store_host + ":" + std::to_string(info.store_port);
-  for (const char* var : {"SLURM_JOB_ID", "OMPI_MCA_ess_base_jobid", "TORCHELASTIC_RUN_ID"})
+  // Two srun steps of one allocation share SLURM_JOB_ID, not SLURM_STEP_ID.
+  for (const char* var : {"SLURM_JOB_ID", "SLURM_STEP_ID", "OMPI_MCA_ess_base_jobid", "TORCHELASTIC_RUN_ID"})
     if (env(var)) shared += std::string("|") + env(var);
   return "derived-" + std::to_string(std::hash<std::string>{}(shared));
 }
@@ -206,6 +208,11 @@ RankInfo rank_info_from_env() {
   }
   if (const char* addr = env("BRAID_STORE_ADDR")) parse_store_addr(info, addr, "BRAID_STORE_ADDR");
   info.job_token = env("BRAID_JOB_TOKEN") ? env("BRAID_JOB_TOKEN") : derived_token(info);
+  // torchrun's agent serves its own store on MASTER_PORT, and a concurrent
+  // job's MASTER_PORT may be the next port: braid's starts on a port derived
+  // from both (runtime/store_ports.h).
+  if (info.launcher == "torchrun" && !env("BRAID_STORE_ADDR"))
+    info.store_port = derived_store_port(info.store_port, info.job_token);
   info.restart_count = env_int(env("BRAID_RESTART_COUNT") ? "BRAID_RESTART_COUNT" : "TORCHELASTIC_RESTART_COUNT", 0, 0,
                                1 << 20);
   return info;

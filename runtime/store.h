@@ -8,7 +8,7 @@
 //
 // Wire protocol (all integers little-endian):
 //   handshake, client -> server: "BRDS" u32 version, u32 token_bytes, token
-//   handshake, server -> client: u8 status (0 ok, else refused) + u32 msg_bytes, msg
+//   handshake, server -> client: u8 status (0 ok, 2 wrong token, else refused) + u32 msg_bytes, msg
 //   request:  u32 body_bytes, u8 command, body
 //   response: u32 body_bytes, u8 status, body
 // A connection with a wrong token or version, a request larger than
@@ -71,6 +71,13 @@ class StoreServer {
   // background thread until destroyed. Throws SystemError if it cannot bind.
   StoreServer(const std::string& bind_addr, std::uint16_t port, std::string token,
               const StoreLimits& limits = store_limits(config()));
+  // Listens on the first of `ports` (a job's candidate ports,
+  // store_ports.h) that is free on bind_addr: a port in use, by anything,
+  // moves on to the next; any other failure throws SystemError at once.
+  // When every port is in use, throws SystemError naming them and `remedy`
+  // (what to set).
+  StoreServer(const std::string& bind_addr, const std::vector<std::uint16_t>& ports, std::string token,
+              const std::string& remedy, const StoreLimits& limits = store_limits(config()));
   ~StoreServer();
   StoreServer(const StoreServer&) = delete;
   StoreServer& operator=(const StoreServer&) = delete;
@@ -92,6 +99,18 @@ class Store {
   // RemoteError if it refused the token.
   Store(const std::string& host, std::uint16_t port, std::string token,
         std::chrono::milliseconds connect_timeout);
+  // Finds this job's store among `ports` (a job's candidate ports,
+  // store_ports.h) on host: tries them in order, round after round until
+  // `timeout`, and keeps the first whose server accepts the token. Another
+  // job's store refuses the token, and so does anything that is not a braid
+  // store; such a port is tried again only every second, while one where
+  // nothing listens yet is tried again at once. Throws RemoteError when a
+  // port refused the token and none accepted it, TimeoutError when none
+  // answered; both name each port, what it said, and `remedy`. Warns once
+  // when a few seconds pass without success.
+  static std::unique_ptr<Store> find(const std::string& host, const std::vector<std::uint16_t>& ports,
+                                     std::string token, std::chrono::milliseconds timeout,
+                                     const std::string& remedy);
   ~Store();
   Store(const Store&) = delete;
   Store& operator=(const Store&) = delete;
@@ -118,9 +137,12 @@ class Store {
 
   // Default timeout for requests that do not wait on keys (set, add, ...).
   void set_request_timeout(std::chrono::milliseconds timeout);
+  // The port of the store this client is connected to.
+  std::uint16_t port() const;
 
  private:
   struct Impl;
+  explicit Store(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;
 };
 

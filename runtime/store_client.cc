@@ -10,6 +10,7 @@
 #include <utility>
 
 #include <boost/asio.hpp>
+#include <spdlog/spdlog.h>
 
 #include <algorithm>
 #include <cstdint>
@@ -35,6 +36,51 @@ using namespace store_wire;
 // Added to a get or wait's own timeout, for the server's answer to arrive.
 constexpr milliseconds kAnswerMargin{1000};
 constexpr milliseconds kConnectRetry{25};
+// Store::find: how long one port may take to answer the handshake, how soon
+// a port that refused us or did not answer is tried again, and when a search
+// that has not succeeded says so.
+constexpr milliseconds kProbeAnswer{2000};
+constexpr milliseconds kProbeRetry{1000};
+constexpr milliseconds kProbeWarning{5000};
+
+// What greeting a store on one port found.
+enum class Probe { accepted, nothing_listening, hung_up, no_answer, io_error, wrong_token, refused, not_a_store };
+
+struct ProbeResult {
+  Probe kind = Probe::nothing_listening;
+  std::string detail = "not tried";
+  error_code ec;
+};
+
+// How a port's answer reads in an error message.
+std::string describe(const ProbeResult& result) {
+  switch (result.kind) {
+    case Probe::accepted: return "accepted";
+    case Probe::nothing_listening: return "nothing listens (" + result.detail + ")";
+    case Probe::hung_up: return "closed the connection before answering";
+    case Probe::no_answer: return "no answer within " + std::to_string(kProbeAnswer.count()) + " ms";
+    case Probe::wrong_token:
+    case Probe::refused: return result.detail;
+    case Probe::io_error: return "failed: " + result.detail;
+    case Probe::not_a_store: return "not a braid store (" + result.detail + ")";
+  }
+  return result.detail;
+}
+
+// "nothing listens (...) at 21034, 27211; store refused connection: ... at 29500",
+// ports grouped by what they said, in the order first seen.
+std::string summarize(const std::vector<std::uint16_t>& ports, const std::vector<ProbeResult>& said) {
+  std::vector<std::pair<std::string, std::string>> groups;
+  for (std::size_t i = 0; i < ports.size(); ++i) {
+    std::string text = describe(said[i]);
+    auto group = std::find_if(groups.begin(), groups.end(), [&](const auto& g) { return g.first == text; });
+    if (group == groups.end()) group = groups.insert(groups.end(), {text, ""});
+    group->second += (group->second.empty() ? "" : ", ") + std::to_string(ports[i]);
+  }
+  std::string out;
+  for (const auto& [text, where] : groups) out += (out.empty() ? "" : "; ") + text + " at " + where;
+  return out;
+}
 
 struct Reply {
   Status status;
@@ -65,7 +111,12 @@ bool is_hang_up(const error_code& ec) {
 }  // namespace
 
 struct Store::Impl {
+  // Connects to host:port and nowhere else (Store's constructor).
   Impl(std::string host, std::uint16_t port, std::string token, milliseconds connect_timeout);
+  // Not connected yet: find() connects.
+  Impl(std::string host, std::string token, milliseconds request_timeout);
+  void find(const std::vector<std::uint16_t>& ports, milliseconds timeout, const std::string& remedy);
+  std::uint16_t port() const { return port_; }
 
   // Sends one request and reads its answer, holding the mutex throughout.
   // Bounded by the request timeout, or for a get or wait by its own `wait`
@@ -83,6 +134,12 @@ struct Store::Impl {
   bool try_connect(Clock::time_point deadline, error_code& last);
   // False when the server hung up before answering.
   bool handshake();
+  // Sends the handshake and reads the answer; never throws.
+  ProbeResult greet(Clock::time_point deadline);
+  // One connection and handshake on `port`, closed again unless accepted.
+  ProbeResult attempt(std::uint16_t port, Clock::time_point deadline);
+  [[noreturn]] void not_found(const std::vector<std::uint16_t>& ports, const std::vector<ProbeResult>& said,
+                              milliseconds timeout, const std::string& remedy);
   void write_all(const Bytes& bytes, const Exchange& exchange);
   Bytes read_exact(std::size_t bytes, const Exchange& exchange);
   [[noreturn]] void fail(const error_code& ec, const Exchange& exchange);
@@ -114,6 +171,62 @@ Store::Impl::Impl(std::string host, std::uint16_t port, std::string token, milli
     std::this_thread::sleep_for(kConnectRetry);
     connect(deadline, connect_timeout);
   }
+}
+
+Store::Impl::Impl(std::string host, std::string token, milliseconds request_timeout)
+    : host_(std::move(host)), port_(0), token_(std::move(token)), request_timeout_(request_timeout) {}
+
+// Round after round over the ports, each port on its own schedule (store.h).
+void Store::Impl::find(const std::vector<std::uint16_t>& ports, milliseconds timeout, const std::string& remedy) {
+  if (ports.empty()) throw InvalidUsage("no port to look for the store on " + host_);
+  const auto start = Clock::now();
+  const auto deadline = start + timeout;
+  std::vector<ProbeResult> said(ports.size());
+  std::vector<Clock::time_point> next(ports.size(), start);
+  bool warned = false;
+  while (Clock::now() < deadline) {
+    for (std::size_t i = 0; i < ports.size() && Clock::now() < deadline; ++i) {
+      if (next[i] > Clock::now()) continue;
+      said[i] = attempt(ports[i], std::min(deadline, Clock::now() + kProbeAnswer));
+      if (said[i].kind == Probe::accepted) return;
+      bool soon = said[i].kind == Probe::nothing_listening || said[i].kind == Probe::hung_up;
+      next[i] = Clock::now() + (soon ? kConnectRetry : kProbeRetry);
+    }
+    if (!warned && Clock::now() - start >= kProbeWarning) {
+      warned = true;
+      spdlog::warn("store: no store of this job answered on {} yet, still trying for {} ms: {}", host_,
+                   timeout.count(), summarize(ports, said));
+    }
+    std::this_thread::sleep_until(std::min(*std::min_element(next.begin(), next.end()), deadline));
+  }
+  not_found(ports, said, timeout, remedy);
+}
+
+void Store::Impl::not_found(const std::vector<std::uint16_t>& ports, const std::vector<ProbeResult>& said,
+                            milliseconds timeout, const std::string& remedy) {
+  std::string text = "no store of this job answered on " + host_ + " within " + ms_text(timeout) +
+                     " at any of its ports: " + summarize(ports, said) + (remedy.empty() ? "" : "; " + remedy);
+  bool refused = std::any_of(said.begin(), said.end(), [](const ProbeResult& r) {
+    return r.kind == Probe::wrong_token || r.kind == Probe::refused;
+  });
+  if (refused) throw RemoteError(text);
+  throw TimeoutError(text);
+}
+
+ProbeResult Store::Impl::attempt(std::uint16_t port, Clock::time_point deadline) {
+  port_ = port;
+  error_code ec;
+  if (!try_connect(deadline, ec)) {
+    if (ec == asio::error::timed_out) return {Probe::no_answer, "", ec};
+    return {Probe::nothing_listening, ec.message(), ec};
+  }
+  socket_.set_option(tcp::no_delay(true), ec);
+  ProbeResult result = greet(deadline);
+  if (result.kind != Probe::accepted) {
+    error_code ignored;
+    socket_.close(ignored);
+  }
+  return result;
 }
 
 // Runs one asynchronous operation to completion or until the deadline; on
@@ -164,29 +277,41 @@ bool Store::Impl::try_connect(Clock::time_point deadline, error_code& last) {
 }
 
 bool Store::Impl::handshake() {
+  Exchange exchange(request_timeout_, "during the handshake");
+  ProbeResult hello = greet(exchange.deadline);
+  switch (hello.kind) {
+    case Probe::accepted: return true;
+    case Probe::hung_up: return false;
+    case Probe::wrong_token:
+    case Probe::refused: throw RemoteError(hello.detail + " (store at " + where() + ")");
+    case Probe::not_a_store: fail_with(hello.detail, exchange);
+    default: fail(hello.ec, exchange);
+  }
+}
+
+ProbeResult Store::Impl::greet(Clock::time_point deadline) {
   Bytes hello(kMagic, kMagic + sizeof kMagic);
   put_u32(hello, kStoreProtocolVersion);
   put_u32(hello, static_cast<std::uint32_t>(token_.size()));
   put_text(hello, token_);
-  Exchange exchange(request_timeout_, "during the handshake");
   Bytes header(kHandshakeReplyHeaderBytes);
   error_code ec = run_until(
-      [&](auto handler) { asio::async_write(socket_, asio::buffer(hello), handler); }, exchange.deadline);
-  if (!ec)
-    ec = run_until([&](auto handler) { asio::async_read(socket_, asio::buffer(header), handler); },
-                   exchange.deadline);
+      [&](auto handler) { asio::async_write(socket_, asio::buffer(hello), handler); }, deadline);
+  if (!ec) ec = run_until([&](auto handler) { asio::async_read(socket_, asio::buffer(header), handler); }, deadline);
+  std::uint32_t message_bytes = ec ? 0 : load_u32(header.data() + 1);
+  if (!ec && message_bytes > kMaxMessageBytes) return {Probe::not_a_store, "it sent a malformed handshake reply", ec};
+  Bytes message(message_bytes);
+  if (!ec) ec = run_until([&](auto handler) { asio::async_read(socket_, asio::buffer(message), handler); }, deadline);
   if (is_hang_up(ec)) {
     error_code ignored;
     socket_.close(ignored);
-    return false;
+    return {Probe::hung_up, ec.message(), ec};
   }
-  if (ec) fail(ec, exchange);
-  std::uint32_t message_bytes = load_u32(header.data() + 1);
-  if (message_bytes > kMaxMessageBytes) fail_with("it sent a malformed handshake reply", exchange);
-  Bytes message = read_exact(message_bytes, exchange);
-  if (header[0] != 0)
-    throw RemoteError(std::string(message.begin(), message.end()) + " (store at " + where() + ")");
-  return true;
+  if (ec == asio::error::timed_out) return {Probe::no_answer, "", ec};
+  if (ec) return {Probe::io_error, ec.message(), ec};
+  std::string text(message.begin(), message.end());
+  if (header[0] == kHandshakeOk) return {Probe::accepted, "", ec};
+  return {header[0] == kHandshakeWrongToken ? Probe::wrong_token : Probe::refused, text, ec};
 }
 
 Reply Store::Impl::call(Command command, const Bytes& body, const std::string& what,
@@ -259,6 +384,17 @@ void Store::Impl::fail_with(const std::string& why, const Exchange& exchange) {
 
 Store::Store(const std::string& host, std::uint16_t port, std::string token, milliseconds connect_timeout)
     : impl_(std::make_unique<Impl>(host, port, std::move(token), connect_timeout)) {}
+
+Store::Store(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+
+std::unique_ptr<Store> Store::find(const std::string& host, const std::vector<std::uint16_t>& ports,
+                                   std::string token, milliseconds timeout, const std::string& remedy) {
+  auto impl = std::make_unique<Impl>(host, std::move(token), timeout);
+  impl->find(ports, timeout, remedy);
+  return std::unique_ptr<Store>(new Store(std::move(impl)));
+}
+
+std::uint16_t Store::port() const { return impl_->port(); }
 
 Store::~Store() = default;
 

@@ -71,11 +71,11 @@ void DropLog::write(bool first) {
 
 // ---- ServerCore ----------------------------------------------------------
 
-ServerCore::ServerCore(const std::string& bind_addr, std::uint16_t port, std::string token,
-                       const StoreLimits& limits)
+ServerCore::ServerCore(const std::string& bind_addr, const std::vector<std::uint16_t>& ports, std::string token,
+                       const std::string& remedy, const StoreLimits& limits)
     : limits_(limits), token_(std::move(token)), map_(limits.max_bytes) {
   limits_.max_pending_handshakes = std::max<std::size_t>(limits_.max_pending_handshakes, 1);
-  open(bind_addr, port);
+  open(bind_addr, ports, remedy);
   drops_.set_port(port_);
   accept();
   thread_ = std::thread([this] { serve(); });
@@ -91,18 +91,46 @@ ServerCore::~ServerCore() {
   parked_.clear();
 }
 
-void ServerCore::open(const std::string& bind_addr, std::uint16_t port) {
-  std::string where = bind_addr + ":" + std::to_string(port);
+// A port in use (EADDRINUSE from bind, or from listen when another socket
+// bound it with SO_REUSEADDR too) moves on to the next candidate; any other
+// failure is the address's, which no other port would cure.
+void ServerCore::open(const std::string& bind_addr, const std::vector<std::uint16_t>& ports,
+                      const std::string& remedy) {
   error_code ec;
   auto address = asio::ip::make_address(bind_addr, ec);
   if (ec) throw InvalidUsage("store bind address '" + bind_addr + "' is not an IP address");
-  tcp::endpoint endpoint(address, port);
+  if (ports.empty()) throw InvalidUsage("store: no port to listen on");
+  std::string taken;
+  for (std::uint16_t port : ports) {
+    ec = listen_on(tcp::endpoint(address, port));
+    if (!ec) {
+      port_ = acceptor_.local_endpoint().port();
+      if (port != ports.front())
+        spdlog::info("store: port(s) {} on {} in use, so this job's store listens on {}, the next of its ports",
+                     taken, bind_addr, port_);
+      return;
+    }
+    std::string where = bind_addr + ":" + std::to_string(port);
+    if (ports.size() == 1)
+      throw SystemError("store cannot listen on " + where + ": " + ec.message() +
+                        (port ? "; is another job using this port?" : ""));
+    if (ec != asio::error::address_in_use)
+      throw SystemError("store cannot listen on " + where + ": " + ec.message() + "; " + remedy);
+    taken += (taken.empty() ? "" : ", ") + std::to_string(port);
+  }
+  throw SystemError("store cannot listen on " + bind_addr + ": every port this job may use is in use (" + taken +
+                    "); " + remedy);
+}
+
+error_code ServerCore::listen_on(const tcp::endpoint& endpoint) {
+  error_code ec;
   if (acceptor_.open(endpoint.protocol(), ec) ||
       acceptor_.set_option(tcp::acceptor::reuse_address(true), ec) || acceptor_.bind(endpoint, ec) ||
-      acceptor_.listen(asio::socket_base::max_listen_connections, ec))
-    throw SystemError("store cannot listen on " + where + ": " + ec.message() +
-                      (port ? "; is another job using this port?" : ""));
-  port_ = acceptor_.local_endpoint().port();
+      acceptor_.listen(asio::socket_base::max_listen_connections, ec)) {
+    error_code ignored;
+    acceptor_.close(ignored);
+  }
+  return ec;
 }
 
 void ServerCore::accept() {
@@ -179,7 +207,11 @@ struct StoreServer::Impl : store_server::ServerCore {
 
 StoreServer::StoreServer(const std::string& bind_addr, std::uint16_t port, std::string token,
                          const StoreLimits& limits)
-    : impl_(std::make_unique<Impl>(bind_addr, port, std::move(token), limits)) {}
+    : impl_(std::make_unique<Impl>(bind_addr, std::vector<std::uint16_t>{port}, std::move(token), "", limits)) {}
+
+StoreServer::StoreServer(const std::string& bind_addr, const std::vector<std::uint16_t>& ports, std::string token,
+                         const std::string& remedy, const StoreLimits& limits)
+    : impl_(std::make_unique<Impl>(bind_addr, ports, std::move(token), remedy, limits)) {}
 
 StoreServer::~StoreServer() = default;
 

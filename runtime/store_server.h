@@ -108,7 +108,10 @@ class DropLog {
 // the pending queue and returns its request budget.
 class ServerCore {
  public:
-  ServerCore(const std::string& bind_addr, std::uint16_t port, std::string token, const StoreLimits& limits);
+  // Listens on the first of `ports` free on bind_addr (StoreServer's
+  // constructors describe the choice and its errors).
+  ServerCore(const std::string& bind_addr, const std::vector<std::uint16_t>& ports, std::string token,
+             const std::string& remedy, const StoreLimits& limits);
   ~ServerCore();
 
   std::uint16_t port() const { return port_; }
@@ -128,7 +131,8 @@ class ServerCore {
   void key_added();
 
  private:
-  void open(const std::string& bind_addr, std::uint16_t port);
+  void open(const std::string& bind_addr, const std::vector<std::uint16_t>& ports, const std::string& remedy);
+  error_code listen_on(const tcp::endpoint& endpoint);
   void accept();
   void on_accept_error(const error_code& ec);
   void serve();
@@ -168,7 +172,7 @@ class Session : public std::enable_shared_from_this<Session> {
   void read_handshake();
   void on_handshake_header();
   void on_token();
-  void refuse_handshake(const std::string& why);
+  void refuse_handshake(const std::string& why, std::uint8_t status = store_wire::kHandshakeRefused);
   void leave_pending();
 
   void read_request();

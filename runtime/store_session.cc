@@ -93,7 +93,9 @@ void Session::on_token() {
   const std::string& token = server_.token();
   if (!std::equal(body_.begin(), body_.end(), token.begin(), token.end()))
     return refuse_handshake(
-        "wrong job token; the client belongs to another job, or BRAID_JOB_TOKEN differs between ranks");
+        "wrong job token; the client belongs to another job (jobs on one node given the same port look past "
+        "each other's stores for their own), or BRAID_JOB_TOKEN differs between ranks",
+        kHandshakeWrongToken);
   spdlog::debug("store: accepted connection from {}", remote_);
   leave_pending();
   timer_.cancel();  // the handshake deadline
@@ -104,10 +106,10 @@ void Session::on_token() {
 }
 
 // A refused Session stays pending (and so can be dropped) until it closes.
-void Session::refuse_handshake(const std::string& why) {
+void Session::refuse_handshake(const std::string& why, std::uint8_t status) {
   spdlog::warn("store refused connection from {}: {}", remote_, why);
   std::string message = "store refused connection: " + why;
-  Bytes reply{1};
+  Bytes reply{status};
   put_u32(reply, static_cast<std::uint32_t>(message.size()));
   put_text(reply, message);
   send(std::move(reply), &Session::linger_close);

@@ -1,7 +1,10 @@
 // Private to runtime/: the store's wire format, shared by store_server.cc and
 // store_client.cc. store.h gives the framing; this file fixes the rest.
 //
-// Handshake reply: u8 status (0 ok, else refused), u32 msg_bytes, msg.
+// Handshake reply: u8 status, u32 msg_bytes, msg. Status 0 accepts; 2
+//                  refuses a wrong token (the client belongs to another
+//                  job: one probing a job's ports moves on, store_ports.h);
+//                  any other value refuses for another reason.
 // Request frame:   u32 body_bytes, u8 Command, body (body_bytes excludes the
 //                  five header bytes).
 // Response frame:  u32 body_bytes, u8 Status, body.
@@ -49,6 +52,9 @@ inline constexpr std::size_t kHandshakeReplyHeaderBytes = 5;  // status, msg_byt
 inline constexpr std::size_t kFrameHeaderBytes = 5;  // body_bytes, command or status
 inline constexpr std::size_t kMaxTokenBytes = 4096;
 inline constexpr std::size_t kMaxMessageBytes = 64u << 10;  // refusal texts
+inline constexpr std::uint8_t kHandshakeOk = 0;
+inline constexpr std::uint8_t kHandshakeRefused = 1;
+inline constexpr std::uint8_t kHandshakeWrongToken = 2;
 
 enum class Command : std::uint8_t { set = 1, get = 2, try_get = 3, wait = 4, add = 5, remove = 6 };
 enum class Status : std::uint8_t { ok = 0, not_found = 1, timeout = 2, bad_value = 3, bad_request = 4 };

@@ -9,7 +9,8 @@
 //   2. torchrun:      RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE,
 //                     GROUP_RANK, MASTER_ADDR, MASTER_PORT. torchrun's agent
 //                     owns MASTER_PORT, so rank 0 serves braid's store on
-//                     MASTER_PORT + 1.
+//                     MASTER_ADDR at a port derived from MASTER_PORT and the
+//                     job token (runtime/store_ports.h).
 //   3. Slurm (srun):  SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID, SLURM_NODEID;
 //                     store at MASTER_ADDR:MASTER_PORT (default
 //                     127.0.0.1:29500), served by rank 0.
@@ -19,7 +20,10 @@
 //   5. none:          a single process, rank 0 of 1, serving its own store.
 // BRAID_STORE_ADDR and BRAID_JOB_TOKEN, when set, override the store address
 // and token under any launcher. Without BRAID_JOB_TOKEN the token is derived
-// from what every rank of the job shares (launcher, job id, store address).
+// from what every rank of the job shares (launcher, job and step id, store
+// address). Where the store's port is taken (another job on the node), it
+// moves to the next of the job's ports, which every rank computes alike from
+// store_port and job_token and probes (runtime/store_ports.h).
 #pragma once
 
 #include <cstdint>

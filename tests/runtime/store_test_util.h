@@ -100,6 +100,31 @@ inline std::uint16_t unused_port() {
   return ntohs(addr.sin_port);
 }
 
+// A socket listening on 127.0.0.1:port (0: a kernel-chosen port) that
+// accepts nothing, so connections complete in its backlog and are never
+// answered: "something that is not a braid store".
+class Squatter {
+ public:
+  explicit Squatter(std::uint16_t port = 0) : fd_(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0)) {
+    sockaddr_in addr = loopback(port);
+    socklen_t addr_bytes = sizeof addr;
+    if (fd_ < 0 || ::bind(fd_, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0 || ::listen(fd_, 64) != 0 ||
+        ::getsockname(fd_, reinterpret_cast<sockaddr*>(&addr), &addr_bytes) != 0) {
+      if (fd_ >= 0) ::close(fd_);
+      throw std::runtime_error("cannot listen on port " + std::to_string(port));
+    }
+    port_ = ntohs(addr.sin_port);
+  }
+  ~Squatter() { ::close(fd_); }
+  Squatter(const Squatter&) = delete;
+  Squatter& operator=(const Squatter&) = delete;
+  std::uint16_t port() const { return port_; }
+
+ private:
+  int fd_;
+  std::uint16_t port_ = 0;
+};
+
 // An IPv4 address of this machine other than loopback, if it has one.
 inline std::optional<std::string> local_ipv4_address() {
   ifaddrs* list = nullptr;

@@ -11,6 +11,7 @@
 #include "runtime/config.h"
 #include "runtime/errors.h"
 #include "runtime/rank_info.h"
+#include "runtime/store_ports.h"
 #include "tests/runtime/store_test_util.h"
 
 using namespace braid;
@@ -45,7 +46,7 @@ class ScopedEnv {
       "BRAID_RANK", "BRAID_WORLD_SIZE", "BRAID_LOCAL_RANK", "BRAID_LOCAL_WORLD_SIZE", "BRAID_NODE_RANK",
       "BRAID_STORE_ADDR", "BRAID_JOB_TOKEN", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE",
       "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID", "SLURM_PROCID", "SLURM_NTASKS",
-      "SLURM_LOCALID", "SLURM_NTASKS_PER_NODE", "SLURM_NODEID", "SLURM_JOB_ID", "OMPI_COMM_WORLD_RANK",
+      "SLURM_LOCALID", "SLURM_NTASKS_PER_NODE", "SLURM_NODEID", "SLURM_JOB_ID", "SLURM_STEP_ID", "OMPI_COMM_WORLD_RANK",
       "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE",
       "OMPI_COMM_WORLD_NODE_RANK", "OMPI_MCA_ess_base_jobid", "BRAID_RESTART_COUNT",
       "TORCHELASTIC_RESTART_COUNT"};
@@ -108,7 +109,10 @@ TEST_CASE("rank_info: braid-launch variables", "[rank_info]") {
                                           Contains("10.0.0.5:40123"));
 }
 
-TEST_CASE("rank_info: torchrun variables, store on MASTER_PORT + 1", "[rank_info]") {
+// torchrun's agent serves its store on MASTER_PORT, and another job's
+// MASTER_PORT may be the next port: braid's store starts on a port derived
+// from MASTER_PORT and the token, the same for every rank of the job.
+TEST_CASE("rank_info: torchrun variables, store on a port derived from MASTER_PORT", "[rank_info]") {
   ScopedEnv env(kTorchrun);
   auto info = rank_info_from_env();
   CHECK(info.launcher == "torchrun");
@@ -118,8 +122,16 @@ TEST_CASE("rank_info: torchrun variables, store on MASTER_PORT + 1", "[rank_info
   CHECK(info.local_world_size == 4);
   CHECK(info.node_rank == 1);
   CHECK(info.store_host == "10.0.0.7");
-  CHECK(info.store_port == 29401);
+  CHECK(info.store_port == runtime::derived_store_port(29400, info.job_token));
+  CHECK(info.store_port >= runtime::kDerivedStorePortLo);
+  CHECK(info.store_port < runtime::kDerivedStorePortHi);
   CHECK(info.store_served_by_rank0);
+  auto port_for = [](const std::map<std::string, std::string>& vars) {
+    ScopedEnv scoped(vars);
+    return rank_info_from_env().store_port;
+  };
+  CHECK(port_for(with(with(kTorchrun, "RANK", "0"), "LOCAL_RANK", "0")) == info.store_port);
+  CHECK(port_for(with(kTorchrun, "MASTER_PORT", "29401")) != info.store_port);
 }
 
 TEST_CASE("rank_info: Slurm variables", "[rank_info]") {
@@ -180,6 +192,11 @@ TEST_CASE("rank_info: the derived token is shared by a job's ranks and differs b
   std::string rank6 = token_for(kSlurm);
   CHECK(rank6 == token_for(with(with(kSlurm, "SLURM_PROCID", "7"), "SLURM_LOCALID", "3")));
   CHECK(rank6 != token_for(with(kSlurm, "SLURM_JOB_ID", "778")));
+  // Two srun steps of one allocation share the job id, not the step id.
+  CHECK(token_for(with(kSlurm, "SLURM_STEP_ID", "0")) != token_for(with(kSlurm, "SLURM_STEP_ID", "1")));
+  // Two mpirun jobs with the same MASTER_PORT differ in Open MPI's job id.
+  CHECK(token_for(with(kOpenMpi, "OMPI_MCA_ess_base_jobid", "877199361")) !=
+        token_for(with(kOpenMpi, "OMPI_MCA_ess_base_jobid", "876412929")));
 }
 
 TEST_CASE("rank_info: malformed values are InvalidUsage naming the variable", "[rank_info]") {

@@ -1,0 +1,69 @@
+#include "runtime/store_ports.h"
+
+#include <algorithm>
+
+#include "runtime/errors.h"
+
+namespace braid::runtime {
+namespace {
+
+// FNV-1a, 64 bits: a hash every compiler and host computes alike, unlike
+// std::hash, so the ranks of a job across hosts derive the same ports.
+std::uint64_t fnv1a(const std::string& text) {
+  std::uint64_t hash = 0xcbf29ce484222325ull;
+  for (unsigned char c : text) {
+    hash ^= c;
+    hash *= 0x100000001b3ull;
+  }
+  return hash;
+}
+
+std::uint16_t derived_port(std::uint16_t seed, const std::string& token, int index) {
+  std::uint64_t hash = fnv1a(token + "|" + std::to_string(seed) + "|" + std::to_string(index));
+  return static_cast<std::uint16_t>(kDerivedStorePortLo + hash % (kDerivedStorePortHi - kDerivedStorePortLo));
+}
+
+}  // namespace
+
+std::vector<std::uint16_t> store_port_candidates(std::uint16_t first, const std::string& token) {
+  std::vector<std::uint16_t> ports{first};
+  if (first == 0) return ports;
+  // Collisions among the derived ports are skipped; the range holds 9000.
+  for (int index = 0; ports.size() < kStorePortCandidates; ++index) {
+    std::uint16_t port = derived_port(first, token, index);
+    if (std::find(ports.begin(), ports.end(), port) == ports.end()) ports.push_back(port);
+  }
+  return ports;
+}
+
+std::uint16_t derived_store_port(std::uint16_t seed, const std::string& token) {
+  return store_port_candidates(seed, token)[1];
+}
+
+std::string store_port_remedy(const RankInfo& info) {
+  if (info.launcher == "braid-launch")
+    return "the store is braid-launch's (on node 0 of a job across nodes, started with the same --master-port "
+           "and BRAID_JOB_TOKEN): check that it is running";
+  if (info.launcher == "torchrun")
+    return "set BRAID_STORE_ADDR=host:port to a free port on rank 0's host (torchrun's MASTER_PORT is its own "
+           "store's) on every rank, and check that rank 0 is running";
+  return "set MASTER_PORT (or BRAID_STORE_ADDR=host:port) to a port free on rank 0's host on every rank, check "
+         "that rank 0 is running, and give concurrent jobs distinct BRAID_JOB_TOKENs where the launcher sets "
+         "no job id";
+}
+
+std::shared_ptr<StoreServer> serve_job_store(const RankInfo& info) {
+  if (!info.store_served_by_rank0 || info.rank != 0) return nullptr;
+  return std::make_shared<StoreServer>(info.store_host, store_port_candidates(info.store_port, info.job_token),
+                                       info.job_token, store_port_remedy(info));
+}
+
+std::shared_ptr<Store> connect_job_store(const RankInfo& info, const StoreServer* served,
+                                         std::chrono::milliseconds timeout) {
+  if (served) return std::make_shared<Store>(info.store_host, served->port(), info.job_token, timeout);
+  if (info.store_port == 0) throw InvalidUsage("no store address: set BRAID_STORE_ADDR or start with braid-launch");
+  return Store::find(info.store_host, store_port_candidates(info.store_port, info.job_token), info.job_token,
+                     timeout, store_port_remedy(info));
+}
+
+}  // namespace braid::runtime
