@@ -91,9 +91,23 @@ std::map<int, pid_t> JobDir::recorded_pids() const {
 
 LaunchedJob::LaunchedJob(const JobDir& dir, const std::vector<std::string>& args,
                          const EnvChanges& env, const ChildLimits& limits)
-    : out_path_(dir.path() / "launcher.out"), err_path_(dir.path() / "launcher.err") {
-  std::vector<std::string> argv{launcher_path()};
-  argv.insert(argv.end(), args.begin(), args.end());
+    : LaunchedJob(dir.path() / "launcher.out", dir.path() / "launcher.err",
+                  [&] {
+                    std::vector<std::string> argv{launcher_path()};
+                    argv.insert(argv.end(), args.begin(), args.end());
+                    return argv;
+                  }(),
+                  env, limits) {}
+
+std::unique_ptr<LaunchedJob> LaunchedJob::program(const JobDir& dir, const std::string& name,
+                                                  const std::vector<std::string>& argv, const EnvChanges& env) {
+  return std::unique_ptr<LaunchedJob>(
+      new LaunchedJob(dir.path() / (name + ".out"), dir.path() / (name + ".err"), argv, env, {}));
+}
+
+LaunchedJob::LaunchedJob(std::filesystem::path out_path, std::filesystem::path err_path,
+                         std::vector<std::string> argv, const EnvChanges& env, const ChildLimits& limits)
+    : out_path_(std::move(out_path)), err_path_(std::move(err_path)) {
   std::vector<std::string> envp = launcher_environment(env);
   std::vector<char*> argv_c = c_strings(argv);
   std::vector<char*> envp_c = c_strings(envp);
@@ -128,7 +142,7 @@ int LaunchedJob::wait(std::chrono::milliseconds limit) {
       ::kill(pid_, SIGKILL);
       waitpid(pid_, nullptr, 0);
       pid_ = -1;
-      FAIL("braid-launch did not exit within " << limit.count() << " ms; stderr:\n" << err());
+      FAIL(out_path_.stem() << " did not exit within " << limit.count() << " ms; stderr:\n" << err());
     }
     std::this_thread::sleep_for(10ms);
   }

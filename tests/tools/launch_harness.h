@@ -14,6 +14,7 @@
 #include <chrono>
 #include <filesystem>
 #include <map>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -56,6 +57,11 @@ class LaunchedJob {
  public:
   LaunchedJob(const JobDir& dir, const std::vector<std::string>& args, const EnvChanges& env = {},
               const ChildLimits& limits = {});
+  // Any program (argv[0] a path) as a child of the test, its output in
+  // <dir>/<name>.out and .err: a rank started by hand, as srun or mpirun
+  // would start it.
+  static std::unique_ptr<LaunchedJob> program(const JobDir& dir, const std::string& name,
+                                              const std::vector<std::string>& argv, const EnvChanges& env = {});
   ~LaunchedJob();
   LaunchedJob(const LaunchedJob&) = delete;
   LaunchedJob& operator=(const LaunchedJob&) = delete;
@@ -69,6 +75,9 @@ class LaunchedJob {
   std::string err() const;
 
  private:
+  LaunchedJob(std::filesystem::path out_path, std::filesystem::path err_path, std::vector<std::string> argv,
+              const EnvChanges& env, const ChildLimits& limits);
+
   std::filesystem::path out_path_;
   std::filesystem::path err_path_;
   pid_t pid_ = -1;

@@ -54,7 +54,9 @@ std::string token_instruction(const std::string& token);
 
 // MASTER_PORT for torch.distributed's store. On one node a port free now on
 // `listen_addr` (as torchrun picks its MASTER_PORT); across nodes, which
-// cannot agree on a free one, braid's store port + 1 (- 1 for 65535).
+// cannot agree on a free one, `store_port` + 1 (- 1 for 65535), where
+// store_port is --master-port, which every node knows (braid's store itself
+// may have moved past it on node 0).
 std::uint16_t torch_store_port(const std::string& listen_addr, int nnodes, std::uint16_t store_port);
 
 // The launcher's own environment with the rank's variables set over it.

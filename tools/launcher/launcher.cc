@@ -15,13 +15,14 @@
 
 #include <cerrno>
 #include <filesystem>
-#include <optional>
+#include <memory>
 
 #include "runtime/config.h"
 #include "runtime/errors.h"
 #include "runtime/rank_info.h"
 #include "runtime/shm_names.h"
 #include "runtime/store.h"
+#include "runtime/store_ports.h"
 #include "tools/launcher/environment.h"
 #include "tools/launcher/fd_limit.h"
 #include "tools/launcher/output.h"
@@ -112,8 +113,8 @@ struct Outcome {
 };
 
 Outcome start_and_supervise(const LaunchOptions& options, const JobIdentity& job, SignalCatcher& signals,
-                            std::chrono::milliseconds timeout) {
-  Supervisor supervisor(signals, timeout, options.grace_period);
+                            Supervisor::Clock::time_point job_start) {
+  Supervisor supervisor(signals, options.timeout, options.grace_period, job_start);
   int started = 0;
   try {
     for (; started < options.nproc_per_node; ++started)
@@ -130,13 +131,6 @@ Outcome start_and_supervise(const LaunchOptions& options, const JobIdentity& job
   }
   const int status = supervisor.run();
   return {status, supervisor.rank_failed()};
-}
-
-// What is left of --timeout (zero: none) after `elapsed`, at least 1 ms.
-std::chrono::milliseconds remaining(std::chrono::milliseconds timeout, std::chrono::steady_clock::duration elapsed) {
-  if (timeout.count() == 0) return timeout;
-  auto left = timeout - std::chrono::duration_cast<std::chrono::milliseconds>(elapsed);
-  return std::max(left, std::chrono::milliseconds(1));
 }
 
 }  // namespace
@@ -204,6 +198,21 @@ JobIdentity settle_identity(const LaunchOptions& options, const StoreEndpoints& 
   return job;
 }
 
+// The store on the first free port of the job's sequence from --master-port
+// (runtime/store_ports.h): a second job given the same port moves on. Ranks
+// on this node are told the port it got; ranks on other nodes, told
+// --master-port, find it by the token.
+std::unique_ptr<runtime::StoreServer> serve_store(const LaunchOptions& options, const StoreEndpoints& endpoints,
+                                                  JobIdentity& job) {
+  std::string listen_addr = numeric_address(endpoints.listen_addr);
+  auto server = std::make_unique<runtime::StoreServer>(
+      listen_addr, runtime::store_port_candidates(static_cast<std::uint16_t>(options.master_port), job.token),
+      job.token, "pass --master-port a port that is free here, or leave it out to let braid-launch pick one");
+  job.store_port = server->port();
+  spdlog::info("braid-launch: store listening on {}:{}", listen_addr, job.store_port);
+  return server;
+}
+
 }  // namespace
 
 int launch(const LaunchOptions& options) {
@@ -219,16 +228,11 @@ int launch(const LaunchOptions& options) {
   // Each attempt gets a store and a token of its own, so that no rank of a
   // restarted job reads what the failed one left in the store.
   for (;; ++job.restart) {
-    std::optional<runtime::StoreServer> server;
-    if (options.node_rank == 0) {
-      std::string listen_addr = numeric_address(endpoints.listen_addr);
-      server.emplace(listen_addr, job.store_port, job.token);
-      job.store_port = server->port();
-      spdlog::info("braid-launch: store listening on {}:{}", listen_addr, job.store_port);
-    }
-    job.torch_port = torch_store_port(numeric_address(endpoints.listen_addr), options.nnodes, job.store_port);
-    Outcome outcome =
-        start_and_supervise(options, job, signals, remaining(options.timeout, std::chrono::steady_clock::now() - started));
+    std::unique_ptr<runtime::StoreServer> server;
+    if (options.node_rank == 0) server = serve_store(options, endpoints, job);
+    job.torch_port = torch_store_port(numeric_address(endpoints.listen_addr), options.nnodes,
+                                      options.nnodes > 1 ? options.master_port : job.store_port);
+    Outcome outcome = start_and_supervise(options, job, signals, started);
     // Ranks unlink their shared memory as soon as all peers have mapped it; a
     // rank killed before that leaves a name behind, removed here.
     if (int removed = runtime::remove_job_segments(job.token))

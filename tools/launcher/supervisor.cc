@@ -31,9 +31,9 @@ std::string seconds_text(std::chrono::milliseconds duration) {
 }  // namespace
 
 Supervisor::Supervisor(SignalCatcher& signals, std::chrono::milliseconds timeout,
-                       std::chrono::milliseconds grace_period)
+                       std::chrono::milliseconds grace_period, Clock::time_point started)
     : signals_(signals), timeout_(timeout), grace_period_(grace_period) {
-  if (timeout.count() > 0) job_deadline_ = Clock::now() + timeout;
+  if (timeout.count() > 0) job_deadline_ = started + timeout;
 }
 
 void Supervisor::add(RankProcess process) {

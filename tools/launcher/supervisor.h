@@ -38,9 +38,10 @@ class Supervisor {
  public:
   using Clock = std::chrono::steady_clock;
 
-  // The job's timeout (zero: none) counts from construction.
+  // The job's timeout (zero: none) counts from `started`: construction, or
+  // for a restarted job the first start (--timeout covers the restarts).
   Supervisor(SignalCatcher& signals, std::chrono::milliseconds timeout,
-             std::chrono::milliseconds grace_period);
+             std::chrono::milliseconds grace_period, Clock::time_point started = Clock::now());
 
   // Takes charge of a started rank.
   void add(RankProcess process);
