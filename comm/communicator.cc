@@ -40,44 +40,49 @@ bool needs_recv_buffer(const Op& op, int rank) {
   }
 }
 
+// "rank 3, all_reduce: ", the start of every refusal; built only for one.
+std::string call_text(const Op& op, int rank) {
+  return "rank " + std::to_string(rank) + ", " + std::string(name(op.kind)) + ": ";
+}
+
 void validate(const Op& op, int rank, int size) {
-  std::string call = "rank " + std::to_string(rank) + ", " + std::string(name(op.kind)) + ": ";
-  if (!is_valid(op.dtype)) throw InvalidUsage(call + "unknown DataType " + std::to_string(int(op.dtype)));
-  if (!is_valid(op.reduce_op)) throw InvalidUsage(call + "unknown ReduceOp " + std::to_string(int(op.reduce_op)));
+  auto call = [&] { return call_text(op, rank); };
+  if (!is_valid(op.dtype)) throw InvalidUsage(call() + "unknown DataType " + std::to_string(int(op.dtype)));
+  if (!is_valid(op.reduce_op)) throw InvalidUsage(call() + "unknown ReduceOp " + std::to_string(int(op.reduce_op)));
   bool rooted = op.kind == OpKind::broadcast || op.kind == OpKind::reduce;
   bool p2p = op.kind == OpKind::send || op.kind == OpKind::recv;
   if ((rooted || p2p) && (op.root < 0 || op.root >= size))
-    throw InvalidUsage(call + (p2p ? "peer " : "root ") + std::to_string(op.root) + " is out of range [0, " +
+    throw InvalidUsage(call() + (p2p ? "peer " : "root ") + std::to_string(op.root) + " is out of range [0, " +
                        std::to_string(size) + ")");
-  if (p2p && op.root == rank) throw InvalidUsage(call + "a rank cannot send to or receive from itself");
+  if (p2p && op.root == rank) throw InvalidUsage(call() + "a rank cannot send to or receive from itself");
   std::size_t limit = std::numeric_limits<std::size_t>::max() / 8 / static_cast<std::size_t>(size);
   if (op.count > limit)
-    throw InvalidUsage(call + "count " + std::to_string(op.count) + " overflows the buffer size");
+    throw InvalidUsage(call() + "count " + std::to_string(op.count) + " overflows the buffer size");
   if (buffer_elements(op, size) == 0) return;
-  if (needs_send_buffer(op, rank) && !op.send) throw InvalidUsage(call + "send buffer is null with count > 0");
-  if (needs_recv_buffer(op, rank) && !op.recv) throw InvalidUsage(call + "receive buffer is null with count > 0");
+  if (needs_send_buffer(op, rank) && !op.send) throw InvalidUsage(call() + "send buffer is null with count > 0");
+  if (needs_recv_buffer(op, rank) && !op.recv) throw InvalidUsage(call() + "receive buffer is null with count > 0");
 }
 
 // Finds where the buffers live (op.memory): both on one side, one device;
 // device memory only where CUDA was built; a stream only for device memory.
 void locate_buffers(Op& op, int rank, int size) {
-  std::string call = "rank " + std::to_string(rank) + ", " + std::string(name(op.kind)) + ": ";
+  auto call = [&] { return call_text(op, rank); };
   const bool moves_data = buffer_elements(op, size) > 0;
   const void* send = moves_data && needs_send_buffer(op, rank) ? op.send : nullptr;
   const void* recv = moves_data && needs_recv_buffer(op, rank) ? op.recv : nullptr;
   const runtime::Location in = runtime::locate(send), out = runtime::locate(recv);
   if (send && recv && (in.kind != out.kind || in.device != out.device))
-    throw InvalidUsage(call + "the send buffer is in " + runtime::describe(in) + " but the receive buffer in " +
+    throw InvalidUsage(call() + "the send buffer is in " + runtime::describe(in) + " but the receive buffer in " +
                        runtime::describe(out) + "; both must be in the same memory");
   op.memory = send ? in : out;
   if (op.memory.kind == runtime::MemoryKind::device && !runtime::cuda_built())
-    throw InvalidUsage(call + "the buffers are in " + runtime::describe(op.memory) +
+    throw InvalidUsage(call() + "the buffers are in " + runtime::describe(op.memory) +
                        ", but this braid was built without CUDA (nvcc was not found when it was configured); "
                        "rebuild it with the CUDA toolkit installed, or pass host memory");
   if (op.stream.cuda != nullptr && !runtime::cuda_built())
-    throw InvalidUsage(call + "a CUDA stream was given, but this braid was built without CUDA");
+    throw InvalidUsage(call() + "a CUDA stream was given, but this braid was built without CUDA");
   if (op.stream.cuda != nullptr && moves_data && op.memory.kind == runtime::MemoryKind::host)
-    throw InvalidUsage(call + "a CUDA stream was given, but the buffers are in host memory; pass device "
+    throw InvalidUsage(call() + "a CUDA stream was given, but the buffers are in host memory; pass device "
                        "buffers with a stream, or host buffers without one");
 }
 

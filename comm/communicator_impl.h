@@ -40,6 +40,12 @@ struct WorkState {
   std::shared_ptr<StagedOp> staged;
   std::chrono::milliseconds timeout{0};
   void complete(std::exception_ptr e);
+  // complete() for a state no other thread can see yet (a call run inline
+  // before enqueue returns its Work): no lock, no one to notify.
+  void complete_unshared(std::exception_ptr e) {
+    error = std::move(e);
+    done = true;
+  }
 };
 
 struct Communicator::Impl {
@@ -96,7 +102,7 @@ struct Communicator::Impl {
   ~Impl();
   std::shared_ptr<WorkState> enqueue(Op op);
   void start_device(int ordinal);
-  void execute(const Op& op, WorkState& state);
+  void execute(const Op& op, WorkState& state, bool inline_call = false);
   void run_worker();
   bool start_worker(const Op& op, WorkState& state);
   CallShape shape_of(const Op& op) const;

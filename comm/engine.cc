@@ -98,11 +98,12 @@ std::shared_ptr<WorkState> Communicator::Impl::enqueue(Op op) {
   if (!failure && queue.empty() && !running && bytes <= inline_bytes && !state->staged) {
     running = true;
     lock.unlock();
-    execute(op, *state);
+    execute(op, *state, true);
     lock.lock();
     running = false;
+    const bool queued = !queue.empty();  // calls other threads issued meanwhile, for the worker
     lock.unlock();
-    cv.notify_all();
+    if (queued) cv.notify_all();  // else no wake-up: a sleeping worker costs a system call to wake
     return state;
   }
   if (!worker.joinable() && !start_worker(op, *state)) return state;
@@ -160,9 +161,12 @@ void Communicator::Impl::run_worker() {
   }
 }
 
-void Communicator::Impl::execute(const Op& op, WorkState& state) {
+// `inline_call`: run by enqueue in the caller's thread, which has just seen
+// no failure under `mu` (none can come while it holds `running`) and has not
+// handed `state` out yet, so neither needs a lock: small calls are latency.
+void Communicator::Impl::execute(const Op& op, WorkState& state, bool inline_call) {
   std::exception_ptr earlier;
-  {
+  if (!inline_call) {
     std::lock_guard lock(mu);
     earlier = failure;
   }
@@ -189,7 +193,8 @@ void Communicator::Impl::execute(const Op& op, WorkState& state) {
     algorithm.run(x);
     if (state.staged) state.staged->open_gate();
     if (status) status->left(op);
-    state.complete(nullptr);
+    if (inline_call) state.complete_unshared(nullptr);
+    else state.complete(nullptr);
   } catch (...) {
     if (status) status->left(op);
     if (state.staged) state.staged->open_gate();  // the stream goes on; the Work carries the error
@@ -199,7 +204,8 @@ void Communicator::Impl::execute(const Op& op, WorkState& state) {
       std::lock_guard lock(mu);
       if (!failure) failure = error;
     }
-    state.complete(error);
+    if (inline_call) state.complete_unshared(error);
+    else state.complete(error);
   }
 }
 
@@ -237,14 +243,27 @@ bool Communicator::Impl::registered(const Op& op) const {
          (!recv_bytes || find_region(exchange, op.recv, recv_bytes, ref, op.memory.kind));
 }
 
+namespace {
+
+bool same_choice(const Algorithm& a, const Algorithm& b) {
+  const Reason &x = a.reason, &y = b.reason;
+  return a.run == b.run && a.name == b.name && a.agrees == b.agrees && x.rule == y.rule && x.bytes == y.bytes &&
+         x.limit == y.limit && x.ranks == y.ranks && x.forced == y.forced && x.staged == y.staged;
+}
+
+}  // namespace
+
 // Logs at info the first call of each kind that runs with each algorithm,
 // with select.cc's reason, and keeps the choice for
 // Communicator::last_algorithm.
 // Runs on every call: plain values only; the sentence is built for the log
 // line, once per (kind, algorithm), and when last_algorithm is asked.
 void Communicator::Impl::note_choice(OpKind kind, const Algorithm& algorithm) {
-  std::lock_guard lock(choice_mu);
   Choices& choices = choices_by_kind[static_cast<std::size_t>(kind)];
+  // Only the thread running operations writes choices, so it may compare
+  // without the lock; most calls repeat the last choice.
+  if (same_choice(choices.last, algorithm)) return;
+  std::lock_guard lock(choice_mu);
   choices.last = algorithm;
   auto& logged = choices.logged;
   if (std::find(logged.begin(), logged.end(), algorithm.name) != logged.end()) return;

@@ -13,6 +13,7 @@
 // collective, or the same one with other arguments, or that runs the call
 // with another algorithm (other payload bytes), fails the reader with a
 // RemoteError naming both calls before any byte of the payload is used.
+#include <algorithm>
 #include <cstring>
 
 #include "comm/algorithms/exchange.h"
@@ -74,18 +75,30 @@ std::size_t slot_capacity(const ExchangeContext& context) {
   return slots ? slots->slot_bytes() - sizeof(SlotHeader) : 0;
 }
 
-std::span<std::byte> Exchange::my_slot() {
+// The payload past the flag's cache line goes first; then the line's whole
+// content, composed here, in one burst of stores right before the flag, so
+// that a peer polling the flag takes the line once, complete, rather than
+// stealing it back between the header, the payload and the flag.
+std::span<const std::byte> Exchange::publish_slot(const void* data, std::size_t bytes) {
   SharedSlots* slots = slots_of(c_);
-  if (!slots) throw InvalidUsage(describe(op_) + ": no shared slots on this communicator");
-  return slots->mine(op_.seq).subspan(sizeof(SlotHeader));
+  if (!slots || bytes > slots->slot_bytes() - sizeof(SlotHeader))
+    throw InvalidUsage(describe(op_) + ": does not fit a shared slot");
+  const std::span<std::byte> slot = slots->mine(op_.seq);
+  const auto* from = static_cast<const std::byte*>(data);
+  constexpr std::size_t kHeadBytes = SharedSlots::kLineBytes - sizeof(SlotHeader);
+  const std::size_t head = std::min(bytes, kHeadBytes);
+  if (bytes > head) std::memcpy(slot.data() + SharedSlots::kLineBytes, from + head, bytes - head);
+  std::byte line[SharedSlots::kLineBytes];
+  const SlotHeader header = signature(op_, c_.comm_id, bytes);
+  std::memcpy(line, &header, sizeof header);
+  if (head > 0) std::memcpy(line + sizeof header, from, head);
+  std::memcpy(slot.data(), line, sizeof header + head);
+  slots->publish(op_.seq);
+  return slot.subspan(sizeof(SlotHeader), bytes);
 }
 
-void Exchange::publish_slot(std::size_t bytes) {
-  SharedSlots* slots = slots_of(c_);
-  if (!slots || bytes > slot_capacity()) throw InvalidUsage(describe(op_) + ": does not fit a shared slot");
-  const SlotHeader header = signature(op_, c_.comm_id, bytes);
-  std::memcpy(slots->mine(op_.seq).data(), &header, sizeof header);
-  slots->publish(op_.seq);
+void Exchange::slots_arrived() {
+  if (SharedSlots* slots = slots_of(c_)) slots->wake_waiters();
 }
 
 std::span<const std::byte> Exchange::peer_slot(int peer, std::size_t bytes) {

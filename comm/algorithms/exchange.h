@@ -134,16 +134,19 @@ class Exchange {
   Clock::time_point deadline() const { return deadline_; }
 
   // Shared slots (comm/exchange_slots.cc): each rank has one per call, which
-  // every other rank reads. Fill at most slot_capacity() bytes of my_slot()
-  // (0: no slots here), publish_slot(bytes) with the call's signature, then
-  // peer_slot(peer, bytes) waits for `peer`'s, checks that it is this very
-  // call carrying `bytes` (a RemoteError naming both calls otherwise) and
-  // gives its payload, readable until this call returns. Every wait is
-  // bounded by deadline() and attributed as the messages' waits are.
+  // every other rank reads. publish_slot(data, bytes) copies at most
+  // slot_capacity() bytes (0: no slots here) into this rank's slot with the
+  // call's signature, publishes it and returns the copy; peer_slot(peer,
+  // bytes) waits for `peer`'s, checks that it is this very call carrying
+  // `bytes` (a RemoteError naming both calls otherwise) and gives its
+  // payload, readable until this call returns. Every wait is
+  // bounded by deadline() and attributed as the messages' waits are. Once
+  // every peer_slot() it needs has returned, slots_arrived() wakes the peers
+  // that may sleep waiting for this rank's slot (publish_slot defers that).
   std::size_t slot_capacity() const { return comm::slot_capacity(c_); }
-  std::span<std::byte> my_slot();
-  void publish_slot(std::size_t bytes);
+  std::span<const std::byte> publish_slot(const void* data, std::size_t bytes);
   std::span<const std::byte> peer_slot(int peer, std::size_t bytes);
+  void slots_arrived();
 
  private:
   void drive(const Request& request);

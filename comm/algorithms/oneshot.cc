@@ -1,6 +1,5 @@
 #include "comm/algorithms/oneshot.h"
 
-#include <cstring>
 #include <string>
 
 #include "comm/algorithms/algorithms.h"
@@ -13,14 +12,11 @@ SlotViews share_slots(Exchange& x, const void* data, std::size_t bytes, int sour
   if (n > kMaxOneshotRanks || bytes > x.slot_capacity())
     throw InvalidUsage(describe(x.op()) + ": a one-shot collective of " + std::to_string(bytes) + " bytes on " +
                        std::to_string(n) + " ranks does not fit the shared slots");
-  const std::size_t mine = source < 0 || source == r ? bytes : 0;
-  std::span<std::byte> slot = x.my_slot();
-  if (mine > 0) std::memcpy(slot.data(), data, mine);
-  x.publish_slot(mine);
   SlotViews views;
-  views.at[r] = slot.data();
+  views.at[r] = x.publish_slot(data, source < 0 || source == r ? bytes : 0).data();
   for (int peer = 0; peer < n; ++peer)
     if (peer != r) views.at[peer] = x.peer_slot(peer, source < 0 || source == peer ? bytes : 0).data();
+  x.slots_arrived();
   return views;
 }
 

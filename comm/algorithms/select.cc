@@ -9,6 +9,11 @@
 //                       ranks when every buffer is shareable, but never an
 //                       in-place all_to_all; else staged through pinned
 //                       host memory and the host table below
+//   one-shot            all_reduce, reduce, broadcast, all_gather and
+//                       barrier through the shared slots (oneshot.h) when
+//                       every rank is on this host over shm, up to 16 ranks,
+//                       whenever the call (each rank's part) fits a slot:
+//                       64 KiB + 32 B (shm/memory.h)
 //   all_reduce          direct on registered buffers of one host from
 //                       kDirectAllReduceMinBytes; else recursive doubling
 //                       up to small_all_reduce_bytes(N), ring above
@@ -39,6 +44,23 @@
 //   4 ranks: recursive doubling wins to 256 KiB on both (log2 N exchanges
 //            instead of 2(N-1) ring steps, each a context switch when ranks
 //            outnumber cores).
+//
+// One-shot against the others (issue 18; 2 cores, load 5-7 from other
+// builds: medians of 5 alternating braid-bench runs, out of place, us per
+// call at 1 KiB / 16 KiB / 64 KiB; 4 and 8 ranks share the 2 cores):
+//   all_reduce  2 ranks: oneshot 1.07 / 2.50 / 6.46, recursive doubling
+//               2.61 / 4.02 / 7.05, ring 2.64 / 3.76 / 7.63;
+//               4 ranks: 5.3 / 8.5 / 20.2 vs 21.7 / 12.0 / 21.0 and 34.7 / 20.1 / 26.6;
+//               8 ranks: 20.9 / 19.0 / 51.9 vs 57.3 / 47.5 / 90.1 and 153 / 192 / 217
+//   broadcast   4 ranks: 5.5 / 6.3 / 8.3 vs binomial 13.4 / 10.1 / 13.3;
+//               8 ranks: 22.3 / 23.9 / 30.9 vs 41.9 / 46.8 / 66.5
+//   reduce      4 ranks: 5.8 / 6.8 / 14.0 vs pipelined 16.1 / 14.9 / 18.9;
+//               8 ranks: 19.7 / 25.1 / 44.3 vs 61.8 / 68.9 / 88.2
+//   all_gather  4 ranks: 5.8 / 6.7 / 9.0 vs ring 17.4 / 20.1 / 24.9;
+//               8 ranks: 17.5 / 22.7 / 32.6 vs 91.6 / 118 / 132
+// and on 2 ranks broadcast, reduce and all_gather one-shot took 25 us
+// against 45-50 us for the others at every size (in a busy spell where every
+// call slept). So one-shot runs whatever fits a slot.
 #include <optional>
 
 #include "comm/algorithms/algorithms.h"
@@ -51,19 +73,6 @@ namespace {
 constexpr std::size_t kSmallBroadcastBytes = 32u << 10;
 
 std::size_t small_all_reduce_bytes(int ranks) { return ranks <= 2 ? 32u << 10 : 256u << 10; }
-
-// One-shot collectives through the shared slots (oneshot.h), up to these
-// bytes of each rank's contribution (TODO: measured crossovers).
-std::size_t oneshot_limit(OpKind kind, int ranks) {
-  (void)ranks;
-  switch (kind) {
-    case OpKind::all_reduce: return 16u << 10;
-    case OpKind::reduce: return 16u << 10;
-    case OpKind::broadcast: return 16u << 10;
-    case OpKind::all_gather: return 16u << 10;
-    default: return 0;
-  }
-}
 
 void (*oneshot_of(OpKind kind))(Exchange&) {
   switch (kind) {
@@ -139,16 +148,16 @@ Algorithm select_broadcast(const CallShape& call) {
 }
 
 // The one-shot collective for `call` where the communicator has shared
-// slots, the collective has one, and the call fits and is small enough
-// (BRAID_ALGO=oneshot: whenever it fits; another BRAID_ALGO: never).
+// slots, the collective has one and the call fits a slot (under BRAID_ALGO
+// auto or oneshot). It beat every other algorithm up to the slot's 64 KiB
+// (see the table above).
 std::optional<Algorithm> select_oneshot(const CallShape& call) {
   auto run = oneshot_of(call.kind);
   if (!run || call.slot_bytes == 0 || call.ranks < 2 || call.ranks > kMaxOneshotRanks || call.bytes > call.slot_bytes)
     return std::nullopt;
   if (call.forced == "oneshot") return Algorithm{run, "oneshot", true, forced(call)};
-  const std::size_t limit = call.kind == OpKind::barrier ? call.slot_bytes : oneshot_limit(call.kind, call.ranks);
-  if (call.forced != "auto" || call.bytes > limit) return std::nullopt;
-  return Algorithm{run, "oneshot", true, because(Rule::slots, call.bytes, limit, call.ranks)};
+  if (call.forced != "auto") return std::nullopt;
+  return Algorithm{run, "oneshot", true, because(Rule::slots, call.bytes, call.slot_bytes, call.ranks)};
 }
 
 Algorithm select_host(const CallShape& call) {

@@ -59,13 +59,22 @@ struct ConnectOptions {
 // ranks published s + 1, each after it finished call s.
 class SharedSlots {
  public:
+  // Bytes at the start of every slot that share the flag's cache line.
+  static constexpr std::size_t kLineBytes = 56;
+
   virtual ~SharedSlots() = default;
   // Bytes of every slot after its flag word; the same on every rank.
   virtual std::size_t slot_bytes() const = 0;
   // This rank's slot for call `seq`, to fill before publish(seq).
   virtual std::span<std::byte> mine(std::uint64_t seq) = 0;
-  // Marks this rank's slot for `seq` complete and wakes the peers that sleep.
+  // Marks this rank's slot for `seq` complete. Peers that sleep waiting for
+  // it are woken by wake_waiters(), or before this rank sleeps in wait():
+  // waking needs a full fence and a look at every peer, which right here
+  // would hold the first wait up by the store's round trip to the peers.
   virtual void publish(std::uint64_t seq) = 0;
+  // Wakes the peers that sleep waiting for this rank's last published slot,
+  // unless that was done; called once every slot this rank waits for is in.
+  virtual void wake_waiters() = 0;
   // Waits until `peer` has published `seq`: polls while every local rank has
   // a core (ConnectOptions::spin), yields and then sleeps otherwise. False
   // once `deadline` passed; RemoteError naming the peer when it exited or

@@ -105,6 +105,13 @@ TEST_CASE("one-shot collectives are exact for every dtype, op, count and placeme
           run_case(comm, {OpKind::all_gather, dtype, ReduceOp::sum, count, in_place, root});
         }
     run_case(comm, {OpKind::barrier, DataType::f32, ReduceOp::sum, 0, false, -1});
+    // A slot holds 64 KiB + 32 bytes of payload: the largest call that fits
+    // runs one-shot, one byte more does not (select.cc).
+    constexpr std::size_t kSlotPayload = (64u << 10) + 32;
+    run_case(comm, {OpKind::all_reduce, DataType::u8, ReduceOp::max, kSlotPayload, true, 0});
+    run_case(comm, {OpKind::all_gather, DataType::i8, ReduceOp::sum, kSlotPayload, false, 0});
+    const std::string above = n == 2 ? "ring" : "recursive_doubling";
+    run_case(comm, {OpKind::all_reduce, DataType::u8, ReduceOp::max, kSlotPayload + 1, true, 0}, above);
   }, shm_options());
   INFO(size << " ranks\n" << result.summary());
   REQUIRE(result.all_ok());

@@ -36,6 +36,7 @@
 #include <span>
 #include <string>
 
+#include "comm/transport/transport.h"
 #include "comm/types.h"
 
 namespace braid::comm::shm {
@@ -67,6 +68,7 @@ inline constexpr std::size_t kSharedSlotBytes = (64u << 10) + 56;
 inline constexpr std::size_t kSlotStride = sizeof(std::uint64_t) + kSharedSlotBytes + 64;
 inline constexpr std::size_t kSlotAreaBytes = 2 * kSlotStride;
 static_assert(kSlotStride % 64 == 0, "slots start on cache lines");
+static_assert(sizeof(std::uint64_t) + SharedSlots::kLineBytes == 64, "flag and first bytes share a line");
 
 inline std::size_t channel_stride(std::size_t capacity) { return sizeof(ChannelControl) + capacity; }
 inline std::size_t segment_bytes(std::size_t channels, std::size_t capacity, std::size_t slot_area) {

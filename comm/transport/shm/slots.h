@@ -6,8 +6,11 @@
 // already holds.
 //
 // Waking without a read-modify-write on the fast path: publish() stores the
-// flag, fences, then reads each peer's `sleeping` word and rings the
-// doorbell (increment + futex wake) only of peers that sleep. A waiter reads
+// flag; wake_waiters() (the user's, once its own waits are over, or wait()'s
+// before it sleeps) fences, then reads each peer's `sleeping` word and rings
+// the doorbell (increment + futex wake) only of peers that sleep; by then the
+// flag's store has usually reached the peers, so the fence costs little,
+// and no rank ever sleeps with a wake-up of its own pending. A waiter reads
 // its doorbell, sets `sleeping`, looks at the flag once more and sleeps only
 // while the doorbell still holds what it read. Either the waiter's last look
 // sees the flag or the publisher sees the waiter asleep and moves its
@@ -39,6 +42,7 @@ class ShmSlots final : public SharedSlots {
   std::size_t slot_bytes() const override { return kSharedSlotBytes; }
   std::span<std::byte> mine(std::uint64_t seq) override;
   void publish(std::uint64_t seq) override;
+  void wake_waiters() override;
   bool wait(int peer, std::uint64_t seq, Clock::time_point deadline) override;
   std::span<const std::byte> theirs(int peer, std::uint64_t seq) const override;
 
@@ -48,14 +52,17 @@ class ShmSlots final : public SharedSlots {
   bool sleep(int peer, std::uint64_t seq, Clock::time_point deadline);
   void check_alive(int peer) const;
 
-  // Oversubscribed (no spin): turns of the core handed to runnable peers
-  // before sleeping; the peer that runs next is often the one to publish.
+  // How long wait() polls before it yields between looks (when it spins at
+  // all), and how many times at least it yields before sleeping: the peer
+  // that runs next on this core is often the one to publish.
+  static constexpr std::chrono::nanoseconds kPollOnly{2000};
   static constexpr int kYields = 16;
 
   int rank_;
   std::vector<std::byte*> segments_;
   std::vector<int> pidfds_;
   std::chrono::nanoseconds spin_;
+  bool wake_pending_ = false;  // published, sleepers not yet looked for
 };
 
 }  // namespace braid::comm::shm
