@@ -43,37 +43,42 @@ namespace {
 using braid::trainer::TrainOptions;
 
 void add_model_flags(CLI::App& app, TrainOptions& o) {
-  app.add_option("--n-layer", o.model.n_layer, "transformer blocks")->capture_default_str();
-  app.add_option("--n-head", o.model.n_head, "attention heads (must divide n_embd)")->capture_default_str();
-  app.add_option("--n-embd", o.model.n_embd, "channels")->capture_default_str();
-  app.add_option("--block-size", o.model.block_size, "sequence length T")->capture_default_str();
+  app.add_option("--n-layer,--n_layer", o.model.n_layer, "transformer blocks")->capture_default_str();
+  app.add_option("--n-head,--n_head", o.model.n_head, "attention heads (must divide n_embd)")->capture_default_str();
+  app.add_option("--n-embd,--n_embd", o.model.n_embd, "channels")->capture_default_str();
+  app.add_option("--block-size,--block_size", o.model.block_size, "sequence length T")->capture_default_str();
 }
 
 void add_run_flags(CLI::App& app, TrainOptions& o) {
-  app.add_option("--batch-size", o.batch_size, "GLOBAL batch, in sequences")->capture_default_str();
-  app.add_option("--grad-accum,--micro-batches", o.grad_accum,
+  app.add_option("--batch-size,--batch_size", o.batch_size, "GLOBAL batch, in sequences")->capture_default_str();
+  app.add_option("--grad-accum,--micro-batches,--gradient_accumulation_steps", o.grad_accum,
                  "micro-batches per step and DP rank (M of a pipeline schedule; divides batch-size / dp)")
       ->capture_default_str();
-  app.add_option("--steps", o.steps, "optimizer steps")->capture_default_str();
-  app.add_option("--lr", o.lr, "peak learning rate")->capture_default_str();
-  app.add_option("--min-lr", o.min_lr, "learning rate at the end of the cosine decay")->capture_default_str();
-  app.add_option("--warmup-steps", o.warmup_steps, "linear warmup steps")->capture_default_str();
-  app.add_option("--weight-decay", o.weight_decay, "AdamW decoupled weight decay (2-D weights)")->capture_default_str();
-  app.add_option("--grad-clip", o.grad_clip, "max global gradient norm (0: off)")->capture_default_str();
+  app.add_option("--steps,--max_iters", o.steps, "optimizer steps")->capture_default_str();
+  app.add_option("--lr,--learning_rate", o.lr, "peak learning rate")->capture_default_str();
+  app.add_option("--min-lr,--min_lr", o.min_lr, "learning rate at the end of the cosine decay")->capture_default_str();
+  app.add_option("--warmup-steps,--warmup_iters", o.warmup_steps, "linear warmup steps")->capture_default_str();
+  app.add_option("--weight-decay,--weight_decay", o.weight_decay, "AdamW decoupled weight decay (2-D weights)")->capture_default_str();
+  app.add_option("--grad-clip,--grad_clip", o.grad_clip, "max global gradient norm (0: off)")->capture_default_str();
   app.add_option("--seed", o.seed, "seed of the init, the batches and the sampling")->capture_default_str();
   app.add_option("--data", o.data, "text file (default: the fortunes in /usr/share/games/fortunes)");
-  app.add_option("--eval-interval", o.eval_interval, "steps between val evaluations (0: at the end)")->capture_default_str();
-  app.add_option("--eval-batches", o.eval_batches, "micro-batches per evaluation")->capture_default_str();
+  app.add_option("--eval-interval,--eval_interval", o.eval_interval, "steps between val evaluations (0: at the end)")->capture_default_str();
+  app.add_option("--eval-batches,--eval_iters", o.eval_batches, "micro-batches per evaluation")->capture_default_str();
   app.add_option("--checkpoint-interval", o.checkpoint_interval, "steps between checkpoints (0: at the end)")
       ->capture_default_str();
 }
 
 void add_invocation_flags(CLI::App& app, TrainOptions& o) {
-  app.add_option("--checkpoint-dir", o.checkpoint_dir, "write checkpoints here");
+  app.add_option("--checkpoint-dir,--out-dir,--out_dir", o.checkpoint_dir, "write checkpoints here");
   app.add_option("--resume", o.resume, "continue from a checkpoint directory (saved options are the defaults)");
-  app.add_option("--init-from", o.init_from, "start from these safetensors weights (their sizes are the defaults)");
+  app.add_option("--init-from", o.init_from, "start from these safetensors weights or a checkpoint directory's latest step (their sizes are the defaults)");
   app.add_option("--init-out", o.init_out, "write the initial weights to this safetensors file");
   app.add_option("--metrics", o.metrics, "write one JSON object per step to this file");
+  app.add_option("--log-interval,--log_interval", o.log_interval,
+                 "print a line every N steps (0: about 20 lines, a progress bar on a terminal)")
+      ->capture_default_str();
+  app.add_option("--config", o.config,
+                 "JSON file of settings (as a checkpoint's config.json); flags given here override it");
   app.add_flag("--eval-only", o.eval_only, "print the mean loss of the weights over --data's windows and exit");
   app.add_option("--sample", o.sample_bytes, "generate this many bytes at the end")->capture_default_str();
   app.add_option("--temperature", o.temperature, "sampling temperature (0: greedy)")->capture_default_str();
@@ -97,7 +102,7 @@ std::set<std::string> explicit_keys(const CLI::App& app) {
   std::set<std::string> keys;
   for (const CLI::Option* opt : app.get_options()) {
     if (opt->count() == 0) continue;
-    std::string key = opt->get_name();
+    std::string key = opt->get_name();  // the first long name: "--n-layer" for --n_layer too
     key.erase(0, key.find_first_not_of('-'));
     std::replace(key.begin(), key.end(), '-', '_');
     keys.insert(key);
@@ -107,11 +112,15 @@ std::set<std::string> explicit_keys(const CLI::App& app) {
 
 // The defaults a --resume checkpoint or --init-from file sets; rank 0
 // prints what a resume restores.
-void apply_saved_options(const std::set<std::string>& given, const braid::runtime::RankInfo& info, TrainOptions& o) {
+void apply_saved_options(const std::set<std::string>& given_flags, const braid::runtime::RankInfo& info, TrainOptions& o) {
   namespace t = braid::trainer;
   if (!o.resume.empty() && !o.init_from.empty()) {
     throw braid::InvalidUsage("--resume and --init-from exclude each other; pass one");
   }
+  // A --config file's settings count as given: a checkpoint's saved values
+  // do not override them.
+  std::set<std::string> given = given_flags;
+  if (!o.config.empty()) given.merge(t::apply_config_file(o.config, given_flags, o));
   // Restarted by the launcher (--max-restarts): go on from the run's own
   // last checkpoint, as torchrun users expect, rather than from scratch.
   if (info.restart_count > 0 && o.resume.empty() && !o.checkpoint_dir.empty() &&
@@ -126,7 +135,11 @@ void apply_saved_options(const std::set<std::string>& given, const braid::runtim
     const std::string note = t::apply_resume(given, info.world_size, o);
     if (info.rank == 0) std::fputs(note.c_str(), stderr);
   } else if (!o.init_from.empty()) {
-    const braid::trainer::GptConfig c = t::read_weights_config(o.init_from);
+    // A weights file, or a checkpoint directory (its latest step).
+    const braid::trainer::GptConfig c =
+        std::filesystem::is_directory(o.init_from)
+            ? t::CheckpointReader::open(t::resolve_checkpoint(o.init_from)).config()
+            : t::read_weights_config(o.init_from);
     nlohmann::json saved = {{"n_layer", c.n_layer}, {"n_head", c.n_head}, {"n_embd", c.n_embd},
                             {"block_size", c.block_size}};
     t::apply_run_options(saved, given, o);
@@ -212,7 +225,7 @@ int run(const TrainOptions& o, const braid::runtime::RankInfo& info) {
   if (o.eval_only) return eval_only(trainer, corpus, o);
   print_start(trainer, info, corpus);
   const bool rank0 = trainer.rank() == 0;
-  t::ProgressPrinter progress(::isatty(STDERR_FILENO) != 0);
+  t::ProgressPrinter progress(::isatty(STDERR_FILENO) != 0, o.log_interval);
   t::Observers observers;
   if (rank0) observers.add(&progress);
   std::optional<t::MetricsWriter> metrics;

@@ -1,10 +1,13 @@
 #include "trainer/checkpoint/atomic_file.h"
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <cstdio>
+#include <fstream>
+#include <string>
 #include <vector>
 
 #include "runtime/errors.h"
@@ -12,6 +15,21 @@
 namespace braid::trainer {
 
 namespace fs = std::filesystem;
+
+namespace {
+
+// The process's umask, read without changing it (umask(2) sets it, which
+// would race with other threads creating files): Linux reports it in
+// /proc/self/status; elsewhere the conservative 022.
+mode_t current_umask() {
+  std::ifstream status("/proc/self/status");
+  for (std::string line; std::getline(status, line);) {
+    if (line.rfind("Umask:", 0) == 0) return static_cast<mode_t>(std::stoul(line.substr(6), nullptr, 8));
+  }
+  return 022;
+}
+
+}  // namespace
 
 AtomicFile::AtomicFile(fs::path target) : target_(std::move(target)) {
   fs::path dir = target_.parent_path().empty() ? fs::path(".") : target_.parent_path();
@@ -21,6 +39,10 @@ AtomicFile::AtomicFile(fs::path target) : target_(std::move(target)) {
   fd_ = ::mkstemp(name.data());
   if (fd_ < 0) throw SystemError(errno_message("cannot create a temporary file next to " + target_.string(), errno));
   temp_ = name.data();
+  // mkstemp makes 0600; the file gets the mode open(2) would give it.
+  if (::fchmod(fd_, 0666 & ~current_umask()) != 0) {
+    throw SystemError(errno_message("setting the mode of " + temp_, errno));
+  }
 }
 
 AtomicFile::~AtomicFile() {

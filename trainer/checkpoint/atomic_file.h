@@ -2,7 +2,9 @@
 // never a torn one: write a temporary file in the same directory, fsync it,
 // rename it over the target, fsync the directory (so the rename survives a
 // crash). If anything fails before commit(), the temporary file is removed
-// and the target is untouched.
+// and the target is untouched. The file gets 0666 less the umask, as
+// open(2) would give it (mkstemp's own 0600 would hide checkpoints from
+// colleagues).
 #pragma once
 
 #include <filesystem>

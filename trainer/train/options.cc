@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <fstream>
 #include <limits>
 #include <thread>
 
@@ -71,6 +72,53 @@ void apply_run_options(const json& s, const std::set<std::string>& keep, TrainOp
   take(s, keep, "checkpoint_interval", o.checkpoint_interval);
 }
 
+json config_json(const TrainOptions& o) {
+  json j = run_options_json(o);
+  j["strategy"] = o.strategy;
+  j["dp"] = o.dp;
+  j["tp"] = o.tp;
+  j["pp"] = o.pp;
+  j["schedule"] = o.schedule;
+  return j;
+}
+
+namespace {
+
+std::string key_list(const json& j) {
+  std::string names;
+  for (const auto& [key, value] : j.items()) names += (names.empty() ? "" : ", ") + key;
+  return names;
+}
+
+}  // namespace
+
+std::set<std::string> apply_config_file(const std::string& path, const std::set<std::string>& keep,
+                                        TrainOptions& o) {
+  std::ifstream in(path);
+  require(in.good(), "cannot read the --config file " + path);
+  json j;
+  try {
+    j = json::parse(in);
+  } catch (const json::exception& e) {
+    throw InvalidUsage("--config " + path + " is not valid JSON: " + e.what());
+  }
+  require(j.is_object(), "--config " + path + " must hold one JSON object of settings");
+  const json known = config_json(TrainOptions{});
+  std::set<std::string> set;
+  for (const auto& [key, value] : j.items()) {
+    require(known.contains(key),
+            "--config " + path + ": unknown setting '" + key + "' (known: " + key_list(known) + ")");
+    if (keep.count(key) == 0) set.insert(key);
+  }
+  apply_run_options(j, keep, o);
+  take(j, keep, "strategy", o.strategy);
+  take(j, keep, "dp", o.dp);
+  take(j, keep, "tp", o.tp);
+  take(j, keep, "pp", o.pp);
+  take(j, keep, "schedule", o.schedule);
+  return set;
+}
+
 namespace {
 
 // inf and nan parse as floats but cannot train: every real-valued option
@@ -134,6 +182,7 @@ void validate_modes(const TrainOptions& o) {
   require(o.checkpoint_interval == 0 || !o.checkpoint_dir.empty(),
           "--checkpoint-interval needs --checkpoint-dir");
   validate_threads(o.threads);
+  require(o.log_interval >= 0, "--log-interval must be 0 (about 20 lines) or more");
   require(o.sample_bytes >= 0, "--sample must be 0 or more");
   require(o.temperature >= 0.0f, "--temperature must be 0 (greedy) or more");
   require(o.bucket_mb > 0.0 && o.bucket_mb <= 4096.0, "--bucket-mb must be in (0, 4096]");

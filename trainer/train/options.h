@@ -43,9 +43,11 @@ struct TrainOptions {
   // Per invocation.
   std::string checkpoint_dir;      // empty: no checkpoints (a resumed run: beside its checkpoint, resume.h)
   std::string resume;              // checkpoint directory to continue from
-  std::string init_from;           // safetensors weights to start from
+  std::string init_from;           // safetensors weights, or a checkpoint directory (its latest step), to start from
   std::string init_out;            // write the initial weights here
   std::string metrics;             // JSON lines, one per step
+  std::int64_t log_interval = 0;   // steps between printed lines; 0: about 20 lines (a bar on a terminal)
+  std::string config;              // JSON file of settings (run_options_json's keys + the layout's)
   bool eval_only = false;          // mean loss of --init-from/--resume over --data's windows
   int sample_bytes = 0;            // generate this many bytes at the end
   float temperature = 0.8f;        // 0: greedy
@@ -80,6 +82,16 @@ nlohmann::json run_options_json(const TrainOptions& options);
 // Sets the run options present in `saved`, except the keys in `keep`
 // (those given on the command line win). Throws InvalidUsage on bad types.
 void apply_run_options(const nlohmann::json& saved, const std::set<std::string>& keep, TrainOptions& options);
+
+// The settings that repeat a run: run_options_json plus the parallel layout
+// ("strategy", "dp", "tp", "pp", "schedule"). --config reads this shape and
+// every checkpoint step directory holds it as config.json.
+nlohmann::json config_json(const TrainOptions& options);
+// Reads a --config file into `options`, except the keys in `keep` (given on
+// the command line). InvalidUsage names the file and any key it does not
+// know, so a typo is not silently ignored. Returns the keys it set.
+std::set<std::string> apply_config_file(const std::string& path, const std::set<std::string>& keep,
+                                        TrainOptions& options);
 
 // Checks the options alone (before the data is read).
 void validate(const TrainOptions& options);

@@ -4,6 +4,8 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <ctime>
+#include <utility>
 
 #include <nlohmann/json.hpp>
 
@@ -33,9 +35,23 @@ std::string duration(double seconds) {
 
 std::string val_suffix(const StepReport& r) { return r.val_loss ? format("  val %.4f", *r.val_loss) : ""; }
 
+// The wall clock as unix seconds and as ISO-8601 UTC with microseconds.
+std::pair<double, std::string> wall_clock() {
+  const auto now = std::chrono::system_clock::now();
+  const auto us = std::chrono::duration_cast<std::chrono::microseconds>(now.time_since_epoch()).count();
+  const std::time_t seconds = static_cast<std::time_t>(us / 1000000);
+  std::tm utc{};
+  ::gmtime_r(&seconds, &utc);
+  char text[40];
+  const std::size_t n = std::strftime(text, sizeof text, "%Y-%m-%dT%H:%M:%S", &utc);
+  std::snprintf(text + n, sizeof text - n, ".%06lldZ", static_cast<long long>(us % 1000000));
+  return {static_cast<double>(us) / 1e6, text};
+}
+
 }  // namespace
 
-ProgressPrinter::ProgressPrinter(bool terminal) : terminal_(terminal) {}
+ProgressPrinter::ProgressPrinter(bool terminal, std::int64_t log_interval)
+    : terminal_(terminal && log_interval == 0), log_interval_(log_interval) {}
 
 void ProgressPrinter::on_step(const StepReport& r) {
   if (first_step_ < 0) {
@@ -51,7 +67,7 @@ void ProgressPrinter::on_step(const StepReport& r) {
     draw_bar(r, eta);
     return;
   }
-  const std::int64_t every = std::max<std::int64_t>(1, r.steps / 20);
+  const std::int64_t every = log_interval_ > 0 ? log_interval_ : std::max<std::int64_t>(1, r.steps / 20);
   if (r.step % every == 0 || r.val_loss || r.step == r.steps) {
     std::fprintf(stderr, "step %lld/%lld  loss %.4f  lr %.2e  norm %.3f  %.0f tok/s  %.1f ms%s\n",
                  static_cast<long long>(r.step), static_cast<long long>(r.steps), r.loss, r.lr, r.grad_norm,
@@ -85,7 +101,10 @@ void MetricsWriter::on_step(const StepReport& r) {
   nlohmann::json peak;
   for (auto c : kCategories) peak[std::string(category_name(c))] = r.memory->peak_bytes(c);
   peak["total"] = r.memory->peak_total_bytes();
+  const auto [unix_s, iso] = wall_clock();
   nlohmann::json line = {{"step", r.step},
+                         {"time", unix_s},
+                         {"timestamp", iso},
                          {"loss", r.loss},
                          {"lr", r.lr},
                          {"grad_norm", r.grad_norm},

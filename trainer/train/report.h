@@ -20,19 +20,25 @@ namespace braid::trainer {
 // tool's output and must not depend on BRAID_LOG_LEVEL.
 class ProgressPrinter : public TrainObserver {
  public:
-  explicit ProgressPrinter(bool terminal);
+  // log_interval > 0: a line every log_interval steps (and at evaluations
+  // and the last step), terminal or not; 0: a bar on a terminal, else
+  // about 20 lines.
+  explicit ProgressPrinter(bool terminal, std::int64_t log_interval = 0);
   void on_step(const StepReport& r) override;
   void on_checkpoint(const std::filesystem::path& dir, std::int64_t step) override;
 
  private:
   void draw_bar(const StepReport& r, double eta_s);
   bool terminal_;
+  std::int64_t log_interval_;
   bool bar_open_ = false;
   std::int64_t first_step_ = -1;
   std::chrono::steady_clock::time_point start_;
 };
 
-// One JSON object per line per step: step, loss, lr, grad_norm,
+// One JSON object per line per step: step, time (wall clock when the line
+// is written, unix seconds with microseconds), timestamp (the same instant,
+// ISO-8601 UTC, "2026-11-24T08:50:01.123456Z"), loss, lr, grad_norm,
 // tokens_per_s, step_ms, this rank's bytes_sent and bytes_received in the
 // step, theory_bytes_sent / theory_bytes_received and traffic_ratio (sent /
 // theory; absent when the theory is 0), comm_wait_ms and comm_wait_fraction

@@ -7,6 +7,7 @@
 
 #include "kernels/cpu/gpt_ops.h"
 #include "runtime/errors.h"
+#include "trainer/checkpoint/atomic_file.h"
 #include "trainer/checkpoint/checkpoint.h"
 #include "trainer/strategy/compose.h"
 #include "trainer/train/state_io.h"
@@ -114,6 +115,12 @@ void Trainer::start() {
     }
     spdlog::info("resumed from {} ({} rank(s), {}) at step {}", dir.string(), reader.world_size(),
                  reader.strategy(), step_);
+  } else if (!options_.init_from.empty() && fs::is_directory(options_.init_from)) {
+    // A checkpoint directory (its latest step) or one step directory, of
+    // any layout: the weights only.
+    const fs::path dir = resolve_checkpoint(options_.init_from);
+    load_state(CheckpointReader::open(dir), dir, strategy(), false);
+    spdlog::info("initial weights from the checkpoint {}", dir.string());
   } else if (!options_.init_from.empty()) {
     load_state(CheckpointReader::weights(options_.init_from), options_.init_from, strategy(), false);
     spdlog::info("initial weights from {}", options_.init_from);
@@ -230,6 +237,14 @@ fs::path Trainer::save_checkpoint() {
                  : strategy_->kind() == StrategyKind::kNone
                      ? trainer::save_checkpoint(options_.checkpoint_dir, model(), optimizer(), s)
                      : save_sharded_checkpoint(*strategy_, options_.checkpoint_dir, s);
+  // The settings that repeat this run (--config DIR/step_.../config.json).
+  if (rank() == 0) {
+    nlohmann::json config = config_json(options_);
+    config.update(saved);
+    config["strategy"] = layout.strategy;
+    config["dp"] = layout.dp;
+    write_file_atomically(dir / "config.json", config.dump(2) + "\n");
+  }
   last_checkpoint_ = step_;
   return dir;
 }

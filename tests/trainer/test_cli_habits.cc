@@ -1,0 +1,194 @@
+// End-to-end runs of braid-train as nanoGPT / Megatron users drive it
+// (issue 17): nanoGPT's underscore spellings, --out-dir, --log-interval,
+// --config and the config.json beside every checkpoint, wall-clock time in
+// metrics lines, --eval-only --init-from a checkpoint directory, checkpoint
+// files under the user's umask, and the summary of a --tp run.
+#include <catch2/catch.hpp>
+#include <sys/stat.h>
+
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <ctime>
+#include <fstream>
+#include <regex>
+
+#include <nlohmann/json.hpp>
+
+#include "cli_fixtures.h"
+#include "model_fixtures.h"
+
+namespace braid::trainer {
+namespace {
+
+namespace fs = std::filesystem;
+using test::braid_train;
+using test::have_binary;
+using test::read_text;
+using test::Run;
+using test::write_text;
+
+std::vector<nlohmann::json> metrics_lines(const fs::path& p) {
+  std::vector<nlohmann::json> lines;
+  std::ifstream in(p);
+  for (std::string line; std::getline(in, line);) lines.push_back(nlohmann::json::parse(line));
+  return lines;
+}
+
+std::vector<double> losses(const fs::path& p) {
+  std::vector<double> out;
+  for (const auto& line : metrics_lines(p)) out.push_back(line["loss"].get<double>());
+  return out;
+}
+
+TEST_CASE("nanoGPT's underscore spellings, --out_dir and --log_interval drive the same run", "[cli][habits]") {
+  if (!have_binary()) return;
+  test::TempDir dir;
+  const std::string text = write_text(dir, 4000).string();
+  const std::string dashed =
+      "--n-layer 1 --n-head 2 --n-embd 16 --block-size 32 --batch-size 4 --eval-batches 1 --steps 6 --lr 0.01 "
+      "--warmup-steps 2 --eval-interval 3 --seed 5 --data " + text;
+  const std::string underscored =
+      "--n_layer 1 --n_head 2 --n_embd 16 --block_size 32 --batch_size 4 --eval_iters 1 --max_iters 6 "
+      "--learning_rate 0.01 --warmup_iters 2 --eval_interval 3 --seed 5 --data " + text;
+  const Run a = braid_train(dir, dashed + " --metrics " + (dir / "a.jsonl").string());
+  REQUIRE(a.rc == 0);
+  const fs::path out = dir / "out";
+  const Run b = braid_train(dir, underscored + " --log_interval 2 --out_dir " + out.string() + " --metrics " +
+                                     (dir / "b.jsonl").string());
+  REQUIRE(b.rc == 0);
+  CHECK(losses(dir / "a.jsonl") == losses(dir / "b.jsonl"));
+  REQUIRE(losses(dir / "a.jsonl").size() == 6);
+  // Without --log-interval a 6-step run prints every step; with 2, steps 2, 4,
+  // 6 and the evaluation at step 3.
+  CHECK_THAT(a.err, Catch::Contains("step 1/6"));
+  for (const char* line : {"step 2/6", "step 3/6", "step 4/6", "step 6/6"}) CHECK_THAT(b.err, Catch::Contains(line));
+  for (const char* line : {"step 1/6", "step 5/6"}) CHECK_THAT(b.err, !Catch::Contains(line));
+  // --out_dir is where checkpoints go, with the run's settings beside them.
+  const nlohmann::json config = nlohmann::json::parse(read_text(out / "step_00000006" / "config.json"));
+  CHECK(config["n_layer"] == 1);
+  CHECK(config["steps"] == 6);
+  CHECK(config["warmup_steps"] == 2);
+  CHECK(config["strategy"] == "none");
+  CHECK(config["lr"].get<double>() == Approx(0.01));
+
+  const Run bad = braid_train(dir, "--log_interval -1 --steps 1");
+  CHECK(bad.rc == 2);
+  CHECK_THAT(bad.err, Catch::Contains("--log-interval"));
+}
+
+TEST_CASE("--config FILE repeats a run from its checkpoint's config.json; flags override it", "[cli][habits]") {
+  if (!have_binary()) return;
+  test::TempDir dir;
+  const std::string text = write_text(dir, 4000).string();
+  const std::string ckpt = (dir / "ckpt").string();
+  REQUIRE(braid_train(dir, "--n-layer 1 --n-head 2 --n-embd 16 --block-size 32 --batch-size 4 --eval-batches 1 "
+                           "--steps 4 --lr 0.02 --seed 9 --data " + text + " --checkpoint-dir " + ckpt +
+                               " --metrics " + (dir / "a.jsonl").string())
+              .rc == 0);
+  const std::string config = ckpt + "/step_00000004/config.json";
+  REQUIRE(fs::exists(config));
+  // Run again from the config alone: the same losses, step for step.
+  REQUIRE(braid_train(dir, "--config " + config + " --metrics " + (dir / "b.jsonl").string()).rc == 0);
+  CHECK(losses(dir / "a.jsonl") == losses(dir / "b.jsonl"));
+  REQUIRE(losses(dir / "a.jsonl").size() == 4);
+  // A flag wins over the file.
+  REQUIRE(braid_train(dir, "--config " + config + " --max_iters 2 --metrics " + (dir / "c.jsonl").string()).rc == 0);
+  const auto c = losses(dir / "c.jsonl");
+  REQUIRE(c.size() == 2);
+  CHECK(c[0] == losses(dir / "a.jsonl")[0]);
+
+  std::ofstream(dir / "typo.json") << R"({"n_layers": 2})";
+  Run r = braid_train(dir, "--config " + (dir / "typo.json").string());
+  CHECK(r.rc == 2);
+  CHECK_THAT(r.err, Catch::Contains("unknown setting 'n_layers'"));
+  std::ofstream(dir / "broken.json") << "{\"n_layer\": ";
+  r = braid_train(dir, "--config " + (dir / "broken.json").string());
+  CHECK(r.rc == 2);
+  CHECK_THAT(r.err, Catch::Contains("not valid JSON"));
+  r = braid_train(dir, "--config " + (dir / "missing.json").string());
+  CHECK(r.rc == 2);
+  CHECK_THAT(r.err, Catch::Contains("cannot read the --config file"));
+}
+
+double eval_loss(const std::string& out) {
+  std::smatch m;
+  REQUIRE(std::regex_search(out, m, std::regex("eval_loss: (\\S+)")));
+  return std::stod(m[1]);
+}
+
+TEST_CASE("--eval-only --init-from takes a checkpoint directory (its latest step) or refuses naming what it sought",
+          "[cli][habits]") {
+  if (!have_binary()) return;
+  test::TempDir dir;
+  const std::string text = write_text(dir, 2000).string();
+  const fs::path ckpt = dir / "ckpt";
+  REQUIRE(braid_train(dir, "--n-layer 1 --n-head 2 --n-embd 16 --block-size 32 --batch-size 4 --eval-batches 1 "
+                           "--steps 4 --checkpoint-interval 2 --lr 0.02 --data " + text + " --checkpoint-dir " +
+                               ckpt.string())
+              .rc == 0);
+  const std::string eval = " --eval-only --data " + text;
+  const Run file = braid_train(dir, "--init-from " + (ckpt / "step_00000004" / "model.safetensors").string() + eval);
+  REQUIRE(file.rc == 0);
+  const Run latest = braid_train(dir, "--init-from " + ckpt.string() + eval);
+  REQUIRE(latest.rc == 0);
+  CHECK(eval_loss(latest.out) == eval_loss(file.out));
+  const Run step2 = braid_train(dir, "--init-from " + (ckpt / "step_00000002").string() + eval);
+  REQUIRE(step2.rc == 0);
+  CHECK(eval_loss(step2.out) != eval_loss(file.out));
+
+  fs::create_directories(dir / "empty");
+  const Run none = braid_train(dir, "--init-from " + (dir / "empty").string() + eval);
+  CHECK(none.rc == 2);
+  CHECK_THAT(none.err, Catch::Contains("state.json") && Catch::Contains("latest"));
+  CHECK_THAT(none.err, !Catch::Contains("underflow"));
+}
+
+unsigned mode_of(const fs::path& p) {
+  struct stat st {};
+  REQUIRE(::stat(p.c_str(), &st) == 0);
+  return st.st_mode & 0777;
+}
+
+TEST_CASE("checkpoint files honour the umask; metrics lines carry the wall clock", "[cli][habits]") {
+  if (!have_binary()) return;
+  const char* bin = std::getenv("BRAID_TRAIN");
+  test::TempDir dir;
+  const std::string text = write_text(dir, 2000).string();
+  const std::string args = " --n-layer 1 --n-head 2 --n-embd 16 --block-size 32 --batch-size 4 --eval-batches 1 "
+                           "--steps 2 --data " + text + " --checkpoint-dir ";
+  for (const unsigned umask : {022u, 077u, 002u}) {
+    const fs::path ckpt = dir / ("ckpt" + std::to_string(umask));
+    const double before = static_cast<double>(std::time(nullptr));
+    char shell_umask[8];
+    std::snprintf(shell_umask, sizeof shell_umask, "%03o", umask);
+    const Run r = test::run_shell(dir, std::string("umask ") + shell_umask + "; " + bin + args + ckpt.string() +
+                                           " --metrics " + (ckpt.string() + ".jsonl"));
+    REQUIRE(r.rc == 0);
+    const double after = static_cast<double>(std::time(nullptr)) + 1;
+    INFO("umask " << shell_umask);
+    const unsigned expected = 0666 & ~umask;
+    for (const char* name : {"model.safetensors", "optimizer.safetensors", "state.json", "config.json"}) {
+      INFO(name);
+      CHECK(mode_of(ckpt / "step_00000002" / name) == expected);
+    }
+    CHECK(mode_of(ckpt / "latest") == expected);
+    const auto lines = metrics_lines(ckpt.string() + ".jsonl");
+    REQUIRE(lines.size() == 2);
+    for (const auto& line : lines) {
+      const double t = line["time"].get<double>();
+      CHECK(t >= before);
+      CHECK(t <= after);
+      const std::string iso = line["timestamp"].get<std::string>();
+      CHECK(std::regex_match(iso, std::regex(R"(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}Z)")));
+      // The ISO text is the same instant as "time".
+      std::tm utc{};
+      REQUIRE(::strptime(iso.c_str(), "%Y-%m-%dT%H:%M:%S", &utc) != nullptr);
+      CHECK(static_cast<double>(::timegm(&utc)) == Approx(std::floor(t)).margin(0.5));
+    }
+    CHECK(lines[1]["time"].get<double>() >= lines[0]["time"].get<double>());
+  }
+}
+
+}  // namespace
+}  // namespace braid::trainer
