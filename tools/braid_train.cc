@@ -178,6 +178,35 @@ int node_index(braid::trainer::Trainer& trainer, const braid::runtime::RankInfo&
   return trainer.world() != nullptr ? trainer.world()->host_index(trainer.rank()) : info.node_rank;
 }
 
+// "7760 parameters in total; each rank holds 3968 (its TP / PP part)": the
+// model's count is the whole model's, whatever the layout.
+std::string describe_params(braid::trainer::Trainer& trainer, const std::vector<braid::trainer::RankStats>& ranks) {
+  namespace t = braid::trainer;
+  const TrainOptions& o = trainer.options();
+  const double total = t::ParamTable::gpt_param_count(o.model, t::ModelLayout::whole(o.model));
+  std::string text = std::to_string(static_cast<long long>(total)) + " parameters in total";
+  if (trainer.mesh() == nullptr) return text;
+  const auto [low, high] = std::minmax_element(ranks.begin(), ranks.end(), [](const auto& a, const auto& b) {
+    return a.params < b.params;
+  });
+  text += "; each rank holds its TP / PP part: ";
+  text += low->params == high->params ? std::to_string(static_cast<long long>(low->params))
+                                      : std::to_string(static_cast<long long>(low->params)) + " to " +
+                                            std::to_string(static_cast<long long>(high->params)) + " (rank map)";
+  return text;
+}
+
+// "strategy ddp: ..." on a DP run; the mesh and its DP axis under --tp / --pp
+// (whose DP strategy may be "none" while TP and PP communicate).
+std::string describe_layout(braid::trainer::Trainer& trainer) {
+  braid::trainer::Strategy& strategy = trainer.strategy();
+  if (trainer.mesh() == nullptr) return "strategy " + strategy.describe();
+  const braid::trainer::MeshShape& m = trainer.mesh()->groups().shape;
+  return "mesh dp " + std::to_string(m.dp) + " x tp " + std::to_string(m.tp) + " x pp " + std::to_string(m.pp) +
+         "; DP axis: " + std::string(braid::trainer::strategy_name(strategy.kind())) +
+         (m.dp == 1 ? " (one DP rank: no DP communication; TP and PP communicate)" : "");
+}
+
 // The rank map and every rank's memory (collective; rank 0 prints).
 void print_start(braid::trainer::Trainer& trainer, const braid::runtime::RankInfo& info,
                  const braid::trainer::TextCorpus& corpus) {
@@ -186,12 +215,12 @@ void print_start(braid::trainer::Trainer& trainer, const braid::runtime::RankInf
   const auto ranks = t::gather_rank_stats(trainer, t::rank_stats(trainer, info.local_rank, node_index(trainer, info)));
   if (trainer.rank() != 0) return;
   const TrainOptions& o = trainer.options();
-  std::fprintf(stderr, "braid-train: model %s (%zu parameters), %zu bytes of data from %s; device %s\n",
-               t::describe(o.model).c_str(), trainer.model().table().param_count(), corpus.bytes.size(),
+  std::fprintf(stderr, "braid-train: model %s (%s), %zu bytes of data from %s; device %s\n",
+               t::describe(o.model).c_str(), describe_params(trainer, ranks).c_str(), corpus.bytes.size(),
                corpus.source.c_str(), trainer.model().ops().describe().c_str());
-  std::fprintf(stderr, "braid-train: %d rank(s), strategy %s; global batch %d = %d DP rank(s) x %d micro-batch(es) x %d\n",
-               trainer.world_size(), strategy.describe().c_str(), o.batch_size, strategy.world_size(), o.grad_accum,
-               o.rank_micro_batch(strategy.world_size()));
+  std::fprintf(stderr, "braid-train: %d rank(s), %s; global batch %d = %d DP rank(s) x %d micro-batch(es) x %d\n",
+               trainer.world_size(), describe_layout(trainer).c_str(), o.batch_size, strategy.world_size(),
+               o.grad_accum, o.rank_micro_batch(strategy.world_size()));
   if (trainer.mesh() != nullptr) {
     std::fprintf(stderr, "braid-train: schedule %s\n%s", o.schedule.c_str(),
                  t::describe_rank_map(trainer.mesh()->groups().shape).c_str());
@@ -207,7 +236,7 @@ void print_summary(braid::trainer::Trainer& trainer, const braid::trainer::Train
   if (trainer.rank() != 0) return;
   std::string text = t::format_summary(summary, trainer.options());
   if (trainer.world_size() > 1 || trainer.strategy().comm() != nullptr) {
-    text += t::format_memory_table(ranks) + t::format_traffic_table(ranks);
+    text += t::format_memory_table(ranks) + t::format_traffic_table(ranks, trainer.mesh() != nullptr);
   }
   std::fputs(text.c_str(), stdout);
 }

@@ -17,6 +17,7 @@
 
 #include "cli_fixtures.h"
 #include "model_fixtures.h"
+#include "tests/tools/launch_harness.h"
 
 namespace braid::trainer {
 namespace {
@@ -188,6 +189,37 @@ TEST_CASE("checkpoint files honour the umask; metrics lines carry the wall clock
     }
     CHECK(lines[1]["time"].get<double>() >= lines[0]["time"].get<double>());
   }
+}
+
+long long count_before(const std::string& text, const std::string& what) {
+  std::smatch m;
+  REQUIRE(std::regex_search(text, m, std::regex("(\\d+) " + what)));
+  return std::stoll(m[1]);
+}
+
+TEST_CASE("the summary of a --tp 2 run names the mesh, the whole model's parameters and each rank's share",
+          "[cli][habits][launch]") {
+  if (!have_binary() || std::getenv("BRAID_LAUNCH") == nullptr) return;
+  const std::string train = std::getenv("BRAID_TRAIN");
+  const std::string model = " --n-layer 2 --n-head 2 --n-embd 16 --block-size 16 --batch-size 8 --eval-interval 0"
+                            " --eval-batches 1 --steps 2";
+  test::TempDir dir;
+  const Run one = braid_train(dir, model);
+  REQUIRE(one.rc == 0);
+  const long long total = count_before(one.err, "parameters in total");
+  braid::test::JobDir job;
+  const braid::test::LaunchResult run =
+      braid::test::run_launch(job, braid::test::shell_job(2, "exec " + train + model + " --tp 2", job));
+  INFO(run.out << run.err);
+  REQUIRE(run.status == 0);
+  CHECK(count_before(run.err, "parameters in total") == total);
+  const long long share = count_before(run.err, "parameters\n");  // rank map: rank 0's part
+  CHECK(share < total);
+  CHECK(share > total / 2);  // wte and wpe are whole on every TP rank
+  CHECK_THAT(run.err, Catch::Contains("each rank holds its TP / PP part: " + std::to_string(share)));
+  CHECK_THAT(run.err, Catch::Contains("mesh dp 1 x tp 2 x pp 1; DP axis: none (one DP rank: no DP communication"));
+  CHECK_THAT(run.err + run.out, !Catch::Contains("one process, no communication"));
+  CHECK_THAT(run.out, Catch::Contains("DP traffic per rank per step") && Catch::Contains("TP all-reduce wait"));
 }
 
 }  // namespace

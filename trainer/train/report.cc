@@ -220,13 +220,14 @@ RankStats rank_stats(Trainer& trainer, int local_rank, int node_rank) {
     s.bytes_received = t.bytes_received / static_cast<double>(t.steps);
   }
   if (t.step_seconds > 0) s.comm_wait_fraction = t.wait_seconds / t.step_seconds;
+  s.params = static_cast<double>(trainer.model().table().param_count());
   return s;
 }
 
 namespace {
 
 // A row as doubles for the all-gather (every value fits a double exactly).
-constexpr std::size_t kStatsCount = 4 + kMemoryCategoryCount + 3 + 5;
+constexpr std::size_t kStatsCount = 4 + kMemoryCategoryCount + 3 + 6;
 
 std::array<double, kStatsCount> pack(const RankStats& s) {
   std::array<double, kStatsCount> a{};
@@ -234,7 +235,7 @@ std::array<double, kStatsCount> pack(const RankStats& s) {
   for (double x : {double(s.rank), double(s.local_rank), double(s.node_rank), double(s.pid)}) a[i++] = x;
   for (double x : s.peak_bytes) a[i++] = x;
   for (double x : {s.theory.params, s.theory.grads, s.theory.optimizer, s.bytes_sent, s.bytes_received,
-                   s.traffic.sent, s.traffic.received, s.comm_wait_fraction}) {
+                   s.traffic.sent, s.traffic.received, s.comm_wait_fraction, s.params}) {
     a[i++] = x;
   }
   return a;
@@ -253,6 +254,7 @@ RankStats unpack(const double* a, const std::string& formula) {
   s.bytes_received = a[i + 4];
   s.traffic = {a[i + 5], a[i + 6], formula};
   s.comm_wait_fraction = a[i + 7];
+  s.params = a[i + 8];
   return s;
 }
 
@@ -275,7 +277,8 @@ std::vector<RankStats> gather_rank_stats(Trainer& trainer, const RankStats& mine
 std::string format_rank_map(const std::vector<RankStats>& ranks) {
   std::string text = "rank map:\n";
   for (const RankStats& s : ranks) {
-    text += format("  rank %d: node %d, local rank %d, pid %ld\n", s.rank, s.node_rank, s.local_rank, s.pid);
+    text += format("  rank %d: node %d, local rank %d, pid %ld, %.0f parameters\n", s.rank, s.node_rank, s.local_rank,
+                   s.pid, s.params);
   }
   return text;
 }
@@ -294,8 +297,10 @@ std::string format_memory_table(const std::vector<RankStats>& ranks) {
   return text;
 }
 
-std::string format_traffic_table(const std::vector<RankStats>& ranks) {
-  std::string text = "traffic per rank per step (theory: " + (ranks.empty() ? "" : ranks[0].traffic.formula) +
+std::string format_traffic_table(const std::vector<RankStats>& ranks, bool dp_only) {
+  std::string text = std::string(dp_only ? "DP " : "") + "traffic per rank per step (theory: " +
+                     (ranks.empty() ? "" : ranks[0].traffic.formula) +
+                     (dp_only ? "; TP and PP traffic is not counted, their waits are above" : "") +
                      "):\n  rank   sent MiB  theory   ratio   recv MiB  theory   ratio  comm wait\n";
   for (const RankStats& s : ranks) {
     text += format("  %4d  %9.3f %7.3f  %s  %9.3f %7.3f  %s  %8.1f%%\n", s.rank, to_mib(s.bytes_sent),

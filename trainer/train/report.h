@@ -91,17 +91,20 @@ struct RankStats {
   double bytes_received = 0.0;
   TrafficTheory traffic;
   double comm_wait_fraction = 0.0;  // of the step time
+  double params = 0.0;              // parameters of this rank's model part (its TP shard of its PP stage)
 };
 
 // This rank's row: memory peaks and theory, and the averages of `totals`.
 RankStats rank_stats(Trainer& trainer, int local_rank, int node_rank);
 // Every rank's row, on every rank (collective over the world: an all-gather).
 std::vector<RankStats> gather_rank_stats(Trainer& trainer, const RankStats& mine);
-// "rank 0: node 0, local rank 0, pid 1234", one line per rank.
+// "rank 0: node 0, local rank 0, pid 1234, 7760 parameters", one line per rank.
 std::string format_rank_map(const std::vector<RankStats>& ranks);
 // Peak bytes per category, one row per rank, with the ZeRO table beside.
 std::string format_memory_table(const std::vector<RankStats>& ranks);
 // Bytes per step against the strategy's theory, and the time waited.
-std::string format_traffic_table(const std::vector<RankStats>& ranks);
+// `dp_only`: a --tp / --pp run, whose table counts the DP axis alone (the
+// title says so; TP and PP waits are in the mesh lines).
+std::string format_traffic_table(const std::vector<RankStats>& ranks, bool dp_only = false);
 
 }  // namespace braid::trainer
