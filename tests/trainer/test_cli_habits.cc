@@ -71,7 +71,8 @@ TEST_CASE("nanoGPT's underscore spellings, --out_dir and --log_interval drive th
   CHECK(config["steps"] == 6);
   CHECK(config["warmup_steps"] == 2);
   CHECK(config["strategy"] == "none");
-  CHECK(config["lr"].get<double>() == Approx(0.01));
+  CHECK(config["lr"].get<double>() == 0.01);  // as given, not float 0.01 widened to 0.009999999776482582
+  CHECK(config["weight_decay"].get<double>() == 0.1);
 
   const Run bad = braid_train(dir, "--log_interval -1 --steps 1");
   CHECK(bad.rc == 2);

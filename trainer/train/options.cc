@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <limits>
 #include <thread>
@@ -14,6 +16,22 @@ namespace braid::trainer {
 
 using nlohmann::json;
 
+namespace {
+
+// A float as the shortest decimal that reads back as the same float, so
+// JSON shows "lr": 0.003, not the double 0.003000000026077032.
+double shortest(float value) {
+  for (int digits = 1; digits < 9; ++digits) {
+    char text[32];
+    std::snprintf(text, sizeof text, "%.*g", digits, static_cast<double>(value));
+    const double parsed = std::strtod(text, nullptr);
+    if (static_cast<float>(parsed) == value) return parsed;
+  }
+  return static_cast<double>(value);
+}
+
+}  // namespace
+
 json run_options_json(const TrainOptions& o) {
   return json{{"n_layer", o.model.n_layer},
               {"n_head", o.model.n_head},
@@ -22,11 +40,11 @@ json run_options_json(const TrainOptions& o) {
               {"batch_size", o.batch_size},
               {"grad_accum", o.grad_accum},
               {"steps", o.steps},
-              {"lr", o.lr},
-              {"min_lr", o.min_lr},
+              {"lr", shortest(o.lr)},
+              {"min_lr", shortest(o.min_lr)},
               {"warmup_steps", o.warmup_steps},
-              {"weight_decay", o.weight_decay},
-              {"grad_clip", o.grad_clip},
+              {"weight_decay", shortest(o.weight_decay)},
+              {"grad_clip", shortest(o.grad_clip)},
               {"seed", o.seed},
               {"data", o.data},
               {"eval_interval", o.eval_interval},
@@ -177,7 +195,7 @@ void validate_threads(int threads) {
 void validate_modes(const TrainOptions& o) {
   require(o.resume.empty() || o.init_from.empty(), "--resume and --init-from exclude each other; pass one");
   require(!o.eval_only || !o.init_from.empty() || !o.resume.empty(),
-          "--eval-only needs weights: pass --init-from FILE or --resume DIR");
+          "--eval-only needs weights: pass --init-from FILE|DIR or --resume DIR");
   require(o.checkpoint_interval >= 0, "--checkpoint-interval must be 0 (only at the end) or more");
   require(o.checkpoint_interval == 0 || !o.checkpoint_dir.empty(),
           "--checkpoint-interval needs --checkpoint-dir");
