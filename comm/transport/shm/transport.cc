@@ -293,21 +293,25 @@ bool ShmTransport::progress(Clock::time_point deadline) {
   return false;
 }
 
-// Spins briefly on the doorbell (a peer on another core answers within a
-// microsecond or two), then sleeps on it. The seq_cst store of `sleeping`
-// before re-reading the doorbell pairs with the peers' seq_cst increment
-// before reading `sleeping`, so a wake-up is never lost.
+// Polls the doorbell briefly (a peer on another core answers within a
+// microsecond or two), then sleeps on it. Past kPollOnly of the spin it
+// yields between looks: on a busy machine the scheduler may put the peer on
+// this core, where polling only keeps it waiting (shared slots measured
+// that: slots.cc). Oversubscribed (no spin) it hands the core to a runnable
+// peer a few times first; that one is often about to write what this rank
+// waits for. The seq_cst store of `sleeping` before re-reading the doorbell
+// pairs with the peers' seq_cst increment before reading `sleeping`, so a
+// wake-up is never lost.
 void ShmTransport::sleep_until(Clock::time_point deadline) {
   SegmentHeader* me = mine_.header();
   std::uint32_t seen = me->doorbell.load(std::memory_order_acquire);
-  auto spin_end = Clock::now() + spin_;
-  while (Clock::now() < spin_end) {
+  const auto start = Clock::now();
+  const auto poll_end = start + std::min<std::chrono::nanoseconds>(spin_, kPollOnly), spin_end = start + spin_;
+  while (Clock::now() < poll_end) {
     for (int i = 0; i < 64; ++i) cpu_relax();
     if (me->doorbell.load(std::memory_order_acquire) != seen) return;
   }
-  // Oversubscribed (no spin): hand the core to a runnable peer a few times
-  // first; it is often the one about to write what this rank waits for.
-  for (int i = 0; spin_ == std::chrono::nanoseconds::zero() && i < yields_; ++i) {
+  for (int i = 0; i < yields_ || Clock::now() < spin_end; ++i) {
     sched_yield();
     if (me->doorbell.load(std::memory_order_acquire) != seen) return;
   }

@@ -115,6 +115,7 @@ class ShmTransport final : public Transport {
   std::size_t capacity_;
   std::chrono::nanoseconds spin_;
   int yields_ = 4;
+  static constexpr std::chrono::nanoseconds kPollOnly{2000};  // of the spin, before yields
   Mapping mine_;
   std::vector<std::unique_ptr<Link>> links_;
   std::vector<Link*> by_rank_;
