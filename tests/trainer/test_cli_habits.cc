@@ -11,12 +11,15 @@
 #include <cstdlib>
 #include <ctime>
 #include <fstream>
+#include <map>
 #include <regex>
 
 #include <nlohmann/json.hpp>
 
 #include "cli_fixtures.h"
 #include "model_fixtures.h"
+#include "trainer/checkpoint/safetensors.h"
+#include "trainer/model/param_table.h"
 #include "tests/tools/launch_harness.h"
 
 namespace braid::trainer {
@@ -221,6 +224,47 @@ TEST_CASE("the summary of a --tp 2 run names the mesh, the whole model's paramet
   CHECK_THAT(run.err, Catch::Contains("mesh dp 1 x tp 2 x pp 1; DP axis: none (one DP rank: no DP communication"));
   CHECK_THAT(run.err + run.out, !Catch::Contains("one process, no communication"));
   CHECK_THAT(run.out, Catch::Contains("DP traffic per rank per step") && Catch::Contains("TP all-reduce wait"));
+}
+
+TEST_CASE("a --pp 2 checkpoint's shards hold whole tensors under their names and shapes; --init-from reads it",
+          "[cli][habits][launch]") {
+  if (!have_binary() || std::getenv("BRAID_LAUNCH") == nullptr) return;
+  const std::string train = std::getenv("BRAID_TRAIN");
+  braid::test::JobDir job;
+  const fs::path ckpt = job.path() / "ckpt";
+  const std::string args = " --n-layer 2 --n-head 2 --n-embd 16 --block-size 16 --batch-size 8 --eval-interval 0"
+                           " --eval-batches 1 --steps 2 --pp 2 --micro-batches 2 --checkpoint-dir " + ckpt.string();
+  const braid::test::LaunchResult run =
+      braid::test::run_launch(job, braid::test::shell_job(2, "exec " + train + args, job));
+  INFO(run.out << run.err);
+  REQUIRE(run.status == 0);
+  const GptConfig c{2, 2, 16, 16, 256};
+  std::map<std::string, std::vector<std::int64_t>> seen;
+  for (const fs::path& shard : {ckpt / "step_00000002" / "shard_00000_of_00002.safetensors",
+                               ckpt / "step_00000002" / "shard_00001_of_00002.safetensors"}) {
+    const SafetensorsFile f = SafetensorsFile::read(shard);
+    for (const std::string& name : f.names()) {
+      CHECK(name.find('@') == std::string::npos);
+      seen[name] = f.shape(name);
+    }
+  }
+  const ParamTable table = ParamTable::gpt(c, ModelLayout::whole(c));
+  for (const ParamView& v : table.views()) {
+    INFO(v.name);
+    for (const std::string prefix : {"", "m.", "v."}) {
+      REQUIRE(seen.count(prefix + v.name) == 1);
+      CHECK(seen[prefix + v.name] == v.full_shape);
+    }
+  }
+  // The sharded checkpoint's weights evaluate on one process as its consolidation does.
+  test::TempDir dir;
+  const Run direct = braid_train(dir, "--eval-only --init-from " + ckpt.string());
+  REQUIRE(direct.rc == 0);
+  const std::string whole = (dir / "whole.safetensors").string();
+  REQUIRE(braid_train(dir, "--consolidate " + ckpt.string() + " --out " + whole).rc == 0);
+  const Run consolidated = braid_train(dir, "--eval-only --init-from " + whole);
+  REQUIRE(consolidated.rc == 0);
+  CHECK(eval_loss(direct.out) == eval_loss(consolidated.out));
 }
 
 }  // namespace

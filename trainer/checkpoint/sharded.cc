@@ -8,6 +8,7 @@
 #include "runtime/errors.h"
 #include "trainer/checkpoint/atomic_file.h"
 #include "trainer/checkpoint/layout.h"
+#include "trainer/model/param_table.h"
 
 namespace braid::trainer {
 
@@ -28,6 +29,14 @@ std::size_t element_count(const std::vector<std::int64_t>& shape) {
   return n;
 }
 
+// Every parameter's shape in the whole model, by GPT-2 name.
+std::map<std::string, std::vector<std::int64_t>> full_shapes(const GptConfig& config) {
+  std::map<std::string, std::vector<std::int64_t>> shapes;
+  const ParamTable table = ParamTable::gpt(config, ModelLayout::whole(config));
+  for (const ParamView& v : table.views()) shapes[v.name] = v.full_shape;
+  return shapes;
+}
+
 }  // namespace
 
 fs::path prepare_step_directory(const fs::path& dir, std::int64_t step) {
@@ -38,9 +47,18 @@ fs::path prepare_step_directory(const fs::path& dir, std::int64_t step) {
 
 void write_shard(const fs::path& step_dir, int rank, int world_size, const std::vector<TensorPiece>& pieces,
                  const GptConfig& config, std::int64_t step) {
+  const std::map<std::string, std::vector<std::int64_t>> shapes = full_shapes(config);
   std::vector<TensorToWrite> tensors;
   for (const TensorPiece& p : pieces) {
-    tensors.push_back({p.key + "@" + std::to_string(p.offset), {static_cast<std::int64_t>(p.count)}, p.data});
+    // A whole tensor under its own name and shape, as any safetensors reader
+    // expects; a part of one as a 1-D piece named <key>@<offset>.
+    const std::string name = p.key.rfind("m.", 0) == 0 || p.key.rfind("v.", 0) == 0 ? p.key.substr(2) : p.key;
+    const auto it = shapes.find(name);
+    if (p.offset == 0 && it != shapes.end() && element_count(it->second) == p.count) {
+      tensors.push_back({p.key, it->second, p.data});
+    } else {
+      tensors.push_back({p.key + "@" + std::to_string(p.offset), {static_cast<std::int64_t>(p.count)}, p.data});
+    }
   }
   Metadata metadata = config_metadata(config, step);
   metadata["rank"] = std::to_string(rank);
@@ -135,9 +153,11 @@ void CheckpointReader::add_file(SafetensorsFile file, const std::string& prefix,
     const std::vector<std::int64_t>& shape = f->shape(name);
     Piece p{f, name, 0, element_count(shape), !pieces};
     std::string key = prefix + name;
-    if (pieces) {
-      const std::size_t at = name.rfind('@');
-      if (at == std::string::npos || shape.size() != 1) {
+    const std::size_t at = name.rfind('@');
+    if (pieces && at == std::string::npos) {
+      p.whole = true;  // a whole tensor in a shard: its shape is checked against the model's
+    } else if (pieces) {
+      if (shape.size() != 1) {
         fail(f->path().filename().string() + " holds '" + name + "', not a 1-D piece named <tensor>@<offset>");
       }
       key = prefix + name.substr(0, at);

@@ -6,10 +6,11 @@
 //       "shards": {"world_size", "strategy", "files": [...]}
 //   DIR/latest                        "step_00000100", replaced last
 //
-// A shard file holds 1-D pieces of tensors, each named "<key>@<first
-// element>", where the key is the tensor's GPT-2 name for parameters and
-// "m." / "v." + name for AdamW's moments (the names of the single-process
-// files). The pieces of all shards tile every tensor exactly once; which
+// A shard file holds the tensors a rank writes whole under their key and
+// full shape (as any safetensors reader expects), and parts of tensors as
+// 1-D pieces named "<key>@<first element>", where the key is the tensor's
+// GPT-2 name for parameters and "m." / "v." + name for AdamW's moments (the
+// names of the single-process files). The pieces of all shards tile every tensor exactly once; which
 // rank writes which piece is the strategy's business (what it owns), so a
 // checkpoint of any strategy and world size loads into any other.
 //
