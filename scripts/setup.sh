@@ -9,7 +9,7 @@ cd "$(dirname "$0")/.."
 PACKAGES="meson ninja-build g++ pkg-config libboost-dev libspdlog-dev libfmt-dev catch2 \
 libcli11-dev nlohmann-json3-dev libhwloc-dev libopenblas-dev libibverbs-dev libxxhash-dev fortunes iproute2 \
 qemu-system-x86 linux-image-amd64 busybox-static cpio rdma-core ibverbs-utils ibverbs-providers perftest \
-python3-torch libtorch-dev pybind11-dev python3-pybind11 openmpi-bin libopenmpi-dev"
+python3-torch libtorch-dev pybind11-dev python3-pybind11 openmpi-bin libopenmpi-dev python3-matplotlib"
 # The second line is the RDMA VM (tests/rdma, scripts/rdma_vm.sh): QEMU boots
 # Debian's kernel, which has soft-RoCE, with the host's / as its root;
 # installing linux-image-amd64 adds files under /boot and /lib/modules and

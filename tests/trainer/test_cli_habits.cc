@@ -267,5 +267,31 @@ TEST_CASE("a --pp 2 checkpoint's shards hold whole tensors under their names and
   CHECK(eval_loss(direct.out) == eval_loss(consolidated.out));
 }
 
+TEST_CASE("tools/train/plot_metrics.py draws a metrics file as a PNG and refuses a broken one", "[cli][habits]") {
+  const char* plot = std::getenv("BRAID_PLOT");
+  if (!have_binary() || plot == nullptr) return;
+  test::TempDir dir;
+  const fs::path metrics = dir / "m.jsonl", png = dir / "m.png";
+  REQUIRE(braid_train(dir, "--n-layer 1 --n-head 2 --n-embd 16 --block-size 32 --batch-size 4 --eval-batches 1 "
+                           "--steps 6 --eval-interval 3 --metrics " + metrics.string())
+              .rc == 0);
+  const std::string python = std::string("/usr/bin/python3 ") + plot + " ";
+  const Run r = test::run_shell(dir, python + metrics.string() + " " + png.string());
+  if (r.rc == 3) {
+    WARN("skipped: " << r.err);  // no python3-matplotlib
+    return;
+  }
+  REQUIRE(r.rc == 0);
+  CHECK_THAT(r.out, Catch::Contains("(6 steps)"));
+  const std::string bytes = read_text(png);
+  REQUIRE(bytes.size() > 1000);
+  CHECK(bytes.substr(0, 8) == std::string("\x89PNG\r\n\x1a\n", 8));
+  std::ofstream(dir / "bad.jsonl") << "{\"step\": 1, \"loss\": 5}\nnot json\n";
+  const Run bad = test::run_shell(dir, python + (dir / "bad.jsonl").string() + " " + (dir / "bad.png").string());
+  CHECK(bad.rc == 2);
+  CHECK_THAT(bad.err, Catch::Contains("line 2 is not JSON"));
+  CHECK_FALSE(fs::exists(dir / "bad.png"));
+}
+
 }  // namespace
 }  // namespace braid::trainer
