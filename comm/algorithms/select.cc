@@ -61,6 +61,13 @@
 // and on 2 ranks broadcast, reduce and all_gather one-shot took 25 us
 // against 45-50 us for the others at every size (in a busy spell where every
 // call slept). So one-shot runs whatever fits a slot.
+//
+// The direct all-reduce on registered buffers (since its rewrite on
+// direct.h) beats the ring at every size past one-shot: 2 ranks with the
+// cores free (SCHED_FIFO, braid-bench -R 1, 3 runs) 256 KiB 7.4-7.9 us vs
+// ring 19-21, 1 MiB 21-23 vs 54-56, 4 MiB 72-75 vs 311-316; loaded (medians
+// of 5) 128 KiB 17 vs 25 us on 2 ranks, 36 vs 81 us on 4. So
+// kDirectAllReduceMinBytes stays 64 KiB, below which one-shot runs anyway.
 #include <optional>
 
 #include "comm/algorithms/algorithms.h"
