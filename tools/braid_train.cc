@@ -11,6 +11,14 @@
 // run's, which writes every stage's tensors whole) as one
 // safetensors file that --init-from loads, and exits.
 //
+// nanoGPT's spellings are aliases where braid-train has the same setting:
+// --n_layer --n_head --n_embd --block_size --batch_size (braid's is the
+// GLOBAL batch) --learning_rate --max_iters --min_lr --warmup_iters
+// --weight_decay --grad_clip --eval_interval --eval_iters --out_dir
+// --log_interval. nanoGPT's gradient_accumulation_steps (divided by the
+// world size) and init_from ('scratch' | 'resume') mean other things and are
+// not taken. --config FILE reads the JSON a checkpoint's config.json holds.
+//
 // Exit status: 0 done, 2 invalid usage (bad flags, a bad combination, a
 // missing or refused file), 1 any other failure.
 #include <unistd.h>
@@ -51,7 +59,7 @@ void add_model_flags(CLI::App& app, TrainOptions& o) {
 
 void add_run_flags(CLI::App& app, TrainOptions& o) {
   app.add_option("--batch-size,--batch_size", o.batch_size, "GLOBAL batch, in sequences")->capture_default_str();
-  app.add_option("--grad-accum,--micro-batches,--gradient_accumulation_steps", o.grad_accum,
+  app.add_option("--grad-accum,--micro-batches", o.grad_accum,
                  "micro-batches per step and DP rank (M of a pipeline schedule; divides batch-size / dp)")
       ->capture_default_str();
   app.add_option("--steps,--max_iters", o.steps, "optimizer steps")->capture_default_str();
