@@ -20,6 +20,19 @@ inline Work kind_of(std::uint64_t id) { return static_cast<Work>(id >> 56); }
 inline int qp_of(std::uint64_t id) { return static_cast<int>((id >> 48) & 0xff); }
 inline std::size_t peer_index_of(std::uint64_t id) { return static_cast<std::size_t>(id & 0xffffffffu); }
 
+// What a work request of `kind` does, for error messages.
+inline const char* operation(Work kind) {
+  switch (kind) {
+    case Work::data: return "an RDMA write of message data";
+    case Work::credit: return "an RDMA write returning ring credits";
+    case Work::proof: return "the set-up path proof (an 8-byte RDMA write)";
+    case Work::keepalive: return "a keepalive (an 8-byte RDMA write to a peer this rank waits on)";
+    case Work::cts: return "an RDMA write of a clear-to-send (a receive buffer offered for a large message)";
+    case Work::direct: return "a direct RDMA write of a large message into the peer's buffer";
+    default: return "a receive of an RDMA write with immediate";
+  }
+}
+
 // Immediates. A ring piece's is its byte count (at most a slot, far below
 // bit 30), with kDirectHeader set on the header-only piece that stands in
 // the ring for a message written directly; the others are reserved values.

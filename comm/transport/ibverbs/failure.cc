@@ -1,0 +1,73 @@
+// How the ibverbs transport fails: error completions and asynchronous
+// events become errors that name the operation, the peer, the device and
+// the remedy (the protocol is in transport.h).
+#include <infiniband/verbs.h>
+#include <spdlog/spdlog.h>
+
+#include <string>
+
+#include "comm/transport/ibverbs/ids.h"
+#include "comm/transport/ibverbs/transport.h"
+#include "runtime/errors.h"
+
+namespace braid::comm::ibverbs {
+
+// Port down, a fatal queue pair or device error fail the communicator with
+// the event named; the others (port active, GID change, ...) are logged.
+void IbTransport::drain_async_events() {
+  ibv_async_event event{};
+  while (ibv_get_async_event(verbs_->context, &event) == 0) {
+    const ibv_event_type type = event.event_type;
+    ibv_ack_async_event(&event);
+    const std::string what = "rank " + std::to_string(rank_) + " got RDMA event '" + ibv_event_type_str(type) +
+                             "' on " + verbs_->gid.device + " port " + std::to_string(verbs_->gid.port);
+    switch (type) {
+      case IBV_EVENT_QP_FATAL: case IBV_EVENT_QP_REQ_ERR: case IBV_EVENT_QP_ACCESS_ERR:
+        throw RemoteError(what + ": a queue pair to a peer failed; the peer died, or sent an invalid request");
+      case IBV_EVENT_PORT_ERR: case IBV_EVENT_DEVICE_FATAL: case IBV_EVENT_CQ_ERR:
+        throw SystemError(what + ": the link or device is down; check the cable/switch port or netdev "
+                                 "(ip link, ibv_devinfo), or choose another with BRAID_IB_HCA");
+      default: spdlog::info("{}", what);
+    }
+  }
+}
+
+void IbTransport::fail_completion(Peer& peer, const ibv_wc& wc) {
+  const Work kind = kind_of(wc.wr_id);
+  const std::string me = "rank " + std::to_string(rank_), them = "rank " + std::to_string(peer.rank);
+  const GidEntry& gid = verbs_->gid;
+  std::string what = me + ": " + operation(kind) + " with " + them + " failed: " + ibv_wc_status_str(wc.status) +
+                     " (status " + std::to_string(wc.status) + ", vendor error " + std::to_string(wc.vendor_err) +
+                     ") on " + gid.device + " port " + std::to_string(gid.port) + " GID index " +
+                     std::to_string(gid.index);
+  if (kind == Work::proof)
+    throw RemoteError(what + ": " + them + " is not reachable over this path; set BRAID_IB_GID_INDEX (or "
+                             "BRAID_IB_HCA) on both ranks to a GID whose network routes between them "
+                             "(show_gids / ibv_devinfo -v list them), or use BRAID_TRANSPORT=tcp",
+                      peer.rank);
+  if (wc.status == IBV_WC_RETRY_EXC_ERR)
+    throw RemoteError(what + ": " + them + " did not answer RDMA (retries exhausted): it exited, crashed or its "
+                             "link is down; see " + them + "'s own output for why it stopped, and if it still runs "
+                             "check the link between the two (ibv_devinfo port state, ip link), or use "
+                             "BRAID_TRANSPORT=tcp",
+                      peer.rank);
+  if (wc.status == IBV_WC_REM_ACCESS_ERR && kind == Work::direct)
+    throw RemoteError(what + ": " + them + " no longer holds the buffer it offered for this message: it exited "
+                             "or crashed (its registrations went with it); see " + them + "'s own output for why "
+                             "it stopped",
+                      peer.rank);
+  if (wc.status == IBV_WC_RNR_RETRY_EXC_ERR || wc.status == IBV_WC_WR_FLUSH_ERR || wc.status == IBV_WC_REM_OP_ERR ||
+      wc.status == IBV_WC_REM_ACCESS_ERR || wc.status == IBV_WC_REM_INV_REQ_ERR)
+    throw RemoteError(what + ": " + them + " exited, crashed, hung or became unreachable", peer.rank);
+  // A local error: most often this rank's own link went down under the write.
+  ibv_port_attr port{};
+  if (ibv_query_port(verbs_->context, static_cast<std::uint8_t>(gid.port), &port) == 0 &&
+      port.state != IBV_PORT_ACTIVE)
+    throw SystemError(what + ": this rank's port is " + ibv_port_state_str(port.state) +
+                      ": its link went down; check the cable, switch port or netdev (ip link, ibv_devinfo), "
+                      "or choose another device with BRAID_IB_HCA, or use BRAID_TRANSPORT=tcp");
+  throw SystemError(what + ": a local RDMA failure with the port up; check the device (ibv_devinfo) and, for "
+                           "registration failures, ulimit -l");
+}
+
+}  // namespace braid::comm::ibverbs
