@@ -70,7 +70,7 @@ void locate_buffers(Op& op, int rank, int size) {
   const bool moves_data = buffer_elements(op, size) > 0;
   const void* send = moves_data && needs_send_buffer(op, rank) ? op.send : nullptr;
   const void* recv = moves_data && needs_recv_buffer(op, rank) ? op.recv : nullptr;
-  const runtime::Location in = runtime::locate(send), out = runtime::locate(recv);
+  const runtime::Location in = runtime::locate(send), out = recv == send ? in : runtime::locate(recv);
   if (send && recv && (in.kind != out.kind || in.device != out.device))
     throw InvalidUsage(call() + "the send buffer is in " + runtime::describe(in) + " but the receive buffer in " +
                        runtime::describe(out) + "; both must be in the same memory");

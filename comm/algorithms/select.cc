@@ -207,6 +207,7 @@ std::string describe(const Reason& reason) {
 }
 
 bool registration_matters(const CallShape& call) {
+  if (!call.device && select_oneshot(call)) return false;  // the common small call: one look, not two selections
   CallShape registered = call, not_registered = call;
   registered.registered = true;
   not_registered.registered = false;
