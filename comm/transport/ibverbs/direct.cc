@@ -43,17 +43,26 @@ void IbTransport::unpin(Request& r) {
 }
 
 // The sender's side, for the front message m of its large messages: direct
-// only when the receiver's Cts for m is already here (never waiting for it:
-// a receiver that posts its receive only after its own sends complete must
-// not deadlock, as it would if every send waited for its peer's receive),
+// only when the receiver's Cts for m is here within cts_wait_ (never waiting
+// longer: a receiver that posts its receive only after its own sends
+// complete must not deadlock, as it would if every send waited for its
+// peer's receive),
 // offers a buffer, expects exactly this header, and the offered range lies
 // within the advertised registration; otherwise the message goes through
 // the ring as any other, and a receiver that expected something else names
-// the mismatch from its header. Returns true when `r` needs no more
-// pieces than the ring path would post (false: wait for credits).
+// the mismatch from its header. Returns false while it waits (for the Cts,
+// or after a refusal, for good).
 bool IbTransport::start_large(Peer& peer, Request& r, bool& advanced) {
   const std::uint64_t m = peer.large_sent;
   const std::uint64_t payload = r.header.payload_bytes;
+  if (peer.cts_arrived <= m && r.data) {  // a few round trips for the Cts, then the ring
+    const auto now = Clock::now();
+    if (r.cts_wait_until == Clock::time_point{}) r.cts_wait_until = now + cts_wait_;
+    if (now < r.cts_wait_until) {
+      wake_by_ = std::min(wake_by_, r.cts_wait_until);
+      return false;
+    }
+  }
   r.mode = Mode::ring;
   ++peer.large_sent;
   if (peer.cts_arrived <= m || !r.data) return true;

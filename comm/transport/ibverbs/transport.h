@@ -51,12 +51,13 @@
 //    (kDirectHeader); RC delivers each queue pair's writes in order, so the
 //    receiver, having taken the flagged header in ring order, has the
 //    message once every stripe's immediate is in;
-//  - otherwise (no Cts yet, no offer, another header, a source that cannot
-//    be registered) the message goes through the ring like a small one, and
-//    the receiver takes it as such. The sender never waits for a Cts: a
-//    send completes without its receive being posted, as on the ring, so
-//    schedules that wait for their sends before posting receives cannot
-//    deadlock.
+//  - otherwise (no Cts after a few round trips, no offer, another header, a
+//    source that cannot be registered) the message goes through the ring
+//    like a small one, and the receiver takes it as such. The sender waits
+//    for a Cts only that long (cts_wait_, from the path proof's round trip,
+//    20 us to 2 ms): a send completes without its receive being posted, as
+//    on the ring, so schedules that wait for their sends before posting
+//    receives cannot deadlock.
 #pragma once
 
 #include "comm/transport/transport_only.h"
@@ -215,6 +216,7 @@ class IbTransport final : public Transport {
     bool offered = false;             // receives: its Cts is out (an offer when `key` is set)
     std::optional<MemoryKey> key;     // the registration pinned for a direct write
     int writes_left = 0;              // sends: direct writes not yet completed
+    Clock::time_point cts_wait_until{};  // sends: when it stops waiting for its Cts
     int peer = -1;
     WireHeader header, received;
     std::byte* data = nullptr;
@@ -274,6 +276,8 @@ class IbTransport final : public Transport {
   bool shut_down_ = false;
   std::int64_t writes_in_flight_ = 0;  // signaled writes posted and not yet completed (drain)
   Clock::time_point next_keepalive_;  // nothing advanced since this minus kKeepaliveInterval
+  std::chrono::nanoseconds cts_wait_{};  // set by prove_paths
+  Clock::time_point wake_by_ = Clock::time_point::max();  // a large send stops waiting for its Cts
 };
 
 }  // namespace braid::comm::ibverbs
