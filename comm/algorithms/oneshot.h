@@ -13,10 +13,11 @@
 // between ranks instead of log2 N message round trips.
 //
 // Slots are reused two calls later. That is safe because on a communicator
-// with slots every collective goes through this step (select.cc runs the
-// others' agreement through it, agree_signatures): a rank enters call s + 2
-// only after every rank published s + 1, which each did after it finished
-// reading the slots of call s.
+// with slots no collective returns before every rank has entered it: the
+// one-shot ones wait for every slot, the direct ones end with a barrier, and
+// select.cc runs every other one's agreement through this step
+// (agree_signatures). So a rank enters call s + 2 only after every rank
+// entered s + 1, which each did after it finished reading the slots of s.
 #pragma once
 
 #include <array>

@@ -53,10 +53,11 @@ struct ConnectOptions {
 // is its user's protocol (comm/exchange_slots.cc).
 //
 // A slot may be rewritten two calls later, so its user must know that every
-// peer finished reading it by then: true when every collective of the
-// communicator publishes a slot and reads every peer's before it returns
-// (select.cc makes it so), since a rank can enter call s + 2 only after all
-// ranks published s + 1, each after it finished call s.
+// peer finished reading it by then: true when no collective of the
+// communicator returns on a rank before every rank has entered it (each
+// publishes a slot and reads every peer's, or ends with a barrier; select.cc
+// makes it so), since a rank can enter call s + 2 only after every rank
+// entered s + 1, each after it finished call s.
 class SharedSlots {
  public:
   // Bytes at the start of every slot that share the flag's cache line.

@@ -15,6 +15,7 @@
 
 #include <signal.h>
 
+#include <algorithm>
 #include <cstring>
 #include <string>
 #include <thread>
@@ -148,14 +149,24 @@ TEST_CASE("one-shot slots stay right when reused between ring, pairwise and poin
 namespace {
 
 // Inside a rank: `count` elements of all_reduce (f32 sum), expected to fail
-// with both buffers untouched.
-void mismatched_all_reduce(Communicator& comm, std::size_t count) {
-  std::vector<float> send(count + 1, 2.0f), recv(count + 1, -7.0f);
-  try {
-    tagged([&] { comm.all_reduce(send.data(), recv.data(), count, DataType::f32, ReduceOp::sum).wait(); });
-  } catch (...) {
+// with both buffers untouched; `registered`: in memory from
+// Communicator::allocate (a large call then runs the direct algorithm).
+void mismatched_all_reduce(Communicator& comm, std::size_t count, bool registered = false) {
+  const std::size_t bytes = (count + 1) * sizeof(float);
+  std::vector<float> heap(registered ? 0 : 2 * (count + 1));
+  auto* send = registered ? static_cast<float*>(Communicator::allocate(2 * bytes)) : heap.data();
+  float* recv = send + count + 1;
+  std::fill(send, send + count + 1, 2.0f);
+  std::fill(recv, recv + count + 1, -7.0f);
+  auto untouched = [&] {
     for (std::size_t i = 0; i <= count; ++i)
-      expect(send[i] == 2.0f && recv[i] == -7.0f, "rank " + std::to_string(comm.rank()) + " touched a buffer");
+      if (send[i] != 2.0f || recv[i] != -7.0f) return false;
+    return true;
+  };
+  try {
+    tagged([&] { comm.all_reduce(send, recv, count, DataType::f32, ReduceOp::sum).wait(); });
+  } catch (...) {
+    expect(untouched(), "rank " + std::to_string(comm.rank()) + " touched a buffer");
     throw;
   }
   throw std::runtime_error("rank " + std::to_string(comm.rank()) + " completed a mismatched call");
@@ -179,13 +190,17 @@ void check_every_rank_named_the_mismatch(const test::RunResult& result) {
 TEST_CASE("a mismatched one-shot call fails every rank in that call, buffers untouched", "[oneshot][failures]") {
   const int size = GENERATE(2, 3, 4);
   // The last rank's count: another small one (both one-shot), or one past
-  // every one-shot limit (it agrees through the slots, then would run the ring).
+  // every one-shot limit (it agrees through the slots, then would run the
+  // ring), or that in registered memory (the direct algorithm, which agrees
+  // by its own messages: the one-shot ranks find its first one in their ring).
   const std::size_t odd_count = GENERATE(std::size_t{9}, std::size_t{100'000});
-  auto result = test::run_ranks(size, [odd_count](Communicator& comm) {
+  const bool registered = odd_count > 9 && GENERATE(false, true);
+  auto result = test::run_ranks(size, [odd_count, registered](Communicator& comm) {
     comm.barrier().wait();  // #1
-    mismatched_all_reduce(comm, comm.rank() == comm.size() - 1 ? odd_count : 8);
+    const bool odd = comm.rank() == comm.size() - 1;
+    mismatched_all_reduce(comm, odd ? odd_count : 8, odd && registered);
   }, shm_options(std::chrono::seconds(20)));
-  INFO(size << " ranks, the last one with count " << odd_count);
+  INFO(size << " ranks, the last one with count " << odd_count << (registered ? " in registered memory" : ""));
   check_every_rank_named_the_mismatch(result);
 }
 

@@ -4,8 +4,10 @@
 #include <sched.h>
 
 #include <algorithm>
+#include <cstring>
 #include <string>
 
+#include "comm/wire.h"
 #include "runtime/errors.h"
 
 namespace braid::comm::shm {
@@ -19,12 +21,11 @@ std::string rank_text(int rank) { return "rank " + std::to_string(rank); }
 
 }  // namespace
 
-ShmSlots::ShmSlots(int rank, std::vector<std::byte*> segments, std::vector<int> pidfds,
-                   std::chrono::nanoseconds spin)
-    : rank_(rank), segments_(std::move(segments)), pidfds_(std::move(pidfds)), spin_(spin) {}
+ShmSlots::ShmSlots(int rank, std::vector<Rank> ranks, std::size_t ring_capacity, std::chrono::nanoseconds spin)
+    : rank_(rank), ranks_(std::move(ranks)), ring_capacity_(ring_capacity), spin_(spin) {}
 
 std::atomic<std::uint64_t>& ShmSlots::flag(int rank, std::uint64_t seq) const {
-  std::byte* slot = segments_[rank] + sizeof(SegmentHeader) + (seq & 1) * kSlotStride;
+  std::byte* slot = ranks_[rank].segment + sizeof(SegmentHeader) + (seq & 1) * kSlotStride;
   return *reinterpret_cast<std::atomic<std::uint64_t>*>(slot);
 }
 
@@ -45,7 +46,7 @@ void ShmSlots::wake_waiters() {
   if (!wake_pending_) return;
   wake_pending_ = false;
   std::atomic_thread_fence(std::memory_order_seq_cst);  // pairs with a sleeper's store of `sleeping`
-  for (int r = 0; r < static_cast<int>(segments_.size()); ++r) {
+  for (int r = 0; r < static_cast<int>(ranks_.size()); ++r) {
     if (r == rank_) continue;
     SegmentHeader* h = header(r);
     if (h->sleeping.load(std::memory_order_seq_cst) == 0) continue;
@@ -76,6 +77,7 @@ bool ShmSlots::wait(int peer, std::uint64_t seq, Clock::time_point deadline) {
     sched_yield();
     if (f.load(std::memory_order_acquire) == seq) return true;
   }
+  check_stray(peer, seq);
   return sleep(peer, seq, deadline);
 }
 
@@ -101,12 +103,13 @@ bool ShmSlots::sleep(int peer, std::uint64_t seq, Clock::time_point deadline) {
     me->sleeping.store(0, std::memory_order_relaxed);
     if (f.load(std::memory_order_acquire) == seq) return true;
     check_alive(peer);
+    check_stray(peer, seq);
   }
 }
 
 void ShmSlots::check_alive(int peer) const {
   const std::string me = rank_text(rank_), them = rank_text(peer);
-  const int pidfd = pidfds_[peer];
+  const int pidfd = ranks_[peer].pidfd;
   pollfd pfd{pidfd, POLLIN, 0};
   if (pidfd >= 0 && poll(&pfd, 1, 0) > 0)
     throw RemoteError(me + " was waiting for " + them + "'s shared slot (pid " +
@@ -116,6 +119,39 @@ void ShmSlots::check_alive(int peer) const {
     throw RemoteError(me + " was waiting for " + them + "'s shared slot, but " + them +
                           " closed its communicator (it failed or finished)",
                       peer);
+}
+
+// Between calls every ring is drained (each call receives every message
+// sent to it), so unread bytes from `peer` while it has not published call
+// `seq` are that call's messages, or point-to-point ones (numbered on their
+// own: not evidence). Only a collective's header of this very call counts,
+// and only while the flag, read after it, is still not there.
+void ShmSlots::check_stray(int peer, std::uint64_t seq) const {
+  const Rank& from = ranks_[peer];
+  if (!from.in) return;
+  const std::uint64_t tail = from.in->tail.load(std::memory_order_acquire);
+  if (from.in->head.load(std::memory_order_acquire) - tail < sizeof(WireHeader)) return;
+  WireHeader h;
+  std::memcpy(&h, from.in_ring + (tail & (ring_capacity_ - 1)), sizeof h);
+  const auto kind = static_cast<OpKind>(h.kind);
+  if (h.magic != kWireMagic || h.seq != seq || kind == OpKind::send || kind == OpKind::recv) return;
+  // A peer that agreed through the slots publishes before it sends this
+  // call's first message, and stores become visible in order: read after
+  // the message, its flag shows whether it did.
+  if (flag(peer, seq).load(std::memory_order_acquire) == seq) return;
+  Op theirs;
+  theirs.kind = kind;
+  theirs.dtype = static_cast<DataType>(h.dtype);
+  theirs.reduce_op = static_cast<ReduceOp>(h.reduce_op);
+  theirs.count = h.count;
+  theirs.root = h.root;
+  theirs.seq = h.seq;
+  throw RemoteError("mismatched collectives: " + rank_text(rank_) + " waits for " + rank_text(peer) +
+                        "'s shared slot of this call, but " + rank_text(peer) + " called " + describe(theirs) +
+                        " and sent it a message of step " + std::to_string(h.step) +
+                        " (another algorithm: the arguments or the registered buffers of the ranks differ); every "
+                        "rank must issue the same collectives in the same order",
+                    peer);
 }
 
 }  // namespace braid::comm::shm

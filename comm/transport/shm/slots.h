@@ -16,6 +16,13 @@
 // sees the flag or the publisher sees the waiter asleep and moves its
 // doorbell, so a wake-up is never lost, and ranks that spin exchange nothing
 // but the slot lines themselves.
+//
+// A peer that runs the call with messages instead (a direct collective,
+// whose schedule agrees by itself, against this rank's one-shot: their
+// arguments or registered buffers differ) never publishes its slot, but
+// its first message lands in this rank's ring: a waiter that finds a
+// collective's message of this very call there fails at once, naming the
+// peer's call, rather than at the timeout.
 #pragma once
 
 #include "comm/transport/transport_only.h"
@@ -34,10 +41,15 @@ namespace braid::comm::shm {
 
 class ShmSlots final : public SharedSlots {
  public:
-  // segments[r]: rank r's mapped segment (this rank's own included);
-  // pidfds[r]: a pidfd on rank r's process, -1 for this rank or none. Both
-  // stay owned by the transport, which outlives this object.
-  ShmSlots(int rank, std::vector<std::byte*> segments, std::vector<int> pidfds, std::chrono::nanoseconds spin);
+  // A rank of the communicator as the slots see it; all of it stays owned by
+  // the transport, which outlives this object.
+  struct Rank {
+    std::byte* segment = nullptr;          // its mapped segment (this rank's own included)
+    int pidfd = -1;                        // on its process; -1 for this rank or none
+    const ChannelControl* in = nullptr;    // its channel to this rank, and that channel's ring
+    const std::byte* in_ring = nullptr;
+  };
+  ShmSlots(int rank, std::vector<Rank> ranks, std::size_t ring_capacity, std::chrono::nanoseconds spin);
 
   std::size_t slot_bytes() const override { return kSharedSlotBytes; }
   std::span<std::byte> mine(std::uint64_t seq) override;
@@ -48,9 +60,10 @@ class ShmSlots final : public SharedSlots {
 
  private:
   std::atomic<std::uint64_t>& flag(int rank, std::uint64_t seq) const;
-  SegmentHeader* header(int rank) const { return reinterpret_cast<SegmentHeader*>(segments_[rank]); }
+  SegmentHeader* header(int rank) const { return reinterpret_cast<SegmentHeader*>(ranks_[rank].segment); }
   bool sleep(int peer, std::uint64_t seq, Clock::time_point deadline);
   void check_alive(int peer) const;
+  void check_stray(int peer, std::uint64_t seq) const;
 
   // How long wait() polls before it yields between looks (when it spins at
   // all), and how many times at least it yields before sleeping: the peer
@@ -59,8 +72,8 @@ class ShmSlots final : public SharedSlots {
   static constexpr int kYields = 16;
 
   int rank_;
-  std::vector<std::byte*> segments_;
-  std::vector<int> pidfds_;
+  std::vector<Rank> ranks_;
+  std::size_t ring_capacity_;
   std::chrono::nanoseconds spin_;
   bool wake_pending_ = false;  // published, sleepers not yet looked for
 };

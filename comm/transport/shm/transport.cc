@@ -53,14 +53,10 @@ ShmTransport::ShmTransport(const ShmOptions& options, Mapping mine, std::vector<
   by_rank_.assign(static_cast<std::size_t>(std::max(max_rank, rank_) + 1), nullptr);
   for (const auto& l : links_) by_rank_[l->peer] = l.get();
   if (mine_.header()->slot_area == 0) return;
-  std::vector<std::byte*> segments(by_rank_.size());
-  std::vector<int> pidfds(by_rank_.size(), -1);
-  segments[rank_] = mine_.data();
-  for (const auto& l : links_) {
-    segments[l->peer] = l->mapping.data();
-    pidfds[l->peer] = l->pidfd;
-  }
-  slots_ = std::make_unique<ShmSlots>(rank_, std::move(segments), std::move(pidfds), spin_);
+  std::vector<ShmSlots::Rank> ranks(by_rank_.size());
+  ranks[rank_].segment = mine_.data();
+  for (const auto& l : links_) ranks[l->peer] = {l->mapping.data(), l->pidfd, l->in, l->in_ring};
+  slots_ = std::make_unique<ShmSlots>(rank_, std::move(ranks), capacity_, spin_);
 }
 
 ShmTransport::~ShmTransport() { shutdown(); }
