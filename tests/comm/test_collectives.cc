@@ -9,33 +9,19 @@
 #include <vector>
 
 #include "runtime/errors.h"
+#include "tests/comm/cases.h"
 #include "tests/comm/harness.h"
 #include "tools/bench/verify.h"
 
 using namespace braid;
 using namespace braid::comm;
 using braid::test::expect;
+using braid::test::cases::Case;
+using braid::test::cases::describe;
+using braid::test::cases::kDtypes;
+using braid::test::cases::kOps;
 
 namespace {
-
-constexpr DataType kDtypes[] = {DataType::f32, DataType::f64, DataType::f16, DataType::bf16,
-                                DataType::i8,  DataType::u8,  DataType::i32, DataType::i64};
-constexpr ReduceOp kOps[] = {ReduceOp::sum, ReduceOp::prod, ReduceOp::min, ReduceOp::max, ReduceOp::avg};
-
-struct Case {
-  OpKind kind;
-  DataType dtype;
-  ReduceOp op;
-  std::size_t count;
-  bool in_place;
-  int root;
-};
-
-std::string describe(const Case& c, int size) {
-  return std::string(name(c.kind)) + " " + std::string(name(c.dtype)) + " " + std::string(name(c.op)) +
-         " count " + std::to_string(c.count) + (c.in_place ? " in place" : " out of place") + " root " +
-         std::to_string(c.root) + " on " + std::to_string(size) + " ranks";
-}
 
 // A zeroed test buffer: plain heap memory, or (registered) memory from
 // Communicator::allocate that the local ranks map into each other.

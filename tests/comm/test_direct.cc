@@ -14,37 +14,16 @@
 #include <vector>
 
 #include "comm/algorithms/reducer.h"
+#include "tests/comm/cases.h"
 #include "tests/comm/harness.h"
 #include "tools/bench/verify.h"
 
 using namespace braid;
 using namespace braid::comm;
 using braid::test::expect;
+using namespace braid::test::cases;
 
 namespace {
-
-constexpr DataType kDtypes[] = {DataType::f32, DataType::f64, DataType::f16, DataType::bf16,
-                                DataType::i8,  DataType::u8,  DataType::i32, DataType::i64};
-constexpr ReduceOp kOps[] = {ReduceOp::sum, ReduceOp::prod, ReduceOp::min, ReduceOp::max, ReduceOp::avg};
-
-struct Case {
-  OpKind kind;
-  DataType dtype;
-  ReduceOp op;
-  std::size_t count;
-  bool in_place;
-  int root;
-};
-
-std::string describe(const Case& c, int size) {
-  return std::string(name(c.kind)) + " " + std::string(name(c.dtype)) + " " + std::string(name(c.op)) + " count " +
-         std::to_string(c.count) + (c.in_place ? " in place" : " out of place") + " root " + std::to_string(c.root) +
-         " on " + std::to_string(size) + " ranks";
-}
-
-bool per_rank(OpKind kind) {
-  return kind == OpKind::reduce_scatter || kind == OpKind::all_gather || kind == OpKind::all_to_all;
-}
 
 // Registered memory (Communicator::allocate), freed on scope exit.
 struct Registered {

@@ -23,12 +23,14 @@
 #include "comm/device.h"
 #include "runtime/errors.h"
 #include "runtime/store.h"
+#include "tests/comm/cases.h"
 #include "tests/comm/harness.h"
 #include "tools/bench/verify.h"
 
 using namespace braid;
 using namespace braid::comm;
 using braid::test::expect;
+using namespace braid::test::cases;
 
 namespace {
 
@@ -67,25 +69,6 @@ struct DeviceBuffer {
   void* data = nullptr;
   bool shareable;
 };
-
-struct Case {
-  OpKind kind;
-  DataType dtype;
-  ReduceOp op;
-  std::size_t count;
-  bool in_place;
-  int root;
-};
-
-std::string describe(const Case& c, int size) {
-  return std::string(name(c.kind)) + " " + std::string(name(c.dtype)) + " " + std::string(name(c.op)) + " count " +
-         std::to_string(c.count) + (c.in_place ? " in place" : " out of place") + " root " + std::to_string(c.root) +
-         " on " + std::to_string(size) + " ranks";
-}
-
-bool per_rank(OpKind kind) {
-  return kind == OpKind::reduce_scatter || kind == OpKind::all_gather || kind == OpKind::all_to_all;
-}
 
 Work issue(Communicator& comm, const Case& c, const void* in, void* out, Stream s) {
   switch (c.kind) {
@@ -146,9 +129,6 @@ void run_case(Communicator& comm, const Case& c, DeviceBuffer& send, DeviceBuffe
       expect(false, "wrong element " + std::to_string(i) + " in " + describe(c, n) + " (" + ran + ")");
 }
 
-constexpr DataType kDtypes[] = {DataType::f32, DataType::f64, DataType::f16, DataType::bf16,
-                                DataType::i8,  DataType::u8,  DataType::i32, DataType::i64};
-constexpr ReduceOp kOps[] = {ReduceOp::sum, ReduceOp::prod, ReduceOp::min, ReduceOp::max, ReduceOp::avg};
 constexpr std::size_t kMaxCount = 100003;
 
 std::vector<Case> grid(int size, std::span<const DataType> dtypes) {

@@ -22,34 +22,17 @@
 #include <vector>
 
 #include "tests/comm/failure_util.h"
+#include "tests/comm/cases.h"
 #include "tests/comm/harness.h"
 #include "tools/bench/verify.h"
 
 using namespace braid;
 using namespace braid::comm;
 using braid::test::expect;
+using namespace braid::test::cases;
 using namespace braid::test::failures;
 
 namespace {
-
-constexpr DataType kDtypes[] = {DataType::f32, DataType::f64, DataType::f16, DataType::bf16,
-                                DataType::i8,  DataType::u8,  DataType::i32, DataType::i64};
-constexpr ReduceOp kOps[] = {ReduceOp::sum, ReduceOp::prod, ReduceOp::min, ReduceOp::max, ReduceOp::avg};
-
-struct Case {
-  OpKind kind;
-  DataType dtype;
-  ReduceOp op;
-  std::size_t count;
-  bool in_place;
-  int root;
-};
-
-std::string text(const Case& c, int size) {
-  return std::string(name(c.kind)) + " " + std::string(name(c.dtype)) + " " + std::string(name(c.op)) + " count " +
-         std::to_string(c.count) + (c.in_place ? " in place" : " out of place") + " root " + std::to_string(c.root) +
-         " on " + std::to_string(size) + " ranks";
-}
 
 // Runs `c` and checks every output element exactly, and that select.cc ran
 // it with `algorithm`.
@@ -68,7 +51,7 @@ void run_case(Communicator& comm, const Case& c, const std::string& algorithm = 
     default: comm.barrier().wait(); break;
   }
   const std::string ran(comm.last_algorithm(c.kind).name);
-  expect(ran == algorithm, text(c, n) + " ran " + ran + ", not " + algorithm);
+  expect(ran == algorithm, describe(c, n) + " ran " + ran + ", not " + algorithm);
   if (c.kind == OpKind::barrier || (c.kind == OpKind::reduce && r != c.root)) return;
   verify::ExpectedTable table(n, c.dtype, c.op);
   for (std::size_t i = 0; i < out_count; ++i) {
@@ -76,7 +59,7 @@ void run_case(Communicator& comm, const Case& c, const std::string& algorithm = 
                                 : c.kind == OpKind::all_gather ? table.input(int(i / count), i % count)
                                                                : table.reduction(i);
     if (std::memcmp(recv.data() + i * es, expected, es) != 0)
-      expect(false, "wrong element " + std::to_string(i) + " in " + text(c, n));
+      expect(false, "wrong element " + std::to_string(i) + " in " + describe(c, n));
   }
 }
 
