@@ -121,11 +121,10 @@ bool RegistrationCache::still_valid(const Entry& e, const std::byte* data, std::
   }
   const std::byte* first = page_floor(data);
   const std::size_t pages = static_cast<std::size_t>(page_ceil(data + bytes) - first) / page_size();
-  std::vector<std::uint64_t> frames;
-  if (!read_frames(first, pages, frames)) return false;
+  if (!read_frames(first, pages, frames_now_)) return false;
   const std::size_t skip = static_cast<std::size_t>(first - e.base) / page_size();
-  return std::equal(frames.begin(), frames.end(), e.frames.begin() + static_cast<std::ptrdiff_t>(skip)) &&
-         std::find(frames.begin(), frames.end(), 0) == frames.end();
+  return std::equal(frames_now_.begin(), frames_now_.end(), e.frames.begin() + static_cast<std::ptrdiff_t>(skip)) &&
+         std::find(frames_now_.begin(), frames_now_.end(), 0) == frames_now_.end();
 }
 
 int RegistrationCache::find(const std::byte* data, std::size_t bytes) {

@@ -102,6 +102,7 @@ class RegistrationCache {
   std::size_t max_bytes_, max_entries_, bytes_ = 0, live_ = 0;
   std::uint64_t clock_ = 0;
   std::vector<Entry> entries_;
+  std::vector<std::uint64_t> frames_now_;  // still_valid's read, kept: no allocation per message
   int pagemap_ = -1;        // /proc/self/pagemap, or -1
   bool frames_readable_ = false;
   bool refused_logged_ = false;
