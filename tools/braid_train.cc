@@ -244,7 +244,9 @@ void print_summary(braid::trainer::Trainer& trainer, const braid::trainer::Train
   if (trainer.rank() != 0) return;
   std::string text = t::format_summary(summary, trainer.options());
   if (trainer.world_size() > 1 || trainer.strategy().comm() != nullptr) {
-    text += t::format_memory_table(ranks) + t::format_traffic_table(ranks, trainer.mesh() != nullptr);
+    const TrainOptions& o = trainer.options();
+    const t::StepShape step{o.grad_accum, o.rank_micro_batch(trainer.strategy().world_size()), o.model.block_size};
+    text += t::format_memory_table(ranks) + t::format_traffic_table(ranks, o.model, step);
   }
   std::fputs(text.c_str(), stdout);
 }

@@ -41,10 +41,15 @@ class Backend {
   virtual std::string describe() const = 0;
   // Peak float32 GFLOP/s of the hardware that `ranks` ranks of one host
   // with `threads` BLAS threads each run on (the MFU denominator), and how
-  // it was found: CPU, ranks x threads x a single-thread sgemm; CUDA, the
-  // fp32 peak of each device they share (min(ranks, visible devices)).
+  // it was found. CUDA: the documented fp32 peak of each device they share
+  // (min(ranks, visible devices)). CPU (peak_is_measured()): `ranks` x a
+  // measurement this call makes, the best of a few sgemms with the BLAS
+  // threads the caller has set (`threads` names them); the trainer has
+  // every rank measure at once with ranks = 1, so that they share the
+  // cores as the run does, and sums (train/peak.h).
   virtual double peak_gflops(int ranks, int threads) const = 0;
   virtual std::string peak_source(int ranks, int threads) const = 0;
+  virtual bool peak_is_measured() const { return false; }
 
   // Memory. allocate() returns `bytes` of zeroed memory (64-byte aligned on
   // the CPU) or throws SystemError naming `what`.

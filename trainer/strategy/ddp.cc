@@ -42,7 +42,7 @@ void DdpStrategy::all_reduce_bucket(int b) {
   tracker_->launched(b);
   const Range bucket = tracker_->buckets()[b];
   float* grads = model_->grads().data() + bucket.offset;
-  in_flight_.push_back(meter_.issue_on_device([&](comm::Communicator& c, comm::Stream s) {
+  in_flight_.push_back(meter_.issue_on_device([&](CommMeter::Calls& c, comm::Stream s) {
     return c.all_reduce(grads, grads, bucket.count, DataType::f32, ReduceOp::sum, s);
   }));
 }
@@ -67,7 +67,7 @@ std::vector<Held> DdpStrategy::held(Slot slot) {
 TrafficTheory DdpStrategy::traffic_theory(int) const {
   const double N = world_size(), bytes = 4.0 * model_->table().count();
   const double b = 2.0 * (N - 1) / N * bytes;
-  return {b, b, "2(N-1)/N x gradient bytes"};
+  return {b, b, "2(N-1)/N x gradient bytes", b};
 }
 
 }  // namespace braid::trainer

@@ -16,7 +16,7 @@ std::string DpStrategy::describe() const {
 StepResult DpStrategy::finish_step(double loss_sum, double tokens, float lr, long step) {
   FlatBuffer& grads = model_->grads();
   FlatBuffer& params = model_->params();
-  comm::Work reduced = meter_.issue_on_device([&](comm::Communicator& c, comm::Stream s) {
+  comm::Work reduced = meter_.issue_on_device([&](CommMeter::Calls& c, comm::Stream s) {
     return c.reduce(grads.data(), grads.data(), grads.count(), DataType::f32, ReduceOp::sum, kRoot, s);
   });
   meter_.wait(reduced);
@@ -27,10 +27,10 @@ StepResult DpStrategy::finish_step(double loss_sum, double tokens, float lr, lon
     stats[1] = std::sqrt(grad_square_sum(grads.span(), ops()));
     clip_and_update_full(stats[1], lr, step);
   }
-  comm::Work published = meter_.issue_on_device([&](comm::Communicator& c, comm::Stream s) {
+  comm::Work published = meter_.issue_on_device([&](CommMeter::Calls& c, comm::Stream s) {
     return c.broadcast(params.data(), params.data(), params.count(), DataType::f32, kRoot, s);
   });
-  comm::Work norm = meter_.issue([&](comm::Communicator& c) {
+  comm::Work norm = meter_.issue([&](CommMeter::Calls& c) {
     return c.broadcast(&stats[1], &stats[1], 1, DataType::f64, kRoot);
   });
   meter_.wait(published);
@@ -52,7 +52,10 @@ TrafficTheory DpStrategy::traffic_theory(int) const {
   if (N == 1) return {0, 0, "0"};
   const double sent = G * ((r != kRoot) + (r != (kRoot + N - 1) % N));
   const double received = G * ((r != (kRoot + 1) % N) + (r != kRoot));
-  return {sent, received, "reduce + broadcast chains: G per chain not ending (sent) / starting (received) here"};
+  // Bus bytes: a reduce and a broadcast of G each.
+  return {sent, received,
+          "a reduce and a broadcast of G = gradient bytes, 2G (through the transports: G per chain not ending here)",
+          2 * G};
 }
 
 }  // namespace braid::trainer

@@ -6,21 +6,8 @@
 
 namespace braid::trainer {
 
-void CommMeter::wait(comm::Work& work) {
-  const auto start = std::chrono::steady_clock::now();
-  work.wait();
-  blocked_ += std::chrono::steady_clock::now() - start;
-}
-
-void CommMeter::wait_all(std::vector<comm::Work>& works) {
-  for (comm::Work& w : works) wait(w);
-  works.clear();
-}
-
-comm::TrafficStats CommMeter::traffic() const { return comm_ != nullptr ? comm_->traffic() : comm::TrafficStats{}; }
-
 void all_reduce_sum(CommMeter& meter, std::span<double> values) {
-  comm::Work work = meter.issue([&](comm::Communicator& c) {
+  comm::Work work = meter.issue([&](CommMeter::Calls& c) {
     return c.all_reduce(values.data(), values.data(), values.size(), DataType::f64, ReduceOp::sum);
   });
   meter.wait(work);

@@ -1,6 +1,6 @@
-// Communication helpers of the data-parallel family (dp, ddp, zero): the
-// meter every collective of a strategy goes through, small sums over ranks,
-// and gradient buckets with the bookkeeping that says when one is complete.
+// Communication helpers of the data-parallel family (dp, ddp, zero): small
+// sums over ranks through the strategy's meter (comm_meter.h), and gradient
+// buckets with the bookkeeping that says when one is complete.
 #pragma once
 
 #include <chrono>
@@ -9,54 +9,11 @@
 #include <vector>
 
 #include "comm/communicator.h"
+#include "trainer/strategy/comm_meter.h"
 #include "trainer/model/flat_buffer.h"
 #include "trainer/model/param_table.h"
 
 namespace braid::trainer {
-
-// What a strategy's communication costs this rank: bytes, from the
-// communicator's own counters, and the time the training thread is blocked
-// on it: inside a Communicator call (small ones run inline) or in
-// Work::wait. Blocked time is the communication that overlap did not hide.
-class CommMeter {
- public:
-  // `ops`: the backend of the strategy's buffers (default: the CPU's).
-  explicit CommMeter(comm::Communicator* comm, const Backend* ops = nullptr)
-      : comm_(comm), ops_(ops != nullptr ? ops : &backend(Device::kCpu)) {}
-
-  // Runs `call` (which issues one Communicator operation on host buffers
-  // and returns its Work), counting the time it blocks.
-  template <typename Call>
-  comm::Work issue(Call&& call) {
-    const auto start = std::chrono::steady_clock::now();
-    comm::Work work = call(*comm_);
-    blocked_ += std::chrono::steady_clock::now() - start;
-    return work;
-  }
-  // The same for an operation on the strategy's buffers: `call` gets the
-  // stream to pass (Backend::comm_stream), which first waits for the
-  // kernels queued so far.
-  template <typename Call>
-  comm::Work issue_on_device(Call&& call) {
-    const auto start = std::chrono::steady_clock::now();
-    ops_->order_comm_after_compute();
-    comm::Work work = call(*comm_, comm::Stream{ops_->comm_stream()});
-    blocked_ += std::chrono::steady_clock::now() - start;
-    return work;
-  }
-  void wait(comm::Work& work);
-  // Waits for every work in order, then forgets them.
-  void wait_all(std::vector<comm::Work>& works);
-
-  std::chrono::duration<double> blocked() const { return blocked_; }
-  // Zero for a strategy without a communicator.
-  comm::TrafficStats traffic() const;
-
- private:
-  comm::Communicator* comm_;
-  const Backend* ops_;
-  std::chrono::steady_clock::duration blocked_{};
-};
 
 // Sums `values` over the ranks, in place, and waits.
 void all_reduce_sum(CommMeter& meter, std::span<double> values);

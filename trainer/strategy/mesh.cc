@@ -7,9 +7,11 @@ namespace braid::trainer {
 
 namespace {
 
-void sum_over(comm::Communicator& group, std::span<double> values) {
+void sum_over(CommMeter& group, std::span<double> values) {
   if (group.size() == 1) return;
-  group.all_reduce(values.data(), values.data(), values.size(), DataType::f64, ReduceOp::sum).wait();
+  group.run([&](CommMeter::Calls& c) {
+    return c.all_reduce(values.data(), values.data(), values.size(), DataType::f64, ReduceOp::sum);
+  });
 }
 
 bool model_parallel(const MeshShape& shape) { return shape.tp > 1 || shape.pp > 1; }
@@ -96,13 +98,15 @@ void Mesh::sum_tied_embedding() {
 }
 
 double Mesh::sum_over_pipeline(double value) {
-  sum_over(*groups_.pp_group, {&value, 1});
+  sum_over(pipe_->meter(), {&value, 1});
   return value;
 }
 
-std::chrono::duration<double> Mesh::tp_blocked() const {
-  return tp_hooks_ ? tp_hooks_->blocked() : std::chrono::duration<double>{};
-}
+std::chrono::duration<double> Mesh::tp_blocked() const { return tp_traffic().blocked; }
+
+GroupTraffic Mesh::tp_traffic() const { return tp_hooks_ ? tp_hooks_->meter().snapshot() : GroupTraffic{}; }
+
+GroupTraffic Mesh::pp_traffic() const { return pipe_->traffic(); }
 
 bool Mesh::counts(const ParamView& view) const {
   const bool tp_counts = view.tp_split != TpSplit::kReplicated || groups_.coord.tp == 0;
@@ -111,8 +115,8 @@ bool Mesh::counts(const ParamView& view) const {
 }
 
 double Mesh::sum_over_model(double square_sum) {
-  sum_over(*groups_.tp_group, {&square_sum, 1});
-  sum_over(*groups_.pp_group, {&square_sum, 1});
+  if (tp_hooks_) sum_over(tp_hooks_->meter(), {&square_sum, 1});
+  sum_over(pipe_->meter(), {&square_sum, 1});
   return square_sum;
 }
 

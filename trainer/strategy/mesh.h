@@ -76,6 +76,11 @@ class Mesh : public ModelParallelNorm {
   // Time blocked in TP's all-reduces and in PP's sends and receives.
   std::chrono::duration<double> tp_blocked() const;
   std::chrono::duration<double> pp_blocked() const { return pipe_->blocked(); }
+  // The TP and PP groups' counters so far (comm_meter.h): Megatron's f and
+  // g with the step's sums over TP; the pipeline's sends, the tied
+  // embedding's sum and the step's sums over PP.
+  GroupTraffic tp_traffic() const;
+  GroupTraffic pp_traffic() const;
 
   // A whole tensor (full_shape) of this stage from every DP and TP rank's
   // part. Collective over the stage's DP and TP groups.

@@ -4,25 +4,26 @@
 
 namespace braid::trainer {
 
-PipeComm::PipeComm(comm::Communicator& pp_group) : group_(pp_group) {
+PipeComm::PipeComm(comm::Communicator& pp_group) : group_(pp_group), meter_(&pp_group) {
   if (stages() == 1) return;
   const bool holds_wte = is_first_stage() || is_last_stage();
   embedding_group_ = group_.split(holds_wte ? 0 : -1, stage());
+  if (embedding_group_) embedding_meter_ = std::make_unique<CommMeter>(embedding_group_.get());
 }
 
 PipeComm::~PipeComm() = default;
 
 void PipeComm::send(const float* data, std::size_t count, int peer) {
-  const auto start = std::chrono::steady_clock::now();
-  group_.send(data, count, DataType::f32, peer).wait();
-  blocked_ += std::chrono::steady_clock::now() - start;
-  bytes_sent_ += count * sizeof(float);
+  meter_.run([&](CommMeter::Calls& c) { return c.send(data, count, DataType::f32, peer); });
 }
 
 void PipeComm::recv(float* data, std::size_t count, int peer) {
-  const auto start = std::chrono::steady_clock::now();
-  group_.recv(data, count, DataType::f32, peer).wait();
-  blocked_ += std::chrono::steady_clock::now() - start;
+  meter_.run([&](CommMeter::Calls& c) { return c.recv(data, count, DataType::f32, peer); });
+}
+
+GroupTraffic PipeComm::traffic() const {
+  const GroupTraffic mine = meter_.snapshot();
+  return embedding_meter_ ? mine + embedding_meter_->snapshot() : mine;
 }
 
 void PipeComm::recv_forward(float* x, std::size_t count) {
@@ -54,17 +55,14 @@ void PipeComm::send_backward_recv_forward(const float* dx, std::size_t dx_count,
 
 void PipeComm::synchronize() {
   if (stages() == 1) return;
-  const auto start = std::chrono::steady_clock::now();
-  group_.barrier().wait();
-  blocked_ += std::chrono::steady_clock::now() - start;
+  meter_.run([](CommMeter::Calls& c) { return c.barrier(); });
 }
 
 void PipeComm::sum_tied_embedding_grads(float* wte_grad, std::size_t count) {
-  if (!embedding_group_) return;
-  const auto start = std::chrono::steady_clock::now();
-  embedding_group_->all_reduce(wte_grad, wte_grad, count, DataType::f32, ReduceOp::sum).wait();
-  blocked_ += std::chrono::steady_clock::now() - start;
-  bytes_sent_ += count * sizeof(float);
+  if (!embedding_meter_) return;
+  embedding_meter_->run([&](CommMeter::Calls& c) {
+    return c.all_reduce(wte_grad, wte_grad, count, DataType::f32, ReduceOp::sum);
+  });
 }
 
 }  // namespace braid::trainer

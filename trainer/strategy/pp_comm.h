@@ -33,6 +33,7 @@
 #include <memory>
 
 #include "comm/communicator.h"
+#include "trainer/strategy/comm_meter.h"
 
 namespace braid::trainer {
 
@@ -75,18 +76,23 @@ class PipeComm {
   void synchronize();
 
   // Time spent in the calls above since construction (waiting for peers
-  // included) and the bytes they sent.
-  std::chrono::duration<double> blocked() const { return blocked_; }
-  std::size_t bytes_sent() const { return bytes_sent_; }
+  // included), their bus bytes (comm_meter.h: each send's bytes, the tied
+  // embedding's all-reduce over its two ranks) and transport bytes, over the
+  // PP group and the first and last stage's group together.
+  std::chrono::duration<double> blocked() const { return traffic().blocked; }
+  GroupTraffic traffic() const;
+  // The PP group's meter, for the other sums over it a step makes (the
+  // mesh's loss and gradient norm).
+  CommMeter& meter() { return meter_; }
 
  private:
   void send(const float* data, std::size_t count, int peer);
   void recv(float* data, std::size_t count, int peer);
 
   comm::Communicator& group_;
+  CommMeter meter_;
   std::unique_ptr<comm::Communicator> embedding_group_;  // first and last stage; null elsewhere
-  std::chrono::steady_clock::duration blocked_{};
-  std::size_t bytes_sent_ = 0;
+  std::unique_ptr<CommMeter> embedding_meter_;
 };
 
 }  // namespace braid::trainer

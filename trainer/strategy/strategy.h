@@ -98,11 +98,16 @@ struct MemoryTheory {
 };
 MemoryTheory memory_theory(StrategyKind kind, int world_size, int rank, std::size_t param_count);
 
-// Bytes one rank sends and receives per optimizer step.
+// Bytes one rank sends and receives per optimizer step through the
+// transports of a ring (or chain) algorithm, and the same step in bus bytes
+// (comm_meter.h: the calls' bytes as nccl-tests counts them, whatever
+// algorithm runs them). They differ only for dp's chains, whose end ranks
+// send less than the bus bytes of a reduce and a broadcast.
 struct TrafficTheory {
   double sent = 0.0;
   double received = 0.0;
   std::string formula;  // "2(N-1)/N x 4P", for the reports
+  double bus = 0.0;
 };
 
 class Strategy : public ModelHooks {

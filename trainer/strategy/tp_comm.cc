@@ -81,7 +81,7 @@ std::vector<float> tp_gather_tensor(comm::Communicator& tp_group, const ParamVie
 }
 
 TpHooks::TpHooks(comm::Communicator& tp_group, ModelHooks* inner)
-    : tp_group_(tp_group), inner_(inner != nullptr ? inner : &no_inner_) {}
+    : meter_(&tp_group), inner_(inner != nullptr ? inner : &no_inner_) {}
 
 void TpHooks::before_unit(int unit, Pass pass) { inner_->before_unit(unit, pass); }
 void TpHooks::after_unit(int unit, Pass pass) { inner_->after_unit(unit, pass); }
@@ -89,17 +89,19 @@ void TpHooks::grads_ready(int unit, Range grads) { inner_->grads_ready(unit, gra
 float* TpHooks::unit_params(int unit) { return inner_->unit_params(unit); }
 float* TpHooks::unit_grads(int unit) { return inner_->unit_grads(unit); }
 
+// g's forward and f's backward are both this sum over the TP group.
+void TpHooks::all_reduce(float* x, std::size_t count) {
+  if (meter_.size() == 1) return;
+  meter_.run([&](CommMeter::Calls& c) { return c.all_reduce(x, x, count, DataType::f32, ReduceOp::sum); });
+}
+
 void TpHooks::tp_all_reduce_forward(float* x, std::size_t count) {
-  const auto start = std::chrono::steady_clock::now();
-  tp_g_forward(tp_group_, x, count);
-  blocked_ += std::chrono::steady_clock::now() - start;
+  all_reduce(x, count);
   forward_count_ += count;
 }
 
 void TpHooks::tp_all_reduce_backward(float* dx, std::size_t count) {
-  const auto start = std::chrono::steady_clock::now();
-  tp_f_backward(tp_group_, dx, count);
-  blocked_ += std::chrono::steady_clock::now() - start;
+  all_reduce(dx, count);
   backward_count_ += count;
 }
 

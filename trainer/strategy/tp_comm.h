@@ -25,6 +25,7 @@
 #include "comm/communicator.h"
 #include "trainer/model/hooks.h"
 #include "trainer/model/param_table.h"
+#include "trainer/strategy/comm_meter.h"
 
 namespace braid::trainer {
 
@@ -66,19 +67,24 @@ class TpHooks : public ModelHooks {
   void tp_all_reduce_forward(float* x, std::size_t count) override;
   void tp_all_reduce_backward(float* dx, std::size_t count) override;
 
-  // Floats all-reduced by g (forward) and f (backward) since construction,
-  // and the time spent in them.
+  // Floats all-reduced by g (forward) and f (backward) since construction.
   std::size_t forward_count() const { return forward_count_; }
   std::size_t backward_count() const { return backward_count_; }
-  std::chrono::duration<double> blocked() const { return blocked_; }
+  // The TP group's meter: time blocked in g and f, their bus bytes, and the
+  // other sums over the TP group a step makes through it (the mesh's
+  // gradient norm).
+  CommMeter& meter() { return meter_; }
+  const CommMeter& meter() const { return meter_; }
+  std::chrono::duration<double> blocked() const { return meter_.blocked(); }
 
  private:
-  comm::Communicator& tp_group_;
+  void all_reduce(float* x, std::size_t count);
+
+  CommMeter meter_;
   ModelHooks no_inner_;
   ModelHooks* inner_;
   std::size_t forward_count_ = 0;
   std::size_t backward_count_ = 0;
-  std::chrono::steady_clock::duration blocked_{};
 };
 
 }  // namespace braid::trainer

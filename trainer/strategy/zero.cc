@@ -90,7 +90,7 @@ void ZeroStrategy::reduce_scatter_bucket(int group) {
   float* bucket = model_->grads().data() + partition_->groups()[group].offset;
   float* mine = model_->grads().data() + partition_->chunk(group).offset;
   const std::size_t count = partition_->chunk(group).count;
-  in_flight_.push_back(meter_.issue_on_device([&](comm::Communicator& c, comm::Stream s) {
+  in_flight_.push_back(meter_.issue_on_device([&](CommMeter::Calls& c, comm::Stream s) {
     return c.reduce_scatter(bucket, mine, count, DataType::f32, ReduceOp::sum, s);
   }));
 }
@@ -107,7 +107,7 @@ void ZeroStrategy::all_gather_params() {
     const float* mine = shard_params(g);
     const std::size_t count = partition_->chunk(g).count;
     gathers.push_back(meter_.issue_on_device(
-        [&](comm::Communicator& c, comm::Stream s) { return c.all_gather(mine, group, count, DataType::f32, s); }));
+        [&](CommMeter::Calls& c, comm::Stream s) { return c.all_gather(mine, group, count, DataType::f32, s); }));
   }
   meter_.wait_all(gathers);
 }
@@ -158,11 +158,23 @@ std::vector<Held> ZeroStrategy::held(Slot slot) {
 }
 
 TrafficTheory ZeroStrategy::traffic_theory(int grad_accum) const {
-  const double N = world_size(), A = grad_accum, bytes = 4.0 * model_->table().count();
-  const double per_collective = (N - 1) / N * bytes;
-  if (stage_ == 1) return {2 * per_collective, 2 * per_collective, "2(N-1)/N x padded parameter bytes"};
-  if (stage_ == 2) return {(A + 1) * per_collective, (A + 1) * per_collective, "(A+1)(N-1)/N x padded parameter bytes"};
-  return {3 * A * per_collective, 3 * A * per_collective, "3A(N-1)/N x padded parameter bytes"};
+  const ParamTable& table = model_->table();
+  const double N = world_size(), A = grad_accum, bytes = 4.0 * table.count();
+  const double f = (N - 1) / N;
+  if (stage_ == 1) return {2 * f * bytes, 2 * f * bytes, "2(N-1)/N x padded parameter bytes", 2 * f * bytes};
+  if (stage_ == 2) {
+    const double b = (A + 1) * f * bytes;
+    return {b, b, "(A+1)(N-1)/N x padded parameter bytes", b};
+  }
+  // Per micro-batch two gathers of every unit (forward, backward) and one
+  // reduce-scatter, but the head stays gathered from its forward into its
+  // backward (one gather fewer, H), and the embedding is gathered once more
+  // per step for the head's tied wte (it then stays gathered from one
+  // micro-batch's backward into the next one's forward: E once, not A times).
+  auto unit_bytes = [&](int unit) { return unit >= 0 ? 4.0 * table.units()[unit].range.count : 0.0; };
+  const double E = unit_bytes(table.embedding_unit()), H = unit_bytes(table.head_unit());
+  const double b = f * (3 * A * bytes + E - A * H);
+  return {b, b, "(N-1)/N x (3A x padded parameter bytes + embedding - A x head)", b};
 }
 
 }  // namespace braid::trainer

@@ -94,7 +94,7 @@ void ShardedGradients::unit_finished(int unit) {
   open_.erase(it);
   const Range chunk = partition_.chunk(g);
   const std::size_t mine = chunk.offset - partition_.groups()[g].offset;
-  staged.work = meter_.issue_on_device([&](comm::Communicator& c, comm::Stream s) {
+  staged.work = meter_.issue_on_device([&](CommMeter::Calls& c, comm::Stream s) {
     return c.reduce_scatter(staged.staging, staged.staging + mine, chunk.count, DataType::f32, ReduceOp::sum, s);
   });
   issued_.push_back(std::move(staged));
@@ -209,7 +209,7 @@ void UnitGatherer::gather(int unit) {
   gathered.buffer = pool_.acquire(partition_.groups()[g].count);
   const float* mine = shard_.data() + partition_.shard_offset(g);
   const std::size_t count = partition_.chunk(g).count;
-  gathered.work = meter_.issue_on_device([&](comm::Communicator& c, comm::Stream s) {
+  gathered.work = meter_.issue_on_device([&](CommMeter::Calls& c, comm::Stream s) {
     return c.all_gather(mine, gathered.buffer, count, DataType::f32, s);
   });
 }

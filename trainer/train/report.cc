@@ -15,6 +15,8 @@ namespace braid::trainer {
 
 namespace {
 
+constexpr MeshAxis kAxes[] = {MeshAxis::kDp, MeshAxis::kTp, MeshAxis::kPp};
+
 constexpr MemoryCategory kCategories[] = {MemoryCategory::kParameters, MemoryCategory::kGradients,
                                           MemoryCategory::kOptimizerState, MemoryCategory::kActivations,
                                           MemoryCategory::kCommunication};
@@ -118,6 +120,15 @@ void MetricsWriter::on_step(const StepReport& r) {
                          {"comm_wait_fraction", r.step_ms > 0 ? r.comm_wait_ms / r.step_ms : 0.0},
                          {"peak_memory_bytes", peak}};
   if (r.theory.sent > 0) line["traffic_ratio"] = static_cast<double>(r.bytes_sent) / r.theory.sent;
+  for (MeshAxis axis : kAxes) {
+    const GroupStep& g = group(r.groups, axis);
+    if (g.ranks <= 1) continue;
+    line["groups"][std::string(axis_name(axis))] = {{"ranks", g.ranks},
+                                                    {"bus_bytes", g.bus_bytes},
+                                                    {"theory_bus_bytes", g.theory_bus_bytes},
+                                                    {"transport_bytes_sent", g.transport_bytes_sent},
+                                                    {"wait_ms", g.wait_ms}};
+  }
   if (r.val_loss) line["val_loss"] = *r.val_loss;
   if (r.mesh) {
     line["mesh"] = {{"bubble", r.bubble},
@@ -221,13 +232,23 @@ RankStats rank_stats(Trainer& trainer, int local_rank, int node_rank) {
   }
   if (t.step_seconds > 0) s.comm_wait_fraction = t.wait_seconds / t.step_seconds;
   s.params = static_cast<double>(trainer.model().table().param_count());
+  const double steps = static_cast<double>(std::max<std::int64_t>(t.steps, 1));
+  s.step_ms = t.step_seconds * 1e3 / steps;
+  for (MeshAxis axis : kAxes) {
+    const GroupStep& sum = group(t.groups, axis);
+    GroupStep& mine = group(s.groups, axis);
+    mine = {trainer.group_size(axis), sum.bus_bytes / steps, trainer.group_theory(axis).bus,
+            sum.transport_bytes_sent / steps, sum.wait_ms / steps};
+    s.group_formulas[static_cast<std::size_t>(axis)] = trainer.group_theory(axis).formula;
+  }
   return s;
 }
 
 namespace {
 
 // A row as doubles for the all-gather (every value fits a double exactly).
-constexpr std::size_t kStatsCount = 4 + kMemoryCategoryCount + 3 + 6;
+constexpr std::size_t kGroupCount = 5;
+constexpr std::size_t kStatsCount = 4 + kMemoryCategoryCount + 3 + 7 + 3 * kGroupCount;
 
 std::array<double, kStatsCount> pack(const RankStats& s) {
   std::array<double, kStatsCount> a{};
@@ -235,13 +256,17 @@ std::array<double, kStatsCount> pack(const RankStats& s) {
   for (double x : {double(s.rank), double(s.local_rank), double(s.node_rank), double(s.pid)}) a[i++] = x;
   for (double x : s.peak_bytes) a[i++] = x;
   for (double x : {s.theory.params, s.theory.grads, s.theory.optimizer, s.bytes_sent, s.bytes_received,
-                   s.traffic.sent, s.traffic.received, s.comm_wait_fraction, s.params}) {
+                   s.traffic.sent, s.traffic.received, s.comm_wait_fraction, s.params, s.step_ms}) {
     a[i++] = x;
+  }
+  for (const GroupStep& g : s.groups) {
+    for (double x : {double(g.ranks), g.bus_bytes, g.theory_bus_bytes, g.transport_bytes_sent, g.wait_ms}) a[i++] = x;
   }
   return a;
 }
 
-RankStats unpack(const double* a, const std::string& formula) {
+// `mine`: this rank's row, whose strings every row takes.
+RankStats unpack(const double* a, const RankStats& mine) {
   RankStats s;
   s.rank = static_cast<int>(a[0]);
   s.local_rank = static_cast<int>(a[1]);
@@ -252,10 +277,25 @@ RankStats unpack(const double* a, const std::string& formula) {
   s.theory = {a[i], a[i + 1], a[i + 2]};
   s.bytes_sent = a[i + 3];
   s.bytes_received = a[i + 4];
-  s.traffic = {a[i + 5], a[i + 6], formula};
+  s.traffic = {a[i + 5], a[i + 6], mine.traffic.formula};
   s.comm_wait_fraction = a[i + 7];
   s.params = a[i + 8];
+  s.step_ms = a[i + 9];
+  i += 10;
+  for (GroupStep& g : s.groups) {
+    g = {static_cast<int>(a[i]), a[i + 1], a[i + 2], a[i + 3], a[i + 4]};
+    i += kGroupCount;
+  }
+  s.group_formulas = mine.group_formulas;
   return s;
+}
+
+// "42.8 KiB": bytes in the unit that keeps three or four digits.
+std::string bytes_text(double bytes) {
+  if (bytes < 1024) return format("%.0f B", bytes);
+  if (bytes < 1024.0 * 1024) return format("%.1f KiB", bytes / 1024);
+  if (bytes < 1024.0 * 1024 * 1024) return format("%.2f MiB", bytes / (1 << 20));
+  return format("%.2f GiB", bytes / (1 << 30));
 }
 
 std::string ratio(double measured, double theory) { return theory > 0 ? format("%6.3f", measured / theory) : "     -"; }
@@ -270,7 +310,7 @@ std::vector<RankStats> gather_rank_stats(Trainer& trainer, const RankStats& mine
   comm::Work work = comm->all_gather(row.data(), all.data(), kStatsCount, DataType::f64);
   work.wait();
   std::vector<RankStats> ranks;
-  for (int r = 0; r < comm->size(); ++r) ranks.push_back(unpack(all.data() + r * kStatsCount, mine.traffic.formula));
+  for (int r = 0; r < comm->size(); ++r) ranks.push_back(unpack(all.data() + r * kStatsCount, mine));
   return ranks;
 }
 
@@ -297,18 +337,34 @@ std::string format_memory_table(const std::vector<RankStats>& ranks) {
   return text;
 }
 
-std::string format_traffic_table(const std::vector<RankStats>& ranks, bool dp_only) {
-  std::string text = std::string(dp_only ? "DP " : "") + "traffic per rank per step (theory: " +
-                     (ranks.empty() ? "" : ranks[0].traffic.formula) +
-                     (dp_only ? "; TP and PP traffic is not counted, their waits are above" : "") +
-                     "):\n  rank   sent MiB  theory   ratio   recv MiB  theory   ratio  comm wait\n";
-  for (const RankStats& s : ranks) {
-    text += format("  %4d  %9.3f %7.3f  %s  %9.3f %7.3f  %s  %8.1f%%\n", s.rank, to_mib(s.bytes_sent),
-                   to_mib(s.traffic.sent), ratio(s.bytes_sent, s.traffic.sent).c_str(), to_mib(s.bytes_received),
-                   to_mib(s.traffic.received), ratio(s.bytes_received, s.traffic.received).c_str(),
-                   100.0 * s.comm_wait_fraction);
+std::string format_traffic_table(const std::vector<RankStats>& ranks, const GptConfig& config,
+                                 const StepShape& step) {
+  std::string text =
+      "traffic per rank per step, by group (sent: bus bytes, each call counted as nccl-tests counts it:\n"
+      "  all-reduce 2(n-1)/n x S, reduce-scatter and all-gather (n-1)/n x S, broadcast, reduce and send S;\n"
+      "  theory: from the model's shape, without the step's few 8-byte sums of loss and norm; transport: what\n"
+      "  the group's transports carried, less where direct and one-shot calls read peers' shared memory):\n"
+      "  group  ranks  rank   sent (bus)      theory   ratio    transport   wait\n";
+  std::string formulas;
+  for (MeshAxis axis : kAxes) {
+    if (ranks.empty() || group(ranks[0].groups, axis).ranks <= 1) continue;
+    for (const RankStats& s : ranks) {
+      const GroupStep& g = group(s.groups, axis);
+      text += format("  %-5s  %5d  %4d  %11s  %11s  %s  %11s  %5.1f%%\n", std::string(axis_name(axis)).c_str(),
+                     g.ranks, s.rank, bytes_text(g.bus_bytes).c_str(), bytes_text(g.theory_bus_bytes).c_str(),
+                     ratio(g.bus_bytes, g.theory_bus_bytes).c_str(), bytes_text(g.transport_bytes_sent).c_str(),
+                     s.step_ms > 0 ? 100.0 * g.wait_ms / s.step_ms : 0.0);
+    }
+    formulas += format("  theory %s: %s\n", std::string(axis_name(axis)).c_str(),
+                       ranks[0].group_formulas[static_cast<std::size_t>(axis)].c_str());
   }
-  return text;
+  const bool model_parallel = !ranks.empty() && (group(ranks[0].groups, MeshAxis::kTp).ranks > 1 ||
+                                                  group(ranks[0].groups, MeshAxis::kPp).ranks > 1);
+  if (!model_parallel) return text + formulas;
+  return text + formulas +
+         format("  with B = %d sequences per micro-batch, T = %d, C = %d, V = %d, M = %d micro-batch(es) per step; "
+                "the formulas are rank 0's\n",
+                step.B, step.T, config.n_embd, config.vocab_size, step.micro_batches);
 }
 
 }  // namespace braid::trainer

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "trainer/strategy/strategy.h"
+#include "trainer/strategy/traffic_theory.h"
 #include "trainer/train/trainer.h"
 
 namespace braid::trainer {
@@ -42,8 +43,10 @@ class ProgressPrinter : public TrainObserver {
 // tokens_per_s, step_ms, this rank's bytes_sent and bytes_received in the
 // step, theory_bytes_sent / theory_bytes_received and traffic_ratio (sent /
 // theory; absent when the theory is 0), comm_wait_ms and comm_wait_fraction
-// (of the step), val_loss (on evaluation steps) and peak_memory_bytes by
-// category; under --tp / --pp also "mesh": this rank's stage's bubble
+// (of the step), val_loss (on evaluation steps), peak_memory_bytes by
+// category, and "groups": for each of dp, tp, pp with more than one rank,
+// its ranks, bus_bytes (counted at each call), theory_bus_bytes,
+// transport_bytes_sent and wait_ms; under --tp / --pp also "mesh": this rank's stage's bubble
 // (measured) and bubble_theory, peak_activation_bytes, tp_comm_ms and
 // pp_comm_ms. Each rank writes its own file (metrics_path()). Throws
 // InvalidUsage when the file cannot be created.
@@ -92,6 +95,10 @@ struct RankStats {
   TrafficTheory traffic;
   double comm_wait_fraction = 0.0;  // of the step time
   double params = 0.0;              // parameters of this rank's model part (its TP shard of its PP stage)
+  double step_ms = 0.0;             // per step, averaged
+  GroupSteps groups;                // per step, averaged (ranks: the group's size)
+  // Each group's theory formula (not gathered: rank 0's are printed).
+  std::array<std::string, 3> group_formulas;
 };
 
 // This rank's row: memory peaks and theory, and the averages of `totals`.
@@ -102,9 +109,11 @@ std::vector<RankStats> gather_rank_stats(Trainer& trainer, const RankStats& mine
 std::string format_rank_map(const std::vector<RankStats>& ranks);
 // Peak bytes per category, one row per rank, with the ZeRO table beside.
 std::string format_memory_table(const std::vector<RankStats>& ranks);
-// Bytes per step against the strategy's theory, and the time waited.
-// `dp_only`: a --tp / --pp run, whose table counts the DP axis alone (the
-// title says so; TP and PP waits are in the mesh lines).
-std::string format_traffic_table(const std::vector<RankStats>& ranks, bool dp_only = false);
+// Every group's bytes per rank per step (bus bytes counted at each call and
+// the transports' bytes) against the theory from the model's shape, and the
+// time waited: one row per group of more than one rank and per rank, then
+// each group's formula and the values of its letters (`config`, `step`).
+std::string format_traffic_table(const std::vector<RankStats>& ranks, const GptConfig& config,
+                                 const StepShape& step);
 
 }  // namespace braid::trainer

@@ -10,12 +10,27 @@
 #include "trainer/checkpoint/atomic_file.h"
 #include "trainer/checkpoint/checkpoint.h"
 #include "trainer/strategy/compose.h"
+#include "trainer/strategy/traffic_theory.h"
+#include "trainer/train/peak.h"
 #include "trainer/train/state_io.h"
 
 namespace braid::trainer {
 
 namespace fs = std::filesystem;
 using Clock = std::chrono::steady_clock;
+
+std::string_view axis_name(MeshAxis axis) {
+  return axis == MeshAxis::kDp ? "dp" : axis == MeshAxis::kTp ? "tp" : "pp";
+}
+
+GroupStep& GroupStep::operator+=(const GroupStep& o) {
+  ranks = o.ranks;
+  bus_bytes += o.bus_bytes;
+  theory_bus_bytes += o.theory_bus_bytes;
+  transport_bytes_sent += o.transport_bytes_sent;
+  wait_ms += o.wait_ms;
+  return *this;
+}
 
 double flops_per_token(const GptConfig& c, std::size_t param_count) {
   const double multiplying = static_cast<double>(param_count) - static_cast<double>(c.block_size) * c.n_embd;
@@ -97,6 +112,10 @@ Trainer::Trainer(const TrainOptions& options, const TextCorpus& corpus, comm::Co
     train_eval_.emplace(s.train, T, options_.seed, SampleStream::kTrainEval);
     val_.emplace(s.val, T, options_.seed, SampleStream::kVal);
   }
+  const StepShape step{options_.grad_accum, B_, T};
+  group_theory_ = {strategy().traffic_theory(options_.grad_accum),
+                   tp_traffic_theory(options_.model, model().layout(), step),
+                   pp_traffic_theory(options_.model, model().layout(), options_.pp, step)};
   const int batches = mesh_ ? std::max(options_.grad_accum, options_.eval_batches) : 1;
   inputs_.resize(static_cast<std::size_t>(batches) * B_ * T);
   targets_.resize(inputs_.size());
@@ -167,8 +186,36 @@ void Trainer::add_mesh_report(StepReport& r) {
   r.bubble = s.bubble_fraction();
   r.bubble_theory = pp_bubble_theory(options_.pp, options_.grad_accum);
   r.peak_activation_bytes = s.peak_activation_bytes;
-  r.tp_comm_ms = ms(mesh_->tp_blocked() - tp_blocked_);
-  r.pp_comm_ms = ms(mesh_->pp_blocked() - pp_blocked_);
+  r.tp_comm_ms = group(r.groups, MeshAxis::kTp).wait_ms;
+  r.pp_comm_ms = group(r.groups, MeshAxis::kPp).wait_ms;
+}
+
+int Trainer::group_size(MeshAxis axis) {
+  if (!mesh_) return axis == MeshAxis::kDp ? strategy().world_size() : 1;
+  const MeshShape& s = mesh_->groups().shape;
+  return axis == MeshAxis::kDp ? s.dp : axis == MeshAxis::kTp ? s.tp : s.pp;
+}
+
+std::array<GroupTraffic, 3> Trainer::group_counters() {
+  std::array<GroupTraffic, 3> now{};
+  now[static_cast<std::size_t>(MeshAxis::kDp)] = strategy().meter().snapshot();
+  if (mesh_) {
+    now[static_cast<std::size_t>(MeshAxis::kTp)] = mesh_->tp_traffic();
+    now[static_cast<std::size_t>(MeshAxis::kPp)] = mesh_->pp_traffic();
+  }
+  return now;
+}
+
+GroupSteps Trainer::group_steps(const std::array<GroupTraffic, 3>& before) {
+  const std::array<GroupTraffic, 3> now = group_counters();
+  GroupSteps steps;
+  for (MeshAxis axis : {MeshAxis::kDp, MeshAxis::kTp, MeshAxis::kPp}) {
+    const auto i = static_cast<std::size_t>(axis);
+    const GroupTraffic d = now[i] - before[i];
+    steps[i] = {group_size(axis), d.bus_bytes, group_theory_[i].bus, static_cast<double>(d.transport.bytes_sent),
+                ms(d.blocked)};
+  }
+  return steps;
 }
 
 StepReport Trainer::train_step() {
@@ -176,10 +223,7 @@ StepReport Trainer::train_step() {
   const double tokens = static_cast<double>(options_.batch_size) * T;
   const int dp_rank = mesh_ ? mesh_->groups().coord.dp : strategy().rank();
   const std::int64_t first = static_cast<std::int64_t>(dp_rank) * A * B_;
-  CommMeter& meter = strategy().meter();
-  const comm::TrafficStats traffic_before = meter.traffic();
-  const auto blocked_before = meter.blocked();
-  if (mesh_) tp_blocked_ = mesh_->tp_blocked(), pp_blocked_ = mesh_->pp_blocked();
+  const std::array<GroupTraffic, 3> before = group_counters();
   const float lr = schedule_.at(step_);
   const StepResult result =
       mesh_ ? mesh_step(first, tokens, lr)
@@ -195,11 +239,12 @@ StepReport Trainer::train_step() {
   r.step = ++step_;
   r.steps = options_.steps;
   r.memory = &memory_;
-  const comm::TrafficStats traffic = meter.traffic();
-  r.bytes_sent = traffic.bytes_sent - traffic_before.bytes_sent;
-  r.bytes_received = traffic.bytes_received - traffic_before.bytes_received;
-  r.comm_wait_ms = std::chrono::duration<double, std::milli>(meter.blocked() - blocked_before).count();
+  const GroupTraffic dp = strategy().meter().snapshot() - before[static_cast<std::size_t>(MeshAxis::kDp)];
+  r.bytes_sent = dp.transport.bytes_sent;
+  r.bytes_received = dp.transport.bytes_received;
+  r.comm_wait_ms = ms(dp.blocked);
   r.theory = strategy().traffic_theory(A);
+  r.groups = group_steps(before);
   if (mesh_) add_mesh_report(r);
   return r;
 }
@@ -277,11 +322,9 @@ TrainSummary Trainer::run(TrainObserver& observer) {
   if (options_.eval_only) throw InvalidUsage("an --eval-only trainer does not train; call evaluate_windows()");
   TrainSummary sum;
   kernels::cpu::set_blas_threads(options_.threads);
-  if (step_ < options_.steps) {
-    const Backend& ops = backend(parse_device(options_.device));
-    sum.peak_gflops = ops.peak_gflops(world_size(), options_.threads);
-    sum.peak_source = ops.peak_source(world_size(), options_.threads);
-  }
+  const bool training = step_ < options_.steps;  // alike on every rank
+  PeakMeter peak(backend(parse_device(options_.device)), world_, options_.threads);
+  if (training) peak.measure();
   std::optional<double> last_val;
   while (step_ < options_.steps) {
     const auto start = Clock::now();
@@ -299,6 +342,7 @@ TrainSummary Trainer::run(TrainObserver& observer) {
     totals_.step_seconds += seconds;
     totals_.tp_wait_seconds += r.tp_comm_ms * 1e-3;
     totals_.pp_wait_seconds += r.pp_comm_ms * 1e-3;
+    for (std::size_t g = 0; g < r.groups.size(); ++g) totals_.groups[g] += r.groups[g];
     const bool last = step_ == options_.steps;
     if (last || (options_.eval_interval > 0 && step_ % options_.eval_interval == 0)) {
       r.val_loss = last_val = evaluate_val();
@@ -306,6 +350,7 @@ TrainSummary Trainer::run(TrainObserver& observer) {
     observer.on_step(r);
     maybe_checkpoint(observer, last);
   }
+  if (training) peak.measure();
   maybe_checkpoint(observer, true);
   sum.train_loss = evaluate_train();
   sum.val_loss = last_val ? *last_val : evaluate_val();
@@ -316,7 +361,12 @@ TrainSummary Trainer::run(TrainObserver& observer) {
     sum.tokens_per_s = static_cast<double>(sum.tokens) / sum.train_seconds;
     sum.gflops = sum.flops_per_token * sum.tokens_per_s * 1e-9;
   }
-  if (sum.peak_gflops > 0) sum.mfu = sum.gflops / sum.peak_gflops;
+  if (training) {
+    const PeakFlops p = peak.result(sum.gflops);
+    sum.peak_gflops = p.gflops;
+    sum.peak_source = p.source;
+    if (p.gflops > 0) sum.mfu = sum.gflops / p.gflops;
+  }
   sum.memory = &memory_;
   sum.ranks = world_size();
   sum.comm = totals_;

@@ -19,6 +19,7 @@
 // tensors (state_io.h), so they load into any layout.
 #pragma once
 
+#include <array>
 #include <chrono>
 #include <cstdint>
 #include <filesystem>
@@ -37,6 +38,26 @@
 
 namespace braid::trainer {
 
+// One group's communication in a step as this rank sees it (a DP run has
+// the DP group alone; groups of one rank move nothing).
+struct GroupStep {
+  int ranks = 1;
+  double bus_bytes = 0.0;         // sent, counted at each call (comm_meter.h)
+  double theory_bus_bytes = 0.0;  // from the model's shape (traffic_theory.h, Strategy::traffic_theory)
+  double transport_bytes_sent = 0.0;
+  double wait_ms = 0.0;           // blocked in the group's calls
+
+  GroupStep& operator+=(const GroupStep& step);
+};
+
+// Indexed by MeshAxis: dp, tp, pp.
+using GroupSteps = std::array<GroupStep, 3>;
+inline GroupStep& group(GroupSteps& steps, MeshAxis axis) { return steps[static_cast<std::size_t>(axis)]; }
+inline const GroupStep& group(const GroupSteps& steps, MeshAxis axis) {
+  return steps[static_cast<std::size_t>(axis)];
+}
+std::string_view axis_name(MeshAxis axis);  // "dp", "tp", "pp"
+
 struct StepReport {
   std::int64_t step = 0;    // steps completed, so the first is 1
   std::int64_t steps = 0;   // the run's total
@@ -52,6 +73,7 @@ struct StepReport {
   std::uint64_t bytes_received = 0;
   double comm_wait_ms = 0.0;       // blocked in Communicator calls and Work::wait
   TrafficTheory theory;            // bytes per step the strategy should move
+  GroupSteps groups;               // every group's traffic: bus and transport bytes, theory, wait
   // Under --tp / --pp (mesh): this rank's stage in the step.
   bool mesh = false;
   double bubble = 0.0;             // measured: idle / the step's pipeline window
@@ -84,6 +106,7 @@ struct CommTotals {
   double step_seconds = 0.0;
   double tp_wait_seconds = 0.0;  // mesh: blocked in TP's all-reduces
   double pp_wait_seconds = 0.0;  // mesh: blocked in PP's sends and receives
+  GroupSteps groups;             // summed over the steps
 };
 
 struct TrainSummary {
@@ -155,6 +178,10 @@ class Trainer {
   const MemoryAccount& memory() const { return memory_; }
   const TrainOptions& options() const { return options_; }
   const CommTotals& comm_totals() const { return totals_; }
+  // A group's bus bytes per step in theory, and the formula (traffic_theory.h).
+  const TrafficTheory& group_theory(MeshAxis axis) const { return group_theory_[static_cast<std::size_t>(axis)]; }
+  // The size of this rank's group along `axis` (the DP size without a mesh).
+  int group_size(MeshAxis axis);
 
  private:
   double evaluate(const BatchSampler& sampler);
@@ -162,6 +189,10 @@ class Trainer {
   double accumulate_micro_batches(std::int64_t first);
   StepResult mesh_step(std::int64_t first, double tokens, float lr);
   void add_mesh_report(StepReport& report);
+  // Every group's counters now (comm_meter.h), indexed by MeshAxis, and the
+  // step's share of each since `before`.
+  std::array<GroupTraffic, 3> group_counters();
+  GroupSteps group_steps(const std::array<GroupTraffic, 3>& before);
   MeshSummary mesh_summary();
   void maybe_checkpoint(TrainObserver& observer, bool final_step);
 
@@ -173,7 +204,7 @@ class Trainer {
   std::unique_ptr<Strategy> strategy_;  // otherwise
   int B_;                               // sequences per micro-batch on this rank
   std::optional<Activations> acts_;     // without a mesh
-  std::chrono::duration<double> tp_blocked_{}, pp_blocked_{};
+  std::array<TrafficTheory, 3> group_theory_;  // per step, indexed by MeshAxis
   LrSchedule schedule_;
   std::optional<BatchSampler> train_, train_eval_, val_;
   std::vector<std::int32_t> inputs_, targets_;
