@@ -6,6 +6,7 @@
 #include <arpa/inet.h>
 
 #include "comm/transport/ibverbs/device.h"
+#include "comm/transport/ibverbs/ids.h"
 #include "comm/transport/ibverbs/transport.h"
 #include "runtime/errors.h"
 
@@ -115,4 +116,24 @@ TEST_CASE("ibverbs: large messages stripe over at most BRAID_IB_QPS_PER_PEER que
   CHECK(stripes_of(1u << 20, 4) == 4);
   CHECK(stripes_of(1u << 20, 1) == 1);
   CHECK(stripes_of(1u << 30, 8) == 8);
+}
+
+TEST_CASE("ibverbs: credits ride on ring pieces' immediates, 10 bits of the freed count", "[ibverbs]") {
+  using namespace braid::comm::ibverbs;
+  const std::uint64_t slots = 8;
+  // Byte count, credit count and the direct-header flag come back apart; no
+  // piece's immediate can be mistaken for a reserved one (bit 31).
+  const std::uint32_t imm = piece_imm(266240, 1027, kDirectHeader);
+  CHECK((imm & kPieceBytesMask) == 266240);
+  CHECK((imm & kDirectHeader) != 0);
+  CHECK((imm & 0x80000000u) == 0);
+  CHECK(piece_imm(kPieceBytesMask, ~std::uint64_t{0}, kDirectHeader) != kCreditImm);
+  // A fresh count is 0 .. slots ahead of what the sender knows, across the
+  // 10-bit wrap as well.
+  CHECK(credits_after(1020, piece_imm(8, 1020, 0), slots) == 1020);
+  CHECK(credits_after(1020, piece_imm(8, 1025, 0), slots) == 1025);
+  CHECK(credits_after(5000, piece_imm(8, 5008, 0), slots) == 5008);
+  // A count behind what a credit write already told (it was overtaken) changes nothing.
+  CHECK(credits_after(5008, piece_imm(8, 5003, 0), slots) == 5008);
+  CHECK(credits_after(1025, piece_imm(8, 1020, 0), slots) == 1025);
 }

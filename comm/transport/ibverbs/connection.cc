@@ -226,6 +226,10 @@ std::vector<int> peer_ranks(const IbOptions& o) {
 
 std::unique_ptr<IbTransport> connect_ibverbs(runtime::Store& store, const std::string& key_prefix,
                                              const IbOptions& o) {
+  // A piece's byte count and the credit count it carries share its immediate (ids.h).
+  if (o.slot_bytes > kPieceBytesMask || o.slots < 1 || o.slots > 256)
+    throw InvalidUsage("ibverbs: ring slots of " + std::to_string(o.slot_bytes) + " bytes x " +
+                       std::to_string(o.slots) + " are outside what the wire protocol encodes (under 1 MiB, 1 to 256)");
   GidChoice choice = choose_gid(probe_gid_table(), o.device, o.rank);
   spdlog::info("ibverbs: {}", choice.reason);
   const std::vector<int> ranks = peer_ranks(o);

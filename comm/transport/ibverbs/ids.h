@@ -33,13 +33,34 @@ inline const char* operation(Work kind) {
   }
 }
 
-// Immediates. A ring piece's is its byte count (at most a slot, far below
-// bit 30), with kDirectHeader set on the header-only piece that stands in
-// the ring for a message written directly; the others are reserved values.
+// Immediates. A ring piece's carries its byte count in the low 20 bits (a
+// slot is under 1 MiB), the sender's count of freed slots of the opposite
+// direction modulo 1024 in the next 10 (credits ride on data, transport.h),
+// and kDirectHeader on the header-only piece that stands in the ring for a
+// message written directly; bit 31 is never set, and the reserved values
+// below all have it.
 inline constexpr std::uint32_t kCreditImm = 0xffffffffu;
 inline constexpr std::uint32_t kCtsImm = 0xfffffffeu;
 inline constexpr std::uint32_t kStripeImm = 0xfffffffdu;
 inline constexpr std::uint32_t kDirectHeader = 0x40000000u;
-inline constexpr std::uint32_t kPieceBytesMask = 0x3fffffffu;
+inline constexpr std::uint32_t kPieceBytesMask = 0x000fffffu;
+inline constexpr int kPieceCreditShift = 20;
+inline constexpr std::uint32_t kPieceCreditMask = 0x3ffu;
+
+// The immediate of a ring piece of `bytes` carrying `freed` (a count of
+// slots freed; only its low 10 bits travel) and `flags`.
+inline std::uint32_t piece_imm(std::size_t bytes, std::uint64_t freed, std::uint32_t flags) {
+  return static_cast<std::uint32_t>(bytes) | (static_cast<std::uint32_t>(freed & kPieceCreditMask) << kPieceCreditShift) |
+         flags;
+}
+
+// The sender's credits once a piece carrying `imm` arrives, from `credits`
+// known before and at most `slots` ahead: a fresh count is 0 .. slots ahead
+// of what is known (a peer never frees more than it was sent), one already
+// overtaken by a credit write's absolute count is behind and changes nothing.
+inline std::uint64_t credits_after(std::uint64_t credits, std::uint32_t imm, std::uint64_t slots) {
+  const std::uint64_t ahead = (((imm >> kPieceCreditShift) & kPieceCreditMask) - credits) & kPieceCreditMask;
+  return ahead <= slots ? credits + ahead : credits;
+}
 
 }  // namespace braid::comm::ibverbs

@@ -28,6 +28,7 @@ constexpr int kMaxCreditWrites = 2;
 // peers it waits on (the keepalive of transport.h): well below any sensible
 // BRAID_TIMEOUT, and long enough that a job whose data flows never probes.
 constexpr std::chrono::milliseconds kKeepaliveInterval{200};
+constexpr int kPollsPerClockRead = 8;
 // Bounds of how long a large send waits for its receiver's clear-to-send.
 constexpr std::chrono::microseconds kMinCtsWait{20}, kMaxCtsWait{2000};
 // How long shutdown() lets writes already posted reach their peers.
@@ -130,7 +131,7 @@ RequestId IbTransport::post_send(int peer, const WireHeader& header, const void*
   requests_[id].data = static_cast<std::byte*>(const_cast<void*>(data));
   if (header.payload_bytes >= kDirectMinBytes) requests_[id].mode = Mode::large;
   p.sends.push_back(id);
-  next_keepalive_ = Clock::now() + kKeepaliveInterval;  // a new operation: not blocked yet
+  active_ = true;  // a new operation: not blocked yet
   return id;
 }
 
@@ -140,7 +141,7 @@ RequestId IbTransport::post_recv(int peer, const WireHeader& expected, void* dat
   requests_[id].data = static_cast<std::byte*>(data);
   if (expected.payload_bytes >= kDirectMinBytes) requests_[id].mode = Mode::large;
   p.recvs.push_back(id);
-  next_keepalive_ = Clock::now() + kKeepaliveInterval;
+  active_ = true;
   return id;
 }
 
@@ -227,7 +228,16 @@ bool IbTransport::pump_sends(Peer& peer) {
     }
     if (peer.front_posted < total) break;
     r.last_piece = peer.posted - 1;
-    peer.sending.push_back(peer.sends.front());
+    if (r.writes_left == 0 && !r.key) {
+      // Every byte is in this rank's staging slots: the caller's buffer is
+      // free now, as a TCP send is once the socket took it. Waiting for the
+      // writes' acknowledgement would make every small exchange a round
+      // trip; a write that fails later still fails the next progress().
+      r.done = true;
+      bytes_sent_.fetch_add(r.header.payload_bytes, std::memory_order_relaxed);
+    } else {
+      peer.sending.push_back(peer.sends.front());
+    }
     peer.sends.pop_front();
     peer.front_posted = 0;
   }
@@ -254,7 +264,8 @@ void IbTransport::post_piece(Peer& peer, Request& r, std::size_t limit, std::uin
   if (bytes > filled) std::memcpy(slot + filled, r.data + payload_offset, bytes - filled);
   const std::uint64_t remote = peer.remote.ring_address + (peer.posted % slots_) * slot_bytes_;
   post_write(peer, wr_id(Work::data, index_of(peer)), slot, staging_.lkey(), static_cast<std::uint32_t>(bytes),
-             remote, peer.remote.ring_rkey, true, static_cast<std::uint32_t>(bytes) | flags);
+             remote, peer.remote.ring_rkey, true, piece_imm(bytes, peer.freed, flags));
+  peer.credits_sent = peer.freed;  // the piece carries them
   ++peer.posted;
   peer.front_posted += bytes;
 }
@@ -343,8 +354,15 @@ void IbTransport::free_slots(Peer& peer) {
   send_credits(peer);
 }
 
+// Credits ride on every ring piece this rank sends the peer (post_piece);
+// a credit write of their own goes only once half the ring is freed with
+// none carried (a credit write costs the peer a completion and this rank a
+// write), and at once, however few, when the sender has used every credit
+// it had (all of its window arrived): a sender never waits on a batch.
 void IbTransport::send_credits(Peer& peer) {
-  if (peer.freed == peer.credits_sent || peer.credit_writes >= kMaxCreditWrites) return;
+  const std::uint64_t batch = std::max<std::uint64_t>(1, slots_ / 2), fresh = peer.freed - peer.credits_sent;
+  const bool sender_stalled = peer.arrived - peer.credits_sent >= slots_;
+  if (fresh == 0 || (fresh < batch && !sender_stalled) || peer.credit_writes >= kMaxCreditWrites) return;
   ControlBlock& block = control(peer);
   std::atomic_ref<std::uint64_t>(block.credit_out).store(peer.freed, std::memory_order_release);
   post_write(peer, wr_id(Work::credit, index_of(peer)), &block.credit_out, control_.lkey(), sizeof(std::uint64_t),
@@ -377,6 +395,7 @@ void IbTransport::on_receive(Peer& peer, const ibv_wc& wc) {
     ++peer.cts_arrived;
     return;
   }
+  peer.credits = credits_after(peer.credits, imm, slots_);
   if ((imm & kPieceBytesMask) > slot_bytes_ || peer.arrived - peer.freed >= slots_)
     throw RemoteError("rank " + std::to_string(rank_) + " received an RDMA piece from rank " +
                           std::to_string(peer.rank) + " beyond its ring credits or slot size (garbage on the wire)",
@@ -411,7 +430,9 @@ bool IbTransport::on_completion(const ibv_wc& wc) {
   return true;
 }
 
-// Sends complete in posting order once their ring pieces and direct writes have.
+// Sends that pinned a buffer or wrote directly complete in posting order
+// once their ring pieces and direct writes have (pump_sends completes the
+// others as soon as they are posted).
 void IbTransport::retire_sends(Peer& peer) {
   while (!peer.sending.empty()) {
     Request& r = requests_[peer.sending.front()];
@@ -445,7 +466,7 @@ bool IbTransport::pump_all() {
     advanced |= pump_recvs(peer);
     if (!peer.failure.empty() && peer.completed == peer.posted) throw RemoteError(peer.failure, peer.rank);
   }
-  if (advanced) next_keepalive_ = Clock::now() + kKeepaliveInterval;
+  active_ |= advanced;
   return advanced;
 }
 
@@ -471,20 +492,31 @@ void IbTransport::keep_alive() {
 
 bool IbTransport::progress(Clock::time_point deadline) {
   if (pump_all()) return true;
-  if (Clock::now() >= deadline) return false;
-  for (auto spin_end = std::min(deadline, Clock::now() + spin_); Clock::now() < spin_end;)
-    if (pump_all()) return true;
+  auto now = Clock::now();
+  if (now >= deadline) return false;
+  // Spin, reading the clock once per kPollsPerClockRead polls: a small
+  // exchange is a handful of polls, and where the clock is slow to read
+  // (an emulated HPET) reading it per poll would cost more than the wait.
+  for (const auto spin_end = std::min(deadline, now + spin_); now < spin_end; now = Clock::now())
+    for (int i = 0; i < kPollsPerClockRead; ++i)
+      if (pump_all()) return true;
   // Arm the completion channel, then look once more: a completion that
   // arrived before arming raises no event.
   if (ibv_req_notify_cq(verbs_->cq, 0))
     throw SystemError("rank " + std::to_string(rank_) + " could not arm its RDMA completion channel");
   if (pump_all()) return true;
-  // Blocked: probe the peers waited on once per kKeepaliveInterval, and wake
-  // for the next probe; a keepalive's completion wakes the wait but counts
-  // as no progress, so probes never come faster than the interval.
-  if (Clock::now() >= next_keepalive_) {
+  // Blocked: probe the peers waited on once kKeepaliveInterval has passed
+  // with nothing posted or advanced (counted from the first block after the
+  // last activity), and wake for the next probe; a keepalive's completion
+  // wakes the wait but counts as no progress, so probes never come faster
+  // than the interval.
+  now = Clock::now();
+  if (active_) {
+    next_keepalive_ = now + kKeepaliveInterval;
+    active_ = false;
+  } else if (now >= next_keepalive_) {
     keep_alive();
-    next_keepalive_ = Clock::now() + kKeepaliveInterval;
+    next_keepalive_ = now + kKeepaliveInterval;
   }
   wait_events(std::min({deadline, next_keepalive_, wake_by_}));
   wake_by_ = Clock::time_point::max();

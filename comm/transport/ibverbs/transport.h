@@ -16,16 +16,23 @@
 // Credits: the sender may have at most `slots` pieces the receiver has not
 // freed. The receiver frees slots in order and tells the sender how many it
 // has freed so far by RDMA-writing that count into a word of the sender's
-// control region, with an immediate of kCreditImm so the sender wakes up;
-// a ring is never overrun, and a peer that writes beyond its credits is
-// reported as sending garbage.
+// control region, with an immediate of kCreditImm so the sender wakes up:
+// once half the ring is freed, or at once when the sender has used up its
+// credits. Every ring piece going the other way carries the count as well
+// (its low 10 bits, in the immediate: ids.h), so traffic both ways needs no
+// credit writes at all. A ring is never overrun, and a peer that writes
+// beyond its credits is reported as sending garbage.
+//
+// A send that went whole through the ring is done once its last piece is
+// posted (its bytes are in this rank's staging slots), not when the write is
+// acknowledged: a small exchange costs half a round trip, not a round trip.
 //
 // Keepalive: RC reports a peer that stopped answering only through a write
 // of this rank's own that runs out of retries, and soft-RoCE drops packets
 // to a destroyed queue pair without a word. A rank blocked on a peer (a
 // receive, or a send out of credits) with no write outstanding to it would
 // therefore wait for a dead peer until BRAID_TIMEOUT. So once progress() has
-// seen nothing advance for kKeepaliveInterval, it posts to each peer it
+// seen nothing posted or advance for kKeepaliveInterval, it posts to each peer it
 // waits on and has no write outstanding to an 8-byte signaled RDMA write
 // (no immediate) into the keepalive word of that peer's control block, at
 // most once per interval. The peer's adapter acknowledges it without its
@@ -275,7 +282,8 @@ class IbTransport final : public Transport {
   std::uint64_t direct_sent_ = 0, direct_bytes_ = 0;  // logged at shutdown
   bool shut_down_ = false;
   std::int64_t writes_in_flight_ = 0;  // signaled writes posted and not yet completed (drain)
-  Clock::time_point next_keepalive_;  // nothing advanced since this minus kKeepaliveInterval
+  Clock::time_point next_keepalive_;  // when progress() probes the peers it waits on, if still blocked
+  bool active_ = true;                // posted or advanced since progress() last blocked
   std::chrono::nanoseconds cts_wait_{};  // set by prove_paths
   Clock::time_point wake_by_ = Clock::time_point::max();  // a large send stops waiting for its Cts
 };
