@@ -33,7 +33,8 @@ std::exception_ptr with_context(const Op& op, int rank, std::exception_ptr error
     return std::make_exception_ptr(TimeoutError(e.what()));  // already says who waits for whom
   } catch (const RemoteError& e) {
     std::string why = e.peer() >= 0 && status ? status->abort_reason(e.peer()) : std::string();
-    std::string text = where + e.what() + (why.empty() ? "" : "; it had failed first: " + why);
+    const bool told = why.empty() || std::string_view(e.what()).find(why) != std::string_view::npos;
+    std::string text = where + e.what() + (told ? "" : "; it had failed first: " + why);
     return std::make_exception_ptr(RemoteError(text, e.peer()));
   } catch (const InvalidUsage& e) {
     return std::make_exception_ptr(InvalidUsage(where + e.what()));
@@ -276,6 +277,7 @@ void Communicator::Impl::note_choice(OpKind kind, const Algorithm& algorithm) {
 void Communicator::Impl::abort(const std::string& reason) {
   spdlog::error("{}", reason);
   if (status) status->publish_abort(reason);
+  for (auto& t : transports) t->farewell(reason);
   for (auto& t : transports) t->shutdown();
 }
 

@@ -112,6 +112,11 @@ class Transport {
 
   // Closes every connection so that peers blocked on this rank fail fast.
   virtual void shutdown() = 0;
+  // Before shutdown() of a failed communicator: tells the peers why, where
+  // the transport can carry it (best effort, never throws), so that a peer
+  // failing on this rank names the reason even when the store that would
+  // carry it was this rank's and went with it.
+  virtual void farewell(const std::string& /*reason*/) {}
 
   // Registered memory. find_region: whether [data, data + bytes) lies in
   // memory this rank registered that this transport can hand its peers;

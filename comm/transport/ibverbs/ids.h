@@ -11,7 +11,9 @@ namespace braid::comm::ibverbs {
 
 // wr_id: the kind of work request in the top byte, the queue pair's index
 // among the peer's in the next, the peer's index in the low 32 bits.
-enum class Work : std::uint64_t { data = 1, credit = 2, proof = 3, receive = 4, keepalive = 5, cts = 6, direct = 7 };
+enum class Work : std::uint64_t {
+  data = 1, credit = 2, proof = 3, receive = 4, keepalive = 5, cts = 6, direct = 7, farewell = 8
+};
 
 inline std::uint64_t wr_id(Work kind, std::size_t peer, int qp = 0) {
   return (static_cast<std::uint64_t>(kind) << 56) | (static_cast<std::uint64_t>(qp & 0xff) << 48) | (peer & 0xffffffffu);
@@ -29,6 +31,7 @@ inline const char* operation(Work kind) {
     case Work::keepalive: return "a keepalive (an 8-byte RDMA write to a peer this rank waits on)";
     case Work::cts: return "an RDMA write of a clear-to-send (a receive buffer offered for a large message)";
     case Work::direct: return "a direct RDMA write of a large message into the peer's buffer";
+    case Work::farewell: return "an RDMA write telling the peer why this rank stops";
     default: return "a receive of an RDMA write with immediate";
   }
 }
@@ -42,6 +45,7 @@ inline const char* operation(Work kind) {
 inline constexpr std::uint32_t kCreditImm = 0xffffffffu;
 inline constexpr std::uint32_t kCtsImm = 0xfffffffeu;
 inline constexpr std::uint32_t kStripeImm = 0xfffffffdu;
+inline constexpr std::uint32_t kFarewellImm = 0xfffffffcu;
 inline constexpr std::uint32_t kDirectHeader = 0x40000000u;
 inline constexpr std::uint32_t kPieceBytesMask = 0x000fffffu;
 inline constexpr int kPieceCreditShift = 20;

@@ -98,6 +98,24 @@ void IbTransport::shutdown() {
       }
 }
 
+void IbTransport::farewell(const std::string& reason) {
+  if (shut_down_) return;
+  for (auto& peer : peers_) {
+    if (peer.qps.empty() || !peer.qps[0]) continue;
+    char* out = control(peer).farewell_out;
+    const std::size_t bytes = std::min(reason.size(), kFarewellBytes - 1);
+    std::memcpy(out, reason.data(), bytes);
+    out[bytes] = '\0';
+    try {
+      post_write(peer, wr_id(Work::farewell, index_of(peer)), out, control_.lkey(),
+                 static_cast<std::uint32_t>(bytes + 1),
+                 peer.remote.credit_address + offsetof(ControlBlock, farewell_in), peer.remote.control_rkey, true,
+                 kFarewellImm);
+    } catch (const Error&) {  // best effort: the queue pair may be gone already
+    }
+  }
+}
+
 IbTransport::Peer& IbTransport::peer_of(int rank) {
   int index = rank >= 0 && rank < static_cast<int>(index_by_rank_.size()) ? index_by_rank_[rank] : -1;
   if (index < 0)
@@ -395,6 +413,12 @@ void IbTransport::on_receive(Peer& peer, const ibv_wc& wc) {
     ++peer.cts_arrived;
     return;
   }
+  if (imm == kFarewellImm) {
+    const char* why = control(peer).farewell_in;
+    throw RemoteError("rank " + std::to_string(peer.rank) + " stopped its communicator and told rank " +
+                          std::to_string(rank_) + " why: " + std::string(why, strnlen(why, kFarewellBytes - 1)),
+                      peer.rank);
+  }
   peer.credits = credits_after(peer.credits, imm, slots_);
   if ((imm & kPieceBytesMask) > slot_bytes_ || peer.arrived - peer.freed >= slots_)
     throw RemoteError("rank " + std::to_string(rank_) + " received an RDMA piece from rank " +
@@ -424,6 +448,7 @@ bool IbTransport::on_completion(const ibv_wc& wc) {
     case Work::cts: --peer.cts_writes; break;
     case Work::credit: --peer.credit_writes; break;
     case Work::proof: peer.proved = true; break;
+    case Work::farewell: break;
     case Work::receive: on_receive(peer, wc); break;
     case Work::keepalive: peer.keepalive_pending = false; return false;
   }

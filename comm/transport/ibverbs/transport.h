@@ -41,6 +41,12 @@
 // retries (connection.cc: under 2 s) as "retries exhausted", a
 // RemoteError naming the peer. Data that flows never triggers a keepalive.
 //
+// Farewell: a rank whose communicator fails writes why (its first
+// kFarewellBytes - 1 bytes) into each peer's control block with an
+// immediate of kFarewellImm before it shuts down (the drain lets the write
+// land); a peer fails at once with that reason and the rank's name, even
+// when the store, which carries the reason too, was served by that rank.
+//
 // Large messages (payload of at least kDirectMinBytes) are written straight
 // from the sender's buffer into the receiver's when the receiver is ready
 // (direct.cc):
@@ -102,6 +108,7 @@ class IbTransport;
 inline constexpr std::uint64_t kDirectMinBytes = 64u << 10;
 inline constexpr int kCtsSlots = 8;
 inline constexpr int kMaxQpsPerPeer = 8;
+inline constexpr std::size_t kFarewellBytes = 512;
 
 // A receiver's clear-to-send for one large message (direct.cc).
 struct Cts {
@@ -195,6 +202,7 @@ class IbTransport final : public Transport {
   void release(RequestId request) override;
   bool progress(Clock::time_point deadline) override;
   void shutdown() override;
+  void farewell(const std::string& reason) override;
   std::uint64_t bytes_sent() const override { return bytes_sent_; }
   std::uint64_t bytes_received() const override { return bytes_received_; }
 
@@ -212,6 +220,8 @@ class IbTransport final : public Transport {
     std::uint64_t pad[2];
     Cts cts_in[kCtsSlots];   // written by the peer: its clear-to-sends for this rank's large messages
     Cts cts_out[kCtsSlots];  // sources of this rank's clear-to-sends
+    char farewell_in[kFarewellBytes];   // written by the peer when it fails: why (farewell())
+    char farewell_out[kFarewellBytes];  // source of this rank's farewell
   };
 
  private:

@@ -22,10 +22,10 @@
 #    a wire that drops every packet (netem loss 100%: a failed switch; only
 #    the transport's retries can tell). Every rank names the port error or
 #    the peer that stopped answering.
-# One known issue of the transport is a TODO check (known_issue), to be
-# made a check once fixed: with 3 ranks, when the rank that finds a mismatch
-# has sent nothing to the others yet, they name only that it stopped
-# answering. (A rank whose own port went down now names its port.)
+# With 3 ranks, the rank that finds a mismatch may have sent nothing to the
+# others yet, and the store that carries its reason may have been its own:
+# its farewell (transport.h) still tells every peer why, and they name the
+# mismatch too.
 # A rank SIGKILLed mid all_reduce is ibverbs_peer_killed.sh.
 # $1: the build folder holding tools/braid-bench and tools/check/braid-check.
 build=${1:?usage: ibverbs_failures.sh BUILD_VM_DIR}
@@ -130,18 +130,13 @@ wire_up() { # brings both ends of the RDMA wire back, without loss
   echo "# the rxe ports did not come back: $(rdma link show)"; return 1
 }
 
-why_mismatch="when the rank that finds the mismatch has sent nothing to the others yet (3 ranks, all_reduce vs all_gather), they report only that it stopped answering RDMA (retries exhausted) ~2 s later: the reason it publishes goes with the store it served"
 
 check "two hosts h1 and h2" rxe_two_hosts h1 h2
 for args in "h1:1 h2:1|count|1000" "h1:1 h2:1|count|1048576" "h1:2 h2:1|kind|1000"; do
   IFS='|' read -r layout what count <<<"$args"
   check "mismatched $what (count $count), ranks $layout: every rank fails with a named error, the mismatch named" \
     mismatch "$layout" --expect-mismatch "$what" --mismatch-count "$count"
-  if [ "$layout" = "h1:1 h2:1" ]; then
-    check "... and every rank names the mismatch" every_rank_says "$layout" "$mismatched"
-  else
-    known_issue "... and every rank names the mismatch" "$why_mismatch" every_rank_says "$layout" "$mismatched"
-  fi
+  check "... and every rank names the mismatch" every_rank_says "$layout" "$mismatched"
 done
 
 check "IPv4 addresses on the RDMA wire: GID index 1 on both hosts" eval \
