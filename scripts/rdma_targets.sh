@@ -23,7 +23,7 @@ build=$(cd "${1:-${RDMA_VM_BUILD:-$repo/build-vm}}" && pwd)
 [ -f "$build/build.ninja" ] || { echo "rdma_targets: $build is not a configured build folder (scripts/setup.sh makes build-vm)" >&2; exit 2; }
 
 "$repo/scripts/rdma_vm.sh" --check || exit $?
-ninja -C "$build" tools/braid-bench tools/braid-launch >&2
+ninja -C "$build" tools/braid-bench tools/braid-launch tests/rdma/programs/rdma-exchange >&2
 
 workdir=$(mktemp -d "${TMPDIR:-/tmp}/braid-rdma-targets.XXXXXX")
 trap 'rm -rf "$workdir"' EXIT

@@ -21,7 +21,10 @@
 #    iteration sends one message each way and waits for the other's);
 #    target <= 1.0 x the round trip. One exchange is half a round trip, so
 #    the ratio to half the round trip is shown too, and the blocking
-#    all_reduce (-z 1: each call waited for before the next) as well.
+#    all_reduce (-z 1: each call waited for before the next) as well, and
+#    the transport alone (tests/rdma/programs/exchange.cc: the 8-byte
+#    exchange a 2-rank all_reduce makes, and a ping-pong round trip, with
+#    no communicator above), which tells the wire's share from the layers'.
 # Every measurement is taken ROUNDS times, interleaved, and the medians
 # are compared (TCG's speed follows the load of the machine running it).
 # $1: the build folder holding tools/braid-launch and tools/braid-bench;
@@ -74,9 +77,9 @@ median() { # VALUE...
 
 # One round of every measurement; appends to the sample lists.
 declare -A bw_mibs bidi_mibs busbw
-rtts=() lat0=() lat1=()
+rtts=() lat0=() lat1=() xchg=() xpp=()
 measure_round() {
-  local size rows row mode pp rtt
+  local size rows row mode pp rtt out
   for size in "${sizes[@]}"; do
     bw_mibs[$size]+=" $(write_bw "$size" 10)" || fail "ib_write_bw at $size B failed"
     bidi_mibs[$size]+=" $(write_bw "$size" 10 -b)" || fail "ib_write_bw -b at $size B failed"
@@ -92,6 +95,10 @@ measure_round() {
   rtt=$(awk '/client: .* iters in .* usec\/iter/ { for (i = 1; i <= NF; i++) if ($i == "=") print $(i + 1) }' <<<"$pp")
   [ -n "$rtt" ] || fail "no usec/iter in ibv_rc_pingpong's output"
   rtts+=("$rtt")
+  out=$(launch_two_hosts "$launch" h1 h2 1 240 -- "$build/tests/rdma/programs/rdma-exchange" 5000 2>&1) \
+    || { echo "$out" >&2; fail "rdma-exchange failed"; }
+  xchg+=("$(awk '/\[rank 0\] exchange:/ { print $(NF - 1) }' <<<"$out")")
+  xpp+=("$(awk '/\[rank 0\] pingpong round trip:/ { print $(NF - 1) }' <<<"$out")")
   for mode in 0 1; do
     row=$(bench_rows --coll all_reduce -b 8 -e 8 -n 1000 -w 50 -c 0 -z "$mode") || fail "braid-bench all_reduce failed"
     if [ "$mode" = 0 ]; then lat0+=("$(awk '{ print $7 }' <<<"$row")"); else lat1+=("$(awk '{ print $7 }' <<<"$row")"); fi
@@ -129,3 +136,7 @@ for mode in 0 1; do
       (mode ? "braid all_reduce, blocking (-z 1):" : "braid all_reduce (nccl-tests style):"), t, r, \
       (r <= 1.0 ? "met" : "missed"), t / (rtt / 2), list }'
 done
+x=$(median "${xchg[@]}") p=$(median "${xpp[@]}")
+awk -v x="$x" -v p="$p" -v rtt="$rtt" -v xs="${xchg[*]}" -v ps="${xpp[*]}" 'BEGIN {
+  printf "  transport alone (rdma-exchange), 8-byte exchange: %.1f (%.2f x the round trip; samples %s)\n", x, x / rtt, xs
+  printf "  transport alone, ping-pong round trip:            %.1f (%.2f x ibv_rc_pingpong; samples %s)\n", p, p / rtt, ps }'

@@ -1,0 +1,98 @@
+// rdma-exchange: the ibverbs transport alone, below the communicator, for
+// scripts/rdma_targets.sh (2 ranks under braid-launch, one per host): the
+// time of an 8-byte exchange (both ranks send, then wait for the other's
+// message: what a 2-rank all_reduce does on the wire) and of an 8-byte
+// ping-pong round trip (as ibv_rc_pingpong times it), each over ITERS
+// iterations after a warm-up. Set against the whole all_reduce, the
+// difference is what the communicator's layers above the transport cost.
+//
+//   braid-launch ... -- rdma-exchange [ITERS]
+//
+// Prints "exchange: X us" and "pingpong round trip: Y us" on every rank.
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <memory>
+
+#include "comm/transport/ibverbs/transport.h"
+#include "comm/wire.h"
+#include "runtime/errors.h"
+#include "runtime/rank_info.h"
+#include "runtime/store.h"
+
+using namespace braid;
+using namespace braid::comm;
+
+namespace {
+
+// Runs the transport until `request` completes (a named error past 20 s).
+void finish(Transport& t, RequestId request) {
+  const auto deadline = Clock::now() + std::chrono::seconds(20);
+  while (!t.is_done(request))
+    if (!t.progress(deadline) && Clock::now() >= deadline) throw TimeoutError("rdma-exchange: no progress in 20 s");
+  t.release(request);
+}
+
+// One iteration: both send and then wait (exchange), or rank 0 sends and
+// waits for the answer while rank 1 answers (ping-pong).
+void iteration(Transport& t, int rank, bool exchange, const WireHeader& h, double* out, double* in) {
+  const int peer = 1 - rank;
+  if (exchange) {
+    RequestId s = t.post_send(peer, h, out);
+    RequestId r = t.post_recv(peer, h, in, Placement{});
+    finish(t, r);
+    finish(t, s);
+  } else if (rank == 0) {
+    finish(t, t.post_send(peer, h, out));
+    finish(t, t.post_recv(peer, h, in, Placement{}));
+  } else {
+    finish(t, t.post_recv(peer, h, in, Placement{}));
+    finish(t, t.post_send(peer, h, out));
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) try {
+  const int iters = argc > 1 ? std::atoi(argv[1]) : 5000;
+  runtime::RankInfo info = runtime::rank_info_from_env();
+  if (info.world_size != 2 || iters < 1) {
+    std::fprintf(stderr, "usage: braid-launch (2 ranks) -- rdma-exchange [ITERS >= 1]\n");
+    return 2;
+  }
+  std::unique_ptr<runtime::StoreServer> server;
+  if (info.store_served_by_rank0 && info.rank == 0)
+    server = std::make_unique<runtime::StoreServer>(info.store_host, info.store_port, info.job_token);
+  runtime::Store store(info.store_host, server ? server->port() : info.store_port, info.job_token,
+                       std::chrono::seconds(30));
+  ibverbs::IbOptions options;
+  options.rank = info.rank;
+  options.size = 2;
+  options.comm_id = 9;
+  options.job_token = info.job_token;
+  options.timeout = std::chrono::seconds(20);
+  options.spin = std::chrono::microseconds(20);  // BRAID_SPIN_US's default
+  auto transport = ibverbs::connect_ibverbs(store, "exchange", options);
+  WireHeader h;
+  h.kind = static_cast<std::uint8_t>(OpKind::send);
+  h.comm_id = 9;
+  h.count = 1;
+  h.payload_bytes = sizeof(double);
+  double out = info.rank + 1.0, in = 0;
+  for (const bool exchange : {true, false}) {
+    for (int i = 0; i < iters / 10 + 1; ++i) iteration(*transport, info.rank, exchange, h, &out, &in);
+    const auto start = Clock::now();
+    for (int i = 0; i < iters; ++i) iteration(*transport, info.rank, exchange, h, &out, &in);
+    const double us = std::chrono::duration<double, std::micro>(Clock::now() - start).count() / iters;
+    std::printf("%s: %.2f us\n", exchange ? "exchange" : "pingpong round trip", us);
+  }
+  if (in != 2.0 - info.rank) {
+    std::fprintf(stderr, "rdma-exchange: rank %d received %g, not %g\n", info.rank, in, 2.0 - info.rank);
+    return 1;
+  }
+  transport->shutdown();
+  return 0;
+} catch (const std::exception& e) {
+  std::fprintf(stderr, "rdma-exchange: %s\n", e.what());
+  return 1;
+}
