@@ -3,7 +3,6 @@
 #include "comm/communicator.h"
 
 #include <algorithm>
-#include <limits>
 
 #include "comm/communicator_impl.h"
 #include "comm/device.h"
@@ -55,8 +54,8 @@ void validate(const Op& op, int rank, int size) {
     throw InvalidUsage(call() + (p2p ? "peer " : "root ") + std::to_string(op.root) + " is out of range [0, " +
                        std::to_string(size) + ")");
   if (p2p && op.root == rank) throw InvalidUsage(call() + "a rank cannot send to or receive from itself");
-  std::size_t limit = std::numeric_limits<std::size_t>::max() / 8 / static_cast<std::size_t>(size);
-  if (op.count > limit)
+  std::size_t most_bytes;  // count x 8 x size overflows where count > SIZE_MAX / 8 / size: no division per call
+  if (__builtin_mul_overflow(op.count, 8 * static_cast<std::size_t>(size), &most_bytes))
     throw InvalidUsage(call() + "count " + std::to_string(op.count) + " overflows the buffer size");
   if (buffer_elements(op, size) == 0) return;
   if (needs_send_buffer(op, rank) && !op.send) throw InvalidUsage(call() + "send buffer is null with count > 0");
@@ -70,7 +69,11 @@ void locate_buffers(Op& op, int rank, int size) {
   const bool moves_data = buffer_elements(op, size) > 0;
   const void* send = moves_data && needs_send_buffer(op, rank) ? op.send : nullptr;
   const void* recv = moves_data && needs_recv_buffer(op, rank) ? op.recv : nullptr;
-  const runtime::Location in = runtime::locate(send), out = recv == send ? in : runtime::locate(recv);
+  runtime::Location in, out;  // host memory, unless a CUDA driver is loaded (or a test locates)
+  if (runtime::device_memory_possible()) {
+    in = runtime::locate(send);
+    out = recv == send ? in : runtime::locate(recv);
+  }
   if (send && recv && (in.kind != out.kind || in.device != out.device))
     throw InvalidUsage(call() + "the send buffer is in " + runtime::describe(in) + " but the receive buffer in " +
                        runtime::describe(out) + "; both must be in the same memory");
@@ -121,6 +124,7 @@ int Communicator::size() const { return impl_->size; }
 Work Communicator::submit(Op op) {
   validate(op, impl_->rank, impl_->size);
   locate_buffers(op, impl_->rank, impl_->size);
+  if (auto done = impl_->try_lean(op)) return Work(std::move(done));  // small one-shot calls (engine_lean.cc)
   return Work(impl_->enqueue(op));
 }
 

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <array>
+#include <atomic>
 #include <condition_variable>
 #include <deque>
 #include <exception>
@@ -34,7 +35,9 @@ namespace braid::comm {
 struct WorkState {
   std::mutex mu;
   std::condition_variable cv;
-  bool done = false;
+  // Set once, after `error`, under `mu` where other threads may wait; read
+  // without it by Work's first look, so a completed call costs no lock.
+  std::atomic<bool> done{false};
   std::exception_ptr error;
   // A call on device memory: its stream's side (comm/device.h).
   std::shared_ptr<StagedOp> staged;
@@ -44,9 +47,13 @@ struct WorkState {
   // before enqueue returns its Work): no lock, no one to notify.
   void complete_unshared(std::exception_ptr e) {
     error = std::move(e);
-    done = true;
+    done.store(true, std::memory_order_release);
   }
 };
+
+// The state of every call that completed without error before its Work was
+// returned (the engine's lean path): shared, never freed, no count to move.
+std::shared_ptr<WorkState> completed_work();
 
 struct Communicator::Impl {
   // Identity.
@@ -78,7 +85,15 @@ struct Communicator::Impl {
   bool stopping = false;
   std::thread worker;
   std::exception_ptr failure;  // first error; the communicator is aborted after it
-  std::uint64_t next_seq = 1;  // collectives, in issue order
+  // The engine's state as the lean path (engine_lean.cc) sees it, in one
+  // word that changes only by atomic read-modify-writes: the next
+  // collective's sequence number (in units of kOneSeq), kBusy (a call is
+  // queued or running, or the communicator failed: the lean path stays
+  // out), kLean (a lean call runs: the worker waits for it) and kQueued (a
+  // call was queued while another ran, so a lean call that ends hands over
+  // under `mu`). engine.cc changes it with `mu` held, the lean path without.
+  static constexpr std::uint64_t kBusy = 1, kLean = 2, kQueued = 4, kOneSeq = 8;
+  std::atomic<std::uint64_t> gate{kOneSeq};  // collectives are numbered from 1, in issue order
   // Point-to-point ops are numbered per peer and direction instead: ranks
   // issue different numbers of them, so a global number would not match.
   std::map<int, std::uint64_t> sends_to, receives_from;
@@ -98,13 +113,35 @@ struct Communicator::Impl {
     std::array<std::string_view, 4> logged{};   // algorithms already logged at info
   };
   std::array<Choices, 16> choices_by_kind{};  // [OpKind]
+  // The lean path (engine_lean.cc): per kind, the one-shot algorithm that
+  // select.cc runs every host call of that kind on up to `bytes`; asked once.
+  struct Lean {
+    Algorithm algorithm;
+    std::size_t bytes = 0;
+  };
+  std::array<Lean, 16> lean_by_kind{};  // [OpKind]; algorithm.run null: none
+  std::once_flag prepared;                // prepare(): before the first call runs
+  // For the Exchange's timeout messages: where `peer` is, who holds `op` up.
+  const Exchange::PeerState peer_state = [this](const Op& op, int peer) { return describe_wait(op, peer); };
 
   ~Impl();
   std::shared_ptr<WorkState> enqueue(Op op);
+  // Runs `op` at once through the lean path and returns its completed
+  // state, or null (nothing done) where that path does not apply.
+  std::shared_ptr<WorkState> try_lean(Op& op);
+  // Once, with the transports connected: the slots and lean_by_kind.
+  void prepare();
+  std::string describe_wait(const Op& op, int peer);
+  // A failed call's error with this rank and op in front, after the
+  // communicator was aborted with it and it was kept as `failure`.
+  std::exception_ptr fail(const Op& op, std::exception_ptr raw);
   void start_device(int ordinal);
   void execute(const Op& op, WorkState& state, bool inline_call = false);
   void run_worker();
   bool start_worker(const Op& op, WorkState& state);
+  std::uint64_t take_gate(bool collective, bool may_run_now);
+  void settle();
+  void hand_over();
   CallShape shape_of(const Op& op) const;
   bool registered(const Op& op) const;
   void note_choice(OpKind kind, const Algorithm& algorithm);

@@ -59,9 +59,18 @@ void WorkState::complete(std::exception_ptr e) {
   {
     std::lock_guard lock(mu);
     error = std::move(e);
-    done = true;
+    done.store(true, std::memory_order_release);
   }
   cv.notify_all();
+}
+
+std::shared_ptr<WorkState> completed_work() {
+  static WorkState* const completed = [] {
+    auto* state = new WorkState;  // never freed: Works may outlive every communicator
+    state->done.store(true, std::memory_order_release);
+    return state;
+  }();
+  return std::shared_ptr<WorkState>(std::shared_ptr<WorkState>(), completed);  // no control block
 }
 
 Communicator::Impl::~Impl() {
@@ -76,6 +85,7 @@ Communicator::Impl::~Impl() {
 }
 
 std::shared_ptr<WorkState> Communicator::Impl::enqueue(Op op) {
+  std::call_once(prepared, [this] { prepare(); });
   auto state = std::make_shared<WorkState>();
   // Device memory: the copies and the gate go on the caller's stream now,
   // before the call takes its sequence number, and staging and queueing
@@ -92,19 +102,19 @@ std::shared_ptr<WorkState> Communicator::Impl::enqueue(Op op) {
     state->timeout = timeout;
   }
   std::unique_lock lock(mu);
+  const bool collective = op.kind != OpKind::send && op.kind != OpKind::recv;
   if (op.kind == OpKind::send) op.seq = ++sends_to[op.root];
   else if (op.kind == OpKind::recv) op.seq = ++receives_from[op.root];
-  else op.seq = next_seq++;
-  std::size_t bytes = op.count * dtype_bytes(op.dtype);
-  if (!failure && queue.empty() && !running && bytes <= inline_bytes && !state->staged) {
+  const bool small = op.count * dtype_bytes(op.dtype) <= inline_bytes && !state->staged;
+  const std::uint64_t before = take_gate(collective, small);
+  if (collective) op.seq = before / kOneSeq;
+  if (small && !(before & kBusy)) {  // nothing queued or running, no failure: run it here
     running = true;
     lock.unlock();
     execute(op, *state, true);
     lock.lock();
     running = false;
-    const bool queued = !queue.empty();  // calls other threads issued meanwhile, for the worker
-    lock.unlock();
-    if (queued) cv.notify_all();  // else no wake-up: a sleeping worker costs a system call to wake
+    settle();
     return state;
   }
   if (!worker.joinable() && !start_worker(op, *state)) return state;
@@ -112,6 +122,38 @@ std::shared_ptr<WorkState> Communicator::Impl::enqueue(Op op) {
   lock.unlock();
   cv.notify_all();
   return state;
+}
+
+// With `mu` held: takes the call's place in the gate (its sequence number
+// if `collective`) and marks the engine busy; returns the gate as it was,
+// whose kBusy says whether the call must queue. A call that queues sets
+// kQueued, so that a lean call running meanwhile sees the gate changed.
+std::uint64_t Communicator::Impl::take_gate(bool collective, bool may_run_now) {
+  std::uint64_t before = gate.load(std::memory_order_relaxed), after;
+  do {
+    after = (before + (collective ? kOneSeq : 0)) | kBusy;
+    if ((before & kBusy) || !may_run_now) after |= kQueued;
+  } while (!gate.compare_exchange_weak(before, after, std::memory_order_acq_rel, std::memory_order_relaxed));
+  return before;
+}
+
+// With `mu` held, after a call ran (running is false again): the worker
+// takes what other threads queued meanwhile; with nothing queued the engine
+// is idle for the lean path again, unless the communicator failed.
+void Communicator::Impl::settle() {
+  if (!queue.empty()) {
+    cv.notify_all();  // else no wake-up: a sleeping worker costs a system call to wake
+    return;
+  }
+  if (!failure) gate.fetch_and(~(kBusy | kQueued), std::memory_order_release);
+}
+
+// A lean call that ended while the gate changed under it (another thread
+// queued a call) or that failed: the rest is the engine's, under `mu`.
+void Communicator::Impl::hand_over() {
+  std::lock_guard lock(mu);
+  gate.fetch_and(~kLean, std::memory_order_release);
+  settle();
 }
 
 // The device path, on the first call on device memory (staging_mu held):
@@ -139,6 +181,7 @@ bool Communicator::Impl::start_worker(const Op& op, WorkState& state) {
         "): the process is out of threads (ulimit -u, the cgroup's pids.max, kernel.threads-max); "
         "destroy communicators that are no longer used or raise the limit"));
     if (!failure) failure = error;
+    gate.fetch_or(kBusy, std::memory_order_relaxed);
     abort(message_of(error));
     if (state.staged) state.staged->open_gate();
     state.complete(error);
@@ -149,7 +192,10 @@ bool Communicator::Impl::start_worker(const Op& op, WorkState& state) {
 void Communicator::Impl::run_worker() {
   std::unique_lock lock(mu);
   for (;;) {
-    cv.wait(lock, [this] { return (!queue.empty() && !running) || (stopping && queue.empty()); });
+    cv.wait(lock, [this] {
+      const bool lean = gate.load(std::memory_order_acquire) & kLean;  // cleared under `mu` (hand_over)
+      return (!queue.empty() && !running && !lean) || (stopping && queue.empty());
+    });
     if (queue.empty()) return;
     auto [op, state] = std::move(queue.front());
     queue.pop_front();
@@ -158,6 +204,7 @@ void Communicator::Impl::run_worker() {
     execute(op, *state);
     lock.lock();
     running = false;
+    settle();
     cv.notify_all();
   }
 }
@@ -185,11 +232,7 @@ void Communicator::Impl::execute(const Op& op, WorkState& state, bool inline_cal
     if (state.staged) shape.registered = state.staged->on_device();  // as when it was staged
     const Algorithm algorithm = select_algorithm(shape);
     note_choice(op.kind, algorithm);
-    Exchange x(op, exchange, Clock::now() + timeout, [this, &op](int peer) {
-      if (!status) return std::string("is unknown");
-      std::string text = status->describe_peer(peer), holder = status->holder(op, size);
-      return holder.empty() ? text : text + "; holding this call up: " + holder;
-    });
+    Exchange x(op, exchange, Clock::now() + timeout, peer_state);
     if (size > 1 && !algorithm.agrees) agree_signatures(x);
     algorithm.run(x);
     if (state.staged) state.staged->open_gate();
@@ -197,17 +240,29 @@ void Communicator::Impl::execute(const Op& op, WorkState& state, bool inline_cal
     if (inline_call) state.complete_unshared(nullptr);
     else state.complete(nullptr);
   } catch (...) {
-    if (status) status->left(op);
     if (state.staged) state.staged->open_gate();  // the stream goes on; the Work carries the error
-    auto error = with_context(op, rank, std::current_exception(), status.get());
-    abort(message_of(error));
-    {
-      std::lock_guard lock(mu);
-      if (!failure) failure = error;
-    }
+    auto error = fail(op, std::current_exception());
     if (inline_call) state.complete_unshared(error);
     else state.complete(error);
   }
+}
+
+// What a timed-out wait says of `peer`: its last call, and which rank
+// holds this one up.
+std::string Communicator::Impl::describe_wait(const Op& op, int peer) {
+  if (!status) return "is unknown";
+  std::string text = status->describe_peer(peer), holder = status->holder(op, size);
+  return holder.empty() ? text : text + "; holding this call up: " + holder;
+}
+
+std::exception_ptr Communicator::Impl::fail(const Op& op, std::exception_ptr raw) {
+  if (status) status->left(op);
+  auto error = with_context(op, rank, std::move(raw), status.get());
+  abort(message_of(error));
+  std::lock_guard lock(mu);
+  if (!failure) failure = error;
+  gate.fetch_or(kBusy, std::memory_order_relaxed);  // no lean call after a failure
+  return error;
 }
 
 // What select.cc needs to know of `op` on this communicator. Whether
@@ -283,10 +338,12 @@ void Communicator::Impl::abort(const std::string& reason) {
 
 void Work::wait() {
   if (!state_) throw InvalidUsage("wait() on an empty Work");
-  std::unique_lock lock(state_->mu);
-  // Bounded: the operation (and every one queued before it) fails by itself
-  // within BRAID_TIMEOUT of starting.
-  while (!state_->cv.wait_for(lock, std::chrono::seconds(1), [this] { return state_->done; })) {
+  if (!state_->done.load(std::memory_order_acquire)) {
+    std::unique_lock lock(state_->mu);
+    // Bounded: the operation (and every one queued before it) fails by itself
+    // within BRAID_TIMEOUT of starting.
+    while (!state_->cv.wait_for(lock, std::chrono::seconds(1), [this] { return state_->done.load(); })) {
+    }
   }
   if (state_->error) std::rethrow_exception(state_->error);
   if (state_->staged) state_->staged->wait_results(Clock::now() + state_->timeout);
@@ -294,20 +351,22 @@ void Work::wait() {
 
 void Work::wait(std::chrono::milliseconds timeout) {
   if (!state_) throw InvalidUsage("wait() on an empty Work");
-  std::unique_lock lock(state_->mu);
   const auto deadline = Clock::now() + timeout;
-  if (!state_->cv.wait_until(lock, deadline, [this] { return state_->done; }))
-    throw TimeoutError("Work::wait: the operation did not complete within " + std::to_string(timeout.count()) +
-                       " ms (it is still queued or running)");
+  if (!state_->done.load(std::memory_order_acquire)) {
+    std::unique_lock lock(state_->mu);
+    if (!state_->cv.wait_until(lock, deadline, [this] { return state_->done.load(); }))
+      throw TimeoutError("Work::wait: the operation did not complete within " + std::to_string(timeout.count()) +
+                         " ms (it is still queued or running)");
+  }
   if (state_->error) std::rethrow_exception(state_->error);
   if (state_->staged) state_->staged->wait_results(deadline);
 }
 
 bool Work::test() {
   if (!state_) throw InvalidUsage("test() on an empty Work");
-  std::lock_guard lock(state_->mu);
-  if (state_->done && state_->error) std::rethrow_exception(state_->error);
-  return state_->done && (!state_->staged || state_->staged->results_ready());
+  if (!state_->done.load(std::memory_order_acquire)) return false;
+  if (state_->error) std::rethrow_exception(state_->error);
+  return !state_->staged || state_->staged->results_ready();
 }
 
 }  // namespace braid::comm

@@ -10,8 +10,14 @@
 
 namespace braid::comm {
 
-Exchange::Exchange(const Op& op, ExchangeContext& context, Clock::time_point deadline, PeerState peer_state)
-    : op_(op), c_(context), deadline_(deadline), peer_state_(std::move(peer_state)) {
+Exchange::Exchange(const Op& op, ExchangeContext& context, Clock::time_point deadline, const PeerState& peer_state)
+    : op_(op), c_(context), deadline_(deadline), peer_state_(peer_state) {
+  c_.sends.clear();
+}
+
+Exchange::Exchange(const Op& op, ExchangeContext& context, std::chrono::milliseconds timeout,
+                   const PeerState& peer_state)
+    : op_(op), c_(context), deadline_(), timeout_(timeout), peer_state_(peer_state) {
   c_.sends.clear();
 }
 
@@ -57,14 +63,14 @@ void Exchange::drive(const Request& request) {
   c_.waiting_for.store(request.peer, std::memory_order_relaxed);
   while (!t->is_done(request.id)) {
     auto now = Clock::now();
-    if (now >= deadline_) timed_out(request.peer);
+    if (now >= deadline()) timed_out(request.peer);
     if (c_.distinct.size() == 1) {
-      t->progress(deadline_);
+      t->progress(deadline());
       continue;
     }
     bool advanced = false;
     for (Transport* other : c_.distinct) advanced |= other->progress(now);
-    if (!advanced) t->progress(std::min(deadline_, now + std::chrono::microseconds(200)));
+    if (!advanced) t->progress(std::min(deadline(), now + std::chrono::microseconds(200)));
   }
   c_.waiting_for.store(-1, std::memory_order_relaxed);
 }
@@ -141,7 +147,7 @@ std::byte* Exchange::scratch(std::size_t bytes) {
 }
 
 void Exchange::timed_out(int peer) {
-  std::string where = peer_state_ ? peer_state_(peer) : std::string("in an unknown state");
+  std::string where = peer_state_ ? peer_state_(op_, peer) : std::string("in an unknown state");
   throw TimeoutError("rank " + std::to_string(c_.rank) + " waits in " + describe(op_) + " for rank " +
                      std::to_string(peer) + ", which " + where + "; timed out (BRAID_TIMEOUT)");
 }

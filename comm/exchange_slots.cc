@@ -48,9 +48,7 @@ SlotHeader signature(const Op& op, std::uint32_t comm_id, std::size_t bytes) {
           comm_id};
 }
 
-SharedSlots* slots_of(const ExchangeContext& c) {
-  return c.distinct.size() == 1 ? c.distinct.front()->shared_slots() : nullptr;
-}
+SharedSlots* slots_of(const ExchangeContext& c) { return c.slots; }
 
 // The wire header that `slot` stands for, so that wire.h's check and its
 // messages serve the slots too.
@@ -70,9 +68,11 @@ WireHeader as_wire(const SlotHeader& slot, std::uint64_t seq) {
 
 }  // namespace
 
-std::size_t slot_capacity(const ExchangeContext& context) {
-  const SharedSlots* slots = slots_of(context);
-  return slots ? slots->slot_bytes() - sizeof(SlotHeader) : 0;
+std::size_t slot_capacity(const ExchangeContext& context) { return context.slot_payload; }
+
+void find_slots(ExchangeContext& context) {
+  context.slots = context.distinct.size() == 1 ? context.distinct.front()->shared_slots() : nullptr;
+  context.slot_payload = context.slots ? context.slots->slot_bytes() - sizeof(SlotHeader) : 0;
 }
 
 // The payload past the flag's cache line goes first; then the line's whole
@@ -81,8 +81,7 @@ std::size_t slot_capacity(const ExchangeContext& context) {
 // stealing it back between the header, the payload and the flag.
 std::span<const std::byte> Exchange::publish_slot(const void* data, std::size_t bytes) {
   SharedSlots* slots = slots_of(c_);
-  if (!slots || bytes > slots->slot_bytes() - sizeof(SlotHeader))
-    throw InvalidUsage(describe(op_) + ": does not fit a shared slot");
+  if (!slots || bytes > c_.slot_payload) throw InvalidUsage(describe(op_) + ": does not fit a shared slot");
   const std::span<std::byte> slot = slots->mine(op_.seq);
   const auto* from = static_cast<const std::byte*>(data);
   constexpr std::size_t kHeadBytes = SharedSlots::kLineBytes - sizeof(SlotHeader);
@@ -105,7 +104,7 @@ std::span<const std::byte> Exchange::peer_slot(int peer, std::size_t bytes) {
   SharedSlots* slots = slots_of(c_);
   if (!slots) throw InvalidUsage(describe(op_) + ": no shared slots on this communicator");
   c_.waiting_for.store(peer, std::memory_order_relaxed);
-  if (!slots->wait(peer, op_.seq, deadline_)) timed_out(peer);
+  if (!slots->poll(peer, op_.seq) && !slots->wait(peer, op_.seq, deadline())) timed_out(peer);
   c_.waiting_for.store(-1, std::memory_order_relaxed);
   const std::span<const std::byte> slot = slots->theirs(peer, op_.seq);
   SlotHeader header;

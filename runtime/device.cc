@@ -33,20 +33,22 @@ int count_loads(dl_phdr_info* info, std::size_t, void* adds) {
 // costs ~20 us, so it is repeated only after the loader has loaded something
 // new (dl_iterate_phdr's counter, a few ns to read): a collective on host
 // memory pays nothing.
+// Once found, or while nothing new was loaded, it answers without a lock.
 CuPointerGetAttribute driver_query() {
   static std::mutex mu;
-  static CuPointerGetAttribute query = nullptr;
-  static unsigned long long looked_at = ~0ull;
-  std::lock_guard lock(mu);
-  if (query) return query;
+  static std::atomic<CuPointerGetAttribute> query{nullptr};
+  static std::atomic<unsigned long long> looked_at{~0ull};
+  if (CuPointerGetAttribute found = query.load(std::memory_order_acquire)) return found;
   unsigned long long adds = 0;
   dl_iterate_phdr(count_loads, &adds);
-  if (adds == looked_at) return nullptr;
-  looked_at = adds;
+  if (adds == looked_at.load(std::memory_order_acquire)) return nullptr;
+  std::lock_guard lock(mu);
+  if (CuPointerGetAttribute found = query.load(std::memory_order_acquire)) return found;
   void* driver = dlopen("libcuda.so.1", RTLD_LAZY | RTLD_NOLOAD);
-  if (!driver) return nullptr;
-  query = reinterpret_cast<CuPointerGetAttribute>(dlsym(driver, "cuPointerGetAttribute"));
-  return query;
+  if (driver) query.store(reinterpret_cast<CuPointerGetAttribute>(dlsym(driver, "cuPointerGetAttribute")),
+                          std::memory_order_release);
+  looked_at.store(adds, std::memory_order_release);
+  return query.load(std::memory_order_acquire);
 }
 
 }  // namespace
@@ -77,6 +79,8 @@ Location locate(const void* pointer) {
     start = 0, size = 0;
   return {MemoryKind::device, ordinal, reinterpret_cast<const void*>(start), size};
 }
+
+bool device_memory_possible() { return testing.load(std::memory_order_acquire) || driver_query() != nullptr; }
 
 bool cuda_built() {
 #ifdef BRAID_HAVE_CUDA

@@ -33,6 +33,11 @@ std::string describe(const Location& location);
 
 Location locate(const void* pointer);
 
+// False while no CUDA driver is loaded in this process and no test locator
+// is set: every pointer is then host memory, and a call with two buffers
+// need not ask locate() twice (one look at the loader, a few ns).
+bool device_memory_possible();
+
 // Whether this build has braid's CUDA support (-Dcuda found nvcc).
 bool cuda_built();
 

@@ -6,6 +6,7 @@
 #include <array>
 #include <cstddef>
 #include <functional>
+#include <optional>
 #include <string>
 #include <string_view>
 
@@ -192,6 +193,10 @@ Algorithm select_algorithm(const CallShape& call);
 // looks the buffers up in registered memory (for device memory a CUDA IPC
 // export) only then.
 bool registration_matters(const CallShape& call);
+// The one-shot algorithm that select_algorithm runs every host call of
+// call.kind on up to call.slot_bytes, whatever its registration and
+// placement, or nullopt: the engine's lean path asks once per kind.
+std::optional<Algorithm> oneshot_whenever_fits(const CallShape& call);
 
 // Elements in op's send and receive buffers on `rank`, 0 for a buffer the
 // call does not use there (a broadcast's send buffer off the root, ...);

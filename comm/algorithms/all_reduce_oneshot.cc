@@ -9,7 +9,6 @@
 // vectors, so the ring takes over as messages grow (select.cc).
 #include "comm/algorithms/algorithms.h"
 #include "comm/algorithms/oneshot.h"
-#include "comm/algorithms/reducer.h"
 
 namespace braid::comm {
 
@@ -18,9 +17,7 @@ void all_reduce_oneshot(Exchange& x) {
   const int n = x.size();
   const SlotViews views = share_slots(x, op.send, op.count * x.element_bytes());
   if (op.count == 0) return;
-  void* out[] = {op.recv};
-  host_reducer().reduce_multi(out, views.all(n), op.count, op.dtype, op.reduce_op,
-                              op.reduce_op == ReduceOp::avg ? n : 0);
+  reduce_slots(views, n, op);
 }
 
 }  // namespace braid::comm

@@ -11,6 +11,7 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -24,6 +25,7 @@ namespace braid::comm {
 
 class Transport;
 class Reducer;
+class SharedSlots;
 
 struct Request {
   enum class Kind : std::uint8_t { send, recv, view };
@@ -61,6 +63,11 @@ struct ExchangeContext {
   // Reducer (set by the communicator's first call on device memory).
   Transport* device_regions = nullptr;
   Reducer* device_reducer = nullptr;
+  // The shared slots when every peer is reached through one transport that
+  // has them, else null, and the payload bytes a slot holds: looked up once
+  // the transports are connected, before the first call (engine_lean.cc).
+  SharedSlots* slots = nullptr;
+  std::size_t slot_payload = 0;
 };
 
 // Whether [data, data + bytes) lies in registered memory that one transport
@@ -74,13 +81,20 @@ bool find_region(const ExchangeContext& context, const void* data, std::size_t b
 // peer is reached through one transport that has shared slots (shm with
 // the whole communicator on this host).
 std::size_t slot_capacity(const ExchangeContext& context);
+// Looks the slots up (context.slots, slot_payload) once the routes are set.
+void find_slots(ExchangeContext& context);
 
 class Exchange {
  public:
-  // Describes where `peer` is (its last-entered operation) for timeout messages.
-  using PeerState = std::function<std::string(int peer)>;
+  // Describes where `peer` is (its last-entered operation) in `op`, for
+  // timeout messages; the communicator's, kept by reference.
+  using PeerState = std::function<std::string(const Op& op, int peer)>;
 
-  Exchange(const Op& op, ExchangeContext& context, Clock::time_point deadline, PeerState peer_state);
+  Exchange(const Op& op, ExchangeContext& context, Clock::time_point deadline, const PeerState& peer_state);
+  // The deadline `timeout` after the first wait that needs one: a small call
+  // whose peers are already there (the engine's lean path) never reads the
+  // clock.
+  Exchange(const Op& op, ExchangeContext& context, std::chrono::milliseconds timeout, const PeerState& peer_state);
   ~Exchange();
 
   const Op& op() const { return op_; }
@@ -131,7 +145,10 @@ class Exchange {
   // host memory keeps its device kind there, but select.cc never runs a
   // direct collective on staging.
   Reducer& reducer();
-  Clock::time_point deadline() const { return deadline_; }
+  Clock::time_point deadline() const {
+    if (deadline_ == Clock::time_point{}) deadline_ = Clock::now() + timeout_;
+    return deadline_;
+  }
 
   // Shared slots (comm/exchange_slots.cc): each rank has one per call, which
   // every other rank reads. publish_slot(data, bytes) copies at most
@@ -154,8 +171,9 @@ class Exchange {
 
   Op op_;
   ExchangeContext& c_;
-  Clock::time_point deadline_;
-  PeerState peer_state_;
+  mutable Clock::time_point deadline_;  // {}: not read yet, timeout_ from the first deadline()
+  std::chrono::milliseconds timeout_{0};
+  const PeerState& peer_state_;
 };
 
 }  // namespace braid::comm

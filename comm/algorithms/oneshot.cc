@@ -3,6 +3,8 @@
 #include <string>
 
 #include "comm/algorithms/algorithms.h"
+#include "comm/algorithms/reducer.h"
+#include "kernels/cpu/reduce.h"
 #include "runtime/errors.h"
 
 namespace braid::comm {
@@ -18,6 +20,23 @@ SlotViews share_slots(Exchange& x, const void* data, std::size_t bytes, int sour
     if (peer != r) views.at[peer] = x.peer_slot(peer, source < 0 || source == peer ? bytes : 0).data();
   x.slots_arrived();
   return views;
+}
+
+// A small call (the common one) is reduced straight into the output by
+// the kernels, pass after pass: the same operations in the same order as
+// the host reducer's, without its blocking and scratch, which pay only once
+// the output no longer stays in the first-level cache between passes.
+void reduce_slots(const SlotViews& views, int size, const Op& op) {
+  constexpr std::size_t kStraightBytes = 16u << 10;
+  const std::size_t bytes = op.count * dtype_bytes(op.dtype);
+  const int divisor = op.reduce_op == ReduceOp::avg ? size : 0;
+  if (bytes > kStraightBytes) {
+    void* out[] = {op.recv};
+    return host_reducer().reduce_multi(out, views.all(size), op.count, op.dtype, op.reduce_op, divisor);
+  }
+  kernels::cpu::reduce(op.recv, views.at[0], views.at[1], op.count, op.dtype, op.reduce_op);
+  for (int k = 2; k < size; ++k) kernels::cpu::reduce(op.recv, op.recv, views.at[k], op.count, op.dtype, op.reduce_op);
+  if (divisor != 0) kernels::cpu::divide(op.recv, op.count, op.dtype, divisor);
 }
 
 // On a communicator with shared slots every collective agrees through them

@@ -45,6 +45,11 @@ struct SlotViews {
 // or the slot's capacity (select.cc never asks for that).
 SlotViews share_slots(Exchange& x, const void* data, std::size_t bytes, int source = -1);
 
+// Reduces every rank's payload of `views` (op.count elements each), in rank
+// order, into op.recv, so that every rank that reduces gets bit-identical
+// results; avg divides by the rank count at the end.
+void reduce_slots(const SlotViews& views, int size, const Op& op);
+
 // The signature agreement of every other collective on a communicator with
 // shared slots (agree_signatures): the step above with no payload.
 void agree_through_slots(Exchange& x);

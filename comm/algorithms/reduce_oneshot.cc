@@ -4,7 +4,6 @@
 // rank order, out of the slots into its output.
 #include "comm/algorithms/algorithms.h"
 #include "comm/algorithms/oneshot.h"
-#include "comm/algorithms/reducer.h"
 
 namespace braid::comm {
 
@@ -13,9 +12,7 @@ void reduce_oneshot(Exchange& x) {
   const int n = x.size();
   const SlotViews views = share_slots(x, op.send, op.count * x.element_bytes());
   if (x.rank() != op.root || op.count == 0) return;
-  void* out[] = {op.recv};
-  host_reducer().reduce_multi(out, views.all(n), op.count, op.dtype, op.reduce_op,
-                              op.reduce_op == ReduceOp::avg ? n : 0);
+  reduce_slots(views, n, op);
 }
 
 }  // namespace braid::comm

@@ -214,6 +214,16 @@ bool registration_matters(const CallShape& call) {
   return select_algorithm(registered).name != select_algorithm(not_registered).name;
 }
 
+// select_host asks nothing of a call before select_oneshot but whether
+// BRAID_ALGO forces the direct collective, and select_oneshot only its kind,
+// ranks and size against the slot.
+std::optional<Algorithm> oneshot_whenever_fits(const CallShape& call) {
+  if (call.device || call.forced == "direct") return std::nullopt;
+  CallShape largest = call;
+  largest.bytes = call.slot_bytes;
+  return select_oneshot(largest);
+}
+
 namespace {
 
 Algorithm choose(const CallShape& call) {

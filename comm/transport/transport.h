@@ -76,6 +76,11 @@ class SharedSlots {
   // Wakes the peers that sleep waiting for this rank's last published slot,
   // unless that was done; called once every slot this rank waits for is in.
   virtual void wake_waiters() = 0;
+  // Whether `peer` has published `seq`, after a short poll (about a
+  // microsecond) while every local rank has a core, one look otherwise; never
+  // reads the clock, so the many waits that end here cost no more than the
+  // cache line's hand-off.
+  virtual bool poll(int peer, std::uint64_t seq) const = 0;
   // Waits until `peer` has published `seq`: polls while every local rank has
   // a core (ConnectOptions::spin), yields and then sleeps otherwise. False
   // once `deadline` passed; RemoteError naming the peer when it exited or

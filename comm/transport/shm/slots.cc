@@ -55,6 +55,15 @@ void ShmSlots::wake_waiters() {
   }
 }
 
+bool ShmSlots::poll(int peer, std::uint64_t seq) const {
+  const auto& f = flag(peer, seq);
+  const int looks = spin_.count() > 0 ? kPollLooks : 1;
+  for (int i = 0;; cpu_relax()) {
+    if (f.load(std::memory_order_acquire) == seq) return true;
+    if (++i == looks) return false;
+  }
+}
+
 // While the ranks have cores of their own (spin_ > 0), polls: a peer that
 // runs on another core publishes within a microsecond or two. Past
 // kPollOnly it yields between looks, since on a busy machine the scheduler
@@ -111,7 +120,7 @@ void ShmSlots::check_alive(int peer) const {
   const std::string me = rank_text(rank_), them = rank_text(peer);
   const int pidfd = ranks_[peer].pidfd;
   pollfd pfd{pidfd, POLLIN, 0};
-  if (pidfd >= 0 && poll(&pfd, 1, 0) > 0)
+  if (pidfd >= 0 && ::poll(&pfd, 1, 0) > 0)
     throw RemoteError(me + " was waiting for " + them + "'s shared slot (pid " +
                           std::to_string(header(peer)->owner_pid) + "), but " + them + " exited or was killed",
                       peer);
