@@ -189,15 +189,21 @@ TEST_CASE("a mismatched one-shot call fails every rank in that call, buffers unt
 
 TEST_CASE("a rank killed before it publishes its slot is named by every waiting rank", "[oneshot][failures]") {
   const int size = GENERATE(2, 4);
+  // Small blocking calls on an idle communicator: the lean path (engine_lean.cc).
+  const OpKind kind = GENERATE(OpKind::all_reduce, OpKind::broadcast, OpKind::barrier);
   const auto timeout = std::chrono::seconds(20);
-  auto result = test::run_ranks(size, [](Communicator& comm) {
+  auto result = test::run_ranks(size, [kind](Communicator& comm) {
     std::vector<float> buf(16, 1.0f);
     for (int i = 0; i < 5; ++i) comm.all_reduce(buf.data(), buf.data(), 16, DataType::f32, ReduceOp::sum).wait();
     if (comm.rank() == 1) raise(SIGKILL);
-    tagged([&] { comm.all_reduce(buf.data(), buf.data(), 16, DataType::f32, ReduceOp::sum).wait(); });
-    throw std::runtime_error("an all_reduce completed without rank 1");
+    tagged([&] {
+      if (kind == OpKind::all_reduce) comm.all_reduce(buf.data(), buf.data(), 16, DataType::f32, ReduceOp::sum).wait();
+      if (kind == OpKind::broadcast) comm.broadcast(buf.data(), buf.data(), 16, DataType::f32, 0).wait();
+      if (kind == OpKind::barrier) comm.barrier().wait();
+    });
+    throw std::runtime_error(std::string(name(kind)) + " completed without rank 1");
   }, shm_options(timeout));
-  INFO(size << " ranks\n" << result.summary());
+  INFO(size << " ranks, " << name(kind) << "\n" << result.summary());
   REQUIRE_FALSE(result.timed_out);
   CHECK(result.ranks[1].signal == SIGKILL);
   for (int r = 0; r < size; ++r) {
@@ -205,7 +211,7 @@ TEST_CASE("a rank killed before it publishes its slot is named by every waiting 
     const Outcome o = outcome_of(result.ranks[r]);
     INFO("rank " << r << ": " << result.ranks[r].message);
     CHECK(o.type == "RemoteError");
-    CHECK(contains(o.text, "all_reduce #6"));
+    CHECK(contains(o.text, std::string(name(kind)) + " #6"));
     CHECK(contains(o.text, "rank 1"));
     CHECK(o.ms < 5000);
   }
@@ -233,4 +239,88 @@ TEST_CASE("a rank that never calls is a timeout naming it, not a hang", "[onesho
     CHECK(contains(o.text, "rank 2"));
     CHECK(o.ms >= timeout.count() - 100);
   }
+}
+
+namespace {
+
+// How the last rank's call differs from the others' in
+// mismatched_small_call: each is a field of the signature the slots carry.
+enum class Odd { op, dtype, count, root, kind };
+
+// Inside a rank, after a barrier (#1): one small blocking call (#2) on an
+// idle communicator, so the lean path runs it, the last rank's differing
+// as `odd` says; expected to fail with both buffers untouched.
+void mismatched_small_call(Communicator& comm, Odd odd) {
+  const bool last = comm.rank() == comm.size() - 1;
+  std::vector<std::int32_t> send(8, 2), recv(8, -7);
+  const int root = last && odd == Odd::root ? 1 : 0;
+  const ReduceOp op = last && odd == Odd::op ? ReduceOp::max : ReduceOp::sum;
+  const DataType dtype = last && odd == Odd::dtype ? DataType::f32 : DataType::i32;  // both 4 bytes
+  const std::size_t count = last && odd == Odd::count ? 3 : 4;
+  const bool broadcast = odd == Odd::root || (odd == Odd::kind && last);
+  try {
+    tagged([&] {
+      if (broadcast) comm.broadcast(send.data(), recv.data(), count, dtype, root).wait();
+      else comm.all_reduce(send.data(), recv.data(), count, dtype, op).wait();
+    });
+  } catch (...) {
+    const bool untouched = std::all_of(send.begin(), send.end(), [](std::int32_t v) { return v == 2; }) &&
+                           std::all_of(recv.begin(), recv.end(), [](std::int32_t v) { return v == -7; });
+    expect(untouched, "rank " + std::to_string(comm.rank()) + " touched a buffer");
+    throw;
+  }
+  throw std::runtime_error("rank " + std::to_string(comm.rank()) + " completed a mismatched call");
+}
+
+}  // namespace
+
+TEST_CASE("a small call on the lean path that mismatches a peer's fails every rank naming it", "[oneshot][failures]") {
+  const int size = GENERATE(2, 3);
+  const Odd odd = GENERATE(Odd::op, Odd::dtype, Odd::count, Odd::root, Odd::kind);
+  auto result = test::run_ranks(size, [odd](Communicator& comm) {
+    comm.barrier().wait();  // #1
+    mismatched_small_call(comm, odd);
+  }, shm_options(std::chrono::seconds(20)));
+  INFO(size << " ranks, odd field " << int(odd) << "\n" << result.summary());
+  REQUIRE_FALSE(result.timed_out);
+  const std::string call = odd == Odd::root ? "broadcast #2" : "all_reduce #2";
+  for (std::size_t r = 0; r < result.ranks.size(); ++r) {
+    const Outcome o = outcome_of(result.ranks[r]);
+    INFO("rank " << r << ": " << result.ranks[r].message);
+    CHECK(o.type == "RemoteError");
+    CHECK(contains(o.text, "mismatched collectives"));
+    CHECK(contains(o.text, call));
+    CHECK(o.ms < 5000);  // the timeout is 20 s
+  }
+  CHECK(result.leftover_shm == 0);
+}
+
+// Small calls issued while larger ones are still queued or running on the
+// progress thread must not overtake them (the lean path stays out while the
+// engine is busy and comes back once it is idle): every rank issues the
+// same mix without waiting, and every result is checked at the end.
+TEST_CASE("small calls keep their issue order among queued large ones", "[oneshot]") {
+  const int size = GENERATE(2, 3);
+  auto result = test::run_ranks(size, [](Communicator& comm) {
+    const int n = comm.size(), r = comm.rank();
+    constexpr std::size_t kLarge = 300'000, kSmall = 5;  // past the slots (ring) / one-shot
+    std::vector<std::vector<std::int32_t>> bufs;
+    std::vector<std::int32_t> want;
+    std::vector<Work> works;
+    for (int round = 0; round < 30; ++round) {
+      const bool large = round % 3 == 0 || round % 7 == 1;
+      bufs.emplace_back(large ? kLarge : kSmall, r + round);
+      want.push_back(n * round + n * (n - 1) / 2);
+      works.push_back(comm.all_reduce(bufs.back().data(), bufs.back().data(), bufs.back().size(), DataType::i32,
+                                      ReduceOp::sum));
+    }
+    for (std::size_t i = 0; i < works.size(); ++i) {
+      works[i].wait();
+      expect(works[i].test(), "a waited-for Work is not complete");
+      for (std::int32_t v : bufs[i])
+        if (v != want[i]) expect(false, "call " + std::to_string(i) + " gave " + std::to_string(v));
+    }
+  }, shm_options());
+  INFO(size << " ranks\n" << result.summary());
+  REQUIRE(result.all_ok());
 }
