@@ -303,8 +303,11 @@ namespace {
 
 bool same_choice(const Algorithm& a, const Algorithm& b) {
   const Reason &x = a.reason, &y = b.reason;
-  return a.run == b.run && a.name == b.name && a.agrees == b.agrees && x.rule == y.rule && x.bytes == y.bytes &&
-         x.limit == y.limit && x.ranks == y.ranks && x.forced == y.forced && x.staged == y.staged;
+  auto same = [](std::string_view p, std::string_view q) {  // select.cc's literals: the same pointer, mostly
+    return (p.data() == q.data() && p.size() == q.size()) || p == q;
+  };
+  return a.run == b.run && same(a.name, b.name) && a.agrees == b.agrees && x.rule == y.rule && x.bytes == y.bytes &&
+         x.limit == y.limit && x.ranks == y.ranks && same(x.forced, y.forced) && x.staged == y.staged;
 }
 
 }  // namespace

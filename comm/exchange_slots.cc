@@ -15,6 +15,7 @@
 // RemoteError naming both calls before any byte of the payload is used.
 #include <algorithm>
 #include <cstring>
+#include <type_traits>
 
 #include "comm/algorithms/exchange.h"
 #include "comm/transport/transport.h"
@@ -66,6 +67,23 @@ WireHeader as_wire(const SlotHeader& slot, std::uint64_t seq) {
   return h;
 }
 
+// Payload bytes that share the flag's cache line.
+constexpr std::size_t kHeadBytes = SharedSlots::kLineBytes - sizeof(SlotHeader);
+
+// memcpy of at most kHeadBytes, in two overlapping moves of a fixed size
+// (inlined stores, not a call), as small calls take it on every publish.
+void copy_head(std::byte* to, const std::byte* from, std::size_t bytes) {
+  static_assert(kHeadBytes <= 32);
+  auto two = [&](auto width) {
+    std::memcpy(to, from, width);
+    std::memcpy(to + bytes - width, from + bytes - width, width);
+  };
+  if (bytes >= 16) two(std::integral_constant<std::size_t, 16>());
+  else if (bytes >= 8) two(std::integral_constant<std::size_t, 8>());
+  else if (bytes >= 4) two(std::integral_constant<std::size_t, 4>());
+  else if (bytes > 0) two(std::integral_constant<std::size_t, 1>()), to[bytes / 2] = from[bytes / 2];
+}
+
 }  // namespace
 
 std::size_t slot_capacity(const ExchangeContext& context) { return context.slot_payload; }
@@ -84,14 +102,13 @@ std::span<const std::byte> Exchange::publish_slot(const void* data, std::size_t 
   if (!slots || bytes > c_.slot_payload) throw InvalidUsage(describe(op_) + ": does not fit a shared slot");
   const std::span<std::byte> slot = slots->mine(op_.seq);
   const auto* from = static_cast<const std::byte*>(data);
-  constexpr std::size_t kHeadBytes = SharedSlots::kLineBytes - sizeof(SlotHeader);
   const std::size_t head = std::min(bytes, kHeadBytes);
   if (bytes > head) std::memcpy(slot.data() + SharedSlots::kLineBytes, from + head, bytes - head);
-  std::byte line[SharedSlots::kLineBytes];
+  std::byte line[SharedSlots::kLineBytes];  // past the header and `head`, whatever it held: no peer reads it
   const SlotHeader header = signature(op_, c_.comm_id, bytes);
   std::memcpy(line, &header, sizeof header);
-  if (head > 0) std::memcpy(line + sizeof header, from, head);
-  std::memcpy(slot.data(), line, sizeof header + head);
+  copy_head(line + sizeof header, from, head);
+  std::memcpy(slot.data(), line, sizeof line);
   slots->publish(op_.seq);
   return slot.subspan(sizeof(SlotHeader), bytes);
 }

@@ -75,7 +75,9 @@ bool ShmSlots::wait(int peer, std::uint64_t seq, Clock::time_point deadline) {
   const auto& f = flag(peer, seq);
   if (f.load(std::memory_order_acquire) == seq) return true;
   const auto start = Clock::now();
-  const auto poll_end = start + std::min<std::chrono::nanoseconds>(spin_, kPollOnly), spin_end = start + spin_;
+  // poll() has just spent about kPolledFirst of the polling.
+  const auto poll_end = start + std::min<std::chrono::nanoseconds>(spin_, kPollOnly) - kPolledFirst;
+  const auto spin_end = start + spin_;
   while (Clock::now() < poll_end) {
     for (int i = 0; i < 16; ++i) {
       cpu_relax();

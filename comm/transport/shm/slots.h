@@ -72,8 +72,9 @@ class ShmSlots final : public SharedSlots {
   static constexpr std::chrono::nanoseconds kPollOnly{2000};
   static constexpr int kYields = 16;
   // Looks poll() takes while spinning: ~1 us at 22 ns per pause (AMD EPYC;
-  // longer where a pause is slower), half of kPollOnly.
+  // longer where a pause is slower), counted as kPolledFirst of kPollOnly.
   static constexpr int kPollLooks = 48;
+  static constexpr std::chrono::nanoseconds kPolledFirst{1000};
 
   int rank_;
   std::vector<Rank> ranks_;
