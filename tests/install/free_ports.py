@@ -1,8 +1,9 @@
 """Prints a port P such that P and P + 1 are both free on 127.0.0.1 now.
 
-torchrun's static rendezvous serves its store on MASTER_PORT and braid's
-ranks serve braid's on MASTER_PORT + 1 (runtime/rank_info.h), so a test
-that starts torchrun needs both.
+A test hands P to a launcher as MASTER_PORT (torchrun's static rendezvous
+serves its own store there); braid's store then starts on a port derived
+from P and the job token and tries further ones where taken
+(runtime/store_ports.h), so P + 1 being free only leaves room around P.
 """
 import random
 import socket

@@ -59,6 +59,27 @@ TEST_CASE("braid-bench checks every collective on 3 ranks and writes JSON and CS
   CHECK_THAT(slurp(csv), Catch::StartsWith("collective,bytes,count"));
 }
 
+// BRAID_ALGO=direct (select.cc's forcing of the direct collective) is a
+// value the configuration accepts: on registered buffers of one host every
+// size runs direct and checks out; an unknown value is refused by name.
+TEST_CASE("braid-bench under BRAID_ALGO=direct runs the direct collective; an unknown BRAID_ALGO is refused",
+          "[bench]") {
+  JobDir dir;
+  LaunchedJob job(dir, {"--nproc-per-node", "2", "--", bench_path(), "--coll", "all_gather", "-b", "8", "-e", "64K",
+                        "-f", "64", "-n", "2", "-w", "1", "-c", "1", "-R", "1"},
+                  {{"BRAID_ALGO", "direct"}});
+  int status = job.wait(std::chrono::seconds(60));
+  INFO(job.out() << job.err());
+  REQUIRE(status == 0);
+  CHECK_THAT(squeezed(job.out()), Catch::Contains(" 8 1 f32 none -1 shm:direct "));
+  CHECK_THAT(job.out(), Catch::Contains("Out of bounds values : 0 OK"));
+  JobDir bad_dir;
+  LaunchedJob bad(bad_dir, {"--nproc-per-node", "1", "--", bench_path(), "-b", "8", "-e", "8"},
+                  {{"BRAID_ALGO", "fastest"}});
+  CHECK(bad.wait(std::chrono::seconds(20)) != 0);
+  CHECK_THAT(bad.out() + bad.err(), Catch::Contains("BRAID_ALGO"));
+}
+
 TEST_CASE("braid-bench refuses a bad datatype before any work", "[bench]") {
   JobDir dir;
   LaunchedJob job(dir, {"--nproc-per-node", "1", "--", bench_path(), "-d", "f128"});
