@@ -14,11 +14,9 @@
 #include <cstdlib>
 #include <memory>
 
-#include "comm/transport/ibverbs/transport.h"
 #include "comm/wire.h"
 #include "runtime/errors.h"
-#include "runtime/rank_info.h"
-#include "runtime/store.h"
+#include "tests/rdma/programs/pair.h"
 
 using namespace braid;
 using namespace braid::comm;
@@ -60,19 +58,10 @@ int main(int argc, char** argv) try {
     std::fprintf(stderr, "usage: braid-launch (2 ranks) -- rdma-exchange [ITERS >= 1]\n");
     return 2;
   }
-  std::unique_ptr<runtime::StoreServer> server;
-  if (info.store_served_by_rank0 && info.rank == 0)
-    server = std::make_unique<runtime::StoreServer>(info.store_host, info.store_port, info.job_token);
-  runtime::Store store(info.store_host, server ? server->port() : info.store_port, info.job_token,
-                       std::chrono::seconds(30));
   ibverbs::IbOptions options;
-  options.rank = info.rank;
-  options.size = 2;
-  options.comm_id = 9;
-  options.job_token = info.job_token;
-  options.timeout = std::chrono::seconds(20);
   options.spin = std::chrono::microseconds(20);  // BRAID_SPIN_US's default
-  auto transport = ibverbs::connect_ibverbs(store, "exchange", options);
+  ibverbs::Pair pair(info, "exchange", 9, options);
+  auto& transport = pair.transport;
   WireHeader h;
   h.kind = static_cast<std::uint8_t>(OpKind::send);
   h.comm_id = 9;

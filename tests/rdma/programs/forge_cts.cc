@@ -22,6 +22,7 @@
 #include "runtime/errors.h"
 #include "runtime/rank_info.h"
 #include "runtime/store.h"
+#include "tests/rdma/programs/pair.h"
 
 namespace braid::comm::ibverbs {
 
@@ -91,18 +92,8 @@ int main() {
     std::fprintf(stderr, "rdma-forge-cts: run with 2 ranks\n");
     return 2;
   }
-  std::unique_ptr<runtime::StoreServer> server;
-  if (info.store_served_by_rank0 && info.rank == 0)
-    server = std::make_unique<runtime::StoreServer>(info.store_host, info.store_port, info.job_token);
-  runtime::Store store(info.store_host, server ? server->port() : info.store_port, info.job_token,
-                       std::chrono::seconds(30));
-  ibverbs::IbOptions options;
-  options.rank = info.rank;
-  options.size = 2;
-  options.comm_id = 7;
-  options.job_token = info.job_token;
-  options.timeout = std::chrono::seconds(20);
-  auto transport = ibverbs::connect_ibverbs(store, "forge", options);
+  ibverbs::Pair pair(info, "forge", 7);
+  auto& transport = pair.transport;
 
   std::vector<unsigned char> buffer(kBytes, info.rank == 0 ? kSentinel : 1);
   WireHeader header;

@@ -1,0 +1,37 @@
+// The two-rank set-up the RDMA test programs share: the store (served by
+// rank 0 where the launcher says so) and an ibverbs transport between the
+// two ranks, alive together (members go in reverse: the transport first).
+#pragma once
+
+#include <chrono>
+#include <memory>
+#include <string>
+
+#include "comm/transport/ibverbs/transport.h"
+#include "runtime/rank_info.h"
+#include "runtime/store.h"
+
+namespace braid::comm::ibverbs {
+
+struct Pair {
+  std::unique_ptr<runtime::StoreServer> server;
+  std::unique_ptr<runtime::Store> store;
+  std::unique_ptr<IbTransport> transport;
+
+  // `options` with rank, size, comm_id, job token and timeout filled in from
+  // `info`; keys go under `prefix` in the store.
+  Pair(const runtime::RankInfo& info, const std::string& prefix, std::uint32_t comm_id, IbOptions options = {}) {
+    if (info.store_served_by_rank0 && info.rank == 0)
+      server = std::make_unique<runtime::StoreServer>(info.store_host, info.store_port, info.job_token);
+    store = std::make_unique<runtime::Store>(info.store_host, server ? server->port() : info.store_port,
+                                             info.job_token, std::chrono::seconds(30));
+    options.rank = info.rank;
+    options.size = 2;
+    options.comm_id = comm_id;
+    options.job_token = info.job_token;
+    options.timeout = std::chrono::seconds(20);
+    transport = connect_ibverbs(*store, prefix, options);
+  }
+};
+
+}  // namespace braid::comm::ibverbs
