@@ -4,13 +4,20 @@
 #include <infiniband/verbs.h>
 #include <spdlog/spdlog.h>
 
+#include <chrono>
 #include <string>
+#include <thread>
 
 #include "comm/transport/ibverbs/ids.h"
 #include "comm/transport/ibverbs/transport.h"
 #include "runtime/errors.h"
 
 namespace braid::comm::ibverbs {
+namespace {
+
+constexpr std::chrono::milliseconds kPortSettle{300};
+
+}  // namespace
 
 // Port down, a fatal queue pair or device error fail the communicator with
 // the event named; the others (port active, GID change, ...) are logged.
@@ -59,10 +66,19 @@ void IbTransport::fail_completion(Peer& peer, const ibv_wc& wc) {
   if (wc.status == IBV_WC_RNR_RETRY_EXC_ERR || wc.status == IBV_WC_WR_FLUSH_ERR || wc.status == IBV_WC_REM_OP_ERR ||
       wc.status == IBV_WC_REM_ACCESS_ERR || wc.status == IBV_WC_REM_INV_REQ_ERR)
     throw RemoteError(what + ": " + them + " exited, crashed, hung or became unreachable", peer.rank);
-  // A local error: most often this rank's own link went down under the write.
+  // A local error: most often this rank's own link went down under the
+  // write. The port's state can lag the failed write by a moment, so it is
+  // looked at for up to kPortSettle before the port is called up.
   ibv_port_attr port{};
-  if (ibv_query_port(verbs_->context, static_cast<std::uint8_t>(gid.port), &port) == 0 &&
-      port.state != IBV_PORT_ACTIVE)
+  const auto settled = Clock::now() + kPortSettle;
+  bool down = false;
+  for (;;) {
+    down = ibv_query_port(verbs_->context, static_cast<std::uint8_t>(gid.port), &port) == 0 &&
+           port.state != IBV_PORT_ACTIVE;
+    if (down || Clock::now() >= settled) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  if (down)
     throw SystemError(what + ": this rank's port is " + ibv_port_state_str(port.state) +
                       ": its link went down; check the cable, switch port or netdev (ip link, ibv_devinfo), "
                       "or choose another device with BRAID_IB_HCA, or use BRAID_TRANSPORT=tcp");
