@@ -1,20 +1,55 @@
 // The Exchange's side of the shared slots (transport.h SharedSlots): what a
-// slot holds, and the check every reader applies to it.
+// slot holds, the check every reader applies to it, and the rule that keeps
+// a rank from rewriting a slot that a peer still reads.
 //
-// A slot starts with the writer's call signature, then its payload:
+// A rank's entry of a call starts with its call signature, then its payload
+// where it fits:
 //
 //   flag    u64   the call's sequence number, written last (the transport's)
 //   header  24 B  count, payload bytes, root, kind, dtype, reduce op, comm id
-//   payload       at most slot_capacity() bytes; the first 32 share the
-//                 flag's cache line, so an 8-byte all-reduce moves one line
+//   payload       up to entry_bytes() - 24 bytes (1000); the first 32 share
+//                 the flag's cache line, so an 8-byte all-reduce moves one
+//                 line. A larger payload, up to slot_capacity(), goes whole
+//                 into the call's large slot instead.
 //
 // A reader compares the header with its own call as a message receiver
 // compares wire headers (comm/wire.h): a peer that called another
 // collective, or the same one with other arguments, or that runs the call
 // with another algorithm (other payload bytes), fails the reader with a
 // RemoteError naming both calls before any byte of the payload is used.
+//
+// Reuse. A rank rewrites its entry of call s at s + depth, and its large
+// slot of s at s + large_count (next use at the earliest). Peers read them
+// only inside call s, so before a rank writes call t it must know that every
+// peer has entered t - depth + 1 (t - large_count + 1 for a large slot), and
+// so left every call whose slot it rewrites. It knows that without looking
+// where a call since then waited for every peer (all_entered: the one-shot
+// calls other than broadcast, every collective that agrees through the
+// slots, and the direct ones, which publish nothing and end with a barrier:
+// a gap in this rank's published calls). Otherwise, after one-shot
+// broadcasts, which leave early, it looks at every peer's flag of that call
+// and waits for the missing ones: in a run of broadcasts every rank stays
+// within depth - 1 calls of the slowest, and the root of small ones waits
+// only when that far ahead.
+//
+// Early calls are checked late, by their root alone: every other rank of a
+// broadcast checked the root's signature before it used a byte, so ranks
+// whose calls matched the root's match each other, and one that did not
+// failed. What only a root can find is another rank that named itself the
+// root: two roots read nobody's slot. So a root compares every peer's
+// signature of a broadcast it left early with its own call before it
+// publishes its next call that waits for every peer (it would wait for
+// them anyway; failing before it publishes, it keeps every peer from
+// getting through that call), or at the latest before it rewrites its
+// entry of that broadcast. A peer may be rewriting
+// its own entry of that call by then; the flag, cleared before the content
+// changes (SharedSlots::begin) and read again after it, tells, and such a
+// peer was a root of that call too (it checks only then) and checked this
+// rank's entry before it started rewriting its own: every pair of ranks
+// that both named themselves the root is compared at least once.
 #include <algorithm>
 #include <cstring>
+#include <string>
 #include <type_traits>
 
 #include "comm/algorithms/exchange.h"
@@ -90,47 +125,146 @@ std::size_t slot_capacity(const ExchangeContext& context) { return context.slot_
 
 void find_slots(ExchangeContext& context) {
   context.slots = context.distinct.size() == 1 ? context.distinct.front()->shared_slots() : nullptr;
-  context.slot_payload = context.slots ? context.slots->slot_bytes() - sizeof(SlotHeader) : 0;
+  context.slot_payload = context.slots ? context.slots->large_bytes() : 0;
+  context.early.assign(context.slots ? context.slots->depth() : 0, {});
 }
+
+namespace {
+
+// Payload bytes an entry holds after the header.
+std::size_t entry_payload(const SharedSlots& slots) { return slots.entry_bytes() - sizeof(SlotHeader); }
+
+// Throws a RemoteError naming both calls unless `header` is `op`'s
+// signature carrying `bytes`; `late`: the call during which an early call's
+// check (Exchange::leave_early) found it.
+void check_signature(const ExchangeContext& c, const SlotHeader& header, const Op& op, int peer, std::size_t bytes,
+                     const Op* late = nullptr) {
+  if (header == signature(op, c.comm_id, bytes)) return;
+  // The sentence is built only for a mismatch.
+  const WireHeader expected = expected_header(c.comm_id, op, c.rank, peer, 0, 0, bytes);
+  std::string what = header_mismatch(expected, as_wire(header, op.seq), c.rank, peer);
+  if (late)
+    what += " (found as rank " + std::to_string(c.rank) + " ran " + describe(*late) + ": " + describe(op) +
+            " had returned on it before every peer had entered it, as a one-shot broadcast does)";
+  throw RemoteError(what, peer);
+}
+
+}  // namespace
 
 // The payload past the flag's cache line goes first; then the line's whole
 // content, composed here, in one burst of stores right before the flag, so
 // that a peer polling the flag takes the line once, complete, rather than
 // stealing it back between the header, the payload and the flag.
-std::span<const std::byte> Exchange::publish_slot(const void* data, std::size_t bytes) {
+std::span<const std::byte> Exchange::publish_slot(const void* data, std::size_t bytes, bool early) {
   SharedSlots* slots = slots_of(c_);
   if (!slots || bytes > c_.slot_payload) throw InvalidUsage(describe(op_) + ": does not fit a shared slot");
-  const std::span<std::byte> slot = slots->mine(op_.seq);
+  const bool in_entry = bytes <= entry_payload(*slots);
+  make_room(*slots, in_entry, early);
+  const std::span<std::byte> entry = slots->begin(op_.seq);
+  std::byte* payload = in_entry ? entry.data() + sizeof(SlotHeader) : slots->mine_large(op_.seq).data();
   const auto* from = static_cast<const std::byte*>(data);
-  const std::size_t head = std::min(bytes, kHeadBytes);
-  if (bytes > head) std::memcpy(slot.data() + SharedSlots::kLineBytes, from + head, bytes - head);
+  const std::size_t head = in_entry ? std::min(bytes, kHeadBytes) : 0;
+  if (bytes > head) std::memcpy(payload + head, from + head, bytes - head);
   std::byte line[SharedSlots::kLineBytes];  // past the header and `head`, whatever it held: no peer reads it
   const SlotHeader header = signature(op_, c_.comm_id, bytes);
   std::memcpy(line, &header, sizeof header);
   copy_head(line + sizeof header, from, head);
-  std::memcpy(slot.data(), line, sizeof line);
+  std::memcpy(entry.data(), line, sizeof line);
   slots->publish(op_.seq);
-  return slot.subspan(sizeof(SlotHeader), bytes);
+  c_.last_published = op_.seq;
+  return {payload, bytes};
+}
+
+// The reuse rule (top of the file), and the early calls whose entry this
+// call rewrites checked first. A call that waits for every peer checks them
+// all first (it would wait for those peers anyway): a mismatch of an early
+// call then fails this rank before it publishes, so that no peer gets
+// through this call either.
+void Exchange::make_room(SharedSlots& slots, bool in_entry, bool early) {
+  const std::uint64_t seq = op_.seq, depth = slots.depth();
+  if (seq > c_.last_published + 1) c_.all_entered = std::max(c_.all_entered, seq - 1);
+  slots.check_closed(seq);
+  const std::uint64_t back = in_entry ? depth - 1 : slots.large_count() - 1;
+  std::uint64_t needed = seq > back ? seq - back : 0;
+  if (!early && c_.oldest_early != 0) needed = std::max(needed, c_.newest_early);
+  if (needed > c_.all_entered) {
+    // Every call since all_entered was published by every rank (a direct one
+    // would have moved all_entered past it), so each peer's flag comes. Once
+    // it waits, a rank waits for the laggards to come half the ring closer
+    // than it needs, so that far ahead it sleeps once per half ring rather
+    // than once per call.
+    const std::uint64_t target = std::min(seq - 1, needed + depth / 2);
+    for (int peer = 0; peer < c_.size; ++peer)
+      if (peer != c_.rank) wait_slot(slots, peer, target);
+    c_.all_entered = target;
+  }
+  if (!early && c_.oldest_early != 0) check_early_calls(slots, seq);
+  else if (seq >= depth) check_early_calls(slots, seq - depth + 1);
+}
+
+// Checks every peer's signature of the calls this rank left early before
+// `before`: each peer has entered a later call (all_entered), so has
+// published them. A peer that is rewriting its entry, or has, checked this
+// rank's first (top of the file). A gap of direct calls costs a look per
+// sequence number.
+void Exchange::check_early_calls(SharedSlots& slots, std::uint64_t before) {
+  const std::size_t depth = c_.early.size();
+  for (; c_.oldest_early != 0 && c_.oldest_early < before; ++c_.oldest_early) {
+    ExchangeContext::EarlyCall& early = c_.early[c_.oldest_early % depth];
+    if (early.op.seq != c_.oldest_early) continue;
+    const Op op = early.op;
+    early.op.seq = 0;
+    for (int peer = 0; peer < c_.size; ++peer) {
+      if (peer == c_.rank || slots.published(peer, op.seq) != op.seq) continue;
+      SlotHeader header;
+      std::memcpy(&header, slots.theirs(peer, op.seq).data(), sizeof header);
+      std::atomic_thread_fence(std::memory_order_acquire);
+      if (slots.published(peer, op.seq) != op.seq) continue;
+      check_signature(c_, header, op, peer, peer == op.root ? early.source_bytes : 0, &op_);
+    }
+  }
+  if (c_.oldest_early > c_.newest_early) c_.oldest_early = 0;
 }
 
 void Exchange::slots_arrived() {
-  if (SharedSlots* slots = slots_of(c_)) slots->wake_waiters();
+  SharedSlots* slots = slots_of(c_);
+  if (!slots) return;
+  slots->wake_waiters();
+  c_.all_entered = op_.seq;
+}
+
+void Exchange::leave_early(std::size_t source_bytes) {
+  SharedSlots* slots = slots_of(c_);
+  if (!slots) return;
+  slots->wake_waiters();
+  if (op_.root != c_.rank) return;  // it checked the root's signature
+  c_.early[op_.seq % c_.early.size()] = {op_, source_bytes};
+  c_.newest_early = op_.seq;
+  if (c_.oldest_early == 0) c_.oldest_early = op_.seq;
+}
+
+void Exchange::wait_slot(SharedSlots& slots, int peer, std::uint64_t seq) {
+  c_.waiting_for.store(peer, std::memory_order_relaxed);
+  if (!slots.poll(peer, seq) && !slots.wait(peer, seq, deadline())) timed_out(peer);
+  c_.waiting_for.store(-1, std::memory_order_relaxed);
 }
 
 std::span<const std::byte> Exchange::peer_slot(int peer, std::size_t bytes) {
   SharedSlots* slots = slots_of(c_);
   if (!slots) throw InvalidUsage(describe(op_) + ": no shared slots on this communicator");
-  c_.waiting_for.store(peer, std::memory_order_relaxed);
-  if (!slots->poll(peer, op_.seq) && !slots->wait(peer, op_.seq, deadline())) timed_out(peer);
-  c_.waiting_for.store(-1, std::memory_order_relaxed);
-  const std::span<const std::byte> slot = slots->theirs(peer, op_.seq);
+  wait_slot(*slots, peer, op_.seq);
+  // A peer rewrites this entry only once this rank has entered a later call.
+  if (const std::uint64_t held = slots->published(peer, op_.seq); held != op_.seq)
+    throw RemoteError("rank " + std::to_string(c_.rank) + " found rank " + std::to_string(peer) +
+                          "'s shared slot of " + describe(op_) + " holding call #" + std::to_string(held) +
+                          ": the ranks' slot protocols disagree",
+                      peer);
+  const std::span<const std::byte> entry = slots->theirs(peer, op_.seq);
   SlotHeader header;
-  std::memcpy(&header, slot.data(), sizeof header);
-  if (header != signature(op_, c_.comm_id, bytes)) {  // the sentence is built only for a mismatch
-    const WireHeader expected = expected_header(c_.comm_id, op_, c_.rank, peer, 0, 0, bytes);
-    throw RemoteError(header_mismatch(expected, as_wire(header, op_.seq), c_.rank, peer), peer);
-  }
-  return slot.subspan(sizeof(SlotHeader), bytes);
+  std::memcpy(&header, entry.data(), sizeof header);
+  check_signature(c_, header, op_, peer, bytes);
+  if (bytes <= entry_payload(*slots)) return entry.subspan(sizeof(SlotHeader), bytes);
+  return slots->theirs_large(peer, op_.seq).first(bytes);
 }
 
 }  // namespace braid::comm

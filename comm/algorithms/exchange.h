@@ -68,6 +68,21 @@ struct ExchangeContext {
   // the transports are connected, before the first call (engine_lean.cc).
   SharedSlots* slots = nullptr;
   std::size_t slot_payload = 0;
+  // This rank's side of the slots' reuse rule (exchange_slots.cc): the
+  // last call it published, the last call every peer is known to have
+  // entered, and the calls it left before every peer had entered them
+  // (Exchange::leave_early) whose peers' signatures are still to be checked,
+  // at [seq modulo the slots' depth] (op.seq 0: none), with the payload
+  // bytes their source (op.root) published.
+  struct EarlyCall {
+    Op op;
+    std::size_t source_bytes = 0;
+  };
+  std::uint64_t last_published = 0;
+  std::uint64_t all_entered = 0;
+  std::vector<EarlyCall> early;
+  std::uint64_t oldest_early = 0;  // no unchecked early call is older; 0: none
+  std::uint64_t newest_early = 0;
 };
 
 // Whether [data, data + bytes) lies in registered memory that one transport
@@ -159,15 +174,31 @@ class Exchange {
   // payload, readable until this call returns. Every wait is
   // bounded by deadline() and attributed as the messages' waits are. Once
   // every peer_slot() it needs has returned, slots_arrived() wakes the peers
-  // that may sleep waiting for this rank's slot (publish_slot defers that).
+  // that may sleep waiting for this rank's slot (publish_slot defers that),
+  // and tells the slots that every peer has entered this call.
+  //
+  // A call may instead return before every peer has entered it (the
+  // one-shot broadcast: each rank waits for the root's slot alone, the root
+  // for none): it publishes with `early` and calls leave_early(source_bytes)
+  // in place of slots_arrived(), `source_bytes` being what op().root
+  // published. Every peer's signature of such a call is checked by its root
+  // later, while their slots still hold it: before it publishes its next
+  // call that waits for every peer, or before it rewrites its own slot of
+  // that call, failing with both calls named where one differs. publish_slot() first makes sure that no peer
+  // still reads the memory it rewrites, waiting where a peer lags: a rank
+  // runs at most the slots' depth less one calls ahead of the slowest.
   std::size_t slot_capacity() const { return comm::slot_capacity(c_); }
-  std::span<const std::byte> publish_slot(const void* data, std::size_t bytes);
+  std::span<const std::byte> publish_slot(const void* data, std::size_t bytes, bool early = false);
   std::span<const std::byte> peer_slot(int peer, std::size_t bytes);
   void slots_arrived();
+  void leave_early(std::size_t source_bytes);
 
  private:
   void drive(const Request& request);
   [[noreturn]] void timed_out(int peer);
+  void wait_slot(SharedSlots& slots, int peer, std::uint64_t seq);
+  void make_room(SharedSlots& slots, bool in_entry, bool early);
+  void check_early_calls(SharedSlots& slots, std::uint64_t before);
 
   Op op_;
   ExchangeContext& c_;

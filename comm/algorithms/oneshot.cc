@@ -9,17 +9,35 @@
 
 namespace braid::comm {
 
-SlotViews share_slots(Exchange& x, const void* data, std::size_t bytes, int source) {
-  const int n = x.size(), r = x.rank();
-  if (n > kMaxOneshotRanks || bytes > x.slot_capacity())
+namespace {
+
+void check_fits(Exchange& x, std::size_t bytes) {
+  if (x.size() > kMaxOneshotRanks || bytes > x.slot_capacity())
     throw InvalidUsage(describe(x.op()) + ": a one-shot collective of " + std::to_string(bytes) + " bytes on " +
-                       std::to_string(n) + " ranks does not fit the shared slots");
+                       std::to_string(x.size()) + " ranks does not fit the shared slots");
+}
+
+}  // namespace
+
+SlotViews share_slots(Exchange& x, const void* data, std::size_t bytes) {
+  check_fits(x, bytes);
+  const int n = x.size(), r = x.rank();
   SlotViews views;
-  views.at[r] = x.publish_slot(data, source < 0 || source == r ? bytes : 0).data();
+  views.at[r] = x.publish_slot(data, bytes).data();
   for (int peer = 0; peer < n; ++peer)
-    if (peer != r) views.at[peer] = x.peer_slot(peer, source < 0 || source == peer ? bytes : 0).data();
+    if (peer != r) views.at[peer] = x.peer_slot(peer, bytes).data();
   x.slots_arrived();
   return views;
+}
+
+const void* share_root_slot(Exchange& x, const void* data, std::size_t bytes) {
+  check_fits(x, bytes);
+  const int root = x.op().root;
+  const bool is_root = x.rank() == root;
+  x.publish_slot(data, is_root ? bytes : 0, true);
+  const void* payload = is_root ? nullptr : x.peer_slot(root, bytes).data();
+  x.leave_early(bytes);
+  return payload;
 }
 
 // A small call (the common one) is reduced straight into the output by

@@ -43,52 +43,66 @@ struct ConnectOptions {
 };
 
 // Shared slots: memory that every rank of a communicator on one host can
-// read, offered by a transport whose ranks share it (shm). Each rank owns two
-// slots, one for calls of even and one for calls of odd sequence number
-// (Op::seq). A rank writes its slot, then publish()es the call's sequence
-// number into the slot's flag word (release); a peer reads the slot once
-// wait() saw that number there (acquire). The first bytes of a slot share a
-// cache line with the flag, so a small message and its arrival travel as
-// one line. The transport moves flags and wakes sleepers; what a slot holds
-// is its user's protocol (comm/exchange_slots.cc).
-//
-// A slot may be rewritten two calls later, so its user must know that every
-// peer finished reading it by then: true when no collective of the
-// communicator returns on a rank before every rank has entered it (each
-// publishes a slot and reads every peer's, or ends with a barrier; select.cc
-// makes it so), since a rank can enter call s + 2 only after every rank
-// entered s + 1, each after it finished call s.
+// read, offered by a transport whose ranks share it (shm). Each rank owns a
+// ring of depth() entries, the entry of call s (Op::seq) being s modulo
+// depth(), and large_count() large slots, that of call s being s modulo
+// large_count(). A rank writes its entry (and, for a payload the entry does
+// not hold, a large slot), then publish()es the call's sequence number into
+// the entry's flag word (release); a peer reads them once wait() saw that
+// number there (acquire). The first bytes of an entry share a cache line
+// with the flag, so a small message and its arrival travel as one line. The
+// transport moves flags and wakes sleepers; what the slots hold, and the
+// rule that keeps a rank from rewriting memory that a peer still reads, are
+// their user's protocol (comm/exchange_slots.cc): ranks may run up to
+// depth() - 1 calls apart, so wait() and poll() accept a flag at or past the
+// number asked for, and published() tells which it was.
 class SharedSlots {
  public:
-  // Bytes at the start of every slot that share the flag's cache line.
+  // Bytes at the start of every entry that share the flag's cache line.
   static constexpr std::size_t kLineBytes = 56;
 
   virtual ~SharedSlots() = default;
-  // Bytes of every slot after its flag word; the same on every rank.
-  virtual std::size_t slot_bytes() const = 0;
-  // This rank's slot for call `seq`, to fill before publish(seq).
-  virtual std::span<std::byte> mine(std::uint64_t seq) = 0;
-  // Marks this rank's slot for `seq` complete. Peers that sleep waiting for
+  // Entries per rank, and the bytes of each after its flag word; large
+  // slots per rank, and the bytes of each. The same on every rank.
+  virtual std::size_t depth() const = 0;
+  virtual std::size_t entry_bytes() const = 0;
+  virtual std::size_t large_count() const = 0;
+  virtual std::size_t large_bytes() const = 0;
+  // Starts rewriting this rank's entry for call `seq`: its flag stops naming
+  // the call it held (a peer that reads that call's entry late sees so by
+  // reading the flag again after the content), and the entry is returned
+  // to fill before publish(seq). mine_large(seq): the large slot of `seq`.
+  virtual std::span<std::byte> begin(std::uint64_t seq) = 0;
+  virtual std::span<std::byte> mine_large(std::uint64_t seq) = 0;
+  // Marks this rank's entry for `seq` complete. Peers that sleep waiting for
   // it are woken by wake_waiters(), or before this rank sleeps in wait():
   // waking needs a full fence and a look at every peer, which right here
   // would hold the first wait up by the store's round trip to the peers.
   virtual void publish(std::uint64_t seq) = 0;
-  // Wakes the peers that sleep waiting for this rank's last published slot,
-  // unless that was done; called once every slot this rank waits for is in.
+  // Wakes the peers that sleep waiting for this rank's last published entry,
+  // unless that was done; called once every entry this rank waits for is in.
   virtual void wake_waiters() = 0;
-  // Whether `peer` has published `seq`, after a short poll (about a
-  // microsecond) while every local rank has a core, one look otherwise; never
-  // reads the clock, so the many waits that end here cost no more than the
-  // cache line's hand-off.
+  // Whether `peer` has published `seq` (or later), after a short poll (about
+  // a microsecond) while every local rank has a core, one look otherwise;
+  // never reads the clock, so the many waits that end here cost no more
+  // than the cache line's hand-off.
   virtual bool poll(int peer, std::uint64_t seq) const = 0;
-  // Waits until `peer` has published `seq`: polls while every local rank has
-  // a core (ConnectOptions::spin), yields and then sleeps otherwise. False
-  // once `deadline` passed; RemoteError naming the peer when it exited or
-  // closed its communicator before publishing.
+  // Waits until `peer` has published `seq` (or later): polls while every
+  // local rank has a core (ConnectOptions::spin), yields and then sleeps
+  // otherwise. False once `deadline` passed; RemoteError naming the peer
+  // when it exited or closed its communicator before publishing.
   virtual bool wait(int peer, std::uint64_t seq, Clock::time_point deadline) = 0;
-  // `peer`'s slot for `seq`, to read after wait() returned true and before
-  // this rank publishes seq + 1.
+  // `peer`'s entry and large slot for `seq`, to read after wait() returned
+  // true, while published() still says `seq`.
   virtual std::span<const std::byte> theirs(int peer, std::uint64_t seq) const = 0;
+  virtual std::span<const std::byte> theirs_large(int peer, std::uint64_t seq) const = 0;
+  // The sequence number `peer` last published in the entry that `seq` uses
+  // (0 while it rewrites it).
+  virtual std::uint64_t published(int peer, std::uint64_t seq) const = 0;
+  // A RemoteError naming the first peer that closed its communicator (it
+  // failed, or finished) without having published `seq`: it never will. One
+  // look at a word per peer that wake_waiters() reads anyway.
+  virtual void check_closed(std::uint64_t seq) const = 0;
 };
 
 class Transport {

@@ -8,7 +8,9 @@
 //   point-to-point calls, and stay right;
 // - a mismatched call (another count, or a small call against a large one
 //   that only agrees through the slots) fails every rank inside that call
-//   with both calls named and no user buffer touched;
+//   with both calls named and no user buffer touched; a broadcast, which
+//   leaves early (test_oneshot_broadcast.cc), fails the ranks whose call
+//   matched its root's at the barrier after it instead;
 // - a rank that dies while its peers wait for its slot is named, fast, and
 //   one that never comes is a timeout naming it, not a hang.
 #include <catch2/catch.hpp>
@@ -198,8 +200,15 @@ TEST_CASE("a rank killed before it publishes its slot is named by every waiting 
     if (comm.rank() == 1) raise(SIGKILL);
     tagged([&] {
       if (kind == OpKind::all_reduce) comm.all_reduce(buf.data(), buf.data(), 16, DataType::f32, ReduceOp::sum).wait();
-      if (kind == OpKind::broadcast) comm.broadcast(buf.data(), buf.data(), 16, DataType::f32, 0).wait();
       if (kind == OpKind::barrier) comm.barrier().wait();
+      if (kind != OpKind::broadcast) return;
+      // Rank 0's broadcast and those reading only its slot complete without
+      // rank 1 (they leave early); the next call waits for rank 1's slot of
+      // this one first.
+      std::fill(buf.begin(), buf.end(), comm.rank() == 0 ? 42.0f : -1.0f);
+      comm.broadcast(buf.data(), buf.data(), 16, DataType::f32, 0).wait();
+      for (float v : buf) expect(v == 42.0f, "the broadcast without rank 1 gave wrong data");
+      comm.barrier().wait();
     });
     throw std::runtime_error(std::string(name(kind)) + " completed without rank 1");
   }, shm_options(timeout));
@@ -211,7 +220,7 @@ TEST_CASE("a rank killed before it publishes its slot is named by every waiting 
     const Outcome o = outcome_of(result.ranks[r]);
     INFO("rank " << r << ": " << result.ranks[r].message);
     CHECK(o.type == "RemoteError");
-    CHECK(contains(o.text, std::string(name(kind)) + " #6"));
+    CHECK(contains(o.text, kind == OpKind::broadcast ? "barrier #7" : std::string(name(kind)) + " #6"));
     CHECK(contains(o.text, "rank 1"));
     CHECK(o.ms < 5000);
   }
@@ -249,7 +258,9 @@ enum class Odd { op, dtype, count, root, kind };
 
 // Inside a rank, after a barrier (#1): one small blocking call (#2) on an
 // idle communicator, so the lean path runs it, the last rank's differing
-// as `odd` says; expected to fail with both buffers untouched.
+// as `odd` says; expected to fail with both buffers untouched, except where
+// a broadcast's call matched its root's (or was a root's): then it
+// completes with the root's data, and the barrier after it (#3) fails.
 void mismatched_small_call(Communicator& comm, Odd odd) {
   const bool last = comm.rank() == comm.size() - 1;
   std::vector<std::int32_t> send(8, 2), recv(8, -7);
@@ -258,15 +269,20 @@ void mismatched_small_call(Communicator& comm, Odd odd) {
   const DataType dtype = last && odd == Odd::dtype ? DataType::f32 : DataType::i32;  // both 4 bytes
   const std::size_t count = last && odd == Odd::count ? 3 : 4;
   const bool broadcast = odd == Odd::root || (odd == Odd::kind && last);
+  bool completed = false;
   try {
     tagged([&] {
-      if (broadcast) comm.broadcast(send.data(), recv.data(), count, dtype, root).wait();
-      else comm.all_reduce(send.data(), recv.data(), count, dtype, op).wait();
+      if (!broadcast) comm.all_reduce(send.data(), recv.data(), count, dtype, op).wait();
+      if (!broadcast) return;
+      comm.broadcast(send.data(), recv.data(), count, dtype, root).wait();
+      completed = true;
+      comm.barrier().wait();
     });
   } catch (...) {
-    const bool untouched = std::all_of(send.begin(), send.end(), [](std::int32_t v) { return v == 2; }) &&
-                           std::all_of(recv.begin(), recv.end(), [](std::int32_t v) { return v == -7; });
-    expect(untouched, "rank " + std::to_string(comm.rank()) + " touched a buffer");
+    const bool input = std::all_of(send.begin(), send.end(), [](std::int32_t v) { return v == 2; });
+    bool output = true;
+    for (std::size_t i = 0; i < recv.size(); ++i) output = output && recv[i] == (completed && i < count ? 2 : -7);
+    expect(input && output, "rank " + std::to_string(comm.rank()) + (completed ? " got wrong data" : " touched a buffer"));
     throw;
   }
   throw std::runtime_error("rank " + std::to_string(comm.rank()) + " completed a mismatched call");
@@ -283,6 +299,9 @@ TEST_CASE("a small call on the lean path that mismatches a peer's fails every ra
   }, shm_options(std::chrono::seconds(20)));
   INFO(size << " ranks, odd field " << int(odd) << "\n" << result.summary());
   REQUIRE_FALSE(result.timed_out);
+  // Odd::root: on 2 ranks both are roots and fail at #3; on 3 the last one
+  // fails at #2 on rank 1's slot, ranks 0 and 1 at #3. Either way the
+  // mismatch of #2 is named.
   const std::string call = odd == Odd::root ? "broadcast #2" : "all_reduce #2";
   for (std::size_t r = 0; r < result.ranks.size(); ++r) {
     const Outcome o = outcome_of(result.ranks[r]);

@@ -14,11 +14,12 @@
 // would, the sender first writes a wrap marker and restarts at offset 0, so
 // the receiver can hand that payload to an algorithm as a view in place.
 //
-// When every rank of the communicator is on this host, the owner's two
-// shared slots (transport.h SharedSlots) lie between the header and the
-// channels: each a 64-bit flag holding the sequence number of the call it
-// was last published for, then kSharedSlotBytes of content, then a spare
-// cache line so that writing one slot never touches a line of the other.
+// When every rank of the communicator is on this host, the owner's shared
+// slots (transport.h SharedSlots) lie between the header and the channels:
+// kSlotDepth entries of kEntryStride bytes, each a 64-bit flag holding the
+// sequence number of the call it was last published for, then its content;
+// then kLargeSlots large slots of kLargeSlotBytes, each followed by a spare
+// cache line so that writing one never touches a line of the next.
 //
 // The segment header carries the owner's doorbell: a futex word peers bump
 // (and wake, when the owner sleeps) whenever they write into its channels
@@ -55,6 +56,10 @@ struct alignas(64) SegmentHeader {
   alignas(64) std::atomic<std::uint32_t> doorbell;
   std::atomic<std::uint32_t> sleeping;
   std::atomic<std::uint32_t> closed;  // the owner closed or failed; peers stop waiting on it
+  // While the owner sleeps waiting for a peer's shared slot: the call's
+  // sequence number << 16 | the peer + 1, so that other peers' publishes
+  // leave it asleep; 0 otherwise (shm/slots.h).
+  std::atomic<std::uint64_t> awaited;
 };
 
 struct alignas(64) ChannelControl {
@@ -62,12 +67,18 @@ struct alignas(64) ChannelControl {
   alignas(64) std::atomic<std::uint64_t> tail;
 };
 
-// A slot's content after its flag word: the flag and the first 56 bytes
-// share a line, and 64 KiB + 32 bytes remain after a 24-byte call header.
-inline constexpr std::size_t kSharedSlotBytes = (64u << 10) + 56;
-inline constexpr std::size_t kSlotStride = sizeof(std::uint64_t) + kSharedSlotBytes + 64;
-inline constexpr std::size_t kSlotAreaBytes = 2 * kSlotStride;
-static_assert(kSlotStride % 64 == 0, "slots start on cache lines");
+// Entries: the flag and the first 56 bytes of content share a line; 1000
+// bytes of payload fit after a 24-byte call header. A rank runs at most
+// kSlotDepth - 1 calls ahead of the slowest (exchange_slots.cc). Large
+// slots: 64 KiB + 32 bytes of payload.
+inline constexpr std::size_t kSlotDepth = 64;
+inline constexpr std::size_t kEntryStride = 1024;
+inline constexpr std::size_t kLargeSlots = 2;
+inline constexpr std::size_t kLargeSlotBytes = (64u << 10) + 32;
+inline constexpr std::size_t kLargeStride = kLargeSlotBytes + 32 + 64;
+inline constexpr std::size_t kSlotAreaBytes = kSlotDepth * kEntryStride + kLargeSlots * kLargeStride;
+static_assert((kSlotDepth & (kSlotDepth - 1)) == 0 && kEntryStride % 64 == 0 && kLargeStride % 64 == 0,
+              "entries and large slots start on cache lines");
 static_assert(sizeof(std::uint64_t) + SharedSlots::kLineBytes == 64, "flag and first bytes share a line");
 
 inline std::size_t channel_stride(std::size_t capacity) { return sizeof(ChannelControl) + capacity; }
@@ -102,8 +113,6 @@ class Mapping {
     return reinterpret_cast<ChannelControl*>(data_ + sizeof(SegmentHeader) + header()->slot_area +
                                              index * channel_stride(header()->capacity));
   }
-  // Shared slot `parity` (0 or 1): its flag word, then its content.
-  std::byte* slot(std::size_t parity) const { return data_ + sizeof(SegmentHeader) + parity * kSlotStride; }
   std::byte* ring(std::size_t index) const { return reinterpret_cast<std::byte*>(channel(index) + 1); }
 
  private:

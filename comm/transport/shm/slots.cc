@@ -25,23 +25,49 @@ ShmSlots::ShmSlots(int rank, std::vector<Rank> ranks, std::size_t ring_capacity,
     : rank_(rank), ranks_(std::move(ranks)), ring_capacity_(ring_capacity), spin_(spin) {}
 
 std::atomic<std::uint64_t>& ShmSlots::flag(int rank, std::uint64_t seq) const {
-  std::byte* slot = ranks_[rank].segment + sizeof(SegmentHeader) + (seq & 1) * kSlotStride;
-  return *reinterpret_cast<std::atomic<std::uint64_t>*>(slot);
+  return *reinterpret_cast<std::atomic<std::uint64_t>*>(entry(rank, seq));
 }
 
-std::span<std::byte> ShmSlots::mine(std::uint64_t seq) {
-  return {reinterpret_cast<std::byte*>(&flag(rank_, seq)) + sizeof(std::uint64_t), kSharedSlotBytes};
+// The flag is cleared before any byte of the entry changes (stores reach
+// other cores in program order), so a reader that finds the flag unchanged
+// after reading the content read the call the flag names.
+std::span<std::byte> ShmSlots::begin(std::uint64_t seq) {
+  flag(rank_, seq).store(0, std::memory_order_relaxed);
+  std::atomic_thread_fence(std::memory_order_release);
+  return {entry(rank_, seq) + sizeof(std::uint64_t), entry_bytes()};
 }
+
+std::span<std::byte> ShmSlots::mine_large(std::uint64_t seq) { return {large(rank_, seq), kLargeSlotBytes}; }
 
 std::span<const std::byte> ShmSlots::theirs(int peer, std::uint64_t seq) const {
-  return {reinterpret_cast<const std::byte*>(&flag(peer, seq)) + sizeof(std::uint64_t), kSharedSlotBytes};
+  return {entry(peer, seq) + sizeof(std::uint64_t), entry_bytes()};
+}
+
+std::span<const std::byte> ShmSlots::theirs_large(int peer, std::uint64_t seq) const {
+  return {large(peer, seq), kLargeSlotBytes};
+}
+
+std::uint64_t ShmSlots::published(int peer, std::uint64_t seq) const {
+  return flag(peer, seq).load(std::memory_order_acquire);
+}
+
+void ShmSlots::check_closed(std::uint64_t seq) const {
+  for (int r = 0; r < static_cast<int>(ranks_.size()); ++r)
+    if (r != rank_ && header(r)->closed.load(std::memory_order_acquire) &&
+        flag(r, seq).load(std::memory_order_acquire) < seq)
+      check_alive(r);
 }
 
 void ShmSlots::publish(std::uint64_t seq) {
   flag(rank_, seq).store(seq, std::memory_order_release);
+  published_ = seq;
   wake_pending_ = true;
 }
 
+// A sleeper that says it waits for another rank's slot, or for a later call
+// of this rank's, is left asleep: with ranks a few calls apart (a
+// broadcast's root ahead of its peers) every publish would otherwise wake
+// every sleeper, for nothing.
 void ShmSlots::wake_waiters() {
   if (!wake_pending_) return;
   wake_pending_ = false;
@@ -50,6 +76,9 @@ void ShmSlots::wake_waiters() {
     if (r == rank_) continue;
     SegmentHeader* h = header(r);
     if (h->sleeping.load(std::memory_order_seq_cst) == 0) continue;
+    const std::uint64_t awaited = h->awaited.load(std::memory_order_relaxed);
+    if (awaited != 0 && ((awaited & 0xffff) != static_cast<std::uint64_t>(rank_) + 1 || (awaited >> 16) > published_))
+      continue;
     h->doorbell.fetch_add(1, std::memory_order_seq_cst);
     futex_wake_all(h->doorbell);
   }
@@ -59,7 +88,7 @@ bool ShmSlots::poll(int peer, std::uint64_t seq) const {
   const auto& f = flag(peer, seq);
   const int looks = spin_.count() > 0 ? kPollLooks : 1;
   for (int i = 0;; cpu_relax()) {
-    if (f.load(std::memory_order_acquire) == seq) return true;
+    if (f.load(std::memory_order_acquire) >= seq) return true;
     if (++i == looks) return false;
   }
 }
@@ -73,7 +102,7 @@ bool ShmSlots::poll(int peer, std::uint64_t seq) const {
 // few times. Then it sleeps.
 bool ShmSlots::wait(int peer, std::uint64_t seq, Clock::time_point deadline) {
   const auto& f = flag(peer, seq);
-  if (f.load(std::memory_order_acquire) == seq) return true;
+  if (f.load(std::memory_order_acquire) >= seq) return true;
   const auto start = Clock::now();
   // poll() has just spent about kPolledFirst of the polling.
   const auto poll_end = start + std::min<std::chrono::nanoseconds>(spin_, kPollOnly) - kPolledFirst;
@@ -81,12 +110,12 @@ bool ShmSlots::wait(int peer, std::uint64_t seq, Clock::time_point deadline) {
   while (Clock::now() < poll_end) {
     for (int i = 0; i < 16; ++i) {
       cpu_relax();
-      if (f.load(std::memory_order_acquire) == seq) return true;
+      if (f.load(std::memory_order_acquire) >= seq) return true;
     }
   }
   for (int yields = 0; yields < kYields || Clock::now() < spin_end; ++yields) {
     sched_yield();
-    if (f.load(std::memory_order_acquire) == seq) return true;
+    if (f.load(std::memory_order_acquire) >= seq) return true;
   }
   check_stray(peer, seq);
   return sleep(peer, seq, deadline);
@@ -98,21 +127,25 @@ bool ShmSlots::sleep(int peer, std::uint64_t seq, Clock::time_point deadline) {
   wake_waiters();
   SegmentHeader* me = header(rank_);
   const auto& f = flag(peer, seq);
+  // Set before `sleeping` (whose seq_cst store publishes it), cleared on the
+  // way out, so that a waker that sees this rank asleep sees what it waits for.
+  me->awaited.store(seq << 16 | static_cast<std::uint64_t>(peer + 1), std::memory_order_relaxed);
+  struct Awake {
+    SegmentHeader* me;
+    ~Awake() {
+      me->sleeping.store(0, std::memory_order_relaxed);
+      me->awaited.store(0, std::memory_order_relaxed);
+    }
+  } awake{me};
   for (;;) {
     const std::uint32_t seen = me->doorbell.load(std::memory_order_seq_cst);
     me->sleeping.store(1, std::memory_order_seq_cst);
-    if (f.load(std::memory_order_seq_cst) == seq) {
-      me->sleeping.store(0, std::memory_order_relaxed);
-      return true;
-    }
+    if (f.load(std::memory_order_seq_cst) >= seq) return true;
     const auto now = Clock::now();
-    if (now >= deadline) {
-      me->sleeping.store(0, std::memory_order_relaxed);
-      return false;
-    }
+    if (now >= deadline) return false;
     futex_wait(me->doorbell, seen, std::min<Clock::duration>(deadline - now, kSleepSlice));
     me->sleeping.store(0, std::memory_order_relaxed);
-    if (f.load(std::memory_order_acquire) == seq) return true;
+    if (f.load(std::memory_order_acquire) >= seq) return true;
     check_alive(peer);
     check_stray(peer, seq);
   }
@@ -149,7 +182,7 @@ void ShmSlots::check_stray(int peer, std::uint64_t seq) const {
   // A peer that agreed through the slots publishes before it sends this
   // call's first message, and stores become visible in order: read after
   // the message, its flag shows whether it did.
-  if (flag(peer, seq).load(std::memory_order_acquire) == seq) return;
+  if (flag(peer, seq).load(std::memory_order_acquire) >= seq) return;
   Op theirs;
   theirs.kind = kind;
   theirs.dtype = static_cast<DataType>(h.dtype);

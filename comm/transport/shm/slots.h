@@ -8,7 +8,8 @@
 // Waking without a read-modify-write on the fast path: publish() stores the
 // flag; wake_waiters() (the user's, once its own waits are over, or wait()'s
 // before it sleeps) fences, then reads each peer's `sleeping` word and rings
-// the doorbell (increment + futex wake) only of peers that sleep; by then the
+// the doorbell (increment + futex wake) only of peers that sleep waiting for
+// this rank's slot of a call it has published (SegmentHeader::awaited); by then the
 // flag's store has usually reached the peers, so the fence costs little,
 // and no rank ever sleeps with a wake-up of its own pending. A waiter reads
 // its doorbell, sets `sleeping`, looks at the flag once more and sleeps only
@@ -51,15 +52,28 @@ class ShmSlots final : public SharedSlots {
   };
   ShmSlots(int rank, std::vector<Rank> ranks, std::size_t ring_capacity, std::chrono::nanoseconds spin);
 
-  std::size_t slot_bytes() const override { return kSharedSlotBytes; }
-  std::span<std::byte> mine(std::uint64_t seq) override;
+  std::size_t depth() const override { return kSlotDepth; }
+  std::size_t entry_bytes() const override { return kEntryStride - sizeof(std::uint64_t); }
+  std::size_t large_count() const override { return kLargeSlots; }
+  std::size_t large_bytes() const override { return kLargeSlotBytes; }
+  std::span<std::byte> begin(std::uint64_t seq) override;
+  std::span<std::byte> mine_large(std::uint64_t seq) override;
   void publish(std::uint64_t seq) override;
   void wake_waiters() override;
   bool poll(int peer, std::uint64_t seq) const override;
   bool wait(int peer, std::uint64_t seq, Clock::time_point deadline) override;
   std::span<const std::byte> theirs(int peer, std::uint64_t seq) const override;
+  std::span<const std::byte> theirs_large(int peer, std::uint64_t seq) const override;
+  std::uint64_t published(int peer, std::uint64_t seq) const override;
+  void check_closed(std::uint64_t seq) const override;
 
  private:
+  std::byte* entry(int rank, std::uint64_t seq) const {
+    return ranks_[rank].segment + sizeof(SegmentHeader) + (seq & (kSlotDepth - 1)) * kEntryStride;
+  }
+  std::byte* large(int rank, std::uint64_t seq) const {
+    return ranks_[rank].segment + sizeof(SegmentHeader) + kSlotDepth * kEntryStride + (seq % kLargeSlots) * kLargeStride;
+  }
   std::atomic<std::uint64_t>& flag(int rank, std::uint64_t seq) const;
   SegmentHeader* header(int rank) const { return reinterpret_cast<SegmentHeader*>(ranks_[rank].segment); }
   bool sleep(int peer, std::uint64_t seq, Clock::time_point deadline);
@@ -81,6 +95,7 @@ class ShmSlots final : public SharedSlots {
   std::size_t ring_capacity_;
   std::chrono::nanoseconds spin_;
   bool wake_pending_ = false;  // published, sleepers not yet looked for
+  std::uint64_t published_ = 0;  // the last call this rank published
 };
 
 }  // namespace braid::comm::shm
