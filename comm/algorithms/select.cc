@@ -240,9 +240,12 @@ Algorithm choose(const CallShape& call) {
 
 }  // namespace
 
-// On a communicator with shared slots a slot is rewritten two calls later,
-// so no collective may end on a rank before every rank has entered it
-// (oneshot.h). The one-shot ones wait for every slot; the direct ones
+// On a communicator with shared slots a rank may rewrite a slot only once
+// every peer has finished reading it (oneshot.h), which a collective that
+// ends on a rank only after every rank has entered it proves by itself
+// (the one-shot broadcast alone leaves early, and later publishes look at
+// the peers' flags: exchange_slots.cc). The other one-shot ones wait for
+// every slot; the direct ones
 // (direct, cuda_ipc) end with a barrier of messages, and a one-shot peer
 // that meets their first message fails at once (shm/slots.h); every other
 // collective agrees through the slots first (agree_signatures), even where

@@ -282,7 +282,8 @@ void mismatched_small_call(Communicator& comm, Odd odd) {
     const bool input = std::all_of(send.begin(), send.end(), [](std::int32_t v) { return v == 2; });
     bool output = true;
     for (std::size_t i = 0; i < recv.size(); ++i) output = output && recv[i] == (completed && i < count ? 2 : -7);
-    expect(input && output, "rank " + std::to_string(comm.rank()) + (completed ? " got wrong data" : " touched a buffer"));
+    expect(input && output,
+           "rank " + std::to_string(comm.rank()) + (completed ? " got wrong data" : " touched a buffer"));
     throw;
   }
   throw std::runtime_error("rank " + std::to_string(comm.rank()) + " completed a mismatched call");

@@ -48,7 +48,8 @@ test::RunOptions shm_options(std::chrono::milliseconds timeout = std::chrono::se
 // consecutive rounds at every position, so a slot read while being
 // rewritten shows.
 std::uint8_t message_byte(int round, int root, std::size_t i) {
-  return static_cast<std::uint8_t>(i * 131 + static_cast<std::size_t>(round) * 29 + static_cast<std::size_t>(root) * 7 + 1);
+  const auto r = static_cast<std::size_t>(round), from = static_cast<std::size_t>(root);
+  return static_cast<std::uint8_t>(i * 131 + r * 29 + from * 7 + 1);
 }
 
 // One broadcast of `bytes` from `root`, every byte checked on every rank,
@@ -136,13 +137,16 @@ void broadcast_against(Communicator& comm, Odd odd, OpKind next) {
   bool completed = false;
   try {
     tagged([&] {
-      if (last && odd == Odd::kind) comm.all_reduce(send.data(), recv.data(), count, DataType::i32, ReduceOp::sum).wait();
-      else comm.broadcast(send.data(), recv.data(), count, DataType::i32, root).wait();
+      if (last && odd == Odd::kind)
+        comm.all_reduce(send.data(), recv.data(), count, DataType::i32, ReduceOp::sum).wait();
+      else
+        comm.broadcast(send.data(), recv.data(), count, DataType::i32, root).wait();
       completed = true;
       std::int32_t token = 1;
       if (next == OpKind::barrier) comm.barrier().wait();
       else
-        for (std::size_t k = 0; k < shm::kSlotDepth + 4; ++k) comm.broadcast(&token, &token, 1, DataType::i32, 0).wait();
+        for (std::size_t k = 0; k < shm::kSlotDepth + 4; ++k)
+          comm.broadcast(&token, &token, 1, DataType::i32, 0).wait();
     });
   } catch (const std::exception& e) {
     const auto is = [&](std::int32_t v, std::size_t from, std::size_t to) {

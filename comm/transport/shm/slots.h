@@ -8,10 +8,11 @@
 // Waking without a read-modify-write on the fast path: publish() stores the
 // flag; wake_waiters() (the user's, once its own waits are over, or wait()'s
 // before it sleeps) fences, then reads each peer's `sleeping` word and rings
-// the doorbell (increment + futex wake) only of peers that sleep waiting for
-// this rank's slot of a call it has published (SegmentHeader::awaited); by then the
-// flag's store has usually reached the peers, so the fence costs little,
-// and no rank ever sleeps with a wake-up of its own pending. A waiter reads
+// the doorbell (increment + futex wake) only of peers that sleep waiting
+// for this rank's slot of a call it has published (SegmentHeader::awaited:
+// a sleeper waiting for another rank, or for a later call, stays asleep);
+// by then the flag's store has usually reached the peers, so the fence
+// costs little, and no rank ever sleeps with a wake-up of its own pending. A waiter reads
 // its doorbell, sets `sleeping`, looks at the flag once more and sleeps only
 // while the doorbell still holds what it read. Either the waiter's last look
 // sees the flag or the publisher sees the waiter asleep and moves its
@@ -72,7 +73,8 @@ class ShmSlots final : public SharedSlots {
     return ranks_[rank].segment + sizeof(SegmentHeader) + (seq & (kSlotDepth - 1)) * kEntryStride;
   }
   std::byte* large(int rank, std::uint64_t seq) const {
-    return ranks_[rank].segment + sizeof(SegmentHeader) + kSlotDepth * kEntryStride + (seq % kLargeSlots) * kLargeStride;
+    return ranks_[rank].segment + sizeof(SegmentHeader) + kSlotDepth * kEntryStride +
+           (seq % kLargeSlots) * kLargeStride;
   }
   std::atomic<std::uint64_t>& flag(int rank, std::uint64_t seq) const;
   SegmentHeader* header(int rank) const { return reinterpret_cast<SegmentHeader*>(ranks_[rank].segment); }
