@@ -53,9 +53,13 @@ struct alignas(64) SegmentHeader {
   std::uint64_t capacity;
   std::int64_t owner_pid;
   std::uint64_t slot_area;  // bytes of shared slots after this header (0: none)
+  // The owner closed or failed; peers stop waiting on it. In the line that
+  // is written once, as every publish of a shared slot looks at it
+  // (SharedSlots::check_closed), not in the doorbell's, which sleepers and
+  // their wakers write.
+  std::atomic<std::uint32_t> closed;
   alignas(64) std::atomic<std::uint32_t> doorbell;
   std::atomic<std::uint32_t> sleeping;
-  std::atomic<std::uint32_t> closed;  // the owner closed or failed; peers stop waiting on it
   // While the owner sleeps waiting for a peer's shared slot: the call's
   // sequence number << 16 | the peer + 1, so that other peers' publishes
   // leave it asleep; 0 otherwise (shm/slots.h).
