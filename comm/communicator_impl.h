@@ -131,6 +131,7 @@ struct Communicator::Impl {
   std::shared_ptr<WorkState> try_lean(Op& op);
   // Once, with the transports connected: the slots and lean_by_kind.
   void prepare();
+  Lean steady_lean(const CallShape& shape) const;
   std::string describe_wait(const Op& op, int peer);
   // A failed call's error with this rank and op in front, after the
   // communicator was aborted with it and it was kept as `failure`.

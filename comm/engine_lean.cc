@@ -1,25 +1,32 @@
-// The engine's lean path (issue 18): a small collective that select.cc runs
-// one-shot through the shared slots (comm/algorithms/oneshot.h) goes from
-// the public call straight to the slot protocol, in the caller's thread.
+// The engine's lean path: a small collective goes from the public call
+// straight to its algorithm, in the caller's thread, with none of the
+// engine's per-call bookkeeping. Two kinds of communicator have one:
+//  - one with shared slots (every rank on this host over shm, at most 16
+//    ranks; issue 18): the kinds that select.cc runs one-shot through the
+//    slots (comm/algorithms/oneshot.h) whatever the call's registration and
+//    placement, up to a slot and BRAID_INLINE_BYTES;
+//  - any other (ranks across hosts over TCP or RDMA, issue 15): the kinds
+//    whose algorithm select.cc answers the same for every call up to
+//    BRAID_INLINE_BYTES (steady_algorithm: recursive doubling for a small
+//    all_reduce, the binomial broadcast, the dissemination barrier, ...).
+// Each kind's algorithm is asked once (prepare()), not per call. A call
+// takes the path when its buffers are in host memory, it is no larger than
+// its kind's limit, and nothing of this communicator is queued or running:
+// then issue order is run order, as on the engine's own paths, and the call
+// has its sequence number before any later one.
 //
-// It applies when the communicator has shared slots (every rank on this
-// host over shm, at most 16 ranks), the call's kind has a one-shot
-// algorithm that select.cc runs whatever the call's registration and
-// placement (asked once per kind, not per call), the call fits a slot and
-// BRAID_INLINE_BYTES, its buffers are in host memory, and nothing of this
-// communicator is queued or running: then issue order is run order, as on
-// the engine's own paths, and the call has its sequence number before any
-// later one.
-//
-// What it leaves out is what the slot protocol makes redundant or what only
-// the queue needs: no WorkState per call (a completed call shares one), no
-// CallShape and table lookup per call, no signature agreement (the slots
-// carry each rank's signature and every reader checks it before it uses a
-// byte: a mismatched call fails every rank with both calls named), and no
-// clock until a wait actually blocks (the Exchange's deadline starts there).
-// A peer that dies or never comes is still named within the timeout: the
-// waits are the one-shot algorithms' own. A failure aborts the
-// communicator exactly as on the engine's other paths (Impl::fail).
+// What it leaves out is what only the queue needs or what the call's own
+// messages make redundant: no WorkState per call (a completed call shares
+// one), no lock, no CallShape and table lookup per call, and no clock until
+// a wait actually blocks (the Exchange's deadline starts there, so the
+// first message of a call leaves without one: on a host whose clock is slow
+// to read that is most of a small call's cost). One-shot algorithms need no
+// separate signature agreement (the slots carry each rank's signature and
+// every reader checks it before it uses a byte); the others run it first
+// where their own schedule does not prove agreement (Algorithm::agrees), as
+// on the engine's path. A peer that dies or never comes is still named
+// within the timeout: the waits are the algorithms' own. A failure aborts
+// the communicator exactly as on the engine's other paths (Impl::fail).
 #include <algorithm>
 
 #include "comm/communicator_impl.h"
@@ -27,8 +34,8 @@
 
 namespace braid::comm {
 
-// Once, after the transports are connected: the slots, and the one-shot
-// algorithm and largest call of each kind the lean path takes.
+// Once, after the transports are connected: the slots, and the algorithm
+// and largest call of each kind the lean path takes.
 void Communicator::Impl::prepare() {
   find_slots(exchange);
   CallShape shape;
@@ -37,11 +44,23 @@ void Communicator::Impl::prepare() {
   shape.transport = config.transport;
   shape.forced = forced_algo;
   shape.slot_bytes = slot_capacity(exchange);
-  for (std::size_t kind = 0; kind < lean_by_kind.size(); ++kind) {
+  for (std::size_t kind = 0; kind < lean_by_kind.size() && kind <= static_cast<std::size_t>(OpKind::barrier); ++kind) {
     shape.kind = static_cast<OpKind>(kind);
     if (auto algorithm = oneshot_whenever_fits(shape))
       lean_by_kind[kind] = {*algorithm, std::min(shape.slot_bytes, inline_bytes)};
+    else if (shape.slot_bytes == 0 && size > 1)
+      lean_by_kind[kind] = steady_lean(shape);
   }
+}
+
+// The largest call up to BRAID_INLINE_BYTES, halving from there, below
+// which select.cc's answer for shape.kind does not change (its first
+// threshold, or the power of two under it), and that answer.
+Communicator::Impl::Lean Communicator::Impl::steady_lean(const CallShape& shape) const {
+  constexpr std::size_t kSmallest = 64;
+  for (std::size_t bytes = inline_bytes; bytes >= kSmallest; bytes /= 2)
+    if (auto steady = steady_algorithm(shape, bytes)) return {*steady, bytes};
+  return {};
 }
 
 std::shared_ptr<WorkState> Communicator::Impl::try_lean(Op& op) {
@@ -65,6 +84,7 @@ std::shared_ptr<WorkState> Communicator::Impl::try_lean(Op& op) {
     algorithm.reason.bytes = bytes;
     note_choice(op.kind, algorithm);
     Exchange x(op, exchange, timeout, peer_state);
+    if (!algorithm.agrees) agree_signatures(x);
     algorithm.run(x);
     if (status) status->left(op);
   } catch (...) {

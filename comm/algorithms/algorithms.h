@@ -197,6 +197,12 @@ bool registration_matters(const CallShape& call);
 // call.kind on up to call.slot_bytes, whatever its registration and
 // placement, or nullopt: the engine's lean path asks once per kind.
 std::optional<Algorithm> oneshot_whenever_fits(const CallShape& call);
+// The algorithm that select_algorithm runs every host call of call.kind on
+// up to `up_to` bytes, whatever its registration and placement, or nullopt
+// (where a threshold lies in between, for point-to-point calls and device
+// memory): the lean path of a communicator without shared slots asks once
+// per kind.
+std::optional<Algorithm> steady_algorithm(const CallShape& call, std::size_t up_to);
 
 // Elements in op's send and receive buffers on `rank`, 0 for a buffer the
 // call does not use there (a broadcast's send buffer off the root, ...);

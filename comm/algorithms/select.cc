@@ -224,6 +224,28 @@ std::optional<Algorithm> oneshot_whenever_fits(const CallShape& call) {
   return select_oneshot(largest);
 }
 
+// Every rule of the host table is a single crossover in bytes (one
+// algorithm up to a threshold, another above it), so the answers at 0 bytes
+// and at `up_to`, registered or not, in place or not, being one and the same
+// algorithm for the same reason means it is the answer in between too.
+std::optional<Algorithm> steady_algorithm(const CallShape& call, std::size_t up_to) {
+  if (call.device || call.kind == OpKind::send || call.kind == OpKind::recv) return std::nullopt;
+  std::optional<Algorithm> steady;
+  for (const std::size_t bytes : {std::size_t{0}, up_to})
+    for (const bool registered : {false, true})
+      for (const bool in_place : {false, true}) {
+        CallShape shape = call;
+        shape.bytes = bytes;
+        shape.registered = registered;
+        shape.in_place = in_place;
+        const Algorithm answer = select_algorithm(shape);
+        if (!steady) steady = answer;
+        else if (answer.run != steady->run || answer.agrees != steady->agrees || answer.reason.rule != steady->reason.rule)
+          return std::nullopt;
+      }
+  return steady;
+}
+
 namespace {
 
 Algorithm choose(const CallShape& call) {

@@ -143,6 +143,12 @@ RequestId IbTransport::allocate(int peer, const WireHeader& header) {
   return id;
 }
 
+// A ring message that is the only one queued to its peer goes on the wire
+// at once, not at the next progress(): a small call's first message leaves
+// before anything else of the call runs (on rxe the post is a system call in
+// which the packet is sent). It carries the freshest credits: the slots
+// released since the last progress() are counted first, with no credit
+// write of their own.
 RequestId IbTransport::post_send(int peer, const WireHeader& header, const void* data) {
   Peer& p = peer_of(peer);
   RequestId id = allocate(peer, header);
@@ -150,6 +156,10 @@ RequestId IbTransport::post_send(int peer, const WireHeader& header, const void*
   if (header.payload_bytes >= kDirectMinBytes) requests_[id].mode = Mode::large;
   p.sends.push_back(id);
   active_ = true;  // a new operation: not blocked yet
+  if (p.sends.size() == 1 && requests_[id].mode != Mode::large && !shut_down_) {
+    count_freed(p);
+    pump_sends(p);
+  }
   return id;
 }
 
@@ -367,8 +377,12 @@ void IbTransport::take_piece(Peer& peer, Request& r) {
 }
 
 // Slots are freed in ring order: a slot lent as a view holds back the ones after it.
-void IbTransport::free_slots(Peer& peer) {
+void IbTransport::count_freed(Peer& peer) {
   while (peer.freed < peer.taken && !peer.held[peer.freed % slots_]) ++peer.freed;
+}
+
+void IbTransport::free_slots(Peer& peer) {
+  count_freed(peer);
   send_credits(peer);
 }
 
@@ -493,26 +507,6 @@ bool IbTransport::pump_all() {
   }
   active_ |= advanced;
   return advanced;
-}
-
-// The keepalive of transport.h: probe each peer this rank waits on (a receive
-// posted, or a send not fully written for want of credits) unless a write to
-// it is outstanding already, whose failure would name a dead peer as well.
-void IbTransport::keep_alive() {
-  for (auto& peer : peers_) {
-    const bool waiting = !peer.recvs.empty() || !peer.sends.empty();
-    const bool outstanding = peer.keepalive_pending || peer.posted != peer.completed || peer.credit_writes > 0 ||
-                             peer.cts_writes > 0 ||
-                             std::any_of(peer.direct_writes.begin(), peer.direct_writes.end(),
-                                         [](const auto& q) { return !q.empty(); });
-    if (!waiting || outstanding) continue;
-    ControlBlock& block = control(peer);
-    ++block.keepalive_out;
-    post_write(peer, wr_id(Work::keepalive, index_of(peer)), &block.keepalive_out, control_.lkey(),
-               sizeof(std::uint64_t), peer.remote.credit_address + offsetof(ControlBlock, keepalive_in),
-               peer.remote.control_rkey, false, 0);
-    peer.keepalive_pending = true;
-  }
 }
 
 bool IbTransport::progress(Clock::time_point deadline) {

@@ -268,6 +268,7 @@ class IbTransport final : public Transport {
   void unpin(Request& r);
   bool pump_recvs(Peer& peer);
   void take_piece(Peer& peer, Request& r);
+  void count_freed(Peer& peer);
   void free_slots(Peer& peer);
   void send_credits(Peer& peer);
   void post_write(Peer& peer, std::uint64_t wr_id, const void* local, std::uint32_t lkey, std::uint32_t bytes,
