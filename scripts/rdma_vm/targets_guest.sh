@@ -24,7 +24,9 @@
 #    all_reduce (-z 1: each call waited for before the next) as well, and
 #    the transport alone (tests/rdma/programs/exchange.cc: the 8-byte
 #    exchange a 2-rank all_reduce makes, and a ping-pong round trip, with
-#    no communicator above), which tells the wire's share from the layers'.
+#    no communicator above), which tells the wire's share from the layers';
+#    in the same process right after, the same exchange as a communicator's
+#    all_reduce and a 1-rank all_reduce (the layers alone, no wire).
 # Every measurement is taken ROUNDS times, interleaved, and the medians
 # are compared (TCG's speed follows the load of the machine running it).
 # $1: the build folder holding tools/braid-launch and tools/braid-bench;
@@ -71,13 +73,18 @@ bench_rows() { # BRAID_BENCH_ARG...
   grep -E '^\[h1\] \[rank 0\] +[0-9]' <<<"$out" | sed 's/^\[h1\] \[rank 0\] *//'
 }
 
+# The microseconds rdma-exchange's rank 0 printed for LABEL ("LABEL: X us ...").
+us_of() { # LABEL
+  sed -n "s/.*\[rank 0\] $1: \([0-9.]*\) us.*/\1/p"
+}
+
 median() { # VALUE...
   printf '%s\n' "$@" | sort -g | awk '{ v[NR] = $1 } END { print NR % 2 ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'
 }
 
 # One round of every measurement; appends to the sample lists.
 declare -A bw_mibs bidi_mibs busbw
-rtts=() lat0=() lat1=() xchg=() xpp=()
+rtts=() lat0=() lat1=() xchg=() xpp=() xcomm=() xone=()
 measure_round() {
   local size rows row mode pp rtt out
   for size in "${sizes[@]}"; do
@@ -97,8 +104,10 @@ measure_round() {
   rtts+=("$rtt")
   out=$(launch_two_hosts "$launch" h1 h2 1 240 -- "$build/tests/rdma/programs/rdma-exchange" 5000 2>&1) \
     || { echo "$out" >&2; fail "rdma-exchange failed"; }
-  xchg+=("$(awk '/\[rank 0\] exchange:/ { print $(NF - 1) }' <<<"$out")")
-  xpp+=("$(awk '/\[rank 0\] pingpong round trip:/ { print $(NF - 1) }' <<<"$out")")
+  xchg+=("$(us_of 'exchange' <<<"$out")")
+  xpp+=("$(us_of 'pingpong round trip' <<<"$out")")
+  xcomm+=("$(us_of 'communicator all_reduce' <<<"$out")")
+  xone+=("$(us_of '1-rank all_reduce' <<<"$out")")
   for mode in 0 1; do
     row=$(bench_rows --coll all_reduce -b 8 -e 8 -n 1000 -w 50 -c 0 -z "$mode") || fail "braid-bench all_reduce failed"
     if [ "$mode" = 0 ]; then lat0+=("$(awk '{ print $7 }' <<<"$row")"); else lat1+=("$(awk '{ print $7 }' <<<"$row")"); fi
@@ -136,7 +145,10 @@ for mode in 0 1; do
       (mode ? "braid all_reduce, blocking (-z 1):" : "braid all_reduce (nccl-tests style):"), t, r, \
       (r <= 1.0 ? "met" : "missed"), t / (rtt / 2), list }'
 done
-x=$(median "${xchg[@]}") p=$(median "${xpp[@]}")
-awk -v x="$x" -v p="$p" -v rtt="$rtt" -v xs="${xchg[*]}" -v ps="${xpp[*]}" 'BEGIN {
+x=$(median "${xchg[@]}") p=$(median "${xpp[@]}") c=$(median "${xcomm[@]}") o=$(median "${xone[@]}")
+awk -v x="$x" -v p="$p" -v c="$c" -v o="$o" -v rtt="$rtt" -v xs="${xchg[*]}" -v ps="${xpp[*]}" -v cs="${xcomm[*]}" \
+    -v os="${xone[*]}" 'BEGIN {
   printf "  transport alone (rdma-exchange), 8-byte exchange: %.1f (%.2f x the round trip; samples %s)\n", x, x / rtt, xs
-  printf "  transport alone, ping-pong round trip:            %.1f (%.2f x ibv_rc_pingpong; samples %s)\n", p, p / rtt, ps }'
+  printf "  transport alone, ping-pong round trip:            %.1f (%.2f x ibv_rc_pingpong; samples %s)\n", p, p / rtt, ps
+  printf "  the same process, communicator all_reduce:        %.1f (%.2f x the round trip; samples %s)\n", c, c / rtt, cs
+  printf "  the same process, 1-rank all_reduce (no wire):    %.1f (samples %s)\n", o, os }'

@@ -3,17 +3,28 @@
 // time of an 8-byte exchange (both ranks send, then wait for the other's
 // message: what a 2-rank all_reduce does on the wire) and of an 8-byte
 // ping-pong round trip (as ibv_rc_pingpong times it), each over ITERS
-// iterations after a warm-up. Set against the whole all_reduce, the
-// difference is what the communicator's layers above the transport cost.
+// iterations after a warm-up; then, in the same process right after, the
+// same exchange as a world communicator's 8-byte all_reduce (its transport
+// as BRAID_TRANSPORT says), and a 1-rank communicator's all_reduce (the
+// layers' own cost, no wire) and a clock read. Set against the transport's
+// exchange, the all_reduce's excess is what the layers above it cost. Each
+// timed loop also reports this process's voluntary / involuntary context
+// switches, which tell a wait that slept from one that polled.
 //
 //   braid-launch ... -- rdma-exchange [ITERS]
 //
-// Prints "exchange: X us" and "pingpong round trip: Y us" on every rank.
+// Prints "exchange: X us", "pingpong round trip: Y us", "communicator
+// all_reduce: Z us" (and the transport and algorithm it ran), "1-rank
+// all_reduce: W us" and "clock read: C us" on every rank.
+#include <sys/resource.h>
+
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <memory>
+#include <string>
 
+#include "comm/communicator.h"
 #include "comm/wire.h"
 #include "runtime/errors.h"
 #include "tests/rdma/programs/pair.h"
@@ -49,6 +60,21 @@ void iteration(Transport& t, int rank, bool exchange, const WireHeader& h, doubl
   }
 }
 
+// Times `iters` calls of `body` after a warm-up of a tenth of them and
+// prints "<what>: X us (context switches V/I)".
+template <typename Body>
+void time_calls(const std::string& what, int iters, const Body& body) {
+  for (int i = 0; i < iters / 10 + 1; ++i) body();
+  rusage before{}, after{};
+  getrusage(RUSAGE_SELF, &before);
+  const auto start = Clock::now();
+  for (int i = 0; i < iters; ++i) body();
+  const double us = std::chrono::duration<double, std::micro>(Clock::now() - start).count() / iters;
+  getrusage(RUSAGE_SELF, &after);
+  std::printf("%s: %.2f us (context switches %ld/%ld)\n", what.c_str(), us, after.ru_nvcsw - before.ru_nvcsw,
+              after.ru_nivcsw - before.ru_nivcsw);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) try {
@@ -68,18 +94,28 @@ int main(int argc, char** argv) try {
   h.count = 1;
   h.payload_bytes = sizeof(double);
   double out = info.rank + 1.0, in = 0;
-  for (const bool exchange : {true, false}) {
-    for (int i = 0; i < iters / 10 + 1; ++i) iteration(*transport, info.rank, exchange, h, &out, &in);
-    const auto start = Clock::now();
-    for (int i = 0; i < iters; ++i) iteration(*transport, info.rank, exchange, h, &out, &in);
-    const double us = std::chrono::duration<double, std::micro>(Clock::now() - start).count() / iters;
-    std::printf("%s: %.2f us\n", exchange ? "exchange" : "pingpong round trip", us);
-  }
+  for (const bool exchange : {true, false})
+    time_calls(exchange ? "exchange" : "pingpong round trip", iters,
+               [&] { iteration(*transport, info.rank, exchange, h, &out, &in); });
   if (in != 2.0 - info.rank) {
     std::fprintf(stderr, "rdma-exchange: rank %d received %g, not %g\n", info.rank, in, 2.0 - info.rank);
     return 1;
   }
   transport->shutdown();
+
+  auto comm = Communicator::create_world(info);
+  double sum = 0;
+  time_calls("communicator all_reduce", iters,
+             [&] { comm->all_reduce(&out, &sum, 1, DataType::f64, ReduceOp::sum).wait(); });
+  std::printf("communicator all_reduce ran: %s:%s\n", comm->transport_of(1 - info.rank).c_str(),
+              comm->last_algorithm(OpKind::all_reduce).name.c_str());
+  if (sum != 3.0) {
+    std::fprintf(stderr, "rdma-exchange: rank %d's all_reduce gave %g, not 3\n", info.rank, sum);
+    return 1;
+  }
+  auto alone = comm->split(info.rank, 0);
+  time_calls("1-rank all_reduce", iters, [&] { alone->all_reduce(&out, &sum, 1, DataType::f64, ReduceOp::sum).wait(); });
+  time_calls("clock read", iters, [] { (void)Clock::now(); });
   return 0;
 } catch (const std::exception& e) {
   std::fprintf(stderr, "rdma-exchange: %s\n", e.what());
