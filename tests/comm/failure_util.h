@@ -3,6 +3,9 @@
 // parent, and parse that back out. See test_failures.cc for the approach.
 #pragma once
 
+#include <catch2/catch.hpp>
+#include <signal.h>
+
 #include <chrono>
 #include <functional>
 #include <string>
@@ -70,6 +73,26 @@ inline Outcome outcome_of(const test::RankResult& r) {
   o.ms = std::stol(m.substr(after + 7, close - after - 7));
   o.text = m.substr(close + 5);
   return o;
+}
+
+// In the parent, after rank `killed` was SIGKILLed while the others waited
+// on it: no harness timeout, and every other rank failed with a RemoteError
+// that names the killed rank and `call` (the call it failed in, e.g.
+// "broadcast #6"; "" to not check), within `within_ms` of its tagged start.
+inline void check_killed_rank_named(const test::RunResult& result, int killed, const std::string& call,
+                                    long within_ms) {
+  REQUIRE_FALSE(result.timed_out);
+  CHECK(result.ranks[killed].signal == SIGKILL);
+  for (int r = 0; r < static_cast<int>(result.ranks.size()); ++r) {
+    if (r == killed) continue;
+    const Outcome o = outcome_of(result.ranks[r]);
+    INFO("rank " << r << ": " << result.ranks[r].message);
+    CHECK(result.ranks[r].exit_code == 1);
+    CHECK(o.type == "RemoteError");
+    CHECK(contains(o.text, call));
+    CHECK(contains(o.text, "rank " + std::to_string(killed)));
+    CHECK(o.ms < within_ms);
+  }
 }
 
 // `transport`: BRAID_TRANSPORT, "tcp" or "shm" (all ranks share one host).

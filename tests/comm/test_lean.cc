@@ -6,11 +6,10 @@
 // - every kind that has a steady algorithm gives the exact result and runs
 //   the algorithm select.cc names for it, mixed with point-to-point calls
 //   (which never take the lean path) and large calls (which go past it);
-// - small calls issued while large ones are still queued or running keep
-//   their issue order (the lean path stays out while the engine is busy);
 // - a peer killed before a small call is named by every waiting rank.
-// The mismatch grid (test_mismatch.cc: every kind and field, small calls on
-// tcp) holds the other half: an algorithm whose schedule does not prove
+// Issue order among queued large calls is test_oneshot.cc's case, on shm
+// and tcp. The mismatch grid (test_mismatch.cc: every kind and field, small
+// calls on tcp) holds the other half: an algorithm whose schedule does not prove
 // agreement must still agree first on the lean path.
 #include <catch2/catch.hpp>
 
@@ -104,32 +103,6 @@ TEST_CASE("small calls over tcp are exact on the lean path, between point-to-poi
   REQUIRE(result.all_ok());
 }
 
-// Every rank issues the same mix without waiting: small calls behind queued
-// large ones must wait their turn, and every result is checked at the end.
-TEST_CASE("small calls over tcp keep their issue order among queued large ones", "[lean]") {
-  const int size = GENERATE(2, 3);
-  auto result = test::run_ranks(size, [](Communicator& comm) {
-    const int n = comm.size(), r = comm.rank();
-    constexpr std::size_t kLarge = 200'000, kSmall = 5;
-    std::vector<std::vector<std::int64_t>> bufs;
-    std::vector<std::int64_t> want;
-    std::vector<Work> works;
-    for (int round = 0; round < 30; ++round) {
-      const bool large = round % 3 == 0 || round % 7 == 1;
-      bufs.emplace_back(large ? kLarge : kSmall, r + round);
-      want.push_back(std::int64_t{n} * round + std::int64_t{n} * (n - 1) / 2);
-      works.push_back(comm.all_reduce(bufs.back().data(), bufs.back().data(), bufs.back().size(), DataType::i64,
-                                      ReduceOp::sum));
-    }
-    for (std::size_t i = 0; i < works.size(); ++i) {
-      works[i].wait();
-      check_all(bufs[i], want[i], "call " + std::to_string(i));
-    }
-  }, tcp_options());
-  INFO(size << " ranks\n" << result.summary());
-  REQUIRE(result.all_ok());
-}
-
 TEST_CASE("a peer killed before a small call over tcp is named by every waiting rank", "[lean][failures]") {
   const int size = GENERATE(2, 3);
   auto result = test::run_ranks(size, [](Communicator& comm) {
@@ -140,12 +113,5 @@ TEST_CASE("a peer killed before a small call over tcp is named by every waiting 
     throw std::runtime_error("the all_reduce completed without the killed rank");
   }, tcp_options());
   INFO(size << " ranks\n" << result.summary());
-  REQUIRE_FALSE(result.timed_out);
-  for (int r = 0; r + 1 < size; ++r) {
-    const Outcome o = outcome_of(result.ranks[r]);
-    INFO("rank " << r << ": " << result.ranks[r].message);
-    CHECK(result.ranks[r].exit_code == 1);
-    CHECK(o.type == "RemoteError");
-    CHECK(contains(o.text, "rank " + std::to_string(size - 1)));
-  }
+  check_killed_rank_named(result, size - 1, "all_reduce #2", 5000);
 }
