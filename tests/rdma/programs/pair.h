@@ -1,6 +1,10 @@
 // The two-rank set-up the RDMA test programs share: the store (served by
 // rank 0 where the launcher says so) and an ibverbs transport between the
 // two ranks, alive together (members go in reverse: the transport first).
+// The device is the one BRAID_IB_HCA / BRAID_IB_GID_INDEX name, as a
+// communicator's: in the VM each host has its own rxe device, and with the
+// default choice both ranks would take the first device (rxe0) and their
+// writes would loop back inside it instead of crossing the veth wire.
 #pragma once
 
 #include <chrono>
@@ -8,6 +12,7 @@
 #include <string>
 
 #include "comm/transport/ibverbs/transport.h"
+#include "braid/config.h"
 #include "runtime/rank_info.h"
 #include "runtime/store.h"
 
@@ -30,6 +35,7 @@ struct Pair {
     options.comm_id = comm_id;
     options.job_token = info.job_token;
     options.timeout = std::chrono::seconds(20);
+    options.device = {runtime::config().ib_hca, runtime::config().ib_gid_index};
     transport = connect_ibverbs(*store, prefix, options);
   }
 };
