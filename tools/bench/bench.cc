@@ -106,10 +106,11 @@ OpKind kind_of(const std::string& collective) {
 
 class Runner {
  public:
-  Runner(Communicator& comm, const BenchOptions& o) : comm_(comm), o_(o), es_(dtype_bytes(o.dtype)) {}
+  Runner(Communicator& comm, const BenchOptions& o)
+      : comm_(comm), o_(o), es_(dtype_bytes(o.dtype)), kind_(kind_of(o.collective)) {}
 
   ~Runner() { release_device(); }
-  OpKind kind() const { return kind_of(o_.collective); }
+  OpKind kind() const { return kind_; }
   const BenchOptions& options() const { return o_; }
   Runner(const Runner&) = delete;
   Runner& operator=(const Runner&) = delete;
@@ -142,7 +143,7 @@ class Runner {
 
   std::byte* input(bool in_place, std::byte* send, std::byte* recv) {
     if (!in_place) return send;
-    if (o_.collective == "all_gather") return recv + comm_.rank() * c_.count * es_;
+    if (kind_ == OpKind::all_gather) return recv + comm_.rank() * c_.count * es_;
     return recv;
   }
 
@@ -151,15 +152,18 @@ class Runner {
     std::byte* out = o_.cuda ? device_recv_ : recv_.data;
     std::byte* in = input(in_place, send, out);
     const Stream stream{o_.cuda && !o_.null_stream ? bench_device::stream() : nullptr};
-    const std::string& coll = o_.collective;
     int n = comm_.size(), r = comm_.rank();
-    if (coll == "all_reduce") return comm_.all_reduce(in, out, c_.count, o_.dtype, o_.op, stream);
-    if (coll == "reduce_scatter")
-      return comm_.reduce_scatter(in, in_place ? in + r * c_.count * es_ : out, c_.count, o_.dtype, o_.op, stream);
-    if (coll == "all_gather") return comm_.all_gather(in, out, c_.count, o_.dtype, stream);
-    if (coll == "broadcast") return comm_.broadcast(in, out, c_.count, o_.dtype, o_.root, stream);
-    if (coll == "reduce") return comm_.reduce(in, out, c_.count, o_.dtype, o_.op, o_.root, stream);
-    if (coll == "all_to_all") return comm_.all_to_all(in, out, c_.count, o_.dtype, stream);
+    // The kind was parsed once: the timed loop compares no strings.
+    switch (kind_) {
+      case OpKind::all_reduce: return comm_.all_reduce(in, out, c_.count, o_.dtype, o_.op, stream);
+      case OpKind::reduce_scatter:
+        return comm_.reduce_scatter(in, in_place ? in + r * c_.count * es_ : out, c_.count, o_.dtype, o_.op, stream);
+      case OpKind::all_gather: return comm_.all_gather(in, out, c_.count, o_.dtype, stream);
+      case OpKind::broadcast: return comm_.broadcast(in, out, c_.count, o_.dtype, o_.root, stream);
+      case OpKind::reduce: return comm_.reduce(in, out, c_.count, o_.dtype, o_.op, o_.root, stream);
+      case OpKind::all_to_all: return comm_.all_to_all(in, out, c_.count, o_.dtype, stream);
+      default: break;
+    }
     // send_recv: a ring shift; even ranks send first so the chain never closes into a cycle.
     int to = (r + 1) % n, from = (r - 1 + n) % n;
     if (r % 2 == 0) {
@@ -222,6 +226,7 @@ class Runner {
   Communicator& comm_;
   const BenchOptions& o_;
   std::size_t es_;
+  OpKind kind_;  // o_.collective, parsed once
   void release_device() {
     bench_device::release(device_send_);
     bench_device::release(device_recv_);
