@@ -69,6 +69,7 @@ struct Communicator::Impl {
   std::vector<std::unique_ptr<Transport>> transports;
   std::vector<std::string> hosts;  // [rank] host identity (runtime/topology.h)
   bool one_host = false;           // every rank on this host (set with hosts)
+  std::vector<std::string> cpus;   // [rank] its allowed CPUs (runtime::allowed_cpus), exchanged with hosts
   std::unique_ptr<StatusBoard> status;
 
   // Settings: runtime::config() unless given explicitly; split inherits them.

@@ -284,8 +284,15 @@ Options with_common(const ConnectOptions& common) {
 
 void connect_planned(Communicator::Impl& impl, const Plan& plan) {
   const auto& config = impl.config;
-  // Spinning only pays when every local rank has a core of its own.
-  bool oversubscribed = static_cast<int>(plan.local.size()) > runtime::available_cores();
+  // Spinning only pays when every local rank has a core of its own: as
+  // many distinct CPUs in the local ranks' affinities together as there are
+  // local ranks. Each rank's own affinity is not the measure: ranks bound
+  // one per core (mpirun --bind-to core, srun --cpu-bind, taskset) see one
+  // CPU each, yet none shares it.
+  std::vector<std::string> local_cpus;
+  for (int r : plan.local) local_cpus.push_back(impl.cpus.empty() ? runtime::allowed_cpus() : impl.cpus[r]);
+  const int cpus = runtime::distinct_cpus(local_cpus);
+  const bool oversubscribed = static_cast<int>(plan.local.size()) > (cpus > 0 ? cpus : runtime::available_cores());
   auto spin = std::chrono::microseconds(oversubscribed ? 0 : config.spin_us);
   ConnectOptions common;
   common.rank = impl.rank;
@@ -323,10 +330,13 @@ void connect_planned(Communicator::Impl& impl, const Plan& plan) {
   }
   impl.status = std::make_unique<StatusBoard>(impl.store, impl.key_prefix, impl.rank);
   spdlog::info("comm {:08x} ({}): rank {}/{} on host {}; shm to ranks {}; tcp to ranks {} ({} socket(s) each); "
-               "ibverbs to ranks {}; BRAID_TRANSPORT={} ({}); ring order {}",
+               "ibverbs to ranks {}; BRAID_TRANSPORT={} ({}); ring order {}; {} rank(s) of this host on {} CPU(s) "
+               "({}): waits {}",
                impl.comm_id, impl.key_prefix, impl.rank, impl.size, impl.hosts[impl.rank],
                rank_list(plan.use_shm), rank_list(plan.use_tcp), config.tcp_nsocks, rank_list(plan.use_ib), config.transport,
-               plan.why, ring_order(impl.size));
+               plan.why, ring_order(impl.size), plan.local.size(), cpus, runtime::allowed_cpus(),
+               oversubscribed ? "yield and sleep (oversubscribed)"
+                              : "spin up to BRAID_SPIN_US=" + std::to_string(config.spin_us) + " us, then sleep");
 }
 
 }  // namespace
@@ -344,16 +354,23 @@ void connect_transports(Communicator::Impl& impl) {
   }
 }
 
-// Every rank publishes its host identity; all read everyone's.
-std::vector<std::string> exchange_hosts(runtime::Store* store, const std::string& prefix, int rank, int size,
-                                        const runtime::Config& config) {
-  std::string mine = runtime::local_host_id(config);
-  std::vector<std::string> hosts(static_cast<std::size_t>(size), mine);
-  if (!store || size == 1) return hosts;
-  store->set(prefix + "/host/" + std::to_string(rank), mine);
-  for (int r = 0; r < size; ++r)
-    if (r != rank) hosts[r] = store->get_string(prefix + "/host/" + std::to_string(r), config.timeout);
-  return hosts;
+// Every rank publishes its host identity and its CPU affinity in one key
+// ("<host>\n<cpus>": a host identity holds no newline); all read
+// everyone's.
+static void exchange_hosts(Communicator::Impl& impl, int size, const runtime::Config& config) {
+  const std::string host = runtime::local_host_id(config), cpus = runtime::allowed_cpus();
+  impl.hosts.assign(static_cast<std::size_t>(size), host);
+  impl.cpus.assign(static_cast<std::size_t>(size), cpus);
+  if (!impl.store || size == 1) return;
+  const std::string key = impl.key_prefix + "/host/";
+  impl.store->set(key + std::to_string(impl.rank), host + "\n" + cpus);
+  for (int r = 0; r < size; ++r) {
+    if (r == impl.rank) continue;
+    const std::string value = impl.store->get_string(key + std::to_string(r), config.timeout);
+    const auto newline = value.find('\n');
+    impl.hosts[r] = value.substr(0, newline);
+    impl.cpus[r] = newline == std::string::npos ? "" : value.substr(newline + 1);
+  }
 }
 
 std::unique_ptr<Communicator> Communicator::create_world() {
@@ -376,7 +393,7 @@ std::unique_ptr<Communicator> Communicator::create_world(const runtime::RankInfo
     impl->store->set_request_timeout(config.timeout);
   }
   spdlog::info("{}; {}", runtime::describe(info), runtime::describe_placement());
-  impl->hosts = exchange_hosts(impl->store.get(), impl->key_prefix, info.rank, info.world_size, config);
+  exchange_hosts(*impl, info.world_size, config);
   connect_transports(*impl);
   return std::unique_ptr<Communicator>(new Communicator(std::move(impl)));
 }
@@ -397,7 +414,10 @@ std::unique_ptr<Communicator> Communicator::split(int color, int key) {
   auto prefix = impl_->key_prefix + "/split" + std::to_string(split_index) + "/color" + std::to_string(color);
   auto impl = new_impl(impl_->info, impl_->config, prefix, new_rank, static_cast<int>(members.size()));
   impl->store = impl_->store;
-  for (const auto& member : members) impl->hosts.push_back(impl_->hosts[member.second]);
+  for (const auto& member : members) {
+    impl->hosts.push_back(impl_->hosts[member.second]);
+    impl->cpus.push_back(impl_->cpus[member.second]);
+  }
   connect_transports(*impl);
   return std::unique_ptr<Communicator>(new Communicator(std::move(impl)));
 }

@@ -4,6 +4,8 @@
 #include <sched.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cstdlib>
 #include <fstream>
 
 namespace braid::runtime {
@@ -22,6 +24,38 @@ int available_cores() {
   CPU_ZERO(&set);
   if (sched_getaffinity(0, sizeof set, &set) != 0) return static_cast<int>(sysconf(_SC_NPROCESSORS_ONLN));
   return CPU_COUNT(&set);
+}
+
+std::string allowed_cpus() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  hwloc_bitmap_t cpus = hwloc_bitmap_alloc();
+  if (!cpus) return "0-" + std::to_string(std::max(1L, sysconf(_SC_NPROCESSORS_ONLN)) - 1);
+  if (sched_getaffinity(0, sizeof set, &set) == 0) {
+    for (int cpu = 0; cpu < CPU_SETSIZE; ++cpu)
+      if (CPU_ISSET(cpu, &set)) hwloc_bitmap_set(cpus, static_cast<unsigned>(cpu));
+  } else {
+    hwloc_bitmap_set_range(cpus, 0, static_cast<int>(std::max(1L, sysconf(_SC_NPROCESSORS_ONLN)) - 1));
+  }
+  char* text = nullptr;
+  std::string list = hwloc_bitmap_list_asprintf(&text, cpus) >= 0 && text ? text : "";
+  std::free(text);
+  hwloc_bitmap_free(cpus);
+  return list;
+}
+
+int distinct_cpus(const std::vector<std::string>& lists) {
+  hwloc_bitmap_t all = hwloc_bitmap_alloc(), one = hwloc_bitmap_alloc();
+  bool parsed = all && one;
+  for (const auto& list : lists) {
+    if (!parsed) break;
+    parsed = !list.empty() && hwloc_bitmap_list_sscanf(one, list.c_str()) == 0 && hwloc_bitmap_weight(one) > 0;
+    if (parsed) hwloc_bitmap_or(all, all, one);
+  }
+  const int count = parsed ? hwloc_bitmap_weight(all) : 0;
+  hwloc_bitmap_free(one);
+  hwloc_bitmap_free(all);
+  return std::max(count, 0);
 }
 
 std::string describe_placement() {

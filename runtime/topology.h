@@ -4,6 +4,7 @@
 #pragma once
 
 #include <string>
+#include <vector>
 
 #include "runtime/config.h"
 
@@ -18,5 +19,14 @@ std::string describe_placement();
 
 // Cores this process may run on.
 int available_cores();
+
+// This process's CPU affinity as a list, "0-3,6" (every CPU where it
+// cannot be read), for the other ranks of its host.
+std::string allowed_cpus();
+
+// How many distinct CPUs the allowed_cpus() lists of several processes name
+// together (ranks bound one per core name one each, unbound ones the whole
+// machine); 0 where a list does not parse.
+int distinct_cpus(const std::vector<std::string>& lists);
 
 }  // namespace braid::runtime

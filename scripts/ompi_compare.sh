@@ -3,7 +3,7 @@
 # and iteration counts, one after the other in one run, and the ratio.
 #
 #   scripts/ompi_compare.sh [--build build] [--ranks "2 4 8"] [--coll "all_reduce broadcast"]
-#                           [-b 8] [-e 64K] [-f 4] [-n 2000] [-w 200] [--runs 5] [--nice 0]
+#                           [-b 8] [-e 64K] [-f 4] [-n 2000] [-w 200] [--runs 5] [--nice 0] [--bind]
 #
 # For each rank count and collective it alternates, --runs times, braid-bench
 # (braid-launch -n N, f32 sum, out of place, -c 0) and scripts/ompi_bench.c
@@ -14,6 +14,10 @@
 # busy machine's noise over both; more ranks than cores is what
 # --oversubscribe is for (Open MPI then yields while it polls).
 # --nice N runs both under `nice -n N` (negative needs root).
+# --bind binds both alike, rank r to core r mod the cores (braid's ranks
+# through taskset, Open MPI's with --map-by core --bind-to
+# core:overload-allowed), so that neither depends on where the scheduler
+# puts its ranks.
 #
 # Needs Open MPI's mpicc and mpirun (scripts/setup.sh installs openmpi-bin
 # and libopenmpi-dev) and a built braid (tools/braid-bench, tools/braid-launch).
@@ -21,7 +25,7 @@ set -euo pipefail
 
 root=$(cd "$(dirname "$0")/.." && pwd)
 build=build ranks="2 4 8" colls="all_reduce broadcast" min=8 max=64K factor=4 iters=2000 warmup=200 runs=5
-niceness=0
+niceness=0 bind=0
 while [ $# -gt 0 ]; do
   case "$1" in
     --build) build=$2; shift 2 ;;
@@ -34,7 +38,8 @@ while [ $# -gt 0 ]; do
     -w) warmup=$2; shift 2 ;;
     --runs) runs=$2; shift 2 ;;
     --nice) niceness=$2; shift 2 ;;
-    -h|--help) sed -n '2,21p' "$0"; exit 0 ;;
+    --bind) bind=1; shift ;;
+    -h|--help) sed -n '2,25p' "$0"; exit 0 ;;
     *) echo "ompi_compare: unknown argument $1 (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -62,18 +67,26 @@ trap 'rm -rf "$tmp"' EXIT
 mpicc -O2 -o "$tmp/ompi_bench" "$root/scripts/ompi_bench.c"
 
 echo "# $(nproc) cores, load average $(cut -d' ' -f1-3 /proc/loadavg); $(mpirun --version 2>&1 | head -1)"
-echo "# -b $min -e $max -f $factor -n $iters -w $warmup, median of $runs alternating runs, nice $niceness"
+echo "# -b $min -e $max -f $factor -n $iters -w $warmup, median of $runs alternating runs, nice $niceness," \
+  "$([ "$bind" = 1 ] && echo "rank r bound to core r mod $(nproc)" || echo "unbound")"
+braid_bind=() mpi_bind=()
+if [ "$bind" = 1 ]; then
+  # The core count from here: inside a rank nproc follows OMP_NUM_THREADS,
+  # which braid-launch sets to 1. RANK is each rank's, expanded by its shell.
+  braid_bind=(sh -c "exec taskset -c \"\$((RANK % $(nproc)))\" \"\$0\" \"\$@\"")
+  mpi_bind=(--map-by core --bind-to core:overload-allowed)
+fi
 for n in $ranks; do
   for coll in $colls; do
     mpi_coll=allreduce
     [ "$coll" = broadcast ] && mpi_coll=bcast
     [ "$coll" = all_reduce ] || [ "$coll" = broadcast ] || { echo "ompi_compare: --coll all_reduce|broadcast" >&2; exit 2; }
     for run in $(seq "$runs"); do
-      timeout 600 nice -n "$niceness" "$build/tools/braid-launch" -n "$n" -- "$build/tools/braid-bench" \
+      timeout 600 nice -n "$niceness" "$build/tools/braid-launch" -n "$n" -- "${braid_bind[@]}" "$build/tools/braid-bench" \
         --coll "$coll" -b "$min" -e "$max" -f "$factor" -n "$iters" -w "$warmup" -c 0 \
         --csv "$tmp/braid-$coll-$n-$run.csv" > "$tmp/braid.out" 2>&1 ||
         { echo "ompi_compare: braid-bench failed:" >&2; tail -20 "$tmp/braid.out" >&2; exit 1; }
-      timeout 600 nice -n "$niceness" mpirun --oversubscribe --allow-run-as-root -n "$n" "$tmp/ompi_bench" \
+      timeout 600 nice -n "$niceness" mpirun --oversubscribe --allow-run-as-root "${mpi_bind[@]}" -n "$n" "$tmp/ompi_bench" \
         "$mpi_coll" "$(bytes_of "$min")" "$(bytes_of "$max")" "$factor" "$iters" "$warmup" \
         > "$tmp/ompi-$coll-$n-$run.txt" 2> "$tmp/ompi.err" ||
         { echo "ompi_compare: ompi_bench failed:" >&2; tail -20 "$tmp/ompi.err" >&2; exit 1; }

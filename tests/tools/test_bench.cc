@@ -1,6 +1,8 @@
 // braid-bench end to end: the real binary under the real launcher, every
 // collective checked (-c 1) on 3 ranks, the nccl-tests table and the JSON and
 // CSV files; and a bad argument refused with status 2.
+#include <sched.h>
+
 #include <catch2/catch.hpp>
 #include <nlohmann/json.hpp>
 
@@ -216,4 +218,44 @@ TEST_CASE("braid-bench: nccl-tests flags with no meaning here are refused by nam
   LaunchedJob help(dir, {"--nproc-per-node", "1", "--", bench_path(), "--help"});
   REQUIRE(help.wait(std::chrono::seconds(20)) == 0);
   CHECK_THAT(squeezed(help.out()), Catch::Contains("-n,--iters INT:POSITIVE=20"));  // defaults shown
+}
+
+// Whether the ranks of a host may spin is decided on the CPUs their
+// affinities name together, not on each rank's own: ranks bound one per core
+// (as mpirun --bind-to core or srun --cpu-bind leave them) see one CPU each
+// and still spin, ranks bound to one shared core do not. Read in the info
+// log that every communicator prints.
+TEST_CASE("ranks bound one per core spin, ranks bound to one core yield", "[bench]") {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  REQUIRE(sched_getaffinity(0, sizeof set, &set) == 0);
+  std::vector<int> cpus;
+  for (int cpu = 0; cpu < CPU_SETSIZE && cpus.size() < 2; ++cpu)
+    if (CPU_ISSET(cpu, &set)) cpus.push_back(cpu);
+  if (cpus.size() < 2) {
+    WARN("one CPU allowed here: nothing to bind apart");
+    return;
+  }
+  const bool apart = GENERATE(true, false);
+  const std::string second = std::to_string(apart ? cpus[1] : cpus[0]);
+  const std::string bind = "exec taskset -c \"$([ \"$RANK\" = 0 ] && echo " + std::to_string(cpus[0]) + " || echo " +
+                           second + ")\" \"$0\" \"$@\"";
+  JobDir dir;
+  LaunchedJob job(dir, {"--nproc-per-node", "2", "--", "sh", "-c", bind, bench_path(), "--coll", "all_reduce", "-b", "8",
+                        "-e", "8", "-n", "20", "-w", "2", "-c", "1"},
+                  {{"BRAID_LOG_LEVEL", "info"}});
+  const int status = job.wait(std::chrono::seconds(60));
+  const std::string log = job.out() + job.err();
+  INFO(log);
+  REQUIRE(status == 0);
+  CHECK_THAT(log, Catch::Contains("Out of bounds values : 0 OK"));
+  if (apart) {
+    CHECK_THAT(log, Catch::Contains("2 rank(s) of this host on 2 CPU(s) (" + std::to_string(cpus[0]) +
+                                    "): waits spin up to BRAID_SPIN_US"));
+    CHECK_THAT(log, Catch::Contains("2 rank(s) of this host on 2 CPU(s) (" + second + "): waits spin up to"));
+  } else {
+    CHECK_THAT(log, Catch::Contains("2 rank(s) of this host on 1 CPU(s) (" + second +
+                                    "): waits yield and sleep (oversubscribed)"));
+    CHECK(log.find("waits spin") == std::string::npos);
+  }
 }

@@ -8,8 +8,9 @@
 // Placement::streamed is copied out with non-temporal stores.
 //
 // Waiting blocks on the rank's doorbell futex after a short bounded spin
-// (none when the host has more local ranks than cores, so oversubscribed
-// ranks yield their core at once). A peer that dies is noticed through its
+// (none when the host has more local ranks than distinct CPUs in their
+// affinities together, comm/setup.cc, so oversubscribed ranks yield their
+// core at once). A peer that dies is noticed through its
 // pidfd, and one that fails or closes through the `closed` flag in its
 // segment, each within one sleep slice (50 ms), never a hang.
 //
