@@ -290,7 +290,7 @@ void connect_planned(Communicator::Impl& impl, const Plan& plan) {
   // one per core (mpirun --bind-to core, srun --cpu-bind, taskset) see one
   // CPU each, yet none shares it.
   std::vector<std::string> local_cpus;
-  for (int r : plan.local) local_cpus.push_back(impl.cpus.empty() ? runtime::allowed_cpus() : impl.cpus[r]);
+  for (int r : plan.local) local_cpus.push_back(impl.cpus[r]);
   const int cpus = runtime::distinct_cpus(local_cpus);
   const bool oversubscribed = static_cast<int>(plan.local.size()) > (cpus > 0 ? cpus : runtime::available_cores());
   auto spin = std::chrono::microseconds(oversubscribed ? 0 : config.spin_us);
@@ -334,7 +334,7 @@ void connect_planned(Communicator::Impl& impl, const Plan& plan) {
                "({}): waits {}",
                impl.comm_id, impl.key_prefix, impl.rank, impl.size, impl.hosts[impl.rank],
                rank_list(plan.use_shm), rank_list(plan.use_tcp), config.tcp_nsocks, rank_list(plan.use_ib), config.transport,
-               plan.why, ring_order(impl.size), plan.local.size(), cpus, runtime::allowed_cpus(),
+               plan.why, ring_order(impl.size), plan.local.size(), cpus, impl.cpus[impl.rank],
                oversubscribed ? "yield and sleep (oversubscribed)"
                               : "spin up to BRAID_SPIN_US=" + std::to_string(config.spin_us) + " us, then sleep");
 }
