@@ -116,12 +116,20 @@ struct Communicator::Impl {
   std::array<Choices, 16> choices_by_kind{};  // [OpKind]
   // The lean path (engine_lean.cc): per kind, the one-shot algorithm that
   // select.cc runs every host call of that kind on up to `bytes`; asked once.
+  // noted_bytes: the size of the last call that note_choice() was told of
+  // through the lean path, while no other choice for the kind came since
+  // (note_choice clears it): a run of same-sized calls is noted once.
   struct Lean {
     Algorithm algorithm;
     std::size_t bytes = 0;
+    std::size_t noted_bytes = kNotNoted;
   };
+  static constexpr std::size_t kNotNoted = ~std::size_t{0};
   std::array<Lean, 16> lean_by_kind{};  // [OpKind]; algorithm.run null: none
-  std::once_flag prepared;                // prepare(): before the first call runs
+  // prepare() has run (before the first call runs): a flag and a lock
+  // rather than std::call_once, which sets thread-locals on every call.
+  std::atomic<bool> prepared{false};
+  std::mutex prepare_mu;
   // For the Exchange's timeout messages: where `peer` is, who holds `op` up.
   const Exchange::PeerState peer_state = [this](const Op& op, int peer) { return describe_wait(op, peer); };
 
@@ -132,6 +140,10 @@ struct Communicator::Impl {
   std::shared_ptr<WorkState> try_lean(Op& op);
   // Once, with the transports connected: the slots and lean_by_kind.
   void prepare();
+  void ensure_prepared() {
+    if (!prepared.load(std::memory_order_acquire)) prepare_once();
+  }
+  void prepare_once();
   Lean steady_lean(const CallShape& shape) const;
   std::string describe_wait(const Op& op, int peer);
   // A failed call's error with this rank and op in front, after the

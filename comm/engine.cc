@@ -85,7 +85,7 @@ Communicator::Impl::~Impl() {
 }
 
 std::shared_ptr<WorkState> Communicator::Impl::enqueue(Op op) {
-  std::call_once(prepared, [this] { prepare(); });
+  ensure_prepared();
   auto state = std::make_shared<WorkState>();
   // Device memory: the copies and the gate go on the caller's stream now,
   // before the call takes its sequence number, and staging and queueing
@@ -324,6 +324,7 @@ void Communicator::Impl::note_choice(OpKind kind, const Algorithm& algorithm) {
   if (same_choice(choices.last, algorithm)) return;
   std::lock_guard lock(choice_mu);
   choices.last = algorithm;
+  lean_by_kind[static_cast<std::size_t>(kind)].noted_bytes = kNotNoted;  // the lean path notes its next call
   auto& logged = choices.logged;
   if (std::find(logged.begin(), logged.end(), algorithm.name) != logged.end()) return;
   auto free = std::find(logged.begin(), logged.end(), std::string_view());

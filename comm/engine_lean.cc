@@ -63,9 +63,16 @@ Communicator::Impl::Lean Communicator::Impl::steady_lean(const CallShape& shape)
   return {};
 }
 
+void Communicator::Impl::prepare_once() {
+  std::lock_guard lock(prepare_mu);
+  if (prepared.load(std::memory_order_relaxed)) return;
+  prepare();
+  prepared.store(true, std::memory_order_release);
+}
+
 std::shared_ptr<WorkState> Communicator::Impl::try_lean(Op& op) {
-  std::call_once(prepared, [this] { prepare(); });
-  const Lean& lean = lean_by_kind[static_cast<std::size_t>(op.kind)];
+  ensure_prepared();
+  Lean& lean = lean_by_kind[static_cast<std::size_t>(op.kind)];
   const std::size_t bytes = op.count * dtype_bytes(op.dtype);
   if (!lean.algorithm.run || bytes > lean.bytes || op.memory.kind != runtime::MemoryKind::host) return nullptr;
   // Claims the engine, and the call's sequence number with it, in one
@@ -80,12 +87,15 @@ std::shared_ptr<WorkState> Communicator::Impl::try_lean(Op& op) {
   std::exception_ptr error;
   try {
     if (status) status->entered(op, &exchange.waiting_for);
-    Algorithm algorithm = lean.algorithm;
-    algorithm.reason.bytes = bytes;
-    note_choice(op.kind, algorithm);
+    if (lean.noted_bytes != bytes) {  // only the thread that holds the gate writes it
+      Algorithm algorithm = lean.algorithm;
+      algorithm.reason.bytes = bytes;
+      note_choice(op.kind, algorithm);
+      lean.noted_bytes = bytes;
+    }
     Exchange x(op, exchange, timeout, peer_state);
-    if (!algorithm.agrees) agree_signatures(x);
-    algorithm.run(x);
+    if (!lean.algorithm.agrees) agree_signatures(x);
+    lean.algorithm.run(x);
     if (status) status->left(op);
   } catch (...) {
     error = fail(op, std::current_exception());

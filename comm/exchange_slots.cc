@@ -48,6 +48,8 @@
 // rank's entry before it started rewriting its own: every pair of ranks
 // that both named themselves the root is compared at least once.
 #include <algorithm>
+#include <bit>
+#include <cstddef>
 #include <cstring>
 #include <string>
 #include <type_traits>
@@ -102,6 +104,25 @@ WireHeader as_wire(const SlotHeader& slot, std::uint64_t seq) {
   return h;
 }
 
+// `header` as the three little-endian words it occupies in a slot, packed
+// in registers: a header built on the stack and copied from there is read
+// back by wider loads than the stores that wrote it, and such a load waits
+// until those stores have left the store buffer, behind the slot's own
+// flag store, which waits for the line to come back from the peers that
+// read it (measured: three quarters of a small call's time in publish_slot).
+void store_header(std::byte* to, const SlotHeader& h) {
+  static_assert(std::endian::native == std::endian::little, "the slot words are packed little-endian");
+  const std::uint64_t words[3] = {
+      h.count, std::uint64_t{h.payload_bytes} | std::uint64_t{static_cast<std::uint32_t>(h.root)} << 32,
+      std::uint64_t{h.kind} | std::uint64_t{h.dtype} << 8 | std::uint64_t{h.reduce_op} << 16 |
+          std::uint64_t{h.magic} << 24 | std::uint64_t{h.comm_id} << 32};
+  static_assert(sizeof words == sizeof(SlotHeader) && offsetof(SlotHeader, payload_bytes) == 8 &&
+                    offsetof(SlotHeader, root) == 12 && offsetof(SlotHeader, kind) == 16 &&
+                    offsetof(SlotHeader, magic) == 19 && offsetof(SlotHeader, comm_id) == 20,
+                "store_header's words follow SlotHeader's layout");
+  for (int i = 0; i < 3; ++i) std::memcpy(to + 8 * i, &words[i], 8);
+}
+
 // Payload bytes that share the flag's cache line.
 constexpr std::size_t kHeadBytes = SharedSlots::kLineBytes - sizeof(SlotHeader);
 
@@ -151,10 +172,11 @@ void check_signature(const ExchangeContext& c, const SlotHeader& header, const O
 
 }  // namespace
 
-// The payload past the flag's cache line goes first; then the line's whole
-// content, composed here, in one burst of stores right before the flag, so
-// that a peer polling the flag takes the line once, complete, rather than
-// stealing it back between the header, the payload and the flag.
+// The payload past the flag's cache line goes first; then the line's
+// content, header and first payload bytes, in one burst of stores straight
+// from registers right before the flag, so that a peer polling the flag
+// takes the line once, complete, rather than stealing it back between the
+// header, the payload and the flag.
 std::span<const std::byte> Exchange::publish_slot(const void* data, std::size_t bytes, bool early) {
   SharedSlots* slots = slots_of(c_);
   if (!slots || bytes > c_.slot_payload) throw InvalidUsage(describe(op_) + ": does not fit a shared slot");
@@ -165,11 +187,8 @@ std::span<const std::byte> Exchange::publish_slot(const void* data, std::size_t 
   const auto* from = static_cast<const std::byte*>(data);
   const std::size_t head = in_entry ? std::min(bytes, kHeadBytes) : 0;
   if (bytes > head) std::memcpy(payload + head, from + head, bytes - head);
-  std::byte line[SharedSlots::kLineBytes];  // past the header and `head`, whatever it held: no peer reads it
-  const SlotHeader header = signature(op_, c_.comm_id, bytes);
-  std::memcpy(line, &header, sizeof header);
-  copy_head(line + sizeof header, from, head);
-  std::memcpy(entry.data(), line, sizeof line);
+  store_header(entry.data(), signature(op_, c_.comm_id, bytes));
+  copy_head(entry.data() + sizeof(SlotHeader), from, head);
   slots->publish(op_.seq);
   c_.last_published = op_.seq;
   return {payload, bytes};

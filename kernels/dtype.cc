@@ -2,23 +2,6 @@
 
 namespace braid {
 
-std::size_t dtype_bytes(DataType dtype) {
-  switch (dtype) {
-    case DataType::f32: return 4;
-    case DataType::f64: return 8;
-    case DataType::f16: return 2;
-    case DataType::bf16: return 2;
-    case DataType::i8: return 1;
-    case DataType::u8: return 1;
-    case DataType::i32: return 4;
-    case DataType::i64: return 8;
-  }
-  return 0;
-}
-
-bool is_valid(DataType dtype) { return dtype_bytes(dtype) != 0; }
-bool is_valid(ReduceOp op) { return static_cast<unsigned>(op) < kNumReduceOps; }
-
 std::string_view name(DataType dtype) {
   static constexpr std::string_view kNames[] = {"f32", "f64", "f16", "bf16", "i8", "u8", "i32", "i64"};
   return is_valid(dtype) ? kNames[static_cast<int>(dtype)] : "invalid";

@@ -16,10 +16,23 @@ inline constexpr int kNumDataTypes = 8;
 enum class ReduceOp : std::uint8_t { sum, prod, min, max, avg };
 inline constexpr int kNumReduceOps = 5;
 
-// Bytes per element; 0 for a value outside the enum.
-std::size_t dtype_bytes(DataType dtype);
-bool is_valid(DataType dtype);
-bool is_valid(ReduceOp op);
+// Bytes per element; 0 for a value outside the enum. Inline: every call
+// asks them.
+constexpr std::size_t dtype_bytes(DataType dtype) {
+  switch (dtype) {
+    case DataType::f32: return 4;
+    case DataType::f64: return 8;
+    case DataType::f16: return 2;
+    case DataType::bf16: return 2;
+    case DataType::i8: return 1;
+    case DataType::u8: return 1;
+    case DataType::i32: return 4;
+    case DataType::i64: return 8;
+  }
+  return 0;
+}
+constexpr bool is_valid(DataType dtype) { return dtype_bytes(dtype) != 0; }
+constexpr bool is_valid(ReduceOp op) { return static_cast<unsigned>(op) < kNumReduceOps; }
 std::string_view name(DataType dtype);  // "f32", ...; "invalid" outside the enum
 std::string_view name(ReduceOp op);     // "sum", ...
 std::optional<DataType> parse_dtype(std::string_view text);  // also "float", "half", ...
