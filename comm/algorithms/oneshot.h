@@ -14,7 +14,7 @@
 // message round trips.
 
 // Slots are reused (comm/exchange_slots.cc): a rank's entry of call s at
-// s + depth (128 here), its large slot (payloads past an entry's 1000 bytes)
+// s + depth (512 here), its large slot (payloads past an entry's 1000 bytes)
 // at s + 2. So before a rank publishes call t it must know that every peer
 // has entered call t - depth + 1 (t - 1 for a large slot) and so finished
 // reading what it rewrites. A collective that returns only once every rank

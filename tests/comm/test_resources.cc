@@ -256,14 +256,15 @@ TEST_CASE("ring sizes shrink so that a host's rings stay within BRAID_SHM_HOST_B
 
 TEST_CASE("8 local ranks with a small host budget run on rings that fit it", "[abuse][resources]") {
   // 56 rings of the configured 4 MiB would need 224 MiB; the 8 MiB budget
-  // leaves 128 KiB each, and /dev/shm holds only 12 MiB.
+  // leaves 128 KiB each, and /dev/shm holds only the budget, each segment's
+  // shared slots and 64 KiB more per rank (13.5 MiB).
   constexpr int kRanks = 8;
   test::RunOptions options = options_with(seconds(30), seconds(90), "shm");
   options.config.shm_ring_bytes = 4 * MiB;
   options.config.shm_host_bytes = 8 * MiB;
   const std::size_t capacity = shm::ring_capacity(kRanks, 4 * MiB, 8 * MiB);
   REQUIRE(capacity == 128 * KiB);
-  auto run = run_with_short_shm(12 * MiB, kRanks, [&](Communicator& comm) {
+  auto run = run_with_short_shm(8 * MiB + kRanks * (shm::kSlotAreaBytes + 64 * KiB), kRanks, [&](Communicator& comm) {
     struct statvfs fs {};
     expect(statvfs("/dev/shm", &fs) == 0, "statvfs(/dev/shm) failed");
     const std::size_t used = (fs.f_blocks - fs.f_bfree) * fs.f_frsize;

@@ -75,7 +75,7 @@ struct alignas(64) ChannelControl {
 // bytes of payload fit after a 24-byte call header. A rank runs at most
 // kSlotDepth - 1 calls ahead of the slowest (exchange_slots.cc). Large
 // slots: 64 KiB + 32 bytes of payload.
-inline constexpr std::size_t kSlotDepth = 128;
+inline constexpr std::size_t kSlotDepth = 512;
 inline constexpr std::size_t kEntryStride = 1024;
 inline constexpr std::size_t kLargeSlots = 2;
 inline constexpr std::size_t kLargeSlotBytes = (64u << 10) + 32;
