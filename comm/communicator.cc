@@ -121,7 +121,7 @@ Communicator::~Communicator() = default;
 int Communicator::rank() const { return impl_->rank; }
 int Communicator::size() const { return impl_->size; }
 
-Work Communicator::submit(Op op) {
+Work Communicator::submit(Op&& op) {
   validate(op, impl_->rank, impl_->size);
   locate_buffers(op, impl_->rank, impl_->size);
   if (auto done = impl_->try_lean(op)) return Work(std::move(done));  // small one-shot calls (engine_lean.cc)

@@ -17,7 +17,7 @@ void all_reduce_oneshot(Exchange& x) {
   const int n = x.size();
   const SlotViews views = share_slots(x, op.send, op.count * x.element_bytes());
   if (op.count == 0) return;
-  reduce_slots(views, n, op);
+  reduce_slots(views, x.rank(), n, op);
 }
 
 }  // namespace braid::comm

@@ -200,7 +200,10 @@ class Exchange {
   void make_room(SharedSlots& slots, bool in_entry, bool early);
   void check_early_calls(SharedSlots& slots, std::uint64_t before);
 
-  Op op_;
+  // The caller's Op, which outlives the Exchange: a copy would read the
+  // Op's narrow stores back with wide loads, which wait for them to leave
+  // the store buffer (a failed store forward).
+  const Op& op_;
   ExchangeContext& c_;
   mutable Clock::time_point deadline_;  // {}: not read yet, timeout_ from the first deadline()
   std::chrono::milliseconds timeout_{0};

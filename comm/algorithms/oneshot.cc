@@ -44,8 +44,9 @@ const void* share_root_slot(Exchange& x, const void* data, std::size_t bytes) {
 // the kernels, pass after pass: the same operations in the same order as
 // the host reducer's, without its blocking and scratch, which pay only once
 // the output no longer stays in the first-level cache between passes.
-void reduce_slots(const SlotViews& views, int size, const Op& op) {
+void reduce_slots(SlotViews views, int rank, int size, const Op& op) {
   constexpr std::size_t kStraightBytes = 16u << 10;
+  if (op.send != op.recv) views.at[rank] = op.send;
   const std::size_t bytes = op.count * dtype_bytes(op.dtype);
   const int divisor = op.reduce_op == ReduceOp::avg ? size : 0;
   if (bytes > kStraightBytes) {

@@ -76,8 +76,11 @@ const void* share_root_slot(Exchange& x, const void* data, std::size_t bytes);
 
 // Reduces every rank's payload of `views` (op.count elements each), in rank
 // order, into op.recv, so that every rank that reduces gets bit-identical
-// results; avg divides by the rank count at the end.
-void reduce_slots(const SlotViews& views, int size, const Op& op);
+// results; avg divides by the rank count at the end. Out of place, this
+// rank's own payload is read from op.send, the same bytes as its slot's: a
+// slot just written may still sit in the store buffer waiting for its line,
+// and loads of it that the buffer cannot forward wait with it.
+void reduce_slots(SlotViews views, int rank, int size, const Op& op);
 
 // The signature agreement of every other collective on a communicator with
 // shared slots (agree_signatures): the step above with no payload.

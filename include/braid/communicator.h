@@ -112,7 +112,7 @@ class Communicator {
 
  private:
   explicit Communicator(std::shared_ptr<Impl> impl);
-  Work submit(Op op);
+  Work submit(Op&& op);  // by reference: a by-value copy reads narrow stores back with wide loads
   std::shared_ptr<Impl> impl_;
 };
 
