@@ -2,6 +2,7 @@
 
 #include <dlfcn.h>
 #include <link.h>
+#include <time.h>
 
 #include <atomic>
 #include <mutex>
@@ -29,18 +30,35 @@ int count_loads(dl_phdr_info* info, std::size_t, void* adds) {
   return 1;  // the counter is on every entry: the first is enough
 }
 
+// The coarse clock's tick (1-4 ms), read from the vDSO's data without the
+// time stamp counter: about 5 ns.
+long coarse_tick() {
+  timespec now{};
+  clock_gettime(CLOCK_MONOTONIC_COARSE, &now);
+  return now.tv_sec * 1'000'000'000L + now.tv_nsec;
+}
+
 // The driver's cuPointerGetAttribute if libcuda is loaded. A lookup by name
 // costs ~20 us, so it is repeated only after the loader has loaded something
-// new (dl_iterate_phdr's counter, a few ns to read): a collective on host
-// memory pays nothing.
+// new (dl_iterate_phdr's counter). Reading that counter takes the loader's
+// lock and walks its list (~150 instructions, a fifth of a small
+// collective's), so it is read at most once per tick of the coarse clock:
+// device memory exists only once the driver is loaded and initialised
+// (cuInit, a context, an allocation: tens of milliseconds and more), so a
+// driver loaded since the last look cannot have produced a device pointer
+// within the same tick. A collective on host memory thus pays a clock read.
 // Once found, or while nothing new was loaded, it answers without a lock.
 CuPointerGetAttribute driver_query() {
   static std::mutex mu;
   static std::atomic<CuPointerGetAttribute> query{nullptr};
   static std::atomic<unsigned long long> looked_at{~0ull};
+  static std::atomic<long> looked_at_tick{-1};
   if (CuPointerGetAttribute found = query.load(std::memory_order_acquire)) return found;
+  const long tick = coarse_tick();
+  if (tick == looked_at_tick.load(std::memory_order_relaxed)) return nullptr;
   unsigned long long adds = 0;
   dl_iterate_phdr(count_loads, &adds);
+  looked_at_tick.store(tick, std::memory_order_relaxed);
   if (adds == looked_at.load(std::memory_order_acquire)) return nullptr;
   std::lock_guard lock(mu);
   if (CuPointerGetAttribute found = query.load(std::memory_order_acquire)) return found;
