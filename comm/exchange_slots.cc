@@ -279,6 +279,15 @@ std::span<const std::byte> Exchange::peer_slot(int peer, std::size_t bytes) {
                           ": the ranks' slot protocols disagree",
                       peer);
   const std::span<const std::byte> entry = slots->theirs(peer, op_.seq);
+  // The payload's lines past the flag's were written before the flag: ask
+  // for all of them now, so that they cross from the peer's cache together
+  // while the signature is checked, rather than one after another as the
+  // reader reaches them (2-rank 128-byte all_reduce: 0.21 -> 0.18 us).
+  if (bytes > kHeadBytes && bytes <= entry_payload(*slots)) {
+    const std::byte* end = entry.data() + sizeof(SlotHeader) + bytes;
+    for (const std::byte* line = entry.data() - sizeof(std::uint64_t) + 64; line < end; line += 64)
+      __builtin_prefetch(line);
+  }
   SlotHeader header;
   std::memcpy(&header, entry.data(), sizeof header);
   check_signature(c_, header, op_, peer, bytes);
