@@ -68,6 +68,9 @@ struct ExchangeContext {
   // the transports are connected, before the first call (engine_lean.cc).
   SharedSlots* slots = nullptr;
   std::size_t slot_payload = 0;
+  // The slots' geometry, asked once rather than through a virtual call per
+  // use: entries per rank, payload bytes an entry holds, large slots per rank.
+  std::uint64_t slot_depth = 0, entry_payload = 0, large_count = 0;
   // This rank's side of the slots' reuse rule (exchange_slots.cc): the
   // last call it published, the last call every peer is known to have
   // entered, and the calls it left before every peer had entered them
@@ -187,7 +190,7 @@ class Exchange {
   // that call, failing with both calls named where one differs. publish_slot() first makes sure that no peer
   // still reads the memory it rewrites, waiting where a peer lags: a rank
   // runs at most the slots' depth less one calls ahead of the slowest.
-  std::size_t slot_capacity() const { return comm::slot_capacity(c_); }
+  std::size_t slot_capacity() const { return c_.slot_payload; }
   std::span<const std::byte> publish_slot(const void* data, std::size_t bytes, bool early = false);
   std::span<const std::byte> peer_slot(int peer, std::size_t bytes);
   void slots_arrived();

@@ -11,10 +11,14 @@ namespace braid::comm {
 
 namespace {
 
-void check_fits(Exchange& x, std::size_t bytes) {
-  if (x.size() > kMaxOneshotRanks || bytes > x.slot_capacity())
-    throw InvalidUsage(describe(x.op()) + ": a one-shot collective of " + std::to_string(bytes) + " bytes on " +
-                       std::to_string(x.size()) + " ranks does not fit the shared slots");
+[[noreturn, gnu::noinline]] void does_not_fit(Exchange& x, std::size_t bytes) {
+  throw InvalidUsage(describe(x.op()) + ": a one-shot collective of " + std::to_string(bytes) + " bytes on " +
+                     std::to_string(x.size()) + " ranks does not fit the shared slots");
+}
+
+// Inline: every one-shot call asks it; only the refusal builds a sentence.
+inline void check_fits(Exchange& x, std::size_t bytes) {
+  if (x.size() > kMaxOneshotRanks || bytes > x.slot_capacity()) does_not_fit(x, bytes);
 }
 
 }  // namespace
