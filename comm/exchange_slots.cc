@@ -142,8 +142,6 @@ void copy_head(std::byte* to, const std::byte* from, std::size_t bytes) {
 
 }  // namespace
 
-std::size_t slot_capacity(const ExchangeContext& context) { return context.slot_payload; }
-
 void find_slots(ExchangeContext& context) {
   context.slots = context.distinct.size() == 1 ? context.distinct.front()->shared_slots() : nullptr;
   context.slot_payload = context.slots ? context.slots->large_bytes() : 0;

@@ -98,7 +98,7 @@ bool find_region(const ExchangeContext& context, const void* data, std::size_t b
 // Payload bytes a rank's shared slot holds for one call: 0 unless every
 // peer is reached through one transport that has shared slots (shm with
 // the whole communicator on this host).
-std::size_t slot_capacity(const ExchangeContext& context);
+inline std::size_t slot_capacity(const ExchangeContext& context) { return context.slot_payload; }
 // Looks the slots up (context.slots, slot_payload) once the routes are set.
 void find_slots(ExchangeContext& context);
 
@@ -190,7 +190,7 @@ class Exchange {
   // that call, failing with both calls named where one differs. publish_slot() first makes sure that no peer
   // still reads the memory it rewrites, waiting where a peer lags: a rank
   // runs at most the slots' depth less one calls ahead of the slowest.
-  std::size_t slot_capacity() const { return c_.slot_payload; }
+  std::size_t slot_capacity() const { return comm::slot_capacity(c_); }
   std::span<const std::byte> publish_slot(const void* data, std::size_t bytes, bool early = false);
   std::span<const std::byte> peer_slot(int peer, std::size_t bytes);
   void slots_arrived();

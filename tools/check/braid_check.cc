@@ -143,6 +143,9 @@ int run_grid(comm::Communicator& comm, const Options& o, bool transports_ok) {
   return wrong_cases == 0 && transports_ok ? 0 : 1;
 }
 
+// Whether `e` is braid's error for ranks whose calls differ.
+bool names_mismatch(const Error& e) { return std::string(e.what()).find("mismatched collectives") != std::string::npos; }
+
 // Rank 0 calls one thing, the others another; both sides must fail naming
 // the mismatch.
 int run_mismatch(comm::Communicator& comm, const Options& o) {
@@ -161,7 +164,7 @@ int run_mismatch(comm::Communicator& comm, const Options& o) {
     else
       comm.all_gather(send.data(), recv.data(), n, DataType::f32).wait();
   } catch (const Error& e) {
-    const bool named = std::string(e.what()).find("mismatched collectives") != std::string::npos;
+    const bool named = names_mismatch(e);
     std::printf("braid-check: rank %d: %s failed%s: %s\n", comm.rank(), call.c_str(),
                 named ? " as expected" : ", but not naming the mismatch", e.what());
     return named ? 0 : 1;
@@ -198,7 +201,7 @@ int main(int argc, char** argv) {
     // Set-up is no barrier: a rank still connecting may hear from a peer
     // that already made its call, found the mismatch and stopped; its
     // set-up then fails naming that, which is as expected too.
-    if (!o.expect_mismatch.empty() && std::string(e.what()).find("mismatched collectives") != std::string::npos) {
+    if (!o.expect_mismatch.empty() && names_mismatch(e)) {
       std::printf("braid-check: rank %d: set-up, before its own call, failed as expected: %s\n", rank, e.what());
       return 0;
     }
