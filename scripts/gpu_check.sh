@@ -1,62 +1,113 @@
 #!/bin/sh
-# The GPU checks of issue 7, on a machine with an NVIDIA GPU, from the kit
+# The GPU checks of issue 19, on a machine with an NVIDIA GPU, from the kit
 # scripts/gpu_kit.sh made (.gpukit/gpukit.tar.xz in the working tree).
-# Writes each log to $OUT (or ./gpu-logs) and a summary line per check.
-# Groups: tests bench train torch sanitizer (default: all of them; a device
-# command may run for 10 minutes, so name a few groups per call).
-#   device run: carry [".gpukit"], command "sh scripts/gpu_check.sh tests"
+# Each check's log goes into $OUT/logs.tgz (or ./gpu-logs), rewritten after
+# every check so that a run cut short still brings its logs back, and one
+# summary line per check into $OUT/summary.txt and stdout.
+# Groups (default: all, in this order):
+#   tests      kernels_cuda, trainer_device, comm_device
+#   bench      braid-bench --device cuda, 2 ranks, every collective, f32
+#   bench4     4 ranks sharing the GPU, all_reduce to 256 MiB
+#   dtypes     2 ranks, all_reduce and reduce_scatter, f16 bf16 f64 i8
+#   train      config B: 1 GPU, the CPU reference, every strategy on 2 ranks,
+#              tp 2, pp 2, tp 2 x pp 2
+#   trainL     the 113M-parameter config: 1 GPU, zero3 on 2 ranks
+#   torch      PyTorch on the same shapes (scripts/torch_gpt.py)
+#   sanitizer  compute-sanitizer memcheck and racecheck of the kernels and
+#              of a 2-rank collective run
+# GPU_BUDGET_S (default 540) bounds the whole run: a check gets at most what
+# is left, and none starts with under 15 s left.
+#   device run: carry [".gpukit"], command "sh scripts/gpu_check.sh tests bench"
 set -u
 cd "$(dirname "$0")/.."
 out="${OUT:-gpu-logs}"
 mkdir -p "$out"
+start=$(date +%s)
+budget="${GPU_BUDGET_S:-540}"
 kit=/tmp/braid-gpukit
+logs="$kit/logs"
 rm -rf "$kit" && mkdir -p "$kit" && tar -C "$kit" -xJf .gpukit/gpukit.tar.xz || exit 2
+mkdir -p "$logs"
 cublas="$(find /opt /usr/local /usr/lib -name 'libcublas.so.13' 2>/dev/null | head -1)"
 export LD_LIBRARY_PATH="$kit/lib${cublas:+:$(dirname "$cublas")}"
-nvidia-smi > "$out/nvidia-smi.log" 2>&1
+nvidia-smi > "$logs/nvidia-smi.log" 2>&1
 B="$kit/bin"
-groups="${*:-tests bench train torch sanitizer}"
+groups="${*:-tests bench bench4 dtypes train trainL torch sanitizer}"
 want() { case " $groups " in *" $1 "*) return 0 ;; esac; return 1; }
-check() {  # name, command...
-  name=$1; shift
-  if timeout 500 "$@" > "$out/$name.log" 2>&1; then echo "ok    $name"; else echo "FAIL  $name (exit $?)"; fi
-  tail -3 "$out/$name.log"
+pack() { tar -C "$logs" -czf "$out/logs.tgz" . 2> /dev/null; }
+say() { echo "$*" | tee -a "$out/summary.txt"; }
+check() {  # name, timeout seconds, command...
+  name=$1 limit=$2; shift 2
+  left=$((budget - ($(date +%s) - start)))
+  if [ "$left" -lt 15 ]; then say "skip  $name (budget spent)"; return; fi
+  [ "$limit" -gt "$left" ] && limit=$left
+  t0=$(date +%s)
+  timeout -k 5 "$limit" "$@" > "$logs/$name.log" 2>&1
+  rc=$?
+  if [ $rc -eq 0 ]; then say "ok    $name ($(($(date +%s) - t0)) s)"; else say "FAIL  $name (exit $rc, $(($(date +%s) - t0)) s)"; fi
+  grep -E 'skipped|copy|Avg bus|Out of bounds| 268435456 | 67108864 | 16777216 |test cases|assertions|throughput|MFU|step [1-4]/[0-9]|train loss|tokens/s|ERROR|rror' \
+    "$logs/$name.log" | uniq | tail -12 | sed 's/^/      /' | tee -a "$out/summary.txt"
+  [ $rc -eq 0 ] || tail -5 "$logs/$name.log" | sed 's/^/    | /' | tee -a "$out/summary.txt"
+  pack
 }
-L2="$B/braid-launch --nproc-per-node 2 --"  # unquoted where used: the kit path has no spaces
+# Unquoted where used (the kit's path has no spaces): timeout runs programs, not functions.
+L2="$B/braid-launch --nproc-per-node 2 --"
+L4="$B/braid-launch --nproc-per-node 4 --"
+say "# $(nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>&1)"
 
 if want tests; then
-  check kernels_cuda "$B/test_kernels_cuda" -s
-  check trainer_device "$B/test_trainer_device" -s
-  check comm_device "$B/test_comm_device" -s
+  check kernels_cuda 60 "$B/test_kernels_cuda" -s
+  check trainer_device 120 "$B/test_trainer_device"
+  check comm_device 90 "$B/test_comm_device"
 fi
+BE="$B/braid-bench --device cuda -c 1"
 if want bench; then
-  check bench_2 $L2 "$B/braid-bench" --device cuda -b 8 -e 256M -f 4 -n 10 -w 2 -c 1
-  check bench_4 "$B/braid-launch" --nproc-per-node 4 -- "$B/braid-bench" --device cuda -b 8 -e 256M -f 16 -n 5 -w 1 -c 1
-  for d in f16 bf16 f64 i8; do
-    check "bench_2_$d" $L2 "$B/braid-bench" --device cuda -d $d -b 8 -e 16M -f 16 -n 2 -w 1 -c 1
+  check bench_2_all_reduce 60 $L2 $BE --coll all_reduce -b 8 -e 256M -f 4 -n 10 -w 2
+  for c in reduce_scatter all_gather broadcast reduce all_to_all send_recv; do
+    check "bench_2_$c" 40 $L2 $BE --coll $c -b 8 -e 64M -f 16 -n 5 -w 1
   done
 fi
-# The trainer on the GPU (issue 7's targets): config B and a 113M-parameter
-# config, one rank and two sharing the GPU; then PyTorch on the same shapes.
+if want bench4; then
+  check bench_4_all_reduce 60 $L4 $BE --coll all_reduce -b 8 -e 256M -f 16 -n 5 -w 1
+fi
+if want dtypes; then
+  for d in f16 bf16 f64 i8; do
+    check "bench_2_${d}_all_reduce" 30 $L2 $BE --coll all_reduce -d $d -b 8 -e 16M -f 16 -n 2 -w 1
+    check "bench_2_${d}_reduce_scatter" 30 $L2 $BE --coll reduce_scatter -d $d -b 8 -e 16M -f 16 -n 2 -w 1
+  done
+fi
+# The trainer on the GPU: config B and a 113M-parameter config. Every run of
+# config B has the same global batch (16 sequences: 2 micro-batches of 8 on
+# one data-parallel rank, or one on each of two), so all of them, and the CPU
+# run, must print the same losses step for step.
 D="--data $kit/fortunes.txt --eval-interval 0 --eval-batches 1 --warmup-steps 2"
 cfgB="--n-layer 6 --n-head 6 --n-embd 384 --block-size 256 --batch-size 8"
 cfgL="--n-layer 16 --n-head 12 --n-embd 768 --block-size 1024 --batch-size 8"
+T="$B/braid-train"
 if want train; then
-  check train_B_1 "$B/braid-train" --device cuda $cfgB --steps 30 $D
-  check train_B_cpu16 "$B/braid-train" --device cpu $cfgB --steps 4 --threads 16 $D
-  check train_B_2ddp $L2 "$B/braid-train" --device cuda $cfgB --steps 30 $D
-  check train_B_2tp $L2 "$B/braid-train" --device cuda $cfgB --steps 20 --tp 2 --grad-accum 2 $D
-  check train_B_2pp $L2 "$B/braid-train" --device cuda $cfgB --steps 20 --pp 2 --grad-accum 4 $D
-  check train_L_1 "$B/braid-train" --device cuda $cfgL --steps 12 $D
-  check train_L_2zero3 $L2 "$B/braid-train" --device cuda $cfgL --steps 8 --strategy zero3 $D
+  check train_B_1 60 "$T" --device cuda $cfgB --steps 30 --grad-accum 2 $D
+  check train_B_cpu16 60 "$T" --device cpu $cfgB --steps 4 --grad-accum 2 --threads 16 $D
+  for s in ddp dp zero1 zero2 zero3; do
+    check "train_B_2$s" 40 $L2 "$T" --device cuda $cfgB --steps 10 --strategy $s $D
+  done
+  check train_B_2tp 40 $L2 "$T" --device cuda $cfgB --steps 10 --tp 2 --grad-accum 2 $D
+  check train_B_2pp 40 $L2 "$T" --device cuda $cfgB --steps 10 --pp 2 --grad-accum 2 $D
+  check train_B_4tp2pp2 60 $L4 "$T" --device cuda $cfgB --steps 10 --tp 2 --pp 2 --grad-accum 2 $D
+fi
+if want trainL; then
+  check train_L_1 90 "$T" --device cuda $cfgL --steps 12 $D
+  check train_L_2zero3 90 $L2 "$T" --device cuda $cfgL --steps 8 --strategy zero3 $D
 fi
 if want torch && python3 -c "import torch; assert torch.cuda.is_available()" 2> /dev/null; then
-  check torch_B python3 "$kit/torch_gpt.py" $cfgB --steps 30
-  check torch_B_naive python3 "$kit/torch_gpt.py" $cfgB --steps 30 --naive-attention
-  check torch_L python3 "$kit/torch_gpt.py" $cfgL --steps 12
-  check torch_L_naive python3 "$kit/torch_gpt.py" $cfgL --steps 12 --naive-attention
+  check torch_B 60 python3 "$kit/torch_gpt.py" $cfgB --steps 30
+  check torch_L 90 python3 "$kit/torch_gpt.py" $cfgL --steps 12
+  check torch_L_naive 90 python3 "$kit/torch_gpt.py" $cfgL --steps 12 --naive-attention
 fi
 if want sanitizer && command -v compute-sanitizer > /dev/null; then
-  check memcheck compute-sanitizer --tool memcheck "$B/test_kernels_cuda"
-  check racecheck compute-sanitizer --tool racecheck "$B/test_kernels_cuda"
+  check memcheck 120 compute-sanitizer --tool memcheck --error-exitcode 9 "$B/test_kernels_cuda"
+  check racecheck 120 compute-sanitizer --tool racecheck --error-exitcode 9 "$B/test_kernels_cuda"
+  check memcheck_2rank 90 $L2 compute-sanitizer --tool memcheck --error-exitcode 9 $BE --coll all_reduce -b 8 -e 4M -f 64 -n 2 -w 1
+  check racecheck_2rank 90 $L2 compute-sanitizer --tool racecheck --error-exitcode 9 $BE --coll all_reduce -b 8 -e 4M -f 64 -n 2 -w 1
 fi
+pack
+say "# done in $(($(date +%s) - start)) s"
