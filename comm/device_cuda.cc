@@ -9,12 +9,14 @@
 #include <atomic>
 #include <map>
 #include <mutex>
+#include <set>
 #include <thread>
 #include <vector>
 
 #include "comm/algorithms/algorithms.h"
 #include "comm/device.h"
 #include "comm/device_gate.h"
+#include "kernels/cuda/reduce.h"
 #include "runtime/errors.h"
 
 namespace braid::comm {
@@ -112,6 +114,33 @@ struct Shared {
   }
 };
 
+// With lazy loading (CUDA 12.2 on), a kernel's first launch may synchronize
+// the whole context. A stream held at a gate is a kernel that waits for the
+// host, the host waits for the collective's kernels, and their first launch
+// then waits for the gate: a deadlock until the gate's timeout (seen on an
+// H200, two ranks sharing it; the CUDA Programming Guide's lazy-loading
+// hazards). So every kernel the collectives launch, and the gate itself, is
+// loaded once per device before this process queues its first gate.
+void preload_kernels(const Shared& shared) {
+  static std::mutex mu;
+  static std::set<int> loaded;
+  std::lock_guard lock(mu);
+  if (loaded.contains(shared.device)) return;
+  cudaStream_t stream = nullptr;
+  check(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreate (preloading kernels)");
+  try {
+    kernels::cuda::preload(stream);
+    // Ticket 0 is open already: the gate kernel returns at once.
+    check(launch_gate(stream, shared.gate_device, 0, 0, shared.timed_out_device), "preloading the stream gate");
+    check(cudaStreamSynchronize(stream), "preloading the stream gate");
+  } catch (const std::runtime_error& e) {
+    cudaStreamDestroy(stream);
+    throw SystemError(std::string("CUDA: ") + e.what());
+  }
+  cudaStreamDestroy(stream);
+  loaded.insert(shared.device);
+}
+
 class CudaStagedOp final : public StagedOp {
  public:
   CudaStagedOp(std::shared_ptr<Shared> shared, std::uint64_t ticket)
@@ -196,6 +225,7 @@ class CudaStaging final : public DeviceStaging {
     shared_->timed_out[0] = 0;
     check(cudaHostGetDevicePointer(reinterpret_cast<void**>(&shared_->gate_device), gate, 0), "gate mapping");
     check(cudaHostGetDevicePointer(reinterpret_cast<void**>(&shared_->timed_out_device), flag, 0), "flag mapping");
+    preload_kernels(*shared_);
   }
 
   // Everything that may fail before the gate is queued throws here, and

@@ -24,6 +24,11 @@ done | sort -u | while read -r lib; do
     *) cp -L "$lib" "$kit/lib/" ;;
   esac
 done
+# The CUDA part of the library is a plugin, loaded from beside libbraid_comm
+# at the first device buffer: ldd does not list it.
+cp -L build/comm/libbraid_comm_cuda.so "$kit/lib/"
+# Whether another process's kernels run while a stream is held at a gate.
+nvcc -std=c++20 -o "$kit/bin/cuda_gate_probe" scripts/cuda_gate_probe.cu
 cp scripts/gpu_check.sh scripts/torch_gpt.py "$kit/"
 # The default corpus, as braid-train reads it (the files without an
 # extension, sorted), in one file for --data: that machine has no fortunes.

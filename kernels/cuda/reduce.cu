@@ -291,6 +291,31 @@ void divide(void* data, std::size_t count, DataType dtype, int divisor, cudaStre
   }
 }
 
+void preload(cudaStream_t stream) {
+  void* block = nullptr;  // three 8-byte elements, zero: every kernel below reads and writes one
+  check(cudaMalloc(&block, 64), "cudaMalloc (preloading the reduction kernels)");
+  auto* bytes = static_cast<char*>(block);
+  void* dst = bytes;
+  const void* src[2] = {bytes + 16, bytes + 32};
+  try {
+    check(cudaMemsetAsync(block, 0, 64, stream), "cudaMemsetAsync (preloading the reduction kernels)");
+    for (int t = 0; t < kNumDataTypes; ++t) {
+      const auto dtype = DataType(t);
+      for (int o = 0; o < kNumReduceOps; ++o) {
+        const auto op = ReduceOp(o);
+        reduce(dst, src[0], src[1], 1, dtype, op, stream);
+        reduce_multi(&dst, 1, src, 2, 1, dtype, op, 0, stream);
+      }
+      divide(dst, 1, dtype, 1, stream);
+    }
+    check(cudaStreamSynchronize(stream), "preloading the reduction kernels");
+  } catch (...) {
+    cudaFree(block);
+    throw;
+  }
+  check(cudaFree(block), "cudaFree (preloading the reduction kernels)");
+}
+
 bool cuda_device_available(std::string* why) {
   int devices = 0;
   cudaError_t status = cudaGetDeviceCount(&devices);

@@ -41,6 +41,16 @@ void reduce_multi(void* const* dsts, int n_dst, const void* const* srcs, int n_s
 void divide(void* data, std::size_t count, DataType dtype, int divisor,
             cudaStream_t stream = nullptr);
 
+// Launches every kernel of this file once (one element of each dtype and
+// operator, on a scratch block) and waits for them. With lazy loading (the
+// default since CUDA 12.2) a kernel's first launch loads it, and loading may
+// synchronize the whole context: while another stream of the context is held
+// by a kernel that waits for this one's result (comm/'s stream gate waits for
+// the host, which waits for the collective's kernels), that first launch
+// deadlocks. Call it on the current device before any such wait exists.
+// Allocates and frees (cudaMalloc, cudaFree: both may synchronize).
+void preload(cudaStream_t stream);
+
 // True when the CUDA runtime sees at least one device. Otherwise false, with
 // the reason (no driver, driver too old, no device visible) in *why when why
 // is not null. Never throws: tests and runtime/ use it to choose a path.

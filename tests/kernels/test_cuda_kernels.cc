@@ -179,6 +179,16 @@ TEST_CASE("cuda reduce matches the cpu bit for bit on every dtype and op") {
           compare_reduce(DataType(t), ReduceOp(o), count, offset, rng);
 }
 
+TEST_CASE("cuda preload launches every reduction kernel once and leaves no error behind") {
+  SKIP_WITHOUT_CUDA_DEVICE();
+  cudaStream_t stream = nullptr;
+  cuda_ok(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreate");
+  CHECK_NOTHROW(gpu::preload(stream));
+  CHECK_NOTHROW(gpu::preload(stream));  // again: nothing left over from the first
+  CHECK(cudaGetLastError() == cudaSuccess);
+  cuda_ok(cudaStreamDestroy(stream), "cudaStreamDestroy");
+}
+
 TEST_CASE("cuda_device_available explains a false answer") {
   std::string why;
   if (!gpu::cuda_device_available(&why)) {

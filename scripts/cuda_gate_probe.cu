@@ -1,0 +1,244 @@
+// What a stream held at a gate (comm/device_gate.cu) does to other work on
+// the GPU (issue 19: ranks sharing one GPU hung in their first collective).
+// Each mode runs in a fresh process; prints one line per mode.
+//   spin:  process A holds a stream with a kernel polling mapped host
+//          memory (the gate); process B times one tiny kernel meanwhile;
+//   wait:  the same with A's stream held by cuStreamWaitValue64 instead;
+//   lazy:  one process holds a stream with the gate, then launches a kernel
+//          for the first time on another stream (lazy loading may
+//          synchronize the context: the gate's 2 s timeout ends the wait);
+//   loaded: the same with that kernel launched once before the gate;
+//   ipc:   process A holds a stream at the gate, then opens process B's
+//          buffer (cudaIpcOpenMemHandle): does the open wait for the gate?
+// Built by scripts/gpu_kit.sh: nvcc -o cuda_gate_probe cuda_gate_probe.cu
+#include <cuda.h>
+#include <cuda_runtime.h>
+#include <signal.h>
+#include <sys/mman.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <thread>
+
+namespace {
+
+__device__ unsigned long long now_ns() {
+  unsigned long long t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+
+__global__ void spin(const volatile unsigned long long* gate, unsigned long long timeout_ns) {
+  const unsigned long long start = now_ns();
+  while (*gate == 0 && now_ns() - start < timeout_ns) __nanosleep(1000);
+}
+
+__global__ void tiny(int* p) { *p = 1; }
+__global__ void first_time(int* p) { *p = 2; }
+__global__ void second_kernel(int* p) { *p = 3; }
+
+struct Shared {
+  std::atomic<int> child_ready, gated, child_done;
+  double child_ms;
+  cudaIpcMemHandle_t handle;  // ipc mode: B's buffer
+};
+
+bool ok(cudaError_t e, const char* what) {
+  if (e == cudaSuccess) return true;
+  std::printf("%s: %s\n", what, cudaGetErrorString(e));
+  return false;
+}
+
+using WaitValue64 = CUresult (*)(CUstream, CUdeviceptr, cuuint64_t, unsigned int);
+
+int probe(const char* mode) {
+  auto* s = static_cast<Shared*>(
+      mmap(nullptr, sizeof(Shared), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0));
+  std::memset(static_cast<void*>(s), 0, sizeof(Shared));
+  const pid_t pid = fork();
+  if (pid == 0) {  // B
+    int* d = nullptr;
+    if (!ok(cudaMalloc(&d, sizeof(int)), "B cudaMalloc")) _exit(1);
+    cudaEvent_t done;
+    cudaEventCreate(&done);
+    s->child_ready = 1;
+    for (int i = 0; !s->gated && i < 10000; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));  // A's gate is resident by now
+    const auto t0 = std::chrono::steady_clock::now();
+    tiny<<<1, 1>>>(d);
+    cudaEventRecord(done);
+    double ms = -1;
+    for (;;) {
+      const double t = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+      if (cudaEventQuery(done) == cudaSuccess) { ms = t; break; }
+      if (t > 3000) break;
+      std::this_thread::sleep_for(std::chrono::microseconds(50));
+    }
+    s->child_ms = ms;
+    s->child_done = 1;
+    cudaDeviceSynchronize();
+    _exit(0);
+  }
+  // A
+  unsigned long long* gate = nullptr;
+  unsigned long long* gate_dev = nullptr;
+  if (!ok(cudaHostAlloc(reinterpret_cast<void**>(&gate), 8, cudaHostAllocMapped), "A cudaHostAlloc")) return 1;
+  *gate = 0;
+  cudaHostGetDevicePointer(reinterpret_cast<void**>(&gate_dev), gate, 0);
+  cudaStream_t stream;
+  cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking);
+  for (int i = 0; !s->child_ready && i < 10000; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  if (!s->child_ready) {
+    std::printf("%s: the other process did not start CUDA\n", mode);
+    waitpid(pid, nullptr, 0);
+    return 1;
+  }
+  if (std::strcmp(mode, "spin") == 0) {
+    spin<<<1, 1, 0, stream>>>(gate_dev, 5'000'000'000ull);
+  } else {
+    void* fn = nullptr;
+    cudaDriverEntryPointQueryResult found;
+    if (!ok(cudaGetDriverEntryPointByVersion("cuStreamWaitValue64", &fn, 12000, cudaEnableDefault, &found),
+            "cudaGetDriverEntryPointByVersion") || found != cudaDriverEntryPointSuccess || !fn) {
+      std::printf("wait: cuStreamWaitValue64 not found\n");
+      return 1;
+    }
+    const CUresult r = reinterpret_cast<WaitValue64>(fn)(stream, reinterpret_cast<CUdeviceptr>(gate_dev), 1,
+                                                         CU_STREAM_WAIT_VALUE_GEQ);
+    if (r != CUDA_SUCCESS) std::printf("wait: cuStreamWaitValue64 returned %d\n", static_cast<int>(r));
+  }
+  s->gated = 1;
+  const auto t0 = std::chrono::steady_clock::now();
+  while (!s->child_done &&
+         std::chrono::steady_clock::now() - t0 < std::chrono::milliseconds(4000))
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  std::atomic_ref<unsigned long long>(*gate).store(1);
+  cudaStreamSynchronize(stream);
+  int status = 0;
+  waitpid(pid, &status, 0);
+  if (s->child_ms < 0)
+    std::printf("%s: the other process's kernel did not run within 3000 ms while this one's stream was held\n", mode);
+  else
+    std::printf("%s: the other process's kernel ran in %.3f ms while this one's stream was held\n", mode, s->child_ms);
+  return 0;
+}
+
+// One process: the gate on one stream, then a kernel on another; how long
+// until that kernel is done (the gate gives up after 2 s by itself).
+int lazy(const char* mode, bool loaded) {
+  unsigned long long* gate = nullptr;
+  unsigned long long* gate_dev = nullptr;
+  int* d = nullptr;
+  if (!ok(cudaHostAlloc(reinterpret_cast<void**>(&gate), 8, cudaHostAllocMapped), "cudaHostAlloc")) return 1;
+  if (!ok(cudaMalloc(&d, sizeof(int)), "cudaMalloc")) return 1;
+  *gate = 0;
+  cudaHostGetDevicePointer(reinterpret_cast<void**>(&gate_dev), gate, 0);
+  cudaStream_t held, other;
+  cudaStreamCreateWithFlags(&held, cudaStreamNonBlocking);
+  cudaStreamCreateWithFlags(&other, cudaStreamNonBlocking);
+  if (loaded) {
+    second_kernel<<<1, 1, 0, other>>>(d);
+    cudaStreamSynchronize(other);
+  }
+  spin<<<1, 1, 0, held>>>(gate_dev, 2'000'000'000ull);
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  cudaEvent_t done;
+  cudaEventCreateWithFlags(&done, cudaEventDisableTiming);
+  const auto t0 = std::chrono::steady_clock::now();
+  if (loaded) second_kernel<<<1, 1, 0, other>>>(d);
+  else first_time<<<1, 1, 0, other>>>(d);
+  const double launch_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  cudaEventRecord(done, other);
+  while (cudaEventQuery(done) == cudaErrorNotReady) std::this_thread::sleep_for(std::chrono::microseconds(50));
+  const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  std::atomic_ref<unsigned long long>(*gate).store(1);
+  cudaDeviceSynchronize();
+  std::printf("%s: a kernel on another stream, while one stream was held at the gate: launch returned in %.3f ms, "
+              "done in %.3f ms%s\n",
+              mode, launch_ms, ms, ms > 1500 ? " (only once the gate gave up)" : "");
+  return 0;
+}
+
+// Process B exports a buffer; process A, with a stream held at the gate
+// (2 s timeout), opens it and times the open.
+int ipc(const char* mode) {
+  auto* s = static_cast<Shared*>(
+      mmap(nullptr, sizeof(Shared), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0));
+  std::memset(static_cast<void*>(s), 0, sizeof(Shared));
+  const pid_t pid = fork();
+  if (pid == 0) {
+    void* d = nullptr;
+    if (!ok(cudaMalloc(&d, 1 << 20), "B cudaMalloc") || !ok(cudaIpcGetMemHandle(&s->handle, d), "B handle"))
+      _exit(1);
+    s->child_ready = 1;
+    for (int i = 0; !s->child_done && i < 10000; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    _exit(0);
+  }
+  for (int i = 0; !s->child_ready && i < 10000; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  unsigned long long* gate = nullptr;
+  unsigned long long* gate_dev = nullptr;
+  if (!s->child_ready || !ok(cudaHostAlloc(reinterpret_cast<void**>(&gate), 8, cudaHostAllocMapped), "cudaHostAlloc")) {
+    s->child_done = 1;
+    waitpid(pid, nullptr, 0);
+    return 1;
+  }
+  *gate = 0;
+  cudaHostGetDevicePointer(reinterpret_cast<void**>(&gate_dev), gate, 0);
+  cudaStream_t held;
+  cudaStreamCreateWithFlags(&held, cudaStreamNonBlocking);
+  spin<<<1, 1, 0, held>>>(gate_dev, 2'000'000'000ull);
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  void* peer = nullptr;
+  const auto t0 = std::chrono::steady_clock::now();
+  const cudaError_t status = cudaIpcOpenMemHandle(&peer, s->handle, cudaIpcMemLazyEnablePeerAccess);
+  const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  std::atomic_ref<unsigned long long>(*gate).store(1);
+  cudaDeviceSynchronize();
+  std::printf("%s: cudaIpcOpenMemHandle while a stream was held at the gate: %s in %.3f ms%s\n", mode,
+              cudaGetErrorString(status), ms, ms > 1500 ? " (only once the gate gave up)" : "");
+  if (status == cudaSuccess) cudaIpcCloseMemHandle(peer);
+  s->child_done = 1;
+  waitpid(pid, nullptr, 0);
+  return 0;
+}
+
+}  // namespace
+
+// Each mode in its own process, forked before this one touches CUDA (a
+// process that has used CUDA cannot fork a child that uses it), at most 15 s.
+int main(int argc, char** argv) {
+  int rc = 0;
+  for (int i = 1; i < argc; ++i) {
+    const char* mode = argv[i];
+    std::fflush(stdout);
+    const pid_t pid = fork();
+    if (pid == 0) {
+      int r = 1;
+      if (std::strcmp(mode, "lazy") == 0) r = lazy(mode, false);
+      else if (std::strcmp(mode, "loaded") == 0) r = lazy(mode, true);
+      else if (std::strcmp(mode, "ipc") == 0) r = ipc(mode);
+      else r = probe(mode);
+      std::fflush(stdout);
+      _exit(r);
+    }
+    int status = 0;
+    bool exited = false;
+    for (int t = 0; t < 1500 && !exited; ++t) {
+      if (waitpid(pid, &status, WNOHANG) == pid) exited = true;
+      else std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    if (!exited) {
+      kill(pid, SIGKILL);
+      waitpid(pid, &status, 0);
+      std::printf("%s: no answer within 15 s\n", mode);
+      rc = 1;
+    } else if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+      rc = 1;
+    }
+  }
+  return rc;
+}
