@@ -115,12 +115,14 @@ struct Shared {
 };
 
 // With lazy loading (CUDA 12.2 on), a kernel's first launch may synchronize
-// the whole context. A stream held at a gate is a kernel that waits for the
-// host, the host waits for the collective's kernels, and their first launch
-// then waits for the gate: a deadlock until the gate's timeout (seen on an
-// H200, two ranks sharing it; the CUDA Programming Guide's lazy-loading
-// hazards). So every kernel the collectives launch, and the gate itself, is
-// loaded once per device before this process queues its first gate.
+// the whole context (the CUDA Programming Guide's lazy-loading hazards). A
+// stream held at a gate is a kernel that waits for the host, the host waits
+// for the collective's kernels, and their first launch would then wait for
+// the gate: a deadlock until the gate's timeout. Two ranks sharing an H200
+// hung so in their first collective on device memory (issue 19; this is the
+// likely cause, scripts/cuda_gate_probe.cu tells it from the others). So
+// every kernel the collectives launch, and the gate itself, is loaded once
+// per device before this process queues its first gate.
 void preload_kernels(const Shared& shared) {
   static std::mutex mu;
   static std::set<int> loaded;
