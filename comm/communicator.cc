@@ -65,6 +65,12 @@ void validate(const Op& op, int rank, int size) {
 // Finds where the buffers live (op.memory): both on one side, one device;
 // device memory only where CUDA was built; a stream only for device memory.
 void locate_buffers(Op& op, int rank, int size) {
+  // The common call: no stream, and no CUDA driver in the process, so no
+  // pointer can be device memory and nothing below can fail.
+  if (op.stream.cuda == nullptr && !runtime::device_memory_possible()) {
+    op.memory = {};
+    return;
+  }
   auto call = [&] { return call_text(op, rank); };
   const bool moves_data = buffer_elements(op, size) > 0;
   const void* send = moves_data && needs_send_buffer(op, rank) ? op.send : nullptr;

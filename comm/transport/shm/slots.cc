@@ -24,10 +24,6 @@ std::string rank_text(int rank) { return "rank " + std::to_string(rank); }
 ShmSlots::ShmSlots(int rank, std::vector<Rank> ranks, std::size_t ring_capacity, std::chrono::nanoseconds spin)
     : rank_(rank), ranks_(std::move(ranks)), ring_capacity_(ring_capacity), spin_(spin) {}
 
-std::atomic<std::uint64_t>& ShmSlots::flag(int rank, std::uint64_t seq) const {
-  return *reinterpret_cast<std::atomic<std::uint64_t>*>(entry(rank, seq));
-}
-
 // The flag is cleared before any byte of the entry changes (stores reach
 // other cores in program order), so a reader that finds the flag unchanged
 // after reading the content read the call the flag names.

@@ -76,7 +76,10 @@ class ShmSlots final : public SharedSlots {
     return ranks_[rank].segment + sizeof(SegmentHeader) + kSlotDepth * kEntryStride +
            (seq % kLargeSlots) * kLargeStride;
   }
-  std::atomic<std::uint64_t>& flag(int rank, std::uint64_t seq) const;
+  // Inline: every publish, poll and check reads or writes one.
+  std::atomic<std::uint64_t>& flag(int rank, std::uint64_t seq) const {
+    return *reinterpret_cast<std::atomic<std::uint64_t>*>(entry(rank, seq));
+  }
   SegmentHeader* header(int rank) const { return reinterpret_cast<SegmentHeader*>(ranks_[rank].segment); }
   bool sleep(int peer, std::uint64_t seq, Clock::time_point deadline);
   void check_alive(int peer) const;
