@@ -128,18 +128,19 @@ void preload_kernels(const Shared& shared) {
   static std::set<int> loaded;
   std::lock_guard lock(mu);
   if (loaded.contains(shared.device)) return;
-  cudaStream_t stream = nullptr;
-  check(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreate (preloading kernels)");
+  struct OwnStream {
+    cudaStream_t stream = nullptr;
+    ~OwnStream() { if (stream) cudaStreamDestroy(stream); }
+  } own;
+  check(cudaStreamCreateWithFlags(&own.stream, cudaStreamNonBlocking), "cudaStreamCreate (preloading kernels)");
   try {
-    kernels::cuda::preload(stream);
-    // Ticket 0 is open already: the gate kernel returns at once.
-    check(launch_gate(stream, shared.gate_device, 0, 0, shared.timed_out_device), "preloading the stream gate");
-    check(cudaStreamSynchronize(stream), "preloading the stream gate");
-  } catch (const std::runtime_error& e) {
-    cudaStreamDestroy(stream);
-    throw SystemError(std::string("CUDA: ") + e.what());
+    kernels::cuda::preload(own.stream);
+  } catch (const std::runtime_error& e) {  // the kernels' errors, as the device Reducer passes them on
+    throw SystemError(e.what());
   }
-  cudaStreamDestroy(stream);
+  // Ticket 0 is open already: the gate kernel returns at once.
+  check(launch_gate(own.stream, shared.gate_device, 0, 0, shared.timed_out_device), "preloading the stream gate");
+  check(cudaStreamSynchronize(own.stream), "preloading the stream gate");
   loaded.insert(shared.device);
 }
 
