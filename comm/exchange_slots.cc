@@ -104,24 +104,36 @@ WireHeader as_wire(const SlotHeader& slot, std::uint64_t seq) {
   return h;
 }
 
-// `header` as the three little-endian words it occupies in a slot, packed
-// in registers: a header built on the stack and copied from there is read
-// back by wider loads than the stores that wrote it, and such a load waits
-// until those stores have left the store buffer, behind the slot's own
-// flag store, which waits for the line to come back from the peers that
-// read it (measured: three quarters of a small call's time in publish_slot).
-void store_header(std::byte* to, const SlotHeader& h) {
-  static_assert(std::endian::native == std::endian::little, "the slot words are packed little-endian");
-  const std::uint64_t words[3] = {
-      h.count, std::uint64_t{h.payload_bytes} | std::uint64_t{static_cast<std::uint32_t>(h.root)} << 32,
-      std::uint64_t{h.kind} | std::uint64_t{h.dtype} << 8 | std::uint64_t{h.reduce_op} << 16 |
-          std::uint64_t{h.magic} << 24 | std::uint64_t{h.comm_id} << 32};
-  static_assert(sizeof words == sizeof(SlotHeader) && offsetof(SlotHeader, payload_bytes) == 8 &&
-                    offsetof(SlotHeader, root) == 12 && offsetof(SlotHeader, kind) == 16 &&
-                    offsetof(SlotHeader, magic) == 19 && offsetof(SlotHeader, comm_id) == 20,
-                "store_header's words follow SlotHeader's layout");
-  for (int i = 0; i < 3; ++i) std::memcpy(to + 8 * i, &words[i], 8);
-}
+// A signature as the three little-endian words it occupies in a slot,
+// packed in registers. Written from them: a header built on the stack and
+// copied from there is read back by wider loads than the stores that wrote
+// it, and such a load waits until those stores have left the store buffer,
+// behind the slot's own flag store, which waits for the line to come back
+// from the peers that read it (measured: three quarters of a small call's
+// time in publish_slot). Compared as them: three loads and compares per
+// peer, where a field by field comparison cost some forty instructions.
+struct SlotWords {
+  std::uint64_t w[3];
+
+  explicit SlotWords(const SlotHeader& h)
+      : w{h.count, std::uint64_t{h.payload_bytes} | std::uint64_t{static_cast<std::uint32_t>(h.root)} << 32,
+          std::uint64_t{h.kind} | std::uint64_t{h.dtype} << 8 | std::uint64_t{h.reduce_op} << 16 |
+              std::uint64_t{h.magic} << 24 | std::uint64_t{h.comm_id} << 32} {
+    static_assert(std::endian::native == std::endian::little, "the slot words are packed little-endian");
+    static_assert(sizeof w == sizeof(SlotHeader) && offsetof(SlotHeader, payload_bytes) == 8 &&
+                      offsetof(SlotHeader, root) == 12 && offsetof(SlotHeader, kind) == 16 &&
+                      offsetof(SlotHeader, magic) == 19 && offsetof(SlotHeader, comm_id) == 20,
+                  "SlotWords follow SlotHeader's layout");
+  }
+  void store(std::byte* to) const {
+    for (int i = 0; i < 3; ++i) std::memcpy(to + 8 * i, &w[i], 8);
+  }
+  bool matches(const std::byte* from) const {
+    std::uint64_t theirs[3];
+    std::memcpy(theirs, from, sizeof theirs);
+    return ((theirs[0] ^ w[0]) | (theirs[1] ^ w[1]) | (theirs[2] ^ w[2])) == 0;
+  }
+};
 
 // Payload bytes that share the flag's cache line.
 constexpr std::size_t kHeadBytes = SharedSlots::kLineBytes - sizeof(SlotHeader);
@@ -153,19 +165,29 @@ void find_slots(ExchangeContext& context) {
 
 namespace {
 
-// Throws a RemoteError naming both calls unless `header` is `op`'s
-// signature carrying `bytes`; `late`: the call during which an early call's
-// check (Exchange::leave_early) found it.
-void check_signature(const ExchangeContext& c, const SlotHeader& header, const Op& op, int peer, std::size_t bytes,
-                     const Op* late = nullptr) {
-  if (header == signature(op, c.comm_id, bytes)) return;
-  // The sentence is built only for a mismatch.
+// The RemoteError naming both calls, where `header` (read from `peer`'s
+// slot) is not `op`'s signature carrying `bytes`; `late`: the call during
+// which an early call's check (Exchange::leave_early) found it. Built only
+// for a mismatch.
+[[noreturn, gnu::noinline, gnu::cold]] void mismatch(const ExchangeContext& c, const SlotHeader& header, const Op& op,
+                                                    int peer, std::size_t bytes, const Op* late = nullptr) {
   const WireHeader expected = expected_header(c.comm_id, op, c.rank, peer, 0, 0, bytes);
   std::string what = header_mismatch(expected, as_wire(header, op.seq), c.rank, peer);
   if (late)
     what += " (found as rank " + std::to_string(c.rank) + " ran " + describe(*late) + ": " + describe(op) +
             " had returned on it before every peer had entered it, as a one-shot broadcast does)";
   throw RemoteError(what, peer);
+}
+
+// Throws mismatch() unless the header at `from` is `op`'s signature
+// carrying `bytes` (`expected`).
+inline void check_signature(const ExchangeContext& c, const std::byte* from, const SlotWords& expected, const Op& op,
+                            int peer, std::size_t bytes, const Op* late = nullptr) {
+  if (expected.matches(from)) [[likely]] return;
+  SlotHeader header;
+  std::memcpy(&header, from, sizeof header);
+  if (header == signature(op, c.comm_id, bytes)) return;  // unreachable: the words differ
+  mismatch(c, header, op, peer, bytes, late);
 }
 
 }  // namespace
@@ -185,7 +207,7 @@ std::span<const std::byte> Exchange::publish_slot(const void* data, std::size_t 
   const auto* from = static_cast<const std::byte*>(data);
   const std::size_t head = in_entry ? std::min(bytes, kHeadBytes) : 0;
   if (bytes > head) std::memcpy(payload + head, from + head, bytes - head);
-  store_header(entry.data(), signature(op_, c_.comm_id, bytes));
+  SlotWords(signature(op_, c_.comm_id, bytes)).store(entry.data());
   copy_head(entry.data() + sizeof(SlotHeader), from, head);
   slots->publish(op_.seq);
   c_.last_published = op_.seq;
@@ -235,17 +257,20 @@ void Exchange::check_early_calls(SharedSlots& slots, std::uint64_t before) {
     constexpr std::uint64_t kAhead = 8;
     for (int peer = 0; peer < c_.size; ++peer)
       if (peer != c_.rank) __builtin_prefetch(slots.theirs(peer, c_.oldest_early + kAhead).data() - sizeof(std::uint64_t));
-    ExchangeContext::EarlyCall& early = c_.early[c_.oldest_early % depth];
-    if (early.op.seq != c_.oldest_early) continue;
-    const Op op = early.op;
-    early.op.seq = 0;
+    Op& early = c_.early[c_.oldest_early % depth];
+    if (early.seq != c_.oldest_early) continue;
+    const Op op = early;
+    early.seq = 0;
+    // Only a root leaves early calls to check (leave_early), and every
+    // other rank published its signature alone.
+    const SlotWords theirs(signature(op, c_.comm_id, 0));
     for (int peer = 0; peer < c_.size; ++peer) {
       if (peer == c_.rank || slots.published(peer, op.seq) != op.seq) continue;
-      SlotHeader header;
-      std::memcpy(&header, slots.theirs(peer, op.seq).data(), sizeof header);
+      std::byte header[sizeof(SlotHeader)];
+      std::memcpy(header, slots.theirs(peer, op.seq).data(), sizeof header);
       std::atomic_thread_fence(std::memory_order_acquire);
       if (slots.published(peer, op.seq) != op.seq) continue;
-      check_signature(c_, header, op, peer, peer == op.root ? early.source_bytes : 0, &op_);
+      check_signature(c_, header, theirs, op, peer, 0, &op_);
     }
   }
   if (c_.oldest_early > c_.newest_early) c_.oldest_early = 0;
@@ -258,12 +283,12 @@ void Exchange::slots_arrived() {
   c_.all_entered = op_.seq;
 }
 
-void Exchange::leave_early(std::size_t source_bytes) {
+void Exchange::leave_early() {
   SharedSlots* slots = slots_of(c_);
   if (!slots) return;
   slots->wake_waiters();
   if (op_.root != c_.rank) return;  // it checked the root's signature
-  c_.early[op_.seq % c_.early.size()] = {op_, source_bytes};
+  c_.early[op_.seq % c_.early.size()] = op_;
   c_.newest_early = op_.seq;
   if (c_.oldest_early == 0) c_.oldest_early = op_.seq;
 }
@@ -294,9 +319,7 @@ std::span<const std::byte> Exchange::peer_slot(int peer, std::size_t bytes) {
     for (const std::byte* line = entry.data() - sizeof(std::uint64_t) + 64; line < end; line += 64)
       __builtin_prefetch(line);
   }
-  SlotHeader header;
-  std::memcpy(&header, entry.data(), sizeof header);
-  check_signature(c_, header, op_, peer, bytes);
+  check_signature(c_, entry.data(), SlotWords(signature(op_, c_.comm_id, bytes)), op_, peer, bytes);
   if (bytes <= c_.entry_payload) return entry.subspan(sizeof(SlotHeader), bytes);
   return slots->theirs_large(peer, op_.seq).first(bytes);
 }

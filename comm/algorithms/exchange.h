@@ -74,16 +74,11 @@ struct ExchangeContext {
   // This rank's side of the slots' reuse rule (exchange_slots.cc): the
   // last call it published, the last call every peer is known to have
   // entered, and the calls it left before every peer had entered them
-  // (Exchange::leave_early) whose peers' signatures are still to be checked,
-  // at [seq modulo the slots' depth] (op.seq 0: none), with the payload
-  // bytes their source (op.root) published.
-  struct EarlyCall {
-    Op op;
-    std::size_t source_bytes = 0;
-  };
+  // (Exchange::leave_early, as their root) whose peers' signatures are
+  // still to be checked, at [seq modulo the slots' depth] (seq 0: none).
   std::uint64_t last_published = 0;
   std::uint64_t all_entered = 0;
-  std::vector<EarlyCall> early;
+  std::vector<Op> early;
   std::uint64_t oldest_early = 0;  // no unchecked early call is older; 0: none
   std::uint64_t newest_early = 0;
 };
@@ -182,19 +177,19 @@ class Exchange {
   //
   // A call may instead return before every peer has entered it (the
   // one-shot broadcast: each rank waits for the root's slot alone, the root
-  // for none): it publishes with `early` and calls leave_early(source_bytes)
-  // in place of slots_arrived(), `source_bytes` being what op().root
-  // published. Every peer's signature of such a call is checked by its root
-  // later, while their slots still hold it: before it publishes its next
-  // call that waits for every peer, or before it rewrites its own slot of
-  // that call, failing with both calls named where one differs. publish_slot() first makes sure that no peer
-  // still reads the memory it rewrites, waiting where a peer lags: a rank
-  // runs at most the slots' depth less one calls ahead of the slowest.
+  // for none): it publishes with `early` and calls leave_early() in place
+  // of slots_arrived(). Every peer's signature of such a call is checked by
+  // its root later, while their slots still hold it: before it publishes
+  // its next call that waits for every peer, or before it rewrites its own
+  // slot of that call, failing with both calls named where one differs.
+  // publish_slot() first makes sure that no peer still reads the memory it
+  // rewrites, waiting where a peer lags: a rank runs at most the slots'
+  // depth less one calls ahead of the slowest.
   std::size_t slot_capacity() const { return comm::slot_capacity(c_); }
   std::span<const std::byte> publish_slot(const void* data, std::size_t bytes, bool early = false);
   std::span<const std::byte> peer_slot(int peer, std::size_t bytes);
   void slots_arrived();
-  void leave_early(std::size_t source_bytes);
+  void leave_early();
 
  private:
   void drive(const Request& request);

@@ -40,7 +40,7 @@ const void* share_root_slot(Exchange& x, const void* data, std::size_t bytes) {
   const bool is_root = x.rank() == root;
   x.publish_slot(data, is_root ? bytes : 0, true);
   const void* payload = is_root ? nullptr : x.peer_slot(root, bytes).data();
-  x.leave_early(bytes);
+  x.leave_early();
   return payload;
 }
 

@@ -15,12 +15,14 @@
 
 #include "comm/transport/transport_only.h"
 
+#include <atomic>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <span>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "comm/types.h"
 #include "comm/wire.h"
@@ -56,37 +58,80 @@ struct ConnectOptions {
 // their user's protocol (comm/exchange_slots.cc): ranks may run up to
 // depth() - 1 calls apart, so wait() and poll() accept a flag at or past the
 // number asked for, and published() tells which it was.
+//
+// The slots are plain memory at one layout in every rank's segment, so
+// everything a call does while nobody sleeps (write, publish, poll, read,
+// the closed check) is inline here, without a virtual call (issue 18: a
+// small one-shot call made eight of them); only waiting past the poll,
+// waking sleepers and naming a peer that closed are the transport's.
 class SharedSlots {
  public:
   // Bytes at the start of every entry that share the flag's cache line.
   static constexpr std::size_t kLineBytes = 56;
 
+  // Where a rank's slots are and how they are cut: the same on every rank.
+  struct Layout {
+    std::size_t depth = 0;         // entries per rank, a power of two
+    std::size_t entry_stride = 0;  // bytes per entry, its flag word included
+    std::size_t large_count = 0;   // large slots per rank
+    std::size_t large_bytes = 0;   // payload bytes of each
+    std::size_t large_stride = 0;  // bytes from one large slot to the next
+  };
+  struct Rank {
+    std::byte* entries = nullptr;  // its first entry (its flag word)
+    std::byte* large = nullptr;    // its first large slot
+  };
+
   virtual ~SharedSlots() = default;
   // Entries per rank, and the bytes of each after its flag word; large
   // slots per rank, and the bytes of each. The same on every rank.
-  virtual std::size_t depth() const = 0;
-  virtual std::size_t entry_bytes() const = 0;
-  virtual std::size_t large_count() const = 0;
-  virtual std::size_t large_bytes() const = 0;
+  std::size_t depth() const { return layout_.depth; }
+  std::size_t entry_bytes() const { return layout_.entry_stride - sizeof(std::uint64_t); }
+  std::size_t large_count() const { return layout_.large_count; }
+  std::size_t large_bytes() const { return layout_.large_bytes; }
+
   // Starts rewriting this rank's entry for call `seq`: its flag stops naming
   // the call it held (a peer that reads that call's entry late sees so by
-  // reading the flag again after the content), and the entry is returned
-  // to fill before publish(seq). mine_large(seq): the large slot of `seq`.
-  virtual std::span<std::byte> begin(std::uint64_t seq) = 0;
-  virtual std::span<std::byte> mine_large(std::uint64_t seq) = 0;
+  // reading the flag again after the content: stores reach other cores in
+  // program order), and the entry is returned to fill before publish(seq).
+  // mine_large(seq): the large slot of `seq`.
+  std::span<std::byte> begin(std::uint64_t seq) {
+    flag(rank_, seq).store(0, std::memory_order_relaxed);
+    std::atomic_thread_fence(std::memory_order_release);
+    return {entry(rank_, seq) + sizeof(std::uint64_t), entry_bytes()};
+  }
+  std::span<std::byte> mine_large(std::uint64_t seq) { return {large(rank_, seq), layout_.large_bytes}; }
   // Marks this rank's entry for `seq` complete. Peers that sleep waiting for
   // it are woken by wake_waiters(), or before this rank sleeps in wait():
-  // waking needs a full fence and a look at every peer, which right here
+  // waking needs a full fence and a look at the sleepers, which right here
   // would hold the first wait up by the store's round trip to the peers.
-  virtual void publish(std::uint64_t seq) = 0;
+  void publish(std::uint64_t seq) {
+    flag(rank_, seq).store(seq, std::memory_order_release);
+    published_ = seq;
+    wake_pending_ = true;
+  }
   // Wakes the peers that sleep waiting for this rank's last published entry,
   // unless that was done; called once every entry this rank waits for is in.
-  virtual void wake_waiters() = 0;
+  // The fence orders the flag's store before the look at this rank's count
+  // of sleepers, which a sleeper raises before its last look at the flag:
+  // either the sleeper sees the flag or this rank sees the sleeper.
+  void wake_waiters() {
+    if (!wake_pending_) return;
+    wake_pending_ = false;
+    std::atomic_thread_fence(std::memory_order_seq_cst);
+    if (sleepers_->load(std::memory_order_relaxed) != 0) wake_sleepers(published_);
+  }
   // Whether `peer` has published `seq` (or later), after a short poll (about
   // a microsecond) while every local rank has a core, one look otherwise;
   // never reads the clock, so the many waits that end here cost no more
   // than the cache line's hand-off.
-  virtual bool poll(int peer, std::uint64_t seq) const = 0;
+  bool poll(int peer, std::uint64_t seq) const {
+    const auto& f = flag(peer, seq);
+    for (int i = 0;; __builtin_ia32_pause()) {
+      if (f.load(std::memory_order_acquire) >= seq) return true;
+      if (++i >= poll_looks_) return false;
+    }
+  }
   // Waits until `peer` has published `seq` (or later): polls while every
   // local rank has a core (ConnectOptions::spin), yields and then sleeps
   // otherwise. False once `deadline` passed; RemoteError naming the peer
@@ -94,15 +139,60 @@ class SharedSlots {
   virtual bool wait(int peer, std::uint64_t seq, Clock::time_point deadline) = 0;
   // `peer`'s entry and large slot for `seq`, to read after wait() returned
   // true, while published() still says `seq`.
-  virtual std::span<const std::byte> theirs(int peer, std::uint64_t seq) const = 0;
-  virtual std::span<const std::byte> theirs_large(int peer, std::uint64_t seq) const = 0;
+  std::span<const std::byte> theirs(int peer, std::uint64_t seq) const {
+    return {entry(peer, seq) + sizeof(std::uint64_t), entry_bytes()};
+  }
+  std::span<const std::byte> theirs_large(int peer, std::uint64_t seq) const {
+    return {large(peer, seq), layout_.large_bytes};
+  }
   // The sequence number `peer` last published in the entry that `seq` uses
   // (0 while it rewrites it).
-  virtual std::uint64_t published(int peer, std::uint64_t seq) const = 0;
+  std::uint64_t published(int peer, std::uint64_t seq) const {
+    return flag(peer, seq).load(std::memory_order_acquire);
+  }
   // A RemoteError naming the first peer that closed its communicator (it
-  // failed, or finished) without having published `seq`: it never will. One
-  // look at a word per peer that wake_waiters() reads anyway.
-  virtual void check_closed(std::uint64_t seq) const = 0;
+  // failed, or finished) without having published `seq`: it never will.
+  // One look at a word of this rank's own that a closing peer raises.
+  void check_closed(std::uint64_t seq) const {
+    if (peers_closed_->load(std::memory_order_acquire) != 0) find_closed(seq);
+  }
+
+ protected:
+  // `ranks`: every rank's slots, [rank], this one's included. `sleepers`
+  // and `peers_closed`: words in this rank's memory that peers raise while
+  // they sleep waiting for its slot, and once they closed. `poll_looks`:
+  // the looks poll() takes (1: no polling).
+  SharedSlots(int rank, std::vector<Rank> ranks, const Layout& layout, const std::atomic<std::uint32_t>* sleepers,
+              const std::atomic<std::uint32_t>* peers_closed, int poll_looks)
+      : rank_(rank), areas_(std::move(ranks)), layout_(layout), sleepers_(sleepers), peers_closed_(peers_closed),
+        poll_looks_(poll_looks) {}
+  std::byte* entry(int rank, std::uint64_t seq) const {
+    return areas_[rank].entries + (seq & (layout_.depth - 1)) * layout_.entry_stride;
+  }
+  std::byte* large(int rank, std::uint64_t seq) const {
+    return areas_[rank].large + (seq % layout_.large_count) * layout_.large_stride;
+  }
+  std::atomic<std::uint64_t>& flag(int rank, std::uint64_t seq) const {
+    return *reinterpret_cast<std::atomic<std::uint64_t>*>(entry(rank, seq));
+  }
+  // Wakes the peers that sleep waiting for this rank's entry of `published`
+  // (or an earlier one); a sleeper waiting for another rank, or for a later
+  // call, stays asleep.
+  virtual void wake_sleepers(std::uint64_t published) = 0;
+  // check_closed() once some peer closed: the RemoteError, where one that
+  // closed has not published `seq`.
+  virtual void find_closed(std::uint64_t seq) const = 0;
+
+  const int rank_;
+
+ private:
+  const std::vector<Rank> areas_;
+  const Layout layout_;
+  const std::atomic<std::uint32_t>* const sleepers_;
+  const std::atomic<std::uint32_t>* const peers_closed_;
+  const int poll_looks_;
+  bool wake_pending_ = false;    // published, sleepers not yet looked for
+  std::uint64_t published_ = 0;  // the last call this rank published
 };
 
 class Transport {

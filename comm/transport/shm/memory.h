@@ -42,7 +42,7 @@
 
 namespace braid::comm::shm {
 
-inline constexpr std::uint64_t kSegmentMagic = 0x314d485344524242ull;  // "BBRDSHM1"
+inline constexpr std::uint64_t kSegmentMagic = 0x324d485344524242ull;  // "BBRDSHM2"
 inline constexpr std::size_t kSlotBytes = 64;
 inline constexpr std::uint32_t kWrapMagic = 0x50415257;  // "WRAP"
 
@@ -54,10 +54,15 @@ struct alignas(64) SegmentHeader {
   std::int64_t owner_pid;
   std::uint64_t slot_area;  // bytes of shared slots after this header (0: none)
   // The owner closed or failed; peers stop waiting on it. In the line that
-  // is written once, as every publish of a shared slot looks at it
-  // (SharedSlots::check_closed), not in the doorbell's, which sleepers and
-  // their wakers write.
+  // is written rarely, as every publish of a shared slot looks at the words
+  // below (SharedSlots::check_closed, wake_waiters), not in the doorbell's,
+  // which sleepers and their wakers write.
   std::atomic<std::uint32_t> closed;
+  // Raised by each peer as it closes (its own `closed` set), so that a
+  // publish looks here rather than at every peer's; and, while peers sleep
+  // waiting for this owner's shared slot, how many (shm/slots.h).
+  std::atomic<std::uint32_t> peers_closed;
+  std::atomic<std::uint32_t> sleepers;
   alignas(64) std::atomic<std::uint32_t> doorbell;
   std::atomic<std::uint32_t> sleeping;
   // While the owner sleeps waiting for a peer's shared slot: the call's

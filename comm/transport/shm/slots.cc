@@ -19,73 +19,45 @@ constexpr auto kSleepSlice = std::chrono::milliseconds(50);  // a dead peer is n
 
 std::string rank_text(int rank) { return "rank " + std::to_string(rank); }
 
+std::vector<SharedSlots::Rank> slot_ranks(const std::vector<ShmSlots::Rank>& ranks) {
+  std::vector<SharedSlots::Rank> slots(ranks.size());
+  for (std::size_t r = 0; r < ranks.size(); ++r)
+    if (std::byte* area = ranks[r].segment ? ranks[r].segment + sizeof(SegmentHeader) : nullptr)
+      slots[r] = {area, area + kSlotDepth * kEntryStride};
+  return slots;
+}
+
+constexpr SharedSlots::Layout kLayout{kSlotDepth, kEntryStride, kLargeSlots, kLargeSlotBytes, kLargeStride};
+
 }  // namespace
 
 ShmSlots::ShmSlots(int rank, std::vector<Rank> ranks, std::size_t ring_capacity, std::chrono::nanoseconds spin)
-    : rank_(rank), ranks_(std::move(ranks)), ring_capacity_(ring_capacity), spin_(spin) {}
+    : SharedSlots(rank, slot_ranks(ranks), kLayout, &reinterpret_cast<SegmentHeader*>(ranks[rank].segment)->sleepers,
+                  &reinterpret_cast<SegmentHeader*>(ranks[rank].segment)->peers_closed,
+                  spin.count() > 0 ? kPollLooks : 1),
+      ranks_(std::move(ranks)), ring_capacity_(ring_capacity), spin_(spin) {}
 
-// The flag is cleared before any byte of the entry changes (stores reach
-// other cores in program order), so a reader that finds the flag unchanged
-// after reading the content read the call the flag names.
-std::span<std::byte> ShmSlots::begin(std::uint64_t seq) {
-  flag(rank_, seq).store(0, std::memory_order_relaxed);
-  std::atomic_thread_fence(std::memory_order_release);
-  return {entry(rank_, seq) + sizeof(std::uint64_t), entry_bytes()};
-}
-
-std::span<std::byte> ShmSlots::mine_large(std::uint64_t seq) { return {large(rank_, seq), kLargeSlotBytes}; }
-
-std::span<const std::byte> ShmSlots::theirs(int peer, std::uint64_t seq) const {
-  return {entry(peer, seq) + sizeof(std::uint64_t), entry_bytes()};
-}
-
-std::span<const std::byte> ShmSlots::theirs_large(int peer, std::uint64_t seq) const {
-  return {large(peer, seq), kLargeSlotBytes};
-}
-
-std::uint64_t ShmSlots::published(int peer, std::uint64_t seq) const {
-  return flag(peer, seq).load(std::memory_order_acquire);
-}
-
-void ShmSlots::check_closed(std::uint64_t seq) const {
+void ShmSlots::find_closed(std::uint64_t seq) const {
   for (int r = 0; r < static_cast<int>(ranks_.size()); ++r)
     if (r != rank_ && header(r)->closed.load(std::memory_order_acquire) &&
         flag(r, seq).load(std::memory_order_acquire) < seq)
       check_alive(r);
 }
 
-void ShmSlots::publish(std::uint64_t seq) {
-  flag(rank_, seq).store(seq, std::memory_order_release);
-  published_ = seq;
-  wake_pending_ = true;
-}
-
 // A sleeper that says it waits for another rank's slot, or for a later call
 // of this rank's, is left asleep: with ranks a few calls apart (a
 // broadcast's root ahead of its peers) every publish would otherwise wake
 // every sleeper, for nothing.
-void ShmSlots::wake_waiters() {
-  if (!wake_pending_) return;
-  wake_pending_ = false;
-  std::atomic_thread_fence(std::memory_order_seq_cst);  // pairs with a sleeper's store of `sleeping`
+void ShmSlots::wake_sleepers(std::uint64_t published) {
   for (int r = 0; r < static_cast<int>(ranks_.size()); ++r) {
     if (r == rank_) continue;
     SegmentHeader* h = header(r);
     if (h->sleeping.load(std::memory_order_seq_cst) == 0) continue;
     const std::uint64_t awaited = h->awaited.load(std::memory_order_relaxed);
-    if (awaited != 0 && ((awaited & 0xffff) != static_cast<std::uint64_t>(rank_) + 1 || (awaited >> 16) > published_))
+    if (awaited != 0 && ((awaited & 0xffff) != static_cast<std::uint64_t>(rank_) + 1 || (awaited >> 16) > published))
       continue;
     h->doorbell.fetch_add(1, std::memory_order_seq_cst);
     futex_wake_all(h->doorbell);
-  }
-}
-
-bool ShmSlots::poll(int peer, std::uint64_t seq) const {
-  const auto& f = flag(peer, seq);
-  const int looks = spin_.count() > 0 ? kPollLooks : 1;
-  for (int i = 0;; cpu_relax()) {
-    if (f.load(std::memory_order_acquire) >= seq) return true;
-    if (++i == looks) return false;
   }
 }
 
@@ -126,13 +98,19 @@ bool ShmSlots::sleep(int peer, std::uint64_t seq, Clock::time_point deadline) {
   // Set before `sleeping` (whose seq_cst store publishes it), cleared on the
   // way out, so that a waker that sees this rank asleep sees what it waits for.
   me->awaited.store(seq << 16 | static_cast<std::uint64_t>(peer + 1), std::memory_order_relaxed);
+  // Counted among the peer's sleepers before the last look at its flag
+  // (below, each time round): a publish that finds none came before it.
+  SegmentHeader* them = header(peer);
+  them->sleepers.fetch_add(1, std::memory_order_seq_cst);
   struct Awake {
     SegmentHeader* me;
+    SegmentHeader* them;
     ~Awake() {
       me->sleeping.store(0, std::memory_order_relaxed);
       me->awaited.store(0, std::memory_order_relaxed);
+      them->sleepers.fetch_sub(1, std::memory_order_relaxed);
     }
-  } awake{me};
+  } awake{me, them};
   for (;;) {
     const std::uint32_t seen = me->doorbell.load(std::memory_order_seq_cst);
     me->sleeping.store(1, std::memory_order_seq_cst);

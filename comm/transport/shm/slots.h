@@ -5,19 +5,26 @@
 // own memory and reads its peers' slots through the mappings the transport
 // already holds.
 //
-// Waking without a read-modify-write on the fast path: publish() stores the
-// flag; wake_waiters() (the user's, once its own waits are over, or wait()'s
-// before it sleeps) fences, then reads each peer's `sleeping` word and rings
-// the doorbell (increment + futex wake) only of peers that sleep waiting
+// Waking without a read-modify-write on the publisher's path: publish()
+// stores the flag; wake_waiters() (the user's, once its own waits are over,
+// or wait()'s before it sleeps) fences, then reads the count of sleepers in
+// its own segment header, which a sleeper raises in the header of the rank
+// whose slot it waits for before its last look at the flag, and only where
+// that is not zero (transport.h) reads each peer's `sleeping` word and
+// rings the doorbell (increment + futex wake) of peers that sleep waiting
 // for this rank's slot of a call it has published (SegmentHeader::awaited:
-// a sleeper waiting for another rank, or for a later call, stays asleep);
-// by then the flag's store has usually reached the peers, so the fence
-// costs little, and no rank ever sleeps with a wake-up of its own pending. A waiter reads
-// its doorbell, sets `sleeping`, looks at the flag once more and sleeps only
-// while the doorbell still holds what it read. Either the waiter's last look
-// sees the flag or the publisher sees the waiter asleep and moves its
-// doorbell, so a wake-up is never lost, and ranks that spin exchange nothing
-// but the slot lines themselves.
+// a sleeper waiting for another rank, or for a later call, stays asleep).
+// By then the flag's store has usually reached the peers, so the fence
+// costs little, and no rank ever sleeps with a wake-up of its own pending.
+// A waiter reads its doorbell, sets `sleeping`, looks at the flag once more
+// and sleeps only while the doorbell still holds what it read. Either the
+// waiter's last look sees the flag or the publisher sees the waiter asleep
+// and moves its doorbell, so a wake-up is never lost, and ranks that spin
+// exchange nothing but the slot lines themselves.
+//
+// A closing rank raises `peers_closed` in every peer's header as well as
+// `closed` in its own, so that a publish looks at one word of its own
+// rather than one per peer (SharedSlots::check_closed).
 //
 // A peer that runs the call with messages instead (a direct collective,
 // whose schedule agrees by itself, against this rank's one-shot: their
@@ -53,33 +60,11 @@ class ShmSlots final : public SharedSlots {
   };
   ShmSlots(int rank, std::vector<Rank> ranks, std::size_t ring_capacity, std::chrono::nanoseconds spin);
 
-  std::size_t depth() const override { return kSlotDepth; }
-  std::size_t entry_bytes() const override { return kEntryStride - sizeof(std::uint64_t); }
-  std::size_t large_count() const override { return kLargeSlots; }
-  std::size_t large_bytes() const override { return kLargeSlotBytes; }
-  std::span<std::byte> begin(std::uint64_t seq) override;
-  std::span<std::byte> mine_large(std::uint64_t seq) override;
-  void publish(std::uint64_t seq) override;
-  void wake_waiters() override;
-  bool poll(int peer, std::uint64_t seq) const override;
   bool wait(int peer, std::uint64_t seq, Clock::time_point deadline) override;
-  std::span<const std::byte> theirs(int peer, std::uint64_t seq) const override;
-  std::span<const std::byte> theirs_large(int peer, std::uint64_t seq) const override;
-  std::uint64_t published(int peer, std::uint64_t seq) const override;
-  void check_closed(std::uint64_t seq) const override;
 
  private:
-  std::byte* entry(int rank, std::uint64_t seq) const {
-    return ranks_[rank].segment + sizeof(SegmentHeader) + (seq & (kSlotDepth - 1)) * kEntryStride;
-  }
-  std::byte* large(int rank, std::uint64_t seq) const {
-    return ranks_[rank].segment + sizeof(SegmentHeader) + kSlotDepth * kEntryStride +
-           (seq % kLargeSlots) * kLargeStride;
-  }
-  // Inline: every publish, poll and check reads or writes one.
-  std::atomic<std::uint64_t>& flag(int rank, std::uint64_t seq) const {
-    return *reinterpret_cast<std::atomic<std::uint64_t>*>(entry(rank, seq));
-  }
+  void wake_sleepers(std::uint64_t published) override;
+  void find_closed(std::uint64_t seq) const override;
   SegmentHeader* header(int rank) const { return reinterpret_cast<SegmentHeader*>(ranks_[rank].segment); }
   bool sleep(int peer, std::uint64_t seq, Clock::time_point deadline);
   void check_alive(int peer) const;
@@ -95,12 +80,9 @@ class ShmSlots final : public SharedSlots {
   static constexpr int kPollLooks = 48;
   static constexpr std::chrono::nanoseconds kPolledFirst{1000};
 
-  int rank_;
   std::vector<Rank> ranks_;
   std::size_t ring_capacity_;
   std::chrono::nanoseconds spin_;
-  bool wake_pending_ = false;  // published, sleepers not yet looked for
-  std::uint64_t published_ = 0;  // the last call this rank published
 };
 
 }  // namespace braid::comm::shm

@@ -67,7 +67,10 @@ void ShmTransport::shutdown() {
   if (shut_down_) return;
   shut_down_ = true;
   mine_.header()->closed.store(1, std::memory_order_seq_cst);
-  for (auto& l : links_) ring_doorbell(l->mapping.header());
+  for (auto& l : links_) {
+    l->mapping.header()->peers_closed.fetch_add(1, std::memory_order_seq_cst);
+    ring_doorbell(l->mapping.header());
+  }
 }
 
 ShmTransport::Link& ShmTransport::link(int peer) {
