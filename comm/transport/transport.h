@@ -119,7 +119,7 @@ class SharedSlots {
     if (!wake_pending_) return;
     wake_pending_ = false;
     std::atomic_thread_fence(std::memory_order_seq_cst);
-    if (sleepers_->load(std::memory_order_relaxed) != 0) wake_sleepers(published_);
+    if (sleepers_->load(std::memory_order_acquire) != 0) wake_sleepers(published_);
   }
   // Whether `peer` has published `seq` (or later), after a short poll (about
   // a microsecond) while every local rank has a core, one look otherwise;
@@ -149,6 +149,16 @@ class SharedSlots {
   // (0 while it rewrites it).
   std::uint64_t published(int peer, std::uint64_t seq) const {
     return flag(peer, seq).load(std::memory_order_acquire);
+  }
+  // The same two for a caller that reads several peers' entries of one
+  // call: where the entries of `seq` start in each rank's ring, then each
+  // peer's flag word and content from there.
+  std::size_t entry_offset(std::uint64_t seq) const { return (seq & (layout_.depth - 1)) * layout_.entry_stride; }
+  const std::atomic<std::uint64_t>& flag_at(int peer, std::size_t offset) const {
+    return *reinterpret_cast<const std::atomic<std::uint64_t>*>(areas_[peer].entries + offset);
+  }
+  const std::byte* content_at(int peer, std::size_t offset) const {
+    return areas_[peer].entries + offset + sizeof(std::uint64_t);
   }
   // A RemoteError naming the first peer that closed its communicator (it
   // failed, or finished) without having published `seq`: it never will.

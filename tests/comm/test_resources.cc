@@ -198,7 +198,7 @@ TEST_CASE("a /dev/shm too small for the rings fails set-up on every rank, naming
     const std::string own = "'s shared-memory segment (a ring of 4194304 bytes for each of its 2 local peer(s)";
     CHECK(contains(result.ranks[r].message, "rank " + std::to_string(r) + own));
     check_names_bytes_and_remedy(result.ranks[r].message,
-                                 shm::segment_bytes(kRanks - 1, 4 * MiB, shm::kSlotAreaBytes));
+                                 shm::segment_bytes(kRanks - 1, 4 * MiB, shm::slot_area_bytes(kRanks)));
   }
 }
 
@@ -225,7 +225,7 @@ TEST_CASE("a rank whose /dev/shm is short fails its local peers at once with its
   for (const auto& rank : result.ranks) {
     CHECK(rank.signal == 0);
     CHECK(rank.exit_code == 1);
-    check_names_bytes_and_remedy(rank.message, shm::segment_bytes(1, 4 * MiB, shm::kSlotAreaBytes));
+    check_names_bytes_and_remedy(rank.message, shm::segment_bytes(1, 4 * MiB, shm::slot_area_bytes(2)));
   }
   CHECK(contains(result.ranks[1].message, "rank 1's shared-memory segment"));
   CHECK(contains(result.ranks[0].message, "rank 0 cannot set up shared memory with its local peers because rank 1 "
@@ -264,13 +264,13 @@ TEST_CASE("8 local ranks with a small host budget run on rings that fit it", "[a
   options.config.shm_host_bytes = 8 * MiB;
   const std::size_t capacity = shm::ring_capacity(kRanks, 4 * MiB, 8 * MiB);
   REQUIRE(capacity == 128 * KiB);
-  auto run = run_with_short_shm(8 * MiB + kRanks * (shm::kSlotAreaBytes + 64 * KiB), kRanks, [&](Communicator& comm) {
+  auto run = run_with_short_shm(8 * MiB + kRanks * (shm::slot_area_bytes(kRanks) + 64 * KiB), kRanks, [&](Communicator& comm) {
     struct statvfs fs {};
     expect(statvfs("/dev/shm", &fs) == 0, "statvfs(/dev/shm) failed");
     const std::size_t used = (fs.f_blocks - fs.f_bfree) * fs.f_frsize;
     const std::size_t rings = kRanks * (kRanks - 1) * capacity;
     // The budget governs the rings; each segment adds its header and shared slots.
-    expect(used >= rings && used <= 8 * MiB + kRanks * (shm::kSlotAreaBytes + 64 * KiB),
+    expect(used >= rings && used <= 8 * MiB + kRanks * (shm::slot_area_bytes(kRanks) + 64 * KiB),
            "/dev/shm holds " + std::to_string(used) + " bytes; the rings take " + std::to_string(rings));
     // More than a ring per message, so that it wraps and stages; exact in int32.
     std::vector<std::int32_t> data(300'000);

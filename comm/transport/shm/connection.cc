@@ -139,7 +139,7 @@ std::unique_ptr<ShmTransport::Link> map_peer(runtime::Store& store, const std::s
 
 // Shared slots only where they cover the whole communicator.
 std::size_t slot_area(const ShmOptions& o) {
-  return static_cast<int>(o.local_ranks.size()) == o.size ? kSlotAreaBytes : 0;
+  return static_cast<int>(o.local_ranks.size()) == o.size ? slot_area_bytes(static_cast<std::size_t>(o.size)) : 0;
 }
 
 Mapping create_segment(const ShmOptions& o, const std::string& name, std::size_t channels, std::size_t capacity) {

@@ -19,7 +19,10 @@
 // kSlotDepth entries of kEntryStride bytes, each a 64-bit flag holding the
 // sequence number of the call it was last published for, then its content;
 // then kLargeSlots large slots of kLargeSlotBytes, each followed by a spare
-// cache line so that writing one never touches a line of the next.
+// cache line so that writing one never touches a line of the next; then one
+// 64-bit word per rank of the communicator, in which that rank, while it
+// sleeps waiting for the owner's slot of call s, keeps s (0 otherwise), so
+// that a publish finds whom to wake in its own memory (shm/slots.h).
 //
 // The segment header carries the owner's doorbell: a futex word peers bump
 // (and wake, when the owner sleeps) whenever they write into its channels
@@ -65,10 +68,6 @@ struct alignas(64) SegmentHeader {
   std::atomic<std::uint32_t> sleepers;
   alignas(64) std::atomic<std::uint32_t> doorbell;
   std::atomic<std::uint32_t> sleeping;
-  // While the owner sleeps waiting for a peer's shared slot: the call's
-  // sequence number << 16 | the peer + 1, so that other peers' publishes
-  // leave it asleep; 0 otherwise (shm/slots.h).
-  std::atomic<std::uint64_t> awaited;
 };
 
 struct alignas(64) ChannelControl {
@@ -86,6 +85,11 @@ inline constexpr std::size_t kLargeSlots = 2;
 inline constexpr std::size_t kLargeSlotBytes = (64u << 10) + 32;
 inline constexpr std::size_t kLargeStride = kLargeSlotBytes + 32 + 64;
 inline constexpr std::size_t kSlotAreaBytes = kSlotDepth * kEntryStride + kLargeSlots * kLargeStride;
+// The slot area of a communicator of `ranks`: the slots, then the words of
+// the ranks that sleep waiting for them, filling whole lines.
+inline constexpr std::size_t slot_area_bytes(std::size_t ranks) {
+  return kSlotAreaBytes + (ranks * sizeof(std::uint64_t) + 63) / 64 * 64;
+}
 static_assert((kSlotDepth & (kSlotDepth - 1)) == 0 && kEntryStride % 64 == 0 && kLargeStride % 64 == 0,
               "entries and large slots start on cache lines");
 static_assert(sizeof(std::uint64_t) + SharedSlots::kLineBytes == 64, "flag and first bytes share a line");

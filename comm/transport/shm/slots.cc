@@ -44,18 +44,15 @@ void ShmSlots::find_closed(std::uint64_t seq) const {
       check_alive(r);
 }
 
-// A sleeper that says it waits for another rank's slot, or for a later call
-// of this rank's, is left asleep: with ranks a few calls apart (a
-// broadcast's root ahead of its peers) every publish would otherwise wake
-// every sleeper, for nothing.
+// A sleeper waiting for a later call of this rank's is left asleep: with
+// ranks far apart (a broadcast's root waits for its laggards to come half
+// the ring closer) every publish would otherwise wake it, for nothing.
 void ShmSlots::wake_sleepers(std::uint64_t published) {
+  const std::atomic<std::uint64_t>* awaiting = awaiting_in(rank_);
   for (int r = 0; r < static_cast<int>(ranks_.size()); ++r) {
-    if (r == rank_) continue;
+    const std::uint64_t seq = awaiting[r].load(std::memory_order_relaxed);
+    if (seq == 0 || seq > published || r == rank_) continue;
     SegmentHeader* h = header(r);
-    if (h->sleeping.load(std::memory_order_seq_cst) == 0) continue;
-    const std::uint64_t awaited = h->awaited.load(std::memory_order_relaxed);
-    if (awaited != 0 && ((awaited & 0xffff) != static_cast<std::uint64_t>(rank_) + 1 || (awaited >> 16) > published))
-      continue;
     h->doorbell.fetch_add(1, std::memory_order_seq_cst);
     futex_wake_all(h->doorbell);
   }
@@ -90,35 +87,38 @@ bool ShmSlots::wait(int peer, std::uint64_t seq, Clock::time_point deadline) {
 }
 
 // Sleeps on this rank's doorbell in slices, looking after each at whether
-// the peer is still there to publish.
+// the peer is still there to publish. What it waits for goes into the
+// peer's memory first (its word there, then the peer's count of sleepers,
+// whose seq_cst increment publishes the word), before its last look at the
+// flag: a publish that finds no sleeper came before that look, and one that
+// finds this rank waiting for a call it has published rings its doorbell.
+// `sleeping` stays set throughout, so that a message in its channels, or a
+// peer that closes, wakes it too (transport.cc).
 bool ShmSlots::sleep(int peer, std::uint64_t seq, Clock::time_point deadline) {
   wake_waiters();
   SegmentHeader* me = header(rank_);
-  const auto& f = flag(peer, seq);
-  // Set before `sleeping` (whose seq_cst store publishes it), cleared on the
-  // way out, so that a waker that sees this rank asleep sees what it waits for.
-  me->awaited.store(seq << 16 | static_cast<std::uint64_t>(peer + 1), std::memory_order_relaxed);
-  // Counted among the peer's sleepers before the last look at its flag
-  // (below, each time round): a publish that finds none came before it.
   SegmentHeader* them = header(peer);
+  std::atomic<std::uint64_t>& awaiting = awaiting_in(peer)[rank_];
+  const auto& f = flag(peer, seq);
+  awaiting.store(seq, std::memory_order_relaxed);
   them->sleepers.fetch_add(1, std::memory_order_seq_cst);
+  me->sleeping.store(1, std::memory_order_seq_cst);
   struct Awake {
     SegmentHeader* me;
     SegmentHeader* them;
+    std::atomic<std::uint64_t>& awaiting;
     ~Awake() {
       me->sleeping.store(0, std::memory_order_relaxed);
-      me->awaited.store(0, std::memory_order_relaxed);
-      them->sleepers.fetch_sub(1, std::memory_order_relaxed);
+      awaiting.store(0, std::memory_order_relaxed);
+      them->sleepers.fetch_sub(1, std::memory_order_release);
     }
-  } awake{me, them};
+  } awake{me, them, awaiting};
   for (;;) {
     const std::uint32_t seen = me->doorbell.load(std::memory_order_seq_cst);
-    me->sleeping.store(1, std::memory_order_seq_cst);
     if (f.load(std::memory_order_seq_cst) >= seq) return true;
     const auto now = Clock::now();
     if (now >= deadline) return false;
     futex_wait(me->doorbell, seen, std::min<Clock::duration>(deadline - now, kSleepSlice));
-    me->sleeping.store(0, std::memory_order_relaxed);
     if (f.load(std::memory_order_acquire) >= seq) return true;
     check_alive(peer);
     check_stray(peer, seq);

@@ -5,22 +5,21 @@
 // own memory and reads its peers' slots through the mappings the transport
 // already holds.
 //
-// Waking without a read-modify-write on the publisher's path: publish()
-// stores the flag; wake_waiters() (the user's, once its own waits are over,
-// or wait()'s before it sleeps) fences, then reads the count of sleepers in
-// its own segment header, which a sleeper raises in the header of the rank
-// whose slot it waits for before its last look at the flag, and only where
-// that is not zero (transport.h) reads each peer's `sleeping` word and
-// rings the doorbell (increment + futex wake) of peers that sleep waiting
-// for this rank's slot of a call it has published (SegmentHeader::awaited:
-// a sleeper waiting for another rank, or for a later call, stays asleep).
-// By then the flag's store has usually reached the peers, so the fence
-// costs little, and no rank ever sleeps with a wake-up of its own pending.
-// A waiter reads its doorbell, sets `sleeping`, looks at the flag once more
-// and sleeps only while the doorbell still holds what it read. Either the
-// waiter's last look sees the flag or the publisher sees the waiter asleep
-// and moves its doorbell, so a wake-up is never lost, and ranks that spin
-// exchange nothing but the slot lines themselves.
+// Waking without a read-modify-write on the publisher's path, and without
+// looking at any peer's memory while nobody sleeps: publish() stores the
+// flag; wake_waiters() (the user's, once its own waits are over, or wait()'s
+// before it sleeps) fences, then reads the count of sleepers in its own
+// segment header (transport.h). Only where that is not zero does it read
+// the sleepers' words in its own slot area (memory.h), and it rings the
+// doorbell (increment + futex wake) of each rank that sleeps waiting for a
+// call it has published; one waiting for a later call stays asleep. A
+// sleeper writes its word and raises the count in the memory of the rank it
+// waits for, then reads its own doorbell, looks at the flag once more and
+// sleeps only while the doorbell still holds what it read. Either the
+// sleeper's last look sees the flag or the publisher sees the sleeper and
+// moves its doorbell, so a wake-up is never lost; by the time of the fence
+// the flag's store has usually reached the peers, so it costs little, and
+// ranks that spin exchange nothing but the slot lines themselves.
 //
 // A closing rank raises `peers_closed` in every peer's header as well as
 // `closed` in its own, so that a publish looks at one word of its own
@@ -66,6 +65,10 @@ class ShmSlots final : public SharedSlots {
   void wake_sleepers(std::uint64_t published) override;
   void find_closed(std::uint64_t seq) const override;
   SegmentHeader* header(int rank) const { return reinterpret_cast<SegmentHeader*>(ranks_[rank].segment); }
+  // The words of `rank`'s slot area in which sleepers say what they await.
+  std::atomic<std::uint64_t>* awaiting_in(int rank) const {
+    return reinterpret_cast<std::atomic<std::uint64_t>*>(ranks_[rank].segment + sizeof(SegmentHeader) + kSlotAreaBytes);
+  }
   bool sleep(int peer, std::uint64_t seq, Clock::time_point deadline);
   void check_alive(int peer) const;
   void check_stray(int peer, std::uint64_t seq) const;
