@@ -86,8 +86,6 @@ SlotHeader signature(const Op& op, std::uint32_t comm_id, std::size_t bytes) {
           comm_id};
 }
 
-SharedSlots* slots_of(const ExchangeContext& c) { return c.slots; }
-
 // The wire header that `slot` stands for, so that wire.h's check and its
 // messages serve the slots too.
 WireHeader as_wire(const SlotHeader& slot, std::uint64_t seq) {
@@ -167,7 +165,7 @@ namespace {
 
 // The RemoteError naming both calls, where `header` (read from `peer`'s
 // slot) is not `op`'s signature carrying `bytes`; `late`: the call during
-// which an early call's check (Exchange::leave_early) found it. Built only
+// which an early call's check (check_early_calls) found it. Built only
 // for a mismatch.
 [[noreturn, gnu::noinline, gnu::cold]] void mismatch(const ExchangeContext& c, const SlotHeader& header, const Op& op,
                                                     int peer, std::size_t bytes, const Op* late = nullptr) {
@@ -192,24 +190,57 @@ inline void check_signature(const ExchangeContext& c, const std::byte* from, con
 
 }  // namespace
 
+SharedSlots& Exchange::slots() const {
+  if (!c_.slots) throw InvalidUsage(describe(op_) + ": no shared slots on this communicator");
+  return *c_.slots;
+}
+
+void Exchange::share_slots(const void* data, std::size_t bytes, std::span<const void*> views) {
+  SharedSlots& slots = this->slots();
+  const int n = c_.size, r = c_.rank;
+  views[r] = publish_slot(slots, data, bytes, false).data();
+  for (int peer = 0; peer < n; ++peer)
+    if (peer != r) views[peer] = peer_slot(slots, peer, bytes).data();
+  slots.wake_waiters();
+  c_.all_entered = op_.seq;
+}
+
+const void* Exchange::share_root_slot(const void* data, std::size_t bytes) {
+  SharedSlots& slots = this->slots();
+  const int root = op_.root;
+  const bool is_root = c_.rank == root;
+  publish_slot(slots, data, is_root ? bytes : 0, true);
+  if (!is_root) {
+    // It checked the root's signature.
+    const void* payload = peer_slot(slots, root, bytes).data();
+    slots.wake_waiters();
+    return payload;
+  }
+  slots.wake_waiters();
+  c_.early[op_.seq % c_.early.size()] = op_;
+  c_.newest_early = op_.seq;
+  if (c_.oldest_early == 0) c_.oldest_early = op_.seq;
+  return nullptr;
+}
+
 // The payload past the flag's cache line goes first; then the line's
 // content, header and first payload bytes, in one burst of stores straight
 // from registers right before the flag, so that a peer polling the flag
 // takes the line once, complete, rather than stealing it back between the
 // header, the payload and the flag.
-std::span<const std::byte> Exchange::publish_slot(const void* data, std::size_t bytes, bool early) {
-  SharedSlots* slots = slots_of(c_);
-  if (!slots || bytes > c_.slot_payload) throw InvalidUsage(describe(op_) + ": does not fit a shared slot");
+[[gnu::always_inline]] inline std::span<const std::byte> Exchange::publish_slot(SharedSlots& slots, const void* data,
+                                                                                std::size_t bytes, bool early) {
+  if (bytes > c_.slot_payload) throw InvalidUsage(describe(op_) + ": does not fit a shared slot");
   const bool in_entry = bytes <= c_.entry_payload;
-  make_room(*slots, in_entry, early);
-  const std::span<std::byte> entry = slots->begin(op_.seq);
-  std::byte* payload = in_entry ? entry.data() + sizeof(SlotHeader) : slots->mine_large(op_.seq).data();
+  make_room(slots, in_entry, early);
+  const std::span<std::byte> entry = slots.begin(op_.seq);
+  std::byte* payload = in_entry ? entry.data() + sizeof(SlotHeader) : slots.mine_large(op_.seq).data();
   const auto* from = static_cast<const std::byte*>(data);
   const std::size_t head = in_entry ? std::min(bytes, kHeadBytes) : 0;
   if (bytes > head) std::memcpy(payload + head, from + head, bytes - head);
   SlotWords(signature(op_, c_.comm_id, bytes)).store(entry.data());
   copy_head(entry.data() + sizeof(SlotHeader), from, head);
-  slots->publish(op_.seq);
+  slots.publish(op_.seq);
   c_.last_published = op_.seq;
   return {payload, bytes};
 }
@@ -219,7 +250,7 @@ std::span<const std::byte> Exchange::publish_slot(const void* data, std::size_t 
 // all first (it would wait for those peers anyway): a mismatch of an early
 // call then fails this rank before it publishes, so that no peer gets
 // through this call either.
-void Exchange::make_room(SharedSlots& slots, bool in_entry, bool early) {
+[[gnu::always_inline]] inline void Exchange::make_room(SharedSlots& slots, bool in_entry, bool early) {
   const std::uint64_t seq = op_.seq, depth = c_.slot_depth;
   if (seq > c_.last_published + 1) c_.all_entered = std::max(c_.all_entered, seq - 1);
   slots.check_closed(seq);
@@ -261,7 +292,7 @@ void Exchange::check_early_calls(SharedSlots& slots, std::uint64_t before) {
     Op& early = c_.early[c_.oldest_early % depth];
     const std::uint64_t seq = early.seq;
     if (seq != c_.oldest_early) continue;
-    // Only a root leaves early calls to check (leave_early), and every
+    // Only a root leaves early calls to check (share_root_slot), and every
     // other rank published its signature alone.
     const SlotWords theirs(signature(early, c_.comm_id, 0));
     const std::size_t at = slots.entry_offset(seq);
@@ -280,40 +311,22 @@ void Exchange::check_early_calls(SharedSlots& slots, std::uint64_t before) {
   if (c_.oldest_early > c_.newest_early) c_.oldest_early = 0;
 }
 
-void Exchange::slots_arrived() {
-  SharedSlots* slots = slots_of(c_);
-  if (!slots) return;
-  slots->wake_waiters();
-  c_.all_entered = op_.seq;
-}
-
-void Exchange::leave_early() {
-  SharedSlots* slots = slots_of(c_);
-  if (!slots) return;
-  slots->wake_waiters();
-  if (op_.root != c_.rank) return;  // it checked the root's signature
-  c_.early[op_.seq % c_.early.size()] = op_;
-  c_.newest_early = op_.seq;
-  if (c_.oldest_early == 0) c_.oldest_early = op_.seq;
-}
-
-void Exchange::wait_slot(SharedSlots& slots, int peer, std::uint64_t seq) {
+[[gnu::always_inline]] inline void Exchange::wait_slot(SharedSlots& slots, int peer, std::uint64_t seq) {
   c_.waiting_for.store(peer, std::memory_order_relaxed);
   if (!slots.poll(peer, seq) && !slots.wait(peer, seq, deadline())) timed_out(peer);
   c_.waiting_for.store(-1, std::memory_order_relaxed);
 }
 
-std::span<const std::byte> Exchange::peer_slot(int peer, std::size_t bytes) {
-  SharedSlots* slots = slots_of(c_);
-  if (!slots) throw InvalidUsage(describe(op_) + ": no shared slots on this communicator");
-  wait_slot(*slots, peer, op_.seq);
+[[gnu::always_inline]] inline std::span<const std::byte> Exchange::peer_slot(SharedSlots& slots, int peer,
+                                                                             std::size_t bytes) {
+  wait_slot(slots, peer, op_.seq);
   // A peer rewrites this entry only once this rank has entered a later call.
-  if (const std::uint64_t held = slots->published(peer, op_.seq); held != op_.seq)
+  if (const std::uint64_t held = slots.published(peer, op_.seq); held != op_.seq)
     throw RemoteError("rank " + std::to_string(c_.rank) + " found rank " + std::to_string(peer) +
                           "'s shared slot of " + describe(op_) + " holding call #" + std::to_string(held) +
                           ": the ranks' slot protocols disagree",
                       peer);
-  const std::span<const std::byte> entry = slots->theirs(peer, op_.seq);
+  const std::span<const std::byte> entry = slots.theirs(peer, op_.seq);
   // The payload's lines past the flag's were written before the flag: ask
   // for all of them now, so that they cross from the peer's cache together
   // while the signature is checked, rather than one after another as the
@@ -325,7 +338,7 @@ std::span<const std::byte> Exchange::peer_slot(int peer, std::size_t bytes) {
   }
   check_signature(c_, entry.data(), SlotWords(signature(op_, c_.comm_id, bytes)), op_, peer, bytes);
   if (bytes <= c_.entry_payload) return entry.subspan(sizeof(SlotHeader), bytes);
-  return slots->theirs_large(peer, op_.seq).first(bytes);
+  return slots.theirs_large(peer, op_.seq).first(bytes);
 }
 
 }  // namespace braid::comm

@@ -74,7 +74,7 @@ struct ExchangeContext {
   // This rank's side of the slots' reuse rule (exchange_slots.cc): the
   // last call it published, the last call every peer is known to have
   // entered, and the calls it left before every peer had entered them
-  // (Exchange::leave_early, as their root) whose peers' signatures are
+  // (Exchange::share_root_slot, as their root) whose peers' signatures are
   // still to be checked, at [seq modulo the slots' depth] (seq 0: none).
   std::uint64_t last_published = 0;
   std::uint64_t all_entered = 0;
@@ -163,37 +163,39 @@ class Exchange {
     return deadline_;
   }
 
-  // Shared slots (comm/exchange_slots.cc): each rank has one per call, which
-  // every other rank reads. publish_slot(data, bytes) copies at most
-  // slot_capacity() bytes (0: no slots here) into this rank's slot with the
-  // call's signature, publishes it and returns the copy; peer_slot(peer,
-  // bytes) waits for `peer`'s, checks that it is this very call carrying
-  // `bytes` (a RemoteError naming both calls otherwise) and gives its
-  // payload, readable until this call returns. Every wait is
-  // bounded by deadline() and attributed as the messages' waits are. Once
-  // every peer_slot() it needs has returned, slots_arrived() wakes the peers
-  // that may sleep waiting for this rank's slot (publish_slot defers that),
-  // and tells the slots that every peer has entered this call.
+  // Shared slots (comm/exchange_slots.cc; the one-shot steps of
+  // comm/algorithms/oneshot.h): each rank has one per call, which every
+  // other rank reads. share_slots(data, bytes, views) copies `bytes` of
+  // `data` (at most slot_capacity(); 0: no slots here) into this rank's slot
+  // with the call's signature and publishes it, waits for every peer's,
+  // checks that each is this very call carrying `bytes` (a RemoteError
+  // naming both calls otherwise), and gives each rank's payload at
+  // views[rank], readable until this call returns. Every wait is bounded by
+  // deadline() and attributed as the messages' waits are.
   //
-  // A call may instead return before every peer has entered it (the
-  // one-shot broadcast: each rank waits for the root's slot alone, the root
-  // for none): it publishes with `early` and calls leave_early() in place
-  // of slots_arrived(). Every peer's signature of such a call is checked by
-  // its root later, while their slots still hold it: before it publishes
-  // its next call that waits for every peer, or before it rewrites its own
-  // slot of that call, failing with both calls named where one differs.
-  // publish_slot() first makes sure that no peer still reads the memory it
+  // share_root_slot(data, bytes) returns before every peer has entered the
+  // call (the one-shot broadcast): op().root publishes `bytes` of `data` and
+  // waits for nobody; every other rank publishes its signature alone, waits
+  // for the root's slot only, checks it and gets its payload (the root gets
+  // null). Every peer's signature of such a call is checked by its root
+  // later, while their slots still hold it: before it publishes its next
+  // call that waits for every peer, or before it rewrites its own slot of
+  // that call, failing with both calls named where one differs.
+  //
+  // A publish first makes sure that no peer still reads the memory it
   // rewrites, waiting where a peer lags: a rank runs at most the slots'
-  // depth less one calls ahead of the slowest.
+  // depth less one calls ahead of the slowest. Both steps are whole here,
+  // so that a small call's slot operations compile into one function.
   std::size_t slot_capacity() const { return comm::slot_capacity(c_); }
-  std::span<const std::byte> publish_slot(const void* data, std::size_t bytes, bool early = false);
-  std::span<const std::byte> peer_slot(int peer, std::size_t bytes);
-  void slots_arrived();
-  void leave_early();
+  void share_slots(const void* data, std::size_t bytes, std::span<const void*> views);
+  const void* share_root_slot(const void* data, std::size_t bytes);
 
  private:
   void drive(const Request& request);
   [[noreturn]] void timed_out(int peer);
+  SharedSlots& slots() const;
+  std::span<const std::byte> publish_slot(SharedSlots& slots, const void* data, std::size_t bytes, bool early);
+  std::span<const std::byte> peer_slot(SharedSlots& slots, int peer, std::size_t bytes);
   void wait_slot(SharedSlots& slots, int peer, std::uint64_t seq);
   void make_room(SharedSlots& slots, bool in_entry, bool early);
   void check_early_calls(SharedSlots& slots, std::uint64_t before);

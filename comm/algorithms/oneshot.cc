@@ -25,23 +25,14 @@ inline void check_fits(Exchange& x, std::size_t bytes) {
 
 SlotViews share_slots(Exchange& x, const void* data, std::size_t bytes) {
   check_fits(x, bytes);
-  const int n = x.size(), r = x.rank();
   SlotViews views;
-  views.at[r] = x.publish_slot(data, bytes).data();
-  for (int peer = 0; peer < n; ++peer)
-    if (peer != r) views.at[peer] = x.peer_slot(peer, bytes).data();
-  x.slots_arrived();
+  x.share_slots(data, bytes, {views.at.data(), static_cast<std::size_t>(x.size())});
   return views;
 }
 
 const void* share_root_slot(Exchange& x, const void* data, std::size_t bytes) {
   check_fits(x, bytes);
-  const int root = x.op().root;
-  const bool is_root = x.rank() == root;
-  x.publish_slot(data, is_root ? bytes : 0, true);
-  const void* payload = is_root ? nullptr : x.peer_slot(root, bytes).data();
-  x.leave_early();
-  return payload;
+  return x.share_root_slot(data, bytes);
 }
 
 // A small call (the common one) is reduced straight into the output by

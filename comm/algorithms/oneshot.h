@@ -1,5 +1,5 @@
 // What the one-shot collectives share: the shared slots of a communicator
-// whose ranks all run on one host (Exchange::publish_slot / peer_slot; the shm
+// whose ranks all run on one host (Exchange::share_slots / share_root_slot; the shm
 // transport's SharedSlots underneath).
 //
 // A one-shot collective is one step (the broadcast's differs: below):
@@ -65,7 +65,7 @@ struct SlotViews {
 // for that).
 SlotViews share_slots(Exchange& x, const void* data, std::size_t bytes);
 
-// The one-shot broadcast's step, which leaves early (Exchange::leave_early):
+// The one-shot broadcast's step, which leaves early (Exchange::share_root_slot):
 // the root (op().root) publishes `bytes` of `data` and returns at once;
 // every other rank publishes its signature alone, waits for the root's slot
 // only, checks it and returns its payload (the root gets null). A rank whose
