@@ -44,7 +44,9 @@ std::string call_text(const Op& op, int rank) {
   return "rank " + std::to_string(rank) + ", " + std::string(name(op.kind)) + ": ";
 }
 
-void validate(const Op& op, int rank, int size) {
+// Names the first thing wrong with `op`'s arguments. Out of line and cold:
+// validate() only calls it once its own cheap tests found something.
+[[noreturn, gnu::noinline, gnu::cold]] void refuse(const Op& op, int rank, int size) {
   auto call = [&] { return call_text(op, rank); };
   if (!is_valid(op.dtype)) throw InvalidUsage(call() + "unknown DataType " + std::to_string(int(op.dtype)));
   if (!is_valid(op.reduce_op)) throw InvalidUsage(call() + "unknown ReduceOp " + std::to_string(int(op.reduce_op)));
@@ -54,23 +56,36 @@ void validate(const Op& op, int rank, int size) {
     throw InvalidUsage(call() + (p2p ? "peer " : "root ") + std::to_string(op.root) + " is out of range [0, " +
                        std::to_string(size) + ")");
   if (p2p && op.root == rank) throw InvalidUsage(call() + "a rank cannot send to or receive from itself");
-  std::size_t most_bytes;  // count x 8 x size overflows where count > SIZE_MAX / 8 / size: no division per call
+  std::size_t most_bytes;
   if (__builtin_mul_overflow(op.count, 8 * static_cast<std::size_t>(size), &most_bytes))
     throw InvalidUsage(call() + "count " + std::to_string(op.count) + " overflows the buffer size");
-  if (buffer_elements(op, size) == 0) return;
   if (needs_send_buffer(op, rank) && !op.send) throw InvalidUsage(call() + "send buffer is null with count > 0");
-  if (needs_recv_buffer(op, rank) && !op.recv) throw InvalidUsage(call() + "receive buffer is null with count > 0");
+  throw InvalidUsage(call() + "receive buffer is null with count > 0");
+}
+
+// Every call's argument check, as branch-free tests with one branch on
+// the lot (issue 18: a small call's budget is a few hundred instructions);
+// refuse() then names what failed.
+void validate(const Op& op, int rank, int size) {
+  const bool rooted = op.kind == OpKind::broadcast || op.kind == OpKind::reduce;
+  const bool p2p = op.kind == OpKind::send || op.kind == OpKind::recv;
+  // count x 8 x size overflows where count > SIZE_MAX / 8 / size: no division per call
+  std::size_t most_bytes;
+  const bool overflows = __builtin_mul_overflow(op.count, 8 * static_cast<std::size_t>(size), &most_bytes);
+  const bool moves_data = buffer_elements(op, size) != 0;
+  const bool bad = !is_valid(op.dtype) | !is_valid(op.reduce_op) |
+                   ((rooted | p2p) & (static_cast<unsigned>(op.root) >= static_cast<unsigned>(size))) |
+                   (p2p & (op.root == rank)) | overflows |
+                   (moves_data & ((needs_send_buffer(op, rank) & !op.send) | (needs_recv_buffer(op, rank) & !op.recv)));
+  if (bad) [[unlikely]] refuse(op, rank, size);
 }
 
 // Finds where the buffers live (op.memory): both on one side, one device;
 // device memory only where CUDA was built; a stream only for device memory.
+// The common call, with no stream in a process without a CUDA driver, has
+// no pointer that can be device memory and nothing here can fail: submit()
+// leaves its op.memory host memory without calling this.
 void locate_buffers(Op& op, int rank, int size) {
-  // The common call: no stream, and no CUDA driver in the process, so no
-  // pointer can be device memory and nothing below can fail.
-  if (op.stream.cuda == nullptr && !runtime::device_memory_possible()) {
-    op.memory = {};
-    return;
-  }
   auto call = [&] { return call_text(op, rank); };
   const bool moves_data = buffer_elements(op, size) > 0;
   const void* send = moves_data && needs_send_buffer(op, rank) ? op.send : nullptr;
@@ -129,7 +144,7 @@ int Communicator::size() const { return impl_->size; }
 
 Work Communicator::submit(Op&& op) {
   validate(op, impl_->rank, impl_->size);
-  locate_buffers(op, impl_->rank, impl_->size);
+  if (op.stream.cuda != nullptr || runtime::device_memory_possible()) locate_buffers(op, impl_->rank, impl_->size);
   if (auto done = impl_->try_lean(op)) return Work(std::move(done));  // small one-shot calls (engine_lean.cc)
   return Work(impl_->enqueue(op));
 }
