@@ -78,9 +78,20 @@ bool ShmSlots::wait(int peer, std::uint64_t seq, Clock::time_point deadline) {
       if (f.load(std::memory_order_acquire) >= seq) return true;
     }
   }
-  for (int yields = 0; yields < kYields || Clock::now() < spin_end; ++yields) {
+  // A yield that comes back at once found nobody else wanting this core:
+  // waiting here then costs nobody anything, while sleeping would make the
+  // peer pay a futex wake per publish (a rank alone on a core waiting for
+  // one that shares the other: 4 ranks placed 3+1, 8-byte broadcast, a
+  // sleep and a wake-up for most calls). So it sleeps only once its yields
+  // hand the core to others, or after kAloneSpin.
+  const auto alone_end = start + kAloneSpin;
+  bool alone = true;
+  for (int yields = 0; yields < kYields || alone || Clock::now() < spin_end; ++yields) {
+    const auto before = Clock::now();
     sched_yield();
     if (f.load(std::memory_order_acquire) >= seq) return true;
+    const auto after = Clock::now();
+    alone = after - before < kQuickYield && after < alone_end;
   }
   check_stray(peer, seq);
   return sleep(peer, seq, deadline);

@@ -78,6 +78,10 @@ class ShmSlots final : public SharedSlots {
   // that runs next on this core is often the one to publish.
   static constexpr std::chrono::nanoseconds kPollOnly{2000};
   static constexpr int kYields = 16;
+  // A yield shorter than kQuickYield ran nobody else; while they are, wait()
+  // goes on yielding up to kAloneSpin before it sleeps.
+  static constexpr std::chrono::nanoseconds kQuickYield{5000};
+  static constexpr std::chrono::nanoseconds kAloneSpin{200'000};
   // Looks poll() takes while spinning: ~1 us at 22 ns per pause (AMD EPYC;
   // longer where a pause is slower), counted as kPolledFirst of kPollOnly.
   static constexpr int kPollLooks = 48;
