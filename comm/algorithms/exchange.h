@@ -194,10 +194,12 @@ class Exchange {
   void drive(const Request& request);
   [[noreturn]] void timed_out(int peer);
   SharedSlots& slots() const;
-  std::span<const std::byte> publish_slot(SharedSlots& slots, const void* data, std::size_t bytes, bool early);
-  std::span<const std::byte> peer_slot(SharedSlots& slots, int peer, std::size_t bytes);
-  void wait_slot(SharedSlots& slots, int peer, std::uint64_t seq);
-  void make_room(SharedSlots& slots, bool in_entry, bool early);
+  // Inline, defined in comm/exchange_slots.cc, their only user: the parts
+  // of the two steps above.
+  inline std::span<const std::byte> publish_slot(SharedSlots& slots, const void* data, std::size_t bytes, bool early);
+  inline std::span<const std::byte> peer_slot(SharedSlots& slots, int peer, std::size_t bytes);
+  inline void wait_slot(SharedSlots& slots, int peer, std::uint64_t seq);
+  inline void make_room(SharedSlots& slots, bool in_entry, bool early);
   void check_early_calls(SharedSlots& slots, std::uint64_t before);
 
   // The caller's Op, which outlives the Exchange: a copy would read the
