@@ -177,7 +177,7 @@ class SharedSlots {
       : rank_(rank), areas_(std::move(ranks)), layout_(layout), sleepers_(sleepers), peers_closed_(peers_closed),
         poll_looks_(poll_looks) {}
   std::byte* entry(int rank, std::uint64_t seq) const {
-    return areas_[rank].entries + (seq & (layout_.depth - 1)) * layout_.entry_stride;
+    return areas_[rank].entries + entry_offset(seq);
   }
   std::byte* large(int rank, std::uint64_t seq) const {
     return areas_[rank].large + (seq % layout_.large_count) * layout_.large_stride;

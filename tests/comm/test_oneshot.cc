@@ -353,19 +353,18 @@ TEST_CASE("ranks asleep waiting for a slot are woken when it is published", "[on
   // that a lost wake-up costs 15-40 ms rather than falling in step with the
   // slices (measured: 0.07-0.1 ms woken, about 25 ms without the wake-up).
   static constexpr int kDelaysMs[] = {60, 75, 110, 125, 160, 85, 135};
-  constexpr int kCalls = 7;
   auto result = test::run_ranks(3, [](Communicator& comm) {
     const auto now_ns = [] {
       return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
           .count();
     };
     std::vector<double> woken_ms;
-    for (int call = 0; call < kCalls; ++call)
+    for (const int delay_ms : kDelaysMs)
       for (OpKind kind : {OpKind::all_reduce, OpKind::broadcast}) {
         std::int64_t sent_at = 0;
         std::int32_t v = comm.rank();
         if (comm.rank() == 0) {
-          std::this_thread::sleep_for(std::chrono::milliseconds(kDelaysMs[call]));
+          std::this_thread::sleep_for(std::chrono::milliseconds(delay_ms));
           sent_at = now_ns();
         }
         if (kind == OpKind::all_reduce) comm.all_reduce(&v, &v, 1, DataType::i32, ReduceOp::sum).wait();
