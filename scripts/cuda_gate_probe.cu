@@ -10,6 +10,10 @@
 //   loaded: the same with that kernel launched once before the gate;
 //   ipc:   process A holds a stream at the gate, then opens process B's
 //          buffer (cudaIpcOpenMemHandle): does the open wait for the gate?
+//   thread: one thread waits in cudaDeviceSynchronize (which waits for the
+//          gate, as a trainer reading its loss would) while another, the
+//          engine's part, launches a loaded kernel and waits for it: does a
+//          thread blocked in a synchronizing call hold the others up?
 // Built by scripts/gpu_kit.sh: nvcc -o cuda_gate_probe cuda_gate_probe.cu
 #include <cuda.h>
 #include <cuda_runtime.h>
@@ -163,6 +167,47 @@ int lazy(const char* mode, bool loaded) {
   return 0;
 }
 
+// The main thread holds a stream at the gate and waits in
+// cudaDeviceSynchronize; a second thread launches a kernel loaded before,
+// waits for it and then opens the gate (the gate gives up after 2 s).
+int threaded(const char* mode) {
+  unsigned long long* gate = nullptr;
+  unsigned long long* gate_dev = nullptr;
+  int* d = nullptr;
+  if (!ok(cudaHostAlloc(reinterpret_cast<void**>(&gate), 8, cudaHostAllocMapped), "cudaHostAlloc")) return 1;
+  if (!ok(cudaMalloc(&d, sizeof(int)), "cudaMalloc")) return 1;
+  *gate = 0;
+  cudaHostGetDevicePointer(reinterpret_cast<void**>(&gate_dev), gate, 0);
+  cudaStream_t held, other;
+  cudaStreamCreateWithFlags(&held, cudaStreamNonBlocking);
+  cudaStreamCreateWithFlags(&other, cudaStreamNonBlocking);
+  second_kernel<<<1, 1, 0, other>>>(d);
+  cudaStreamSynchronize(other);
+  cudaEvent_t done;
+  cudaEventCreateWithFlags(&done, cudaEventDisableTiming);
+  spin<<<1, 1, 0, held>>>(gate_dev, 2'000'000'000ull);
+  double launch_ms = -1, done_ms = -1;
+  std::thread engine([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));  // the main thread is inside the sync by now
+    const auto t0 = std::chrono::steady_clock::now();
+    second_kernel<<<1, 1, 0, other>>>(d);
+    launch_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    cudaEventRecord(done, other);
+    while (cudaEventQuery(done) == cudaErrorNotReady) std::this_thread::sleep_for(std::chrono::microseconds(50));
+    done_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    std::atomic_ref<unsigned long long>(*gate).store(1);
+  });
+  const auto t0 = std::chrono::steady_clock::now();
+  const cudaError_t status = cudaDeviceSynchronize();
+  const double sync_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  engine.join();
+  std::printf("%s: a loaded kernel launched by one thread while another waited in cudaDeviceSynchronize for the "
+              "gate: launch returned in %.3f ms, done in %.3f ms; the sync: %s in %.3f ms%s\n",
+              mode, launch_ms, done_ms, cudaGetErrorString(status), sync_ms,
+              done_ms > 1500 ? " (only once the gate gave up)" : "");
+  return 0;
+}
+
 // Process B exports a buffer; process A, with a stream held at the gate
 // (2 s timeout), opens it and times the open.
 int ipc(const char* mode) {
@@ -221,6 +266,7 @@ int main(int argc, char** argv) {
       if (std::strcmp(mode, "lazy") == 0) r = lazy(mode, false);
       else if (std::strcmp(mode, "loaded") == 0) r = lazy(mode, true);
       else if (std::strcmp(mode, "ipc") == 0) r = ipc(mode);
+      else if (std::strcmp(mode, "thread") == 0) r = threaded(mode);
       else r = probe(mode);
       std::fflush(stdout);
       _exit(r);

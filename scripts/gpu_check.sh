@@ -59,7 +59,7 @@ L4="$B/braid-launch --nproc-per-node 4 --"
 say "# $(nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>&1)"
 
 if want probe; then
-  check gate_probe 70 "$B/cuda_gate_probe" spin wait lazy loaded ipc
+  check gate_probe 70 "$B/cuda_gate_probe" spin lazy loaded ipc thread wait
 fi
 if want tests; then
   check kernels_cuda 30 "$B/test_kernels_cuda"
