@@ -27,6 +27,7 @@
 #include <cstdio>
 #include <cstring>
 #include <thread>
+#include <utility>
 
 namespace {
 
@@ -131,35 +132,58 @@ int probe(const char* mode) {
   return 0;
 }
 
-// One process: the gate on one stream, then a kernel on another; how long
-// until that kernel is done (the gate gives up after 2 s by itself).
-int lazy(const char* mode, bool loaded) {
-  unsigned long long* gate = nullptr;
+// One process's gate (2 s timeout) on `held`, and `other`, a second stream
+// with a kernel of its own to time.
+struct OneProcess {
+  unsigned long long* gate = nullptr;  // host view
   unsigned long long* gate_dev = nullptr;
   int* d = nullptr;
-  if (!ok(cudaHostAlloc(reinterpret_cast<void**>(&gate), 8, cudaHostAllocMapped), "cudaHostAlloc")) return 1;
-  if (!ok(cudaMalloc(&d, sizeof(int)), "cudaMalloc")) return 1;
-  *gate = 0;
-  cudaHostGetDevicePointer(reinterpret_cast<void**>(&gate_dev), gate, 0);
-  cudaStream_t held, other;
-  cudaStreamCreateWithFlags(&held, cudaStreamNonBlocking);
-  cudaStreamCreateWithFlags(&other, cudaStreamNonBlocking);
-  if (loaded) {
+  cudaStream_t held = nullptr, other = nullptr;
+  cudaEvent_t done = nullptr;
+
+  bool init() {
+    if (!ok(cudaHostAlloc(reinterpret_cast<void**>(&gate), 8, cudaHostAllocMapped), "cudaHostAlloc")) return false;
+    if (!ok(cudaMalloc(&d, sizeof(int)), "cudaMalloc")) return false;
+    *gate = 0;
+    cudaHostGetDevicePointer(reinterpret_cast<void**>(&gate_dev), gate, 0);
+    cudaStreamCreateWithFlags(&held, cudaStreamNonBlocking);
+    cudaStreamCreateWithFlags(&other, cudaStreamNonBlocking);
+    cudaEventCreateWithFlags(&done, cudaEventDisableTiming);
+    return true;
+  }
+  void load_second_kernel() {
     second_kernel<<<1, 1, 0, other>>>(d);
     cudaStreamSynchronize(other);
   }
-  spin<<<1, 1, 0, held>>>(gate_dev, 2'000'000'000ull);
+  void hold() { spin<<<1, 1, 0, held>>>(gate_dev, 2'000'000'000ull); }
+  void open() { std::atomic_ref<unsigned long long>(*gate).store(1); }
+
+  // Launches a kernel on `other` and waits for it: milliseconds until the
+  // launch returned and until the kernel was done.
+  std::pair<double, double> time_kernel(bool first) {
+    const auto t0 = std::chrono::steady_clock::now();
+    auto since = [&] {
+      return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    };
+    if (first) first_time<<<1, 1, 0, other>>>(d);
+    else second_kernel<<<1, 1, 0, other>>>(d);
+    const double launch_ms = since();
+    cudaEventRecord(done, other);
+    while (cudaEventQuery(done) == cudaErrorNotReady) std::this_thread::sleep_for(std::chrono::microseconds(50));
+    return {launch_ms, since()};
+  }
+};
+
+// The gate on one stream, then a kernel on another; how long until that
+// kernel is done (the gate gives up after 2 s by itself).
+int lazy(const char* mode, bool loaded) {
+  OneProcess p;
+  if (!p.init()) return 1;
+  if (loaded) p.load_second_kernel();
+  p.hold();
   std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  cudaEvent_t done;
-  cudaEventCreateWithFlags(&done, cudaEventDisableTiming);
-  const auto t0 = std::chrono::steady_clock::now();
-  if (loaded) second_kernel<<<1, 1, 0, other>>>(d);
-  else first_time<<<1, 1, 0, other>>>(d);
-  const double launch_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-  cudaEventRecord(done, other);
-  while (cudaEventQuery(done) == cudaErrorNotReady) std::this_thread::sleep_for(std::chrono::microseconds(50));
-  const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-  std::atomic_ref<unsigned long long>(*gate).store(1);
+  const auto [launch_ms, ms] = p.time_kernel(!loaded);
+  p.open();
   cudaDeviceSynchronize();
   std::printf("%s: a kernel on another stream, while one stream was held at the gate: launch returned in %.3f ms, "
               "done in %.3f ms%s\n",
@@ -171,36 +195,21 @@ int lazy(const char* mode, bool loaded) {
 // cudaDeviceSynchronize; a second thread launches a kernel loaded before,
 // waits for it and then opens the gate (the gate gives up after 2 s).
 int threaded(const char* mode) {
-  unsigned long long* gate = nullptr;
-  unsigned long long* gate_dev = nullptr;
-  int* d = nullptr;
-  if (!ok(cudaHostAlloc(reinterpret_cast<void**>(&gate), 8, cudaHostAllocMapped), "cudaHostAlloc")) return 1;
-  if (!ok(cudaMalloc(&d, sizeof(int)), "cudaMalloc")) return 1;
-  *gate = 0;
-  cudaHostGetDevicePointer(reinterpret_cast<void**>(&gate_dev), gate, 0);
-  cudaStream_t held, other;
-  cudaStreamCreateWithFlags(&held, cudaStreamNonBlocking);
-  cudaStreamCreateWithFlags(&other, cudaStreamNonBlocking);
-  second_kernel<<<1, 1, 0, other>>>(d);
-  cudaStreamSynchronize(other);
-  cudaEvent_t done;
-  cudaEventCreateWithFlags(&done, cudaEventDisableTiming);
-  spin<<<1, 1, 0, held>>>(gate_dev, 2'000'000'000ull);
-  double launch_ms = -1, done_ms = -1;
+  OneProcess p;
+  if (!p.init()) return 1;
+  p.load_second_kernel();
+  p.hold();
+  std::pair<double, double> engine_ms{-1, -1};
   std::thread engine([&] {
     std::this_thread::sleep_for(std::chrono::milliseconds(50));  // the main thread is inside the sync by now
-    const auto t0 = std::chrono::steady_clock::now();
-    second_kernel<<<1, 1, 0, other>>>(d);
-    launch_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-    cudaEventRecord(done, other);
-    while (cudaEventQuery(done) == cudaErrorNotReady) std::this_thread::sleep_for(std::chrono::microseconds(50));
-    done_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-    std::atomic_ref<unsigned long long>(*gate).store(1);
+    engine_ms = p.time_kernel(false);
+    p.open();
   });
   const auto t0 = std::chrono::steady_clock::now();
   const cudaError_t status = cudaDeviceSynchronize();
   const double sync_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   engine.join();
+  const auto [launch_ms, done_ms] = engine_ms;
   std::printf("%s: a loaded kernel launched by one thread while another waited in cudaDeviceSynchronize for the "
               "gate: launch returned in %.3f ms, done in %.3f ms; the sync: %s in %.3f ms%s\n",
               mode, launch_ms, done_ms, cudaGetErrorString(status), sync_ms,
