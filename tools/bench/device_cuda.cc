@@ -36,12 +36,19 @@ std::byte* allocate(std::size_t bytes) {
 
 void release(std::byte* device) { cudaFree(device); }
 
+// On the bench's stream, which is non-blocking: a plain cudaMemcpy runs on
+// the legacy default stream, which does not wait for the collectives'
+// stream, and a small one from pageable memory returns before its DMA is
+// done. Both wrote the input of an in-place call under the collective
+// reading it (wrong values below 64 KiB on an H200, issue 19).
 void upload(std::byte* device, const std::byte* host, std::size_t bytes) {
-  check(cudaMemcpy(device, host, bytes, cudaMemcpyHostToDevice), "upload");
+  check(cudaMemcpyAsync(device, host, bytes, cudaMemcpyHostToDevice, the_stream), "upload");
+  check(cudaStreamSynchronize(the_stream), "upload");
 }
 
 void download(std::byte* host, const std::byte* device, std::size_t bytes) {
-  check(cudaMemcpy(host, device, bytes, cudaMemcpyDeviceToHost), "download");
+  check(cudaMemcpyAsync(host, device, bytes, cudaMemcpyDeviceToHost, the_stream), "download");
+  check(cudaStreamSynchronize(the_stream), "download");
 }
 
 double measure_copy_gbps() {
