@@ -98,7 +98,7 @@ void check_close(const Run& gpu, const Run& cpu) {
   CHECK(loss < 1e-4);
   CHECK(norm < 1e-3 * std::max(1.0, cpu.grad_norm.front()));
   double param = 0.0;
-  if (!cpu.params.empty()) {
+  if (!cpu.params.empty() && !gpu.params.empty()) {  // a mesh's run records no whole model
     param = max_param_diff(gpu.params, cpu.params);
     CHECK(param < 1e-3);
   }
