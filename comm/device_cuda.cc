@@ -5,11 +5,15 @@
 // (this factory hands both out, so the device path has one entry point).
 #include "comm/device_cuda.h"
 
+#include <spdlog/spdlog.h>
+
 #include <algorithm>
 #include <atomic>
+#include <cstdlib>
 #include <map>
 #include <mutex>
 #include <set>
+#include <string_view>
 #include <thread>
 #include <vector>
 
@@ -66,6 +70,12 @@ struct Shared {
     std::vector<std::pair<std::size_t, void*>> blocks;
   };
   std::vector<Retiring> retiring;
+  // Events for reuse. The engine thread ends a call's staging, and there
+  // cudaEventDestroy waited on a lock held by the caller's thread, itself
+  // blocked in a copy behind the gate the engine was to open next (issue 19,
+  // cuda-gdb's stacks of test_comm_device). So events go back here, and only
+  // the caller's thread (stage()) creates them.
+  std::vector<cudaEvent_t> spare_events;
   volatile std::uint64_t* gate = nullptr;  // host view
   std::uint64_t* gate_device = nullptr;
   std::uint32_t* timed_out = nullptr;  // host view; [0] set by a gate that gave up
@@ -78,6 +88,7 @@ struct Shared {
       for (auto& [bytes, block] : r.blocks) cudaFreeHost(block);
     }
     for (auto& [bytes, block] : free_blocks) cudaFreeHost(block);
+    for (cudaEvent_t event : spare_events) cudaEventDestroy(event);
     if (gate) cudaFreeHost(const_cast<std::uint64_t*>(gate));
     if (timed_out) cudaFreeHost(timed_out);
   }
@@ -86,7 +97,7 @@ struct Shared {
   void reclaim() {
     std::erase_if(retiring, [&](Retiring& r) {
       if (cudaEventQuery(r.done) != cudaSuccess) return false;
-      cudaEventDestroy(r.done);
+      spare_events.push_back(r.done);
       for (auto& [bytes, block] : r.blocks) free_blocks.emplace(bytes, block);
       return true;
     });
@@ -105,6 +116,26 @@ struct Shared {
     check(cudaHostAlloc(&block, bytes, cudaHostAllocPortable),
           "cudaHostAlloc of " + std::to_string(bytes) + " bytes of pinned staging");
     return block;
+  }
+
+  cudaEvent_t take_event() {
+    {
+      std::lock_guard lock(mu);
+      if (!spare_events.empty()) {
+        cudaEvent_t event = spare_events.back();
+        spare_events.pop_back();
+        return event;
+      }
+    }
+    cudaEvent_t event = nullptr;
+    check(cudaEventCreateWithFlags(&event, cudaEventDisableTiming), "cudaEventCreate");
+    return event;
+  }
+
+  // Called with mu held. A pending record does not matter: the next
+  // cudaEventRecord of the event replaces it.
+  void give_back(cudaEvent_t event) {
+    if (event) spare_events.push_back(event);
   }
 
   // `blocks` are free once `done` completes (the event is owned from here on).
@@ -144,6 +175,19 @@ void preload_kernels(const Shared& shared) {
   loaded.insert(shared.device);
 }
 
+// device_loader.cc asks for eager loading; a process that set LAZY itself
+// (PyTorch does, when it starts first) keeps it and is told what it risks.
+void warn_if_lazy_loading() {
+  static std::once_flag once;
+  const char* mode = std::getenv("CUDA_MODULE_LOADING");
+  if (mode == nullptr || std::string_view(mode) != "LAZY") return;
+  std::call_once(once, [] {
+    spdlog::warn("CUDA_MODULE_LOADING=LAZY: a kernel first launched while a collective on device memory is in "
+                 "flight waits for that collective, which waits for it, until BRAID_TIMEOUT. Launch every kernel "
+                 "once before the first collective, or set CUDA_MODULE_LOADING=EAGER");
+  });
+}
+
 class CudaStagedOp final : public StagedOp {
  public:
   CudaStagedOp(std::shared_ptr<Shared> shared, std::uint64_t ticket)
@@ -159,12 +203,13 @@ class CudaStagedOp final : public StagedOp {
     if (finished_ && !blocks_.empty()) {
       shared_->retire(finished_, std::move(blocks_));
     } else {  // back to the pool: cudaFreeHost would wait for the whole device
-      if (staged_) cudaEventSynchronize(staged_);
+      if (staged_ && !blocks_.empty()) cudaEventSynchronize(staged_);
       std::lock_guard lock(shared_->mu);
       for (auto& [bytes, block] : blocks_) shared_->free_blocks.emplace(bytes, block);
-      if (finished_) cudaEventDestroy(finished_);
+      shared_->give_back(finished_);
     }
-    if (staged_) cudaEventDestroy(staged_);
+    std::lock_guard lock(shared_->mu);
+    shared_->give_back(staged_);
   }
 
   void wait_inputs(Clock::time_point deadline) override {
@@ -229,6 +274,7 @@ class CudaStaging final : public DeviceStaging {
     check(cudaHostGetDevicePointer(reinterpret_cast<void**>(&shared_->gate_device), gate, 0), "gate mapping");
     check(cudaHostGetDevicePointer(reinterpret_cast<void**>(&shared_->timed_out_device), flag, 0), "flag mapping");
     preload_kernels(*shared_);
+    warn_if_lazy_loading();
   }
 
   // Everything that may fail before the gate is queued throws here, and
@@ -311,9 +357,9 @@ class CudaStaging final : public DeviceStaging {
     return block;
   }
 
-  static void create_events(CudaStagedOp& staged) {
-    check(cudaEventCreateWithFlags(&staged.staged_, cudaEventDisableTiming), "cudaEventCreate");
-    check(cudaEventCreateWithFlags(&staged.finished_, cudaEventDisableTiming), "cudaEventCreate");
+  void create_events(CudaStagedOp& staged) {
+    staged.staged_ = shared_->take_event();
+    staged.finished_ = shared_->take_event();
   }
 
   // Queues the gate for `ticket` and takes the ticket.

@@ -7,6 +7,7 @@
 // memory, and so already has CUDA loaded, loads the plugin.
 #include <dlfcn.h>
 
+#include <cstdlib>
 #include <filesystem>
 #include <mutex>
 #include <string>
@@ -20,6 +21,16 @@ namespace braid::comm {
 namespace {
 
 void anchor() {}  // an address inside libbraid_comm.so, to find its folder
+
+// CUDA's lazy module loading (its default from 12.2) loads a kernel at its
+// first launch, and the load waits for every kernel of the context to end.
+// A kernel first launched while a collective holds a stream at its gate
+// then waits for the gate, and the collective's own kernels, queued by the
+// engine after it, wait behind that load: two ranks sharing an H200 hung so
+// until BRAID_TIMEOUT (issue 19; scripts/cuda_gate_probe.cu, mode 'lazy').
+// So a process that loads braid asks for eager loading before CUDA starts,
+// unless CUDA_MODULE_LOADING is set already (device_cuda.cc warns if LAZY).
+[[gnu::constructor]] void prefer_eager_module_loading() { ::setenv("CUDA_MODULE_LOADING", "EAGER", 0); }
 
 struct Plugin {
   DevicePluginFactory factory = nullptr;
