@@ -22,7 +22,16 @@ static_assert(kMaxDirectRanks == kernels::cuda::kMaxMulti, "a direct step on a d
 
 class CudaReducer final : public Reducer {
  public:
-  explicit CudaReducer(int device) : device_(device) {}
+  // The stream and the event are made here, on the thread of the first call
+  // on device memory: on the engine's thread cudaStreamCreate waited on a
+  // lock held by the caller's thread, blocked in a copy to pageable memory
+  // behind the gate the engine was to open (issue 19, test_comm_device's
+  // stream-order case).
+  explicit CudaReducer(int device) : device_(device) {
+    DeviceScope scope(device_);
+    check_cuda(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate");
+    check_cuda(cudaEventCreateWithFlags(&done_, cudaEventDisableTiming), "cudaEventCreate");
+  }
 
   ~CudaReducer() override {
     if (done_) cudaEventDestroy(done_);
@@ -33,10 +42,6 @@ class CudaReducer final : public Reducer {
                     DataType dtype, ReduceOp op, int divisor) override {
     if (count == 0) return;
     DeviceScope scope(device_);
-    if (!stream_) {
-      check_cuda(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate");
-      check_cuda(cudaEventCreateWithFlags(&done_, cudaEventDisableTiming), "cudaEventCreate");
-    }
     try {
       kernels::cuda::reduce_multi(dsts.data(), static_cast<int>(dsts.size()), srcs.data(),
                                   static_cast<int>(srcs.size()), count, dtype, op, divisor, stream_);

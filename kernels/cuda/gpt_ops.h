@@ -88,5 +88,12 @@ struct DeviceDescription {
 DeviceDescription describe_device(int device);
 // Best of a few timed 4096^3 sgemms (fp32, no TF32) through matmul_forward.
 double measure_sgemm_gflops(cudaStream_t stream = nullptr);
+// Creates the calling thread's cuBLAS handle for the current device now. Its
+// creation loads cuBLAS's kernels (cuLibraryLoadData), which waits for every
+// kernel of the context: done while a collective holds a stream at its gate,
+// it waited for the gate and the collective's kernels waited behind it, so
+// two ZeRO-3 ranks sharing an H200 hung at their first matmul (issue 19).
+// A backend calls this before its first collective.
+void load_blas();
 
 }  // namespace braid::kernels::cuda

@@ -41,6 +41,7 @@ class CudaBackend final : public Backend {
     ordinal_ = requested_local_rank % count;
     check(cudaSetDevice(ordinal_), "cudaSetDevice(" + std::to_string(ordinal_) + ")");
     info_ = g::describe_device(ordinal_);
+    g::load_blas();  // before any collective: loading cuBLAS waits for the whole device
     // Non-blocking: the legacy default stream, where the kernels run, does
     // not wait for it (a collective's gate holds only this stream).
     check(cudaStreamCreateWithFlags(&comm_stream_, cudaStreamNonBlocking), "cudaStreamCreate (collectives)");
