@@ -17,6 +17,10 @@
 #   trainL     the 113M-parameter config, zero3 on 2 ranks
 #   torch      PyTorch on the same shapes (scripts/torch_gpt.py)
 #   sanitizer  compute-sanitizer memcheck and racecheck of the kernels
+#   hangdump   where the 2-rank all_reduce, comm_device or zero3 failed: cuda-gdb's
+#              backtraces of every thread of every rank while they run it
+# Once the 2-rank all_reduce has failed, eagerly loaded too, the checks of
+# several ranks are skipped (each would only wait out its timeout).
 # GPU_BUDGET_S (default 540) bounds the whole run: a check gets at most what
 # is left, and none starts with under 15 s left.
 #   device run: carry [".gpukit"], command "sh scripts/gpu_check.sh tests bench"
@@ -38,8 +42,10 @@ groups="${*:-probe tests bench bench4 sanitizer2 dtypes train1 train trainL1 tra
 want() { case " $groups " in *" $1 "*) return 0 ;; esac; return 1; }
 pack() { tar -C "$logs" -czf "$out/logs.tgz" . 2> /dev/null; }
 say() { echo "$*" | tee -a "$out/summary.txt"; }
+hung=0
 check() {  # name, timeout seconds, command...
   name=$1 limit=$2; shift 2
+  case "$*" in *braid-launch*) if [ $hung -eq 1 ]; then say "skip  $name (2 ranks hung)"; return; fi ;; esac
   left=$((budget - ($(date +%s) - start)))
   if [ "$left" -lt 15 ]; then say "skip  $name (budget spent)"; last_rc=0; return; fi
   [ "$limit" -gt "$left" ] && limit=$left
@@ -53,6 +59,25 @@ check() {  # name, timeout seconds, command...
   [ $rc -eq 0 ] || tail -5 "$logs/$name.log" | sed 's/^/    | /' | tee -a "$out/summary.txt"
   pack
 }
+# Where the ranks hung: what every thread of each rank is inside, some
+# seconds into the run (cuda-gdb attaches to a running program; there is no gdb).
+stacks() {  # name, seconds, pgrep -f pattern, command...
+  name=$1 after=$2 pattern=$3; shift 3
+  command -v cuda-gdb > /dev/null || return
+  t0=$(date +%s)
+  {
+    BRAID_TIMEOUT=120 "$@" &
+    sleep "$after"
+    for pid in $(pgrep -f "$pattern"); do
+      echo "=== process $pid: $(tr '\0' ' ' < /proc/$pid/cmdline | cut -c1-120)"
+      timeout 40 cuda-gdb -p "$pid" -batch -ex 'info threads' -ex 'thread apply all bt 30' 2>&1 | grep -v '^\[New Thread'
+    done
+    pkill -f "$pattern"; wait
+  } > "$logs/$name.log" 2>&1
+  say "ok    $name ($(($(date +%s) - t0)) s)"
+  grep -E '^=== |^#[0-9]+ ' "$logs/$name.log" | grep -E '===|cu[A-Z]|cuda[A-Z]|braid::' | head -40 | sed 's/^/      /' | tee -a "$out/summary.txt"
+  pack
+}
 # Unquoted where used (the kit's path has no spaces): timeout runs programs, not functions.
 L2="$B/braid-launch --nproc-per-node 2 --"
 L4="$B/braid-launch --nproc-per-node 4 --"
@@ -63,19 +88,25 @@ if want probe; then
 fi
 if want tests; then
   check kernels_cuda 30 "$B/test_kernels_cuda"
-  check trainer_device 75 "$B/test_trainer_device"
+  check trainer_device 120 "$B/test_trainer_device"
   check comm_device 60 "$B/test_comm_device"
+  [ "$last_rc" -eq 0 ] || ! want hangdump || stacks comm_device_stacks 20 'bin/test_comm_device' "$B/test_comm_device"
 fi
 BE="$B/braid-bench --device cuda -c 1"
 if want bench; then
   check bench_2_all_reduce 30 $L2 $BE --coll all_reduce -b 8 -e 256M -f 4 -n 10 -w 2
   # Where that fails: again with every kernel loaded at start, which tells a
   # lazy-loading deadlock (comm/device_cuda.cc preload_kernels) from others.
-  [ "$last_rc" -eq 0 ] ||
+  if [ "$last_rc" -ne 0 ]; then
     check bench_2_all_reduce_eager 30 env CUDA_MODULE_LOADING=EAGER $L2 $BE --coll all_reduce -b 8 -e 1M -f 16 -n 5 -w 1
+    [ "$last_rc" -eq 0 ] || hung=1
+  fi
   for c in reduce_scatter all_gather broadcast reduce all_to_all send_recv; do
     check "bench_2_$c" 20 $L2 $BE --coll $c -b 8 -e 64M -f 16 -n 5 -w 1
   done
+fi
+if want hangdump && [ $hung -eq 1 ]; then
+  stacks hangdump 8 'bin/braid-bench' $L2 $BE --coll all_reduce -b 1M -e 1M -n 3 -w 1
 fi
 if want bench4; then
   check bench_4_all_reduce 30 $L4 $BE --coll all_reduce -b 8 -e 256M -f 16 -n 5 -w 1
@@ -110,6 +141,8 @@ if want train; then
   for s in ddp dp zero1 zero2 zero3; do
     check "train_B_2$s" 30 $L2 "$T" --device cuda $cfgB --steps 10 --strategy $s $D
   done
+  [ "$last_rc" -eq 0 ] || ! want hangdump ||
+    stacks train_B_2zero3_stacks 25 'bin/braid-train' $L2 "$T" --device cuda $cfgB --steps 10 --strategy zero3 $D
   check train_B_2tp 30 $L2 "$T" --device cuda $cfgB --steps 10 --tp 2 --grad-accum 2 $D
   check train_B_2pp 30 $L2 "$T" --device cuda $cfgB --steps 10 --pp 2 --grad-accum 2 $D
   check train_B_4tp2pp2 40 $L4 "$T" --device cuda $cfgB --steps 10 --tp 2 --pp 2 --grad-accum 2 $D
