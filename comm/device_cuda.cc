@@ -5,10 +5,12 @@
 // (this factory hands both out, so the device path has one entry point).
 #include "comm/device_cuda.h"
 
+#include <cuda.h>
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
 #include <atomic>
+#include <condition_variable>
 #include <cstdlib>
 #include <map>
 #include <mutex>
@@ -56,6 +58,8 @@ namespace {
 
 void check(cudaError_t status, const std::string& what) { check_cuda(status, what); }
 
+using WaitValue64 = CUresult (*)(CUstream, CUdeviceptr, cuuint64_t, unsigned int);
+
 // What the staging of one device outlives its communicator with: pinned
 // buffers for reuse, and the gate's counter and timeout flag (mapped pinned
 // memory the gate kernel reads and writes).
@@ -81,7 +85,88 @@ struct Shared {
   std::uint32_t* timed_out = nullptr;  // host view; [0] set by a gate that gave up
   std::uint32_t* timed_out_device = nullptr;
 
+  // BRAID_CUDA_GATE=wait: a stream waits at its gate in the GPU's front end
+  // (cuStreamWaitValue64 on the counter) instead of in a one-thread kernel.
+  // Then no kernel of this process stays resident while it waits, and the
+  // ranks sharing a GPU need not time-slice: on an H200, another process's
+  // kernel ran 0.45 ms into such a wait, 2.8 ms into a gate kernel
+  // (cuda_gate_probe, modes wait and spin). Such a wait cannot give up by
+  // itself, so `watch` opens, flagged as timed out, a gate that nobody opened
+  // within its limit, counted from when the gate before it opened.
+  WaitValue64 wait_value = nullptr;  // set: wait gates
+  struct Watch {
+    std::mutex mu;
+    std::condition_variable cv;
+    std::uint64_t queued = 0, opened = 0;
+    Clock::time_point since;
+    Clock::duration limit{};
+    bool stop = false;
+    std::thread thread;
+  } watch;
+
+  // Opens every gate up to `ticket`. The counter only grows, whoever opens.
+  void raise_counter(std::uint64_t ticket) {
+    std::atomic_ref<std::uint64_t> counter(*const_cast<std::uint64_t*>(gate));
+    std::uint64_t now = counter.load(std::memory_order_relaxed);
+    while (now < ticket && !counter.compare_exchange_weak(now, ticket, std::memory_order_release)) {
+    }
+  }
+
+  void open(std::uint64_t ticket) {
+    raise_counter(ticket);
+    if (!wait_value) return;
+    std::lock_guard lock(watch.mu);
+    if (ticket > watch.opened) {
+      watch.opened = ticket;
+      watch.since = Clock::now();
+    }
+  }
+
+  void queued(std::uint64_t ticket) {
+    if (!wait_value) return;
+    std::lock_guard lock(watch.mu);
+    if (watch.queued == watch.opened) watch.since = Clock::now();
+    watch.queued = ticket;
+    watch.cv.notify_one();
+  }
+
+  void start_watch(Clock::duration limit) {
+    watch.limit = limit;
+    watch.thread = std::thread([this] {
+      std::unique_lock lock(watch.mu);
+      while (!watch.stop) {
+        if (watch.queued == watch.opened) {
+          watch.cv.wait(lock);
+          continue;
+        }
+        const auto deadline = watch.since + watch.limit;
+        if (Clock::now() < deadline) {
+          watch.cv.wait_until(lock, deadline);
+          continue;
+        }
+        give_up(watch.opened + 1);
+      }
+    });
+  }
+
+  // Called with watch.mu held: opens up to `ticket`, the data not a result.
+  void give_up(std::uint64_t ticket) {
+    std::atomic_ref<std::uint32_t>(timed_out[0]).store(1, std::memory_order_release);
+    raise_counter(ticket);
+    watch.opened = std::max(watch.opened, ticket);
+    watch.since = Clock::now();
+  }
+
   ~Shared() {
+    if (watch.thread.joinable()) {
+      {
+        std::lock_guard lock(watch.mu);
+        watch.stop = true;
+        if (watch.queued > watch.opened) give_up(watch.queued);  // no stream may wait on freed memory
+      }
+      watch.cv.notify_one();
+      watch.thread.join();
+    }
     for (auto& r : retiring) {
       cudaEventSynchronize(r.done);
       cudaEventDestroy(r.done);
@@ -217,14 +302,10 @@ class CudaStagedOp final : public StagedOp {
     wait_for_event(staged_, deadline, "the work queued before this call on its CUDA stream did not finish");
   }
 
-  void open_gate() override {
-    // Tickets open in issue order, so the counter only grows.
-    std::atomic_ref<std::uint64_t> gate(*const_cast<std::uint64_t*>(shared_->gate));
-    gate.store(ticket_, std::memory_order_release);
-  }
+  void open_gate() override { shared_->open(ticket_); }
 
   bool results_ready() override {
-    if (shared_->timed_out[0] != 0)
+    if (std::atomic_ref<std::uint32_t>(shared_->timed_out[0]).load(std::memory_order_acquire) != 0)
       throw TimeoutError("a CUDA stream gave up waiting for a collective's result (BRAID_TIMEOUT plus a margin); "
                          "the data in its receive buffer is not the result");
     if (!finished_) return true;
@@ -275,6 +356,10 @@ class CudaStaging final : public DeviceStaging {
     check(cudaHostGetDevicePointer(reinterpret_cast<void**>(&shared_->timed_out_device), flag, 0), "flag mapping");
     preload_kernels(*shared_);
     warn_if_lazy_loading();
+    if (wait_gates()) {
+      shared_->wait_value = find_wait_value();
+      shared_->start_watch(gate_limit());
+    }
   }
 
   // Everything that may fail before the gate is queued throws here, and
@@ -362,13 +447,44 @@ class CudaStaging final : public DeviceStaging {
     staged.finished_ = shared_->take_event();
   }
 
+  // How long a gate waits before it gives up: BRAID_TIMEOUT plus a margin,
+  // so that the engine, which waits at most BRAID_TIMEOUT, reports first.
+  Clock::duration gate_limit() const { return timeout_ + std::chrono::seconds(10); }
+
+  // BRAID_CUDA_GATE: "kernel" (the default) or "wait" (Shared::wait_value).
+  static bool wait_gates() {
+    const char* mode = std::getenv("BRAID_CUDA_GATE");
+    if (mode == nullptr || std::string_view(mode) == "kernel") return false;
+    if (std::string_view(mode) == "wait") return true;
+    throw InvalidUsage(std::string("BRAID_CUDA_GATE=") + mode + ": choose kernel or wait");
+  }
+
+  static WaitValue64 find_wait_value() {
+    void* fn = nullptr;
+    cudaDriverEntryPointQueryResult found{};
+    check(cudaGetDriverEntryPointByVersion("cuStreamWaitValue64", &fn, 12000, cudaEnableDefault, &found),
+          "looking up cuStreamWaitValue64 (BRAID_CUDA_GATE=wait)");
+    if (found != cudaDriverEntryPointSuccess || fn == nullptr)
+      throw SystemError("BRAID_CUDA_GATE=wait: this CUDA driver has no cuStreamWaitValue64");
+    return reinterpret_cast<WaitValue64>(fn);
+  }
+
   // Queues the gate for `ticket` and takes the ticket.
   void queue_gate(cudaStream_t stream, std::uint64_t ticket) {
-    const auto timeout_ns =
-        static_cast<std::uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(timeout_).count()) +
-        10'000'000'000ull;
-    check(launch_gate(stream, shared_->gate_device, ticket, timeout_ns, shared_->timed_out_device),
-          "launching the stream gate");
+    if (shared_->wait_value) {
+      const CUresult status = shared_->wait_value(static_cast<CUstream>(stream),
+                                                  reinterpret_cast<CUdeviceptr>(shared_->gate_device), ticket,
+                                                  CU_STREAM_WAIT_VALUE_GEQ);
+      if (status != CUDA_SUCCESS)
+        throw SystemError("CUDA: cuStreamWaitValue64 (the stream gate) failed: error " +
+                          std::to_string(static_cast<int>(status)));
+      shared_->queued(ticket);
+    } else {
+      const auto timeout_ns = static_cast<std::uint64_t>(
+          std::chrono::duration_cast<std::chrono::nanoseconds>(gate_limit()).count());
+      check(launch_gate(stream, shared_->gate_device, ticket, timeout_ns, shared_->timed_out_device),
+            "launching the stream gate");
+    }
     tickets_ = ticket;
   }
 

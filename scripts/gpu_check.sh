@@ -101,6 +101,9 @@ if want bench; then
     check bench_2_all_reduce_eager 30 env CUDA_MODULE_LOADING=EAGER $L2 $BE --coll all_reduce -b 8 -e 1M -f 16 -n 5 -w 1
     [ "$last_rc" -eq 0 ] || hung=1
   fi
+  # The front-end wait gate (BRAID_CUDA_GATE=wait): no gate kernel keeps
+  # the ranks' contexts busy, so they need not time-slice the GPU.
+  check bench_2_all_reduce_wait 30 env BRAID_CUDA_GATE=wait $L2 $BE --coll all_reduce -b 8 -e 256M -f 4 -n 10 -w 2
   for c in reduce_scatter all_gather broadcast reduce all_to_all send_recv; do
     check "bench_2_$c" 20 $L2 $BE --coll $c -b 8 -e 64M -f 16 -n 5 -w 1
   done
@@ -110,6 +113,7 @@ if want hangdump && [ $hung -eq 1 ]; then
 fi
 if want bench4; then
   check bench_4_all_reduce 30 $L4 $BE --coll all_reduce -b 8 -e 256M -f 16 -n 5 -w 1
+  check bench_4_all_reduce_wait 30 env BRAID_CUDA_GATE=wait $L4 $BE --coll all_reduce -b 8 -e 256M -f 16 -n 5 -w 1
 fi
 # compute-sanitizer of a 2-rank collective run (CUDA IPC between the ranks).
 # Asking the driver whether a pointer is device memory answers "invalid
