@@ -94,7 +94,7 @@ if want tests; then
 fi
 BE="$B/braid-bench --device cuda -c 1"
 if want bench; then
-  check bench_2_all_reduce 30 $L2 $BE --coll all_reduce -b 8 -e 256M -f 4 -n 10 -w 2
+  check bench_2_all_reduce 30 $L2 $BE --coll all_reduce -b 4 -e 256M -f 4 -n 10 -w 2
   # Where that fails: again with every kernel loaded at start, which tells a
   # lazy-loading deadlock (comm/device_cuda.cc preload_kernels) from others.
   if [ "$last_rc" -ne 0 ]; then
@@ -103,7 +103,7 @@ if want bench; then
   fi
   # The front-end wait gate (BRAID_CUDA_GATE=wait): no gate kernel keeps
   # the ranks' contexts busy, so they need not time-slice the GPU.
-  check bench_2_all_reduce_wait 30 env BRAID_CUDA_GATE=wait $L2 $BE --coll all_reduce -b 8 -e 256M -f 4 -n 10 -w 2
+  check bench_2_all_reduce_wait 30 env BRAID_CUDA_GATE=wait $L2 $BE --coll all_reduce -b 4 -e 256M -f 4 -n 10 -w 2
   for c in reduce_scatter all_gather broadcast reduce all_to_all send_recv; do
     check "bench_2_$c" 20 $L2 $BE --coll $c -b 8 -e 64M -f 16 -n 5 -w 1
   done
@@ -112,8 +112,8 @@ if want hangdump && [ $hung -eq 1 ]; then
   stacks hangdump 8 'bin/braid-bench' $L2 $BE --coll all_reduce -b 1M -e 1M -n 3 -w 1
 fi
 if want bench4; then
-  check bench_4_all_reduce 30 $L4 $BE --coll all_reduce -b 8 -e 256M -f 16 -n 5 -w 1
-  check bench_4_all_reduce_wait 30 env BRAID_CUDA_GATE=wait $L4 $BE --coll all_reduce -b 8 -e 256M -f 16 -n 5 -w 1
+  check bench_4_all_reduce 30 $L4 $BE --coll all_reduce -b 16 -e 256M -f 16 -n 5 -w 1
+  check bench_4_all_reduce_wait 30 env BRAID_CUDA_GATE=wait $L4 $BE --coll all_reduce -b 16 -e 256M -f 16 -n 5 -w 1
 fi
 # compute-sanitizer of a 2-rank collective run (CUDA IPC between the ranks).
 # Asking the driver whether a pointer is device memory answers "invalid
