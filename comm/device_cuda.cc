@@ -17,6 +17,7 @@
 #include <set>
 #include <string_view>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "comm/algorithms/algorithms.h"
@@ -116,10 +117,14 @@ struct Shared {
     raise_counter(ticket);
     if (!wait_value) return;
     std::lock_guard lock(watch.mu);
-    if (ticket > watch.opened) {
-      watch.opened = ticket;
-      watch.since = Clock::now();
-    }
+    opened(ticket);
+  }
+
+  // Called with watch.mu held: the next gate's limit counts from now.
+  void opened(std::uint64_t ticket) {
+    if (ticket <= watch.opened) return;
+    watch.opened = ticket;
+    watch.since = Clock::now();
   }
 
   void queued(std::uint64_t ticket) {
@@ -153,8 +158,7 @@ struct Shared {
   void give_up(std::uint64_t ticket) {
     std::atomic_ref<std::uint32_t>(timed_out[0]).store(1, std::memory_order_release);
     raise_counter(ticket);
-    watch.opened = std::max(watch.opened, ticket);
-    watch.since = Clock::now();
+    opened(ticket);
   }
 
   ~Shared() {
@@ -286,14 +290,15 @@ class CudaStagedOp final : public StagedOp {
   // before it was recorded) no queued copy reads them after `staged`.
   ~CudaStagedOp() override {
     if (finished_ && !blocks_.empty()) {
-      shared_->retire(finished_, std::move(blocks_));
-    } else {  // back to the pool: cudaFreeHost would wait for the whole device
-      if (staged_ && !blocks_.empty()) cudaEventSynchronize(staged_);
-      std::lock_guard lock(shared_->mu);
-      for (auto& [bytes, block] : blocks_) shared_->free_blocks.emplace(bytes, block);
-      shared_->give_back(finished_);
+      shared_->retire(std::exchange(finished_, nullptr), std::move(blocks_));
+      blocks_.clear();
+    } else if (staged_ && !blocks_.empty()) {
+      cudaEventSynchronize(staged_);
     }
+    // Back to the pools: cudaFreeHost would wait for the whole device.
     std::lock_guard lock(shared_->mu);
+    for (auto& [bytes, block] : blocks_) shared_->free_blocks.emplace(bytes, block);
+    shared_->give_back(finished_);
     shared_->give_back(staged_);
   }
 

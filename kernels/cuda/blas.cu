@@ -22,16 +22,6 @@ cublasHandle_t cublas_handle(cudaStream_t stream) {
   return it->second;
 }
 
-}  // namespace braid::kernels::cuda::detail
-
-namespace braid::kernels::cuda {
-
-void load_blas() { detail::cublas_handle(nullptr); }
-
-}  // namespace braid::kernels::cuda
-
-namespace braid::kernels::cuda::detail {
-
 void gemm_row_major(cudaStream_t stream, bool trans_a, bool trans_b, int M, int N, int K,
                     float alpha, const float* A, int lda, long long stride_a,
                     const float* B, int ldb, long long stride_b, float beta,
@@ -46,3 +36,9 @@ void gemm_row_major(cudaStream_t stream, bool trans_a, bool trans_b, int M, int 
 }
 
 }  // namespace braid::kernels::cuda::detail
+
+namespace braid::kernels::cuda {
+
+void load_blas() { detail::cublas_handle(nullptr); }
+
+}  // namespace braid::kernels::cuda
