@@ -226,7 +226,11 @@ AlgorithmChoice Communicator::last_algorithm(OpKind kind) const {
   std::lock_guard lock(impl_->choice_mu);
   const Algorithm& last = impl_->choices_by_kind.at(static_cast<std::size_t>(kind)).last;
   if (last.name.empty()) return {};
-  return {std::string(last.name), describe(last.reason)};
+  std::string reason = describe(last.reason);
+  if ((last.name == "direct" || last.name == "cuda_ipc") && kind != OpKind::send && kind != OpKind::recv &&
+      impl_->exchange.last_direct_one_worker.load(std::memory_order_relaxed))
+    reason += "; one worker: rank 0 did every rank's share (BRAID_DIRECT_WORKERS)";
+  return {std::string(last.name), reason};
 }
 
 std::string Communicator::transport_summary() const {

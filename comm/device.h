@@ -33,7 +33,9 @@
 // naming the two calls.
 #pragma once
 
+#include <array>
 #include <chrono>
+#include <cstdint>
 #include <memory>
 #include <string>
 
@@ -83,6 +85,9 @@ class DeviceStaging {
   // makes device memory of the ranks of this host registered regions
   // (comm/transport/cuda_ipc/transport.h).
   virtual std::unique_ptr<Reducer> make_reducer() = 0;
+  // The device's UUID: the same bytes in every process that uses this GPU,
+  // whatever its ordinal there (ExchangeContext::device_id).
+  virtual std::array<std::uint8_t, 16> device_uuid() = 0;
   virtual std::unique_ptr<Transport> connect_regions(std::shared_ptr<runtime::Store> store,
                                                      const std::string& key_prefix,
                                                      const cuda_ipc::CudaIpcOptions& options) = 0;

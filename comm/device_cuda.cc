@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <atomic>
 #include <condition_variable>
+#include <cstring>
 #include <cstdlib>
 #include <map>
 #include <mutex>
@@ -51,7 +52,7 @@ void wait_for_event(cudaEvent_t event, Clock::time_point deadline, const char* w
     if (status != cudaErrorNotReady) check_cuda(status, what);
     if (Clock::now() >= deadline) throw TimeoutError(std::string(what) + " within BRAID_TIMEOUT");
     std::this_thread::sleep_for(pause);
-    pause = std::min(pause * 2, std::chrono::microseconds(1000));
+    pause = std::min(pause * 2, std::chrono::microseconds(100));
   }
 }
 
@@ -293,7 +294,15 @@ class CudaStagedOp final : public StagedOp {
       shared_->retire(std::exchange(finished_, nullptr), std::move(blocks_));
       blocks_.clear();
     } else if (staged_ && !blocks_.empty()) {
-      cudaEventSynchronize(staged_);
+      // Polled and bounded: this may run on the engine's thread, where a
+      // blocking CUDA call can wait on a lock held by a caller's thread that
+      // is itself blocked behind a gate (Shared::spare_events).
+      try {
+        wait_for_event(staged_, Clock::now() + std::chrono::seconds(10), "a failed call's copy to staging");
+      } catch (const std::exception&) {
+        blocks_.clear();   // a copy may still write them: they stay out of the pool
+        staged_ = nullptr;  // and so does its event
+      }
     }
     // Back to the pools: cudaFreeHost would wait for the whole device.
     std::lock_guard lock(shared_->mu);
@@ -386,6 +395,15 @@ class CudaStaging final : public DeviceStaging {
   }
 
   std::unique_ptr<Reducer> make_reducer() override { return make_device_reducer(shared_->device); }
+
+  std::array<std::uint8_t, 16> device_uuid() override {
+    cudaDeviceProp properties{};
+    check(cudaGetDeviceProperties(&properties, shared_->device), "cudaGetDeviceProperties");
+    std::array<std::uint8_t, 16> uuid{};
+    static_assert(sizeof(properties.uuid.bytes) == uuid.size());
+    std::memcpy(uuid.data(), properties.uuid.bytes, uuid.size());
+    return uuid;
+  }
 
   std::unique_ptr<Transport> connect_regions(std::shared_ptr<runtime::Store> store, const std::string& key_prefix,
                                              const cuda_ipc::CudaIpcOptions& options) override {

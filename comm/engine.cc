@@ -162,6 +162,7 @@ void Communicator::Impl::start_device(int ordinal) {
   auto staging = make_device_staging(ordinal, timeout);
   device_reducer = staging->make_reducer();
   exchange.device_reducer = device_reducer.get();
+  exchange.device_id = staging->device_uuid();
   if (cuda_ipc) device_regions = staging->connect_regions(store, key_prefix, *cuda_ipc);
   exchange.device_regions = device_regions.get();
   device = std::move(staging);

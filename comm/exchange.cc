@@ -147,6 +147,11 @@ Reducer& Exchange::reducer() {
   return *c_.device_reducer;
 }
 
+std::array<std::uint8_t, 16> Exchange::device_id() const {
+  if (op_.memory.kind != runtime::MemoryKind::device) return {};
+  return c_.device_id;
+}
+
 std::byte* Exchange::scratch(std::size_t bytes) {
   if (c_.scratch.size() < bytes) c_.scratch.resize(bytes);
   return c_.scratch.data();

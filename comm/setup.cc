@@ -52,6 +52,9 @@ std::shared_ptr<Communicator::Impl> new_impl(const runtime::RankInfo& info, cons
   impl->exchange.tuning.segment_bytes = config.segment_bytes;
   impl->exchange.tuning.chunk_bytes = config.chunk_bytes;
   impl->exchange.tuning.stream_bytes = config.stream_bytes;
+  impl->exchange.direct_workers = config.direct_workers == "one"   ? DirectWorkers::one
+                                  : config.direct_workers == "all" ? DirectWorkers::all
+                                                                   : DirectWorkers::automatic;
   impl->forced_algo = config.algo;
   impl->timeout = config.timeout;
   impl->inline_bytes = config.inline_bytes;

@@ -71,6 +71,7 @@ Config read_config() {
   c.ib_qps_per_peer = int_in_range("BRAID_IB_QPS_PER_PEER", c.ib_qps_per_peer, 1, 8);
   c.algo = one_of("BRAID_ALGO", c.algo,
                   {"auto", "ring", "recursive_doubling", "binomial", "pipelined", "oneshot", "direct"});
+  c.direct_workers = one_of("BRAID_DIRECT_WORKERS", c.direct_workers, {"auto", "all", "one"});
   c.tcp_nsocks = static_cast<int>(bytes_in_range("BRAID_TCP_NSOCKS", c.tcp_nsocks, 1, 16));
   c.socket_buffer_bytes =
       bytes_in_range("BRAID_SOCKET_BUFFER_BYTES", c.socket_buffer_bytes, 4096, 1u << 30);

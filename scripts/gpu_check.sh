@@ -9,6 +9,8 @@
 #   tests      kernels_cuda, trainer_device, comm_device
 #   bench      braid-bench --device cuda, 2 ranks, every collective, f32
 #   bench4     4 ranks sharing the GPU, all_reduce to 256 MiB
+#   mps        the 2- and 4-rank all_reduce under an MPS daemon this script
+#              starts and stops (one context for every rank: no time-slicing)
 #   sanitizer2 compute-sanitizer memcheck and racecheck of a 2-rank all_reduce
 #   dtypes     2 ranks, all_reduce and reduce_scatter, f16 bf16 f64 i8
 #   train1     config B on 1 GPU, and the CPU reference
@@ -38,7 +40,7 @@ cublas="$(find /opt /usr/local /usr/lib -name 'libcublas.so.13' 2>/dev/null | he
 export LD_LIBRARY_PATH="$kit/lib${cublas:+:$(dirname "$cublas")}"
 nvidia-smi > "$logs/nvidia-smi.log" 2>&1
 B="$kit/bin"
-groups="${*:-probe tests bench bench4 sanitizer2 dtypes train1 train trainL1 trainL torch sanitizer}"
+groups="${*:-probe tests bench bench4 mps sanitizer2 dtypes train1 train trainL1 trainL torch sanitizer}"
 want() { case " $groups " in *" $1 "*) return 0 ;; esac; return 1; }
 pack() { tar -C "$logs" -czf "$out/logs.tgz" . 2> /dev/null; }
 say() { echo "$*" | tee -a "$out/summary.txt"; }
@@ -54,7 +56,7 @@ check() {  # name, timeout seconds, command...
   rc=$?
   last_rc=$rc
   if [ $rc -eq 0 ]; then say "ok    $name ($(($(date +%s) - t0)) s)"; else say "FAIL  $name (exit $rc, $(($(date +%s) - t0)) s)"; fi
-  grep -E 'skipped|held|copy|Avg bus|Out of bounds| 268435456 | 67108864 | 16777216 |test cases|assertions|throughput|MFU|step [1-4]/[0-9]|train loss|tokens/s|ERROR|rror' \
+  grep -E 'skipped|held|copy|one worker|Avg bus|Out of bounds| 268435456 | 67108864 | 16777216 |test cases|assertions|throughput|MFU|step [1-4]/[0-9]|train loss|tokens/s|ERROR|rror' \
     "$logs/$name.log" | uniq | tail -12 | sed 's/^/      /' | tee -a "$out/summary.txt"
   [ $rc -eq 0 ] || tail -5 "$logs/$name.log" | sed 's/^/    | /' | tee -a "$out/summary.txt"
   pack
@@ -101,9 +103,14 @@ if want bench; then
     check bench_2_all_reduce_eager 30 env CUDA_MODULE_LOADING=EAGER $L2 $BE --coll all_reduce -b 8 -e 1M -f 16 -n 5 -w 1
     [ "$last_rc" -eq 0 ] || hung=1
   fi
+  # Each rank its own share (BRAID_DIRECT_WORKERS=all), as before one worker
+  # became the default for ranks on one GPU: one context switch per rank.
+  check bench_2_all_reduce_all 30 env BRAID_DIRECT_WORKERS=all $L2 $BE --coll all_reduce -b 4 -e 256M -f 4 -n 10 -w 2
   # The front-end wait gate (BRAID_CUDA_GATE=wait): no gate kernel keeps
   # the ranks' contexts busy, so they need not time-slice the GPU.
   check bench_2_all_reduce_wait 30 env BRAID_CUDA_GATE=wait $L2 $BE --coll all_reduce -b 4 -e 256M -f 4 -n 10 -w 2
+  check bench_2_all_reduce_wait_all 30 env BRAID_CUDA_GATE=wait BRAID_DIRECT_WORKERS=all \
+    $L2 $BE --coll all_reduce -b 4 -e 256M -f 4 -n 10 -w 2
   for c in reduce_scatter all_gather broadcast reduce all_to_all send_recv; do
     check "bench_2_$c" 20 $L2 $BE --coll $c -b 8 -e 64M -f 16 -n 5 -w 1
   done
@@ -113,7 +120,31 @@ if want hangdump && [ $hung -eq 1 ]; then
 fi
 if want bench4; then
   check bench_4_all_reduce 30 $L4 $BE --coll all_reduce -b 16 -e 256M -f 16 -n 5 -w 1
+  check bench_4_all_reduce_all 30 env BRAID_DIRECT_WORKERS=all $L4 $BE --coll all_reduce -b 16 -e 256M -f 16 -n 5 -w 1
   check bench_4_all_reduce_wait 30 env BRAID_CUDA_GATE=wait $L4 $BE --coll all_reduce -b 16 -e 256M -f 16 -n 5 -w 1
+fi
+# MPS runs every rank's kernels in one context: the ranks' kernels may then
+# run at once, and no gate makes the GPU switch contexts. The daemon and
+# its clients meet at the pipe folder; a client that finds no daemon runs
+# without it, so the daemon's log shows whether a server served them.
+if want mps; then
+  if command -v nvidia-cuda-mps-control > /dev/null; then
+    export CUDA_MPS_PIPE_DIRECTORY=/tmp/braid-mps/pipe CUDA_MPS_LOG_DIRECTORY=/tmp/braid-mps/log
+    mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
+    if nvidia-cuda-mps-control -d; then
+      check bench_2_all_reduce_mps 30 $L2 $BE --coll all_reduce -b 4 -e 256M -f 4 -n 10 -w 2
+      say "      MPS log: $(grep -i -E 'server|client' "$CUDA_MPS_LOG_DIRECTORY/control.log" 2> /dev/null | tail -2 | tr '\n' ' ' | cut -c1-240)"
+      check bench_2_all_reduce_mps_all 30 env BRAID_DIRECT_WORKERS=all $L2 $BE --coll all_reduce -b 4 -e 256M -f 4 -n 10 -w 2
+      check bench_4_all_reduce_mps_all 30 env BRAID_DIRECT_WORKERS=all $L4 $BE --coll all_reduce -b 16 -e 256M -f 16 -n 5 -w 1
+      echo quit | nvidia-cuda-mps-control
+      cp -r "$CUDA_MPS_LOG_DIRECTORY" "$logs/mps" 2> /dev/null
+    else
+      say "skip  mps (the MPS daemon did not start)"
+    fi
+    unset CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY
+  else
+    say "skip  mps (no nvidia-cuda-mps-control)"
+  fi
 fi
 # compute-sanitizer of a 2-rank collective run (CUDA IPC between the ranks).
 # Asking the driver whether a pointer is device memory answers "invalid

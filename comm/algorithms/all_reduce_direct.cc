@@ -2,7 +2,8 @@
 // chunk of every rank's input straight into that chunk of every rank's
 // output.
 //
-// The message is cut into N chunks (ChunkLayout). Rank r reads chunk r of
+// The message is cut into N chunks (ChunkLayout). Chunk r is rank r's share
+// (or rank 0's, with one worker: direct.h). Rank r reads chunk r of
 // all N inputs, reduces them (its own input first) and writes the result to
 // chunk r of all N outputs in one fused step: on the host block by block,
 // so each block stays in L1/L2 between the reduction and the copies out; on
@@ -22,17 +23,19 @@ namespace braid::comm {
 
 void all_reduce_direct(Exchange& x) {
   const Op& op = x.op();
-  const int n = x.size(), me = x.rank();
+  const int n = x.size();
   const DirectBuffers b = open_direct(x);
   const ChunkLayout layout{op.count, n};
-  const std::size_t at = layout.offset(me) * x.element_bytes();
-  std::vector<void*> dsts;
-  std::vector<const void*> srcs;
-  for (int p : this_rank_first(me, n)) {
-    srcs.push_back(b.send[p] + at);
-    dsts.push_back(b.recv[p] + at);
+  for (int share : b.shares) {
+    const std::size_t at = layout.offset(share) * x.element_bytes();
+    std::vector<void*> dsts;
+    std::vector<const void*> srcs;
+    for (int p : this_rank_first(share, n)) {
+      srcs.push_back(b.send[p] + at);
+      dsts.push_back(b.recv[p] + at);
+    }
+    direct_step(x, dsts, srcs, layout.count_of(share), true);
   }
-  direct_step(x, dsts, srcs, layout.count_of(me), true);
   close_direct(x);
 }
 

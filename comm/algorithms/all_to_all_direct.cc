@@ -7,6 +7,7 @@
 // by the one rank whose data it is. In place this would overwrite a block
 // of a peer's input before the peer has read it, so select.cc never runs
 // an in-place all-to-all here (the pairwise algorithm copies it aside).
+// With one worker (direct.h) rank 0 does these copies for every r.
 #include "comm/algorithms/algorithms.h"
 #include "comm/algorithms/direct.h"
 
@@ -14,11 +15,11 @@ namespace braid::comm {
 
 void all_to_all_direct(Exchange& x) {
   const Op& op = x.op();
-  const int me = x.rank();
   const DirectBuffers b = open_direct(x);
   const std::size_t block = op.count * x.element_bytes();
-  for (int p : this_rank_first(me, x.size()))
-    direct_step(x, {b.recv[p] + me * block}, {b.send[me] + p * block}, op.count, false);
+  for (int share : b.shares)
+    for (int p : this_rank_first(share, x.size()))
+      direct_step(x, {b.recv[p] + share * block}, {b.send[share] + p * block}, op.count, false);
   close_direct(x);
 }
 

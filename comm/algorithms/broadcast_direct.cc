@@ -5,7 +5,7 @@
 // each output byte is written once, by its own rank. No chain, no tree, no
 // segments: the copy engines or memory controllers of all ranks work in
 // parallel. The root copies its input into its own output too (nothing to
-// do in place).
+// do in place). With one worker (direct.h) rank 0 makes every rank's copy.
 #include "comm/algorithms/algorithms.h"
 #include "comm/algorithms/direct.h"
 
@@ -14,7 +14,7 @@ namespace braid::comm {
 void broadcast_direct(Exchange& x) {
   const Op& op = x.op();
   const DirectBuffers b = open_direct(x);
-  direct_step(x, {b.recv[x.rank()]}, {b.send[op.root]}, op.count, false);
+  for (int share : b.shares) direct_step(x, {b.recv[share]}, {b.send[op.root]}, op.count, false);
   close_direct(x);
 }
 

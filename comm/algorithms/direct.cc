@@ -1,6 +1,8 @@
 // The phases every direct collective shares (direct.h explains them).
 #include "comm/algorithms/direct.h"
 
+#include <algorithm>
+
 #include "comm/algorithms/algorithms.h"
 #include "comm/algorithms/reducer.h"
 #include "runtime/errors.h"
@@ -12,6 +14,7 @@ namespace {
 // (zero where it uses none; a peer never maps those).
 struct References {
   RegionRef send, recv;
+  WorkerVote vote;
 };
 
 }  // namespace
@@ -23,6 +26,9 @@ DirectBuffers open_direct(Exchange& x) {
   auto send_bytes = [&](int rank) { return send_elements(op, rank, n) * es; };
   auto recv_bytes = [&](int rank) { return recv_elements(op, rank, n) * es; };
   References mine;
+  const auto device = x.device_id();
+  std::copy(device.begin(), device.end(), mine.vote.device);
+  mine.vote.workers = x.direct_workers();
   if ((send_bytes(me) && !x.find_region(op.send, send_bytes(me), mine.send)) ||
       (recv_bytes(me) && !x.find_region(op.recv, recv_bytes(me), mine.recv)))
     throw InvalidUsage(describe(op) + ": a direct collective needs send and receive buffers in registered memory "
@@ -44,7 +50,29 @@ DirectBuffers open_direct(Exchange& x) {
     if (send_bytes(p)) b.send[p] = x.peer_region(p, theirs[p].send, send_bytes(p)).data();
     if (recv_bytes(p)) b.recv[p] = x.peer_region(p, theirs[p].recv, recv_bytes(p)).data();
   }
+  theirs[static_cast<std::size_t>(me)] = mine;
+  std::vector<WorkerVote> votes;
+  for (const References& r : theirs) votes.push_back(r.vote);
+  const bool one = one_direct_worker(votes);
+  x.note_direct_workers(one);
+  if (!one) {
+    b.shares = {me};
+  } else if (me == 0) {
+    for (int p = 0; p < n; ++p) b.shares.push_back(p);
+  }
   return b;
+}
+
+bool one_direct_worker(const std::vector<WorkerVote>& votes) {
+  bool every_one = true, one_device = true;
+  for (const WorkerVote& v : votes) {
+    if (v.workers == DirectWorkers::all) return false;
+    every_one = every_one && v.workers == DirectWorkers::one;
+    one_device = one_device && std::equal(std::begin(v.device), std::end(v.device), std::begin(votes[0].device));
+  }
+  if (every_one) return true;
+  const bool on_gpu = std::any_of(std::begin(votes[0].device), std::end(votes[0].device), [](std::uint8_t b) { return b; });
+  return one_device && on_gpu;
 }
 
 void close_direct(Exchange& x) {

@@ -9,11 +9,23 @@
 //   open_direct    swap references to the buffers each rank's call uses
 //                  (one small message each way, which also says "my input
 //                  is ready") and map the peers' through the Exchange;
-//   this rank's share, as Reducer steps (reducer.h) on the mapped buffers:
-//                  each byte of output is written once, by one rank;
+//   the shares, as Reducer steps (reducer.h) on the mapped buffers: each
+//                  rank's share is its part of the output (its chunk, or
+//                  what its input becomes), each byte written once, by one
+//                  step;
 //   close_direct   wait for this rank's steps, then tell every rank "my
 //                  share is written" and hear the same from each: every
 //                  output is complete once every rank's share is.
+//
+// Who does the shares (DirectBuffers::shares) is agreed in the swap: each
+// rank its own, or rank 0 every one, step for step the same (so the same
+// result to the bit) while the others only wait in close_direct. One worker
+// is for ranks that take one GPU in turns: their processes' contexts
+// time-slice it, so every rank that runs a kernel costs the call a context
+// switch, and one worker costs one. Each rank sends its setting
+// (Config::direct_workers) and its buffers' GPU; the rule of
+// one_direct_worker is a function of every rank's pair, so every rank
+// reaches the same answer.
 //
 // References are opaque here: the transport that maps a peer's reference
 // checks it against what that peer registered. The swap uses a step number
@@ -38,7 +50,22 @@ inline constexpr std::uint32_t kDirectStep = 0x7fff0000u;
 struct DirectBuffers {
   std::vector<const std::byte*> send;  // [rank]
   std::vector<std::byte*> recv;        // [rank]
+  // The ranks whose share this rank does: itself, or with one worker every
+  // rank on rank 0 and none on the others.
+  std::vector<int> shares;
 };
+
+// What each rank says of the workers in the swap: its setting and the GPU
+// its buffers are on (zeros: host memory).
+struct WorkerVote {
+  std::uint8_t device[16] = {};
+  DirectWorkers workers = DirectWorkers::automatic;
+};
+
+// Whether rank 0 does every share: never where some rank asks for all;
+// where every rank asks for one; otherwise (some automatic, none all) where
+// every rank's buffers are on the same GPU.
+bool one_direct_worker(const std::vector<WorkerVote>& votes);
 
 // InvalidUsage when a buffer this rank's call uses is not registered memory
 // the transport can hand its peers; RemoteError when a peer's reference

@@ -10,6 +10,7 @@
 // header (a test checks their includes).
 #pragma once
 
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <cstddef>
@@ -44,6 +45,10 @@ struct Tuning {
   int window = 4;  // receives posted ahead of the one being consumed
 };
 
+// Which ranks do a direct collective's work (Config::direct_workers,
+// comm/algorithms/direct.h): each its own share, or rank 0 all of them.
+enum class DirectWorkers : std::uint8_t { automatic, all, one };
+
 // What a communicator keeps for its operations' Exchanges, so that starting
 // one allocates nothing.
 struct ExchangeContext {
@@ -63,6 +68,14 @@ struct ExchangeContext {
   // Reducer (set by the communicator's first call on device memory).
   Transport* device_regions = nullptr;
   Reducer* device_reducer = nullptr;
+  // The identity (UUID) of that device, set with device_reducer: ranks whose
+  // buffers are on the same GPU see the same bytes.
+  std::array<std::uint8_t, 16> device_id{};
+  // Config::direct_workers: which ranks do a direct collective's work.
+  DirectWorkers direct_workers = DirectWorkers::automatic;
+  // Whether the last direct collective ran with one worker (read by
+  // Communicator::last_algorithm on the caller's thread).
+  std::atomic<bool> last_direct_one_worker{false};
   // The shared slots when every peer is reached through one transport that
   // has them, else null, and the payload bytes a slot holds: looked up once
   // the transports are connected, before the first call (engine_lean.cc).
@@ -158,6 +171,12 @@ class Exchange {
   // host memory keeps its device kind there, but select.cc never runs a
   // direct collective on staging.
   Reducer& reducer();
+  // For the direct collectives' choice of workers (direct.h): the setting,
+  // and the identity of the GPU this call's buffers are on (all zeros for
+  // host memory).
+  DirectWorkers direct_workers() const { return c_.direct_workers; }
+  std::array<std::uint8_t, 16> device_id() const;
+  void note_direct_workers(bool one) { c_.last_direct_one_worker.store(one, std::memory_order_relaxed); }
   Clock::time_point deadline() const {
     if (deadline_ == Clock::time_point{}) deadline_ = Clock::now() + timeout_;
     return deadline_;

@@ -39,6 +39,15 @@ struct Config {
   // recursive_doubling; broadcast: binomial or pipelined). Default auto
   // (comm/algorithms/select.cc).
   std::string algo = "auto";
+  // BRAID_DIRECT_WORKERS: auto|all|one. Which ranks do a direct
+  // collective's work (comm/algorithms/direct.h): `all`, each rank its own
+  // share; `one`, rank 0 every rank's share, the same steps (so the same
+  // results, bit for bit), while the others wait for it; `auto` (default),
+  // one where every rank's buffers are on the same GPU, where the ranks'
+  // processes take the GPU in turns and each share costs a context switch,
+  // all otherwise. The ranks agree in each call: one where none asks for all
+  // and every one asks for one or is auto on a shared GPU.
+  std::string direct_workers = "auto";
   // BRAID_TCP_NSOCKS: sockets per peer connection, 1..16. Default 4: several
   // streams move large messages faster, even over loopback.
   int tcp_nsocks = 4;

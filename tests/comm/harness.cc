@@ -54,6 +54,7 @@ struct TempDir {
     runtime::Config config = options.config;
     if (options.host_of) config.host_id = options.host_of(rank);
     if (options.enter_rank) config.bind_addr = options.enter_rank(rank);
+    if (options.configure) options.configure(rank, config);
     auto comm = comm::Communicator::create_world(info, config);
     fn(*comm);
   } catch (const std::exception& e) {

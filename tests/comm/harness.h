@@ -42,6 +42,8 @@ struct RunOptions {
   // When set, rank r runs with config.host_id = host_of(r): a forced
   // topology, e.g. two "hosts" of two ranks on one machine.
   std::function<std::string(int rank)> host_of;
+  // When set, adjusts rank r's copy of `config` (settings that differ by rank).
+  std::function<void(int rank, runtime::Config& config)> configure;
   // When set, runs in rank r's child before anything else (e.g. setns into
   // the rank's network namespace) and returns the address its communicator
   // listens on.

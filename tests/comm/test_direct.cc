@@ -9,10 +9,12 @@
 // barrier crossed the transport. Plus the host Reducer's aliasing rules.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <cstring>
 #include <numeric>
 #include <vector>
 
+#include "comm/algorithms/direct.h"
 #include "comm/algorithms/reducer.h"
 #include "tests/comm/cases.h"
 #include "tests/comm/harness.h"
@@ -60,8 +62,9 @@ const std::byte* expected(const verify::ExpectedTable& table, const Case& c, int
 // Runs one case on registered buffers (reused across cases: registering
 // and mapping costs more than a case), checks the output exactly, and that
 // the direct collective ran it (but for an in-place all_to_all, which
-// select.cc keeps off it) with next to nothing through the transport.
-void run_case(Communicator& comm, const Case& c, Registered& send, Registered& recv) {
+// select.cc keeps off it) with next to nothing through the transport, by
+// one worker (rank 0 doing every rank's share) or by all as `one_worker`.
+void run_case(Communicator& comm, const Case& c, Registered& send, Registered& recv, bool one_worker) {
   const int n = comm.size(), r = comm.rank();
   const std::size_t es = dtype_bytes(c.dtype), count = c.count;
   const std::size_t big = per_rank(c.kind) ? count * n : count;
@@ -82,6 +85,9 @@ void run_case(Communicator& comm, const Case& c, Registered& send, Registered& r
     expect(algorithm == "direct", describe(c, n) + " ran " + algorithm + ", not direct");
     expect(sent < 512u * static_cast<unsigned>(n), describe(c, n) + " sent " + std::to_string(sent) +
                                                         " bytes through the transport: not direct");
+    const bool said_one = comm.last_algorithm(c.kind).reason.find("one worker") != std::string::npos;
+    expect(said_one == one_worker, describe(c, n) + (one_worker ? " ran with all workers, not one"
+                                                                : " ran with one worker, not all"));
   }
   if (c.kind == OpKind::reduce && r != c.root) return;
   verify::ExpectedTable table(n, c.dtype, c.op);
@@ -110,19 +116,47 @@ std::vector<Case> grid(int size) {
 
 }  // namespace
 
-TEST_CASE("direct collectives on registered host buffers: every kind x dtype x op x count x placement",
+TEST_CASE("direct collectives on registered host buffers: every kind x dtype x op x count x placement x workers",
           "[collectives][registered][direct]") {
   const int size = GENERATE(2, 3, 5);
+  // auto: each rank its own share (host memory is on no GPU); one
+  // (BRAID_DIRECT_WORKERS, direct.h): rank 0 every rank's, the others wait.
+  const std::string workers = GENERATE("auto", "one");
   runtime::Config config = test::test_config();
   config.algo = "direct";
-  auto result = test::run_ranks(size, [](Communicator& comm) {
+  config.direct_workers = workers;
+  auto result = test::run_ranks(size, [one = workers == "one"](Communicator& comm) {
     const std::size_t bytes = kMaxCount * static_cast<std::size_t>(comm.size()) * 8;
     Registered send(bytes), recv(bytes);
-    for (const Case& c : grid(comm.size())) run_case(comm, c, send, recv);
+    for (const Case& c : grid(comm.size())) run_case(comm, c, send, recv, one);
   }, test::run_options(std::chrono::seconds(240), config));
-  INFO(size << " ranks: " << result.summary());
+  INFO(size << " ranks, BRAID_DIRECT_WORKERS=" << workers << ": " << result.summary());
   CHECK(result.all_ok());
   CHECK(result.leftover_shm == 0);
+}
+
+// The ranks agree on the workers in every call, whatever each was told: one
+// rank that asks for all, or one left automatic on host memory (which is on
+// no GPU), keeps every rank its own share; a wrong mix would compute shares
+// twice or never.
+TEST_CASE("direct collectives: ranks told different workers agree on one answer",
+          "[collectives][registered][direct]") {
+  const char* odd = GENERATE("all", "auto");
+  runtime::Config config = test::test_config();
+  config.algo = "direct";
+  config.direct_workers = "one";
+  auto options = test::run_options(std::chrono::seconds(120), config);
+  options.configure = [odd](int rank, runtime::Config& c) {
+    if (rank == 1) c.direct_workers = odd;
+  };
+  auto result = test::run_ranks(3, [](Communicator& comm) {
+    const std::size_t bytes = kMaxCount * static_cast<std::size_t>(comm.size()) * 8;
+    Registered send(bytes), recv(bytes);
+    for (const Case& c : grid(comm.size()))
+      if (c.dtype == DataType::f32) run_case(comm, c, send, recv, false);
+  }, options);
+  INFO("rank 1 told " << odd << ": " << result.summary());
+  CHECK(result.all_ok());
 }
 
 TEST_CASE("direct broadcast with an unregistered buffer on one rank: every rank fails naming both calls",
@@ -141,6 +175,30 @@ TEST_CASE("direct broadcast with an unregistered buffer on one rank: every rank 
   REQUIRE_FALSE(result.timed_out);
   for (const auto& rank : result.ranks) CHECK(rank.exit_code == 1);
   CHECK_THAT(result.summary(), Catch::Contains("broadcast"));
+}
+
+// The rule itself (direct.h): every rank applies it to every rank's vote.
+TEST_CASE("one_direct_worker: one on a shared GPU or where every rank asks, never where one asks for all",
+          "[direct]") {
+  auto vote = [](DirectWorkers workers, std::uint8_t gpu) {
+    WorkerVote v;
+    v.workers = workers;
+    if (gpu) std::fill(std::begin(v.device), std::end(v.device), gpu);
+    return v;
+  };
+  const auto a = DirectWorkers::automatic, all = DirectWorkers::all, one = DirectWorkers::one;
+  CHECK(one_direct_worker({vote(a, 7), vote(a, 7), vote(a, 7)}));        // one GPU
+  CHECK_FALSE(one_direct_worker({vote(a, 7), vote(a, 7), vote(a, 8)}));  // two GPUs
+  CHECK_FALSE(one_direct_worker({vote(a, 0), vote(a, 0)}));              // host memory
+  CHECK(one_direct_worker({vote(one, 0), vote(one, 0)}));                // asked for, on the host too
+  CHECK(one_direct_worker({vote(one, 7), vote(a, 7)}));
+  CHECK_FALSE(one_direct_worker({vote(one, 0), vote(a, 0)}));
+  CHECK_FALSE(one_direct_worker({vote(one, 7), vote(a, 8)}));
+  CHECK_FALSE(one_direct_worker({vote(a, 7), vote(all, 7)}));            // all wins
+  CHECK_FALSE(one_direct_worker({vote(one, 7), vote(all, 7), vote(one, 7)}));
+  WorkerVote partly;  // one byte of the UUID differs
+  partly.device[15] = 1;
+  CHECK_FALSE(one_direct_worker({vote(a, 0), partly}));
 }
 
 // The host Reducer (comm/algorithms/reducer.h): a destination may be any

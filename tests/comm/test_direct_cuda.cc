@@ -16,6 +16,7 @@
 #include <cstring>
 #include <fstream>
 #include <functional>
+#include <optional>
 #include <span>
 #include <thread>
 #include <vector>
@@ -95,9 +96,11 @@ const std::byte* expected(const verify::ExpectedTable& table, const Case& c, int
 // One case on device buffers `send` and `recv` (each of at least the
 // largest case), on stream `s`: the input is uploaded, the call issued and
 // the output downloaded on the stream, with no Work::wait; the output must
-// be exact, and the call run direct (cuda_ipc) or staged as `direct` says.
+// be exact, and the call run direct (cuda_ipc) or staged as `direct` says,
+// and a direct one by one worker (rank 0 doing every rank's share) or by
+// all as `one_worker` says.
 void run_case(Communicator& comm, const Case& c, DeviceBuffer& send, DeviceBuffer& recv, cudaStream_t s,
-              bool direct) {
+              bool direct, bool one_worker) {
   const int n = comm.size(), r = comm.rank();
   const std::size_t es = dtype_bytes(c.dtype), count = c.count, big = per_rank(c.kind) ? count * n : count;
   std::vector<std::byte> host_in(std::max<std::size_t>(1, big) * es), host_out(host_in.size());
@@ -119,9 +122,12 @@ void run_case(Communicator& comm, const Case& c, DeviceBuffer& send, DeviceBuffe
   const std::string ran = comm.last_algorithm(c.kind).name;
   expect((ran == "cuda_ipc") == direct, describe(c, n) + " ran " + ran + (direct ? ", not" : ", yet not") +
                                           " direct on device buffers IPC " + (send.shareable ? "shares" : "cannot share"));
-  if (ran == "cuda_ipc")
+  if (ran == "cuda_ipc") {
     expect(comm.traffic().bytes_sent - before.bytes_sent < 512u * static_cast<unsigned>(n),
            describe(c, n) + " moved its data through the transport: not direct");
+    const bool one = comm.last_algorithm(c.kind).reason.find("one worker") != std::string::npos;
+    expect(one == one_worker, describe(c, n) + (one_worker ? " ran with all workers, not one" : " ran with one worker"));
+  }
   if (c.kind == OpKind::reduce && r != c.root) return;
   verify::ExpectedTable table(n, c.dtype, c.op);
   for (std::size_t i = 0; i < out_elems; ++i)
@@ -146,25 +152,34 @@ std::vector<Case> grid(int size, std::span<const DataType> dtypes) {
   return cases;
 }
 
-// Rank r on GPU r mod the GPU count, with a stream of its own.
-cudaStream_t rank_stream(int rank) {
+// GPUs visible to a rank.
+int gpu_count() {
   int gpus = 0;
   cuda(cudaGetDeviceCount(&gpus), "cudaGetDeviceCount");
-  cuda(cudaSetDevice(rank % gpus), "cudaSetDevice");
+  return gpus;
+}
+
+// Rank r on GPU r mod the GPU count, with a stream of its own.
+cudaStream_t rank_stream(int rank) {
+  cuda(cudaSetDevice(rank % gpu_count()), "cudaSetDevice");
   cudaStream_t s;
   cuda(cudaStreamCreate(&s), "cudaStreamCreate");
   return s;
 }
 
 // Every case of the grid on buffers from `shareable` memory, each run
-// direct when `direct` (but an in-place all_to_all, which never is).
-void sweep(Communicator& comm, bool shareable, bool direct, std::span<const DataType> dtypes = kDtypes) {
+// direct when `direct` (but an in-place all_to_all, which never is), by one
+// worker when `one_worker`; by default, as BRAID_DIRECT_WORKERS=auto does:
+// one where every rank is on the same GPU.
+void sweep(Communicator& comm, bool shareable, bool direct, std::span<const DataType> dtypes = kDtypes,
+           std::optional<bool> one_worker = std::nullopt) {
   cudaStream_t s = rank_stream(comm.rank());
   {
     const std::size_t bytes = kMaxCount * static_cast<std::size_t>(comm.size()) * 8;
     DeviceBuffer send(bytes, shareable), recv(bytes, shareable);
     for (const Case& c : grid(comm.size(), dtypes))
-      run_case(comm, c, send, recv, s, direct && !(c.kind == OpKind::all_to_all && c.in_place));
+      run_case(comm, c, send, recv, s, direct && !(c.kind == OpKind::all_to_all && c.in_place),
+               one_worker.value_or(gpu_count() == 1));
   }
   cuda(cudaStreamDestroy(s), "cudaStreamDestroy");
 }
@@ -183,6 +198,14 @@ TEST_CASE("cuda_ipc: every direct collective on device buffers, every dtype, op,
     INFO(n << " ranks: " << result.summary());
     CHECK(result.all_ok());
   }
+  // Each rank its own share, as on ranks of different GPUs.
+  constexpr DataType dtypes[] = {DataType::f32, DataType::bf16, DataType::i32};
+  runtime::Config config = test::test_config();
+  config.direct_workers = "all";
+  auto all = test::run_ranks(3, [&](Communicator& comm) { sweep(comm, true, true, dtypes, false); },
+                             test::run_options(std::chrono::seconds(300), config));
+  INFO("BRAID_DIRECT_WORKERS=all: " << all.summary());
+  CHECK(all.all_ok());
 }
 
 // The same grid where the direct path must not run, with the same results:
