@@ -17,6 +17,8 @@
 #   train      config B: every strategy on 2 ranks, tp 2, pp 2, tp 2 x pp 2
 #   trainL1    the 113M-parameter config on 1 GPU
 #   trainL     the 113M-parameter config, zero3 on 2 ranks
+#   trainLall  the 113M-parameter config, 3 steps: every strategy on 2 ranks,
+#              tp 2, pp 2, tp 2 x pp 2, and the CPU run they must match
 #   torch      PyTorch on the same shapes (scripts/torch_gpt.py)
 #   sanitizer  compute-sanitizer memcheck and racecheck of the kernels
 #   hangdump   where the 2-rank all_reduce, comm_device or zero3 failed: cuda-gdb's
@@ -40,7 +42,7 @@ cublas="$(find /opt /usr/local /usr/lib -name 'libcublas.so.13' 2>/dev/null | he
 export LD_LIBRARY_PATH="$kit/lib${cublas:+:$(dirname "$cublas")}"
 nvidia-smi > "$logs/nvidia-smi.log" 2>&1
 B="$kit/bin"
-groups="${*:-probe tests bench bench4 mps sanitizer2 dtypes train1 train trainL1 trainL torch sanitizer}"
+groups="${*:-probe tests bench bench4 mps sanitizer2 dtypes train1 train trainL1 trainL trainLall torch sanitizer}"
 want() { case " $groups " in *" $1 "*) return 0 ;; esac; return 1; }
 pack() { tar -C "$logs" -czf "$out/logs.tgz" . 2> /dev/null; }
 say() { echo "$*" | tee -a "$out/summary.txt"; }
@@ -187,6 +189,17 @@ if want trainL1; then
 fi
 if want trainL; then
   check train_L_2zero3 60 $L2 "$T" --device cuda $cfgL --steps 8 --strategy zero3 $D
+fi
+# Every run has the global batch of 2 data-parallel ranks of 8 sequences.
+if want trainLall; then
+  L3="$cfgL --steps 3 $D"
+  for s in ddp dp zero1 zero2 zero3; do
+    check "train_L_2$s" 60 $L2 "$T" --device cuda $L3 --strategy $s
+  done
+  check train_L_2tp 60 $L2 "$T" --device cuda $L3 --tp 2 --grad-accum 2
+  check train_L_2pp 60 $L2 "$T" --device cuda $L3 --pp 2 --grad-accum 2
+  check train_L_4tp2pp2 90 $L4 "$T" --device cuda $L3 --tp 2 --pp 2 --grad-accum 2
+  check train_L_cpu16 150 "$T" --device cpu $L3 --grad-accum 2 --threads 16
 fi
 if want torch && python3 -c "import torch; assert torch.cuda.is_available()" 2> /dev/null; then
   check torch_B 60 python3 "$kit/torch_gpt.py" $cfgB --steps 30
