@@ -12,7 +12,7 @@
 #   mps        the 2- and 4-rank all_reduce under an MPS daemon this script
 #              starts and stops (one context for every rank: no time-slicing)
 #   sanitizer2 compute-sanitizer memcheck and racecheck of a 2-rank all_reduce
-#   dtypes     2 ranks, all_reduce and reduce_scatter, f16 bf16 f64 i8
+#   dtypes     every collective on 2 and 4 ranks, every dtype (-d all), 8 B to 2 MiB
 #   train1     config B on 1 GPU, and the CPU reference
 #   train      config B: every strategy on 2 ranks, tp 2, pp 2, tp 2 x pp 2
 #   trainL1    the 113M-parameter config on 1 GPU
@@ -157,9 +157,9 @@ if want sanitizer2 && command -v compute-sanitizer > /dev/null; then
   check racecheck_2rank 45 $L2 $CS racecheck $BE --coll all_reduce -b 8 -e 4M -f 64 -n 2 -w 1
 fi
 if want dtypes; then
-  for d in f16 bf16 f64 i8; do
-    check "bench_2_${d}_all_reduce" 15 $L2 $BE --coll all_reduce -d $d -b 8 -e 16M -f 16 -n 2 -w 1
-    check "bench_2_${d}_reduce_scatter" 15 $L2 $BE --coll reduce_scatter -d $d -b 8 -e 16M -f 16 -n 2 -w 1
+  for c in all_reduce reduce_scatter all_gather broadcast reduce all_to_all send_recv; do
+    check "bench_2_dtypes_$c" 20 $L2 $BE --coll $c -d all -b 8 -e 2M -f 64 -n 2 -w 1
+    check "bench_4_dtypes_$c" 25 $L4 $BE --coll $c -d all -b 8 -e 2M -f 64 -n 2 -w 1
   done
 fi
 # The trainer on the GPU: config B and a 113M-parameter config. Every run of
