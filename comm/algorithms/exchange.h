@@ -68,14 +68,6 @@ struct ExchangeContext {
   // Reducer (set by the communicator's first call on device memory).
   Transport* device_regions = nullptr;
   Reducer* device_reducer = nullptr;
-  // The identity (UUID) of that device, set with device_reducer: ranks whose
-  // buffers are on the same GPU see the same bytes.
-  std::array<std::uint8_t, 16> device_id{};
-  // Config::direct_workers: which ranks do a direct collective's work.
-  DirectWorkers direct_workers = DirectWorkers::automatic;
-  // Whether the last direct collective ran with one worker (read by
-  // Communicator::last_algorithm on the caller's thread).
-  std::atomic<bool> last_direct_one_worker{false};
   // The shared slots when every peer is reached through one transport that
   // has them, else null, and the payload bytes a slot holds: looked up once
   // the transports are connected, before the first call (engine_lean.cc).
@@ -94,6 +86,14 @@ struct ExchangeContext {
   std::vector<Op> early;
   std::uint64_t oldest_early = 0;  // no unchecked early call is older; 0: none
   std::uint64_t newest_early = 0;
+  // Off the small calls' path, so last (the fields above keep their lines):
+  // the identity (UUID) of device_reducer's device, set with it (ranks whose
+  // buffers are on the same GPU see the same bytes); Config::direct_workers;
+  // and whether the last direct collective ran with one worker (read by
+  // Communicator::last_algorithm on the caller's thread).
+  std::array<std::uint8_t, 16> device_id{};
+  DirectWorkers direct_workers = DirectWorkers::automatic;
+  std::atomic<bool> last_direct_one_worker{false};
 };
 
 // Whether [data, data + bytes) lies in registered memory that one transport
