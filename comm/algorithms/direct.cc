@@ -36,20 +36,7 @@ DirectBuffers open_direct(Exchange& x) {
   std::vector<References> theirs(static_cast<std::size_t>(n));
   x.swap_with_all(kDirectStep, &mine, theirs.data(), sizeof(References));
 
-  // What each peer's call uses follows from the op, not from its message:
-  // a reference a peer left out where its call needs a buffer is refused.
   DirectBuffers b;
-  b.send.assign(static_cast<std::size_t>(n), nullptr);
-  b.recv.assign(static_cast<std::size_t>(n), nullptr);
-  for (int p = 0; p < n; ++p) {
-    if (p == me) {
-      if (send_bytes(p)) b.send[p] = static_cast<const std::byte*>(op.send);
-      if (recv_bytes(p)) b.recv[p] = static_cast<std::byte*>(op.recv);
-      continue;
-    }
-    if (send_bytes(p)) b.send[p] = x.peer_region(p, theirs[p].send, send_bytes(p)).data();
-    if (recv_bytes(p)) b.recv[p] = x.peer_region(p, theirs[p].recv, recv_bytes(p)).data();
-  }
   theirs[static_cast<std::size_t>(me)] = mine;
   std::vector<WorkerVote> votes;
   for (const References& r : theirs) votes.push_back(r.vote);
@@ -59,6 +46,22 @@ DirectBuffers open_direct(Exchange& x) {
     b.shares = {me};
   } else if (me == 0) {
     for (int p = 0; p < n; ++p) b.shares.push_back(p);
+  }
+  // A rank with no share touches no peer's buffer, so it maps none: rank 0
+  // checks every reference.
+  b.send.assign(static_cast<std::size_t>(n), nullptr);
+  b.recv.assign(static_cast<std::size_t>(n), nullptr);
+  if (b.shares.empty()) return b;
+  // What each peer's call uses follows from the op, not from its message:
+  // a reference a peer left out where its call needs a buffer is refused.
+  for (int p = 0; p < n; ++p) {
+    if (p == me) {
+      if (send_bytes(p)) b.send[p] = static_cast<const std::byte*>(op.send);
+      if (recv_bytes(p)) b.recv[p] = static_cast<std::byte*>(op.recv);
+      continue;
+    }
+    if (send_bytes(p)) b.send[p] = x.peer_region(p, theirs[p].send, send_bytes(p)).data();
+    if (recv_bytes(p)) b.recv[p] = x.peer_region(p, theirs[p].recv, recv_bytes(p)).data();
   }
   return b;
 }

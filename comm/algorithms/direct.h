@@ -8,7 +8,8 @@
 //
 //   open_direct    swap references to the buffers each rank's call uses
 //                  (one small message each way, which also says "my input
-//                  is ready") and map the peers' through the Exchange;
+//                  is ready") and map the peers' through the Exchange
+//                  (a rank that does no share maps none);
 //   the shares, as Reducer steps (reducer.h) on the mapped buffers: each
 //                  rank's share is its part of the output (its chunk, or
 //                  what its input becomes), each byte written once, by one
