@@ -165,41 +165,60 @@ fi
 # The trainer on the GPU: config B and a 113M-parameter config. Every run of
 # config B has the same global batch (16 sequences: 2 micro-batches of 8 on
 # one data-parallel rank, or one on each of two), so all of them, and the CPU
-# run, must print the same losses step for step.
+# run, must give the same losses step for step: each run writes its losses
+# to $logs/<name>.jsonl (--metrics) and scripts/gpu_losses.py sets them
+# beside the reference's, in full precision.
 D="--data $kit/fortunes.txt --eval-interval 0 --eval-batches 1 --warmup-steps 2"
 cfgB="--n-layer 6 --n-head 6 --n-embd 384 --block-size 256 --batch-size 8"
 cfgL="--n-layer 16 --n-head 12 --n-embd 768 --block-size 1024 --batch-size 8"
 T="$B/braid-train"
+train() {  # name, timeout seconds, command...: check with --metrics
+  name=$1 limit=$2; shift 2
+  check "$name" "$limit" "$@" --metrics "$logs/$name.jsonl"
+}
+losses() {  # reference run, runs...
+  ref=$1; shift
+  runs=""
+  for r in "$@"; do runs="$runs $logs/$r.jsonl"; done
+  # shellcheck disable=SC2086
+  python3 scripts/gpu_losses.py "$logs/$ref.jsonl" $runs 2>&1 | sed 's/^/      /' | tee -a "$out/summary.txt"
+}
 if want train1; then
-  check train_B_1 60 "$T" --device cuda $cfgB --steps 30 --grad-accum 2 $D
-  check train_B_cpu16 60 "$T" --device cpu $cfgB --steps 4 --grad-accum 2 --threads 16 $D
+  train train_B_1 60 "$T" --device cuda $cfgB --steps 30 --grad-accum 2 $D
+  train train_B_cpu16 60 "$T" --device cpu $cfgB --steps 4 --grad-accum 2 --threads 16 $D
+  losses train_B_cpu16 train_B_1
 fi
 if want train; then
   for s in ddp dp zero1 zero2 zero3; do
-    check "train_B_2$s" 30 $L2 "$T" --device cuda $cfgB --steps 10 --strategy $s $D
+    train "train_B_2$s" 30 $L2 "$T" --device cuda $cfgB --steps 10 --strategy $s $D
   done
   [ "$last_rc" -eq 0 ] || ! want hangdump ||
     stacks train_B_2zero3_stacks 25 'bin/braid-train' $L2 "$T" --device cuda $cfgB --steps 10 --strategy zero3 $D
-  check train_B_2tp 30 $L2 "$T" --device cuda $cfgB --steps 10 --tp 2 --grad-accum 2 $D
-  check train_B_2pp 30 $L2 "$T" --device cuda $cfgB --steps 10 --pp 2 --grad-accum 2 $D
-  check train_B_4tp2pp2 40 $L4 "$T" --device cuda $cfgB --steps 10 --tp 2 --pp 2 --grad-accum 2 $D
+  train train_B_2tp 30 $L2 "$T" --device cuda $cfgB --steps 10 --tp 2 --grad-accum 2 $D
+  train train_B_2pp 30 $L2 "$T" --device cuda $cfgB --steps 10 --pp 2 --grad-accum 2 $D
+  train train_B_4tp2pp2 40 $L4 "$T" --device cuda $cfgB --steps 10 --tp 2 --pp 2 --grad-accum 2 $D
+  ref=train_B_2ddp
+  [ -s "$logs/train_B_cpu16.jsonl" ] && ref=train_B_cpu16
+  losses $ref train_B_2ddp train_B_2dp train_B_2zero1 train_B_2zero2 train_B_2zero3 train_B_2tp train_B_2pp train_B_4tp2pp2
 fi
 if want trainL1; then
-  check train_L_1 90 "$T" --device cuda $cfgL --steps 12 $D
+  train train_L_1 90 "$T" --device cuda $cfgL --steps 12 $D
 fi
 if want trainL; then
-  check train_L_2zero3 60 $L2 "$T" --device cuda $cfgL --steps 8 --strategy zero3 $D
+  train train_L_2zero3 60 $L2 "$T" --device cuda $cfgL --steps 8 --strategy zero3 $D
 fi
-# Every run has the global batch of 2 data-parallel ranks of 8 sequences.
+# The same global batch (2 data-parallel ranks of 8 sequences) in every run.
 if want trainLall; then
   L3="$cfgL --steps 3 $D"
   for s in ddp dp zero1 zero2 zero3; do
-    check "train_L_2$s" 60 $L2 "$T" --device cuda $L3 --strategy $s
+    train "train_L3_2$s" 60 $L2 "$T" --device cuda $L3 --strategy $s
   done
-  check train_L_2tp 60 $L2 "$T" --device cuda $L3 --tp 2 --grad-accum 2
-  check train_L_2pp 60 $L2 "$T" --device cuda $L3 --pp 2 --grad-accum 2
-  check train_L_4tp2pp2 90 $L4 "$T" --device cuda $L3 --tp 2 --pp 2 --grad-accum 2
-  check train_L_cpu16 150 "$T" --device cpu $L3 --grad-accum 2 --threads 16
+  train train_L3_2tp 60 $L2 "$T" --device cuda $L3 --tp 2 --grad-accum 2
+  train train_L3_2pp 60 $L2 "$T" --device cuda $L3 --pp 2 --grad-accum 2
+  train train_L3_4tp2pp2 90 $L4 "$T" --device cuda $L3 --tp 2 --pp 2 --grad-accum 2
+  train train_L3_cpu16 150 "$T" --device cpu $L3 --grad-accum 2 --threads 16
+  losses train_L3_cpu16 train_L3_2ddp train_L3_2dp train_L3_2zero1 train_L3_2zero2 train_L3_2zero3 train_L3_2tp \
+    train_L3_2pp train_L3_4tp2pp2
 fi
 if want torch && python3 -c "import torch; assert torch.cuda.is_available()" 2> /dev/null; then
   check torch_B 60 python3 "$kit/torch_gpt.py" $cfgB --steps 30
