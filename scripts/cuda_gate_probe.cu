@@ -14,6 +14,16 @@
 //          gate, as a trainer reading its loss would) while another, the
 //          engine's part, launches a loaded kernel and waits for it: does a
 //          thread blocked in a synchronizing call hold the others up?
+//   pingpong, spinpong, hostpong: two processes take turns on the GPU, each
+//          turn a tiny kernel, and the mean time of a round (two turns, so
+//          two switches between the processes' contexts) is printed: the
+//          least a collective of ranks sharing a GPU can cost. pingpong
+//          waits and signals in the GPU's front end (cuStreamWaitValue64,
+//          cuStreamWriteValue64 on shared host memory), no host in the
+//          loop; spinpong waits in a polling kernel (as the gate kernel
+//          does) and signals from a kernel; hostpong has each host thread
+//          wait for its turn, launch, poll its event and hand the turn on
+//          (as an engine does, with no stream held meanwhile).
 // Built by scripts/gpu_kit.sh: nvcc -o cuda_gate_probe cuda_gate_probe.cu
 #include <cuda.h>
 #include <cuda_runtime.h>
@@ -43,6 +53,17 @@ __global__ void spin(const volatile unsigned long long* gate, unsigned long long
 }
 
 __global__ void tiny(int* p) { *p = 1; }
+
+__global__ void spin_until(const volatile unsigned long long* counter, unsigned long long target,
+                           unsigned long long timeout_ns) {
+  const unsigned long long start = now_ns();
+  while (*counter < target && now_ns() - start < timeout_ns) __nanosleep(200);
+}
+
+__global__ void signal_value(volatile unsigned long long* counter, unsigned long long value) {
+  __threadfence_system();
+  *counter = value;
+}
 __global__ void first_time(int* p) { *p = 2; }
 __global__ void second_kernel(int* p) { *p = 3; }
 
@@ -262,6 +283,102 @@ int ipc(const char* mode) {
 
 }  // namespace
 
+using WriteValue64 = CUresult (*)(CUstream, CUdeviceptr, cuuint64_t, unsigned int);
+
+template <typename F>
+F driver_entry(const char* name) {
+  void* fn = nullptr;
+  cudaDriverEntryPointQueryResult found{};
+  if (cudaGetDriverEntryPointByVersion(name, &fn, 12000, cudaEnableDefault, &found) != cudaSuccess ||
+      found != cudaDriverEntryPointSuccess)
+    return nullptr;
+  return reinterpret_cast<F>(fn);
+}
+
+// Two processes, A and B, take turns: A's turn i waits for counter a >= i,
+// B's for b >= i; each runs `tiny` and hands the turn on (A sets b = i, B
+// sets a = i + 1). The counters lie in shared memory both register with CUDA.
+int pong(const char* mode) {
+  struct Turns {
+    volatile unsigned long long a, b;
+    std::atomic<int> ready;
+    double ms;
+  };
+  const bool spin = std::strcmp(mode, "spinpong") == 0, host = std::strcmp(mode, "hostpong") == 0;
+  const int rounds = spin ? 100 : 2000;
+  auto* t = static_cast<Turns*>(mmap(nullptr, 4096, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0));
+  std::memset(static_cast<void*>(t), 0, 4096);
+  t->a = 1;
+  const pid_t pid = fork();
+  const bool is_a = pid != 0;
+  auto fail = [&](const char* what) {
+    std::printf("%s: %s failed\n", mode, what);
+    if (is_a) kill(pid, SIGKILL), waitpid(pid, nullptr, 0);
+    else _exit(1);
+    return 1;
+  };
+  if (!ok(cudaHostRegister(t, 4096, cudaHostRegisterMapped | cudaHostRegisterPortable), "cudaHostRegister"))
+    return fail("cudaHostRegister");
+  Turns* td = nullptr;
+  cudaHostGetDevicePointer(reinterpret_cast<void**>(&td), t, 0);
+  auto* mine = is_a ? &td->a : &td->b;
+  auto* theirs = is_a ? &td->b : &td->a;
+  int* d = nullptr;
+  cudaMalloc(&d, sizeof(int));
+  unsigned long long* scratch = nullptr;
+  cudaMalloc(&scratch, sizeof(unsigned long long));
+  cudaStream_t stream;
+  cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking);
+  cudaEvent_t done;
+  cudaEventCreateWithFlags(&done, cudaEventDisableTiming);
+  auto wait_value = driver_entry<WaitValue64>("cuStreamWaitValue64");
+  auto write_value = driver_entry<WriteValue64>("cuStreamWriteValue64");
+  if (!wait_value || !write_value) return fail("looking up cuStreamWaitValue64 / cuStreamWriteValue64");
+  // Every kernel once before timing (and both processes' contexts up).
+  tiny<<<1, 1, 0, stream>>>(d);
+  spin_until<<<1, 1, 0, stream>>>(&td->a, 0, 0);
+  signal_value<<<1, 1, 0, stream>>>(scratch, 0);
+  cudaStreamSynchronize(stream);
+  t->ready.fetch_add(1);
+  while (t->ready.load() < 2) std::this_thread::sleep_for(std::chrono::microseconds(100));
+  const auto t0 = std::chrono::steady_clock::now();
+  for (unsigned long long i = 1; i <= static_cast<unsigned long long>(rounds); ++i) {
+    const unsigned long long next = is_a ? i : i + 1;
+    if (host) {
+      const volatile unsigned long long* my_counter = is_a ? &t->a : &t->b;
+      const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+      while (*my_counter < i) {
+        if (std::chrono::steady_clock::now() > deadline) return fail("waiting for the turn");
+        std::this_thread::sleep_for(std::chrono::microseconds(5));
+      }
+      tiny<<<1, 1, 0, stream>>>(d);
+      cudaEventRecord(done, stream);
+      while (cudaEventQuery(done) == cudaErrorNotReady) std::this_thread::sleep_for(std::chrono::microseconds(5));
+      std::atomic_ref<unsigned long long>(*const_cast<unsigned long long*>(is_a ? &t->b : &t->a)).store(next);
+    } else if (spin) {
+      spin_until<<<1, 1, 0, stream>>>(mine, i, 5'000'000'000ull);
+      tiny<<<1, 1, 0, stream>>>(d);
+      signal_value<<<1, 1, 0, stream>>>(const_cast<unsigned long long*>(theirs), next);
+    } else {
+      wait_value(stream, reinterpret_cast<CUdeviceptr>(const_cast<unsigned long long*>(mine)), i,
+                 CU_STREAM_WAIT_VALUE_GEQ);
+      tiny<<<1, 1, 0, stream>>>(d);
+      write_value(stream, reinterpret_cast<CUdeviceptr>(const_cast<unsigned long long*>(theirs)), next, 0);
+    }
+  }
+  const cudaError_t synced = cudaStreamSynchronize(stream);
+  const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  if (!is_a) {
+    _exit(synced == cudaSuccess ? 0 : 1);
+  }
+  int status = 0;
+  waitpid(pid, &status, 0);
+  if (synced != cudaSuccess || !WIFEXITED(status) || WEXITSTATUS(status) != 0)
+    return fail("the rounds");
+  std::printf("%s: %d rounds of two turns in %.1f ms: %.1f us a round\n", mode, rounds, ms, 1000 * ms / rounds);
+  return 0;
+}
+
 // Each mode in its own process, forked before this one touches CUDA (a
 // process that has used CUDA cannot fork a child that uses it), at most 15 s.
 int main(int argc, char** argv) {
@@ -276,6 +393,7 @@ int main(int argc, char** argv) {
       else if (std::strcmp(mode, "loaded") == 0) r = lazy(mode, true);
       else if (std::strcmp(mode, "ipc") == 0) r = ipc(mode);
       else if (std::strcmp(mode, "thread") == 0) r = threaded(mode);
+      else if (std::strstr(mode, "pong") != nullptr) r = pong(mode);
       else r = probe(mode);
       std::fflush(stdout);
       _exit(r);

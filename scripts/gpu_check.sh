@@ -6,6 +6,8 @@
 # summary line per check into $OUT/summary.txt and stdout.
 # Groups (default: all, in this order):
 #   probe      another process's kernel while a stream is held at a gate
+#   pong       two processes taking turns on the GPU: the least a round of
+#              two context switches costs, with front-end, kernel and host waits
 #   tests      kernels_cuda, trainer_device, comm_device
 #   bench      braid-bench --device cuda, 2 ranks, every collective, f32
 #   bench4     4 ranks sharing the GPU, all_reduce to 256 MiB
@@ -42,7 +44,7 @@ cublas="$(find /opt /usr/local /usr/lib -name 'libcublas.so.13' 2>/dev/null | he
 export LD_LIBRARY_PATH="$kit/lib${cublas:+:$(dirname "$cublas")}"
 nvidia-smi > "$logs/nvidia-smi.log" 2>&1
 B="$kit/bin"
-groups="${*:-probe tests bench bench4 mps sanitizer2 dtypes train1 train trainL1 trainL trainLall torch sanitizer}"
+groups="${*:-probe pong tests bench bench4 mps sanitizer2 dtypes train1 train trainL1 trainL trainLall torch sanitizer}"
 want() { case " $groups " in *" $1 "*) return 0 ;; esac; return 1; }
 pack() { tar -C "$logs" -czf "$out/logs.tgz" . 2> /dev/null; }
 say() { echo "$*" | tee -a "$out/summary.txt"; }
@@ -58,7 +60,7 @@ check() {  # name, timeout seconds, command...
   rc=$?
   last_rc=$rc
   if [ $rc -eq 0 ]; then say "ok    $name ($(($(date +%s) - t0)) s)"; else say "FAIL  $name (exit $rc, $(($(date +%s) - t0)) s)"; fi
-  grep -E 'skipped|held|copy|one worker|Avg bus|Out of bounds| 268435456 | 67108864 | 16777216 |test cases|assertions|throughput|MFU|step [1-4]/[0-9]|train loss|tokens/s|ERROR|rror' \
+  grep -E 'skipped|held|round|copy|one worker|Avg bus|Out of bounds| 268435456 | 67108864 | 16777216 |test cases|assertions|throughput|MFU|step [1-4]/[0-9]|train loss|tokens/s|ERROR|rror' \
     "$logs/$name.log" | uniq | tail -12 | sed 's/^/      /' | tee -a "$out/summary.txt"
   [ $rc -eq 0 ] || tail -5 "$logs/$name.log" | sed 's/^/    | /' | tee -a "$out/summary.txt"
   pack
@@ -89,6 +91,9 @@ say "# $(nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,no
 
 if want probe; then
   check gate_probe 70 "$B/cuda_gate_probe" spin lazy loaded ipc thread wait
+fi
+if want pong; then
+  check pong_probe 50 "$B/cuda_gate_probe" pingpong hostpong spinpong
 fi
 if want tests; then
   check kernels_cuda 30 "$B/test_kernels_cuda"
