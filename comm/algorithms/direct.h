@@ -26,7 +26,9 @@
 // switch, and one worker costs one. Each rank sends its setting
 // (Config::direct_workers) and its buffers' GPU; the rule of
 // one_direct_worker is a function of every rank's pair, so every rank
-// reaches the same answer.
+// reaches the same answer. select.cc still chooses the algorithm (the same
+// either way); who runs its steps is agreed here because the answer needs
+// every rank's GPU, which only the swap brings.
 //
 // References are opaque here: the transport that maps a peer's reference
 // checks it against what that peer registered. The swap uses a step number
