@@ -131,23 +131,27 @@ bool ShmSlots::sleep(int peer, std::uint64_t seq, Clock::time_point deadline) {
     if (now >= deadline) return false;
     futex_wait(me->doorbell, seen, std::min<Clock::duration>(deadline - now, kSleepSlice));
     if (f.load(std::memory_order_acquire) >= seq) return true;
-    check_alive(peer);
+    check_alive(peer, &f, seq);
     check_stray(peer, seq);
   }
 }
 
-void ShmSlots::check_alive(int peer) const {
-  const std::string me = rank_text(rank_), them = rank_text(peer);
+void ShmSlots::check_alive(int peer, const std::atomic<std::uint64_t>* awaited, std::uint64_t seq) const {
   const int pidfd = ranks_[peer].pidfd;
   pollfd pfd{pidfd, POLLIN, 0};
-  if (pidfd >= 0 && ::poll(&pfd, 1, 0) > 0)
+  const bool exited = pidfd >= 0 && ::poll(&pfd, 1, 0) > 0;
+  if (!exited && !header(peer)->closed.load(std::memory_order_acquire)) return;
+  // It may have published the call awaited and then gone, after the
+  // caller's last look: its close (or exit) comes after its publish.
+  if (awaited && awaited->load(std::memory_order_acquire) >= seq) return;
+  const std::string me = rank_text(rank_), them = rank_text(peer);
+  if (exited)
     throw RemoteError(me + " was waiting for " + them + "'s shared slot (pid " +
                           std::to_string(header(peer)->owner_pid) + "), but " + them + " exited or was killed",
                       peer);
-  if (header(peer)->closed.load(std::memory_order_acquire))
-    throw RemoteError(me + " was waiting for " + them + "'s shared slot, but " + them +
-                          " closed its communicator (it failed or finished)",
-                      peer);
+  throw RemoteError(me + " was waiting for " + them + "'s shared slot, but " + them +
+                        " closed its communicator (it failed or finished)",
+                    peer);
 }
 
 // Between calls every ring is drained (each call receives every message

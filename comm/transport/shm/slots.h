@@ -70,7 +70,9 @@ class ShmSlots final : public SharedSlots {
     return reinterpret_cast<std::atomic<std::uint64_t>*>(ranks_[rank].segment + sizeof(SegmentHeader) + kSlotAreaBytes);
   }
   bool sleep(int peer, std::uint64_t seq, Clock::time_point deadline);
-  void check_alive(int peer) const;
+  // Throws RemoteError where `peer` exited or closed, unless `awaited` (its
+  // flag of call `seq`) shows that it published first.
+  void check_alive(int peer, const std::atomic<std::uint64_t>* awaited = nullptr, std::uint64_t seq = 0) const;
   void check_stray(int peer, std::uint64_t seq) const;
 
   // How long wait() polls before it yields between looks (when it spins at

@@ -288,8 +288,7 @@ bool ShmTransport::progress(Clock::time_point deadline) {
   if (Clock::now() >= deadline) return false;
   sleep_until(deadline);
   if (pump_all()) return true;
-  check_peers();  // only now: a peer may have written everything and then exited
-  return false;
+  return check_peers();  // only now: a peer may have written everything and then exited
 }
 
 // Polls the doorbell briefly (a peer on another core answers within a
@@ -324,22 +323,33 @@ void ShmTransport::sleep_until(Clock::time_point deadline) {
 }
 
 // A peer with work pending that has closed its segment or whose process is
-// gone will never answer: fail now, naming it.
-void ShmTransport::check_peers() {
+// gone will never answer: fail now, naming it. But it may have written what
+// this rank waits for, and then gone, after the caller's last look: once it
+// is seen gone (its close is a release after its last write), its link is
+// pumped once more, and only a link that still cannot move fails. Returns
+// whether that last pump moved anything.
+bool ShmTransport::check_peers() {
   for (auto& l : links_) {
     if (l->sends.empty() && l->recvs.empty()) continue;
     std::string peer = "rank " + std::to_string(l->peer);
     pollfd pfd{l->pidfd, POLLIN, 0};
-    if (l->pidfd >= 0 && poll(&pfd, 1, 0) > 0)
+    const bool exited = l->pidfd >= 0 && poll(&pfd, 1, 0) > 0;
+    const bool closed = exited || l->mapping.header()->closed.load(std::memory_order_acquire);
+    if (!closed) continue;
+    bool advanced = false;
+    if (!l->sends.empty()) advanced |= pump_sends(*l);
+    if (!l->recvs.empty()) advanced |= pump_recvs(*l);
+    if (advanced) return true;
+    if (exited)
       throw RemoteError("rank " + std::to_string(rank_) + " was exchanging data with " + peer + " (pid " +
                             std::to_string(l->mapping.header()->owner_pid) + ") over shared memory, but " + peer +
                             " exited or was killed",
                         l->peer);
-    if (l->mapping.header()->closed.load(std::memory_order_acquire))
-      throw RemoteError("rank " + std::to_string(rank_) + " was exchanging data with " + peer +
-                            " over shared memory, but " + peer + " closed its communicator (it failed or finished)",
-                        l->peer);
+    throw RemoteError("rank " + std::to_string(rank_) + " was exchanging data with " + peer +
+                          " over shared memory, but " + peer + " closed its communicator (it failed or finished)",
+                      l->peer);
   }
+  return false;
 }
 
 }  // namespace braid::comm::shm

@@ -110,7 +110,7 @@ class ShmTransport final : public Transport {
   void free_consumed(Link& link);
   void ring_doorbell(SegmentHeader* owner);
   void sleep_until(Clock::time_point deadline);
-  void check_peers();
+  bool check_peers();
 
   int rank_;
   std::size_t capacity_;
