@@ -93,8 +93,10 @@ class DeviceStaging {
                                                      const cuda_ipc::CudaIpcOptions& options) = 0;
 };
 
-// Throws InvalidUsage without CUDA support, SystemError when the device
+// Throws InvalidUsage without CUDA support or for a `gate` that is neither
+// "kernel" nor "wait" (Config::cuda_gate), SystemError when the device
 // cannot be used (no driver, no such device).
-std::unique_ptr<DeviceStaging> make_device_staging(int device, std::chrono::milliseconds timeout);
+std::unique_ptr<DeviceStaging> make_device_staging(int device, std::chrono::milliseconds timeout,
+                                                   const std::string& gate);
 
 }  // namespace braid::comm

@@ -349,8 +349,10 @@ class CudaStagedOp final : public StagedOp {
 
 class CudaStaging final : public DeviceStaging {
  public:
-  CudaStaging(int device, std::chrono::milliseconds timeout)
+  CudaStaging(int device, std::chrono::milliseconds timeout, const std::string& gate_mode)
       : shared_(std::make_shared<Shared>()), timeout_(timeout) {
+    if (gate_mode != "kernel" && gate_mode != "wait")
+      throw InvalidUsage("BRAID_CUDA_GATE=" + gate_mode + ": choose kernel or wait");
     int count = 0;
     check(cudaGetDeviceCount(&count), "no usable CUDA device (cudaGetDeviceCount)");
     if (device < 0 || device >= count)
@@ -370,7 +372,7 @@ class CudaStaging final : public DeviceStaging {
     check(cudaHostGetDevicePointer(reinterpret_cast<void**>(&shared_->timed_out_device), flag, 0), "flag mapping");
     preload_kernels(*shared_);
     warn_if_lazy_loading();
-    if (wait_gates()) {
+    if (gate_mode == "wait") {
       shared_->wait_value = find_wait_value();
       shared_->start_watch(gate_limit());
     }
@@ -474,14 +476,6 @@ class CudaStaging final : public DeviceStaging {
   // so that the engine, which waits at most BRAID_TIMEOUT, reports first.
   Clock::duration gate_limit() const { return timeout_ + std::chrono::seconds(10); }
 
-  // BRAID_CUDA_GATE: "kernel" (the default) or "wait" (Shared::wait_value).
-  static bool wait_gates() {
-    const char* mode = std::getenv("BRAID_CUDA_GATE");
-    if (mode == nullptr || std::string_view(mode) == "kernel") return false;
-    if (std::string_view(mode) == "wait") return true;
-    throw InvalidUsage(std::string("BRAID_CUDA_GATE=") + mode + ": choose kernel or wait");
-  }
-
   static WaitValue64 find_wait_value() {
     void* fn = nullptr;
     cudaDriverEntryPointQueryResult found{};
@@ -518,8 +512,9 @@ class CudaStaging final : public DeviceStaging {
 
 }  // namespace
 
-std::unique_ptr<DeviceStaging> make_device_staging(int device, std::chrono::milliseconds timeout) {
-  return std::make_unique<CudaStaging>(device, timeout);
+std::unique_ptr<DeviceStaging> make_device_staging(int device, std::chrono::milliseconds timeout,
+                                                   const std::string& gate) {
+  return std::make_unique<CudaStaging>(device, timeout, gate);
 }
 
 }  // namespace braid::comm

@@ -57,7 +57,8 @@ Plugin load_plugin() {
 
 }  // namespace
 
-std::unique_ptr<DeviceStaging> make_device_staging(int device, std::chrono::milliseconds timeout) {
+std::unique_ptr<DeviceStaging> make_device_staging(int device, std::chrono::milliseconds timeout,
+                                                   const std::string& gate) {
   static std::once_flag once;
   static Plugin plugin;
   std::call_once(once, [] { plugin = load_plugin(); });
@@ -65,7 +66,7 @@ std::unique_ptr<DeviceStaging> make_device_staging(int device, std::chrono::mill
     throw SystemError("CUDA device " + std::to_string(device) + " memory was passed, but braid's CUDA part (" +
                       kDevicePluginFile + ") could not be loaded: " + plugin.error +
                       ". Install it beside libbraid_comm and make the CUDA runtime (libcudart) loadable");
-  return std::unique_ptr<DeviceStaging>(plugin.factory(device, timeout.count()));
+  return std::unique_ptr<DeviceStaging>(plugin.factory(device, timeout.count(), gate.c_str()));
 }
 
 }  // namespace braid::comm

@@ -5,7 +5,7 @@
 
 namespace braid::comm {
 
-std::unique_ptr<DeviceStaging> make_device_staging(int device, std::chrono::milliseconds) {
+std::unique_ptr<DeviceStaging> make_device_staging(int device, std::chrono::milliseconds, const std::string&) {
   throw InvalidUsage("CUDA device " + std::to_string(device) +
                      " memory was passed, but this braid was built without CUDA");
 }

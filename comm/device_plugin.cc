@@ -4,6 +4,7 @@
 #include "comm/device.h"
 #include "comm/device_plugin.h"
 
-extern "C" braid::comm::DeviceStaging* braid_comm_cuda_make_device_staging(int device, std::int64_t timeout_ms) {
-  return braid::comm::make_device_staging(device, std::chrono::milliseconds(timeout_ms)).release();
+extern "C" braid::comm::DeviceStaging* braid_comm_cuda_make_device_staging(int device, std::int64_t timeout_ms,
+                                                                          const char* gate) {
+  return braid::comm::make_device_staging(device, std::chrono::milliseconds(timeout_ms), gate).release();
 }

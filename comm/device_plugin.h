@@ -11,6 +11,6 @@ class DeviceStaging;
 inline constexpr const char* kDevicePluginFile = "libbraid_comm_cuda.so";
 inline constexpr const char* kDevicePluginEntry = "braid_comm_cuda_make_device_staging";
 // make_device_staging of device_cuda.cc; a new object the caller owns.
-using DevicePluginFactory = DeviceStaging* (*)(int device, std::int64_t timeout_ms);
+using DevicePluginFactory = DeviceStaging* (*)(int device, std::int64_t timeout_ms, const char* gate);
 
 }  // namespace braid::comm

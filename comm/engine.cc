@@ -159,7 +159,7 @@ void Communicator::Impl::hand_over() {
 // The device path, on the first call on device memory (staging_mu held):
 // staging, the Reducer, and cuda_ipc to the ranks of this host.
 void Communicator::Impl::start_device(int ordinal) {
-  auto staging = make_device_staging(ordinal, timeout);
+  auto staging = make_device_staging(ordinal, timeout, config.cuda_gate);
   device_reducer = staging->make_reducer();
   exchange.device_reducer = device_reducer.get();
   exchange.device_id = staging->device_uuid();

@@ -191,28 +191,25 @@ TEST_CASE("device: calls follow their stream's order both ways, several in fligh
   CHECK(result.all_ok());
 }
 
-// BRAID_CUDA_GATE=wait holds the streams with cuStreamWaitValue64 rather than
-// a gate kernel (comm/device_cuda.cc, Shared::wait_value): the same results
-// and the same stream order; a value that is neither mode is refused.
+// BRAID_CUDA_GATE=wait (Config::cuda_gate) holds the streams with
+// cuStreamWaitValue64 rather than a gate kernel (comm/device_cuda.cc,
+// Shared::wait_value): the same results and the same stream order; a value
+// that is neither mode is refused.
 TEST_CASE("device: the front-end wait gate gives the same results and order", "[device]") {
   if (probe_gpus() == 0) {
     WARN("skipped: no CUDA device (the CUDA code is built; the GPU checks run on a machine with one)");
     return;
   }
-  struct Gate {  // the ranks are forked: they inherit it
-    explicit Gate(const char* mode) { ::setenv("BRAID_CUDA_GATE", mode, 1); }
-    ~Gate() { ::unsetenv("BRAID_CUDA_GATE"); }
-  };
-  {
-    Gate gate("wait");
-    for (auto* body : {&every_collective, &stream_order}) {
-      auto result = braid::test::run_ranks(2, *body);
-      INFO(result.summary());
-      CHECK(result.all_ok());
-    }
+  braid::test::RunOptions wait;
+  wait.config.cuda_gate = "wait";
+  for (auto* body : {&every_collective, &stream_order}) {
+    auto result = braid::test::run_ranks(2, *body, wait);
+    INFO(result.summary());
+    CHECK(result.all_ok());
   }
-  Gate gate("spinning");
-  auto result = braid::test::run_ranks(1, every_collective);
+  braid::test::RunOptions spinning;
+  spinning.config.cuda_gate = "spinning";
+  auto result = braid::test::run_ranks(1, every_collective, spinning);
   INFO(result.summary());
   REQUIRE_FALSE(result.all_ok());
   CHECK(result.summary().find("choose kernel or wait") != std::string::npos);

@@ -315,7 +315,7 @@ std::unique_ptr<Transport> ipc_transport(int rank, std::shared_ptr<runtime::Stor
   options.local_ranks = {0, 1};
   int device = 0;
   cuda(cudaGetDevice(&device), "cudaGetDevice");
-  return make_device_staging(device, std::chrono::seconds(60))->connect_regions(std::move(store), "test/cuda_ipc",
+  return make_device_staging(device, std::chrono::seconds(60), "kernel")->connect_regions(std::move(store), "test/cuda_ipc",
                                                                                 options);
 }
 
@@ -418,4 +418,28 @@ TEST_CASE("cuda_ipc: a peer's region reference is checked against what it regist
   INFO("rank 0: " << failures[0] << "\nrank 1: " << failures[1]);
   CHECK(failures[0].empty());
   CHECK(failures[1].empty());
+}
+
+// The device path's entry (comm/device_loader.cc -> libbraid_comm_cuda.so),
+// with or without a GPU: a gate mode that is neither kernel nor wait is
+// refused by name; "kernel" gives the staging on a GPU, and without one a
+// SystemError that says there is no usable device. So the plugin loads and
+// its factory takes the arguments the loader passes, also on machines
+// (this project's CI) that never run the tests above.
+TEST_CASE("device path: the CUDA plugin loads, refuses a bad gate mode and says when there is no GPU",
+          "[device]") {
+  const bool gpu = probe_gpus() > 0;
+  auto failures = fork_with_store(1, [gpu](int, runtime::Store&) {
+    expect_refusal([] { make_device_staging(0, std::chrono::seconds(5), "spinning"); }, "choose kernel or wait");
+    try {
+      auto staging = make_device_staging(0, std::chrono::seconds(5), "kernel");
+      expect(gpu && staging != nullptr, "a device staging without a GPU");
+    } catch (const SystemError& e) {
+      expect(!gpu, std::string("no staging on a GPU: ") + e.what());
+      expect(std::string(e.what()).find("no usable CUDA device") != std::string::npos,
+             std::string("without a GPU, but: ") + e.what());
+    }
+  }, std::chrono::seconds(60));
+  INFO(failures[0]);
+  CHECK(failures[0].empty());
 }
