@@ -51,7 +51,7 @@ say() { echo "$*" | tee -a "$out/summary.txt"; }
 hung=0
 check() {  # name, timeout seconds, command...
   name=$1 limit=$2; shift 2
-  case "$*" in *braid-launch*) if [ $hung -eq 1 ]; then say "skip  $name (2 ranks hung)"; return; fi ;; esac
+  case "$*" in *braid-launch*) if [ $hung -eq 1 ]; then say "skip  $name (the 2-rank all_reduce failed, eagerly loaded too)"; return; fi ;; esac
   left=$((budget - ($(date +%s) - start)))
   if [ "$left" -lt 15 ]; then say "skip  $name (budget spent)"; last_rc=0; return; fi
   [ "$limit" -gt "$left" ] && limit=$left
