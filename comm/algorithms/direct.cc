@@ -8,24 +8,13 @@
 #include "runtime/errors.h"
 
 namespace braid::comm {
-namespace {
-
-// What a rank tells its peers: references to the buffers its call uses
-// (zero where it uses none; a peer never maps those).
-struct References {
-  RegionRef send, recv;
-  WorkerVote vote;
-};
-
-}  // namespace
-
 DirectBuffers open_direct(Exchange& x) {
   const Op& op = x.op();
   const int n = x.size(), me = x.rank();
   const std::size_t es = x.element_bytes();
   auto send_bytes = [&](int rank) { return send_elements(op, rank, n) * es; };
   auto recv_bytes = [&](int rank) { return recv_elements(op, rank, n) * es; };
-  References mine;
+  DirectSwap mine;
   const auto device = x.device_id();
   std::copy(device.begin(), device.end(), mine.vote.device);
   mine.vote.workers = x.direct_workers();
@@ -33,14 +22,12 @@ DirectBuffers open_direct(Exchange& x) {
       (recv_bytes(me) && !x.find_region(op.recv, recv_bytes(me), mine.recv)))
     throw InvalidUsage(describe(op) + ": a direct collective needs send and receive buffers in registered memory "
                        "that every peer can map");
-  std::vector<References> theirs(static_cast<std::size_t>(n));
-  x.swap_with_all(kDirectStep, &mine, theirs.data(), sizeof(References));
+  std::vector<DirectSwap> theirs(static_cast<std::size_t>(n));
+  x.swap_with_all(kDirectStep, &mine, theirs.data(), sizeof(DirectSwap));
 
   DirectBuffers b;
   theirs[static_cast<std::size_t>(me)] = mine;
-  std::vector<WorkerVote> votes;
-  for (const References& r : theirs) votes.push_back(r.vote);
-  const bool one = one_direct_worker(votes);
+  const bool one = one_direct_worker(theirs);
   x.note_direct_workers(one);
   if (!one) {
     b.shares = {me};
@@ -66,15 +53,17 @@ DirectBuffers open_direct(Exchange& x) {
   return b;
 }
 
-bool one_direct_worker(const std::vector<WorkerVote>& votes) {
+bool one_direct_worker(std::span<const DirectSwap> swapped) {
+  const WorkerVote& first = swapped.front().vote;
   bool every_one = true, one_device = true;
-  for (const WorkerVote& v : votes) {
+  for (const DirectSwap& s : swapped) {
+    const WorkerVote& v = s.vote;
     if (v.workers == DirectWorkers::all) return false;
     every_one = every_one && v.workers == DirectWorkers::one;
-    one_device = one_device && std::equal(std::begin(v.device), std::end(v.device), std::begin(votes[0].device));
+    one_device = one_device && std::equal(std::begin(v.device), std::end(v.device), std::begin(first.device));
   }
   if (every_one) return true;
-  const bool on_gpu = std::any_of(std::begin(votes[0].device), std::end(votes[0].device), [](std::uint8_t b) { return b; });
+  const bool on_gpu = std::any_of(std::begin(first.device), std::end(first.device), [](std::uint8_t b) { return b; });
   return one_device && on_gpu;
 }
 

@@ -39,6 +39,7 @@
 #pragma once
 
 #include <cstddef>
+#include <span>
 #include <vector>
 
 #include "comm/algorithms/exchange.h"
@@ -65,10 +66,18 @@ struct WorkerVote {
   DirectWorkers workers = DirectWorkers::automatic;
 };
 
-// Whether rank 0 does every share: never where some rank asks for all;
-// where every rank asks for one; otherwise (some automatic, none all) where
-// every rank's buffers are on the same GPU.
-bool one_direct_worker(const std::vector<WorkerVote>& votes);
+// What a rank tells its peers in open_direct's swap: references to the
+// buffers its call uses (zero where it uses none; a peer never maps those)
+// and its vote.
+struct DirectSwap {
+  RegionRef send, recv;
+  WorkerVote vote;
+};
+
+// Whether rank 0 does every share, from every rank's swap: never where some
+// rank asks for all; where every rank asks for one; otherwise (some
+// automatic, none all) where every rank's buffers are on the same GPU.
+bool one_direct_worker(std::span<const DirectSwap> swapped);
 
 // InvalidUsage when a buffer this rank's call uses is not registered memory
 // the transport can hand its peers; RemoteError when a peer's reference

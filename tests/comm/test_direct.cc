@@ -181,10 +181,13 @@ TEST_CASE("direct broadcast with an unregistered buffer on one rank: every rank 
 TEST_CASE("one_direct_worker: one on a shared GPU or where every rank asks, never where one asks for all",
           "[direct]") {
   auto vote = [](DirectWorkers workers, std::uint8_t gpu) {
-    WorkerVote v;
-    v.workers = workers;
-    if (gpu) std::fill(std::begin(v.device), std::end(v.device), gpu);
+    DirectSwap v;
+    v.vote.workers = workers;
+    if (gpu) std::fill(std::begin(v.vote.device), std::end(v.vote.device), gpu);
     return v;
+  };
+  auto one_direct_worker = [](std::initializer_list<DirectSwap> swapped) {
+    return comm::one_direct_worker({swapped.begin(), swapped.size()});
   };
   const auto a = DirectWorkers::automatic, all = DirectWorkers::all, one = DirectWorkers::one;
   CHECK(one_direct_worker({vote(a, 7), vote(a, 7), vote(a, 7)}));        // one GPU
@@ -196,8 +199,8 @@ TEST_CASE("one_direct_worker: one on a shared GPU or where every rank asks, neve
   CHECK_FALSE(one_direct_worker({vote(one, 7), vote(a, 8)}));
   CHECK_FALSE(one_direct_worker({vote(a, 7), vote(all, 7)}));            // all wins
   CHECK_FALSE(one_direct_worker({vote(one, 7), vote(all, 7), vote(one, 7)}));
-  WorkerVote partly;  // one byte of the UUID differs
-  partly.device[15] = 1;
+  DirectSwap partly;  // one byte of the UUID differs
+  partly.vote.device[15] = 1;
   CHECK_FALSE(one_direct_worker({vote(a, 0), partly}));
 }
 

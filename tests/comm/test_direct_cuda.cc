@@ -177,9 +177,10 @@ void sweep(Communicator& comm, bool shareable, bool direct, std::span<const Data
   {
     const std::size_t bytes = kMaxCount * static_cast<std::size_t>(comm.size()) * 8;
     DeviceBuffer send(bytes, shareable), recv(bytes, shareable);
+    const bool one = one_worker.value_or(gpu_count() == 1);
     for (const Case& c : grid(comm.size(), dtypes))
       run_case(comm, c, send, recv, s, direct && !(c.kind == OpKind::all_to_all && c.in_place),
-               one_worker.value_or(gpu_count() == 1));
+               one);
   }
   cuda(cudaStreamDestroy(s), "cudaStreamDestroy");
 }
