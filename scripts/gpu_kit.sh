@@ -4,7 +4,7 @@
 # lent to some sessions): the CUDA test and tool binaries of ./build (built
 # here, with CUDA) and the shared libraries they use, except glibc's and the
 # CUDA driver's and cuBLAS (found there; scripts/gpu_check.sh looks them up).
-# Also the default corpus and scripts/torch_gpt.py. Carry .gpukit and run
+# Also the default corpus, scripts/torch_gpt.py and the CPU references. Carry .gpukit and run
 # scripts/gpu_check.sh there.
 set -eu
 cd "$(dirname "$0")/.."
@@ -30,6 +30,17 @@ cp -L build/comm/libbraid_comm_cuda.so "$kit/lib/"
 # Whether another process's kernels run while a stream is held at a gate.
 nvcc -std=c++20 -o "$kit/bin/cuda_gate_probe" scripts/cuda_gate_probe.cu
 cp scripts/gpu_check.sh scripts/torch_gpt.py "$kit/"
+# The CPU runs the GPU training runs must match (scripts/gpu_reference),
+# stale where the trainer or the kernels changed since they were made.
+mkdir -p "$kit/reference"
+cp scripts/gpu_reference/README scripts/gpu_reference/*.jsonl "$kit/reference/"
+made=$(awk 'NR == 1 {print $3}' scripts/gpu_reference/README)
+if ! git diff --quiet "$made" -- trainer kernels tools/braid_train.cc tools/train; then
+  echo "gpu_kit: the CPU references are stale (trainer or kernels changed since $made):" \
+    "run scripts/gpu_reference/make.sh, or group cpuref of gpu_check.sh on the device" >&2
+  echo "stale: the trainer or the kernels changed after $made" >> "$kit/reference/README"
+  sed -i '1s/$/ -- STALE (gpu_kit.sh)/' "$kit/reference/README"
+fi
 # The default corpus, as braid-train reads it (the files without an
 # extension, sorted), in one file for --data: that machine has no fortunes.
 find /usr/share/games/fortunes -maxdepth 1 -type f ! -name '*.*' | sort | xargs cat > "$kit/fortunes.txt"
