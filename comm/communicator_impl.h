@@ -153,6 +153,7 @@ struct Communicator::Impl {
   void execute(const Op& op, WorkState& state, bool inline_call = false);
   void run_worker();
   bool start_worker(const Op& op, WorkState& state);
+  void hold_caller(const Op& op, WorkState& state);
   std::uint64_t take_gate(bool collective, bool may_run_now);
   void settle();
   void hand_over();

@@ -31,6 +31,14 @@
 // another cannot (a buffer IPC cannot share, e.g. from cudaMallocAsync),
 // their first messages differ and both fail with the header mismatch
 // naming the two calls.
+//
+// BRAID_CUDA_GATE=host (Config::cuda_gate) queues no gate: the call blocks
+// its caller's thread until the engine has run it, and only then queues
+// the copy of the result back (staged calls). The stream holds nothing
+// while the collective runs, so the GPU has no waiting work of this
+// process: ranks that share a GPU then need not time-slice it (every other
+// gate keeps a kernel resident or a front-end wait pending in each rank's
+// context). The caller's thread waits as Work::wait does.
 #pragma once
 
 #include <array>
@@ -64,6 +72,11 @@ class StagedOp {
   // Whether the call runs on its device buffers (a direct collective over
   // the peers' buffers mapped through CUDA IPC) rather than on staging.
   virtual bool on_device() const { return false; }
+  // Whether the caller's thread waits for the call (gate `host`); then it
+  // calls finish_on_caller once the engine ran the call without error:
+  // queues the result's copy back to device memory. Throws SystemError.
+  virtual bool holds_caller() const { return false; }
+  virtual void finish_on_caller() {}
 };
 
 // One per communicator and device, created on its first call on device memory.
@@ -93,8 +106,8 @@ class DeviceStaging {
                                                      const cuda_ipc::CudaIpcOptions& options) = 0;
 };
 
-// Throws InvalidUsage without CUDA support or for a `gate` that is neither
-// "kernel" nor "wait" (Config::cuda_gate), SystemError when the device
+// Throws InvalidUsage without CUDA support or for a `gate` that is not
+// "kernel", "wait" or "host" (Config::cuda_gate), SystemError when the device
 // cannot be used (no driver, no such device).
 std::unique_ptr<DeviceStaging> make_device_staging(int device, std::chrono::milliseconds timeout,
                                                    const std::string& gate);

@@ -316,7 +316,10 @@ class CudaStagedOp final : public StagedOp {
     wait_for_event(staged_, deadline, "the work queued before this call on its CUDA stream did not finish");
   }
 
-  void open_gate() override { shared_->open(ticket_); }
+  // Ticket 0 (gate `host`): no gate was queued, the counter stays.
+  void open_gate() override {
+    if (ticket_ != 0) shared_->open(ticket_);
+  }
 
   bool results_ready() override {
     if (std::atomic_ref<std::uint32_t>(shared_->timed_out[0]).load(std::memory_order_acquire) != 0)
@@ -335,9 +338,25 @@ class CudaStagedOp final : public StagedOp {
   }
 
   bool on_device() const override { return on_device_; }
+  bool holds_caller() const override { return ticket_ == 0; }
+
+  void finish_on_caller() override {
+    if (!back_.bytes) return;
+    DeviceScope scope(shared_->device);
+    check(cudaMemcpyAsync(back_.to, back_.from, back_.bytes, cudaMemcpyHostToDevice, back_.stream),
+          "queueing the result's copy back to device memory");
+    check(cudaEventRecord(finished_, back_.stream), "cudaEventRecord");
+  }
 
   // Set by CudaStaging::stage.
   bool on_device_ = false;
+  // Gate `host`, a staged call: the result's copy, queued by finish_on_caller.
+  struct {
+    void* to = nullptr;
+    const void* from = nullptr;
+    std::size_t bytes = 0;
+    cudaStream_t stream = nullptr;
+  } back_;
   std::vector<std::pair<std::size_t, void*>> blocks_;
   cudaEvent_t staged_ = nullptr, finished_ = nullptr;
   std::string error_;  // a CUDA error met after the gate was queued
@@ -351,8 +370,9 @@ class CudaStaging final : public DeviceStaging {
  public:
   CudaStaging(int device, std::chrono::milliseconds timeout, const std::string& gate_mode)
       : shared_(std::make_shared<Shared>()), timeout_(timeout) {
-    if (gate_mode != "kernel" && gate_mode != "wait")
-      throw InvalidUsage("BRAID_CUDA_GATE=" + gate_mode + ": choose kernel or wait");
+    if (gate_mode != "kernel" && gate_mode != "wait" && gate_mode != "host")
+      throw InvalidUsage("BRAID_CUDA_GATE=" + gate_mode + ": choose kernel, wait or host");
+    host_gate_ = gate_mode == "host";
     int count = 0;
     check(cudaGetDeviceCount(&count), "no usable CUDA device (cudaGetDeviceCount)");
     if (device < 0 || device >= count)
@@ -387,7 +407,7 @@ class CudaStaging final : public DeviceStaging {
                          " (its first call on device memory); this call's buffers are on device " +
                          std::to_string(op.memory.device));
     DeviceScope scope(shared_->device);
-    auto staged = std::make_shared<CudaStagedOp>(shared_, tickets_ + 1);
+    auto staged = std::make_shared<CudaStagedOp>(shared_, host_gate_ ? 0 : tickets_ + 1);
     if (!select_algorithm(shape).reason.staged) {
       stage_on_device(op, *staged);
       return staged;
@@ -414,19 +434,23 @@ class CudaStaging final : public DeviceStaging {
 
  private:
   // The call runs on its device buffers (a direct collective): the stream
-  // only waits at the gate, between `staged` and `finished`.
+  // only waits at the gate, between `staged` and `finished` (with gate
+  // `host`, recorded together: the caller's thread waits instead).
   void stage_on_device(const Op& op, CudaStagedOp& staged) {
     staged.on_device_ = true;
     auto stream = static_cast<cudaStream_t>(op.stream.cuda);
     create_events(staged);
     check(cudaEventRecord(staged.staged_, stream), "cudaEventRecord");
-    queue_gate(stream, tickets_ + 1);
+    if (!host_gate_) queue_gate(stream, tickets_ + 1);
     cudaError_t status = cudaEventRecord(staged.finished_, stream);
     if (status != cudaSuccess) staged.error_ = std::string("CUDA: cudaEventRecord: ") + cudaGetErrorString(status);
   }
 
   // The call runs on pinned host staging: the send buffer is copied out
   // before the gate, the result back after it, and op points at the staging.
+  // With gate `host` the result's copy waits for finish_on_caller, and
+  // `finished` is first recorded after the copy out, so that the blocks
+  // wait for it even where the call fails.
   void stage_copies(Op& op, int rank, int size, CudaStagedOp& staged) {
     const std::size_t es = dtype_bytes(op.dtype);
     const std::size_t send_bytes = send_elements(op, rank, size) * es, recv_bytes = recv_elements(op, rank, size) * es;
@@ -450,6 +474,13 @@ class CudaStaging final : public DeviceStaging {
     if (send_bytes)
       check(cudaMemcpyAsync(host_send, send, send_bytes, cudaMemcpyDeviceToHost, stream), "staging the send buffer");
     check(cudaEventRecord(staged.staged_, stream), "cudaEventRecord");
+    op.send = host_send;
+    op.recv = host_recv;
+    if (host_gate_) {
+      check(cudaEventRecord(staged.finished_, stream), "cudaEventRecord");
+      staged.back_ = {recv, host_recv, recv_bytes, stream};
+      return;
+    }
     queue_gate(stream, tickets_ + 1);
     // From here on the ticket must open in order: errors are kept for the engine.
     cudaError_t status = cudaSuccess;
@@ -457,8 +488,6 @@ class CudaStaging final : public DeviceStaging {
     if (status == cudaSuccess) status = cudaEventRecord(staged.finished_, stream);
     if (status != cudaSuccess)
       staged.error_ = std::string("CUDA: queueing the result's copy: ") + cudaGetErrorString(status);
-    op.send = host_send;
-    op.recv = host_recv;
   }
 
   std::byte* take_block(CudaStagedOp& staged, std::size_t bytes) {
@@ -507,6 +536,7 @@ class CudaStaging final : public DeviceStaging {
 
   std::shared_ptr<Shared> shared_;
   std::chrono::milliseconds timeout_;
+  bool host_gate_ = false;  // BRAID_CUDA_GATE=host: no gate, the caller waits
   std::uint64_t tickets_ = 0;
 };
 

@@ -121,7 +121,30 @@ std::shared_ptr<WorkState> Communicator::Impl::enqueue(Op op) {
   queue.emplace_back(op, state);
   lock.unlock();
   cv.notify_all();
+  if (state->staged && state->staged->holds_caller()) {
+    if (staging_lock.owns_lock()) staging_lock.unlock();
+    hold_caller(op, *state);
+  }
   return state;
+}
+
+// Gate `host` (comm/device.h): the caller's thread waits for the call as
+// Work::wait does (the call fails by itself within BRAID_TIMEOUT of
+// starting), then queues the result's copy back. No other thread has the
+// state yet, and the engine is done with it.
+void Communicator::Impl::hold_caller(const Op& op, WorkState& state) {
+  {
+    std::unique_lock lock(state.mu);
+    while (!state.cv.wait_for(lock, std::chrono::seconds(1), [&] { return state.done.load(); })) {
+    }
+  }
+  if (state.error) return;
+  try {
+    state.staged->finish_on_caller();
+  } catch (const std::exception& e) {
+    const std::string where = "rank " + std::to_string(rank) + ", " + describe(op) + ": ";
+    state.error = std::make_exception_ptr(SystemError(where + e.what()));
+  }
 }
 
 // With `mu` held: takes the call's place in the gate (its sequence number

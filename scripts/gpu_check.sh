@@ -121,6 +121,9 @@ if want bench; then
   check bench_2_all_reduce_wait 30 env BRAID_CUDA_GATE=wait $L2 $BE --coll all_reduce -b 4 -e 256M -f 4 -n 10 -w 2
   check bench_2_all_reduce_wait_all 30 env BRAID_CUDA_GATE=wait BRAID_DIRECT_WORKERS=all \
     $L2 $BE --coll all_reduce -b 4 -e 256M -f 4 -n 10 -w 2
+  # The host gate (BRAID_CUDA_GATE=host): the caller's thread waits, so no
+  # rank leaves work waiting on the GPU and only the worker's kernels run.
+  check bench_2_all_reduce_host 30 env BRAID_CUDA_GATE=host $L2 $BE --coll all_reduce -b 4 -e 256M -f 4 -n 10 -w 2
   for c in reduce_scatter all_gather broadcast reduce all_to_all send_recv; do
     check "bench_2_$c" 20 $L2 $BE --coll $c -b 8 -e 64M -f 16 -n 5 -w 1
   done
@@ -132,6 +135,7 @@ if want bench4; then
   check bench_4_all_reduce 30 $L4 $BE --coll all_reduce -b 16 -e 256M -f 16 -n 5 -w 1
   check bench_4_all_reduce_all 30 env BRAID_DIRECT_WORKERS=all $L4 $BE --coll all_reduce -b 16 -e 256M -f 16 -n 5 -w 1
   check bench_4_all_reduce_wait 30 env BRAID_CUDA_GATE=wait $L4 $BE --coll all_reduce -b 16 -e 256M -f 16 -n 5 -w 1
+  check bench_4_all_reduce_host 30 env BRAID_CUDA_GATE=host $L4 $BE --coll all_reduce -b 16 -e 256M -f 16 -n 5 -w 1
 fi
 # MPS runs every rank's kernels in one context: the ranks' kernels may then
 # run at once, and no gate makes the GPU switch contexts. The daemon and
@@ -218,8 +222,10 @@ if want train; then
   train train_B_2tp 30 $L2 "$T" --device cuda $cfgB --steps 10 --tp 2 --grad-accum 2 $D
   train train_B_2pp 30 $L2 "$T" --device cuda $cfgB --steps 10 --pp 2 --grad-accum 2 $D
   train train_B_4tp2pp2 40 $L4 "$T" --device cuda $cfgB --steps 10 --tp 2 --pp 2 --grad-accum 2 $D
+  # tp 2 makes many small collectives: the gate's cost per call shows.
+  train train_B_2tp_host 30 env BRAID_CUDA_GATE=host $L2 "$T" --device cuda $cfgB --steps 10 --tp 2 --grad-accum 2 $D
   losses cpu_B10 train_B_2ddp train_B_2dp train_B_2zero1 train_B_2zero2 train_B_2zero3 train_B_2tp train_B_2pp \
-    train_B_4tp2pp2
+    train_B_4tp2pp2 train_B_2tp_host
 fi
 if want trainL1; then
   train train_L_1 90 "$T" --device cuda $cfgL --steps 12 $D

@@ -193,24 +193,35 @@ TEST_CASE("device: calls follow their stream's order both ways, several in fligh
 
 // BRAID_CUDA_GATE=wait (Config::cuda_gate) holds the streams with
 // cuStreamWaitValue64 rather than a gate kernel (comm/device_cuda.cc,
-// Shared::wait_value): the same results and the same stream order; a value
-// that is neither mode is refused.
-TEST_CASE("device: the front-end wait gate gives the same results and order", "[device]") {
+// Shared::wait_value), and `host` holds the caller's thread instead of the
+// stream (the result's copy back queued after the call ran): the same
+// results and the same stream order: the direct collectives with one worker
+// and with every rank working, and (BRAID_TRANSPORT=shm, no cuda_ipc) calls
+// staged through host memory; a value that is no mode is refused.
+TEST_CASE("device: the front-end wait gate and the host gate give the same results and order", "[device]") {
   if (probe_gpus() == 0) {
     WARN("skipped: no CUDA device (the CUDA code is built; the GPU checks run on a machine with one)");
     return;
   }
-  braid::test::RunOptions wait;
-  wait.config.cuda_gate = "wait";
-  for (auto* body : {&every_collective, &stream_order}) {
-    auto result = braid::test::run_ranks(2, *body, wait);
-    INFO(result.summary());
-    CHECK(result.all_ok());
-  }
+  struct Case {
+    const char *gate, *workers, *transport;
+  };
+  for (const Case c : {Case{"wait", "auto", "auto"}, Case{"wait", "all", "auto"}, Case{"host", "auto", "auto"},
+                       Case{"host", "all", "auto"}, Case{"host", "auto", "shm"}})
+    for (auto* body : {&every_collective, &stream_order}) {
+      braid::test::RunOptions options;
+      options.config.cuda_gate = c.gate;
+      options.config.direct_workers = c.workers;
+      options.config.transport = c.transport;
+      auto result = braid::test::run_ranks(2, *body, options);
+      INFO("gate " << c.gate << ", workers " << c.workers << ", transport " << c.transport << ": "
+                   << result.summary());
+      CHECK(result.all_ok());
+    }
   braid::test::RunOptions spinning;
   spinning.config.cuda_gate = "spinning";
   auto result = braid::test::run_ranks(1, every_collective, spinning);
   INFO(result.summary());
   REQUIRE_FALSE(result.all_ok());
-  CHECK(result.summary().find("choose kernel or wait") != std::string::npos);
+  CHECK(result.summary().find("choose kernel, wait or host") != std::string::npos);
 }
