@@ -32,8 +32,9 @@ class DeviceScope {
 
 // Waits until `event` (null: nothing to wait for) has completed, polling
 // with a sleep that grows from 5 us to 100 us: the waiting thread must not
-// spin on a shared core, and a collective on device memory waits so twice
-// (its inputs, its kernels), so a longer sleep would add to every call.
+// spin on a shared core, and a collective on device memory waits so for
+// its inputs, so a longer sleep would add to every call (its kernels are
+// waited for with a wake-up besides: comm/device_reducer_cuda.cc).
 // TimeoutError "<what> within BRAID_TIMEOUT" at `deadline`; SystemError on
 // a CUDA error.
 void wait_for_event(cudaEvent_t event, Clock::time_point deadline, const char* what);
