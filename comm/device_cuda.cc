@@ -56,6 +56,48 @@ void wait_for_event(cudaEvent_t event, Clock::time_point deadline, const char* w
   }
 }
 
+struct StreamWake::Flag {
+  std::mutex mu;
+  std::condition_variable cv;
+  bool fired = false;
+
+  // On CUDA's callback thread: no CUDA calls here.
+  static void CUDART_CB fire(void* data) {
+    const std::unique_ptr<std::shared_ptr<Flag>> self(static_cast<std::shared_ptr<Flag>*>(data));
+    Flag& flag = **self;
+    {
+      std::lock_guard lock(flag.mu);
+      flag.fired = true;
+    }
+    flag.cv.notify_all();
+  }
+};
+
+void StreamWake::queue(cudaStream_t stream) {
+  auto flag = std::make_shared<Flag>();
+  auto* reference = new std::shared_ptr<Flag>(flag);
+  if (cudaLaunchHostFunc(stream, &Flag::fire, reference) != cudaSuccess) {
+    delete reference;
+    (void)cudaGetLastError();
+    return;
+  }
+  flag_ = std::move(flag);
+}
+
+void StreamWake::wait(cudaEvent_t event, Clock::time_point deadline, const char* what) {
+  for (;;) {
+    if (!flag_) break;
+    const cudaError_t status = cudaEventQuery(event);
+    if (status == cudaSuccess) return;
+    if (status != cudaErrorNotReady) check_cuda(status, what);
+    if (Clock::now() >= deadline) throw TimeoutError(std::string(what) + " within BRAID_TIMEOUT");
+    std::unique_lock lock(flag_->mu);
+    if (flag_->fired) break;  // the event is done: the poll below sees it at once
+    flag_->cv.wait_for(lock, std::chrono::microseconds(100), [&] { return flag_->fired; });
+  }
+  wait_for_event(event, deadline, what);
+}
+
 namespace {
 
 void check(cudaError_t status, const std::string& what) { check_cuda(status, what); }
@@ -313,7 +355,7 @@ class CudaStagedOp final : public StagedOp {
 
   void wait_inputs(Clock::time_point deadline) override {
     if (!error_.empty()) throw SystemError(error_);
-    wait_for_event(staged_, deadline, "the work queued before this call on its CUDA stream did not finish");
+    staged_wake_.wait(staged_, deadline, "the work queued before this call on its CUDA stream did not finish");
   }
 
   // Ticket 0 (gate `host`): no gate was queued, the counter stays.
@@ -359,6 +401,7 @@ class CudaStagedOp final : public StagedOp {
   } back_;
   std::vector<std::pair<std::size_t, void*>> blocks_;
   cudaEvent_t staged_ = nullptr, finished_ = nullptr;
+  StreamWake staged_wake_;  // queued right after `staged`
   std::string error_;  // a CUDA error met after the gate was queued
 
  private:
@@ -441,6 +484,7 @@ class CudaStaging final : public DeviceStaging {
     auto stream = static_cast<cudaStream_t>(op.stream.cuda);
     create_events(staged);
     check(cudaEventRecord(staged.staged_, stream), "cudaEventRecord");
+    staged.staged_wake_.queue(stream);
     if (!host_gate_) queue_gate(stream, tickets_ + 1);
     cudaError_t status = cudaEventRecord(staged.finished_, stream);
     if (status != cudaSuccess) staged.error_ = std::string("CUDA: cudaEventRecord: ") + cudaGetErrorString(status);
@@ -474,6 +518,7 @@ class CudaStaging final : public DeviceStaging {
     if (send_bytes)
       check(cudaMemcpyAsync(host_send, send, send_bytes, cudaMemcpyDeviceToHost, stream), "staging the send buffer");
     check(cudaEventRecord(staged.staged_, stream), "cudaEventRecord");
+    staged.staged_wake_.queue(stream);
     op.send = host_send;
     op.recv = host_recv;
     if (host_gate_) {

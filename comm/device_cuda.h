@@ -1,5 +1,5 @@
 // Private (CUDA builds): what the device path's pieces share: CUDA errors
-// as braid errors, a scope that makes a device current, the bounded wait
+// as braid errors, a scope that makes a device current, the bounded waits
 // for an event (comm/device_cuda.cc, comm/device_reducer_cuda.cc,
 // comm/transport/cuda_ipc/), and the device Reducer's factory.
 #pragma once
@@ -38,6 +38,30 @@ class DeviceScope {
 // TimeoutError "<what> within BRAID_TIMEOUT" at `deadline`; SystemError on
 // a CUDA error.
 void wait_for_event(cudaEvent_t event, Clock::time_point deadline, const char* what);
+
+// The same wait, woken: a host function queued on the event's stream right
+// after it (cudaLaunchHostFunc) wakes the waiting thread once the stream
+// gets there, a few microseconds after, where a sleep lasts at least the
+// timer slack (about 50 us on Linux). The wait still ends on
+// cudaEventQuery alone and polls every 100 us meanwhile, so a wake-up late
+// or lost costs only wait_for_event's latency, never a result. The host
+// function holds its own reference to what it sets, so it may run after
+// the StreamWake is gone (a wait that timed out).
+class StreamWake {
+ public:
+  // Queues the host function on `stream`; where CUDA refuses (the error
+  // cleared: it is not sticky), wait() polls as wait_for_event does. The
+  // process's first host function may start the driver's callback thread:
+  // queue one before any gate, on the caller's thread (the Reducer does).
+  void queue(cudaStream_t stream);
+  // Until `event`, recorded on that stream before queue(), has completed.
+  // Throws as wait_for_event.
+  void wait(cudaEvent_t event, Clock::time_point deadline, const char* what);
+
+ private:
+  struct Flag;
+  std::shared_ptr<Flag> flag_;  // null: nothing queued
+};
 
 // DeviceStaging::make_reducer's (comm/device_reducer_cuda.cc).
 std::unique_ptr<Reducer> make_device_reducer(int device);

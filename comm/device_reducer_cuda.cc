@@ -10,15 +10,9 @@
 // That wait is on every direct collective's path, so it does not sleep-poll
 // alone (a sleep lasts at least the timer slack, about 50 us on Linux, and
 // a kernel of 256 MiB takes about 250 us): a host function queued after the
-// event (cudaLaunchHostFunc) wakes the engine's thread once the stream gets
-// there. The wait still ends on cudaEventQuery alone, and polls every 100
-// us meanwhile, so a host function late or lost costs only the old
-// latency, never a result.
+// event wakes the engine's thread (StreamWake, comm/device_cuda.h).
 #include <cuda_runtime.h>
 
-#include <condition_variable>
-#include <cstdint>
-#include <mutex>
 #include <stdexcept>
 
 #include "comm/device.h"
@@ -31,43 +25,22 @@ namespace {
 
 static_assert(kMaxDirectRanks == kernels::cuda::kMaxMulti, "a direct step on a device is one reduce_multi");
 
-// What a host function tells finish(): how many have run. Each pending one
-// holds a reference, so the waker outlives a reducer destroyed before its
-// stream got there (a finish() that timed out).
-struct Waker {
-  std::mutex mu;
-  std::condition_variable cv;
-  std::uint64_t fired = 0;
-
-  // On CUDA's callback thread: no CUDA calls here.
-  static void CUDART_CB fire(void* data) {
-    std::unique_ptr<std::shared_ptr<Waker>> self(static_cast<std::shared_ptr<Waker>*>(data));
-    Waker& waker = **self;
-    {
-      std::lock_guard lock(waker.mu);
-      ++waker.fired;
-    }
-    waker.cv.notify_all();
-  }
-};
-
 class CudaReducer final : public Reducer {
  public:
   // The stream and the event are made here, on the thread of the first call
   // on device memory: on the engine's thread cudaStreamCreate waited on a
   // lock held by the caller's thread, blocked in a copy to pageable memory
   // behind the gate the engine was to open (issue 19, test_comm_device's
-  // stream-order case).
-  // For the same reason the first host function runs here (the driver
-  // may start its callback thread for it).
+  // stream-order case). For the same reason the process's first host
+  // function runs here, before any gate (the driver may start its callback
+  // thread for it).
   explicit CudaReducer(int device) : device_(device) {
     DeviceScope scope(device_);
     check_cuda(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate");
     check_cuda(cudaEventCreateWithFlags(&done_, cudaEventDisableTiming), "cudaEventCreate");
-    check_cuda(cudaLaunchHostFunc(stream_, &Waker::fire, new std::shared_ptr<Waker>(waker_)),
-               "cudaLaunchHostFunc (the device Reducer's wake-up)");
-    check_cuda(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
-    queued_ = 1;
+    StreamWake first;
+    first.queue(stream_);
+    check_cuda(cudaStreamSynchronize(stream_), "the device Reducer's first host function");
   }
 
   ~CudaReducer() override {
@@ -92,37 +65,17 @@ class CudaReducer final : public Reducer {
     if (!pending_) return;
     DeviceScope scope(device_);
     check_cuda(cudaEventRecord(done_, stream_), "cudaEventRecord");
-    const char* what = "this rank's kernels of a collective on device memory did not finish";
-    auto* reference = new std::shared_ptr<Waker>(waker_);
-    if (cudaLaunchHostFunc(stream_, &Waker::fire, reference) != cudaSuccess) {
-      delete reference;
-      (void)cudaGetLastError();  // not sticky: the event's query reports what matters
-      wait_for_event(done_, deadline, what);
-    } else {
-      wait_woken(++queued_, deadline, what);
-    }
+    StreamWake wake;
+    wake.queue(stream_);
+    wake.wait(done_, deadline, "this rank's kernels of a collective on device memory did not finish");
     pending_ = false;
   }
 
  private:
-  // Until `done_` completes: woken by host function `ticket`, or polled.
-  void wait_woken(std::uint64_t ticket, Clock::time_point deadline, const char* what) {
-    for (;;) {
-      const cudaError_t status = cudaEventQuery(done_);
-      if (status == cudaSuccess) return;
-      if (status != cudaErrorNotReady) check_cuda(status, what);
-      if (Clock::now() >= deadline) throw TimeoutError(std::string(what) + " within BRAID_TIMEOUT");
-      std::unique_lock lock(waker_->mu);
-      waker_->cv.wait_for(lock, std::chrono::microseconds(100), [&] { return waker_->fired >= ticket; });
-    }
-  }
-
   int device_;
   cudaStream_t stream_ = nullptr;
   cudaEvent_t done_ = nullptr;
   bool pending_ = false;  // kernels issued since the last finish()
-  std::shared_ptr<Waker> waker_ = std::make_shared<Waker>();
-  std::uint64_t queued_ = 0;  // host functions queued on stream_
 };
 
 }  // namespace
