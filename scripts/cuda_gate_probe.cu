@@ -24,6 +24,11 @@
 //          does) and signals from a kernel; hostpong has each host thread
 //          wait for its turn, launch, poll its event and hand the turn on
 //          (as an engine does, with no stream held meanwhile).
+//   wake:  how soon a host thread learns that a kernel of 0 or 250 us (a
+//          256 MiB all_reduce's) is done: by polling its event with
+//          sleeps growing 5..100 us (comm/device_cuda.cc wait_for_event),
+//          by a host function that wakes it (StreamWake), or by spinning
+//          on the event; the mean time per kernel, each way.
 // Built by scripts/gpu_kit.sh: nvcc -o cuda_gate_probe cuda_gate_probe.cu
 #include <cuda.h>
 #include <cuda_runtime.h>
@@ -34,6 +39,8 @@
 
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
+#include <mutex>
 #include <cstdio>
 #include <cstring>
 #include <thread>
@@ -379,6 +386,70 @@ int pong(const char* mode) {
   return 0;
 }
 
+__global__ void busy(unsigned long long ns) {
+  const unsigned long long start = now_ns();
+  while (now_ns() - start < ns) {
+  }
+}
+
+struct Woken {
+  std::mutex mu;
+  std::condition_variable cv;
+  bool fired = false;
+};
+
+void CUDART_CB wake_up(void* data) {
+  auto* w = static_cast<Woken*>(data);
+  {
+    std::lock_guard lock(w->mu);
+    w->fired = true;
+  }
+  w->cv.notify_all();
+}
+
+int wake(const char* mode) {
+  cudaStream_t stream;
+  cudaEvent_t done;
+  if (!ok(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreate") ||
+      !ok(cudaEventCreateWithFlags(&done, cudaEventDisableTiming), "cudaEventCreate"))
+    return 1;
+  const int rounds = 400;
+  for (const unsigned long long ns : {0ull, 250'000ull}) {
+    std::printf("%s: kernel of %llu us:", mode, ns / 1000);
+    for (const char* how : {"sleep-poll", "host function", "spin"}) {
+      Woken w;
+      busy<<<1, 1, 0, stream>>>(0);  // loaded, and the callback thread started
+      cudaLaunchHostFunc(stream, wake_up, &w);
+      cudaStreamSynchronize(stream);
+      const auto t0 = std::chrono::steady_clock::now();
+      for (int i = 0; i < rounds; ++i) {
+        w.fired = false;
+        busy<<<1, 1, 0, stream>>>(ns);
+        cudaEventRecord(done, stream);
+        if (how[0] == 'h') {
+          cudaLaunchHostFunc(stream, wake_up, &w);
+          std::unique_lock lock(w.mu);
+          w.cv.wait(lock, [&] { return w.fired; });
+        } else if (how[0] == 's' && how[1] == 'l') {
+          auto pause = std::chrono::microseconds(5);
+          while (cudaEventQuery(done) == cudaErrorNotReady) {
+            std::this_thread::sleep_for(pause);
+            pause = std::min(pause * 2, std::chrono::microseconds(100));
+          }
+        } else {
+          while (cudaEventQuery(done) == cudaErrorNotReady) {
+          }
+        }
+      }
+      const double us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
+      if (!ok(cudaStreamSynchronize(stream), "the rounds")) return 1;
+      std::printf(" %s %.1f us", how, us / rounds);
+    }
+    std::printf("\n");
+  }
+  return 0;
+}
+
 // Each mode in its own process, forked before this one touches CUDA (a
 // process that has used CUDA cannot fork a child that uses it), at most 15 s.
 int main(int argc, char** argv) {
@@ -394,6 +465,7 @@ int main(int argc, char** argv) {
       else if (std::strcmp(mode, "ipc") == 0) r = ipc(mode);
       else if (std::strcmp(mode, "thread") == 0) r = threaded(mode);
       else if (std::strstr(mode, "pong") != nullptr) r = pong(mode);
+      else if (std::strcmp(mode, "wake") == 0) r = wake(mode);
       else r = probe(mode);
       std::fflush(stdout);
       _exit(r);

@@ -7,7 +7,8 @@
 # Groups (default: all but cpuref, in this order):
 #   probe      another process's kernel while a stream is held at a gate
 #   pong       two processes taking turns on the GPU: the least a round of
-#              two context switches costs, with front-end, kernel and host waits
+#              two context switches costs, with front-end, kernel and host waits;
+#              and how soon a host thread learns a kernel is done (wake)
 #   tests      kernels_cuda, trainer_device, comm_device
 #   bench      braid-bench --device cuda, 2 ranks, every collective, f32
 #   bench4     4 ranks sharing the GPU, all_reduce to 256 MiB
@@ -63,7 +64,7 @@ check() {  # name, timeout seconds, command...
   rc=$?
   last_rc=$rc
   if [ $rc -eq 0 ]; then say "ok    $name ($(($(date +%s) - t0)) s)"; else say "FAIL  $name (exit $rc, $(($(date +%s) - t0)) s)"; fi
-  grep -E 'skipped|held|round|copy|one worker|Avg bus|Out of bounds| 268435456 | 67108864 | 16777216 |test cases|assertions|throughput|MFU|step [1-4]/[0-9]|train loss|tokens/s|ERROR|rror' \
+  grep -E 'skipped|held|round|sleep-poll|copy|one worker|Avg bus|Out of bounds| 268435456 | 67108864 | 16777216 |test cases|assertions|throughput|MFU|step [1-4]/[0-9]|train loss|tokens/s|ERROR|rror' \
     "$logs/$name.log" | uniq | tail -12 | sed 's/^/      /' | tee -a "$out/summary.txt"
   [ $rc -eq 0 ] || tail -5 "$logs/$name.log" | sed 's/^/    | /' | tee -a "$out/summary.txt"
   pack
@@ -96,7 +97,7 @@ if want probe; then
   check gate_probe 70 "$B/cuda_gate_probe" spin lazy loaded ipc thread wait
 fi
 if want pong; then
-  check pong_probe 50 "$B/cuda_gate_probe" pingpong hostpong spinpong
+  check pong_probe 50 "$B/cuda_gate_probe" pingpong hostpong spinpong wake
 fi
 if want tests; then
   check kernels_cuda 30 "$B/test_kernels_cuda"
