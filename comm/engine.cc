@@ -105,23 +105,29 @@ std::shared_ptr<WorkState> Communicator::Impl::enqueue(Op op) {
   const bool collective = op.kind != OpKind::send && op.kind != OpKind::recv;
   if (op.kind == OpKind::send) op.seq = ++sends_to[op.root];
   else if (op.kind == OpKind::recv) op.seq = ++receives_from[op.root];
-  const bool small = op.count * dtype_bytes(op.dtype) <= inline_bytes && !state->staged;
+  // Run here if the engine is idle: small calls (a hand-off would cost more
+  // than the call), and calls whose caller waits for them anyway (gate
+  // `host`: two hand-offs saved).
+  const bool held = state->staged && state->staged->holds_caller();
+  const bool small = (op.count * dtype_bytes(op.dtype) <= inline_bytes && !state->staged) || held;
   const std::uint64_t before = take_gate(collective, small);
   if (collective) op.seq = before / kOneSeq;
   if (small && !(before & kBusy)) {  // nothing queued or running, no failure: run it here
     running = true;
     lock.unlock();
+    if (staging_lock.owns_lock()) staging_lock.unlock();
     execute(op, *state, true);
     lock.lock();
     running = false;
     settle();
-    return state;
+  } else {
+    if (!worker.joinable() && !start_worker(op, *state)) return state;
+    queue.emplace_back(op, state);
+    lock.unlock();
+    cv.notify_all();
   }
-  if (!worker.joinable() && !start_worker(op, *state)) return state;
-  queue.emplace_back(op, state);
-  lock.unlock();
-  cv.notify_all();
-  if (state->staged && state->staged->holds_caller()) {
+  if (held) {
+    if (lock.owns_lock()) lock.unlock();
     if (staging_lock.owns_lock()) staging_lock.unlock();
     hold_caller(op, *state);
   }
@@ -130,8 +136,8 @@ std::shared_ptr<WorkState> Communicator::Impl::enqueue(Op op) {
 
 // Gate `host` (comm/device.h): the caller's thread waits for the call as
 // Work::wait does (the call fails by itself within BRAID_TIMEOUT of
-// starting), then queues the result's copy back. No other thread has the
-// state yet, and the engine is done with it.
+// starting; one run here is done already), then queues the result's copy
+// back. No other thread has the state yet, and the engine is done with it.
 void Communicator::Impl::hold_caller(const Op& op, WorkState& state) {
   {
     std::unique_lock lock(state.mu);
