@@ -32,9 +32,10 @@
 // their first messages differ and both fail with the header mismatch
 // naming the two calls.
 //
-// BRAID_CUDA_GATE=host (Config::cuda_gate) queues no gate: the call blocks
-// its caller's thread until the engine has run it, and only then queues
-// the copy of the result back (staged calls). The stream holds nothing
+// BRAID_CUDA_GATE=host (Config::cuda_gate) queues no gate: the call holds
+// its caller's thread until it has run (in that thread where the engine is
+// idle, else on the engine's), and only then queues the copy of the result
+// back (staged calls). The stream holds nothing
 // while the collective runs, so the GPU has no waiting work of this
 // process: ranks that share a GPU then need not time-slice it (every other
 // gate keeps a kernel resident or a front-end wait pending in each rank's
