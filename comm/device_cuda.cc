@@ -401,7 +401,7 @@ class CudaStagedOp final : public StagedOp {
   } back_;
   std::vector<std::pair<std::size_t, void*>> blocks_;
   cudaEvent_t staged_ = nullptr, finished_ = nullptr;
-  StreamWake staged_wake_;  // queued right after `staged`
+  StreamWake staged_wake_;  // gate `host`: queued right after `staged`
   std::string error_;  // a CUDA error met after the gate was queued
 
  private:
@@ -459,7 +459,7 @@ class CudaStaging final : public DeviceStaging {
     return staged;
   }
 
-  std::unique_ptr<Reducer> make_reducer() override { return make_device_reducer(shared_->device); }
+  std::unique_ptr<Reducer> make_reducer() override { return make_device_reducer(shared_->device, host_gate_); }
 
   std::array<std::uint8_t, 16> device_uuid() override {
     cudaDeviceProp properties{};
@@ -484,8 +484,8 @@ class CudaStaging final : public DeviceStaging {
     auto stream = static_cast<cudaStream_t>(op.stream.cuda);
     create_events(staged);
     check(cudaEventRecord(staged.staged_, stream), "cudaEventRecord");
-    staged.staged_wake_.queue(stream);
-    if (!host_gate_) queue_gate(stream, tickets_ + 1);
+    if (host_gate_) staged.staged_wake_.queue(stream);
+    else queue_gate(stream, tickets_ + 1);
     cudaError_t status = cudaEventRecord(staged.finished_, stream);
     if (status != cudaSuccess) staged.error_ = std::string("CUDA: cudaEventRecord: ") + cudaGetErrorString(status);
   }
@@ -518,7 +518,7 @@ class CudaStaging final : public DeviceStaging {
     if (send_bytes)
       check(cudaMemcpyAsync(host_send, send, send_bytes, cudaMemcpyDeviceToHost, stream), "staging the send buffer");
     check(cudaEventRecord(staged.staged_, stream), "cudaEventRecord");
-    staged.staged_wake_.queue(stream);
+    if (host_gate_) staged.staged_wake_.queue(stream);
     op.send = host_send;
     op.recv = host_recv;
     if (host_gate_) {

@@ -47,12 +47,19 @@ void wait_for_event(cudaEvent_t event, Clock::time_point deadline, const char* w
 // or lost costs only wait_for_event's latency, never a result. The host
 // function holds its own reference to what it sets, so it may run after
 // the StreamWake is gone (a wait that timed out).
+//
+// Used with gate `host` alone (comm/device.h): under the other gates a
+// caller's thread may be blocked in a copy to pageable memory behind a
+// gate, holding a driver lock that cudaEventDestroy and cudaStreamCreate
+// were seen to wait on (issue 19); whether cudaLaunchHostFunc does is not
+// known yet, and under `host` no stream waits for the engine.
 class StreamWake {
  public:
   // Queues the host function on `stream`; where CUDA refuses (the error
-  // cleared: it is not sticky), wait() polls as wait_for_event does. The
-  // process's first host function may start the driver's callback thread:
-  // queue one before any gate, on the caller's thread (the Reducer does).
+  // cleared: it is not sticky), wait() polls as wait_for_event does, as it
+  // does without queue(). The process's first host function may start the
+  // driver's callback thread: the Reducer queues one on the caller's
+  // thread, before any collective.
   void queue(cudaStream_t stream);
   // Until `event`, recorded on that stream before queue(), has completed.
   // Throws as wait_for_event.
@@ -63,7 +70,8 @@ class StreamWake {
   std::shared_ptr<Flag> flag_;  // null: nothing queued
 };
 
-// DeviceStaging::make_reducer's (comm/device_reducer_cuda.cc).
-std::unique_ptr<Reducer> make_device_reducer(int device);
+// DeviceStaging::make_reducer's (comm/device_reducer_cuda.cc); `wake`:
+// its kernels are waited for with a StreamWake (gate `host`).
+std::unique_ptr<Reducer> make_device_reducer(int device, bool wake);
 
 }  // namespace braid::comm

@@ -7,10 +7,11 @@
 // records an event after the kernels and waits for it, bounded, before the
 // collective's closing barrier tells the peers this rank's share is written.
 //
-// That wait is on every direct collective's path, so it does not sleep-poll
-// alone (a sleep lasts at least the timer slack, about 50 us on Linux, and
-// a kernel of 256 MiB takes about 250 us): a host function queued after the
-// event wakes the engine's thread (StreamWake, comm/device_cuda.h).
+// That wait is on every direct collective's path. Under gate `host` it does
+// not sleep-poll alone (a sleep lasts at least the timer slack, about 50 us
+// on Linux, and a kernel of 256 MiB takes about 250 us): a host function
+// queued after the event wakes the waiting thread (StreamWake,
+// comm/device_cuda.h, which says why only there).
 #include <cuda_runtime.h>
 
 #include <stdexcept>
@@ -32,12 +33,13 @@ class CudaReducer final : public Reducer {
   // lock held by the caller's thread, blocked in a copy to pageable memory
   // behind the gate the engine was to open (issue 19, test_comm_device's
   // stream-order case). For the same reason the process's first host
-  // function runs here, before any gate (the driver may start its callback
-  // thread for it).
-  explicit CudaReducer(int device) : device_(device) {
+  // function runs here, before any collective (the driver may start its
+  // callback thread for it).
+  CudaReducer(int device, bool wake) : device_(device), wake_(wake) {
     DeviceScope scope(device_);
     check_cuda(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate");
     check_cuda(cudaEventCreateWithFlags(&done_, cudaEventDisableTiming), "cudaEventCreate");
+    if (!wake_) return;
     StreamWake first;
     first.queue(stream_);
     check_cuda(cudaStreamSynchronize(stream_), "the device Reducer's first host function");
@@ -66,13 +68,14 @@ class CudaReducer final : public Reducer {
     DeviceScope scope(device_);
     check_cuda(cudaEventRecord(done_, stream_), "cudaEventRecord");
     StreamWake wake;
-    wake.queue(stream_);
+    if (wake_) wake.queue(stream_);  // else wait() polls as wait_for_event
     wake.wait(done_, deadline, "this rank's kernels of a collective on device memory did not finish");
     pending_ = false;
   }
 
  private:
   int device_;
+  bool wake_;
   cudaStream_t stream_ = nullptr;
   cudaEvent_t done_ = nullptr;
   bool pending_ = false;  // kernels issued since the last finish()
@@ -80,6 +83,8 @@ class CudaReducer final : public Reducer {
 
 }  // namespace
 
-std::unique_ptr<Reducer> make_device_reducer(int device) { return std::make_unique<CudaReducer>(device); }
+std::unique_ptr<Reducer> make_device_reducer(int device, bool wake) {
+  return std::make_unique<CudaReducer>(device, wake);
+}
 
 }  // namespace braid::comm
