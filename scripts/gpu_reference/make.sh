@@ -1,7 +1,7 @@
 #!/bin/sh
 # Makes the CPU runs that scripts/gpu_check.sh sets the GPU training runs
 # beside (issue 19), here, so that the device's time goes to the GPU: config
-# B for 10 and 30 steps and the 113M-parameter config for 3 (about 6 minutes
+# B for 10 and 30 steps and the 113M-parameter config for 3 (about 5 minutes
 # on 2 cores), with the flags gpu_check.sh gives the GPU runs, on the corpus
 # the kit brings. Config B gave the same losses on 1 and 2 threads (sgemm
 # splits no dot product: kernels/cpu/matmul.cc); group cpuref of gpu_check.sh
