@@ -43,17 +43,29 @@ DeviceScope::~DeviceScope() {
   if (cudaGetDevice(&now) == cudaSuccess && now != previous_) cudaSetDevice(previous_);
 }
 
-void wait_for_event(cudaEvent_t event, Clock::time_point deadline, const char* what) {
-  if (!event) return;
-  auto pause = std::chrono::microseconds(5);
+namespace {
+
+// Queries `event` until it has completed, calling `pause` between queries.
+template <class Pause>
+void poll_event(cudaEvent_t event, Clock::time_point deadline, const char* what, Pause pause) {
   for (;;) {
-    cudaError_t status = cudaEventQuery(event);
+    const cudaError_t status = cudaEventQuery(event);
     if (status == cudaSuccess) return;
     if (status != cudaErrorNotReady) check_cuda(status, what);
     if (Clock::now() >= deadline) throw TimeoutError(std::string(what) + " within BRAID_TIMEOUT");
-    std::this_thread::sleep_for(pause);
-    pause = std::min(pause * 2, std::chrono::microseconds(100));
+    pause();
   }
+}
+
+}  // namespace
+
+void wait_for_event(cudaEvent_t event, Clock::time_point deadline, const char* what) {
+  if (!event) return;
+  auto sleep = std::chrono::microseconds(5);
+  poll_event(event, deadline, what, [&] {
+    std::this_thread::sleep_for(sleep);
+    sleep = std::min(sleep * 2, std::chrono::microseconds(100));
+  });
 }
 
 struct StreamWake::Flag {
@@ -85,17 +97,13 @@ void StreamWake::queue(cudaStream_t stream) {
 }
 
 void StreamWake::wait(cudaEvent_t event, Clock::time_point deadline, const char* what) {
-  for (;;) {
-    if (!flag_) break;
-    const cudaError_t status = cudaEventQuery(event);
-    if (status == cudaSuccess) return;
-    if (status != cudaErrorNotReady) check_cuda(status, what);
-    if (Clock::now() >= deadline) throw TimeoutError(std::string(what) + " within BRAID_TIMEOUT");
+  if (!flag_) return wait_for_event(event, deadline, what);
+  bool woken = false;  // the event is done: the next query says so
+  poll_event(event, deadline, what, [&] {
+    if (woken) return std::this_thread::sleep_for(std::chrono::microseconds(100));  // no spinning regardless
     std::unique_lock lock(flag_->mu);
-    if (flag_->fired) break;  // the event is done: the poll below sees it at once
-    flag_->cv.wait_for(lock, std::chrono::microseconds(100), [&] { return flag_->fired; });
-  }
-  wait_for_event(event, deadline, what);
+    woken = flag_->cv.wait_for(lock, std::chrono::microseconds(100), [&] { return flag_->fired; });
+  });
 }
 
 namespace {
