@@ -49,6 +49,14 @@ struct WorkState {
     error = std::move(e);
     done.store(true, std::memory_order_release);
   }
+  // Until `done`. Bounded: the call (and every one queued before it) fails
+  // by itself within BRAID_TIMEOUT of starting.
+  void wait_done() {
+    if (done.load(std::memory_order_acquire)) return;
+    std::unique_lock lock(mu);
+    while (!cv.wait_for(lock, std::chrono::seconds(1), [this] { return done.load(); })) {
+    }
+  }
 };
 
 // The state of every call that completed without error before its Work was

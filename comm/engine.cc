@@ -135,15 +135,10 @@ std::shared_ptr<WorkState> Communicator::Impl::enqueue(Op op) {
 }
 
 // Gate `host` (comm/device.h): the caller's thread waits for the call as
-// Work::wait does (the call fails by itself within BRAID_TIMEOUT of
-// starting; one run here is done already), then queues the result's copy
-// back. No other thread has the state yet, and the engine is done with it.
+// Work::wait does (one run here is done already), then queues the result's
+// copy back. No other thread has the state yet, and the engine is done with it.
 void Communicator::Impl::hold_caller(const Op& op, WorkState& state) {
-  {
-    std::unique_lock lock(state.mu);
-    while (!state.cv.wait_for(lock, std::chrono::seconds(1), [&] { return state.done.load(); })) {
-    }
-  }
+  state.wait_done();
   if (state.error) return;
   try {
     state.staged->finish_on_caller();
@@ -372,13 +367,7 @@ void Communicator::Impl::abort(const std::string& reason) {
 
 void Work::wait() {
   if (!state_) throw InvalidUsage("wait() on an empty Work");
-  if (!state_->done.load(std::memory_order_acquire)) {
-    std::unique_lock lock(state_->mu);
-    // Bounded: the operation (and every one queued before it) fails by itself
-    // within BRAID_TIMEOUT of starting.
-    while (!state_->cv.wait_for(lock, std::chrono::seconds(1), [this] { return state_->done.load(); })) {
-    }
-  }
+  state_->wait_done();
   if (state_->error) std::rethrow_exception(state_->error);
   if (state_->staged) state_->staged->wait_results(Clock::now() + state_->timeout);
 }
