@@ -96,6 +96,7 @@ std::shared_ptr<WorkState> Communicator::Impl::enqueue(Op op) {
   if (op.memory.kind == runtime::MemoryKind::device) {
     staging_lock.lock();
     if (!device) start_device(op.memory.device);
+    if (exchange.gpu_shared.load(std::memory_order_relaxed)) device->note_gpu_shared();
     CallShape shape = shape_of(op);
     shape.registered = registration_matters(shape) && registered(op);  // shareable through CUDA IPC
     state->staged = device->stage(op, rank, size, shape);

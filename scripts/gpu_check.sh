@@ -10,8 +10,11 @@
 #              two context switches costs, with front-end, kernel and host waits;
 #              and how soon a host thread learns a kernel is done (wake)
 #   tests      kernels_cuda, trainer_device, comm_device
+#   comm       comm_device alone
 #   bench      braid-bench --device cuda, 2 ranks, every collective, f32
 #   bench4     4 ranks sharing the GPU, all_reduce to 256 MiB
+#   gates      the 2- and 4-rank all_reduce with each gate (kernel, wait,
+#              host) and with every rank working (BRAID_DIRECT_WORKERS=all)
 #   mps        the 2- and 4-rank all_reduce under an MPS daemon this script
 #              starts and stops (one context for every rank: no time-slicing)
 #   sanitizer2 compute-sanitizer memcheck and racecheck of a 2-rank all_reduce
@@ -26,6 +29,7 @@
 #              kit brings them from scripts/gpu_reference, made on the build
 #              machine: rerun only where gpu_kit.sh said they are stale)
 #   torch      PyTorch on the same shapes (scripts/torch_gpt.py)
+#   torchL     PyTorch on the 113M-parameter config alone
 #   sanitizer  compute-sanitizer memcheck and racecheck of the kernels
 #   hangdump   where the 2-rank all_reduce, comm_device or zero3 failed: cuda-gdb's
 #              backtraces of every thread of every rank while they run it
@@ -48,7 +52,7 @@ cublas="$(find /opt /usr/local /usr/lib -name 'libcublas.so.13' 2>/dev/null | he
 export LD_LIBRARY_PATH="$kit/lib${cublas:+:$(dirname "$cublas")}"
 nvidia-smi > "$logs/nvidia-smi.log" 2>&1
 B="$kit/bin"
-groups="${*:-probe pong tests bench bench4 mps sanitizer2 dtypes train1 train trainL1 trainL trainLall torch sanitizer}"
+groups="${*:-probe pong tests bench bench4 gates mps sanitizer2 dtypes train1 train trainL1 trainL trainLall torch sanitizer}"
 want() { case " $groups " in *" $1 "*) return 0 ;; esac; return 1; }
 pack() { tar -C "$logs" -czf "$out/logs.tgz" . 2> /dev/null; }
 say() { echo "$*" | tee -a "$out/summary.txt"; }
@@ -102,7 +106,9 @@ fi
 if want tests; then
   check kernels_cuda 30 "$B/test_kernels_cuda"
   check trainer_device 120 "$B/test_trainer_device"
-  check comm_device 60 "$B/test_comm_device"
+fi
+if want tests || want comm; then
+  check comm_device 90 "$B/test_comm_device"
   [ "$last_rc" -eq 0 ] || ! want hangdump || stacks comm_device_stacks 20 'bin/test_comm_device' "$B/test_comm_device"
 fi
 BE="$B/braid-bench --device cuda -c 1"
@@ -114,17 +120,6 @@ if want bench; then
     check bench_2_all_reduce_eager 30 env CUDA_MODULE_LOADING=EAGER $L2 $BE --coll all_reduce -b 8 -e 1M -f 16 -n 5 -w 1
     [ "$last_rc" -eq 0 ] || hung=1
   fi
-  # Each rank its own share (BRAID_DIRECT_WORKERS=all), as before one worker
-  # became the default for ranks on one GPU: one context switch per rank.
-  check bench_2_all_reduce_all 30 env BRAID_DIRECT_WORKERS=all $L2 $BE --coll all_reduce -b 4 -e 256M -f 4 -n 10 -w 2
-  # The front-end wait gate (BRAID_CUDA_GATE=wait): no gate kernel keeps
-  # the ranks' contexts busy, so they need not time-slice the GPU.
-  check bench_2_all_reduce_wait 30 env BRAID_CUDA_GATE=wait $L2 $BE --coll all_reduce -b 4 -e 256M -f 4 -n 10 -w 2
-  check bench_2_all_reduce_wait_all 30 env BRAID_CUDA_GATE=wait BRAID_DIRECT_WORKERS=all \
-    $L2 $BE --coll all_reduce -b 4 -e 256M -f 4 -n 10 -w 2
-  # The host gate (BRAID_CUDA_GATE=host): the caller's thread waits, so no
-  # rank leaves work waiting on the GPU and only the worker's kernels run.
-  check bench_2_all_reduce_host 30 env BRAID_CUDA_GATE=host $L2 $BE --coll all_reduce -b 4 -e 256M -f 4 -n 10 -w 2
   for c in reduce_scatter all_gather broadcast reduce all_to_all send_recv; do
     check "bench_2_$c" 20 $L2 $BE --coll $c -b 8 -e 64M -f 16 -n 5 -w 1
   done
@@ -134,7 +129,23 @@ if want hangdump && [ $hung -eq 1 ]; then
 fi
 if want bench4; then
   check bench_4_all_reduce 30 $L4 $BE --coll all_reduce -b 16 -e 256M -f 16 -n 5 -w 1
-  check bench_4_all_reduce_all 30 env BRAID_DIRECT_WORKERS=all $L4 $BE --coll all_reduce -b 16 -e 256M -f 16 -n 5 -w 1
+fi
+# The default gate is `auto`: `host` once the ranks are seen to share the
+# GPU. The others, and every rank doing its own share (one context switch per
+# rank where they share one GPU), for comparison.
+if want gates; then
+  check bench_2_all_reduce_kernel 30 env BRAID_CUDA_GATE=kernel $L2 $BE --coll all_reduce -b 4 -e 256M -f 4 -n 10 -w 2
+  check bench_2_all_reduce_kernel_all 30 env BRAID_CUDA_GATE=kernel BRAID_DIRECT_WORKERS=all \
+    $L2 $BE --coll all_reduce -b 4 -e 256M -f 4 -n 10 -w 2
+  # The front-end wait gate: no gate kernel keeps the ranks' contexts busy.
+  check bench_2_all_reduce_wait 30 env BRAID_CUDA_GATE=wait $L2 $BE --coll all_reduce -b 4 -e 256M -f 4 -n 10 -w 2
+  check bench_2_all_reduce_wait_all 30 env BRAID_CUDA_GATE=wait BRAID_DIRECT_WORKERS=all \
+    $L2 $BE --coll all_reduce -b 4 -e 256M -f 4 -n 10 -w 2
+  # The host gate from the first call, its Reducer woken by a host function.
+  check bench_2_all_reduce_host 30 env BRAID_CUDA_GATE=host $L2 $BE --coll all_reduce -b 4 -e 256M -f 4 -n 10 -w 2
+  check bench_4_all_reduce_kernel 30 env BRAID_CUDA_GATE=kernel $L4 $BE --coll all_reduce -b 16 -e 256M -f 16 -n 5 -w 1
+  check bench_4_all_reduce_kernel_all 30 env BRAID_CUDA_GATE=kernel BRAID_DIRECT_WORKERS=all \
+    $L4 $BE --coll all_reduce -b 16 -e 256M -f 16 -n 5 -w 1
   check bench_4_all_reduce_wait 30 env BRAID_CUDA_GATE=wait $L4 $BE --coll all_reduce -b 16 -e 256M -f 16 -n 5 -w 1
   check bench_4_all_reduce_host 30 env BRAID_CUDA_GATE=host $L4 $BE --coll all_reduce -b 16 -e 256M -f 16 -n 5 -w 1
 fi
@@ -224,9 +235,9 @@ if want train; then
   train train_B_2pp 30 $L2 "$T" --device cuda $cfgB --steps 10 --pp 2 --grad-accum 2 $D
   train train_B_4tp2pp2 40 $L4 "$T" --device cuda $cfgB --steps 10 --tp 2 --pp 2 --grad-accum 2 $D
   # tp 2 makes many small collectives: the gate's cost per call shows.
-  train train_B_2tp_host 30 env BRAID_CUDA_GATE=host $L2 "$T" --device cuda $cfgB --steps 10 --tp 2 --grad-accum 2 $D
+  train train_B_2tp_kernel 30 env BRAID_CUDA_GATE=kernel $L2 "$T" --device cuda $cfgB --steps 10 --tp 2 --grad-accum 2 $D
   losses cpu_B10 train_B_2ddp train_B_2dp train_B_2zero1 train_B_2zero2 train_B_2zero3 train_B_2tp train_B_2pp \
-    train_B_4tp2pp2 train_B_2tp_host
+    train_B_4tp2pp2 train_B_2tp_kernel
 fi
 if want trainL1; then
   train train_L_1 90 "$T" --device cuda $cfgL --steps 12 $D
@@ -248,10 +259,10 @@ if want trainLall; then
   losses cpu_L3 train_L3_2ddp train_L3_2dp train_L3_2zero1 train_L3_2zero2 train_L3_2zero3 train_L3_2tp \
     train_L3_2pp train_L3_4tp2pp2
 fi
-if want torch && python3 -c "import torch; assert torch.cuda.is_available()" 2> /dev/null; then
-  check torch_B 60 python3 "$kit/torch_gpt.py" $cfgB --steps 30
+if { want torch || want torchL; } && python3 -c "import torch; assert torch.cuda.is_available()" 2> /dev/null; then
+  want torch && check torch_B 60 python3 "$kit/torch_gpt.py" $cfgB --steps 30
   check torch_L 90 python3 "$kit/torch_gpt.py" $cfgL --steps 12
-  check torch_L_naive 90 python3 "$kit/torch_gpt.py" $cfgL --steps 12 --naive-attention
+  want torch && check torch_L_naive 90 python3 "$kit/torch_gpt.py" $cfgL --steps 12 --naive-attention
 fi
 if want sanitizer && command -v compute-sanitizer > /dev/null; then
   check memcheck 120 compute-sanitizer --tool memcheck --error-exitcode 9 "$B/test_kernels_cuda"

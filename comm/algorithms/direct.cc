@@ -29,6 +29,7 @@ DirectBuffers open_direct(Exchange& x) {
   theirs[static_cast<std::size_t>(me)] = mine;
   const bool one = one_direct_worker(theirs);
   x.note_direct_workers(one);
+  if (peer_on_this_gpu(theirs, me)) x.note_gpu_shared();
   if (!one) {
     b.shares = {me};
   } else if (me == 0) {
@@ -51,6 +52,14 @@ DirectBuffers open_direct(Exchange& x) {
     if (recv_bytes(p)) b.recv[p] = x.peer_region(p, theirs[p].recv, recv_bytes(p)).data();
   }
   return b;
+}
+
+bool peer_on_this_gpu(std::span<const DirectSwap> swapped, int me) {
+  const std::uint8_t* mine = swapped[static_cast<std::size_t>(me)].vote.device;
+  if (std::all_of(mine, mine + 16, [](std::uint8_t b) { return b == 0; })) return false;  // host memory
+  for (std::size_t p = 0; p < swapped.size(); ++p)
+    if (p != static_cast<std::size_t>(me) && std::equal(mine, mine + 16, swapped[p].vote.device)) return true;
+  return false;
 }
 
 bool one_direct_worker(std::span<const DirectSwap> swapped) {

@@ -79,6 +79,10 @@ struct DirectSwap {
 // automatic, none all) where every rank's buffers are on the same GPU.
 bool one_direct_worker(std::span<const DirectSwap> swapped);
 
+// Whether another rank's buffers are on the GPU that rank `me`'s are on:
+// their processes then take that GPU in turns (BRAID_CUDA_GATE=auto, comm/device.h).
+bool peer_on_this_gpu(std::span<const DirectSwap> swapped, int me);
+
 // InvalidUsage when a buffer this rank's call uses is not registered memory
 // the transport can hand its peers; RemoteError when a peer's reference
 // does not name what it registered (Exchange::peer_region).

@@ -89,11 +89,14 @@ struct ExchangeContext {
   // Off the small calls' path, so last (the fields above keep their lines):
   // the identity (UUID) of device_reducer's device, set with it (ranks whose
   // buffers are on the same GPU see the same bytes); Config::direct_workers;
-  // and whether the last direct collective ran with one worker (read by
-  // Communicator::last_algorithm on the caller's thread).
+  // whether the last direct collective ran with one worker (read by
+  // Communicator::last_algorithm on the caller's thread); and whether some
+  // direct collective found a peer's buffers on this rank's GPU (once set,
+  // it stays: BRAID_CUDA_GATE=auto holds the caller from then on).
   std::array<std::uint8_t, 16> device_id{};
   DirectWorkers direct_workers = DirectWorkers::automatic;
   std::atomic<bool> last_direct_one_worker{false};
+  std::atomic<bool> gpu_shared{false};
 };
 
 // Whether [data, data + bytes) lies in registered memory that one transport
@@ -177,6 +180,7 @@ class Exchange {
   DirectWorkers direct_workers() const { return c_.direct_workers; }
   std::array<std::uint8_t, 16> device_id() const;
   void note_direct_workers(bool one) { c_.last_direct_one_worker.store(one, std::memory_order_relaxed); }
+  void note_gpu_shared() { c_.gpu_shared.store(true, std::memory_order_relaxed); }
   Clock::time_point deadline() const {
     if (deadline_ == Clock::time_point{}) deadline_ = Clock::now() + timeout_;
     return deadline_;

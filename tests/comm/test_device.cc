@@ -191,6 +191,33 @@ TEST_CASE("device: calls follow their stream's order both ways, several in fligh
   CHECK(result.all_ok());
 }
 
+// BRAID_CUDA_GATE=auto (the default; comm/device.h): ranks whose buffers
+// are on one GPU hold their callers (gate `host`) once a direct collective
+// has seen it, ranks with a GPU each keep the gate kernel; the calls staged
+// before and after the switch keep their stream's order (stream_order: 8
+// calls in flight, the first staged before the switch).
+void auto_gate(Communicator& comm) {
+  int gpus = 0;
+  cuda(cudaGetDeviceCount(&gpus), "cudaGetDeviceCount");
+  stream_order(comm);
+  const std::string reason = comm.last_algorithm(OpKind::all_reduce).reason;
+  const bool shared = comm.size() > gpus;  // rank r on GPU r mod gpus
+  expect((reason.find("host gate") != std::string::npos) == shared,
+         "after 8 all_reduces " + std::string(shared ? "on one shared GPU" : "on a GPU each") +
+             ", the algorithm's reason: " + reason);
+  every_collective(comm);
+}
+
+TEST_CASE("device: the default gate holds the callers once ranks are seen to share a GPU", "[device]") {
+  if (probe_gpus() == 0) {
+    WARN("skipped: no CUDA device (the CUDA code is built; the GPU checks run on a machine with one)");
+    return;
+  }
+  auto result = braid::test::run_ranks(2, auto_gate);
+  INFO(result.summary());
+  CHECK(result.all_ok());
+}
+
 // BRAID_CUDA_GATE=wait (Config::cuda_gate) holds the streams with
 // cuStreamWaitValue64 rather than a gate kernel (comm/device_cuda.cc,
 // Shared::wait_value), and `host` holds the caller's thread instead of the
@@ -206,8 +233,8 @@ TEST_CASE("device: the front-end wait gate and the host gate give the same resul
   struct Case {
     const char *gate, *workers, *transport;
   };
-  for (const Case c : {Case{"wait", "auto", "auto"}, Case{"wait", "all", "auto"}, Case{"host", "auto", "auto"},
-                       Case{"host", "all", "auto"}, Case{"host", "auto", "shm"}})
+  for (const Case c : {Case{"kernel", "auto", "auto"}, Case{"wait", "auto", "auto"}, Case{"wait", "all", "auto"},
+                       Case{"host", "auto", "auto"}, Case{"host", "all", "auto"}, Case{"host", "auto", "shm"}})
     for (auto* body : {&every_collective, &stream_order}) {
       braid::test::RunOptions options;
       options.config.cuda_gate = c.gate;
@@ -223,5 +250,5 @@ TEST_CASE("device: the front-end wait gate and the host gate give the same resul
   auto result = braid::test::run_ranks(1, every_collective, spinning);
   INFO(result.summary());
   REQUIRE_FALSE(result.all_ok());
-  CHECK(result.summary().find("choose kernel, wait or host") != std::string::npos);
+  CHECK(result.summary().find("choose auto, kernel, wait or host") != std::string::npos);
 }

@@ -204,6 +204,33 @@ TEST_CASE("one_direct_worker: one on a shared GPU or where every rank asks, neve
   CHECK_FALSE(one_direct_worker({vote(a, 0), partly}));
 }
 
+// Whether BRAID_CUDA_GATE=auto turns to the host gate (comm/device.h): each
+// rank asks whether another rank's buffers are on its own GPU, whatever the
+// workers' votes.
+TEST_CASE("peer_on_this_gpu: another rank on this rank's GPU, never for host memory", "[direct]") {
+  auto on = [](std::uint8_t gpu) {
+    DirectSwap v;
+    if (gpu) std::fill(std::begin(v.vote.device), std::end(v.vote.device), gpu);
+    return v;
+  };
+  auto shared = [](std::initializer_list<DirectSwap> swapped, int me) {
+    return comm::peer_on_this_gpu({swapped.begin(), swapped.size()}, me);
+  };
+  CHECK(shared({on(7), on(7)}, 0));
+  CHECK(shared({on(7), on(7)}, 1));
+  CHECK_FALSE(shared({on(7), on(8)}, 0));                    // a GPU each
+  CHECK(shared({on(7), on(8), on(7), on(8)}, 3));            // 4 ranks on 2 GPUs
+  CHECK_FALSE(shared({on(7), on(8), on(9)}, 1));
+  CHECK_FALSE(shared({on(0), on(0)}, 0));                    // host memory
+  CHECK_FALSE(shared({on(7)}, 0));                           // alone
+  DirectSwap partly = on(7);                                 // one byte of the UUID differs
+  partly.vote.device[15] = 8;
+  CHECK_FALSE(shared({on(7), partly}, 0));
+  DirectSwap workers_all = on(7);                            // the workers' vote does not matter
+  workers_all.vote.workers = DirectWorkers::all;
+  CHECK(shared({workers_all, on(7)}, 1));
+}
+
 // The host Reducer (comm/algorithms/reducer.h): a destination may be any
 // one of the sources, at any position, and the result is still the
 // reduction of the inputs as they were; one source is a copy; avg divides.
