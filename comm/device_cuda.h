@@ -48,7 +48,8 @@ void wait_for_event(cudaEvent_t event, Clock::time_point deadline, const char* w
 // function holds its own reference to what it sets, so it may run after
 // the StreamWake is gone (a wait that timed out).
 //
-// Used with gate `host` alone (comm/device.h): under the other gates a
+// Used where the gate is `host` (comm/device.h; also `auto` once it has
+// turned to `host`, though there the Reducer polls): under the other gates a
 // caller's thread may be blocked in a copy to pageable memory behind a
 // gate, holding a driver lock that cudaEventDestroy and cudaStreamCreate
 // were seen to wait on (issue 19); whether cudaLaunchHostFunc does is not
