@@ -24,6 +24,7 @@
 #include "comm/algorithms/algorithms.h"
 #include "comm/device.h"
 #include "comm/device_gate.h"
+#include "comm/poll_pause.h"
 #include "kernels/cuda/reduce.h"
 #include "runtime/errors.h"
 
@@ -61,11 +62,8 @@ void poll_event(cudaEvent_t event, Clock::time_point deadline, const char* what,
 
 void wait_for_event(cudaEvent_t event, Clock::time_point deadline, const char* what) {
   if (!event) return;
-  auto sleep = std::chrono::microseconds(5);
-  poll_event(event, deadline, what, [&] {
-    std::this_thread::sleep_for(sleep);
-    sleep = std::min(sleep * 2, std::chrono::microseconds(100));
-  });
+  PollPause pause;
+  poll_event(event, deadline, what, [&] { pause(); });
 }
 
 struct StreamWake::Flag {

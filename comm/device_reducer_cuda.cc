@@ -7,11 +7,11 @@
 // records an event after the kernels and waits for it, bounded, before the
 // collective's closing barrier tells the peers this rank's share is written.
 //
-// That wait is on every direct collective's path. Under gate `host` it does
-// not sleep-poll alone (a sleep lasts at least the timer slack, about 50 us
-// on Linux, and a kernel of 256 MiB takes about 250 us): a host function
-// queued after the event wakes the waiting thread (StreamWake,
-// comm/device_cuda.h, which says why only there).
+// That wait is on every direct collective's path, so it polls finely
+// (wait_for_event: sleeps of an eighth of the time waited, at a timer slack
+// of 1 us). Under gate `host` a host function queued after the event wakes
+// the waiting thread besides (StreamWake, comm/device_cuda.h, which says
+// why only there).
 #include <cuda_runtime.h>
 
 #include <stdexcept>

@@ -26,10 +26,12 @@
 //          (as an engine does, with no stream held meanwhile).
 //   wake:  how soon a host thread learns that a kernel of 0 or 250 us (a
 //          256 MiB all_reduce's) is done: by polling its event with
-//          sleeps growing 5..100 us (comm/device_cuda.cc wait_for_event),
-//          by a host function that wakes it (StreamWake), or by spinning
-//          on the event; the mean time per kernel, each way.
-// Built by scripts/gpu_kit.sh: nvcc -o cuda_gate_probe cuda_gate_probe.cu
+//          sleeps doubling 5..100 us at the default timer slack (as
+//          wait_for_event did), with comm/poll_pause.h's pause (as
+//          wait_for_event does), by a host function that wakes it
+//          (StreamWake), or by spinning on the event; the mean time per
+//          kernel, each way.
+// Built by scripts/gpu_kit.sh: nvcc -std=c++20 -I. -o cuda_gate_probe scripts/cuda_gate_probe.cu
 #include <cuda.h>
 #include <cuda_runtime.h>
 #include <signal.h>
@@ -45,6 +47,8 @@
 #include <cstring>
 #include <thread>
 #include <utility>
+
+#include "comm/poll_pause.h"
 
 namespace {
 
@@ -416,7 +420,7 @@ int wake(const char* mode) {
   const int rounds = 400;
   for (const unsigned long long ns : {0ull, 250'000ull}) {
     std::printf("%s: kernel of %llu us:", mode, ns / 1000);
-    for (const char* how : {"sleep-poll", "host function", "spin"}) {
+    for (const char* how : {"sleep-poll", "fine poll", "host function", "spin"}) {
       Woken w;
       busy<<<1, 1, 0, stream>>>(0);  // loaded, and the callback thread started
       cudaLaunchHostFunc(stream, wake_up, &w);
@@ -436,6 +440,9 @@ int wake(const char* mode) {
             std::this_thread::sleep_for(pause);
             pause = std::min(pause * 2, std::chrono::microseconds(100));
           }
+        } else if (how[0] == 'f') {
+          braid::comm::PollPause pause;
+          while (cudaEventQuery(done) == cudaErrorNotReady) pause();
         } else {
           while (cudaEventQuery(done) == cudaErrorNotReady) {
           }

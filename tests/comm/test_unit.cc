@@ -1,5 +1,6 @@
-// Pieces of comm/ that need no peers: the wire check, the chunk layout, and
-// the structural rule that algorithms include no transport header.
+// Pieces of comm/ that need no peers: the wire check, the chunk layout, the
+// pause of the waits for the GPU, and the structural rule that algorithms
+// include no transport header.
 #include <catch2/catch.hpp>
 
 #include <cstdlib>
@@ -8,6 +9,7 @@
 #include <regex>
 
 #include "comm/algorithms/algorithms.h"
+#include "comm/poll_pause.h"
 #include "comm/wire.h"
 
 using namespace braid;
@@ -40,6 +42,40 @@ TEST_CASE("point-to-point headers match send against recv") {
   Op wrong = recv;
   wrong.count = 11;
   CHECK_FALSE(header_mismatch(expected_header(1, wrong, 3, 0, 0, 0, 40), sent, 3, 0).empty());
+}
+
+// wait_for_event's pause (comm/poll_pause.h): an eighth of the time waited,
+// 5 us to 100 us, at a timer slack of 1 us while it waits, the thread's own
+// slack back after; a thread whose slack is already that fine keeps it.
+TEST_CASE("the pause of a wait for the GPU grows with the wait and sleeps at a fine timer slack") {
+  using std::chrono::microseconds;
+  CHECK(PollPause::sleep_after(microseconds(0)) == microseconds(5));
+  CHECK(PollPause::sleep_after(microseconds(40)) == microseconds(5));
+  CHECK(PollPause::sleep_after(microseconds(256)) == microseconds(32));
+  CHECK(PollPause::sleep_after(microseconds(800)) == microseconds(100));
+  CHECK(PollPause::sleep_after(std::chrono::seconds(3)) == microseconds(100));
+
+  const int before = prctl(PR_GET_TIMERSLACK, 0, 0, 0, 0);
+  REQUIRE(prctl(PR_SET_TIMERSLACK, 50'000UL, 0, 0, 0) == 0);
+  {
+    PollPause pause;
+    CHECK(prctl(PR_GET_TIMERSLACK, 0, 0, 0, 0) == 50'000);  // a wait that never pauses sets nothing
+    const auto start = Clock::now();
+    pause();
+    CHECK(Clock::now() - start >= microseconds(5));
+    CHECK(prctl(PR_GET_TIMERSLACK, 0, 0, 0, 0) == 1000);
+    pause();
+    CHECK(prctl(PR_GET_TIMERSLACK, 0, 0, 0, 0) == 1000);
+  }
+  CHECK(prctl(PR_GET_TIMERSLACK, 0, 0, 0, 0) == 50'000);
+  REQUIRE(prctl(PR_SET_TIMERSLACK, 200UL, 0, 0, 0) == 0);
+  {
+    PollPause pause;
+    pause();
+    CHECK(prctl(PR_GET_TIMERSLACK, 0, 0, 0, 0) == 200);
+  }
+  CHECK(prctl(PR_GET_TIMERSLACK, 0, 0, 0, 0) == 200);
+  prctl(PR_SET_TIMERSLACK, static_cast<unsigned long>(before), 0, 0, 0);
 }
 
 TEST_CASE("chunk layout covers every element once") {
