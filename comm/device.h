@@ -45,9 +45,10 @@
 // finds a peer's buffers on this rank's GPU (ExchangeContext::gpu_shared),
 // then `host` for every later call: on an H200 shared by 2 ranks a 256 MiB
 // all_reduce took 4.16 ms with the gate kernels and 0.33 ms so, and tp 2
-// training ran 4.5 times faster (README.md, "Device memory"). Ranks with a GPU each keep the
-// gate kernel and so their callers' asynchrony. Calls of both kinds mix
-// freely: a held call takes no ticket, and the gates still open in order.
+// training ran 4.5 times faster (README.md, "Device memory"). Ranks with a
+// GPU each keep the gate kernel and so their callers' asynchrony. Calls of
+// both kinds mix freely: a held call takes no ticket, and the gates still
+// open in order.
 #pragma once
 
 #include <array>

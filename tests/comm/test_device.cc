@@ -39,6 +39,13 @@ int probe_gpus() {
   return WEXITSTATUS(status);
 }
 
+// Whether a test has no GPU to run on; it then says so (and passes as skipped).
+bool no_gpu() {
+  if (probe_gpus() > 0) return false;
+  WARN("skipped: no CUDA device (the CUDA code is built; the GPU checks run on a machine with one)");
+  return true;
+}
+
 void cuda(cudaError_t status, const std::string& what) {
   expect(status == cudaSuccess, "CUDA " + what + ": " + cudaGetErrorString(status));
 }
@@ -170,10 +177,7 @@ void stream_order(Communicator& comm) {
 }  // namespace
 
 TEST_CASE("device: every collective on device buffers with a stream gives the host result", "[device]") {
-  if (probe_gpus() == 0) {
-    WARN("skipped: no CUDA device (the CUDA code is built; the GPU checks run on a machine with one)");
-    return;
-  }
+  if (no_gpu()) return;
   for (int n : {1, 2, 4}) {
     auto result = braid::test::run_ranks(n, every_collective);
     INFO(n << " ranks: " << result.summary());
@@ -182,10 +186,7 @@ TEST_CASE("device: every collective on device buffers with a stream gives the ho
 }
 
 TEST_CASE("device: calls follow their stream's order both ways, several in flight", "[device]") {
-  if (probe_gpus() == 0) {
-    WARN("skipped: no CUDA device (the CUDA code is built; the GPU checks run on a machine with one)");
-    return;
-  }
+  if (no_gpu()) return;
   auto result = braid::test::run_ranks(2, stream_order);
   INFO(result.summary());
   CHECK(result.all_ok());
@@ -209,10 +210,7 @@ void auto_gate(Communicator& comm) {
 }
 
 TEST_CASE("device: the default gate holds the callers once ranks are seen to share a GPU", "[device]") {
-  if (probe_gpus() == 0) {
-    WARN("skipped: no CUDA device (the CUDA code is built; the GPU checks run on a machine with one)");
-    return;
-  }
+  if (no_gpu()) return;
   auto result = braid::test::run_ranks(2, auto_gate);
   INFO(result.summary());
   CHECK(result.all_ok());
@@ -226,10 +224,7 @@ TEST_CASE("device: the default gate holds the callers once ranks are seen to sha
 // and with every rank working, and (BRAID_TRANSPORT=shm, no cuda_ipc) calls
 // staged through host memory; a value that is no mode is refused.
 TEST_CASE("device: the front-end wait gate and the host gate give the same results and order", "[device]") {
-  if (probe_gpus() == 0) {
-    WARN("skipped: no CUDA device (the CUDA code is built; the GPU checks run on a machine with one)");
-    return;
-  }
+  if (no_gpu()) return;
   struct Case {
     const char *gate, *workers, *transport;
   };
