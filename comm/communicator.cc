@@ -230,7 +230,11 @@ AlgorithmChoice Communicator::last_algorithm(OpKind kind) const {
   if ((last.name == "direct" || last.name == "cuda_ipc") && kind != OpKind::send && kind != OpKind::recv &&
       impl_->exchange.last_direct_one_worker.load(std::memory_order_relaxed))
     reason += "; one worker: rank 0 did every rank's share (BRAID_DIRECT_WORKERS)";
-  if (impl_->config.cuda_gate == "auto" && impl_->exchange.gpu_shared.load(std::memory_order_relaxed))
+  const bool ordered = impl_->exchange.last_direct_stream_ordered.load(std::memory_order_relaxed);
+  if (ordered && (last.name == "direct" || last.name == "cuda_ipc"))
+    reason += "; event gate: each call holds its caller until every rank's kernels are queued, and the streams "
+              "wait for each other's CUDA IPC events (BRAID_CUDA_GATE)";
+  else if (impl_->config.cuda_gate == "auto" && impl_->exchange.gpu_shared.load(std::memory_order_relaxed))
     reason += "; host gate: a peer's process shares this GPU, so each call holds its caller (BRAID_CUDA_GATE=auto)";
   return {std::string(last.name), reason};
 }

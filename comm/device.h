@@ -41,14 +41,30 @@
 // gate keeps a kernel resident or a front-end wait pending in each rank's
 // context). The caller's thread waits as Work::wait does.
 //
+// BRAID_CUDA_GATE=event is `host` for staged calls; a direct collective
+// holds its caller only until every rank's kernels are queued, and no host
+// waits for the GPU: the call's stream records an interprocess event
+// (`ready`, EventBook, comm/device_cuda.h) that the workers' Reducer
+// streams wait for before their kernels, and once the engine has run the
+// call the caller's thread queues on its stream the waits for the workers'
+// `done` events and then `finished` (comm/algorithms/direct.h, "Stream
+// order"). So the next call's host work overlaps this one's kernels. Under
+// MPS (every rank's work in one context) that took a 2-rank 256 MiB
+// all_reduce on an H200 from 0.33 to 0.28 ms; without MPS a stream that
+// waits for another process's event keeps its context on the GPU, and it
+// took 0.58 ms.
+//
 // BRAID_CUDA_GATE=auto (the default) is `kernel` until a direct collective
 // finds a peer's buffers on this rank's GPU (ExchangeContext::gpu_shared),
-// then `host` for every later call: on an H200 shared by 2 ranks a 256 MiB
-// all_reduce took 4.16 ms with the gate kernels and 0.33 ms so, and tp 2
+// then `event` under MPS (cudaDevAttrMpsEnabled) and `host` without, for
+// every later call: on an H200 shared by 2 ranks a 256 MiB all_reduce took
+// 4.16 ms with the gate kernels and 0.33 ms with the host gate, and tp 2
 // training ran 4.5 times faster (README.md, "Device memory"). Ranks with a
 // GPU each keep the gate kernel and so their callers' asynchrony. Calls of
-// both kinds mix freely: a held call takes no ticket, and the gates still
-// open in order.
+// every kind mix freely: a held call takes no ticket, the gates still open
+// in order, and a direct collective runs in stream order only where every
+// rank's call does (a worker waits for the inputs of the others on the
+// device all the same).
 #pragma once
 
 #include <array>
@@ -87,6 +103,13 @@ class StagedOp {
   // queues the result's copy back to device memory. Throws SystemError.
   virtual bool holds_caller() const { return false; }
   virtual void finish_on_caller() {}
+  // Gate `event`: the event recorded on the caller's stream after the work
+  // before the call (unset otherwise: wait_inputs waited for it on the
+  // host), and, from the engine after the call ran without error, the
+  // events the caller's stream waits for (the workers' `done`), queued by
+  // finish_on_caller before the work after the call.
+  virtual DeviceEventRef ready_event() const { return {}; }
+  virtual void wait_on_stream(std::vector<DeviceEventRef> events) { (void)events; }
 };
 
 // One per communicator and device, created on its first call on device memory.
@@ -120,8 +143,9 @@ class DeviceStaging {
 };
 
 // Throws InvalidUsage without CUDA support or for a `gate` that is not
-// "auto", "kernel", "wait" or "host" (Config::cuda_gate), SystemError when the device
-// cannot be used (no driver, no such device).
+// "auto", "kernel", "wait", "host" or "event" (Config::cuda_gate),
+// SystemError when the device cannot be used (no driver, no such device;
+// "event" where it cannot share events between processes).
 std::unique_ptr<DeviceStaging> make_device_staging(int device, std::chrono::milliseconds timeout,
                                                    const std::string& gate);
 

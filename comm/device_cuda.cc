@@ -104,6 +104,79 @@ void StreamWake::wait(cudaEvent_t event, Clock::time_point deadline, const char*
   });
 }
 
+std::shared_ptr<EventBook> EventBook::make(int device) {
+  int supported = 0;
+  if (cudaDeviceGetAttribute(&supported, cudaDevAttrIpcEventSupport, device) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return nullptr;
+  }
+  return supported ? std::make_shared<EventBook>(device) : nullptr;
+}
+
+EventBook::~EventBook() {
+  DeviceScope scope(device_);
+  for (auto& [bytes, event] : opened_) cudaEventDestroy(event);
+  for (auto& [bytes, event] : own_) cudaEventDestroy(event);
+}
+
+namespace {
+
+std::string key_of(const DeviceEventRef& ref) {
+  return std::string(reinterpret_cast<const char*>(ref.bytes), sizeof ref.bytes);
+}
+
+}  // namespace
+
+EventBook::Own EventBook::take() {
+  {
+    std::lock_guard lock(mu_);
+    if (!spare_.empty()) {
+      Own own = spare_.back();
+      spare_.pop_back();
+      return own;
+    }
+  }
+  DeviceScope scope(device_);
+  Own own;
+  check_cuda(cudaEventCreateWithFlags(&own.event, cudaEventDisableTiming | cudaEventInterprocess),
+             "cudaEventCreate (an event other processes wait for)");
+  cudaIpcEventHandle_t handle{};
+  static_assert(sizeof handle == sizeof own.ref.bytes);
+  const cudaError_t status = cudaIpcGetEventHandle(&handle, own.event);
+  if (status != cudaSuccess) {
+    cudaEventDestroy(own.event);
+    check_cuda(status, "cudaIpcGetEventHandle");
+  }
+  std::memcpy(own.ref.bytes, &handle, sizeof handle);
+  if (!own.ref.set()) {  // would read as "no event": the peers would not wait for it
+    cudaEventDestroy(own.event);
+    throw SystemError("CUDA: cudaIpcGetEventHandle gave a handle of zeros");
+  }
+  std::lock_guard lock(mu_);
+  own_.emplace(key_of(own.ref), own.event);
+  return own;
+}
+
+void EventBook::give_back(const Own& own) {
+  if (!own.event) return;
+  std::lock_guard lock(mu_);
+  spare_.push_back(own);
+}
+
+cudaEvent_t EventBook::find(const DeviceEventRef& ref) {
+  const std::string key = key_of(ref);
+  std::lock_guard lock(mu_);
+  if (auto it = own_.find(key); it != own_.end()) return it->second;
+  if (auto it = opened_.find(key); it != opened_.end()) return it->second;
+  DeviceScope scope(device_);
+  cudaIpcEventHandle_t handle{};
+  std::memcpy(&handle, ref.bytes, sizeof handle);
+  cudaEvent_t event = nullptr;
+  check_cuda(cudaIpcOpenEventHandle(&event, handle), "cudaIpcOpenEventHandle (a peer's event)");
+  opened_.emplace(key, event);
+  return event;
+}
+
 namespace {
 
 void check(cudaError_t status, const std::string& what) { check_cuda(status, what); }
@@ -313,6 +386,17 @@ void preload_kernels(const Shared& shared) {
   loaded.insert(shared.device);
 }
 
+// Whether this process's contexts on `device` are MPS clients (false
+// where the driver cannot say).
+bool mps_enabled(int device) {
+  int enabled = 0;
+  if (cudaDeviceGetAttribute(&enabled, cudaDevAttrMpsEnabled, device) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return false;
+  }
+  return enabled != 0;
+}
+
 // device_loader.cc asks for eager loading; a process that set LAZY itself
 // (PyTorch does, when it starts first) keeps it and is told what it risks.
 void warn_if_lazy_loading() {
@@ -328,8 +412,8 @@ void warn_if_lazy_loading() {
 
 class CudaStagedOp final : public StagedOp {
  public:
-  CudaStagedOp(std::shared_ptr<Shared> shared, std::uint64_t ticket)
-      : shared_(std::move(shared)), ticket_(ticket) {}
+  CudaStagedOp(std::shared_ptr<Shared> shared, std::shared_ptr<EventBook> events, std::uint64_t ticket)
+      : shared_(std::move(shared)), events_(std::move(events)), ticket_(ticket) {}
 
   // Does not open the gate: opening out of issue order would release an
   // earlier call's stream before its result exists. The engine opens every
@@ -353,6 +437,8 @@ class CudaStagedOp final : public StagedOp {
       }
     }
     // Back to the pools: cudaFreeHost would wait for the whole device.
+    // Every worker queued its wait for `ready` before this call ended.
+    if (events_) events_->give_back(ready_);
     std::lock_guard lock(shared_->mu);
     for (auto& [bytes, block] : blocks_) shared_->free_blocks.emplace(bytes, block);
     shared_->give_back(finished_);
@@ -361,6 +447,7 @@ class CudaStagedOp final : public StagedOp {
 
   void wait_inputs(Clock::time_point deadline) override {
     if (!error_.empty()) throw SystemError(error_);
+    if (ready_.event) return;  // gate `event`: the workers' streams wait for it
     staged_wake_.wait(staged_, deadline, "the work queued before this call on its CUDA stream did not finish");
   }
 
@@ -389,6 +476,13 @@ class CudaStagedOp final : public StagedOp {
   bool holds_caller() const override { return ticket_ == 0; }
 
   void finish_on_caller() override {
+    if (ready_.event) {
+      DeviceScope scope(shared_->device);
+      for (const DeviceEventRef& done : waits_)
+        check(cudaStreamWaitEvent(stream_, events_->find(done), 0), "queueing the wait for a collective's kernels");
+      check(cudaEventRecord(finished_, stream_), "cudaEventRecord");
+      return;
+    }
     if (!back_.bytes) return;
     DeviceScope scope(shared_->device);
     check(cudaMemcpyAsync(back_.to, back_.from, back_.bytes, cudaMemcpyHostToDevice, back_.stream),
@@ -396,8 +490,16 @@ class CudaStagedOp final : public StagedOp {
     check(cudaEventRecord(finished_, back_.stream), "cudaEventRecord");
   }
 
+  DeviceEventRef ready_event() const override { return ready_.event ? ready_.ref : DeviceEventRef{}; }
+  void wait_on_stream(std::vector<DeviceEventRef> events) override { waits_ = std::move(events); }
+
   // Set by CudaStaging::stage.
   bool on_device_ = false;
+  // Gate `event`: recorded on the caller's `stream_` after its input; the
+  // events that stream waits for, from the engine.
+  EventBook::Own ready_;
+  cudaStream_t stream_ = nullptr;
+  std::vector<DeviceEventRef> waits_;
   // Gate `host`, a staged call: the result's copy, queued by finish_on_caller.
   struct {
     void* to = nullptr;
@@ -412,6 +514,7 @@ class CudaStagedOp final : public StagedOp {
 
  private:
   std::shared_ptr<Shared> shared_;
+  std::shared_ptr<EventBook> events_;
   std::uint64_t ticket_;
 };
 
@@ -419,9 +522,11 @@ class CudaStaging final : public DeviceStaging {
  public:
   CudaStaging(int device, std::chrono::milliseconds timeout, const std::string& gate_mode)
       : shared_(std::make_shared<Shared>()), timeout_(timeout) {
-    if (gate_mode != "auto" && gate_mode != "kernel" && gate_mode != "wait" && gate_mode != "host")
-      throw InvalidUsage("BRAID_CUDA_GATE=" + gate_mode + ": choose auto, kernel, wait or host");
-    host_gate_ = gate_mode == "host";
+    if (gate_mode != "auto" && gate_mode != "kernel" && gate_mode != "wait" && gate_mode != "host" &&
+        gate_mode != "event")
+      throw InvalidUsage("BRAID_CUDA_GATE=" + gate_mode + ": choose auto, kernel, wait, host or event");
+    event_gate_ = gate_mode == "event";
+    host_gate_ = gate_mode == "host" || event_gate_;
     auto_gate_ = gate_mode == "auto";
     int count = 0;
     check(cudaGetDeviceCount(&count), "no usable CUDA device (cudaGetDeviceCount)");
@@ -442,6 +547,11 @@ class CudaStaging final : public DeviceStaging {
     check(cudaHostGetDevicePointer(reinterpret_cast<void**>(&shared_->timed_out_device), flag, 0), "flag mapping");
     preload_kernels(*shared_);
     warn_if_lazy_loading();
+    events_ = EventBook::make(device);
+    if (event_gate_ && !events_)
+      throw SystemError("BRAID_CUDA_GATE=event: CUDA device " + std::to_string(device) +
+                        " cannot share events between processes (cudaDevAttrIpcEventSupport)");
+    mps_ = mps_enabled(device);
     if (gate_mode == "wait") {
       shared_->wait_value = find_wait_value();
       shared_->start_watch(gate_limit());
@@ -457,22 +567,32 @@ class CudaStaging final : public DeviceStaging {
                          " (its first call on device memory); this call's buffers are on device " +
                          std::to_string(op.memory.device));
     DeviceScope scope(shared_->device);
-    auto staged = std::make_shared<CudaStagedOp>(shared_, host_gate_ ? 0 : tickets_ + 1);
+    auto staged = std::make_shared<CudaStagedOp>(shared_, events_, host_gate_ ? 0 : tickets_ + 1);
     if (!select_algorithm(shape).reason.staged) {
-      stage_on_device(op, *staged);
+      if (event_gate_) stage_ordered(op, *staged);
+      else stage_on_device(op, *staged);
       return staged;
     }
     stage_copies(op, rank, size, *staged);
     return staged;
   }
 
-  void note_gpu_shared() override { host_gate_ = host_gate_ || auto_gate_; }
+  // `auto`: the event gate under MPS (every rank's work in one context),
+  // else the host gate (where the contexts take the GPU in turns, a stream
+  // waiting for another process's event keeps its context busy).
+  void note_gpu_shared() override {
+    if (!auto_gate_ || host_gate_) return;
+    host_gate_ = true;
+    event_gate_ = events_ && mps_;
+  }
 
   // Gate `host` wakes the engine from the Reducer's kernels by a host
   // function; `auto` polls as `kernel` does, whichever it becomes (on the
   // H200 a host function woke a thread 44 us later than polling did after
   // a 250 us kernel, the time a 256 MiB all_reduce takes).
-  std::unique_ptr<Reducer> make_reducer() override { return make_device_reducer(shared_->device, host_gate_); }
+  std::unique_ptr<Reducer> make_reducer() override {
+    return make_device_reducer(shared_->device, host_gate_, events_);
+  }
 
   std::array<std::uint8_t, 16> device_uuid() override {
     cudaDeviceProp properties{};
@@ -501,6 +621,17 @@ class CudaStaging final : public DeviceStaging {
     else queue_gate(stream, tickets_ + 1);
     cudaError_t status = cudaEventRecord(staged.finished_, stream);
     if (status != cudaSuccess) staged.error_ = std::string("CUDA: cudaEventRecord: ") + cudaGetErrorString(status);
+  }
+
+  // Gate `event`, a direct collective: `ready` on the stream after its
+  // input, and later (finish_on_caller) the waits for the workers' `done`
+  // and `finished`. Nothing here waits on the host.
+  void stage_ordered(const Op& op, CudaStagedOp& staged) {
+    staged.on_device_ = true;
+    staged.stream_ = static_cast<cudaStream_t>(op.stream.cuda);
+    staged.ready_ = events_->take();
+    staged.finished_ = shared_->take_event();
+    check(cudaEventRecord(staged.ready_.event, staged.stream_), "cudaEventRecord");
   }
 
   // The call runs on pinned host staging: the send buffer is copied out
@@ -594,7 +725,10 @@ class CudaStaging final : public DeviceStaging {
 
   std::shared_ptr<Shared> shared_;
   std::chrono::milliseconds timeout_;
-  bool host_gate_ = false;  // BRAID_CUDA_GATE=host, or auto on a shared GPU: no gate, the caller waits
+  bool host_gate_ = false;  // BRAID_CUDA_GATE=host or event, or auto on a shared GPU: no gate, the caller waits
+  bool event_gate_ = false;  // BRAID_CUDA_GATE=event, or auto on a GPU shared under MPS
+  std::shared_ptr<EventBook> events_;  // null where the device has no IPC events
+  bool mps_ = false;  // this process's context on the device is an MPS client's
   bool auto_gate_ = false;  // BRAID_CUDA_GATE=auto: kernel until note_gpu_shared, then host
   std::uint64_t tickets_ = 0;
 };

@@ -7,8 +7,11 @@
 #include <cuda_runtime.h>
 
 #include <chrono>
+#include <map>
 #include <memory>
+#include <mutex>
 #include <string>
+#include <vector>
 
 #include "comm/algorithms/reducer.h"
 #include "comm/types.h"
@@ -74,8 +77,46 @@ class StreamWake {
   std::shared_ptr<Flag> flag_;  // null: nothing queued
 };
 
+// Gate `event` (comm/device.h): this process's CUDA IPC events, which its
+// peers open to wait for them on their streams, and the peers' events
+// opened here, by their handles' bytes (DeviceEventRef). One per
+// communicator's device path; thread-safe. The peers' events are opened on
+// the engine's thread (a worker's first wait for a rank's input), which is
+// safe where no stream of this process waits at a gate: gate `event` queues
+// none, and the gates of the calls before it opened in order before it ran.
+class EventBook {
+ public:
+  struct Own {
+    cudaEvent_t event = nullptr;
+    DeviceEventRef ref;
+  };
+  // Null where the device cannot share events between processes
+  // (cudaDevAttrIpcEventSupport).
+  static std::shared_ptr<EventBook> make(int device);
+  explicit EventBook(int device) : device_(device) {}
+  ~EventBook();
+  EventBook(const EventBook&) = delete;
+  EventBook& operator=(const EventBook&) = delete;
+  // An event of this process that peers can open: a spare one or a new one.
+  // Back to the spares once no peer waits for its last record any more.
+  Own take();
+  void give_back(const Own& own);
+  // The event `ref` names: one of this book's, or a peer's, opened the
+  // first time it is seen (cudaIpcOpenEventHandle). SystemError where CUDA
+  // refuses.
+  cudaEvent_t find(const DeviceEventRef& ref);
+
+ private:
+  int device_;
+  std::mutex mu_;
+  std::map<std::string, cudaEvent_t> own_, opened_;  // by the handle's bytes
+  std::vector<Own> spare_;
+};
+
 // DeviceStaging::make_reducer's (comm/device_reducer_cuda.cc); `wake`:
-// its kernels are waited for with a StreamWake (gate `host`).
-std::unique_ptr<Reducer> make_device_reducer(int device, bool wake);
+// its kernels are waited for with a StreamWake (gate `host`); `events`
+// (null where the device has none): where its done_event comes from and
+// the ranks' `ready` events are looked up (Reducer::wait_for).
+std::unique_ptr<Reducer> make_device_reducer(int device, bool wake, std::shared_ptr<EventBook> events);
 
 }  // namespace braid::comm

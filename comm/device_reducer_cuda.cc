@@ -35,10 +35,16 @@ class CudaReducer final : public Reducer {
   // stream-order case). For the same reason the process's first host
   // function runs here, before any collective (the driver may start its
   // callback thread for it).
-  CudaReducer(int device, bool wake) : device_(device), wake_(wake) {
+  CudaReducer(int device, bool wake, std::shared_ptr<EventBook> events)
+      : device_(device), wake_(wake), events_(std::move(events)) {
     DeviceScope scope(device_);
     check_cuda(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate");
-    check_cuda(cudaEventCreateWithFlags(&done_, cudaEventDisableTiming), "cudaEventCreate");
+    if (events_) {  // the book owns it
+      done_own_ = events_->take();
+      done_ = done_own_.event;
+    } else {
+      check_cuda(cudaEventCreateWithFlags(&done_, cudaEventDisableTiming), "cudaEventCreate");
+    }
     if (!wake_) return;
     StreamWake first;
     first.queue(stream_);
@@ -46,7 +52,7 @@ class CudaReducer final : public Reducer {
   }
 
   ~CudaReducer() override {
-    if (done_) cudaEventDestroy(done_);
+    if (done_ && !events_) cudaEventDestroy(done_);
     if (stream_) cudaStreamDestroy(stream_);
   }
 
@@ -73,18 +79,42 @@ class CudaReducer final : public Reducer {
     pending_ = false;
   }
 
+  void wait_for(std::span<const DeviceEventRef> events) override {
+    if (!events_) throw SystemError("a peer's stream is ordered by a CUDA IPC event, which this device cannot open");
+    DeviceScope scope(device_);
+    for (const DeviceEventRef& event : events)
+      if (event.set())
+        check_cuda(cudaStreamWaitEvent(stream_, events_->find(event), 0), "queueing the wait for a rank's input");
+  }
+
+  DeviceEventRef done_event() override { return events_ ? done_own_.ref : DeviceEventRef{}; }
+
+  // No StreamWake here: nothing waits on the host.
+  bool finish_queued(Clock::time_point deadline) override {
+    if (!events_) {
+      finish(deadline);
+      return false;
+    }
+    DeviceScope scope(device_);
+    check_cuda(cudaEventRecord(done_, stream_), "cudaEventRecord");
+    pending_ = false;
+    return true;
+  }
+
  private:
   int device_;
   bool wake_;
+  std::shared_ptr<EventBook> events_;  // null: the device has no IPC events
   cudaStream_t stream_ = nullptr;
-  cudaEvent_t done_ = nullptr;
+  cudaEvent_t done_ = nullptr;  // with events_, done_own_'s: peers may wait for it
+  EventBook::Own done_own_;
   bool pending_ = false;  // kernels issued since the last finish()
 };
 
 }  // namespace
 
-std::unique_ptr<Reducer> make_device_reducer(int device, bool wake) {
-  return std::make_unique<CudaReducer>(device, wake);
+std::unique_ptr<Reducer> make_device_reducer(int device, bool wake, std::shared_ptr<EventBook> events) {
+  return std::make_unique<CudaReducer>(device, wake, std::move(events));
 }
 
 }  // namespace braid::comm

@@ -260,12 +260,17 @@ void Communicator::Impl::execute(const Op& op, WorkState& state, bool inline_cal
     note_choice(op.kind, algorithm);
     Exchange x(op, exchange, Clock::now() + timeout, peer_state);
     if (size > 1 && !algorithm.agrees) agree_signatures(x);
+    exchange.call_ready = state.staged ? state.staged->ready_event() : DeviceEventRef{};
+    exchange.call_waits.clear();
     algorithm.run(x);
+    exchange.call_ready = {};
+    if (state.staged) state.staged->wait_on_stream(std::move(exchange.call_waits));
     if (state.staged) state.staged->open_gate();
     if (status) status->left(op);
     if (inline_call) state.complete_unshared(nullptr);
     else state.complete(nullptr);
   } catch (...) {
+    exchange.call_ready = {};
     if (state.staged) state.staged->open_gate();  // the stream goes on; the Work carries the error
     auto error = fail(op, std::current_exception());
     if (inline_call) state.complete_unshared(error);

@@ -54,4 +54,17 @@ struct RegionRef {
   std::uint64_t bytes = 0;
 };
 
+// A CUDA event that other processes of this host may wait for on their
+// streams (the bytes of its cudaIpcEventHandle_t; all zeros: none), as the
+// direct collectives pass them around under gate `event` (comm/device.h).
+// Opaque outside the device path, like RegionRef.
+struct DeviceEventRef {
+  std::uint8_t bytes[64] = {};
+  bool set() const {
+    for (std::uint8_t b : bytes)
+      if (b) return true;
+    return false;
+  }
+};
+
 }  // namespace braid::comm

@@ -13,12 +13,16 @@
 #   comm       comm_device alone
 #   bench      braid-bench --device cuda, 2 ranks, every collective, f32
 #   bench4     4 ranks sharing the GPU, all_reduce to 256 MiB
-#   gates      the 2- and 4-rank all_reduce with each gate (kernel, wait,
-#              host) and with every rank working (BRAID_DIRECT_WORKERS=all)
+#   gatesK     the 2- and 4-rank all_reduce with the gate kernel, one worker
+#              and every rank working (BRAID_DIRECT_WORKERS=all)
+#   gates      the same with the other gates (wait, host, event)
 #   mps        the 2- and 4-rank all_reduce under an MPS daemon this script
-#              starts and stops (one context for every rank: no time-slicing)
+#              starts and stops (one context for every rank: no time-slicing;
+#              gate `auto` is then `event`; `host` for comparison), and
+#              comm_device under it
 #   sanitizer2 compute-sanitizer memcheck and racecheck of a 2-rank all_reduce
 #   dtypes     every collective on 2 and 4 ranks, every dtype (-d all), 8 B to 2 MiB
+#   dtypesE    the same with BRAID_CUDA_GATE=event on 2 ranks (all_reduce on 4 too)
 #   train1     config B on 1 GPU
 #   train      config B: every strategy on 2 ranks, tp 2, pp 2, tp 2 x pp 2
 #   trainL1    the 113M-parameter config on 1 GPU
@@ -52,7 +56,7 @@ cublas="$(find /opt /usr/local /usr/lib -name 'libcublas.so.13' 2>/dev/null | he
 export LD_LIBRARY_PATH="$kit/lib${cublas:+:$(dirname "$cublas")}"
 nvidia-smi > "$logs/nvidia-smi.log" 2>&1
 B="$kit/bin"
-groups="${*:-probe pong tests bench bench4 gates mps sanitizer2 dtypes train1 train trainL1 trainL trainLall torch sanitizer}"
+groups="${*:-probe pong tests bench bench4 gatesK gates mps sanitizer2 dtypes train1 train trainL1 trainL trainLall torch sanitizer}"
 want() { case " $groups " in *" $1 "*) return 0 ;; esac; return 1; }
 pack() { tar -C "$logs" -czf "$out/logs.tgz" . 2> /dev/null; }
 say() { echo "$*" | tee -a "$out/summary.txt"; }
@@ -68,7 +72,7 @@ check() {  # name, timeout seconds, command...
   rc=$?
   last_rc=$rc
   if [ $rc -eq 0 ]; then say "ok    $name ($(($(date +%s) - t0)) s)"; else say "FAIL  $name (exit $rc, $(($(date +%s) - t0)) s)"; fi
-  grep -E 'skipped|held|round|sleep-poll|copy|one worker|Avg bus|Out of bounds| 268435456 | 67108864 | 16777216 |test cases|assertions|throughput|MFU|step [1-4]/[0-9]|train loss|tokens/s|ERROR|rror' \
+  grep -E 'skipped|held|gate:|round|sleep-poll|copy|one worker|Avg bus|Out of bounds| 268435456 | 67108864 | 16777216 |test cases|assertions|throughput|MFU|step [1-4]/[0-9]|train loss|tokens/s|ERROR|rror' \
     "$logs/$name.log" | uniq | tail -12 | sed 's/^/      /' | tee -a "$out/summary.txt"
   [ $rc -eq 0 ] || tail -5 "$logs/$name.log" | sed 's/^/    | /' | tee -a "$out/summary.txt"
   pack
@@ -131,23 +135,30 @@ if want bench4; then
   check bench_4_all_reduce 30 $L4 $BE --coll all_reduce -b 16 -e 256M -f 16 -n 5 -w 1
 fi
 # The default gate is `auto`: `host` once the ranks are seen to share the
-# GPU. The others, and every rank doing its own share (one context switch per
+# GPU (`event` under MPS). The others, and every rank doing its own share (one context switch per
 # rank where they share one GPU), for comparison.
-if want gates; then
+if want gatesK; then  # the gate kernel, the slowest by far on a shared GPU
   check bench_2_all_reduce_kernel 30 env BRAID_CUDA_GATE=kernel $L2 $BE --coll all_reduce -b 4 -e 256M -f 4 -n 10 -w 2
   check bench_2_all_reduce_kernel_all 30 env BRAID_CUDA_GATE=kernel BRAID_DIRECT_WORKERS=all \
     $L2 $BE --coll all_reduce -b 4 -e 256M -f 4 -n 10 -w 2
+  check bench_4_all_reduce_kernel 30 env BRAID_CUDA_GATE=kernel $L4 $BE --coll all_reduce -b 16 -e 256M -f 16 -n 5 -w 1
+  check bench_4_all_reduce_kernel_all 30 env BRAID_CUDA_GATE=kernel BRAID_DIRECT_WORKERS=all \
+    $L4 $BE --coll all_reduce -b 16 -e 256M -f 16 -n 5 -w 1
+fi
+if want gates; then
   # The front-end wait gate: no gate kernel keeps the ranks' contexts busy.
   check bench_2_all_reduce_wait 30 env BRAID_CUDA_GATE=wait $L2 $BE --coll all_reduce -b 4 -e 256M -f 4 -n 10 -w 2
   check bench_2_all_reduce_wait_all 30 env BRAID_CUDA_GATE=wait BRAID_DIRECT_WORKERS=all \
     $L2 $BE --coll all_reduce -b 4 -e 256M -f 4 -n 10 -w 2
   # The host gate from the first call, its Reducer woken by a host function.
   check bench_2_all_reduce_host 30 env BRAID_CUDA_GATE=host $L2 $BE --coll all_reduce -b 4 -e 256M -f 4 -n 10 -w 2
-  check bench_4_all_reduce_kernel 30 env BRAID_CUDA_GATE=kernel $L4 $BE --coll all_reduce -b 16 -e 256M -f 16 -n 5 -w 1
-  check bench_4_all_reduce_kernel_all 30 env BRAID_CUDA_GATE=kernel BRAID_DIRECT_WORKERS=all \
-    $L4 $BE --coll all_reduce -b 16 -e 256M -f 16 -n 5 -w 1
+  # The event gate without MPS: the streams wait for each other's IPC events.
+  check bench_2_all_reduce_event 30 env BRAID_CUDA_GATE=event $L2 $BE --coll all_reduce -b 4 -e 256M -f 4 -n 10 -w 2
+  check bench_2_all_reduce_event_all 30 env BRAID_CUDA_GATE=event BRAID_DIRECT_WORKERS=all \
+    $L2 $BE --coll all_reduce -b 4 -e 256M -f 4 -n 10 -w 2
   check bench_4_all_reduce_wait 30 env BRAID_CUDA_GATE=wait $L4 $BE --coll all_reduce -b 16 -e 256M -f 16 -n 5 -w 1
   check bench_4_all_reduce_host 30 env BRAID_CUDA_GATE=host $L4 $BE --coll all_reduce -b 16 -e 256M -f 16 -n 5 -w 1
+  check bench_4_all_reduce_event 30 env BRAID_CUDA_GATE=event $L4 $BE --coll all_reduce -b 16 -e 256M -f 16 -n 5 -w 1
 fi
 # MPS runs every rank's kernels in one context: the ranks' kernels may then
 # run at once, and no gate makes the GPU switch contexts. The daemon and
@@ -159,6 +170,9 @@ if want mps; then
     mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
     if nvidia-cuda-mps-control -d; then
       check bench_2_all_reduce_mps 30 $L2 $BE --coll all_reduce -b 4 -e 256M -f 4 -n 10 -w 2
+      check bench_2_all_reduce_mps_host 30 env BRAID_CUDA_GATE=host $L2 $BE --coll all_reduce -b 4 -e 256M -f 4 -n 10 -w 2
+      check bench_4_all_reduce_mps 30 $L4 $BE --coll all_reduce -b 16 -e 256M -f 16 -n 5 -w 1
+      check comm_device_mps 90 "$B/test_comm_device"
       say "      MPS log: $(grep -i -E 'server|client' "$CUDA_MPS_LOG_DIRECTORY/control.log" 2> /dev/null | tail -2 | tr '\n' ' ' | cut -c1-240)"
       check bench_2_all_reduce_mps_all 30 env BRAID_DIRECT_WORKERS=all $L2 $BE --coll all_reduce -b 4 -e 256M -f 4 -n 10 -w 2
       check bench_4_all_reduce_mps_all 30 env BRAID_DIRECT_WORKERS=all $L4 $BE --coll all_reduce -b 16 -e 256M -f 16 -n 5 -w 1
@@ -179,6 +193,12 @@ CS="compute-sanitizer --error-exitcode 9 --report-api-errors no --tool"
 if want sanitizer2 && command -v compute-sanitizer > /dev/null; then
   check memcheck_2rank 45 $L2 $CS memcheck $BE --coll all_reduce -b 8 -e 4M -f 64 -n 2 -w 1
   check racecheck_2rank 45 $L2 $CS racecheck $BE --coll all_reduce -b 8 -e 4M -f 64 -n 2 -w 1
+fi
+if want dtypesE; then  # the event gate (without MPS), every collective and dtype
+  for c in all_reduce reduce_scatter all_gather broadcast reduce all_to_all send_recv; do
+    check "bench_2_dtypes_event_$c" 20 env BRAID_CUDA_GATE=event $L2 $BE --coll $c -d all -b 8 -e 2M -f 64 -n 2 -w 1
+  done
+  check "bench_4_dtypes_event_all_reduce" 25 env BRAID_CUDA_GATE=event $L4 $BE --coll all_reduce -d all -b 8 -e 2M -f 64 -n 2 -w 1
 fi
 if want dtypes; then
   for c in all_reduce reduce_scatter all_gather broadcast reduce all_to_all send_recv; do

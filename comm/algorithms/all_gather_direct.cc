@@ -22,7 +22,7 @@ void all_gather_direct(Exchange& x) {
     for (int p : this_rank_first(share, n)) dsts.push_back(b.recv[p] + at);
     direct_step(x, dsts, {b.send[share]}, op.count, false);
   }
-  close_direct(x);
+  close_direct(x, b);
 }
 
 }  // namespace braid::comm

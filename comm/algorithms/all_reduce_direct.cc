@@ -36,7 +36,7 @@ void all_reduce_direct(Exchange& x) {
     }
     direct_step(x, dsts, srcs, layout.count_of(share), true);
   }
-  close_direct(x);
+  close_direct(x, b);
 }
 
 }  // namespace braid::comm

@@ -20,7 +20,7 @@ void all_to_all_direct(Exchange& x) {
   for (int share : b.shares)
     for (int p : this_rank_first(share, x.size()))
       direct_step(x, {b.recv[p] + share * block}, {b.send[share] + p * block}, op.count, false);
-  close_direct(x);
+  close_direct(x, b);
 }
 
 }  // namespace braid::comm

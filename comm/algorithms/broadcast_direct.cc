@@ -15,7 +15,7 @@ void broadcast_direct(Exchange& x) {
   const Op& op = x.op();
   const DirectBuffers b = open_direct(x);
   for (int share : b.shares) direct_step(x, {b.recv[share]}, {b.send[op.root]}, op.count, false);
-  close_direct(x);
+  close_direct(x, b);
 }
 
 }  // namespace braid::comm

@@ -18,6 +18,8 @@ DirectBuffers open_direct(Exchange& x) {
   const auto device = x.device_id();
   std::copy(device.begin(), device.end(), mine.vote.device);
   mine.vote.workers = x.direct_workers();
+  mine.ready = x.call_ready();
+  mine.done = x.reducer().done_event();
   if ((send_bytes(me) && !x.find_region(op.send, send_bytes(me), mine.send)) ||
       (recv_bytes(me) && !x.find_region(op.recv, recv_bytes(me), mine.recv)))
     throw InvalidUsage(describe(op) + ": a direct collective needs send and receive buffers in registered memory "
@@ -27,6 +29,9 @@ DirectBuffers open_direct(Exchange& x) {
 
   DirectBuffers b;
   theirs[static_cast<std::size_t>(me)] = mine;
+  b.stream_ordered = stream_ordered(theirs);
+  x.note_stream_ordered(b.stream_ordered);
+  for (const DirectSwap& s : theirs) b.done.push_back(s.done);
   const bool one = one_direct_worker(theirs);
   x.note_direct_workers(one);
   if (peer_on_this_gpu(theirs, me)) x.note_gpu_shared();
@@ -51,7 +56,17 @@ DirectBuffers open_direct(Exchange& x) {
     if (send_bytes(p)) b.send[p] = x.peer_region(p, theirs[p].send, send_bytes(p)).data();
     if (recv_bytes(p)) b.recv[p] = x.peer_region(p, theirs[p].recv, recv_bytes(p)).data();
   }
+  // Whatever this rank's own mode: a rank whose swap carries `ready` did
+  // not wait for its input on the host.
+  std::vector<DeviceEventRef> ready;
+  for (const DirectSwap& s : theirs)
+    if (s.ready.set()) ready.push_back(s.ready);
+  if (!ready.empty()) x.reducer().wait_for(ready);
   return b;
+}
+
+bool stream_ordered(std::span<const DirectSwap> swapped) {
+  return std::all_of(swapped.begin(), swapped.end(), [](const DirectSwap& s) { return s.ready.set(); });
 }
 
 bool peer_on_this_gpu(std::span<const DirectSwap> swapped, int me) {
@@ -76,11 +91,23 @@ bool one_direct_worker(std::span<const DirectSwap> swapped) {
   return one_device && on_gpu;
 }
 
-void close_direct(Exchange& x) {
-  x.reducer().finish(x.deadline());
+// The token: 1, "my share is written" (or I have none); 2, "my share is
+// queued behind my `done` event" (stream order only).
+void close_direct(Exchange& x, const DirectBuffers& b) {
   std::uint8_t token = 1;
+  if (!b.stream_ordered) x.reducer().finish(x.deadline());
+  else if (!b.shares.empty() && x.reducer().finish_queued(x.deadline())) token = 2;
   std::vector<std::uint8_t> tokens(static_cast<std::size_t>(x.size()));
   x.swap_with_all(kDirectStep + 1, &token, tokens.data(), 1);
+  tokens[static_cast<std::size_t>(x.rank())] = token;
+  if (!b.stream_ordered) return;
+  for (std::size_t p = 0; p < tokens.size(); ++p) {
+    if (tokens[p] != 2) continue;
+    if (!b.done[p].set())
+      throw RemoteError(describe(x.op()) + ": rank " + std::to_string(p) +
+                        " queued its share behind an event it did not name");
+    x.wait_on_stream(b.done[p]);
+  }
 }
 
 std::vector<int> this_rank_first(int rank, int size) {

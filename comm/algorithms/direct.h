@@ -18,6 +18,20 @@
 //                  share is written" and hear the same from each: every
 //                  output is complete once every rank's share is.
 //
+// Stream order (gate `event` on device memory, comm/device.h): where every
+// rank's swap carries the event recorded on its stream after its input
+// (DirectSwap::ready), no host waits for the GPU. A worker's steps wait
+// for every rank's `ready` on the device (Reducer::wait_for; a rank whose
+// swap has none waited on the host before it sent it), and close_direct
+// says "my share is queued behind my `done` event" instead of "written"
+// (Reducer::finish_queued): every rank's stream then waits for the
+// workers' `done` events (Exchange::wait_on_stream) before the work queued
+// after the call. The events are reused from call to call, which is safe
+// because a rank records its `ready` again only after its previous call,
+// and so after every worker queued its wait for it; a worker records its
+// `done` again only after every rank's next swap, sent after that rank's
+// stream queued its wait for the last one.
+//
 // Who does the shares (DirectBuffers::shares) is agreed in the swap: each
 // rank its own, or rank 0 every one, step for step the same (so the same
 // result to the bit) while the others only wait in close_direct. One worker
@@ -57,6 +71,10 @@ struct DirectBuffers {
   // The ranks whose share this rank does: itself, or with one worker every
   // rank on rank 0 and none on the others.
   std::vector<int> shares;
+  // Every rank's swap carried its `ready` event: the steps wait on the
+  // device, and the results are waited for there (close_direct).
+  bool stream_ordered = false;
+  std::vector<DeviceEventRef> done;  // [rank] each rank's worker event
 };
 
 // What each rank says of the workers in the swap: its setting and the GPU
@@ -72,6 +90,10 @@ struct WorkerVote {
 struct DirectSwap {
   RegionRef send, recv;
   WorkerVote vote;
+  // Stream order: the event on this rank's stream after its input (unset:
+  // the input was waited for on the host), and the event its Reducer
+  // records after its steps (Reducer::done_event).
+  DeviceEventRef ready, done;
 };
 
 // Whether rank 0 does every share, from every rank's swap: never where some
@@ -87,7 +109,10 @@ bool peer_on_this_gpu(std::span<const DirectSwap> swapped, int me);
 // the transport can hand its peers; RemoteError when a peer's reference
 // does not name what it registered (Exchange::peer_region).
 DirectBuffers open_direct(Exchange& x);
-void close_direct(Exchange& x);
+void close_direct(Exchange& x, const DirectBuffers& b);
+
+// Whether every rank's swap carries its `ready` event (stream order).
+bool stream_ordered(std::span<const DirectSwap> swapped);
 
 // Ranks in the order their inputs are reduced: this rank first (in place,
 // its input is the output the host Reducer accumulates into), then the rest.

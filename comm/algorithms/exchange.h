@@ -90,13 +90,21 @@ struct ExchangeContext {
   // the identity (UUID) of device_reducer's device, set with it (ranks whose
   // buffers are on the same GPU see the same bytes); Config::direct_workers;
   // whether the last direct collective ran with one worker (read by
-  // Communicator::last_algorithm on the caller's thread); and whether some
+  // Communicator::last_algorithm on the caller's thread), and whether it
+  // ran in stream order (direct.h); and whether some
   // direct collective found a peer's buffers on this rank's GPU (once set,
   // it stays: BRAID_CUDA_GATE=auto holds the caller from then on).
   std::array<std::uint8_t, 16> device_id{};
   DirectWorkers direct_workers = DirectWorkers::automatic;
   std::atomic<bool> last_direct_one_worker{false};
+  std::atomic<bool> last_direct_stream_ordered{false};
   std::atomic<bool> gpu_shared{false};
+  // The running call's stream order (gate `event`, comm/device.h), set and
+  // taken by the engine around each call: the event on the caller's stream
+  // after its input (unset: waited for on the host), and the events the
+  // caller's stream must wait for before its result is there.
+  DeviceEventRef call_ready;
+  std::vector<DeviceEventRef> call_waits;
 };
 
 // Whether [data, data + bytes) lies in registered memory that one transport
@@ -180,7 +188,12 @@ class Exchange {
   DirectWorkers direct_workers() const { return c_.direct_workers; }
   std::array<std::uint8_t, 16> device_id() const;
   void note_direct_workers(bool one) { c_.last_direct_one_worker.store(one, std::memory_order_relaxed); }
+  void note_stream_ordered(bool ordered) { c_.last_direct_stream_ordered.store(ordered, std::memory_order_relaxed); }
   void note_gpu_shared() { c_.gpu_shared.store(true, std::memory_order_relaxed); }
+  // Stream order (direct.h): this call's `ready` event, and one more event
+  // the caller's stream waits for before the work queued after the call.
+  const DeviceEventRef& call_ready() const { return c_.call_ready; }
+  void wait_on_stream(const DeviceEventRef& event) { c_.call_waits.push_back(event); }
   Clock::time_point deadline() const {
     if (deadline_ == Clock::time_point{}) deadline_ = Clock::now() + timeout_;
     return deadline_;

@@ -23,7 +23,7 @@ void reduce_direct(Exchange& x) {
     for (int p : this_rank_first(share, n)) srcs.push_back(b.send[p] + at);
     direct_step(x, {b.recv[op.root] + at}, srcs, layout.count_of(share), true);
   }
-  close_direct(x);
+  close_direct(x, b);
 }
 
 }  // namespace braid::comm

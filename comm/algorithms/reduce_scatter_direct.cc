@@ -22,7 +22,7 @@ void reduce_scatter_direct(Exchange& x) {
     for (int p : this_rank_first(share, n)) srcs.push_back(b.send[p] + at);
     direct_step(x, {b.recv[share]}, srcs, op.count, true);
   }
-  close_direct(x);
+  close_direct(x, b);
 }
 
 }  // namespace braid::comm

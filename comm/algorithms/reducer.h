@@ -39,6 +39,23 @@ class Reducer {
   // at once on the host; on a device when its kernels have finished
   // (TimeoutError at `deadline`, SystemError on a device fault).
   virtual void finish(Clock::time_point deadline) = 0;
+
+  // Stream order across processes (gate `event`, comm/device.h; a device
+  // Reducer alone does anything here). wait_for: the steps issued after it
+  // start on the device once each set event has completed (the ranks'
+  // inputs, recorded on their streams), without the host waiting; unset
+  // ones are skipped (that rank waited for its input on the host).
+  // done_event: the event finish_queued records, for peers' streams to wait
+  // for (unset: none). finish_queued: finish() for readers that wait on the
+  // device: records done_event() after every step issued so far and
+  // returns at once; where there is no such event it finishes on the host
+  // and returns false.
+  virtual void wait_for(std::span<const DeviceEventRef> events) { (void)events; }
+  virtual DeviceEventRef done_event() { return {}; }
+  virtual bool finish_queued(Clock::time_point deadline) {
+    finish(deadline);
+    return false;
+  }
 };
 
 // kernels::cpu, in blocks that stay in L1/L2 between the reduction and the

@@ -83,15 +83,19 @@ struct Config {
   // sockets) before it sleeps in futex / ppoll, 0..10000. Default 20; no
   // spinning when the host has more local ranks than cores.
   int spin_us = 20;
-  // BRAID_CUDA_GATE: auto|kernel|wait|host. How a CUDA stream waits for a
-  // collective on device memory: `kernel`, a one-thread kernel that gives
-  // up after BRAID_TIMEOUT + 10 s; `wait`, cuStreamWaitValue64 in the GPU's
-  // front end, opened by a host thread past the same limit (no kernel stays
-  // resident); `host`, not at all: the call returns once the collective has
-  // run (its result's copy back queued), so nothing of this process waits
-  // on the GPU meanwhile and ranks sharing a GPU need not time-slice it;
+  // BRAID_CUDA_GATE: auto|kernel|wait|host|event. How a CUDA stream waits
+  // for a collective on device memory: `kernel`, a one-thread kernel that
+  // gives up after BRAID_TIMEOUT + 10 s; `wait`, cuStreamWaitValue64 in the
+  // GPU's front end, opened by a host thread past the same limit (no kernel
+  // stays resident); `host`, not at all: the call returns once the
+  // collective has run (its result's copy back queued), so nothing of this
+  // process waits on the GPU meanwhile and ranks sharing a GPU need not
+  // time-slice it; `event`, as `host` for staged calls, but a direct
+  // collective returns once every rank's kernels are queued, the streams
+  // waiting for each other's CUDA IPC events (no host waits for the GPU);
   // `auto` (default), `kernel` until a direct collective finds another
-  // rank's buffers on this rank's GPU, `host` from then on (comm/device.h).
+  // rank's buffers on this rank's GPU, from then on `event` under MPS and
+  // `host` without (comm/device.h).
   std::string cuda_gate = "auto";
   // BRAID_STORE_MAX_BYTES: bytes of keys and values the rendezvous store
   // holds for one job, 1 MiB..1 TiB. Default 64 MiB; braid itself keeps a

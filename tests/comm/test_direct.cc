@@ -177,6 +177,26 @@ TEST_CASE("direct broadcast with an unregistered buffer on one rank: every rank 
   CHECK_THAT(result.summary(), Catch::Contains("broadcast"));
 }
 
+// Stream order (direct.h, gate `event`): only where every rank's swap
+// carries the event after its input; one that waited on the host (none)
+// makes every worker finish on the host, so that its caller may read the
+// result as soon as the call returns.
+TEST_CASE("stream_ordered: only where every rank's swap names its ready event", "[direct]") {
+  auto swap = [](std::uint8_t ready) {
+    DirectSwap s;
+    s.ready.bytes[63] = ready;
+    return s;
+  };
+  auto ordered = [](std::initializer_list<DirectSwap> swapped) {
+    return comm::stream_ordered({swapped.begin(), swapped.size()});
+  };
+  CHECK(ordered({swap(1), swap(2)}));
+  CHECK(ordered({swap(1)}));
+  CHECK_FALSE(ordered({swap(1), swap(0)}));
+  CHECK_FALSE(ordered({swap(0), swap(0), swap(0)}));
+  CHECK_FALSE(DeviceEventRef{}.set());
+}
+
 // The rule itself (direct.h): every rank applies it to every rank's vote.
 TEST_CASE("one_direct_worker: one on a shared GPU or where every rank asks, never where one asks for all",
           "[direct]") {

@@ -422,7 +422,7 @@ TEST_CASE("cuda_ipc: a peer's region reference is checked against what it regist
 }
 
 // The device path's entry (comm/device_loader.cc -> libbraid_comm_cuda.so),
-// with or without a GPU: a gate mode that is neither kernel nor wait is
+// with or without a GPU: a gate mode that is none of the modes is
 // refused by name; "kernel" gives the staging on a GPU, and without one a
 // SystemError that says there is no usable device. So the plugin loads and
 // its factory takes the arguments the loader passes, also on machines
@@ -431,7 +431,8 @@ TEST_CASE("device path: the CUDA plugin loads, refuses a bad gate mode and says 
           "[device]") {
   const bool gpu = probe_gpus() > 0;
   auto failures = fork_with_store(1, [gpu](int, runtime::Store&) {
-    expect_refusal([] { make_device_staging(0, std::chrono::seconds(5), "spinning"); }, "choose auto, kernel, wait or host");
+    expect_refusal([] { make_device_staging(0, std::chrono::seconds(5), "spinning"); },
+                   "choose auto, kernel, wait, host or event");
     try {
       auto staging = make_device_staging(0, std::chrono::seconds(5), "kernel");
       expect(gpu && staging != nullptr, "a device staging without a GPU");
