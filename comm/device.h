@@ -126,6 +126,9 @@ class DeviceStaging {
   // Caller's thread, before stage: a peer's process uses this GPU too
   // (gate `auto` holds the caller from this call on).
   virtual void note_gpu_shared() {}
+  // Whether this process's context on the device is an MPS client's
+  // (every rank's work in one context, no time-slicing).
+  virtual bool mps() const { return false; }
 
   // The rest of the device path, made here so that everything that calls
   // CUDA comes from this one factory: the Reducer of the direct collectives

@@ -188,6 +188,7 @@ void Communicator::Impl::start_device(int ordinal) {
   device_reducer = staging->make_reducer();
   exchange.device_reducer = device_reducer.get();
   exchange.device_id = staging->device_uuid();
+  exchange.device_mps = staging->mps();
   if (cuda_ipc) device_regions = staging->connect_regions(store, key_prefix, *cuda_ipc);
   exchange.device_regions = device_regions.get();
   device = std::move(staging);

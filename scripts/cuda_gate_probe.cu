@@ -31,7 +31,10 @@
 //          wait_for_event does), by a host function that wakes it
 //          (StreamWake), or by spinning on the event; the mean time per
 //          kernel, each way.
-// Built by scripts/gpu_kit.sh: nvcc -std=c++20 -I. -o cuda_gate_probe scripts/cuda_gate_probe.cu
+//   reduce: the kernel of a 2-rank 256 MiB all_reduce alone, beside a
+//          256 MiB device-to-device copy (the bound of issue 19's target).
+// Built by scripts/gpu_kit.sh: nvcc -std=c++20 -I. -Iinclude -o cuda_gate_probe
+// scripts/cuda_gate_probe.cu kernels/cuda/reduce.cu
 #include <cuda.h>
 #include <cuda_runtime.h>
 #include <signal.h>
@@ -49,6 +52,7 @@
 #include <utility>
 
 #include "comm/poll_pause.h"
+#include "kernels/cuda/reduce.h"
 
 namespace {
 
@@ -457,6 +461,78 @@ int wake(const char* mode) {
   return 0;
 }
 
+// One pack of 4 floats per thread, both sources then both destinations:
+// reduce_multi's loop (kernels/cuda/reduce.cu) with the sources' and
+// destinations' count known when compiled. (On the H200 a reduce_multi
+// that loaded 4 packs a thread before using them, streaming, ran at 0.499,
+// this at 0.512.)
+__global__ void plain_reduce2(const float4* a, const float4* b, float4* x, float4* y, std::size_t packs) {
+  const std::size_t stride = std::size_t(gridDim.x) * blockDim.x;
+  for (std::size_t q = std::size_t(blockIdx.x) * blockDim.x + threadIdx.x; q < packs; q += stride) {
+    float4 u = a[q], v = b[q];
+    float4 r{u.x + v.x, u.y + v.y, u.z + v.z, u.w + v.w};
+    x[q] = r;
+    y[q] = r;
+  }
+}
+
+// The kernel of a 2-rank 256 MiB all_reduce alone: two f32 inputs reduced
+// into two outputs (each byte read once, written once), as one kernel and as
+// the two halves one worker runs, beside a 256 MiB cudaMemcpy; each as the
+// busbw it would give an all_reduce (bytes / time) over the copy's bandwidth
+// (bytes / time): 0.5 is the traffic's bound.
+int reduce_alone(const char* mode) {
+  const std::size_t bytes = 256u << 20, count = bytes / 4;
+  void* buf[4];
+  for (auto& b : buf)
+    if (!ok(cudaMalloc(&b, bytes), "cudaMalloc")) return 1;
+  cudaStream_t stream;
+  cudaEvent_t t0, t1;
+  cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking);
+  cudaEventCreate(&t0);
+  cudaEventCreate(&t1);
+  auto best_ms = [&](auto&& body) {
+    float best = 1e9f;
+    for (int trial = 0; trial < 6; ++trial) {
+      cudaEventRecord(t0, stream);
+      body();
+      cudaEventRecord(t1, stream);
+      cudaEventSynchronize(t1);
+      float ms = 0;
+      cudaEventElapsedTime(&ms, t0, t1);
+      if (trial > 0) best = std::min(best, ms);
+    }
+    return best;
+  };
+  const float copy = best_ms([&] { cudaMemcpyAsync(buf[2], buf[0], bytes, cudaMemcpyDeviceToDevice, stream); });
+  const void* srcs[2] = {buf[0], buf[1]};
+  void* dsts[2] = {buf[2], buf[3]};
+  using braid::DataType;
+  using braid::ReduceOp;
+  const float one = best_ms([&] {
+    braid::kernels::cuda::reduce_multi(dsts, 2, srcs, 2, count, DataType::f32, ReduceOp::sum, 0, stream);
+  });
+  const float halves = best_ms([&] {
+    for (int h = 0; h < 2; ++h) {
+      const std::size_t at = h * bytes / 2;
+      const void* s2[2] = {static_cast<char*>(buf[h]) + at, static_cast<char*>(buf[1 - h]) + at};
+      void* d2[2] = {static_cast<char*>(buf[2 + h]) + at, static_cast<char*>(buf[3 - h]) + at};
+      braid::kernels::cuda::reduce_multi(d2, 2, s2, 2, count / 2, DataType::f32, ReduceOp::sum, 0, stream);
+    }
+  });
+  const float plain = best_ms([&] {
+    plain_reduce2<<<65535, 256, 0, stream>>>(static_cast<const float4*>(buf[0]), static_cast<const float4*>(buf[1]),
+                                              static_cast<float4*>(buf[2]), static_cast<float4*>(buf[3]), count / 4);
+  });
+  if (!ok(cudaStreamSynchronize(stream), "the kernels")) return 1;
+  const double d2d = bytes / (copy * 1e-3) / 1e9;
+  std::printf("%s: 256 MiB: copy %.1f us (%.0f GB/s); reduce_multi %.1f us (%.3f x copy), as two halves %.1f us "
+              "(%.3f), with 2 sources fixed %.1f us (%.3f)\n",
+              mode, copy * 1e3, d2d, one * 1e3, bytes / (one * 1e-3) / 1e9 / d2d, halves * 1e3,
+              bytes / (halves * 1e-3) / 1e9 / d2d, plain * 1e3, bytes / (plain * 1e-3) / 1e9 / d2d);
+  return 0;
+}
+
 // Each mode in its own process, forked before this one touches CUDA (a
 // process that has used CUDA cannot fork a child that uses it), at most 15 s.
 int main(int argc, char** argv) {
@@ -473,6 +549,7 @@ int main(int argc, char** argv) {
       else if (std::strcmp(mode, "thread") == 0) r = threaded(mode);
       else if (std::strstr(mode, "pong") != nullptr) r = pong(mode);
       else if (std::strcmp(mode, "wake") == 0) r = wake(mode);
+      else if (std::strcmp(mode, "reduce") == 0) r = reduce_alone(mode);
       else r = probe(mode);
       std::fflush(stdout);
       _exit(r);

@@ -18,8 +18,9 @@
 #   gates      the same with the other gates (wait, host, event)
 #   mps        the 2- and 4-rank all_reduce under an MPS daemon this script
 #              starts and stops (one context for every rank: no time-slicing;
-#              gate `auto` is then `event`; `host` for comparison), and
-#              comm_device under it
+#              gate `auto` is then `event` and every rank works; one worker
+#              and `host` for comparison), and comm_device under it
+#   trainMPS   config B under MPS: ddp, zero1, zero3, tp 2 on 2 ranks, tp 2 x pp 2
 #   sanitizer2 compute-sanitizer memcheck and racecheck of a 2-rank all_reduce
 #   dtypes     every collective on 2 and 4 ranks, every dtype (-d all), 8 B to 2 MiB
 #   dtypesE    the same with BRAID_CUDA_GATE=event on 2 ranks (all_reduce on 4 too)
@@ -72,7 +73,7 @@ check() {  # name, timeout seconds, command...
   rc=$?
   last_rc=$rc
   if [ $rc -eq 0 ]; then say "ok    $name ($(($(date +%s) - t0)) s)"; else say "FAIL  $name (exit $rc, $(($(date +%s) - t0)) s)"; fi
-  grep -E 'skipped|held|gate:|round|sleep-poll|copy|one worker|Avg bus|Out of bounds| 268435456 | 67108864 | 16777216 |test cases|assertions|throughput|MFU|step [1-4]/[0-9]|train loss|tokens/s|ERROR|rror' \
+  grep -E 'skipped|held|gate:|round|sleep-poll|reduce_multi|copy|one worker|Avg bus|Out of bounds| 268435456 | 67108864 | 16777216 |test cases|assertions|throughput|MFU|step [1-4]/[0-9]|train loss|tokens/s|ERROR|rror' \
     "$logs/$name.log" | uniq | tail -12 | sed 's/^/      /' | tee -a "$out/summary.txt"
   [ $rc -eq 0 ] || tail -5 "$logs/$name.log" | sed 's/^/    | /' | tee -a "$out/summary.txt"
   pack
@@ -105,7 +106,7 @@ if want probe; then
   check gate_probe 70 "$B/cuda_gate_probe" spin lazy loaded ipc thread wait
 fi
 if want pong; then
-  check pong_probe 50 "$B/cuda_gate_probe" pingpong hostpong spinpong wake
+  check pong_probe 50 "$B/cuda_gate_probe" pingpong hostpong spinpong wake reduce
 fi
 if want tests; then
   check kernels_cuda 30 "$B/test_kernels_cuda"
@@ -160,22 +161,62 @@ if want gates; then
   check bench_4_all_reduce_host 30 env BRAID_CUDA_GATE=host $L4 $BE --coll all_reduce -b 16 -e 256M -f 16 -n 5 -w 1
   check bench_4_all_reduce_event 30 env BRAID_CUDA_GATE=event $L4 $BE --coll all_reduce -b 16 -e 256M -f 16 -n 5 -w 1
 fi
+D="--data $kit/fortunes.txt --eval-interval 0 --eval-batches 1 --warmup-steps 2"
+cfgB="--n-layer 6 --n-head 6 --n-embd 384 --block-size 256 --batch-size 8"
+cfgL="--n-layer 16 --n-head 12 --n-embd 768 --block-size 1024 --batch-size 8"
+T="$B/braid-train"
+train() {  # name, timeout seconds, command...: check with --metrics
+  name=$1 limit=$2; shift 2
+  check "$name" "$limit" "$@" --metrics "$logs/$name.jsonl"
+}
+ref="$kit/reference"
+say "# CPU references: $(head -1 "$ref/README" 2> /dev/null || echo none in the kit)"
+if want cpuref; then
+  train cpu_B10 40 "$T" --device cpu $cfgB --steps 10 --grad-accum 2 --threads "$(nproc)" $D
+  train cpu_B30 60 "$T" --device cpu $cfgB --steps 30 --grad-accum 2 --threads "$(nproc)" $D
+  train cpu_L3 150 "$T" --device cpu $cfgL --steps 3 --lr 6e-4 --grad-accum 2 --threads "$(nproc)" $D
+  for r in cpu_B10 cpu_B30 cpu_L3; do
+    python3 scripts/gpu_losses.py "$ref/$r.jsonl" "$logs/$r.jsonl" 2>&1 | sed 's/^/      /' | tee -a "$out/summary.txt"
+    # A run cut short replaces nothing.
+    [ "$(cat "$logs/$r.jsonl" 2> /dev/null | wc -l)" -ge "$(wc -l < "$ref/$r.jsonl")" ] && cp "$logs/$r.jsonl" "$ref/$r.jsonl"
+  done
+fi
+losses() {  # reference (a file under $ref), runs...
+  reference=$1; shift
+  runs=""
+  for r in "$@"; do runs="$runs $logs/$r.jsonl"; done
+  # shellcheck disable=SC2086
+  python3 scripts/gpu_losses.py "$ref/$reference.jsonl" $runs 2>&1 | sed 's/^/      /' | tee -a "$out/summary.txt"
+}
 # MPS runs every rank's kernels in one context: the ranks' kernels may then
 # run at once, and no gate makes the GPU switch contexts. The daemon and
 # its clients meet at the pipe folder; a client that finds no daemon runs
 # without it, so the daemon's log shows whether a server served them.
-if want mps; then
+if want mps || want trainMPS; then
   if command -v nvidia-cuda-mps-control > /dev/null; then
     export CUDA_MPS_PIPE_DIRECTORY=/tmp/braid-mps/pipe CUDA_MPS_LOG_DIRECTORY=/tmp/braid-mps/log
     mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
     if nvidia-cuda-mps-control -d; then
-      check bench_2_all_reduce_mps 30 $L2 $BE --coll all_reduce -b 4 -e 256M -f 4 -n 10 -w 2
-      check bench_2_all_reduce_mps_host 30 env BRAID_CUDA_GATE=host $L2 $BE --coll all_reduce -b 4 -e 256M -f 4 -n 10 -w 2
-      check bench_4_all_reduce_mps 30 $L4 $BE --coll all_reduce -b 16 -e 256M -f 16 -n 5 -w 1
-      check comm_device_mps 90 "$B/test_comm_device"
-      say "      MPS log: $(grep -i -E 'server|client' "$CUDA_MPS_LOG_DIRECTORY/control.log" 2> /dev/null | tail -2 | tr '\n' ' ' | cut -c1-240)"
-      check bench_2_all_reduce_mps_all 30 env BRAID_DIRECT_WORKERS=all $L2 $BE --coll all_reduce -b 4 -e 256M -f 4 -n 10 -w 2
-      check bench_4_all_reduce_mps_all 30 env BRAID_DIRECT_WORKERS=all $L4 $BE --coll all_reduce -b 16 -e 256M -f 16 -n 5 -w 1
+      # -n 40: the first call's issue and the last one's wait, which the
+      # time per call includes, spread over 40 calls.
+      if want mps; then
+        check bench_2_all_reduce_mps 30 $L2 $BE --coll all_reduce -b 4 -e 256M -f 4 -n 40 -w 5
+        check bench_2_all_reduce_mps_one 30 env BRAID_DIRECT_WORKERS=one $L2 $BE --coll all_reduce -b 4 -e 256M -f 4 -n 40 -w 5
+        check bench_2_all_reduce_mps_host 30 env BRAID_CUDA_GATE=host $L2 $BE --coll all_reduce -b 4 -e 256M -f 4 -n 40 -w 5
+        check bench_4_all_reduce_mps 30 $L4 $BE --coll all_reduce -b 16 -e 256M -f 16 -n 40 -w 5
+        check comm_device_mps 90 "$B/test_comm_device"
+        say "      MPS log: $(grep -i -E 'server|client' "$CUDA_MPS_LOG_DIRECTORY/control.log" 2> /dev/null | tail -2 | tr '\n' ' ' | cut -c1-240)"
+      fi
+      # The trainer under MPS (gate auto: event, every rank working), against
+      # the CPU run of the same steps.
+      if want trainMPS; then
+        for s in ddp zero1 zero3; do
+          train "train_B_2${s}_mps" 30 $L2 "$T" --device cuda $cfgB --steps 10 --strategy $s $D
+        done
+        train train_B_2tp_mps 30 $L2 "$T" --device cuda $cfgB --steps 10 --tp 2 --grad-accum 2 $D
+        train train_B_4tp2pp2_mps 40 $L4 "$T" --device cuda $cfgB --steps 10 --tp 2 --pp 2 --grad-accum 2 $D
+        losses cpu_B10 train_B_2ddp_mps train_B_2zero1_mps train_B_2zero3_mps train_B_2tp_mps train_B_4tp2pp2_mps
+      fi
       echo quit | nvidia-cuda-mps-control
       cp -r "$CUDA_MPS_LOG_DIRECTORY" "$logs/mps" 2> /dev/null
     else
@@ -214,33 +255,6 @@ fi
 # scripts/gpu_losses.py sets them beside the CPU run's of as many steps (the
 # schedule depends on --steps), in full precision. The CPU runs come in the kit (scripts/gpu_reference,
 # whose README says how they were made); group cpuref makes them again here.
-D="--data $kit/fortunes.txt --eval-interval 0 --eval-batches 1 --warmup-steps 2"
-cfgB="--n-layer 6 --n-head 6 --n-embd 384 --block-size 256 --batch-size 8"
-cfgL="--n-layer 16 --n-head 12 --n-embd 768 --block-size 1024 --batch-size 8"
-T="$B/braid-train"
-train() {  # name, timeout seconds, command...: check with --metrics
-  name=$1 limit=$2; shift 2
-  check "$name" "$limit" "$@" --metrics "$logs/$name.jsonl"
-}
-ref="$kit/reference"
-say "# CPU references: $(head -1 "$ref/README" 2> /dev/null || echo none in the kit)"
-if want cpuref; then
-  train cpu_B10 40 "$T" --device cpu $cfgB --steps 10 --grad-accum 2 --threads "$(nproc)" $D
-  train cpu_B30 60 "$T" --device cpu $cfgB --steps 30 --grad-accum 2 --threads "$(nproc)" $D
-  train cpu_L3 150 "$T" --device cpu $cfgL --steps 3 --lr 6e-4 --grad-accum 2 --threads "$(nproc)" $D
-  for r in cpu_B10 cpu_B30 cpu_L3; do
-    python3 scripts/gpu_losses.py "$ref/$r.jsonl" "$logs/$r.jsonl" 2>&1 | sed 's/^/      /' | tee -a "$out/summary.txt"
-    # A run cut short replaces nothing.
-    [ "$(cat "$logs/$r.jsonl" 2> /dev/null | wc -l)" -ge "$(wc -l < "$ref/$r.jsonl")" ] && cp "$logs/$r.jsonl" "$ref/$r.jsonl"
-  done
-fi
-losses() {  # reference (a file under $ref), runs...
-  reference=$1; shift
-  runs=""
-  for r in "$@"; do runs="$runs $logs/$r.jsonl"; done
-  # shellcheck disable=SC2086
-  python3 scripts/gpu_losses.py "$ref/$reference.jsonl" $runs 2>&1 | sed 's/^/      /' | tee -a "$out/summary.txt"
-}
 if want train1; then
   train train_B_1 60 "$T" --device cuda $cfgB --steps 30 --grad-accum 2 $D
   losses cpu_B30 train_B_1

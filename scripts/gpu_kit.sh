@@ -28,7 +28,7 @@ done
 # at the first device buffer: ldd does not list it.
 cp -L build/comm/libbraid_comm_cuda.so "$kit/lib/"
 # Whether another process's kernels run while a stream is held at a gate.
-nvcc -std=c++20 -I. -o "$kit/bin/cuda_gate_probe" scripts/cuda_gate_probe.cu
+nvcc -std=c++20 -I. -Iinclude -gencode=arch=compute_90,code=sm_90 -o "$kit/bin/cuda_gate_probe" scripts/cuda_gate_probe.cu kernels/cuda/reduce.cu
 cp scripts/gpu_check.sh scripts/torch_gpt.py "$kit/"
 # The CPU runs the GPU training runs must match (scripts/gpu_reference),
 # stale where the trainer or the kernels changed since they were made.

@@ -95,6 +95,7 @@ struct ExchangeContext {
   // direct collective found a peer's buffers on this rank's GPU (once set,
   // it stays: BRAID_CUDA_GATE=auto holds the caller from then on).
   std::array<std::uint8_t, 16> device_id{};
+  bool device_mps = false;  // set with device_id: this process reaches the GPU through MPS
   DirectWorkers direct_workers = DirectWorkers::automatic;
   std::atomic<bool> last_direct_one_worker{false};
   std::atomic<bool> last_direct_stream_ordered{false};
@@ -185,7 +186,14 @@ class Exchange {
   // For the direct collectives' choice of workers (direct.h): the setting,
   // and the identity of the GPU this call's buffers are on (all zeros for
   // host memory).
-  DirectWorkers direct_workers() const { return c_.direct_workers; }
+  // `auto` is `all` on a GPU this process reaches through MPS (the ranks'
+  // kernels run at once there, with no context switches to save).
+  DirectWorkers direct_workers() const {
+    if (c_.direct_workers == DirectWorkers::automatic && c_.device_mps &&
+        op_.memory.kind == runtime::MemoryKind::device)
+      return DirectWorkers::all;
+    return c_.direct_workers;
+  }
   std::array<std::uint8_t, 16> device_id() const;
   void note_direct_workers(bool one) { c_.last_direct_one_worker.store(one, std::memory_order_relaxed); }
   void note_stream_ordered(bool ordered) { c_.last_direct_stream_ordered.store(ordered, std::memory_order_relaxed); }

@@ -45,8 +45,9 @@ struct Config {
   // results, bit for bit), while the others wait for it; `auto` (default),
   // one where every rank's buffers are on the same GPU, where the ranks'
   // processes take the GPU in turns and each share costs a context switch,
-  // all otherwise. The ranks agree in each call: one where none asks for all
-  // and every one asks for one or is auto on a shared GPU.
+  // all otherwise (and under MPS, where they do not). The ranks agree in
+  // each call: one where none asks for all and every one asks for one or is
+  // auto on a shared GPU.
   std::string direct_workers = "auto";
   // BRAID_TCP_NSOCKS: sockets per peer connection, 1..16. Default 4: several
   // streams move large messages faster, even over loopback.

@@ -167,17 +167,28 @@ cudaStream_t rank_stream(int rank) {
   return s;
 }
 
+// Whether this process reaches device 0 through MPS (BRAID_DIRECT_WORKERS
+// auto is then all).
+bool under_mps() {
+  int mps = 0;
+  if (cudaDeviceGetAttribute(&mps, cudaDevAttrMpsEnabled, 0) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return false;
+  }
+  return mps != 0;
+}
+
 // Every case of the grid on buffers from `shareable` memory, each run
 // direct when `direct` (but an in-place all_to_all, which never is), by one
 // worker when `one_worker`; by default, as BRAID_DIRECT_WORKERS=auto does:
-// one where every rank is on the same GPU.
+// one where every rank is on the same GPU, unless under MPS.
 void sweep(Communicator& comm, bool shareable, bool direct, std::span<const DataType> dtypes = kDtypes,
            std::optional<bool> one_worker = std::nullopt) {
   cudaStream_t s = rank_stream(comm.rank());
   {
     const std::size_t bytes = kMaxCount * static_cast<std::size_t>(comm.size()) * 8;
     DeviceBuffer send(bytes, shareable), recv(bytes, shareable);
-    const bool one = one_worker.value_or(gpu_count() == 1);
+    const bool one = one_worker.value_or(gpu_count() == 1 && !under_mps());
     for (const Case& c : grid(comm.size(), dtypes))
       run_case(comm, c, send, recv, s, direct && !(c.kind == OpKind::all_to_all && c.in_place),
                one);
