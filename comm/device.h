@@ -50,9 +50,9 @@
 // `done` events and then `finished` (comm/algorithms/direct.h, "Stream
 // order"). So the next call's host work overlaps this one's kernels. Under
 // MPS (every rank's work in one context) that took a 2-rank 256 MiB
-// all_reduce on an H200 from 0.33 to 0.28 ms; without MPS a stream that
-// waits for another process's event keeps its context on the GPU, and it
-// took 0.58 ms.
+// all_reduce on an H200 from 0.37 ms (gate `host`) to 0.28 ms, where its
+// kernel alone takes 0.26; without MPS a stream that waits for another
+// process's event keeps its context on the GPU, and it took 0.58 ms.
 //
 // BRAID_CUDA_GATE=auto (the default) is `kernel` until a direct collective
 // finds a peer's buffers on this rank's GPU (ExchangeContext::gpu_shared),

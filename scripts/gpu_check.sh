@@ -21,7 +21,10 @@
 #              gate `auto` is then `event` and every rank works; one worker
 #              and `host` for comparison), and comm_device under it
 #   trainMPS   config B under MPS: ddp, zero1, zero3, tp 2 on 2 ranks, tp 2 x pp 2
+#   dtypesMPS  every collective on 2 and 4 ranks, every dtype, under MPS
+#   trainLMPS  the 113M-parameter config under MPS, 3 steps: ddp, zero3, tp 2, tp 2 x pp 2
 #   sanitizer2 compute-sanitizer memcheck and racecheck of a 2-rank all_reduce
+#   sanitizerE the same with BRAID_CUDA_GATE=event
 #   dtypes     every collective on 2 and 4 ranks, every dtype (-d all), 8 B to 2 MiB
 #   dtypesE    the same with BRAID_CUDA_GATE=event on 2 ranks (all_reduce on 4 too)
 #   train1     config B on 1 GPU
@@ -192,7 +195,7 @@ losses() {  # reference (a file under $ref), runs...
 # run at once, and no gate makes the GPU switch contexts. The daemon and
 # its clients meet at the pipe folder; a client that finds no daemon runs
 # without it, so the daemon's log shows whether a server served them.
-if want mps || want trainMPS; then
+if want mps || want trainMPS || want dtypesMPS || want trainLMPS; then
   if command -v nvidia-cuda-mps-control > /dev/null; then
     export CUDA_MPS_PIPE_DIRECTORY=/tmp/braid-mps/pipe CUDA_MPS_LOG_DIRECTORY=/tmp/braid-mps/log
     mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
@@ -207,6 +210,12 @@ if want mps || want trainMPS; then
         check comm_device_mps 90 "$B/test_comm_device"
         say "      MPS log: $(grep -i -E 'server|client' "$CUDA_MPS_LOG_DIRECTORY/control.log" 2> /dev/null | tail -2 | tr '\n' ' ' | cut -c1-240)"
       fi
+      if want dtypesMPS; then
+        for c in all_reduce reduce_scatter all_gather broadcast reduce all_to_all send_recv; do
+          check "bench_2_dtypes_mps_$c" 20 $L2 $BE --coll $c -d all -b 8 -e 2M -f 64 -n 2 -w 1
+          check "bench_4_dtypes_mps_$c" 25 $L4 $BE --coll $c -d all -b 8 -e 2M -f 64 -n 2 -w 1
+        done
+      fi
       # The trainer under MPS (gate auto: event, every rank working), against
       # the CPU run of the same steps.
       if want trainMPS; then
@@ -216,6 +225,15 @@ if want mps || want trainMPS; then
         train train_B_2tp_mps 30 $L2 "$T" --device cuda $cfgB --steps 10 --tp 2 --grad-accum 2 $D
         train train_B_4tp2pp2_mps 40 $L4 "$T" --device cuda $cfgB --steps 10 --tp 2 --pp 2 --grad-accum 2 $D
         losses cpu_B10 train_B_2ddp_mps train_B_2zero1_mps train_B_2zero3_mps train_B_2tp_mps train_B_4tp2pp2_mps
+      fi
+      if want trainLMPS; then
+        L3="$cfgL --steps 3 --lr 6e-4 $D"
+        for s in ddp zero3; do
+          train "train_L3_2${s}_mps" 60 $L2 "$T" --device cuda $L3 --strategy $s
+        done
+        train train_L3_2tp_mps 60 $L2 "$T" --device cuda $L3 --tp 2 --grad-accum 2
+        train train_L3_4tp2pp2_mps 90 $L4 "$T" --device cuda $L3 --tp 2 --pp 2 --grad-accum 2
+        losses cpu_L3 train_L3_2ddp_mps train_L3_2zero3_mps train_L3_2tp_mps train_L3_4tp2pp2_mps
       fi
       echo quit | nvidia-cuda-mps-control
       cp -r "$CUDA_MPS_LOG_DIRECTORY" "$logs/mps" 2> /dev/null
@@ -234,6 +252,10 @@ CS="compute-sanitizer --error-exitcode 9 --report-api-errors no --tool"
 if want sanitizer2 && command -v compute-sanitizer > /dev/null; then
   check memcheck_2rank 45 $L2 $CS memcheck $BE --coll all_reduce -b 8 -e 4M -f 64 -n 2 -w 1
   check racecheck_2rank 45 $L2 $CS racecheck $BE --coll all_reduce -b 8 -e 4M -f 64 -n 2 -w 1
+fi
+if want sanitizerE && command -v compute-sanitizer > /dev/null; then  # the event gate
+  check memcheck_2rank_event 45 env BRAID_CUDA_GATE=event $L2 $CS memcheck $BE --coll all_reduce -b 8 -e 4M -f 64 -n 2 -w 1
+  check racecheck_2rank_event 45 env BRAID_CUDA_GATE=event $L2 $CS racecheck $BE --coll all_reduce -b 8 -e 4M -f 64 -n 2 -w 1
 fi
 if want dtypesE; then  # the event gate (without MPS), every collective and dtype
   for c in all_reduce reduce_scatter all_gather broadcast reduce all_to_all send_recv; do
