@@ -31,6 +31,9 @@
 //          wait_for_event does), by a host function that wakes it
 //          (StreamWake), or by spinning on the event; the mean time per
 //          kernel, each way.
+//   eventpong: two processes take turns of a 50 us kernel, each turn's
+//          stream waiting for the other's interprocess event (as the event
+//          gate's streams do); the time per turn beyond the kernel.
 //   reduce: the kernel of a 2-rank 256 MiB all_reduce alone, beside a
 //          256 MiB device-to-device copy (the bound of issue 19's target).
 // Built by scripts/gpu_kit.sh: nvcc -std=c++20 -I. -Iinclude -o cuda_gate_probe
@@ -461,6 +464,68 @@ int wake(const char* mode) {
   return 0;
 }
 
+// Two processes take turns as the event gate's streams do (comm/device.h):
+// each turn, the stream waits for the other process's interprocess event,
+// runs a 50 us kernel and records its own event; the hosts only hand each
+// other the order of the calls (a counter in shared memory), so they run
+// ahead of the GPU. Prints the time per turn beyond the kernel: what one
+// wait for another process's event costs, with or without MPS.
+int event_pong(const char* mode) {
+  struct Turns {
+    std::atomic<unsigned long long> issued[2];  // the last turn each host queued
+    cudaIpcEventHandle_t handle[2];
+    std::atomic<int> ready;
+  };
+  const int rounds = 400;
+  const unsigned long long kernel_ns = 50'000;
+  auto* t = static_cast<Turns*>(mmap(nullptr, 4096, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0));
+  std::memset(static_cast<void*>(t), 0, 4096);
+  const pid_t pid = fork();
+  const int me = pid != 0 ? 0 : 1, peer = 1 - me;
+  auto fail = [&](const char* what) {
+    std::printf("%s: %s failed\n", mode, what);
+    if (me == 0) kill(pid, SIGKILL), waitpid(pid, nullptr, 0);
+    else _exit(1);
+    return 1;
+  };
+  cudaStream_t stream;
+  cudaEvent_t own, theirs;
+  cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking);
+  if (!ok(cudaEventCreateWithFlags(&own, cudaEventDisableTiming | cudaEventInterprocess), "cudaEventCreate") ||
+      !ok(cudaIpcGetEventHandle(&t->handle[me], own), "cudaIpcGetEventHandle"))
+    return fail("the interprocess event");
+  busy<<<1, 1, 0, stream>>>(0);
+  cudaStreamSynchronize(stream);
+  t->ready.fetch_add(1);
+  while (t->ready.load() < 2) std::this_thread::sleep_for(std::chrono::microseconds(100));
+  if (!ok(cudaIpcOpenEventHandle(&theirs, t->handle[peer]), "cudaIpcOpenEventHandle")) return fail("opening");
+  const auto t0 = std::chrono::steady_clock::now();
+  // Turn i of process 0 follows turn i - 1 of process 1; turn i of process
+  // 1 follows turn i of process 0. A host queues a turn once the other has
+  // queued the turn before it (so the event it waits for is recorded, and
+  // its own event's last record is waited for).
+  for (unsigned long long i = 1; i <= static_cast<unsigned long long>(rounds); ++i) {
+    const unsigned long long before = me == 0 ? i - 1 : i;
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+    while (t->issued[peer].load() < before)
+      if (std::chrono::steady_clock::now() > deadline) return fail("waiting for the turn");
+    if (before > 0) cudaStreamWaitEvent(stream, theirs, 0);
+    busy<<<1, 1, 0, stream>>>(kernel_ns);
+    cudaEventRecord(own, stream);
+    t->issued[me].store(i);
+  }
+  const cudaError_t synced = cudaStreamSynchronize(stream);
+  const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  if (me == 1) _exit(synced == cudaSuccess ? 0 : 1);
+  int status = 0;
+  waitpid(pid, &status, 0);
+  if (synced != cudaSuccess || !WIFEXITED(status) || WEXITSTATUS(status) != 0) return fail("the rounds");
+  const double turn_us = 1000 * ms / (2 * rounds);
+  std::printf("%s: %d rounds of two 50 us turns in %.1f ms: %.1f us a turn, %.1f beyond the kernel\n", mode,
+              rounds, ms, turn_us, turn_us - kernel_ns / 1000.0);
+  return 0;
+}
+
 // One pack of 4 floats per thread, both sources then both destinations:
 // reduce_multi's loop (kernels/cuda/reduce.cu) with the sources' and
 // destinations' count known when compiled. (On the H200 a reduce_multi
@@ -547,6 +612,7 @@ int main(int argc, char** argv) {
       else if (std::strcmp(mode, "loaded") == 0) r = lazy(mode, true);
       else if (std::strcmp(mode, "ipc") == 0) r = ipc(mode);
       else if (std::strcmp(mode, "thread") == 0) r = threaded(mode);
+      else if (std::strcmp(mode, "eventpong") == 0) r = event_pong(mode);
       else if (std::strstr(mode, "pong") != nullptr) r = pong(mode);
       else if (std::strcmp(mode, "wake") == 0) r = wake(mode);
       else if (std::strcmp(mode, "reduce") == 0) r = reduce_alone(mode);

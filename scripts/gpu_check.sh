@@ -23,6 +23,7 @@
 #   trainMPS   config B under MPS: ddp, zero1, zero3, tp 2 on 2 ranks, tp 2 x pp 2
 #   dtypesMPS  every collective on 2 and 4 ranks, every dtype, under MPS
 #   trainLMPS  the 113M-parameter config under MPS, 3 steps: ddp, zero3, tp 2, tp 2 x pp 2
+#   pongMPS    pong's rounds of two processes taking turns, under MPS
 #   sanitizer2 compute-sanitizer memcheck and racecheck of a 2-rank all_reduce
 #   sanitizerE the same with BRAID_CUDA_GATE=event
 #   dtypes     every collective on 2 and 4 ranks, every dtype (-d all), 8 B to 2 MiB
@@ -76,7 +77,7 @@ check() {  # name, timeout seconds, command...
   rc=$?
   last_rc=$rc
   if [ $rc -eq 0 ]; then say "ok    $name ($(($(date +%s) - t0)) s)"; else say "FAIL  $name (exit $rc, $(($(date +%s) - t0)) s)"; fi
-  grep -E 'skipped|held|gate:|round|sleep-poll|reduce_multi|copy|one worker|Avg bus|Out of bounds| 268435456 | 67108864 | 16777216 |test cases|assertions|throughput|MFU|step [1-4]/[0-9]|train loss|tokens/s|ERROR|rror' \
+  grep -E 'skipped|held|gate:|round|turn|sleep-poll|reduce_multi|copy|one worker|Avg bus|Out of bounds| 268435456 | 67108864 | 16777216 |test cases|assertions|throughput|MFU|step [1-4]/[0-9]|train loss|tokens/s|ERROR|rror' \
     "$logs/$name.log" | uniq | tail -12 | sed 's/^/      /' | tee -a "$out/summary.txt"
   [ $rc -eq 0 ] || tail -5 "$logs/$name.log" | sed 's/^/    | /' | tee -a "$out/summary.txt"
   pack
@@ -109,7 +110,7 @@ if want probe; then
   check gate_probe 70 "$B/cuda_gate_probe" spin lazy loaded ipc thread wait
 fi
 if want pong; then
-  check pong_probe 50 "$B/cuda_gate_probe" pingpong hostpong spinpong wake reduce
+  check pong_probe 50 "$B/cuda_gate_probe" pingpong hostpong spinpong eventpong wake reduce
 fi
 if want tests; then
   check kernels_cuda 30 "$B/test_kernels_cuda"
@@ -195,11 +196,16 @@ losses() {  # reference (a file under $ref), runs...
 # run at once, and no gate makes the GPU switch contexts. The daemon and
 # its clients meet at the pipe folder; a client that finds no daemon runs
 # without it, so the daemon's log shows whether a server served them.
-if want mps || want trainMPS || want dtypesMPS || want trainLMPS; then
+if want mps || want trainMPS || want dtypesMPS || want trainLMPS || want pongMPS; then
   if command -v nvidia-cuda-mps-control > /dev/null; then
     export CUDA_MPS_PIPE_DIRECTORY=/tmp/braid-mps/pipe CUDA_MPS_LOG_DIRECTORY=/tmp/braid-mps/log
     mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
     if nvidia-cuda-mps-control -d; then
+      # What a hand-off between two processes costs when they share one
+      # context: front-end waits, spinning kernels, host waits.
+      if want pongMPS; then
+        check pong_probe_mps 50 "$B/cuda_gate_probe" pingpong hostpong spinpong eventpong
+      fi
       # -n 40: the first call's issue and the last one's wait, which the
       # time per call includes, spread over 40 calls.
       if want mps; then
