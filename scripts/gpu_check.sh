@@ -27,7 +27,7 @@
 #   sanitizer2 compute-sanitizer memcheck and racecheck of a 2-rank all_reduce
 #   sanitizerE the same with BRAID_CUDA_GATE=event
 #   dtypes     every collective on 2 and 4 ranks, every dtype (-d all), 8 B to 2 MiB
-#   dtypesE    the same with BRAID_CUDA_GATE=event on 2 ranks (all_reduce on 4 too)
+#   dtypesE    the same with BRAID_CUDA_GATE=event
 #   train1     config B on 1 GPU
 #   train      config B: every strategy on 2 ranks, tp 2, pp 2, tp 2 x pp 2
 #   trainL1    the 113M-parameter config on 1 GPU
@@ -121,6 +121,15 @@ if want tests || want comm; then
   [ "$last_rc" -eq 0 ] || ! want hangdump || stacks comm_device_stacks 20 'bin/test_comm_device' "$B/test_comm_device"
 fi
 BE="$B/braid-bench --device cuda -c 1"
+# Every collective, every dtype, 2 and 4 ranks: every_dtype NAME_SUFFIX
+# [env VAR=VALUE...] (what runs braid-launch).
+every_dtype() {
+  suffix=$1; shift
+  for c in all_reduce reduce_scatter all_gather broadcast reduce all_to_all send_recv; do
+    check "bench_2_dtypes${suffix}_$c" 20 "$@" $L2 $BE --coll $c -d all -b 8 -e 2M -f 64 -n 2 -w 1
+    check "bench_4_dtypes${suffix}_$c" 25 "$@" $L4 $BE --coll $c -d all -b 8 -e 2M -f 64 -n 2 -w 1
+  done
+}
 if want bench; then
   check bench_2_all_reduce 30 $L2 $BE --coll all_reduce -b 4 -e 256M -f 4 -n 10 -w 2
   # Where that fails: again with every kernel loaded at start, which tells a
@@ -216,12 +225,7 @@ if want mps || want trainMPS || want dtypesMPS || want trainLMPS || want pongMPS
         check comm_device_mps 90 "$B/test_comm_device"
         say "      MPS log: $(grep -i -E 'server|client' "$CUDA_MPS_LOG_DIRECTORY/control.log" 2> /dev/null | tail -2 | tr '\n' ' ' | cut -c1-240)"
       fi
-      if want dtypesMPS; then
-        for c in all_reduce reduce_scatter all_gather broadcast reduce all_to_all send_recv; do
-          check "bench_2_dtypes_mps_$c" 20 $L2 $BE --coll $c -d all -b 8 -e 2M -f 64 -n 2 -w 1
-          check "bench_4_dtypes_mps_$c" 25 $L4 $BE --coll $c -d all -b 8 -e 2M -f 64 -n 2 -w 1
-        done
-      fi
+      want dtypesMPS && every_dtype _mps
       # The trainer under MPS (gate auto: event, every rank working), against
       # the CPU run of the same steps.
       if want trainMPS; then
@@ -263,18 +267,8 @@ if want sanitizerE && command -v compute-sanitizer > /dev/null; then  # the even
   check memcheck_2rank_event 45 env BRAID_CUDA_GATE=event $L2 $CS memcheck $BE --coll all_reduce -b 8 -e 4M -f 64 -n 2 -w 1
   check racecheck_2rank_event 45 env BRAID_CUDA_GATE=event $L2 $CS racecheck $BE --coll all_reduce -b 8 -e 4M -f 64 -n 2 -w 1
 fi
-if want dtypesE; then  # the event gate (without MPS), every collective and dtype
-  for c in all_reduce reduce_scatter all_gather broadcast reduce all_to_all send_recv; do
-    check "bench_2_dtypes_event_$c" 20 env BRAID_CUDA_GATE=event $L2 $BE --coll $c -d all -b 8 -e 2M -f 64 -n 2 -w 1
-  done
-  check "bench_4_dtypes_event_all_reduce" 25 env BRAID_CUDA_GATE=event $L4 $BE --coll all_reduce -d all -b 8 -e 2M -f 64 -n 2 -w 1
-fi
-if want dtypes; then
-  for c in all_reduce reduce_scatter all_gather broadcast reduce all_to_all send_recv; do
-    check "bench_2_dtypes_$c" 20 $L2 $BE --coll $c -d all -b 8 -e 2M -f 64 -n 2 -w 1
-    check "bench_4_dtypes_$c" 25 $L4 $BE --coll $c -d all -b 8 -e 2M -f 64 -n 2 -w 1
-  done
-fi
+want dtypesE && every_dtype _event env BRAID_CUDA_GATE=event  # without MPS
+want dtypes && every_dtype ""
 # The trainer on the GPU: config B and a 113M-parameter config. Every run of
 # a config has the same global batch (--batch-size 8 sequences: 2
 # micro-batches of 4 on one data-parallel rank, or one on each of two), so
