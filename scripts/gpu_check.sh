@@ -4,11 +4,13 @@
 # Each check's log goes into $OUT/logs.tgz (or ./gpu-logs), rewritten after
 # every check so that a run cut short still brings its logs back, and one
 # summary line per check into $OUT/summary.txt and stdout.
-# Groups (default: all but cpuref, in this order):
+# Groups (default: all but cpuref and hangdump; they run in this script's order):
 #   probe      another process's kernel while a stream is held at a gate
 #   pong       two processes taking turns on the GPU: the least a round of
-#              two context switches costs, with front-end, kernel and host waits;
-#              and how soon a host thread learns a kernel is done (wake)
+#              two context switches costs, with front-end, kernel and host waits,
+#              and a wait for the other's IPC event (eventpong); how soon a host
+#              thread learns a kernel is done (wake); the 2-rank all_reduce's
+#              kernel alone against the copy (reduce)
 #   tests      kernels_cuda, trainer_device, comm_device
 #   comm       comm_device alone
 #   bench      braid-bench --device cuda, 2 ranks, every collective, f32
@@ -61,7 +63,7 @@ cublas="$(find /opt /usr/local /usr/lib -name 'libcublas.so.13' 2>/dev/null | he
 export LD_LIBRARY_PATH="$kit/lib${cublas:+:$(dirname "$cublas")}"
 nvidia-smi > "$logs/nvidia-smi.log" 2>&1
 B="$kit/bin"
-groups="${*:-probe pong tests bench bench4 gatesK gates mps sanitizer2 dtypes train1 train trainL1 trainL trainLall torch sanitizer}"
+groups="${*:-probe pong tests bench bench4 gatesK gates mps pongMPS dtypesMPS trainMPS trainLMPS sanitizer2 sanitizerE dtypes dtypesE train1 train trainL1 trainL trainLall torch sanitizer}"
 want() { case " $groups " in *" $1 "*) return 0 ;; esac; return 1; }
 pack() { tar -C "$logs" -czf "$out/logs.tgz" . 2> /dev/null; }
 say() { echo "$*" | tee -a "$out/summary.txt"; }
