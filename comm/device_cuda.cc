@@ -119,13 +119,11 @@ EventBook::~EventBook() {
   for (auto& [bytes, event] : own_) cudaEventDestroy(event);
 }
 
-namespace {
-
-std::string key_of(const DeviceEventRef& ref) {
-  return std::string(reinterpret_cast<const char*>(ref.bytes), sizeof ref.bytes);
+EventBook::Key EventBook::key_of(const DeviceEventRef& ref) {
+  Key key;
+  std::memcpy(key.data(), ref.bytes, key.size());
+  return key;
 }
-
-}  // namespace
 
 EventBook::Own EventBook::take() {
   {
@@ -164,7 +162,7 @@ void EventBook::give_back(const Own& own) {
 }
 
 cudaEvent_t EventBook::find(const DeviceEventRef& ref) {
-  const std::string key = key_of(ref);
+  const Key key = key_of(ref);
   std::lock_guard lock(mu_);
   if (auto it = own_.find(key); it != own_.end()) return it->second;
   if (auto it = opened_.find(key); it != opened_.end()) return it->second;

@@ -6,7 +6,9 @@
 
 #include <cuda_runtime.h>
 
+#include <array>
 #include <chrono>
+#include <cstdint>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -109,7 +111,9 @@ class EventBook {
  private:
   int device_;
   std::mutex mu_;
-  std::map<std::string, cudaEvent_t> own_, opened_;  // by the handle's bytes
+  using Key = std::array<std::uint8_t, sizeof(DeviceEventRef::bytes)>;  // the handle's bytes
+  static Key key_of(const DeviceEventRef& ref);
+  std::map<Key, cudaEvent_t> own_, opened_;
   std::vector<Own> spare_;
 };
 

@@ -265,8 +265,10 @@ void Communicator::Impl::execute(const Op& op, WorkState& state, bool inline_cal
     exchange.call_waits.clear();
     algorithm.run(x);
     exchange.call_ready = {};
-    if (state.staged) state.staged->wait_on_stream(std::move(exchange.call_waits));
-    if (state.staged) state.staged->open_gate();
+    if (state.staged) {
+      state.staged->wait_on_stream(std::move(exchange.call_waits));
+      state.staged->open_gate();
+    }
     if (status) status->left(op);
     if (inline_call) state.complete_unshared(nullptr);
     else state.complete(nullptr);
