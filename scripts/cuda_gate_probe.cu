@@ -56,6 +56,7 @@
 
 #include "comm/poll_pause.h"
 #include "kernels/cuda/reduce.h"
+#include "scripts/cuda_timing.h"
 
 namespace {
 
@@ -552,23 +553,8 @@ int reduce_alone(const char* mode) {
   for (auto& b : buf)
     if (!ok(cudaMalloc(&b, bytes), "cudaMalloc")) return 1;
   cudaStream_t stream;
-  cudaEvent_t t0, t1;
   cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking);
-  cudaEventCreate(&t0);
-  cudaEventCreate(&t1);
-  auto best_ms = [&](auto&& body) {
-    float best = 1e9f;
-    for (int trial = 0; trial < 6; ++trial) {
-      cudaEventRecord(t0, stream);
-      body();
-      cudaEventRecord(t1, stream);
-      cudaEventSynchronize(t1);
-      float ms = 0;
-      cudaEventElapsedTime(&ms, t0, t1);
-      if (trial > 0) best = std::min(best, ms);
-    }
-    return best;
-  };
+  auto best_ms = [&](auto&& body) { return ::best_ms(stream, 6, body); };
   const float copy = best_ms([&] { cudaMemcpyAsync(buf[2], buf[0], bytes, cudaMemcpyDeviceToDevice, stream); });
   const void* srcs[2] = {buf[0], buf[1]};
   void* dsts[2] = {buf[2], buf[3]};

@@ -11,6 +11,9 @@
 #              and a wait for the other's IPC event (eventpong); how soon a host
 #              thread learns a kernel is done (wake); the 2-rank all_reduce's
 #              kernel alone against the copy (reduce)
+#   sweep      other ways to write that kernel (scripts/reduce_sweep.cu): packs
+#              a thread, cache hints, grids, bulk copies through shared memory;
+#              each checked against reduce_multi and timed against the copy
 #   tests      kernels_cuda, trainer_device, comm_device
 #   comm       comm_device alone
 #   bench      braid-bench --device cuda, 2 ranks, every collective, f32
@@ -50,7 +53,7 @@
 # is left, and none starts with under 15 s left.
 #   device run: carry [".gpukit"], command "sh scripts/gpu_check.sh tests bench"
 set -u
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/.." || exit 2
 out="${OUT:-gpu-logs}"
 mkdir -p "$out"
 start=$(date +%s)
@@ -63,7 +66,7 @@ cublas="$(find /opt /usr/local /usr/lib -name 'libcublas.so.13' 2>/dev/null | he
 export LD_LIBRARY_PATH="$kit/lib${cublas:+:$(dirname "$cublas")}"
 nvidia-smi > "$logs/nvidia-smi.log" 2>&1
 B="$kit/bin"
-groups="${*:-probe pong tests bench bench4 gatesK gates mps pongMPS dtypesMPS trainMPS trainLMPS sanitizer2 sanitizerE dtypes dtypesE train1 train trainL1 trainL trainLall torch sanitizer}"
+groups="${*:-probe pong sweep tests bench bench4 gatesK gates mps pongMPS dtypesMPS trainMPS trainLMPS sanitizer2 sanitizerE dtypes dtypesE train1 train trainL1 trainL trainLall torch sanitizer}"
 want() { case " $groups " in *" $1 "*) return 0 ;; esac; return 1; }
 pack() { tar -C "$logs" -czf "$out/logs.tgz" . 2> /dev/null; }
 say() { echo "$*" | tee -a "$out/summary.txt"; }
@@ -79,7 +82,7 @@ check() {  # name, timeout seconds, command...
   rc=$?
   last_rc=$rc
   if [ $rc -eq 0 ]; then say "ok    $name ($(($(date +%s) - t0)) s)"; else say "FAIL  $name (exit $rc, $(($(date +%s) - t0)) s)"; fi
-  grep -E 'skipped|held|gate:|round|turn|sleep-poll|reduce_multi|copy|one worker|Avg bus|Out of bounds| 268435456 | 67108864 | 16777216 |test cases|assertions|throughput|MFU|step [1-4]/[0-9]|train loss|tokens/s|ERROR|rror' \
+  grep -E 'skipped|held|gate:|round|turn|sleep-poll|reduce_multi|copy|one worker|Avg bus|Out of bounds| 268435456 | 67108864 | 16777216 |test cases|assertions|throughput|MFU|step [1-4]/[0-9]|train loss|tokens/s|WRONG|ERROR|rror' \
     "$logs/$name.log" | uniq | tail -12 | sed 's/^/      /' | tee -a "$out/summary.txt"
   [ $rc -eq 0 ] || tail -5 "$logs/$name.log" | sed 's/^/    | /' | tee -a "$out/summary.txt"
   pack
@@ -113,6 +116,9 @@ if want probe; then
 fi
 if want pong; then
   check pong_probe 50 "$B/cuda_gate_probe" pingpong hostpong spinpong eventpong wake reduce
+fi
+if want sweep; then
+  check reduce_sweep 40 "$B/reduce_sweep"
 fi
 if want tests; then
   check kernels_cuda 30 "$B/test_kernels_cuda"
