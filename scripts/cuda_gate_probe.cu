@@ -57,26 +57,21 @@
 #include "comm/poll_pause.h"
 #include "kernels/cuda/reduce.h"
 #include "scripts/cuda_timing.h"
+#include "scripts/probe_child.h"
 
 namespace {
 
-__device__ unsigned long long now_ns() {
-  unsigned long long t;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-  return t;
-}
-
 __global__ void spin(const volatile unsigned long long* gate, unsigned long long timeout_ns) {
-  const unsigned long long start = now_ns();
-  while (*gate == 0 && now_ns() - start < timeout_ns) __nanosleep(1000);
+  const unsigned long long start = globaltimer_ns();
+  while (*gate == 0 && globaltimer_ns() - start < timeout_ns) __nanosleep(1000);
 }
 
 __global__ void tiny(int* p) { *p = 1; }
 
 __global__ void spin_until(const volatile unsigned long long* counter, unsigned long long target,
                            unsigned long long timeout_ns) {
-  const unsigned long long start = now_ns();
-  while (*counter < target && now_ns() - start < timeout_ns) __nanosleep(200);
+  const unsigned long long start = globaltimer_ns();
+  while (*counter < target && globaltimer_ns() - start < timeout_ns) __nanosleep(200);
 }
 
 __global__ void signal_value(volatile unsigned long long* counter, unsigned long long value) {
@@ -399,8 +394,8 @@ int pong(const char* mode) {
 }
 
 __global__ void busy(unsigned long long ns) {
-  const unsigned long long start = now_ns();
-  while (now_ns() - start < ns) {
+  const unsigned long long start = globaltimer_ns();
+  while (globaltimer_ns() - start < ns) {
   }
 }
 
@@ -606,20 +601,9 @@ int main(int argc, char** argv) {
       std::fflush(stdout);
       _exit(r);
     }
-    int status = 0;
-    bool exited = false;
-    for (int t = 0; t < 1500 && !exited; ++t) {
-      if (waitpid(pid, &status, WNOHANG) == pid) exited = true;
-      else std::this_thread::sleep_for(std::chrono::milliseconds(10));
-    }
-    if (!exited) {
-      kill(pid, SIGKILL);
-      waitpid(pid, &status, 0);
-      std::printf("%s: no answer within 15 s\n", mode);
-      rc = 1;
-    } else if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
-      rc = 1;
-    }
+    bool killed = false;
+    if (!reap_within(pid, std::chrono::seconds(15), &killed)) rc = 1;
+    if (killed) std::printf("%s: no answer within 15 s\n", mode);
   }
   return rc;
 }

@@ -1,4 +1,5 @@
-// Timing for the CUDA probes of scripts/ (cuda_gate_probe.cu, reduce_sweep.cu).
+// Timing for the CUDA probes of scripts/ (cuda_gate_probe.cu, reduce_sweep.cu,
+// pair_reduce_probe.cu).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -27,4 +28,11 @@ float best_ms(cudaStream_t stream, int trials, Body&& body) {
   cudaEventDestroy(t0);
   cudaEventDestroy(t1);
   return best;
+}
+
+// The GPU's global timer in nanoseconds, for a kernel's waits to give up by.
+__device__ inline unsigned long long globaltimer_ns() {
+  unsigned long long t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
 }

@@ -107,12 +107,10 @@ __device__ void bulk_load(char* stage, std::uint64_t* bar, const char* a, const 
 
 // Gives up (traps: the launch fails) after 2 s, should a tile never come.
 __device__ void bulk_wait(std::uint64_t* bar, std::uint32_t parity) {
-  std::uint64_t start = 0, now = 0;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(start));
+  const std::uint64_t start = globaltimer_ns();
   std::uint32_t done = 0;
   while (!done) {
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
-    if (now - start > 2000000000ull) __trap();
+    if (globaltimer_ns() - start > 2000000000ull) __trap();
     asm volatile(
         "{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2; selp.u32 %0, 1, 0, p; }"
         : "=r"(done)
