@@ -1,5 +1,5 @@
 // Timing for the CUDA probes of scripts/ (cuda_gate_probe.cu, reduce_sweep.cu,
-// pair_reduce_probe.cu).
+// allreduce_wait_probe.cu).
 #pragma once
 
 #include <cuda_runtime.h>

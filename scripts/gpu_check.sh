@@ -10,9 +10,9 @@
 #              two context switches costs, with front-end, kernel and host waits,
 #              and a wait for the other's IPC event (eventpong); how soon a host
 #              thread learns a kernel is done (wake); the 2-rank all_reduce's
-#              kernel alone against the copy (reduce); two processes doing
-#              that all_reduce, waiting for each other by IPC events or by
-#              flags inside the kernel (scripts/pair_reduce_probe.cu)
+#              kernel alone against the copy (reduce); 2 and 4 processes
+#              doing the all_reduce, waiting for each other by IPC events or
+#              by flags inside the kernel (scripts/allreduce_wait_probe.cu)
 #   sweep      other ways to write that kernel (scripts/reduce_sweep.cu): packs
 #              a thread, cache hints, grids, bulk copies through shared memory;
 #              each checked against reduce_multi and timed against the copy
@@ -27,7 +27,7 @@
 #              starts and stops (one context for every rank: no time-slicing;
 #              gate `auto` is then `event` and every rank works; one worker
 #              and `host` for comparison), and comm_device under it;
-#              pair_reduce_probe first, under MPS
+#              allreduce_wait_probe first, under MPS
 #   trainMPS   config B under MPS: ddp, zero1, zero3, tp 2 on 2 ranks, tp 2 x pp 2
 #   dtypesMPS  every collective on 2 and 4 ranks, every dtype, under MPS
 #   trainLMPS  the 113M-parameter config under MPS, 3 steps: ddp, zero3, tp 2, tp 2 x pp 2
@@ -119,7 +119,7 @@ if want probe; then
 fi
 if want pong; then
   check pong_probe 50 "$B/cuda_gate_probe" pingpong hostpong spinpong eventpong wake reduce
-  check pair_probe 70 "$B/pair_reduce_probe"
+  check allreduce_wait 130 "$B/allreduce_wait_probe"
 fi
 if want sweep; then
   check reduce_sweep 40 "$B/reduce_sweep"
@@ -230,8 +230,8 @@ if want mps || want trainMPS || want dtypesMPS || want trainLMPS || want pongMPS
       # -n 40: the first call's issue and the last one's wait, which the
       # time per call includes, spread over 40 calls.
       if want mps; then
-        # The 2-rank all_reduce's waits, IPC events against flags in the kernel.
-        check pair_probe_mps 70 "$B/pair_reduce_probe"
+        # The all_reduce's waits, IPC events against flags in the kernel.
+        check allreduce_wait_mps 130 "$B/allreduce_wait_probe"
         check bench_2_all_reduce_mps 30 $L2 $BE --coll all_reduce -b 4 -e 256M -f 4 -n 40 -w 5
         check bench_2_all_reduce_mps_one 30 env BRAID_DIRECT_WORKERS=one $L2 $BE --coll all_reduce -b 4 -e 256M -f 4 -n 40 -w 5
         check bench_2_all_reduce_mps_host 30 env BRAID_CUDA_GATE=host $L2 $BE --coll all_reduce -b 4 -e 256M -f 4 -n 40 -w 5

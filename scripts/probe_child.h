@@ -1,4 +1,4 @@
-// The CUDA probes of scripts/ (cuda_gate_probe.cu, pair_reduce_probe.cu) run
+// The CUDA probes of scripts/ (cuda_gate_probe.cu, allreduce_wait_probe.cu) run
 // their parts in child processes, forked before anything touches CUDA.
 #pragma once
 

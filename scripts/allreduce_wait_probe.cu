@@ -1,0 +1,378 @@
+// Issue 19's targets for ranks sharing one GPU: a 256 MiB all_reduce's busbw
+// at 0.5 x the device-to-device copy's bandwidth on 2 ranks, at 0.375 (the
+// traffic's bound) on 4. Under MPS braid reaches 0.479 and 0.361, its 2-rank
+// kernel alone about 0.505: the cross-process waits of each call (the event
+// gate's, scripts/cuda_gate_probe.cu eventpong: 6.6 us each) take the rest.
+// This probe asks whether waits inside the kernel cost less.
+//
+// n processes share the GPU and do that all_reduce as braid's direct path
+// does (comm/device.h): each maps the others' buffers (CUDA IPC) and reduces
+// its 1/n of every input into every output. Two ways to wait:
+//   events: as the event gate: each call, the stream waits for every other
+//           process's IPC event before the kernel (their inputs are ready)
+//           and after it (their shares are written); the hosts only tell
+//           each other that the events are recorded;
+//   flags:  the streams do not wait. Each block of a kernel waits for flags
+//           that the other processes' kernels set as they start (a kernel
+//           that has started has its stream's earlier work behind it), and
+//           the kernel's last block waits until every block of the others'
+//           has counted itself done. Each kernel has at most 1/n of the
+//           GPU's resident blocks, so that all fit at once (under MPS they run
+//           side by side; without it the GPU time-slices and the waits are long).
+// Also the kernel alone in one process (every share, no waits) and the copy
+// the ratios are taken against. Each way's outputs are checked in every
+// process, with the check queued on the stream right after the call, so a
+// share another process had not yet written counts as wrong. A wait that
+// lasts 2 s gives up: the process says so and the probe exits 1.
+// Usage: allreduce_wait_probe [RANKS...] (default 2 4; 2..8 each).
+// Built by scripts/gpu_kit.sh: nvcc -std=c++20 -I. -gencode=arch=compute_90,code=sm_90
+// -o allreduce_wait_probe scripts/allreduce_wait_probe.cu
+#include <cuda_runtime.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <thread>
+
+#include "scripts/cuda_timing.h"
+#include "scripts/probe_child.h"
+
+namespace {
+
+constexpr int kMaxRanks = 8;
+constexpr std::size_t kBytes = 256u << 20, kPacks = kBytes / sizeof(float4);
+constexpr int kThreads = 256, kWarmup = 5, kCalls = 40;
+constexpr unsigned long long kTimeoutNs = 2'000'000'000ull;
+
+// In each process's device memory; the other processes' kernels write
+// `started` and `theirs_done`.
+struct Flags {
+  unsigned long long started[kMaxRanks];  // [r]: rank r's kernel of this call has begun
+  unsigned long long theirs_done;         // blocks of the others' kernels done, every call so far
+  unsigned long long mine_done;           // blocks of this process's kernels done (finds the last)
+  unsigned long long timed_out;           // the call whose wait gave up, or 0
+};
+
+struct Ranks {
+  const float4* in[kMaxRanks];  // by rank: every process adds them in this order
+  float4* out[kMaxRanks];
+  Flags* flags[kMaxRanks];
+  int n, rank;
+  std::size_t begin, end;  // the packs this kernel reduces
+};
+
+__device__ bool wait_at_least(const volatile unsigned long long* v, unsigned long long target) {
+  const unsigned long long start = globaltimer_ns();
+  while (*v < target) {
+    if (globaltimer_ns() - start > kTimeoutNs) return false;
+    __nanosleep(32);  // every block polls this one word: not at full speed
+  }
+  __threadfence();
+  return true;
+}
+
+template <bool kFlags>
+__global__ void share_reduce(Ranks p, unsigned long long call) {
+  __shared__ bool go;
+  Flags* mine = p.flags[p.rank];
+  if constexpr (kFlags) {
+    if (threadIdx.x == 0) {
+      for (int r = 0; r < p.n; ++r)
+        if (r != p.rank) atomicMax(&p.flags[r]->started[p.rank], call);
+      // Once a wait has given up, later calls do not wait again.
+      go = *static_cast<volatile unsigned long long*>(&mine->timed_out) == 0;
+      for (int r = 0; r < p.n && go; ++r)
+        if (r != p.rank) go = wait_at_least(&mine->started[r], call);
+      if (!go) atomicCAS(&mine->timed_out, 0ull, call);
+    }
+    __syncthreads();
+    if (!go) return;
+  }
+  const std::size_t stride = std::size_t(gridDim.x) * blockDim.x;
+  for (std::size_t q = p.begin + std::size_t(blockIdx.x) * blockDim.x + threadIdx.x; q < p.end; q += stride) {
+    float4 acc = p.in[0][q];
+    for (int r = 1; r < p.n; ++r) {
+      const float4 v = p.in[r][q];
+      acc = float4{acc.x + v.x, acc.y + v.y, acc.z + v.z, acc.w + v.w};
+    }
+    for (int r = 0; r < p.n; ++r) p.out[r][q] = acc;
+  }
+  if constexpr (kFlags) {
+    __syncthreads();  // every thread of the block has written
+    if (threadIdx.x == 0) {
+      __threadfence();
+      for (int r = 0; r < p.n; ++r)
+        if (r != p.rank) atomicAdd(&p.flags[r]->theirs_done, 1ull);
+      const unsigned long long mine_all = call * gridDim.x, theirs_all = mine_all * (p.n - 1);
+      if (atomicAdd(&mine->mine_done, 1ull) + 1 == mine_all && !wait_at_least(&mine->theirs_done, theirs_all))
+        atomicCAS(&mine->timed_out, 0ull, call);
+    }
+  }
+}
+
+__host__ __device__ float value(std::size_t element, int rank) {
+  return static_cast<float>((element * 7 + rank * 13) % 1024);
+}
+
+// What every output holds: the inputs' sum in rank order (exact: small integers).
+__host__ __device__ float expected(std::size_t element, int n) {
+  float sum = value(element, 0);
+  for (int r = 1; r < n; ++r) sum += value(element, r);
+  return sum;
+}
+
+__global__ void fill(float4* x, int rank) {
+  for (std::size_t q = std::size_t(blockIdx.x) * blockDim.x + threadIdx.x; q < kPacks;
+       q += std::size_t(gridDim.x) * blockDim.x) {
+    const std::size_t e = 4 * q;
+    x[q] = float4{value(e, rank), value(e + 1, rank), value(e + 2, rank), value(e + 3, rank)};
+  }
+}
+
+__global__ void count_wrong(const float4* x, int n, unsigned long long* wrong) {
+  for (std::size_t q = std::size_t(blockIdx.x) * blockDim.x + threadIdx.x; q < kPacks;
+       q += std::size_t(gridDim.x) * blockDim.x) {
+    const std::size_t e = 4 * q;
+    const float4 v = x[q];
+    if (v.x != expected(e, n) || v.y != expected(e + 1, n) || v.z != expected(e + 2, n) || v.w != expected(e + 3, n))
+      atomicAdd(wrong, 1ull);
+  }
+}
+
+// Between the processes of one run, in shared memory mapped before the fork.
+struct Shared {
+  int n;
+  cudaIpcMemHandle_t in[kMaxRanks], out[kMaxRanks], flags[kMaxRanks];
+  cudaIpcEventHandle_t ready[kMaxRanks], done[kMaxRanks];
+  std::atomic<unsigned long long> arrived;
+  // Events mode: the last call whose event each rank has recorded.
+  std::atomic<unsigned long long> issued_ready[kMaxRanks], issued_done[kMaxRanks];
+  double ms[2][kMaxRanks];                // [way][rank]: the timed calls (way 0 events, 1 flags)
+  unsigned long long wrong[2][kMaxRanks];  // [way][rank]: packs wrong after the checked call
+  double copy_ms, alone_ms;
+  int grid, resident;
+};
+
+bool ok(cudaError_t e, int rank, const char* what) {
+  if (e == cudaSuccess) return true;
+  std::printf("allreduce_wait: rank %d: %s: %s\n", rank, what, cudaGetErrorString(e));
+  return false;
+}
+
+// Waits for `*counter >= target`, at most 10 s (another process may have failed).
+bool wait_for(const std::atomic<unsigned long long>& counter, unsigned long long target, int rank, const char* what) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (counter.load() < target) {
+    if (std::chrono::steady_clock::now() > deadline) {
+      std::printf("allreduce_wait: rank %d: another process never reached %s\n", rank, what);
+      return false;
+    }
+    std::this_thread::yield();
+  }
+  return true;
+}
+
+int run(int rank, Shared* s) {
+  const int n = s->n;
+  unsigned long long barriers = 0;
+  auto barrier = [&](const char* what) {
+    s->arrived.fetch_add(1);
+    return wait_for(s->arrived, n * ++barriers, rank, what);
+  };
+  float4 *in = nullptr, *out = nullptr;
+  Flags* flags = nullptr;
+  unsigned long long* wrong = nullptr;
+  cudaStream_t stream;
+  cudaEvent_t ready, done, peer_ready[kMaxRanks], peer_done[kMaxRanks];
+  const unsigned ev_flags = cudaEventDisableTiming | cudaEventInterprocess;
+  if (!ok(cudaMalloc(&in, kBytes), rank, "cudaMalloc") || !ok(cudaMalloc(&out, kBytes), rank, "cudaMalloc") ||
+      !ok(cudaMalloc(&flags, sizeof(Flags)), rank, "cudaMalloc") ||
+      !ok(cudaMalloc(&wrong, sizeof(unsigned long long)), rank, "cudaMalloc") ||
+      !ok(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), rank, "cudaStreamCreate") ||
+      !ok(cudaEventCreateWithFlags(&ready, ev_flags), rank, "cudaEventCreate") ||
+      !ok(cudaEventCreateWithFlags(&done, ev_flags), rank, "cudaEventCreate"))
+    return 1;
+  fill<<<1024, kThreads, 0, stream>>>(in, rank);
+  cudaMemsetAsync(flags, 0, sizeof(Flags), stream);
+  if (!ok(cudaStreamSynchronize(stream), rank, "filling the input") ||
+      !ok(cudaIpcGetMemHandle(&s->in[rank], in), rank, "cudaIpcGetMemHandle") ||
+      !ok(cudaIpcGetMemHandle(&s->out[rank], out), rank, "cudaIpcGetMemHandle") ||
+      !ok(cudaIpcGetMemHandle(&s->flags[rank], flags), rank, "cudaIpcGetMemHandle") ||
+      !ok(cudaIpcGetEventHandle(&s->ready[rank], ready), rank, "cudaIpcGetEventHandle") ||
+      !ok(cudaIpcGetEventHandle(&s->done[rank], done), rank, "cudaIpcGetEventHandle"))
+    return 1;
+  if (!barrier("the handles")) return 1;
+  Ranks all{};
+  all.n = n;
+  all.rank = rank;
+  for (int r = 0; r < n; ++r) {
+    if (r == rank) {
+      all.in[r] = in;
+      all.out[r] = out;
+      all.flags[r] = flags;
+      continue;
+    }
+    void *their_in = nullptr, *their_out = nullptr, *their_flags = nullptr;
+    const unsigned lazy = cudaIpcMemLazyEnablePeerAccess;
+    if (!ok(cudaIpcOpenMemHandle(&their_in, s->in[r], lazy), rank, "cudaIpcOpenMemHandle") ||
+        !ok(cudaIpcOpenMemHandle(&their_out, s->out[r], lazy), rank, "cudaIpcOpenMemHandle") ||
+        !ok(cudaIpcOpenMemHandle(&their_flags, s->flags[r], lazy), rank, "cudaIpcOpenMemHandle") ||
+        !ok(cudaIpcOpenEventHandle(&peer_ready[r], s->ready[r]), rank, "cudaIpcOpenEventHandle") ||
+        !ok(cudaIpcOpenEventHandle(&peer_done[r], s->done[r]), rank, "cudaIpcOpenEventHandle"))
+      return 1;
+    all.in[r] = static_cast<const float4*>(their_in);
+    all.out[r] = static_cast<float4*>(their_out);
+    all.flags[r] = static_cast<Flags*>(their_flags);
+  }
+  Ranks share = all;
+  share.begin = rank * (kPacks / n);
+  share.end = rank == n - 1 ? kPacks : share.begin + kPacks / n;
+  all.begin = 0;
+  all.end = kPacks;
+
+  if (rank == 0) {  // the copy and the kernel alone, while the others wait
+    int per_sm = 0, sms = 0;
+    cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, share_reduce<true>, kThreads, 0);
+    cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0);
+    s->resident = per_sm * sms;
+    s->grid = std::max(1, s->resident / n);
+    s->copy_ms = best_ms(stream, 6, [&] { cudaMemcpyAsync(out, in, kBytes, cudaMemcpyDeviceToDevice, stream); });
+    s->alone_ms = best_ms(stream, 6, [&] { share_reduce<false><<<s->resident, kThreads, 0, stream>>>(all, 0); });
+    if (!ok(cudaStreamSynchronize(stream), rank, "the copy and the kernel alone")) return 1;
+  }
+  if (!barrier("the copy")) return 1;
+  const int grid = s->grid;
+
+  unsigned long long events_call = 0, flags_call = 0;
+  // Queues one call; false when another process never queued its part.
+  auto call = [&](bool with_flags) {
+    if (with_flags) {
+      share_reduce<true><<<grid, kThreads, 0, stream>>>(share, ++flags_call);
+      return true;
+    }
+    // A rank records its events of call k + 1 only once every rank has
+    // queued its waits for those of call k (so each wait sees call k's).
+    const unsigned long long k = ++events_call;
+    // Records `own`, then has the stream wait for every other rank's event of call k.
+    auto exchange = [&](cudaEvent_t own, std::atomic<unsigned long long>* issued, cudaEvent_t* theirs,
+                        const char* what) {
+      cudaEventRecord(own, stream);
+      issued[rank].store(k);
+      for (int r = 0; r < n; ++r) {
+        if (r == rank) continue;
+        if (!wait_for(issued[r], k, rank, what)) return false;
+        cudaStreamWaitEvent(stream, theirs[r], 0);
+      }
+      return true;
+    };
+    if (!exchange(ready, s->issued_ready, peer_ready, "its ready event")) return false;
+    share_reduce<false><<<grid, kThreads, 0, stream>>>(share, 0);
+    return exchange(done, s->issued_done, peer_done, "its done event");
+  };
+  for (const bool with_flags : {false, true}) {
+    const char* way = with_flags ? "flags" : "events";
+    // One checked call: the outputs cleared (NaN) in every process first.
+    cudaMemsetAsync(out, 0xff, kBytes, stream);
+    cudaMemsetAsync(wrong, 0, sizeof(unsigned long long), stream);
+    if (!ok(cudaStreamSynchronize(stream), rank, "clearing") || !barrier("the cleared outputs")) return 1;
+    if (!call(with_flags)) return 1;
+    count_wrong<<<1024, kThreads, 0, stream>>>(out, n, wrong);
+    unsigned long long n_wrong = 0;
+    cudaMemcpyAsync(&n_wrong, wrong, sizeof n_wrong, cudaMemcpyDeviceToHost, stream);
+    if (!ok(cudaStreamSynchronize(stream), rank, way)) return 1;
+    s->wrong[with_flags][rank] = n_wrong;
+    for (int i = 0; i < kWarmup; ++i)
+      if (!call(with_flags)) return 1;
+    if (!ok(cudaStreamSynchronize(stream), rank, way) || !barrier("the warm-up")) return 1;
+    const auto t0 = std::chrono::steady_clock::now();
+    for (int i = 0; i < kCalls; ++i)
+      if (!call(with_flags)) return 1;
+    if (!ok(cudaStreamSynchronize(stream), rank, way)) return 1;
+    s->ms[with_flags][rank] = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    Flags f{};
+    cudaMemcpy(&f, flags, sizeof f, cudaMemcpyDeviceToHost);
+    if (f.timed_out != 0) {
+      std::printf("allreduce_wait: rank %d: %s: call %llu waited 2 s for another process's kernel and gave up\n",
+                  rank, way, f.timed_out);
+      return 1;
+    }
+    if (!barrier("the timed calls")) return 1;
+  }
+  for (int r = 0; r < n; ++r) {
+    if (r == rank) continue;
+    cudaIpcCloseMemHandle(const_cast<float4*>(all.in[r]));
+    cudaIpcCloseMemHandle(all.out[r]);
+    cudaIpcCloseMemHandle(all.flags[r]);
+  }
+  return 0;
+}
+
+// One all_reduce of n ranks in processes of their own, forked before this
+// process touches CUDA (it never does), at most 60 s; prints one line.
+bool probe(int n) {
+  auto* s = static_cast<Shared*>(mmap(nullptr, sizeof(Shared), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0));
+  if (s == MAP_FAILED) return false;
+  std::memset(static_cast<void*>(s), 0, sizeof(Shared));
+  s->n = n;
+  std::fflush(stdout);
+  pid_t pids[kMaxRanks];
+  int forked = 0;
+  for (; forked < n; ++forked) {
+    pids[forked] = fork();
+    if (pids[forked] < 0) break;
+    if (pids[forked] == 0) {
+      const int r = run(forked, s);
+      std::fflush(stdout);
+      _exit(r);
+    }
+  }
+  bool failed = forked < n;
+  for (int r = 0; r < forked; ++r) {
+    bool killed = false;
+    failed = !reap_within(pids[r], std::chrono::seconds(60), &killed) || failed;
+    if (killed) std::printf("allreduce_wait: %d ranks: rank %d gave no answer within 60 s\n", n, r);
+  }
+  if (!failed) {
+    // Each way's busbw (bytes / time a call x 2 (n - 1) / n) over the copy's
+    // (bytes / time); the traffic's bound is 2 (n - 1) / n^2 of the copy.
+    const double factor = 2.0 * (n - 1) / n, copy_us = 1000 * s->copy_ms, alone_us = 1000 * s->alone_ms;
+    double us[2];
+    for (int way = 0; way < 2; ++way) us[way] = 1000 * *std::max_element(s->ms[way], s->ms[way] + n) / kCalls;
+    std::printf("allreduce_wait: %d ranks, 256 MiB f32, %d calls, %d blocks a kernel (1/%d of %d resident): copy "
+                "%.1f us (%.0f GB/s); busbw over the copy's: bound %.3f, kernel alone %.1f us (%.3f), event waits "
+                "%.1f us a call (%.3f), in-kernel flags %.1f us a call (%.3f)\n",
+                n, kCalls, s->grid, n, s->resident, copy_us, kBytes / (copy_us * 1e3), factor / n, alone_us,
+                factor * copy_us / alone_us, us[0], factor * copy_us / us[0], us[1], factor * copy_us / us[1]);
+    for (int way = 0; way < 2; ++way)
+      for (int r = 0; r < n; ++r)
+        if (s->wrong[way][r] != 0) {
+          std::printf("allreduce_wait: %d ranks: WRONG: %s: %llu packs of rank %d's output\n", n,
+                      way ? "in-kernel flags" : "event waits", s->wrong[way][r], r);
+          failed = true;
+        }
+  }
+  munmap(s, sizeof(Shared));
+  return !failed;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  bool right = true;
+  const int defaults[] = {2, 4};
+  const int runs = argc > 1 ? argc - 1 : 2;
+  for (int i = 0; i < runs; ++i) {
+    const int n = argc > 1 ? std::atoi(argv[i + 1]) : defaults[i];
+    if (n < 2 || n > kMaxRanks) {
+      std::printf("allreduce_wait: ranks must be 2..%d, not %s\n", kMaxRanks, argv[i + 1]);
+      return 2;
+    }
+    right = probe(n) && right;
+  }
+  return right ? 0 : 1;
+}
