@@ -10,9 +10,7 @@
 #              two context switches costs, with front-end, kernel and host waits,
 #              and a wait for the other's IPC event (eventpong); how soon a host
 #              thread learns a kernel is done (wake); the 2-rank all_reduce's
-#              kernel alone against the copy (reduce); 2 and 4 processes
-#              doing the all_reduce, waiting for each other by IPC events or
-#              by flags inside the kernel (scripts/allreduce_wait_probe.cu)
+#              kernel alone against the copy (reduce)
 #   sweep      other ways to write that kernel (scripts/reduce_sweep.cu): packs
 #              a thread, cache hints, grids, bulk copies through shared memory;
 #              each checked against reduce_multi and timed against the copy
@@ -27,7 +25,10 @@
 #              starts and stops (one context for every rank: no time-slicing;
 #              gate `auto` is then `event` and every rank works; one worker
 #              and `host` for comparison), and comm_device under it;
-#              allreduce_wait_probe first, under MPS
+#              first, 2 and 4 processes doing the all_reduce, waiting for
+#              each other by IPC events or by flags inside the kernel
+#              (scripts/allreduce_wait_probe.cu; without MPS the GPU would
+#              time-slice the spinning kernels)
 #   trainMPS   config B under MPS: ddp, zero1, zero3, tp 2 on 2 ranks, tp 2 x pp 2
 #   dtypesMPS  every collective on 2 and 4 ranks, every dtype, under MPS
 #   trainLMPS  the 113M-parameter config under MPS, 3 steps: ddp, zero3, tp 2, tp 2 x pp 2
@@ -119,7 +120,6 @@ if want probe; then
 fi
 if want pong; then
   check pong_probe 50 "$B/cuda_gate_probe" pingpong hostpong spinpong eventpong wake reduce
-  check allreduce_wait 130 "$B/allreduce_wait_probe"
 fi
 if want sweep; then
   check reduce_sweep 40 "$B/reduce_sweep"
