@@ -584,12 +584,12 @@ class CudaStaging final : public DeviceStaging {
     event_gate_ = events_ && mps_;
   }
 
+  bool mps() const override { return mps_; }
+
   // Gate `host` wakes the engine from the Reducer's kernels by a host
   // function; `auto` polls as `kernel` does, whichever it becomes (on the
   // H200 a host function woke a thread 44 us later than polling did after
   // a 250 us kernel, the time a 256 MiB all_reduce takes).
-  bool mps() const override { return mps_; }
-
   std::unique_ptr<Reducer> make_reducer() override {
     return make_device_reducer(shared_->device, host_gate_, events_);
   }
