@@ -27,12 +27,14 @@ done
 # The CUDA part of the library is a plugin, loaded from beside libbraid_comm
 # at the first device buffer: ldd does not list it.
 cp -L build/comm/libbraid_comm_cuda.so "$kit/lib/"
+# The probes, for the H100/H200 (sm_90).
+probe="nvcc -std=c++20 -I. -Iinclude -gencode=arch=compute_90,code=sm_90"
 # Whether another process's kernels run while a stream is held at a gate.
-nvcc -std=c++20 -I. -Iinclude -gencode=arch=compute_90,code=sm_90 -o "$kit/bin/cuda_gate_probe" scripts/cuda_gate_probe.cu kernels/cuda/reduce.cu
+$probe -o "$kit/bin/cuda_gate_probe" scripts/cuda_gate_probe.cu kernels/cuda/reduce.cu
 # Other ways to write the 2-rank all_reduce's kernel, timed against the copy.
-nvcc -std=c++20 -I. -Iinclude -gencode=arch=compute_90,code=sm_90 -o "$kit/bin/reduce_sweep" scripts/reduce_sweep.cu kernels/cuda/reduce.cu
+$probe -o "$kit/bin/reduce_sweep" scripts/reduce_sweep.cu kernels/cuda/reduce.cu
 # 2 and 4 processes doing that all_reduce: IPC event waits against flags in the kernel.
-nvcc -std=c++20 -I. -gencode=arch=compute_90,code=sm_90 -o "$kit/bin/allreduce_wait_probe" scripts/allreduce_wait_probe.cu
+$probe -o "$kit/bin/allreduce_wait_probe" scripts/allreduce_wait_probe.cu
 cp scripts/gpu_check.sh scripts/torch_gpt.py "$kit/"
 # The CPU runs the GPU training runs must match (scripts/gpu_reference),
 # stale where the trainer or the CPU's kernels changed since they were made
