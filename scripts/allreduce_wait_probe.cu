@@ -7,7 +7,7 @@
 //
 // n processes share the GPU and do that all_reduce as braid's direct path
 // does (comm/device.h): each maps the others' buffers (CUDA IPC) and reduces
-// its 1/n of every input into every output. Two ways to wait:
+// its 1/n of every input into every output. Three ways to wait:
 //   events: as the event gate: each call, the stream waits for every other
 //           process's IPC event before the kernel (their inputs are ready)
 //           and after it (their shares are written); the hosts only tell
@@ -19,6 +19,12 @@
 //           has counted itself done. Each kernel has at most 1/n of the
 //           GPU's resident blocks, so that all fit at once (under MPS they run
 //           side by side; without it the GPU time-slices and the waits are long).
+//   flags via a worker: as flags, with the kernel on a second stream of the
+//           process (as braid's Reducer runs the steps on its own stream):
+//           that stream waits for the caller's (an event of the process)
+//           and the caller's waits for it after the kernel. What those two
+//           hops cost tells whether a gate with waits in the kernel could
+//           keep braid's worker streams or must run on the caller's.
 // Also the kernel alone in one process (every share, no waits) and the copy
 // the ratios are taken against. Each way's outputs are checked in every
 // process, with the check queued on the stream right after the call, so a
@@ -48,6 +54,9 @@ constexpr int kMaxRanks = 8;
 constexpr std::size_t kBytes = 256u << 20, kPacks = kBytes / sizeof(float4);
 constexpr int kThreads = 256, kWarmup = 5, kCalls = 40;
 constexpr unsigned long long kTimeoutNs = 2'000'000'000ull;
+
+enum Way { kEvents, kFlags, kFlagsWorker, kWays };
+const char* const kWayNames[kWays] = {"event waits", "in-kernel flags", "in-kernel flags via a worker stream"};
 
 // In each process's device memory; the other processes' kernels write
 // `started` and `theirs_done`.
@@ -152,8 +161,8 @@ struct Shared {
   std::atomic<unsigned long long> arrived;
   // Events mode: the last call whose event each rank has recorded.
   std::atomic<unsigned long long> issued_ready[kMaxRanks], issued_done[kMaxRanks];
-  double ms[2][kMaxRanks];                // [way][rank]: the timed calls (way 0 events, 1 flags)
-  unsigned long long wrong[2][kMaxRanks];  // [way][rank]: packs wrong after the checked call
+  double ms[kWays][kMaxRanks];                // [way][rank]: the timed calls
+  unsigned long long wrong[kWays][kMaxRanks];  // [way][rank]: packs wrong after the checked call
   double copy_ms, alone_ms;
   int grid, resident;
 };
@@ -187,13 +196,16 @@ int run(int rank, Shared* s) {
   float4 *in = nullptr, *out = nullptr;
   Flags* flags = nullptr;
   unsigned long long* wrong = nullptr;
-  cudaStream_t stream;
-  cudaEvent_t ready, done, peer_ready[kMaxRanks], peer_done[kMaxRanks];
+  cudaStream_t stream, worker;
+  cudaEvent_t ready, done, peer_ready[kMaxRanks], peer_done[kMaxRanks], to_worker, from_worker;
   const unsigned ev_flags = cudaEventDisableTiming | cudaEventInterprocess;
   if (!ok(cudaMalloc(&in, kBytes), rank, "cudaMalloc") || !ok(cudaMalloc(&out, kBytes), rank, "cudaMalloc") ||
       !ok(cudaMalloc(&flags, sizeof(Flags)), rank, "cudaMalloc") ||
       !ok(cudaMalloc(&wrong, sizeof(unsigned long long)), rank, "cudaMalloc") ||
       !ok(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), rank, "cudaStreamCreate") ||
+      !ok(cudaStreamCreateWithFlags(&worker, cudaStreamNonBlocking), rank, "cudaStreamCreate") ||
+      !ok(cudaEventCreateWithFlags(&to_worker, cudaEventDisableTiming), rank, "cudaEventCreate") ||
+      !ok(cudaEventCreateWithFlags(&from_worker, cudaEventDisableTiming), rank, "cudaEventCreate") ||
       !ok(cudaEventCreateWithFlags(&ready, ev_flags), rank, "cudaEventCreate") ||
       !ok(cudaEventCreateWithFlags(&done, ev_flags), rank, "cudaEventCreate"))
     return 1;
@@ -250,9 +262,18 @@ int run(int rank, Shared* s) {
 
   unsigned long long events_call = 0, flags_call = 0;
   // Queues one call; false when another process never queued its part.
-  auto call = [&](bool with_flags) {
-    if (with_flags) {
+  // Both flags ways count their calls on: the flags hold every call's.
+  auto call = [&](Way way) {
+    if (way == kFlags) {
       share_reduce<true><<<grid, kThreads, 0, stream>>>(share, ++flags_call);
+      return true;
+    }
+    if (way == kFlagsWorker) {
+      cudaEventRecord(to_worker, stream);
+      cudaStreamWaitEvent(worker, to_worker, 0);
+      share_reduce<true><<<grid, kThreads, 0, worker>>>(share, ++flags_call);
+      cudaEventRecord(from_worker, worker);
+      cudaStreamWaitEvent(stream, from_worker, 0);
       return true;
     }
     // A rank records its events of call k + 1 only once every rank has
@@ -274,31 +295,31 @@ int run(int rank, Shared* s) {
     share_reduce<false><<<grid, kThreads, 0, stream>>>(share, 0);
     return exchange(done, s->issued_done, peer_done, "its done event");
   };
-  for (const bool with_flags : {false, true}) {
-    const char* way = with_flags ? "flags" : "events";
+  for (const Way way : {kEvents, kFlags, kFlagsWorker}) {
+    const char* name = kWayNames[way];
     // One checked call: the outputs cleared (NaN) in every process first.
     cudaMemsetAsync(out, 0xff, kBytes, stream);
     cudaMemsetAsync(wrong, 0, sizeof(unsigned long long), stream);
     if (!ok(cudaStreamSynchronize(stream), rank, "clearing") || !barrier("the cleared outputs")) return 1;
-    if (!call(with_flags)) return 1;
+    if (!call(way)) return 1;
     count_wrong<<<1024, kThreads, 0, stream>>>(out, n, wrong);
     unsigned long long n_wrong = 0;
     cudaMemcpyAsync(&n_wrong, wrong, sizeof n_wrong, cudaMemcpyDeviceToHost, stream);
-    if (!ok(cudaStreamSynchronize(stream), rank, way)) return 1;
-    s->wrong[with_flags][rank] = n_wrong;
+    if (!ok(cudaStreamSynchronize(stream), rank, name)) return 1;
+    s->wrong[way][rank] = n_wrong;
     for (int i = 0; i < kWarmup; ++i)
-      if (!call(with_flags)) return 1;
-    if (!ok(cudaStreamSynchronize(stream), rank, way) || !barrier("the warm-up")) return 1;
+      if (!call(way)) return 1;
+    if (!ok(cudaStreamSynchronize(stream), rank, name) || !barrier("the warm-up")) return 1;
     const auto t0 = std::chrono::steady_clock::now();
     for (int i = 0; i < kCalls; ++i)
-      if (!call(with_flags)) return 1;
-    if (!ok(cudaStreamSynchronize(stream), rank, way)) return 1;
-    s->ms[with_flags][rank] = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+      if (!call(way)) return 1;
+    if (!ok(cudaStreamSynchronize(stream), rank, name)) return 1;
+    s->ms[way][rank] = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
     Flags f{};
     cudaMemcpy(&f, flags, sizeof f, cudaMemcpyDeviceToHost);
     if (f.timed_out != 0) {
       std::printf("allreduce_wait: rank %d: %s: call %llu waited 2 s for another process's kernel and gave up\n",
-                  rank, way, f.timed_out);
+                  rank, name, f.timed_out);
       return 1;
     }
     if (!barrier("the timed calls")) return 1;
@@ -341,18 +362,20 @@ bool probe(int n) {
     // Each way's busbw (bytes / time a call x 2 (n - 1) / n) over the copy's
     // (bytes / time); the traffic's bound is 2 (n - 1) / n^2 of the copy.
     const double factor = 2.0 * (n - 1) / n, copy_us = 1000 * s->copy_ms, alone_us = 1000 * s->alone_ms;
-    double us[2];
-    for (int way = 0; way < 2; ++way) us[way] = 1000 * *std::max_element(s->ms[way], s->ms[way] + n) / kCalls;
     std::printf("allreduce_wait: %d ranks, 256 MiB f32, %d calls, %d blocks a kernel (1/%d of %d resident): copy "
-                "%.1f us (%.0f GB/s); busbw over the copy's: bound %.3f, kernel alone %.1f us (%.3f), event waits "
-                "%.1f us a call (%.3f), in-kernel flags %.1f us a call (%.3f)\n",
+                "%.1f us (%.0f GB/s); busbw over the copy's: bound %.3f, kernel alone %.1f us (%.3f)",
                 n, kCalls, s->grid, n, s->resident, copy_us, kBytes / (copy_us * 1e3), factor / n, alone_us,
-                factor * copy_us / alone_us, us[0], factor * copy_us / us[0], us[1], factor * copy_us / us[1]);
-    for (int way = 0; way < 2; ++way)
+                factor * copy_us / alone_us);
+    for (int way = 0; way < kWays; ++way) {
+      const double us = 1000 * *std::max_element(s->ms[way], s->ms[way] + n) / kCalls;
+      std::printf(", %s %.1f us a call (%.3f)", kWayNames[way], us, factor * copy_us / us);
+    }
+    std::printf("\n");
+    for (int way = 0; way < kWays; ++way)
       for (int r = 0; r < n; ++r)
         if (s->wrong[way][r] != 0) {
-          std::printf("allreduce_wait: %d ranks: WRONG: %s: %llu packs of rank %d's output\n", n,
-                      way ? "in-kernel flags" : "event waits", s->wrong[way][r], r);
+          std::printf("allreduce_wait: %d ranks: WRONG: %s: %llu packs of rank %d's output\n", n, kWayNames[way],
+                      s->wrong[way][r], r);
           failed = true;
         }
   }

@@ -26,7 +26,8 @@
 #              gate `auto` is then `event` and every rank works; one worker
 #              and `host` for comparison), and comm_device under it;
 #              first, 2 and 4 processes doing the all_reduce, waiting for
-#              each other by IPC events or by flags inside the kernel
+#              each other by IPC events or by flags inside the kernel, on
+#              the caller's stream or on a worker stream
 #              (scripts/allreduce_wait_probe.cu; without MPS the GPU would
 #              time-slice the spinning kernels)
 #   trainMPS   config B under MPS: ddp, zero1, zero3, tp 2 on 2 ranks, tp 2 x pp 2
