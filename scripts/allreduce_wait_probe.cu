@@ -55,8 +55,9 @@ constexpr std::size_t kBytes = 256u << 20, kPacks = kBytes / sizeof(float4);
 constexpr int kThreads = 256, kWarmup = 5, kCalls = 40;
 constexpr unsigned long long kTimeoutNs = 2'000'000'000ull;
 
-enum Way { kEvents, kFlags, kFlagsWorker, kWays };
-const char* const kWayNames[kWays] = {"event waits", "in-kernel flags", "in-kernel flags via a worker stream"};
+enum Way { kEvents, kFlags, kFlagsWorker, kEventsFull, kFlagKernels, kWays };
+const char* const kWayNames[kWays] = {"event waits", "in-kernel flags", "in-kernel flags via a worker stream",
+                                      "event waits, one pack a thread", "flag kernels around one pack a thread"};
 
 // In each process's device memory; the other processes' kernels write
 // `started` and `theirs_done`.
@@ -65,6 +66,9 @@ struct Flags {
   unsigned long long theirs_done;         // blocks of the others' kernels done, every call so far
   unsigned long long mine_done;           // blocks of this process's kernels done (finds the last)
   unsigned long long timed_out;           // the call whose wait gave up, or 0
+  // The flag kernels' (one block each, before and after the reduce kernel):
+  unsigned long long begun[kMaxRanks];  // [r]: rank r's stream has reached this call
+  unsigned long long ended;             // calls whose shares the others have written, summed over them
 };
 
 struct Ranks {
@@ -85,7 +89,44 @@ __device__ bool wait_at_least(const volatile unsigned long long* v, unsigned lon
   return true;
 }
 
-template <bool kFlags>
+// The kernel's body, kUnroll packs a thread a step (a grid's stride apart,
+// all loaded before any is added), with streaming cache hints or without.
+template <int kUnroll, bool kStreaming>
+__device__ void reduce_share(const Ranks& p) {
+  auto load = [](const float4* q) { return kStreaming ? __ldcs(q) : *q; };
+  auto store = [](float4* q, float4 v) {
+    if constexpr (kStreaming) __stcs(q, v);
+    else *q = v;
+  };
+  const std::size_t stride = std::size_t(gridDim.x) * blockDim.x;
+  std::size_t q = p.begin + std::size_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  for (; q + (kUnroll - 1) * stride < p.end; q += kUnroll * stride) {
+    float4 acc[kUnroll];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) acc[u] = load(p.in[0] + q + u * stride);
+    for (int r = 1; r < p.n; ++r) {
+      float4 v[kUnroll];
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) v[u] = load(p.in[r] + q + u * stride);
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u)
+        acc[u] = float4{acc[u].x + v[u].x, acc[u].y + v[u].y, acc[u].z + v[u].z, acc[u].w + v[u].w};
+    }
+    for (int r = 0; r < p.n; ++r)
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) store(p.out[r] + q + u * stride, acc[u]);
+  }
+  for (; q < p.end; q += stride) {
+    float4 acc = load(p.in[0] + q);
+    for (int r = 1; r < p.n; ++r) {
+      const float4 v = load(p.in[r] + q);
+      acc = float4{acc.x + v.x, acc.y + v.y, acc.z + v.z, acc.w + v.w};
+    }
+    for (int r = 0; r < p.n; ++r) store(p.out[r] + q, acc);
+  }
+}
+
+template <bool kFlags, int kUnroll, bool kStreaming>
 __global__ void share_reduce(Ranks p, unsigned long long call) {
   __shared__ bool go;
   Flags* mine = p.flags[p.rank];
@@ -102,15 +143,7 @@ __global__ void share_reduce(Ranks p, unsigned long long call) {
     __syncthreads();
     if (!go) return;
   }
-  const std::size_t stride = std::size_t(gridDim.x) * blockDim.x;
-  for (std::size_t q = p.begin + std::size_t(blockIdx.x) * blockDim.x + threadIdx.x; q < p.end; q += stride) {
-    float4 acc = p.in[0][q];
-    for (int r = 1; r < p.n; ++r) {
-      const float4 v = p.in[r][q];
-      acc = float4{acc.x + v.x, acc.y + v.y, acc.z + v.z, acc.w + v.w};
-    }
-    for (int r = 0; r < p.n; ++r) p.out[r][q] = acc;
-  }
+  reduce_share<kUnroll, kStreaming>(p);
   if constexpr (kFlags) {
     __syncthreads();  // every thread of the block has written
     if (threadIdx.x == 0) {
@@ -123,6 +156,44 @@ __global__ void share_reduce(Ranks p, unsigned long long call) {
     }
   }
 }
+
+// The flag kernels: one thread, on the stream before and after a reduce
+// kernel of any grid (no kernel needs another's blocks resident).
+__global__ void flag_begin(Ranks p, unsigned long long call) {
+  Flags* mine = p.flags[p.rank];
+  for (int r = 0; r < p.n; ++r)
+    if (r != p.rank) atomicMax(&p.flags[r]->begun[p.rank], call);
+  if (*static_cast<volatile unsigned long long*>(&mine->timed_out) != 0) return;
+  for (int r = 0; r < p.n; ++r)
+    if (r != p.rank && !wait_at_least(&mine->begun[r], call)) {
+      atomicCAS(&mine->timed_out, 0ull, call);
+      return;
+    }
+}
+
+__global__ void flag_end(Ranks p, unsigned long long call) {
+  Flags* mine = p.flags[p.rank];
+  __threadfence();
+  for (int r = 0; r < p.n; ++r)
+    if (r != p.rank) atomicAdd(&p.flags[r]->ended, 1ull);
+  if (*static_cast<volatile unsigned long long*>(&mine->timed_out) == 0 && !wait_at_least(&mine->ended, call * (p.n - 1)))
+    atomicCAS(&mine->timed_out, 0ull, call);
+}
+
+// The kernel bodies tried, each with and without the flags.
+using Kernel = void (*)(Ranks, unsigned long long);
+struct Variant {
+  const char* name;
+  Kernel plain, flagged;
+};
+template <int kUnroll, bool kStreaming>
+constexpr Variant variant(const char* name) {
+  return {name, share_reduce<false, kUnroll, kStreaming>, share_reduce<true, kUnroll, kStreaming>};
+}
+const Variant kVariants[] = {variant<1, false>("x1 plain"), variant<1, true>("x1 ld/st.cs"),
+                             variant<2, true>("x2 ld/st.cs"), variant<4, true>("x4 ld/st.cs"),
+                             variant<4, false>("x4 plain")};
+constexpr int kNVariants = sizeof kVariants / sizeof kVariants[0];
 
 __host__ __device__ float value(std::size_t element, int rank) {
   return static_cast<float>((element * 7 + rank * 13) % 1024);
@@ -161,10 +232,13 @@ struct Shared {
   std::atomic<unsigned long long> arrived;
   // Events mode: the last call whose event each rank has recorded.
   std::atomic<unsigned long long> issued_ready[kMaxRanks], issued_done[kMaxRanks];
-  double ms[kWays][kMaxRanks];                // [way][rank]: the timed calls
-  unsigned long long wrong[kWays][kMaxRanks];  // [way][rank]: packs wrong after the checked call
-  double copy_ms, alone_ms;
-  int grid, resident;
+  double ms[kNVariants][kWays][kMaxRanks];                // [variant][way][rank]: the timed calls
+  unsigned long long wrong[kNVariants][kWays][kMaxRanks];  // [variant][way][rank]: packs wrong after the checked call
+  double copy_ms;
+  // By variant: the kernel alone on every pack, one pack a thread (as
+  // reduce_multi) and on the resident grid; the resident blocks; the grid of each rank's kernel.
+  double alone_ms[kNVariants], alone_resident_ms[kNVariants];
+  int grid[kNVariants], resident[kNVariants];
 };
 
 bool ok(cudaError_t e, int rank, const char* what) {
@@ -247,82 +321,103 @@ int run(int rank, Shared* s) {
   all.begin = 0;
   all.end = kPacks;
 
-  if (rank == 0) {  // the copy and the kernel alone, while the others wait
-    int per_sm = 0, sms = 0;
-    cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, share_reduce<true>, kThreads, 0);
+  if (rank == 0) {  // the copy and the kernels alone, while the others wait
+    int sms = 0;
     cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0);
-    s->resident = per_sm * sms;
-    s->grid = std::max(1, s->resident / n);
     s->copy_ms = best_ms(stream, 6, [&] { cudaMemcpyAsync(out, in, kBytes, cudaMemcpyDeviceToDevice, stream); });
-    s->alone_ms = best_ms(stream, 6, [&] { share_reduce<false><<<s->resident, kThreads, 0, stream>>>(all, 0); });
-    if (!ok(cudaStreamSynchronize(stream), rank, "the copy and the kernel alone")) return 1;
+    for (int v = 0; v < kNVariants; ++v) {
+      int per_sm = 0;
+      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kVariants[v].flagged, kThreads, 0);
+      s->resident[v] = per_sm * sms;
+      s->grid[v] = std::max(1, s->resident[v] / n);
+      const Kernel alone = kVariants[v].plain;
+      const int every_pack = static_cast<int>(std::min<std::size_t>(kPacks / kThreads, 65535));
+      s->alone_ms[v] = best_ms(stream, 6, [&] { alone<<<every_pack, kThreads, 0, stream>>>(all, 0); });
+      s->alone_resident_ms[v] = best_ms(stream, 6, [&] { alone<<<s->resident[v], kThreads, 0, stream>>>(all, 0); });
+    }
+    if (!ok(cudaStreamSynchronize(stream), rank, "the copy and the kernels alone")) return 1;
   }
   if (!barrier("the copy")) return 1;
-  const int grid = s->grid;
 
-  unsigned long long events_call = 0, flags_call = 0;
-  // Queues one call; false when another process never queued its part.
-  // Both flags ways count their calls on: the flags hold every call's.
-  auto call = [&](Way way) {
-    if (way == kFlags) {
-      share_reduce<true><<<grid, kThreads, 0, stream>>>(share, ++flags_call);
-      return true;
-    }
-    if (way == kFlagsWorker) {
-      cudaEventRecord(to_worker, stream);
-      cudaStreamWaitEvent(worker, to_worker, 0);
-      share_reduce<true><<<grid, kThreads, 0, worker>>>(share, ++flags_call);
-      cudaEventRecord(from_worker, worker);
-      cudaStreamWaitEvent(stream, from_worker, 0);
-      return true;
-    }
-    // A rank records its events of call k + 1 only once every rank has
-    // queued its waits for those of call k (so each wait sees call k's).
-    const unsigned long long k = ++events_call;
-    // Records `own`, then has the stream wait for every other rank's event of call k.
-    auto exchange = [&](cudaEvent_t own, std::atomic<unsigned long long>* issued, cudaEvent_t* theirs,
-                        const char* what) {
-      cudaEventRecord(own, stream);
-      issued[rank].store(k);
-      for (int r = 0; r < n; ++r) {
-        if (r == rank) continue;
-        if (!wait_for(issued[r], k, rank, what)) return false;
-        cudaStreamWaitEvent(stream, theirs[r], 0);
+  for (int v = 0; v < kNVariants; ++v) {
+    const Variant& kernel = kVariants[v];
+    const int grid = s->grid[v];
+    // The flags count calls and blocks from 0 again for each variant (its
+    // grid may differ): every process is idle between these barriers.
+    cudaMemsetAsync(flags, 0, sizeof(Flags), stream);
+    if (!ok(cudaStreamSynchronize(stream), rank, "clearing the flags") || !barrier("the cleared flags")) return 1;
+    unsigned long long events_call = 0, flags_call = 0, kernels_call = 0;
+    const int every_pack = static_cast<int>(std::min<std::size_t>((share.end - share.begin) / kThreads, 65535));
+    // Queues one call; false when another process never queued its part.
+    // Both flags ways count their calls on: the flags hold every call's.
+    auto call = [&](Way way) {
+      if (way == kFlags) {
+        kernel.flagged<<<grid, kThreads, 0, stream>>>(share, ++flags_call);
+        return true;
       }
-      return true;
+      if (way == kFlagKernels) {
+        flag_begin<<<1, 1, 0, stream>>>(share, ++kernels_call);
+        kernel.plain<<<every_pack, kThreads, 0, stream>>>(share, 0);
+        flag_end<<<1, 1, 0, stream>>>(share, kernels_call);
+        return true;
+      }
+      if (way == kFlagsWorker) {
+        cudaEventRecord(to_worker, stream);
+        cudaStreamWaitEvent(worker, to_worker, 0);
+        kernel.flagged<<<grid, kThreads, 0, worker>>>(share, ++flags_call);
+        cudaEventRecord(from_worker, worker);
+        cudaStreamWaitEvent(stream, from_worker, 0);
+        return true;
+      }
+      // A rank records its events of call k + 1 only once every rank has
+      // queued its waits for those of call k (so each wait sees call k's).
+      // The hosts' counters of issued events go on across the variants.
+      const unsigned long long k = v * 2 * (kWarmup + kCalls + 1) + ++events_call;
+      // Records `own`, then has the stream wait for every other rank's event of call k.
+      auto exchange = [&](cudaEvent_t own, std::atomic<unsigned long long>* issued, cudaEvent_t* theirs,
+                          const char* what) {
+        cudaEventRecord(own, stream);
+        issued[rank].store(k);
+        for (int r = 0; r < n; ++r) {
+          if (r == rank) continue;
+          if (!wait_for(issued[r], k, rank, what)) return false;
+          cudaStreamWaitEvent(stream, theirs[r], 0);
+        }
+        return true;
+      };
+      if (!exchange(ready, s->issued_ready, peer_ready, "its ready event")) return false;
+      kernel.plain<<<way == kEventsFull ? every_pack : grid, kThreads, 0, stream>>>(share, 0);
+      return exchange(done, s->issued_done, peer_done, "its done event");
     };
-    if (!exchange(ready, s->issued_ready, peer_ready, "its ready event")) return false;
-    share_reduce<false><<<grid, kThreads, 0, stream>>>(share, 0);
-    return exchange(done, s->issued_done, peer_done, "its done event");
-  };
-  for (const Way way : {kEvents, kFlags, kFlagsWorker}) {
-    const char* name = kWayNames[way];
-    // One checked call: the outputs cleared (NaN) in every process first.
-    cudaMemsetAsync(out, 0xff, kBytes, stream);
-    cudaMemsetAsync(wrong, 0, sizeof(unsigned long long), stream);
-    if (!ok(cudaStreamSynchronize(stream), rank, "clearing") || !barrier("the cleared outputs")) return 1;
-    if (!call(way)) return 1;
-    count_wrong<<<1024, kThreads, 0, stream>>>(out, n, wrong);
-    unsigned long long n_wrong = 0;
-    cudaMemcpyAsync(&n_wrong, wrong, sizeof n_wrong, cudaMemcpyDeviceToHost, stream);
-    if (!ok(cudaStreamSynchronize(stream), rank, name)) return 1;
-    s->wrong[way][rank] = n_wrong;
-    for (int i = 0; i < kWarmup; ++i)
+    for (const Way way : {kEvents, kFlags, kFlagsWorker, kEventsFull, kFlagKernels}) {
+      const char* name = kWayNames[way];
+      // One checked call: the outputs cleared (NaN) in every process first.
+      cudaMemsetAsync(out, 0xff, kBytes, stream);
+      cudaMemsetAsync(wrong, 0, sizeof(unsigned long long), stream);
+      if (!ok(cudaStreamSynchronize(stream), rank, "clearing") || !barrier("the cleared outputs")) return 1;
       if (!call(way)) return 1;
-    if (!ok(cudaStreamSynchronize(stream), rank, name) || !barrier("the warm-up")) return 1;
-    const auto t0 = std::chrono::steady_clock::now();
-    for (int i = 0; i < kCalls; ++i)
-      if (!call(way)) return 1;
-    if (!ok(cudaStreamSynchronize(stream), rank, name)) return 1;
-    s->ms[way][rank] = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-    Flags f{};
-    cudaMemcpy(&f, flags, sizeof f, cudaMemcpyDeviceToHost);
-    if (f.timed_out != 0) {
-      std::printf("allreduce_wait: rank %d: %s: call %llu waited 2 s for another process's kernel and gave up\n",
-                  rank, name, f.timed_out);
-      return 1;
+      count_wrong<<<1024, kThreads, 0, stream>>>(out, n, wrong);
+      unsigned long long n_wrong = 0;
+      cudaMemcpyAsync(&n_wrong, wrong, sizeof n_wrong, cudaMemcpyDeviceToHost, stream);
+      if (!ok(cudaStreamSynchronize(stream), rank, name)) return 1;
+      s->wrong[v][way][rank] = n_wrong;
+      for (int i = 0; i < kWarmup; ++i)
+        if (!call(way)) return 1;
+      if (!ok(cudaStreamSynchronize(stream), rank, name) || !barrier("the warm-up")) return 1;
+      const auto t0 = std::chrono::steady_clock::now();
+      for (int i = 0; i < kCalls; ++i)
+        if (!call(way)) return 1;
+      if (!ok(cudaStreamSynchronize(stream), rank, name)) return 1;
+      s->ms[v][way][rank] = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+      Flags f{};
+      cudaMemcpy(&f, flags, sizeof f, cudaMemcpyDeviceToHost);
+      if (f.timed_out != 0) {
+        std::printf("allreduce_wait: rank %d: %s, %s: call %llu waited 2 s for another process's kernel and gave up\n",
+                    rank, kernel.name, name, f.timed_out);
+        return 1;
+      }
+      if (!barrier("the timed calls")) return 1;
     }
-    if (!barrier("the timed calls")) return 1;
   }
   for (int r = 0; r < n; ++r) {
     if (r == rank) continue;
@@ -363,23 +458,28 @@ bool probe(int n) {
   if (!failed) {
     // Each way's busbw (bytes / time a call x 2 (n - 1) / n) over the copy's
     // (bytes / time); the traffic's bound is 2 (n - 1) / n^2 of the copy.
-    const double factor = 2.0 * (n - 1) / n, copy_us = 1000 * s->copy_ms, alone_us = 1000 * s->alone_ms;
-    std::printf("allreduce_wait: %d ranks, 256 MiB f32, %d calls, %d blocks a kernel (1/%d of %d resident): copy "
-                "%.1f us (%.0f GB/s); busbw over the copy's: bound %.3f, kernel alone %.1f us (%.3f)",
-                n, kCalls, s->grid, n, s->resident, copy_us, kBytes / (copy_us * 1e3), factor / n, alone_us,
-                factor * copy_us / alone_us);
-    for (int way = 0; way < kWays; ++way) {
-      const double us = 1000 * *std::max_element(s->ms[way], s->ms[way] + n) / kCalls;
-      std::printf(", %s %.1f us a call (%.3f)", kWayNames[way], us, factor * copy_us / us);
+    const double factor = 2.0 * (n - 1) / n, copy_us = 1000 * s->copy_ms;
+    auto ratio = [&](double us) { return factor * copy_us / us; };
+    std::printf("allreduce_wait: %d ranks, 256 MiB f32, %d calls: copy %.1f us (%.0f GB/s); busbw over the copy's, "
+                "bound %.3f\n", n, kCalls, copy_us, kBytes / (copy_us * 1e3), factor / n);
+    for (int v = 0; v < kNVariants; ++v) {
+      const double alone_us = 1000 * s->alone_ms[v], resident_us = 1000 * s->alone_resident_ms[v];
+      std::printf("allreduce_wait: %d ranks, %s, %d blocks a kernel (1/%d of %d resident): alone %.1f us (%.3f), "
+                  "alone on the resident grid %.1f us (%.3f)", n, kVariants[v].name, s->grid[v], n, s->resident[v],
+                  alone_us, ratio(alone_us), resident_us, ratio(resident_us));
+      for (int way = 0; way < kWays; ++way) {
+        const double us = 1000 * *std::max_element(s->ms[v][way], s->ms[v][way] + n) / kCalls;
+        std::printf(", %s %.1f us (%.3f)", kWayNames[way], us, ratio(us));
+      }
+      std::printf("\n");
+      for (int way = 0; way < kWays; ++way)
+        for (int r = 0; r < n; ++r)
+          if (s->wrong[v][way][r] != 0) {
+            std::printf("allreduce_wait: %d ranks: WRONG: %s, %s: %llu packs of rank %d's output\n", n,
+                        kVariants[v].name, kWayNames[way], s->wrong[v][way][r], r);
+            failed = true;
+          }
     }
-    std::printf("\n");
-    for (int way = 0; way < kWays; ++way)
-      for (int r = 0; r < n; ++r)
-        if (s->wrong[way][r] != 0) {
-          std::printf("allreduce_wait: %d ranks: WRONG: %s: %llu packs of rank %d's output\n", n, kWayNames[way],
-                      s->wrong[way][r], r);
-          failed = true;
-        }
   }
   munmap(s, sizeof(Shared));
   return !failed;
