@@ -231,7 +231,12 @@ AlgorithmChoice Communicator::last_algorithm(OpKind kind) const {
       impl_->exchange.last_direct_one_worker.load(std::memory_order_relaxed))
     reason += "; one worker: rank 0 did every rank's share (BRAID_DIRECT_WORKERS)";
   const bool ordered = impl_->exchange.last_direct_stream_ordered.load(std::memory_order_relaxed);
-  if (ordered && (last.name == "direct" || last.name == "cuda_ipc"))
+  const bool flagged = impl_->exchange.last_direct_flag_ordered.load(std::memory_order_relaxed);
+  if (flagged && (last.name == "direct" || last.name == "cuda_ipc"))
+    reason += "; flag gate: each call holds its caller until every rank's kernels are queued, and the streams "
+              "wait for each other by flags in device memory, one-thread kernels before and after the call's "
+              "(BRAID_CUDA_GATE)";
+  else if (ordered && (last.name == "direct" || last.name == "cuda_ipc"))
     reason += "; event gate: each call holds its caller until every rank's kernels are queued, and the streams "
               "wait for each other's CUDA IPC events (BRAID_CUDA_GATE)";
   else if (impl_->config.cuda_gate == "auto" && impl_->exchange.gpu_shared.load(std::memory_order_relaxed))

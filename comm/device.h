@@ -54,17 +54,35 @@
 // kernel alone takes 0.26; without MPS a stream that waits for another
 // process's event keeps its context on the GPU, and it took 0.58 ms.
 //
+// BRAID_CUDA_GATE=flag is `host` for staged calls and sends and receives;
+// a direct collective holds its caller only until every rank's kernels are
+// queued, and its steps run on the caller's stream between two one-thread
+// kernels that wait for flags the other ranks' kernels set in this rank's
+// device memory (comm/algorithms/direct.h, "Stream order by flags"). No
+// event crosses between processes and the Reducer's stream is not used, so
+// a call costs its kernel and two hand-offs of about a microsecond: under
+// MPS on an H200, a 2-rank 256 MiB all_reduce in 0.267 ms where its kernel
+// alone takes 0.26 and the event gate took 0.28 (0.493-0.497 of the copy
+// bandwidth against 0.473-0.479; 4 ranks 0.374-0.376, the bound 0.375).
+// Calls on the legacy default stream (a null Stream) run there too.
+// Without MPS the kernels that wait hold their context on the GPU, which
+// other processes then get only in time slices: use it under MPS. A wait
+// gives up after BRAID_TIMEOUT plus a margin, as the gate kernel does.
+//
 // BRAID_CUDA_GATE=auto (the default) is `kernel` until a direct collective
 // finds a peer's buffers on this rank's GPU (ExchangeContext::gpu_shared),
-// then `event` under MPS (cudaDevAttrMpsEnabled) and `host` without, for
+// then `flag` under MPS (cudaDevAttrMpsEnabled) and `host` without, for
 // every later call: on an H200 shared by 2 ranks a 256 MiB all_reduce took
 // 4.16 ms with the gate kernels and 0.33 ms with the host gate, and tp 2
-// training ran 4.5 times faster (README.md, "Device memory"). Ranks with a
+// training ran 4.5 times faster (README.md, "Device memory"); under MPS,
+// 0.27 ms with the flag gate against 0.28 with the event gate. Ranks with a
 // GPU each keep the gate kernel and so their callers' asynchrony. Calls of
 // every kind mix freely: a held call takes no ticket, the gates still open
 // in order, and a direct collective runs in stream order only where every
 // rank's call does (a worker waits for the inputs of the others on the
-// device all the same).
+// device all the same; a rank whose call has flags while a peer's has none
+// waits for its input on the host, and every rank for that, before any
+// step: comm/algorithms/direct.h).
 #pragma once
 
 #include <array>
@@ -110,6 +128,13 @@ class StagedOp {
   // finish_on_caller before the work after the call.
   virtual DeviceEventRef ready_event() const { return {}; }
   virtual void wait_on_stream(std::vector<DeviceEventRef> events) { (void)events; }
+  // Gate `flag`: this rank's flags for the call numbered `call` (its
+  // Op::seq, the same on every rank whatever gate each rank's call took;
+  // unset where the call is not flag-ordered: wait_inputs waited on the
+  // host), and the host's wait for the input where the peers' calls turn
+  // out not to be flag-ordered (direct.h).
+  virtual DeviceFlagsRef flags(std::uint64_t call) const { (void)call; return {}; }
+  virtual void wait_inputs_on_host(Clock::time_point deadline) { (void)deadline; }
 };
 
 // One per communicator and device, created on its first call on device memory.
@@ -146,7 +171,7 @@ class DeviceStaging {
 };
 
 // Throws InvalidUsage without CUDA support or for a `gate` that is not
-// "auto", "kernel", "wait", "host" or "event" (Config::cuda_gate),
+// "auto", "kernel", "wait", "host", "event" or "flag" (Config::cuda_gate),
 // SystemError when the device cannot be used (no driver, no such device;
 // "event" where it cannot share events between processes).
 std::unique_ptr<DeviceStaging> make_device_staging(int device, std::chrono::milliseconds timeout,

@@ -175,6 +175,71 @@ cudaEvent_t EventBook::find(const DeviceEventRef& ref) {
   return event;
 }
 
+// The driver packs small allocations into shared 2 MiB pages, and a CUDA
+// IPC handle names the page: a peer that opened a small buffer of this
+// process could not open a block of flags on the same page ("resource
+// already mapped", seen on an H200). So the block has a page of its own.
+constexpr std::size_t kFlagPageBytes = 2u << 20;
+static_assert(kFlagBlockBytes <= kFlagPageBytes);
+
+FlagBook::FlagBook(int device) : device_(device) {
+  DeviceScope scope(device_);
+  void* block = nullptr;
+  check_cuda(cudaMalloc(&block, kFlagPageBytes), "cudaMalloc (gate flag's block of flags)");
+  block_ = static_cast<std::uint64_t*>(block);
+  cudaIpcMemHandle_t handle{};
+  static_assert(sizeof handle == sizeof own_.block);
+  cudaError_t status = cudaMemset(block_, 0, kFlagBlockBytes);
+  if (status == cudaSuccess) status = cudaIpcGetMemHandle(&handle, block_);
+  if (status != cudaSuccess) {
+    cudaFree(block_);
+    check_cuda(status, "sharing gate flag's block of flags (cudaIpcGetMemHandle)");
+  }
+  std::memcpy(own_.block, &handle, sizeof handle);
+}
+
+FlagBook::~FlagBook() {
+  DeviceScope scope(device_);
+  for (auto& [key, block] : opened_) cudaIpcCloseMemHandle(block);
+  cudaFree(block_);
+}
+
+DeviceFlagsRef FlagBook::ref(std::uint64_t call) const {
+  DeviceFlagsRef ref = own_;
+  ref.call = call;
+  return ref;
+}
+
+FlagBlocks FlagBook::blocks(std::span<const DeviceFlagsRef> flags, int me) {
+  if (flags.size() > static_cast<std::size_t>(kMaxFlagRanks))
+    throw InvalidUsage("gate flag orders at most " + std::to_string(kMaxFlagRanks) + " ranks, not " +
+                       std::to_string(flags.size()));
+  FlagBlocks b;
+  b.n = static_cast<int>(flags.size());
+  b.me = me;
+  std::lock_guard lock(mu_);
+  for (std::size_t r = 0; r < flags.size(); ++r) {
+    if (static_cast<int>(r) == me) {
+      b.block[r] = block_;
+      continue;
+    }
+    Key key;
+    std::memcpy(key.data(), flags[r].block, key.size());
+    auto it = opened_.find(key);
+    if (it == opened_.end()) {
+      DeviceScope scope(device_);
+      cudaIpcMemHandle_t handle{};
+      std::memcpy(&handle, flags[r].block, sizeof handle);
+      void* block = nullptr;
+      check_cuda(cudaIpcOpenMemHandle(&block, handle, cudaIpcMemLazyEnablePeerAccess),
+                 "cudaIpcOpenMemHandle (rank " + std::to_string(r) + "'s block of flags)");
+      it = opened_.emplace(key, static_cast<std::uint64_t*>(block)).first;
+    }
+    b.block[r] = it->second;
+  }
+  return b;
+}
+
 namespace {
 
 void check(cudaError_t status, const std::string& what) { check_cuda(status, what); }
@@ -354,6 +419,9 @@ struct Shared {
   }
 };
 
+// Whether `auto` turns to `flag` under MPS (else to `event`).
+constexpr bool kAutoFlags = true;
+
 // With lazy loading (CUDA 12.2 on), a kernel's first launch may synchronize
 // the whole context (the CUDA Programming Guide's lazy-loading hazards). A
 // stream held at a gate is a kernel that waits for the host, the host waits
@@ -380,6 +448,9 @@ void preload_kernels(const Shared& shared) {
   }
   // Ticket 0 is open already: the gate kernel returns at once.
   check(launch_gate(own.stream, shared.gate_device, 0, 0, shared.timed_out_device), "preloading the stream gate");
+  // Call 0 with no peers: the flag kernels return at once.
+  const FlagBlocks none;
+  check(launch_flag_begin(own.stream, none, 0, 0, shared.timed_out_device), "preloading the flag kernels");
   check(cudaStreamSynchronize(own.stream), "preloading the stream gate");
   loaded.insert(shared.device);
 }
@@ -445,7 +516,11 @@ class CudaStagedOp final : public StagedOp {
 
   void wait_inputs(Clock::time_point deadline) override {
     if (!error_.empty()) throw SystemError(error_);
-    if (ready_.event) return;  // gate `event`: the workers' streams wait for it
+    if (ready_.event || flag_ordered_) return;  // gate `event`, `flag`: waited for on the device
+    wait_inputs_on_host(deadline);
+  }
+
+  void wait_inputs_on_host(Clock::time_point deadline) override {
     staged_wake_.wait(staged_, deadline, "the work queued before this call on its CUDA stream did not finish");
   }
 
@@ -473,7 +548,14 @@ class CudaStagedOp final : public StagedOp {
   bool on_device() const override { return on_device_; }
   bool holds_caller() const override { return ticket_ == 0; }
 
+  // Gate `flag`: the last flag kernel (or, where the call was not
+  // flag-ordered, the host's waits) already holds the work after the call.
   void finish_on_caller() override {
+    if (flag_ordered_) {
+      DeviceScope scope(shared_->device);
+      check(cudaEventRecord(finished_, stream_), "cudaEventRecord");
+      return;
+    }
     if (ready_.event) {
       DeviceScope scope(shared_->device);
       for (const DeviceEventRef& done : waits_)
@@ -490,14 +572,20 @@ class CudaStagedOp final : public StagedOp {
 
   DeviceEventRef ready_event() const override { return ready_.event ? ready_.ref : DeviceEventRef{}; }
   void wait_on_stream(std::vector<DeviceEventRef> events) override { waits_ = std::move(events); }
+  DeviceFlagsRef flags(std::uint64_t call) const override {
+    return flag_ordered_ ? flag_book_->ref(call) : DeviceFlagsRef{};
+  }
 
   // Set by CudaStaging::stage.
   bool on_device_ = false;
   // Gate `event`: recorded on the caller's `stream_` after its input; the
   // events that stream waits for, from the engine.
   EventBook::Own ready_;
-  cudaStream_t stream_ = nullptr;
+  cudaStream_t stream_ = nullptr;  // and gate `flag`'s
   std::vector<DeviceEventRef> waits_;
+  // Gate `flag`: the call is flag-ordered, by this book's block.
+  bool flag_ordered_ = false;
+  std::shared_ptr<FlagBook> flag_book_;
   // Gate `host`, a staged call: the result's copy, queued by finish_on_caller.
   struct {
     void* to = nullptr;
@@ -521,10 +609,11 @@ class CudaStaging final : public DeviceStaging {
   CudaStaging(int device, std::chrono::milliseconds timeout, const std::string& gate_mode)
       : shared_(std::make_shared<Shared>()), timeout_(timeout) {
     if (gate_mode != "auto" && gate_mode != "kernel" && gate_mode != "wait" && gate_mode != "host" &&
-        gate_mode != "event")
-      throw InvalidUsage("BRAID_CUDA_GATE=" + gate_mode + ": choose auto, kernel, wait, host or event");
+        gate_mode != "event" && gate_mode != "flag")
+      throw InvalidUsage("BRAID_CUDA_GATE=" + gate_mode + ": choose auto, kernel, wait, host, event or flag");
     event_gate_ = gate_mode == "event";
-    host_gate_ = gate_mode == "host" || event_gate_;
+    flag_gate_ = gate_mode == "flag";
+    host_gate_ = gate_mode == "host" || event_gate_ || flag_gate_;
     auto_gate_ = gate_mode == "auto";
     int count = 0;
     check(cudaGetDeviceCount(&count), "no usable CUDA device (cudaGetDeviceCount)");
@@ -550,6 +639,7 @@ class CudaStaging final : public DeviceStaging {
       throw SystemError("BRAID_CUDA_GATE=event: CUDA device " + std::to_string(device) +
                         " cannot share events between processes (cudaDevAttrIpcEventSupport)");
     mps_ = mps_enabled(device);
+    if (flag_gate_ || (auto_gate_ && kAutoFlags && mps_)) flags_ = std::make_shared<FlagBook>(device);
     if (gate_mode == "wait") {
       shared_->wait_value = find_wait_value();
       shared_->start_watch(gate_limit());
@@ -567,7 +657,9 @@ class CudaStaging final : public DeviceStaging {
     DeviceScope scope(shared_->device);
     auto staged = std::make_shared<CudaStagedOp>(shared_, events_, host_gate_ ? 0 : tickets_ + 1);
     if (!select_algorithm(shape).reason.staged) {
-      if (event_gate_) stage_ordered(op, *staged);
+      const bool collective = op.kind != OpKind::send && op.kind != OpKind::recv;
+      if (flag_gate_ && collective) stage_flagged(op, *staged);
+      else if (event_gate_) stage_ordered(op, *staged);
       else stage_on_device(op, *staged);
       return staged;
     }
@@ -575,13 +667,14 @@ class CudaStaging final : public DeviceStaging {
     return staged;
   }
 
-  // `auto`: the event gate under MPS (every rank's work in one context),
-  // else the host gate (where the contexts take the GPU in turns, a stream
-  // waiting for another process's event keeps its context busy).
+  // `auto`: the flag gate under MPS (every rank's work in one context),
+  // else the host gate (where the contexts take the GPU in turns, a kernel
+  // or a stream waiting for another process keeps its context busy).
   void note_gpu_shared() override {
     if (!auto_gate_ || host_gate_) return;
     host_gate_ = true;
-    event_gate_ = events_ && mps_;
+    flag_gate_ = flags_ != nullptr;
+    event_gate_ = !flag_gate_ && events_ && mps_;
   }
 
   bool mps() const override { return mps_; }
@@ -591,7 +684,10 @@ class CudaStaging final : public DeviceStaging {
   // H200 a host function woke a thread 44 us later than polling did after
   // a 250 us kernel, the time a 256 MiB all_reduce takes).
   std::unique_ptr<Reducer> make_reducer() override {
-    return make_device_reducer(shared_->device, host_gate_, events_);
+    const auto timeout_ns =
+        static_cast<std::uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(gate_limit()).count());
+    return make_device_reducer(shared_->device, host_gate_, events_,
+                               {flags_, shared_->timed_out_device, timeout_ns});
   }
 
   std::array<std::uint8_t, 16> device_uuid() override {
@@ -632,6 +728,19 @@ class CudaStaging final : public DeviceStaging {
     staged.ready_ = events_->take();
     staged.finished_ = shared_->take_event();
     check(cudaEventRecord(staged.ready_.event, staged.stream_), "cudaEventRecord");
+  }
+
+  // Gate `flag`, a direct collective: `staged` on the stream for a host
+  // wait should the peers' calls not be flag-ordered.
+  // The flag kernels and the steps are queued once the ranks have swapped
+  // (comm/algorithms/direct.cc), `finished` after them (finish_on_caller).
+  void stage_flagged(const Op& op, CudaStagedOp& staged) {
+    staged.on_device_ = true;
+    staged.stream_ = static_cast<cudaStream_t>(op.stream.cuda);
+    create_events(staged);
+    check(cudaEventRecord(staged.staged_, staged.stream_), "cudaEventRecord");
+    staged.flag_ordered_ = true;
+    staged.flag_book_ = flags_;
   }
 
   // The call runs on pinned host staging: the send buffer is copied out
@@ -725,8 +834,10 @@ class CudaStaging final : public DeviceStaging {
 
   std::shared_ptr<Shared> shared_;
   std::chrono::milliseconds timeout_;
-  bool host_gate_ = false;  // BRAID_CUDA_GATE=host or event, or auto on a shared GPU: no gate, the caller waits
-  bool event_gate_ = false;  // BRAID_CUDA_GATE=event, or auto on a GPU shared under MPS
+  bool host_gate_ = false;  // BRAID_CUDA_GATE=host, event or flag, or auto on a shared GPU: the caller waits
+  bool event_gate_ = false;  // BRAID_CUDA_GATE=event
+  bool flag_gate_ = false;  // BRAID_CUDA_GATE=flag, or auto on a GPU shared under MPS
+  std::shared_ptr<FlagBook> flags_;  // gate `flag`, or `auto` under MPS
   std::shared_ptr<EventBook> events_;  // null where the device has no IPC events
   bool mps_ = false;  // this process's context on the device is an MPS client's
   bool auto_gate_ = false;  // BRAID_CUDA_GATE=auto: kernel until note_gpu_shared, then host

@@ -12,10 +12,12 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <span>
 #include <string>
 #include <vector>
 
 #include "comm/algorithms/reducer.h"
+#include "comm/device_gate.h"
 #include "comm/types.h"
 
 namespace braid::comm {
@@ -117,10 +119,49 @@ class EventBook {
   std::vector<Own> spare_;
 };
 
+// Gate `flag` (comm/device.h): this process's block of flags for one
+// communicator (device memory, zeroed, shared through CUDA IPC: the peers'
+// flag kernels write into it) and the peers' blocks, opened here the first
+// time their handles are seen. One per communicator's device path;
+// thread-safe. Opened on the thread that runs the call, as the cuda_ipc
+// transport opens the peers' buffers.
+class FlagBook {
+ public:
+  // SystemError where the device refuses the block or its handle.
+  explicit FlagBook(int device);
+  ~FlagBook();
+  FlagBook(const FlagBook&) = delete;
+  FlagBook& operator=(const FlagBook&) = delete;
+  // This block's handle with a call's number (Op::seq).
+  DeviceFlagsRef ref(std::uint64_t call) const;
+  // Every rank's block as this rank's kernels address it; SystemError
+  // where CUDA refuses a peer's handle, InvalidUsage past kMaxFlagRanks.
+  FlagBlocks blocks(std::span<const DeviceFlagsRef> flags, int me);
+
+ private:
+  int device_;
+  std::uint64_t* block_ = nullptr;
+  DeviceFlagsRef own_;
+  std::mutex mu_;
+  using Key = std::array<std::uint8_t, sizeof(DeviceFlagsRef::block)>;
+  std::map<Key, std::uint64_t*> opened_;
+};
+
+// What the device Reducer needs of gate `flag`: the book (null: the gate
+// is never `flag`), the host-mapped word a flag kernel that gives up sets
+// (the gate's, so results_ready() reports it), and how long a kernel waits.
+struct FlagWaits {
+  std::shared_ptr<FlagBook> book;
+  std::uint32_t* timed_out = nullptr;
+  std::uint64_t timeout_ns = 0;
+};
+
 // DeviceStaging::make_reducer's (comm/device_reducer_cuda.cc); `wake`:
 // its kernels are waited for with a StreamWake (gate `host`); `events`
 // (null where the device has none): where its done_event comes from and
-// the ranks' `ready` events are looked up (Reducer::wait_for).
-std::unique_ptr<Reducer> make_device_reducer(int device, bool wake, std::shared_ptr<EventBook> events);
+// the ranks' `ready` events are looked up (Reducer::wait_for); `flags`:
+// Reducer::order_by_flags's.
+std::unique_ptr<Reducer> make_device_reducer(int device, bool wake, std::shared_ptr<EventBook> events,
+                                             FlagWaits flags);
 
 }  // namespace braid::comm

@@ -12,9 +12,14 @@
 // of 1 us). Under gate `host` a host function queued after the event wakes
 // the waiting thread besides (StreamWake, comm/device_cuda.h, which says
 // why only there).
+//
+// Under gate `flag` a call's steps run on the caller's stream instead,
+// between the flag kernels (Reducer::order_by_flags): nothing waits on the
+// host, and no event passes between the two streams.
 #include <cuda_runtime.h>
 
 #include <stdexcept>
+#include <utility>
 
 #include "comm/device.h"
 #include "comm/device_cuda.h"
@@ -25,6 +30,7 @@ namespace braid::comm {
 namespace {
 
 static_assert(kMaxDirectRanks == kernels::cuda::kMaxMulti, "a direct step on a device is one reduce_multi");
+static_assert(kMaxDirectRanks == kMaxFlagRanks, "gate flag orders every direct collective on a device");
 
 class CudaReducer final : public Reducer {
  public:
@@ -35,8 +41,8 @@ class CudaReducer final : public Reducer {
   // stream-order case). For the same reason the process's first host
   // function runs here, before any collective (the driver may start its
   // callback thread for it).
-  CudaReducer(int device, bool wake, std::shared_ptr<EventBook> events)
-      : device_(device), wake_(wake), events_(std::move(events)) {
+  CudaReducer(int device, bool wake, std::shared_ptr<EventBook> events, FlagWaits flags)
+      : device_(device), wake_(wake), events_(std::move(events)), flags_(std::move(flags)) {
     DeviceScope scope(device_);
     check_cuda(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate");
     if (events_) {  // the book owns it
@@ -62,7 +68,8 @@ class CudaReducer final : public Reducer {
     DeviceScope scope(device_);
     try {
       kernels::cuda::reduce_multi(dsts.data(), static_cast<int>(dsts.size()), srcs.data(),
-                                  static_cast<int>(srcs.size()), count, dtype, op, divisor, stream_);
+                                  static_cast<int>(srcs.size()), count, dtype, op, divisor,
+                                  flagged_ ? call_stream_ : stream_);
     } catch (const std::runtime_error& e) {
       throw SystemError(e.what());
     }
@@ -70,6 +77,7 @@ class CudaReducer final : public Reducer {
   }
 
   void finish(Clock::time_point deadline) override {
+    flagged_ = false;  // only after a flag-ordered call that failed midway
     if (!pending_) return;
     DeviceScope scope(device_);
     check_cuda(cudaEventRecord(done_, stream_), "cudaEventRecord");
@@ -85,6 +93,27 @@ class CudaReducer final : public Reducer {
     for (const DeviceEventRef& event : events)
       if (event.set())
         check_cuda(cudaStreamWaitEvent(stream_, events_->find(event), 0), "queueing the wait for a rank's input");
+  }
+
+  void order_by_flags(std::span<const DeviceFlagsRef> flags, int me, Stream stream) override {
+    if (!flags_.book)
+      throw SystemError("every rank's call is ordered by flags (BRAID_CUDA_GATE=flag), but this device path has no "
+                        "block of flags");
+    DeviceScope scope(device_);
+    blocks_ = flags_.book->blocks(flags, me);
+    call_ = flags[static_cast<std::size_t>(me)].call;
+    call_stream_ = static_cast<cudaStream_t>(stream.cuda);
+    flagged_ = true;
+    check_cuda(launch_flag_begin(call_stream_, blocks_, call_, flags_.timeout_ns, flags_.timed_out),
+               "launching the flag wait before a collective's kernels");
+  }
+
+  void finish_flagged() override {
+    if (!std::exchange(flagged_, false)) return;
+    DeviceScope scope(device_);
+    pending_ = false;
+    check_cuda(launch_flag_end(call_stream_, blocks_, call_, flags_.timeout_ns, flags_.timed_out),
+               "launching the flag wait after a collective's kernels");
   }
 
   DeviceEventRef done_event() override { return events_ ? done_own_.ref : DeviceEventRef{}; }
@@ -109,12 +138,21 @@ class CudaReducer final : public Reducer {
   cudaEvent_t done_ = nullptr;  // with events_, done_own_'s: peers may wait for it
   EventBook::Own done_own_;
   bool pending_ = false;  // kernels issued since the last finish()
+  // Gate `flag`: whether a flag-ordered call is running (its steps go on
+  // its caller's stream, which may be the legacy default stream, null),
+  // its stream, its number and every rank's block.
+  FlagWaits flags_;
+  bool flagged_ = false;
+  cudaStream_t call_stream_ = nullptr;
+  std::uint64_t call_ = 0;
+  FlagBlocks blocks_;
 };
 
 }  // namespace
 
-std::unique_ptr<Reducer> make_device_reducer(int device, bool wake, std::shared_ptr<EventBook> events) {
-  return std::make_unique<CudaReducer>(device, wake, std::move(events));
+std::unique_ptr<Reducer> make_device_reducer(int device, bool wake, std::shared_ptr<EventBook> events,
+                                             FlagWaits flags) {
+  return std::make_unique<CudaReducer>(device, wake, std::move(events), std::move(flags));
 }
 
 }  // namespace braid::comm

@@ -263,8 +263,13 @@ void Communicator::Impl::execute(const Op& op, WorkState& state, bool inline_cal
     if (size > 1 && !algorithm.agrees) agree_signatures(x);
     exchange.call_ready = state.staged ? state.staged->ready_event() : DeviceEventRef{};
     exchange.call_waits.clear();
+    exchange.call_flags = state.staged ? state.staged->flags(op.seq) : DeviceFlagsRef{};
+    if (exchange.call_flags.set())
+      exchange.wait_call_input = [&state](Clock::time_point deadline) { state.staged->wait_inputs_on_host(deadline); };
     algorithm.run(x);
     exchange.call_ready = {};
+    exchange.call_flags = {};
+    exchange.wait_call_input = nullptr;
     if (state.staged) {
       state.staged->wait_on_stream(std::move(exchange.call_waits));
       state.staged->open_gate();
@@ -274,6 +279,8 @@ void Communicator::Impl::execute(const Op& op, WorkState& state, bool inline_cal
     else state.complete(nullptr);
   } catch (...) {
     exchange.call_ready = {};
+    exchange.call_flags = {};
+    exchange.wait_call_input = nullptr;
     if (state.staged) state.staged->open_gate();  // the stream goes on; the Work carries the error
     auto error = fail(op, std::current_exception());
     if (inline_call) state.complete_unshared(error);

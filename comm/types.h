@@ -67,4 +67,15 @@ struct DeviceEventRef {
   }
 };
 
+// Gate `flag` (comm/device.h): where a rank's stream and its peers' wait for
+// each other, a block of flags in that rank's device memory (the bytes of
+// its cudaIpcMemHandle_t), and the call's number: its collective sequence
+// number, Op::seq, from 1 (0: the call is not flag-ordered). Opaque
+// outside the device path, like DeviceEventRef.
+struct DeviceFlagsRef {
+  std::uint8_t block[64] = {};
+  std::uint64_t call = 0;
+  bool set() const { return call != 0; }
+};
+
 }  // namespace braid::comm

@@ -83,7 +83,7 @@ Config read_config() {
   c.shm_ring_bytes = bytes_in_range("BRAID_SHM_RING_BYTES", c.shm_ring_bytes, 64u << 10, 1u << 30);
   c.shm_host_bytes = bytes_in_range("BRAID_SHM_HOST_BYTES", c.shm_host_bytes, 1u << 20, std::size_t{1} << 40);
   c.spin_us = static_cast<int>(bytes_in_range("BRAID_SPIN_US", 20, 0, 10000));
-  c.cuda_gate = one_of("BRAID_CUDA_GATE", c.cuda_gate, {"auto", "kernel", "wait", "host", "event"});
+  c.cuda_gate = one_of("BRAID_CUDA_GATE", c.cuda_gate, {"auto", "kernel", "wait", "host", "event", "flag"});
   c.store_max_bytes =
       bytes_in_range("BRAID_STORE_MAX_BYTES", c.store_max_bytes, 1u << 20, std::size_t{1} << 40);
   return c;

@@ -20,6 +20,7 @@ DirectBuffers open_direct(Exchange& x) {
   mine.vote.workers = x.direct_workers();
   mine.ready = x.call_ready();
   mine.done = x.reducer().done_event();
+  mine.flags = x.call_flags();
   if ((send_bytes(me) && !x.find_region(op.send, send_bytes(me), mine.send)) ||
       (recv_bytes(me) && !x.find_region(op.recv, recv_bytes(me), mine.recv)))
     throw InvalidUsage(describe(op) + ": a direct collective needs send and receive buffers in registered memory "
@@ -30,7 +31,17 @@ DirectBuffers open_direct(Exchange& x) {
   DirectBuffers b;
   theirs[static_cast<std::size_t>(me)] = mine;
   b.stream_ordered = stream_ordered(theirs);
-  x.note_stream_ordered(b.stream_ordered);
+  b.flag_ordered = flag_ordered(theirs);
+  x.note_stream_ordered(b.stream_ordered, b.flag_ordered);
+  // Flags on some ranks only: theirs did not wait for their inputs; every
+  // rank hears that they have before anything reads them.
+  const bool some_flags = std::any_of(theirs.begin(), theirs.end(), [](const DirectSwap& s) { return s.flags.set(); });
+  if (some_flags && !b.flag_ordered) {
+    if (mine.flags.set()) x.wait_call_input();
+    std::uint8_t token = 1;
+    std::vector<std::uint8_t> tokens(static_cast<std::size_t>(n));
+    x.swap_with_all(kDirectStep + 2, &token, tokens.data(), 1);
+  }
   for (const DirectSwap& s : theirs) b.done.push_back(s.done);
   const bool one = one_direct_worker(theirs);
   x.note_direct_workers(one);
@@ -44,10 +55,9 @@ DirectBuffers open_direct(Exchange& x) {
   // checks every reference.
   b.send.assign(static_cast<std::size_t>(n), nullptr);
   b.recv.assign(static_cast<std::size_t>(n), nullptr);
-  if (b.shares.empty()) return b;
   // What each peer's call uses follows from the op, not from its message:
   // a reference a peer left out where its call needs a buffer is refused.
-  for (int p = 0; p < n; ++p) {
+  for (int p = 0; p < n && !b.shares.empty(); ++p) {
     if (p == me) {
       if (send_bytes(p)) b.send[p] = static_cast<const std::byte*>(op.send);
       if (recv_bytes(p)) b.recv[p] = static_cast<std::byte*>(op.recv);
@@ -56,6 +66,14 @@ DirectBuffers open_direct(Exchange& x) {
     if (send_bytes(p)) b.send[p] = x.peer_region(p, theirs[p].send, send_bytes(p)).data();
     if (recv_bytes(p)) b.recv[p] = x.peer_region(p, theirs[p].recv, recv_bytes(p)).data();
   }
+  // Every rank queues its flag kernels, with a share or without.
+  if (b.flag_ordered) {
+    std::vector<DeviceFlagsRef> flags;
+    for (const DirectSwap& s : theirs) flags.push_back(s.flags);
+    x.reducer().order_by_flags(flags, me, op.stream);
+    return b;
+  }
+  if (b.shares.empty()) return b;
   // Whatever this rank's own mode: a rank whose swap carries `ready` did
   // not wait for its input on the host.
   std::vector<DeviceEventRef> ready;
@@ -67,6 +85,16 @@ DirectBuffers open_direct(Exchange& x) {
 
 bool stream_ordered(std::span<const DirectSwap> swapped) {
   return std::all_of(swapped.begin(), swapped.end(), [](const DirectSwap& s) { return s.ready.set(); });
+}
+
+bool flag_ordered(std::span<const DirectSwap> swapped) {
+  if (!std::all_of(swapped.begin(), swapped.end(), [](const DirectSwap& s) { return s.flags.set(); })) return false;
+  for (std::size_t p = 1; p < swapped.size(); ++p)
+    if (swapped[p].flags.call != swapped[0].flags.call)
+      throw RemoteError("the ranks' calls ordered by flags are out of step: rank 0 makes its call " +
+                        std::to_string(swapped[0].flags.call) + ", rank " + std::to_string(p) + " its call " +
+                        std::to_string(swapped[p].flags.call));
+  return true;
 }
 
 bool peer_on_this_gpu(std::span<const DirectSwap> swapped, int me) {
@@ -92,9 +120,17 @@ bool one_direct_worker(std::span<const DirectSwap> swapped) {
 }
 
 // The token: 1, "my share is written" (or I have none); 2, "my share is
-// queued behind my `done` event" (stream order only).
+// queued behind my `done` event" (stream order only); 3, "my share is queued
+// before my flag" (stream order by flags: every rank's, so no token is 1).
 void close_direct(Exchange& x, const DirectBuffers& b) {
   std::uint8_t token = 1;
+  if (b.flag_ordered) {
+    x.reducer().finish_flagged();
+    token = 3;
+    std::vector<std::uint8_t> tokens(static_cast<std::size_t>(x.size()));
+    x.swap_with_all(kDirectStep + 1, &token, tokens.data(), 1);
+    return;
+  }
   if (!b.stream_ordered) x.reducer().finish(x.deadline());
   else if (!b.shares.empty() && x.reducer().finish_queued(x.deadline())) token = 2;
   std::vector<std::uint8_t> tokens(static_cast<std::size_t>(x.size()));

@@ -44,6 +44,25 @@
 // either way); who runs its steps is agreed here because the answer needs
 // every rank's GPU, which only the swap brings.
 //
+// Stream order by flags (gate `flag` on device memory, comm/device.h):
+// where every rank's swap carries its block of flags and the same call
+// number (DirectSwap::flags), no event crosses between processes and no
+// host waits for the GPU. After the swap each rank queues on its own
+// caller's stream (Reducer::order_by_flags) a one-thread kernel that tells
+// every rank "my stream has reached this call" (so my input is written and
+// my output free) and waits until every rank has said so; then this rank's
+// steps, on that stream; then (close_direct, Reducer::finish_flagged) one
+// that tells every rank "my share is written" and waits to hear it from
+// all. The caller's stream needs no other wait: the work queued after the
+// call follows the last kernel. A call's number is its collective sequence
+// number (Op::seq, the same on every rank), and a kernel waits for at least
+// its call's number, so a rank ahead never confuses one behind, and calls
+// that some rank did not flag-order only leave gaps. Where some ranks'
+// swaps carry flags and others' do not (gates that differ by rank), the
+// ranks with flags wait for their input on the host and every rank waits
+// for that at a barrier before any step reads a peer's buffer; the call
+// then ends as an unordered one does.
+//
 // References are opaque here: the transport that maps a peer's reference
 // checks it against what that peer registered. The swap uses a step number
 // no other algorithm uses, so a rank that took another algorithm fails with
@@ -75,6 +94,9 @@ struct DirectBuffers {
   // device, and the results are waited for there (close_direct).
   bool stream_ordered = false;
   std::vector<DeviceEventRef> done;  // [rank] each rank's worker event
+  // Every rank's swap carried its flags with this call's number (gate
+  // `flag`): the steps run on the caller's stream between the flag waits.
+  bool flag_ordered = false;
 };
 
 // What each rank says of the workers in the swap: its setting and the GPU
@@ -94,6 +116,9 @@ struct DirectSwap {
   // the input was waited for on the host), and the event its Reducer
   // records after its steps (Reducer::done_event).
   DeviceEventRef ready, done;
+  // Stream order by flags: this rank's block and the call's number (unset:
+  // its input was or will be waited for on the host).
+  DeviceFlagsRef flags;
 };
 
 // Whether rank 0 does every share, from every rank's swap: never where some
@@ -113,6 +138,10 @@ void close_direct(Exchange& x, const DirectBuffers& b);
 
 // Whether every rank's swap carries its `ready` event (stream order).
 bool stream_ordered(std::span<const DirectSwap> swapped);
+// Whether every rank's swap carries its flags (stream order by flags);
+// RemoteError where they do with different call numbers (the ranks' flag
+// calls out of step: a stream would wait for a call its peer never makes).
+bool flag_ordered(std::span<const DirectSwap> swapped);
 
 // Ranks in the order their inputs are reduced: this rank first (in place,
 // its input is the output the host Reducer accumulates into), then the rest.

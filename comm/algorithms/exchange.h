@@ -99,6 +99,7 @@ struct ExchangeContext {
   DirectWorkers direct_workers = DirectWorkers::automatic;
   std::atomic<bool> last_direct_one_worker{false};
   std::atomic<bool> last_direct_stream_ordered{false};
+  std::atomic<bool> last_direct_flag_ordered{false};
   std::atomic<bool> gpu_shared{false};
   // The running call's stream order (gate `event`, comm/device.h), set and
   // taken by the engine around each call: the event on the caller's stream
@@ -106,6 +107,10 @@ struct ExchangeContext {
   // caller's stream must wait for before its result is there.
   DeviceEventRef call_ready;
   std::vector<DeviceEventRef> call_waits;
+  // Gate `flag`: the call's flags (unset: not flag-ordered), and the wait
+  // on the host for its input should its peers not all be flag-ordered.
+  DeviceFlagsRef call_flags;
+  std::function<void(Clock::time_point deadline)> wait_call_input;
 };
 
 // Whether [data, data + bytes) lies in registered memory that one transport
@@ -196,12 +201,22 @@ class Exchange {
   }
   std::array<std::uint8_t, 16> device_id() const;
   void note_direct_workers(bool one) { c_.last_direct_one_worker.store(one, std::memory_order_relaxed); }
-  void note_stream_ordered(bool ordered) { c_.last_direct_stream_ordered.store(ordered, std::memory_order_relaxed); }
+  void note_stream_ordered(bool by_events, bool by_flags) {
+    c_.last_direct_stream_ordered.store(by_events, std::memory_order_relaxed);
+    c_.last_direct_flag_ordered.store(by_flags, std::memory_order_relaxed);
+  }
   void note_gpu_shared() { c_.gpu_shared.store(true, std::memory_order_relaxed); }
   // Stream order (direct.h): this call's `ready` event, and one more event
   // the caller's stream waits for before the work queued after the call.
   const DeviceEventRef& call_ready() const { return c_.call_ready; }
   void wait_on_stream(const DeviceEventRef& event) { c_.call_waits.push_back(event); }
+  // Stream order by flags (direct.h): this call's flags, and the host's
+  // wait for its input where the peers' calls are not flag-ordered (throws
+  // as StagedOp::wait_inputs).
+  const DeviceFlagsRef& call_flags() const { return c_.call_flags; }
+  void wait_call_input() {
+    if (c_.wait_call_input) c_.wait_call_input(deadline());
+  }
   Clock::time_point deadline() const {
     if (deadline_ == Clock::time_point{}) deadline_ = Clock::now() + timeout_;
     return deadline_;

@@ -56,6 +56,19 @@ class Reducer {
     finish(deadline);
     return false;
   }
+
+  // Stream order by flags (gate `flag`, comm/device.h; a device Reducer
+  // alone does anything here). order_by_flags: queues on the call's own
+  // `stream` a wait until every rank's stream has reached this call
+  // (flags[r]: rank r's block and the call's number, the same in each; `me`
+  // this rank), and issues the steps after it on that stream, not the
+  // Reducer's. finish_flagged: queues after the steps the signal to every
+  // rank that this rank's share is written and the wait for every rank's,
+  // and returns the steps to the Reducer's stream; nothing waits on the host.
+  virtual void order_by_flags(std::span<const DeviceFlagsRef> flags, int me, Stream stream) {
+    (void)flags, (void)me, (void)stream;
+  }
+  virtual void finish_flagged() {}
 };
 
 // kernels::cpu, in blocks that stay in L1/L2 between the reduction and the

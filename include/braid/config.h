@@ -84,7 +84,7 @@ struct Config {
   // sockets) before it sleeps in futex / ppoll, 0..10000. Default 20; no
   // spinning when the host has more local ranks than cores.
   int spin_us = 20;
-  // BRAID_CUDA_GATE: auto|kernel|wait|host|event. How a CUDA stream waits
+  // BRAID_CUDA_GATE: auto|kernel|wait|host|event|flag. How a CUDA stream waits
   // for a collective on device memory: `kernel`, a one-thread kernel that
   // gives up after BRAID_TIMEOUT + 10 s; `wait`, cuStreamWaitValue64 in the
   // GPU's front end, opened by a host thread past the same limit (no kernel
@@ -94,8 +94,11 @@ struct Config {
   // time-slice it; `event`, as `host` for staged calls, but a direct
   // collective returns once every rank's kernels are queued, the streams
   // waiting for each other's CUDA IPC events (no host waits for the GPU);
+  // `flag`, as `event`, but the collective's kernels run on the caller's
+  // stream between one-thread kernels that wait for flags the other ranks
+  // set in device memory (no event between processes; for MPS);
   // `auto` (default), `kernel` until a direct collective finds another
-  // rank's buffers on this rank's GPU, from then on `event` under MPS and
+  // rank's buffers on this rank's GPU, from then on `flag` under MPS and
   // `host` without (comm/device.h).
   std::string cuda_gate = "auto";
   // BRAID_STORE_MAX_BYTES: bytes of keys and values the rendezvous store

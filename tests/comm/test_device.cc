@@ -146,10 +146,16 @@ void every_collective(Communicator& comm) {
 
 // Work queued before a call on the stream finishes first (a long memset,
 // then the input's upload); the result is downloaded by work queued after
-// it; 8 calls are in flight at once; nothing waits on a Work.
-void stream_order(Communicator& comm) {
+// it; 8 calls are in flight at once; nothing waits on a Work. On a stream
+// of the rank's own, or (`legacy`) the legacy default stream, Stream{}, as
+// the trainer's tensor-parallel calls pass it: a null stream is a stream.
+void stream_order_on(Communicator& comm, bool legacy) {
   const int n = comm.size(), r = comm.rank();
   cudaStream_t s = rank_stream(r);
+  if (legacy) {
+    cuda(cudaStreamDestroy(s), "cudaStreamDestroy");
+    s = nullptr;
+  }
   void* big = nullptr;
   cuda(cudaMalloc(&big, 256u << 20), "cudaMalloc");
   const std::size_t count = 1 << 16;
@@ -171,8 +177,11 @@ void stream_order(Communicator& comm) {
       expect(buffers[k].host[i] == want, "call " + std::to_string(k) + " out of stream order at " + std::to_string(i));
     }
   cudaFree(big);
-  cuda(cudaStreamDestroy(s), "cudaStreamDestroy");
+  if (!legacy) cuda(cudaStreamDestroy(s), "cudaStreamDestroy");
 }
+
+void stream_order(Communicator& comm) { stream_order_on(comm, false); }
+void default_stream_order(Communicator& comm) { stream_order_on(comm, true); }
 
 }  // namespace
 
@@ -203,12 +212,14 @@ void auto_gate(Communicator& comm) {
   stream_order(comm);
   const std::string reason = comm.last_algorithm(OpKind::all_reduce).reason;
   const bool shared = comm.size() > gpus;  // rank r on GPU r mod gpus
-  // The event gate under MPS, the host gate without (comm/device.h).
-  const bool held = reason.find("host gate") != std::string::npos || reason.find("event gate") != std::string::npos;
+  // The flag gate under MPS, the host gate without (comm/device.h).
+  const bool held = reason.find("host gate") != std::string::npos || reason.find("event gate") != std::string::npos ||
+                    reason.find("flag gate") != std::string::npos;
   expect(held == shared,
          "after 8 all_reduces " + std::string(shared ? "on one shared GPU" : "on a GPU each") +
              ", the algorithm's reason: " + reason);
   every_collective(comm);
+  default_stream_order(comm);
 }
 
 TEST_CASE("device: the default gate holds the callers once ranks are seen to share a GPU", "[device]") {
@@ -234,8 +245,12 @@ TEST_CASE("device: the front-end wait gate and the host gate give the same resul
   };
   for (const Case c : {Case{"kernel", "auto", "auto"}, Case{"wait", "auto", "auto"}, Case{"wait", "all", "auto"},
                        Case{"host", "auto", "auto"}, Case{"host", "all", "auto"}, Case{"host", "auto", "shm"},
-                       Case{"event", "auto", "auto"}, Case{"event", "all", "auto"}, Case{"event", "auto", "shm"}})
-    for (auto* body : {&every_collective, &stream_order}) {
+                       Case{"event", "auto", "auto"}, Case{"event", "all", "auto"}, Case{"event", "auto", "shm"},
+                       Case{"flag", "auto", "auto"}, Case{"flag", "all", "auto"}, Case{"flag", "one", "auto"},
+                       Case{"flag", "auto", "shm"}})
+    for (auto* body : {&every_collective, &stream_order, &default_stream_order}) {
+      if (body == &default_stream_order && (std::string(c.gate) == "kernel" || std::string(c.gate) == "wait"))
+        continue;  // the case below
       braid::test::RunOptions options;
       options.config.cuda_gate = c.gate;
       options.config.direct_workers = c.workers;
@@ -250,5 +265,39 @@ TEST_CASE("device: the front-end wait gate and the host gate give the same resul
   auto result = braid::test::run_ranks(1, every_collective, spinning);
   INFO(result.summary());
   REQUIRE_FALSE(result.all_ok());
-  CHECK(result.summary().find("choose auto, kernel, wait, host or event") != std::string::npos);
+  CHECK(result.summary().find("choose auto, kernel, wait, host, event or flag") != std::string::npos);
+}
+
+// Gates that differ by rank: a rank whose call is flag-ordered while its
+// peer's is not waits for its input on the host, and both for that before
+// any step (comm/algorithms/direct.h): the results and the order stay right.
+TEST_CASE("device: ranks of different gates, one of them `flag`, give the same results and order", "[device]") {
+  if (no_gpu()) return;
+  for (const char* other : {"host", "event", "kernel"})
+    for (auto* body : {&every_collective, &stream_order, &default_stream_order}) {
+      if (body == &default_stream_order && std::string(other) == "kernel") continue;
+      braid::test::RunOptions options;
+      options.configure = [other](int rank, runtime::Config& config) { config.cuda_gate = rank == 0 ? "flag" : other; };
+      auto result = braid::test::run_ranks(2, *body, options);
+      INFO("rank 0 gate flag, rank 1 gate " << other << ": " << result.summary());
+      CHECK(result.all_ok());
+    }
+}
+
+// Hidden ([.]: run by name, scripts/gpu_check.sh group `comm`): the gates
+// that hold the stream rather than the caller (`kernel`, `wait`), on the
+// legacy default stream with 8 calls in flight. The one H200 run of this
+// (stop 42) did not end within its check's 90 s: whether it hangs (a copy
+// from pageable memory queued behind a gate on stream 0, waiting for the
+// gate the engine must open, is one suspect) or only crawls is not known.
+TEST_CASE("device: the stream-holding gates on the legacy default stream", "[.][device][legacy]") {
+  if (no_gpu()) return;
+  for (const char* gate : {"kernel", "wait"}) {
+    braid::test::RunOptions options;
+    options.deadline = std::chrono::seconds(40);
+    options.config.cuda_gate = gate;
+    auto result = braid::test::run_ranks(2, default_stream_order, options);
+    INFO("gate " << gate << ": " << result.summary());
+    CHECK(result.all_ok());
+  }
 }

@@ -16,6 +16,7 @@
 
 #include "comm/algorithms/direct.h"
 #include "comm/algorithms/reducer.h"
+#include "runtime/errors.h"
 #include "tests/comm/cases.h"
 #include "tests/comm/harness.h"
 #include "tools/bench/verify.h"
@@ -195,6 +196,32 @@ TEST_CASE("stream_ordered: only where every rank's swap names its ready event", 
   CHECK_FALSE(ordered({swap(1), swap(0)}));
   CHECK_FALSE(ordered({swap(0), swap(0), swap(0)}));
   CHECK_FALSE(DeviceEventRef{}.set());
+}
+
+// Stream order by flags (direct.h, gate `flag`): only where every rank's
+// swap carries its flags, and then with one call number, or the streams
+// would wait for calls that never come: that is refused, naming both.
+TEST_CASE("flag_ordered: only where every rank's swap carries its flags, all of one call", "[direct]") {
+  auto swap = [](std::uint64_t call, std::uint8_t block) {
+    DirectSwap s;
+    s.flags.call = call;
+    s.flags.block[0] = block;
+    return s;
+  };
+  auto ordered = [](std::initializer_list<DirectSwap> swapped) {
+    return comm::flag_ordered({swapped.begin(), swapped.size()});
+  };
+  CHECK(ordered({swap(5, 1), swap(5, 2)}));
+  CHECK(ordered({swap(1, 1)}));
+  CHECK_FALSE(ordered({swap(5, 1), swap(0, 2)}));  // a rank whose call is not flag-ordered
+  CHECK_FALSE(ordered({swap(0, 1), swap(0, 2), swap(0, 3)}));
+  CHECK_FALSE(DeviceFlagsRef{}.set());
+  try {
+    ordered({swap(5, 1), swap(5, 2), swap(6, 3)});
+    FAIL("calls out of step were taken as one");
+  } catch (const RemoteError& e) {
+    CHECK(std::string(e.what()).find("rank 0 makes its call 5, rank 2 its call 6") != std::string::npos);
+  }
 }
 
 // The rule itself (direct.h): every rank applies it to every rank's vote.

@@ -443,7 +443,7 @@ TEST_CASE("device path: the CUDA plugin loads, refuses a bad gate mode and says 
   const bool gpu = probe_gpus() > 0;
   auto failures = fork_with_store(1, [gpu](int, runtime::Store&) {
     expect_refusal([] { make_device_staging(0, std::chrono::seconds(5), "spinning"); },
-                   "choose auto, kernel, wait, host or event");
+                   "choose auto, kernel, wait, host, event or flag");
     try {
       auto staging = make_device_staging(0, std::chrono::seconds(5), "kernel");
       expect(gpu && staging != nullptr, "a device staging without a GPU");
