@@ -3,11 +3,16 @@
 // traffic's bound) on 4. Under MPS braid reaches 0.479 and 0.361, its 2-rank
 // kernel alone about 0.505: the cross-process waits of each call (the event
 // gate's, scripts/cuda_gate_probe.cu eventpong: 6.6 us each) take the rest.
-// This probe asks whether waits inside the kernel cost less.
+// This probe asks whether waits inside the kernel cost less. (Its answer,
+// H200 under MPS: flags inside the kernel 0.476 at best, since such a kernel
+// gets only the resident grid, on which the reduction itself is 7 % slower;
+// one-thread flag kernels around the fast kernel 0.505, which braid's gate
+// `flag` now does: comm/device.h.)
 //
 // n processes share the GPU and do that all_reduce as braid's direct path
 // does (comm/device.h): each maps the others' buffers (CUDA IPC) and reduces
-// its 1/n of every input into every output. Three ways to wait:
+// its 1/n of every input into every output, with each of several kernel
+// bodies (kVariants: packs a thread a step, cache hints). Five ways to wait:
 //   events: as the event gate: each call, the stream waits for every other
 //           process's IPC event before the kernel (their inputs are ready)
 //           and after it (their shares are written); the hosts only tell
@@ -24,7 +29,14 @@
 //           that stream waits for the caller's (an event of the process)
 //           and the caller's waits for it after the kernel. What those two
 //           hops cost tells whether a gate with waits in the kernel could
-//           keep braid's worker streams or must run on the caller's.
+//           keep braid's worker streams or must run on the caller's;
+//   event waits, one pack a thread: as events, with the kernel on as many
+//           blocks as it has packs (braid's reduce_multi's grid);
+//   flag kernels around one pack a thread: the streams do not wait; a
+//           one-thread kernel before that kernel tells the others "my
+//           stream is here" and waits for theirs, and one after it tells
+//           them "my share is written" and waits for theirs (no kernel
+//           needs another's blocks resident).
 // Also the kernel alone in one process (every share, no waits) and the copy
 // the ratios are taken against. Each way's outputs are checked in every
 // process, with the check queued on the stream right after the call, so a
