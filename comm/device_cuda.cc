@@ -419,9 +419,6 @@ struct Shared {
   }
 };
 
-// Whether `auto` turns to `flag` under MPS (else to `event`).
-constexpr bool kAutoFlags = true;
-
 // With lazy loading (CUDA 12.2 on), a kernel's first launch may synchronize
 // the whole context (the CUDA Programming Guide's lazy-loading hazards). A
 // stream held at a gate is a kernel that waits for the host, the host waits
@@ -516,7 +513,7 @@ class CudaStagedOp final : public StagedOp {
 
   void wait_inputs(Clock::time_point deadline) override {
     if (!error_.empty()) throw SystemError(error_);
-    if (ready_.event || flag_ordered_) return;  // gate `event`, `flag`: waited for on the device
+    if (ready_.event || flag_book_) return;  // gate `event`, `flag`: waited for on the device
     wait_inputs_on_host(deadline);
   }
 
@@ -551,7 +548,7 @@ class CudaStagedOp final : public StagedOp {
   // Gate `flag`: the last flag kernel (or, where the call was not
   // flag-ordered, the host's waits) already holds the work after the call.
   void finish_on_caller() override {
-    if (flag_ordered_) {
+    if (flag_book_) {
       DeviceScope scope(shared_->device);
       check(cudaEventRecord(finished_, stream_), "cudaEventRecord");
       return;
@@ -573,7 +570,7 @@ class CudaStagedOp final : public StagedOp {
   DeviceEventRef ready_event() const override { return ready_.event ? ready_.ref : DeviceEventRef{}; }
   void wait_on_stream(std::vector<DeviceEventRef> events) override { waits_ = std::move(events); }
   DeviceFlagsRef flags(std::uint64_t call) const override {
-    return flag_ordered_ ? flag_book_->ref(call) : DeviceFlagsRef{};
+    return flag_book_ ? flag_book_->ref(call) : DeviceFlagsRef{};
   }
 
   // Set by CudaStaging::stage.
@@ -583,8 +580,7 @@ class CudaStagedOp final : public StagedOp {
   EventBook::Own ready_;
   cudaStream_t stream_ = nullptr;  // and gate `flag`'s
   std::vector<DeviceEventRef> waits_;
-  // Gate `flag`: the call is flag-ordered, by this book's block.
-  bool flag_ordered_ = false;
+  // Gate `flag`: the book whose block orders the call (null: not flag-ordered).
   std::shared_ptr<FlagBook> flag_book_;
   // Gate `host`, a staged call: the result's copy, queued by finish_on_caller.
   struct {
@@ -639,7 +635,7 @@ class CudaStaging final : public DeviceStaging {
       throw SystemError("BRAID_CUDA_GATE=event: CUDA device " + std::to_string(device) +
                         " cannot share events between processes (cudaDevAttrIpcEventSupport)");
     mps_ = mps_enabled(device);
-    if (flag_gate_ || (auto_gate_ && kAutoFlags && mps_)) flags_ = std::make_shared<FlagBook>(device);
+    if (flag_gate_ || (auto_gate_ && mps_)) flags_ = std::make_shared<FlagBook>(device);
     if (gate_mode == "wait") {
       shared_->wait_value = find_wait_value();
       shared_->start_watch(gate_limit());
@@ -673,8 +669,7 @@ class CudaStaging final : public DeviceStaging {
   void note_gpu_shared() override {
     if (!auto_gate_ || host_gate_) return;
     host_gate_ = true;
-    flag_gate_ = flags_ != nullptr;
-    event_gate_ = !flag_gate_ && events_ && mps_;
+    flag_gate_ = flags_ != nullptr;  // made under MPS
   }
 
   bool mps() const override { return mps_; }
@@ -739,7 +734,6 @@ class CudaStaging final : public DeviceStaging {
     staged.stream_ = static_cast<cudaStream_t>(op.stream.cuda);
     create_events(staged);
     check(cudaEventRecord(staged.staged_, staged.stream_), "cudaEventRecord");
-    staged.flag_ordered_ = true;
     staged.flag_book_ = flags_;
   }
 
