@@ -52,8 +52,9 @@
 #   torch      PyTorch on the same shapes (scripts/torch_gpt.py)
 #   torchL     PyTorch on the 113M-parameter config alone
 #   sanitizer  compute-sanitizer memcheck and racecheck of the kernels
-#   hangdump   where the 2-rank all_reduce, comm_device or zero3 failed: cuda-gdb's
-#              backtraces of every thread of every rank while they run it
+#   hangdump   where the 2-rank all_reduce, comm_device (or its [legacy] case) or
+#              zero3 failed: cuda-gdb's backtraces of every thread of every
+#              rank while they run it
 # Once the 2-rank all_reduce has failed, eagerly loaded too, the checks of
 # several ranks are skipped (each would only wait out its timeout).
 # GPU_BUDGET_S (default 540) bounds the whole run: a check gets at most what
@@ -137,6 +138,10 @@ if want tests || want comm; then
   # Hidden in the test binary: `kernel` and `wait` on the legacy default
   # stream, which did not end within 90 s on the H200 (stop 42).
   check comm_device_legacy 100 "$B/test_comm_device" "[legacy]"
+  # Where it did not end: what each rank's threads are inside (a copy from
+  # pageable memory behind a gate on stream 0 is one suspect).
+  [ "$last_rc" -eq 0 ] || ! want hangdump ||
+    stacks comm_device_legacy_stacks 15 'bin/test_comm_device' "$B/test_comm_device" "[legacy]"
 fi
 BE="$B/braid-bench --device cuda -c 1"
 # Every collective, every dtype, 2 and 4 ranks: every_dtype NAME_SUFFIX
