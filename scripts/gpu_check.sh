@@ -136,7 +136,7 @@ if want tests || want comm; then
   check comm_device 150 "$B/test_comm_device"
   [ "$last_rc" -eq 0 ] || ! want hangdump || stacks comm_device_stacks 20 'bin/test_comm_device' "$B/test_comm_device"
   # Hidden in the test binary: `kernel` and `wait` on the legacy default
-  # stream, which did not end within 90 s on the H200 (stop 42).
+  # stream, which did not end within 90 s on the H200 (stop 41).
   check comm_device_legacy 100 "$B/test_comm_device" "[legacy]"
   # Where it did not end: what each rank's threads are inside (a copy from
   # pageable memory behind a gate on stream 0 is one suspect).

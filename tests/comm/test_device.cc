@@ -287,7 +287,7 @@ TEST_CASE("device: ranks of different gates, one of them `flag`, give the same r
 // Hidden ([.]: run by name, scripts/gpu_check.sh group `comm`): the gates
 // that hold the stream rather than the caller (`kernel`, `wait`), on the
 // legacy default stream with 8 calls in flight. The one H200 run of this
-// (stop 42) did not end within its check's 90 s: whether it hangs (a copy
+// (stop 41) did not end within its check's 90 s: whether it hangs (a copy
 // from pageable memory queued behind a gate on stream 0, waiting for the
 // gate the engine must open, is one suspect) or only crawls is not known.
 TEST_CASE("device: the stream-holding gates on the legacy default stream", "[.][device][legacy]") {

@@ -205,7 +205,9 @@ class Runner {
   }
 
   // Seconds per call: -n iterations of -m calls each, issued back to back
-  // (or each waited for, -z); with -C until the last call was issued.
+  // (or each waited for, -z); with -C until the last call was issued. On a
+  // device the time ends once the stream has run the calls, as nccl-tests'
+  // does (the last call's Work then waits no more).
   double time_iterations(bool in_place) {
     for (int i = 0; i < o_.warmup; ++i) issue(in_place).wait();
     comm_.barrier().wait();
@@ -217,6 +219,7 @@ class Runner {
         if (o_.blocking) last.wait();
       }
     const auto issued = std::chrono::steady_clock::now();
+    if (o_.cuda) bench_device::synchronize(o_.null_stream);
     last.wait();
     const auto end = o_.cpu_time ? issued : std::chrono::steady_clock::now();
     return Seconds(end - start).count() / (static_cast<double>(o_.iters) * o_.agg_iters);

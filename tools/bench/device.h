@@ -15,6 +15,10 @@ std::byte* allocate(std::size_t bytes);
 void release(std::byte* device);
 void upload(std::byte* device, const std::byte* host, std::size_t bytes);
 void download(std::byte* host, const std::byte* device, std::size_t bytes);
+// Until the stream the timed calls went on (the default stream with -y) has
+// run all it holds: how nccl-tests ends its timing. Work::wait polls with
+// sleeps of up to 100 us (comm/poll_pause.h), which would count in the time.
+void synchronize(bool null_stream);
 // Device-to-device cudaMemcpy bandwidth of this GPU in GB/s (bytes copied / s).
 double measure_copy_gbps();
 

@@ -51,6 +51,10 @@ void download(std::byte* host, const std::byte* device, std::size_t bytes) {
   check(cudaStreamSynchronize(the_stream), "download");
 }
 
+void synchronize(bool null_stream) {
+  check(cudaStreamSynchronize(null_stream ? nullptr : the_stream), "the timed calls' stream");
+}
+
 double measure_copy_gbps() {
   const std::size_t bytes = 256u << 20;
   std::byte* a = allocate(bytes);
