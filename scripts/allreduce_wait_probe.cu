@@ -12,7 +12,7 @@
 // n processes share the GPU and do that all_reduce as braid's direct path
 // does (comm/device.h): each maps the others' buffers (CUDA IPC) and reduces
 // its 1/n of every input into every output, with each of several kernel
-// bodies (kVariants: packs a thread a step, cache hints). Five ways to wait:
+// bodies (kVariants: packs a thread a step, cache hints). Seven ways to wait:
 //   events: as the event gate: each call, the stream waits for every other
 //           process's IPC event before the kernel (their inputs are ready)
 //           and after it (their shares are written); the hosts only tell
@@ -36,7 +36,16 @@
 //           one-thread kernel before that kernel tells the others "my
 //           stream is here" and waits for theirs, and one after it tells
 //           them "my share is written" and waits for theirs (no kernel
-//           needs another's blocks resident).
+//           needs another's blocks resident);
+//   with braid's two records: as flag kernels, with an event recorded on
+//           the stream before the first and one after the last, as braid's
+//           gate `flag` records `staged` and `finished` each call;
+//   and its hosts' swap: as that, each call queued only once every
+//           process's host has reached it (braid swaps the ranks' call
+//           numbers before it queues a call's kernels).
+// The last three against each other tell what braid's 2-rank call costs
+// beyond these kernels and waits, and where (stop 41: 267-268 us, with
+// flag kernels 262-268 in the same session).
 // Also the kernel alone in one process (every share, no waits) and the copy
 // the ratios are taken against. Each way's outputs are checked in every
 // process, with the check queued on the stream right after the call, so a
@@ -67,9 +76,14 @@ constexpr std::size_t kBytes = 256u << 20, kPacks = kBytes / sizeof(float4);
 constexpr int kThreads = 256, kWarmup = 5, kCalls = 40;
 constexpr unsigned long long kTimeoutNs = 2'000'000'000ull;
 
-enum Way { kEvents, kFlags, kFlagsWorker, kEventsFull, kFlagKernels, kWays };
-const char* const kWayNames[kWays] = {"event waits", "in-kernel flags", "in-kernel flags via a worker stream",
-                                      "event waits, one pack a thread", "flag kernels around one pack a thread"};
+enum Way { kEvents, kFlags, kFlagsWorker, kEventsFull, kFlagKernels, kFlagRecords, kFlagHosts, kWays };
+const char* const kWayNames[kWays] = {"event waits",
+                                      "in-kernel flags",
+                                      "in-kernel flags via a worker stream",
+                                      "event waits, one pack a thread",
+                                      "flag kernels around one pack a thread",
+                                      "with braid's two records",
+                                      "and its hosts' swap"};
 
 // In each process's device memory; the other processes' kernels write
 // `started` and `theirs_done`.
@@ -244,6 +258,8 @@ struct Shared {
   std::atomic<unsigned long long> arrived;
   // Events mode: the last call whose event each rank has recorded.
   std::atomic<unsigned long long> issued_ready[kMaxRanks], issued_done[kMaxRanks];
+  // Way kFlagHosts: the last call each rank's host has reached.
+  std::atomic<unsigned long long> reached[kMaxRanks];
   double ms[kNVariants][kWays][kMaxRanks];                // [variant][way][rank]: the timed calls
   unsigned long long wrong[kNVariants][kWays][kMaxRanks];  // [variant][way][rank]: packs wrong after the checked call
   double copy_ms;
@@ -283,7 +299,7 @@ int run(int rank, Shared* s) {
   Flags* flags = nullptr;
   unsigned long long* wrong = nullptr;
   cudaStream_t stream, worker;
-  cudaEvent_t ready, done, peer_ready[kMaxRanks], peer_done[kMaxRanks], to_worker, from_worker;
+  cudaEvent_t ready, done, peer_ready[kMaxRanks], peer_done[kMaxRanks], to_worker, from_worker, staged, finished;
   const unsigned ev_flags = cudaEventDisableTiming | cudaEventInterprocess;
   if (!ok(cudaMalloc(&in, kBytes), rank, "cudaMalloc") || !ok(cudaMalloc(&out, kBytes), rank, "cudaMalloc") ||
       !ok(cudaMalloc(&flags, sizeof(Flags)), rank, "cudaMalloc") ||
@@ -292,6 +308,8 @@ int run(int rank, Shared* s) {
       !ok(cudaStreamCreateWithFlags(&worker, cudaStreamNonBlocking), rank, "cudaStreamCreate") ||
       !ok(cudaEventCreateWithFlags(&to_worker, cudaEventDisableTiming), rank, "cudaEventCreate") ||
       !ok(cudaEventCreateWithFlags(&from_worker, cudaEventDisableTiming), rank, "cudaEventCreate") ||
+      !ok(cudaEventCreateWithFlags(&staged, cudaEventDisableTiming), rank, "cudaEventCreate") ||
+      !ok(cudaEventCreateWithFlags(&finished, cudaEventDisableTiming), rank, "cudaEventCreate") ||
       !ok(cudaEventCreateWithFlags(&ready, ev_flags), rank, "cudaEventCreate") ||
       !ok(cudaEventCreateWithFlags(&done, ev_flags), rank, "cudaEventCreate"))
     return 1;
@@ -350,6 +368,7 @@ int run(int rank, Shared* s) {
     if (!ok(cudaStreamSynchronize(stream), rank, "the copy and the kernels alone")) return 1;
   }
   if (!barrier("the copy")) return 1;
+  unsigned long long host_calls = 0;  // kFlagHosts, on across the variants as s->reached
 
   for (int v = 0; v < kNVariants; ++v) {
     const Variant& kernel = kVariants[v];
@@ -367,10 +386,17 @@ int run(int rank, Shared* s) {
         kernel.flagged<<<grid, kThreads, 0, stream>>>(share, ++flags_call);
         return true;
       }
-      if (way == kFlagKernels) {
+      if (way == kFlagKernels || way == kFlagRecords || way == kFlagHosts) {
+        if (way == kFlagHosts) {
+          s->reached[rank].store(++host_calls);
+          for (int r = 0; r < n; ++r)
+            if (r != rank && !wait_for(s->reached[r], host_calls, rank, "a call on its host")) return false;
+        }
+        if (way != kFlagKernels) cudaEventRecord(staged, stream);
         flag_begin<<<1, 1, 0, stream>>>(share, ++kernels_call);
         kernel.plain<<<every_pack, kThreads, 0, stream>>>(share, 0);
         flag_end<<<1, 1, 0, stream>>>(share, kernels_call);
+        if (way != kFlagKernels) cudaEventRecord(finished, stream);
         return true;
       }
       if (way == kFlagsWorker) {
@@ -401,7 +427,7 @@ int run(int rank, Shared* s) {
       kernel.plain<<<way == kEventsFull ? every_pack : grid, kThreads, 0, stream>>>(share, 0);
       return exchange(done, s->issued_done, peer_done, "its done event");
     };
-    for (const Way way : {kEvents, kFlags, kFlagsWorker, kEventsFull, kFlagKernels}) {
+    for (const Way way : {kEvents, kFlags, kFlagsWorker, kEventsFull, kFlagKernels, kFlagRecords, kFlagHosts}) {
       const char* name = kWayNames[way];
       // One checked call: the outputs cleared (NaN) in every process first.
       cudaMemsetAsync(out, 0xff, kBytes, stream);
