@@ -24,9 +24,9 @@
 #   gates      the same with the other gates (wait, host, event, flag)
 #   mps        the 2- and 4-rank all_reduce under an MPS daemon this script
 #              starts and stops (one context for every rank: no time-slicing;
-#              gate `auto` is then `event` and every rank works; one worker
-#              and `host` for comparison), and comm_device under it;
-#              first, 2 and 4 processes doing the all_reduce, waiting for
+#              gate `auto` is then `flag` and every rank works; one worker,
+#              `host` and `event` for comparison), and comm_device under it;
+#              then 2 and 4 processes doing the all_reduce, waiting for
 #              each other by IPC events or by flags inside the kernel, on
 #              the caller's stream or on a worker stream
 #              (scripts/allreduce_wait_probe.cu; without MPS the GPU would
@@ -172,7 +172,7 @@ if want bench4; then
   check bench_4_all_reduce 30 $L4 $BE --coll all_reduce -b 16 -e 256M -f 16 -n 5 -w 1
 fi
 # The default gate is `auto`: `host` once the ranks are seen to share the
-# GPU (`event` under MPS). The others, and every rank doing its own share (one context switch per
+# GPU (`flag` under MPS). The others, and every rank doing its own share (one context switch per
 # rank where they share one GPU), for comparison.
 if want gatesK; then  # the gate kernel, the slowest by far on a shared GPU
   check bench_2_all_reduce_kernel 30 env BRAID_CUDA_GATE=kernel $L2 $BE --coll all_reduce -b 4 -e 256M -f 4 -n 10 -w 2
@@ -243,8 +243,6 @@ if want mps || want trainMPS || want dtypesMPS || want trainLMPS || want pongMPS
       # -n 40: the first call's issue and the last one's wait, which the
       # time per call includes, spread over 40 calls.
       if want mps; then
-        # The all_reduce's waits, IPC events against flags in the kernel.
-        check allreduce_wait_mps 130 "$B/allreduce_wait_probe"
         check bench_2_all_reduce_mps 30 $L2 $BE --coll all_reduce -b 4 -e 256M -f 4 -n 40 -w 5
         check bench_2_all_reduce_mps_one 30 env BRAID_DIRECT_WORKERS=one $L2 $BE --coll all_reduce -b 4 -e 256M -f 4 -n 40 -w 5
         check bench_2_all_reduce_mps_host 30 env BRAID_CUDA_GATE=host $L2 $BE --coll all_reduce -b 4 -e 256M -f 4 -n 40 -w 5
@@ -252,10 +250,13 @@ if want mps || want trainMPS || want dtypesMPS || want trainLMPS || want pongMPS
         check bench_4_all_reduce_mps 30 $L4 $BE --coll all_reduce -b 16 -e 256M -f 16 -n 40 -w 5
         check bench_4_all_reduce_mps_event 30 env BRAID_CUDA_GATE=event $L4 $BE --coll all_reduce -b 16 -e 256M -f 16 -n 40 -w 5
         check comm_device_mps 150 "$B/test_comm_device"
+        # Last, as it only explains the figures above: the all_reduce's
+        # ways to wait, timed alone (IPC events, flags in and around the kernel).
+        check allreduce_wait_mps 130 "$B/allreduce_wait_probe"
         say "      MPS log: $(grep -i -E 'server|client' "$CUDA_MPS_LOG_DIRECTORY/control.log" 2> /dev/null | tail -2 | tr '\n' ' ' | cut -c1-240)"
       fi
       want dtypesMPS && every_dtype _mps
-      # The trainer under MPS (gate auto: event, every rank working), against
+      # The trainer under MPS (gate auto: flag, every rank working), against
       # the CPU run of the same steps.
       if want trainMPS; then
         for s in ddp zero1 zero3; do
