@@ -267,9 +267,7 @@ void Communicator::Impl::execute(const Op& op, WorkState& state, bool inline_cal
     if (exchange.call_flags.set())
       exchange.wait_call_input = [&state](Clock::time_point deadline) { state.staged->wait_inputs_on_host(deadline); };
     algorithm.run(x);
-    exchange.call_ready = {};
-    exchange.call_flags = {};
-    exchange.wait_call_input = nullptr;
+    exchange.end_call();
     if (state.staged) {
       state.staged->wait_on_stream(std::move(exchange.call_waits));
       state.staged->open_gate();
@@ -278,9 +276,7 @@ void Communicator::Impl::execute(const Op& op, WorkState& state, bool inline_cal
     if (inline_call) state.complete_unshared(nullptr);
     else state.complete(nullptr);
   } catch (...) {
-    exchange.call_ready = {};
-    exchange.call_flags = {};
-    exchange.wait_call_input = nullptr;
+    exchange.end_call();
     if (state.staged) state.staged->open_gate();  // the stream goes on; the Work carries the error
     auto error = fail(op, std::current_exception());
     if (inline_call) state.complete_unshared(error);

@@ -111,6 +111,13 @@ struct ExchangeContext {
   // on the host for its input should its peers not all be flag-ordered.
   DeviceFlagsRef call_flags;
   std::function<void(Clock::time_point deadline)> wait_call_input;
+  // After the call, run or failed: clears the fields above except
+  // call_waits, which the engine takes once the call has run.
+  void end_call() {
+    call_ready = {};
+    call_flags = {};
+    wait_call_input = nullptr;
+  }
 };
 
 // Whether [data, data + bytes) lies in registered memory that one transport
