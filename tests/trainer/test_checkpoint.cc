@@ -2,6 +2,7 @@
 // and refusal of truncated or corrupt files without touching anything.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <cstring>
 #include <fstream>
 #include <iterator>
@@ -12,6 +13,7 @@
 #include "runtime/errors.h"
 #include "trainer/checkpoint/atomic_file.h"
 #include "trainer/checkpoint/checkpoint.h"
+#include "trainer/checkpoint/sharded.h"
 
 namespace braid::trainer {
 namespace {
@@ -196,6 +198,110 @@ TEST_CASE("an atomic file that is not committed leaves the target untouched", "[
   write_file_atomically(dir / "target", "new");
   CHECK(read_bytes(dir / "target") == "new");
   CHECK(std::distance(fs::directory_iterator(dir.path()), fs::directory_iterator()) == 1);
+}
+
+// A model and its AdamW state, filled from `seed`.
+struct Saved {
+  GptConfig config = test::tiny_config();
+  Gpt model{config, ModelLayout::whole(config), nullptr};
+  AdamW opt{model.table(), Range{0, model.table().count()}, {}, nullptr};
+  explicit Saved(std::uint64_t seed) {
+    test::randomize(model, seed);
+    Rng rng(seed + 1);
+    for (float& x : opt.m().span()) x = static_cast<float>(rng.normal());
+    for (float& x : opt.v().span()) x = static_cast<float>(rng.uniform());
+  }
+  fs::path save(const fs::path& dir, std::int64_t step, const StepFiles& extra = {}) const {
+    return save_checkpoint(dir, model, opt, TrainState{step, json::object(), "x", 1, 2}, extra);
+  }
+  // Whether the checkpoint in step_dir holds this model and state.
+  bool loads_from(const fs::path& step_dir) const {
+    Saved got(999);
+    load_checkpoint(step_dir, got.model, got.opt);
+    return same(model.params(), got.model.params()) && same(opt.m(), got.opt.m()) && same(opt.v(), got.opt.v());
+  }
+};
+
+std::vector<std::string> names_in(const fs::path& dir) {
+  std::vector<std::string> names;
+  for (const auto& e : fs::directory_iterator(dir)) names.push_back(e.path().filename().string());
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
+// A run resumed from an earlier step writes the same step numbers again: the
+// new save replaces the step's directory whole (a manifest a sharded run
+// left there would otherwise win over the new state.json), and a save that
+// fails on the way leaves the old step as it was, `latest` still naming it.
+TEST_CASE("a step saved again is replaced whole, and a failed save leaves it as it was", "[checkpoint]") {
+  test::TempDir dir;
+  const Saved a(1), b(2), c(3);
+  a.save(dir.path(), 4, {{"config.json", "a"}});
+  write_bytes(dir / "step_00000004" / "manifest.json", "{\"stale\": true}");  // as a sharded run of step 4 left it
+  write_bytes(dir / "step_00000004" / "shard_00000_of_00002.safetensors", "stale");
+  b.save(dir.path(), 4, {{"config.json", "b"}});
+  CHECK(names_in(dir / "step_00000004") ==
+        std::vector<std::string>{"config.json", "model.safetensors", "optimizer.safetensors", "state.json"});
+  CHECK(read_bytes(dir / "step_00000004" / "config.json") == "b");
+  CHECK(b.loads_from(resolve_checkpoint(dir.path())));
+
+  const std::string model_before = read_bytes(dir / "step_00000004" / "model.safetensors");
+  // Fails after the model and the optimizer files are written.
+  CHECK_THROWS_WITH(c.save(dir.path(), 4, {{"../escape", "x"}}), Catch::Contains("plain name"));
+  CHECK(read_bytes(dir / "latest") == "step_00000004\n");
+  CHECK(read_bytes(dir / "step_00000004" / "model.safetensors") == model_before);
+  CHECK(read_bytes(dir / "step_00000004" / "config.json") == "b");
+  CHECK(b.loads_from(dir / "step_00000004"));
+  CHECK(names_in(dir.path()) == std::vector<std::string>{"latest", "step_00000004"});
+}
+
+// Pruning keeps the step just written whatever else the directory holds:
+// steps after it (another run's, this one went back) stay, the older ones
+// beyond `keep` go, in the order of their numbers, not of their names.
+TEST_CASE("pruning never removes the step just written, and orders steps by number", "[checkpoint]") {
+  test::TempDir dir;
+  const Saved a(1);
+  a.save(dir.path(), 4);
+  a.save(dir.path(), 6);
+  fs::create_directories(dir / "step_00000003.partial");  // a save that died
+  fs::create_directories(dir / "step_00000009.partial");  // one still being written, after this run's steps
+  a.save(dir.path(), 1);
+  CHECK(read_bytes(dir / "latest") == "step_00000001\n");
+  CHECK(a.loads_from(resolve_checkpoint(dir.path())));
+  CHECK(names_in(dir.path()) == std::vector<std::string>{"latest", "step_00000001", "step_00000003.partial",
+                                                         "step_00000004", "step_00000006", "step_00000009.partial"});
+  a.save(dir.path(), 2);
+  a.save(dir.path(), 3);
+  CHECK(names_in(dir.path()) == std::vector<std::string>{"latest", "step_00000002", "step_00000003", "step_00000004",
+                                                         "step_00000006", "step_00000009.partial"});
+
+  test::TempDir wide;  // past eight digits the names no longer sort as the numbers do
+  for (std::int64_t step : {99999999, 100000000, 100000001}) a.save(wide.path(), step);
+  CHECK(names_in(wide.path()) == std::vector<std::string>{"latest", "step_100000000", "step_100000001"});
+}
+
+// What a sharded save that died left in the step's staging directory (a
+// manifest, another world size's shard) is not published with the next one.
+TEST_CASE("a sharded save publishes only its own files", "[checkpoint]") {
+  test::TempDir dir;
+  const Saved a(1);
+  const fs::path staging = prepare_step_directory(dir.path(), 5);
+  write_bytes(staging / "manifest.json", "{\"stale\": true}");
+  write_bytes(staging / "shard_00002_of_00003.safetensors", "stale");
+  std::vector<TensorPiece> pieces;
+  for (const char* prefix : {"", "m.", "v."}) {
+    const FlatBuffer& values = *prefix == 0 ? a.model.params() : *prefix == 'm' ? a.opt.m() : a.opt.v();
+    for (const ParamView& v : a.model.table().views())
+      pieces.push_back({prefix + v.name, 0, v.count(), values.data() + v.offset});
+  }
+  write_shard(staging, 0, 2, pieces, a.config, 5);
+  write_shard(staging, 1, 2, {}, a.config, 5);
+  const fs::path step_dir =
+      commit_sharded_checkpoint(dir.path(), TrainState{5, json::object(), "x", 1, 2}, 2, "ddp", {{"config.json", "{}"}});
+  CHECK(step_dir == dir / "step_00000005");
+  CHECK(names_in(step_dir) == std::vector<std::string>{"config.json", "manifest.json", "shard_00000_of_00002.safetensors",
+                                                       "shard_00001_of_00002.safetensors"});
+  CHECK(a.loads_from(resolve_checkpoint(dir.path())));
 }
 
 }  // namespace

@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <fstream>
 #include <iterator>
+#include <map>
 #include <regex>
 
 #include <nlohmann/json.hpp>
@@ -178,6 +179,40 @@ TEST_CASE("a checkpoint that cannot be written fails the run and loses nothing",
   const Run resumed = braid_train(dir, common + "--steps 4 --resume " + ckpt);
   CHECK(resumed.rc == 0);
   CHECK(fs::exists(fs::path(ckpt) / "step_00000004" / "model.safetensors"));
+}
+
+// A run resumed from an earlier step saves the same steps again. When such
+// a save fails (a full disk again), the step it would replace keeps every
+// file of the run that wrote it: nothing of the new run mixes in, and
+// `latest` still names a checkpoint that loads.
+TEST_CASE("a failed save over an existing step leaves that step whole", "[cli][checkpoint]") {
+  if (!have_binary()) return;
+  test::TempDir dir;
+  const fs::path text = write_text(dir, 4000);
+  const fs::path ckpt = dir / "ckpt";
+  const std::string common =
+      kTiny + "--data " + text.string() + " --checkpoint-dir " + ckpt.string() + " --checkpoint-interval 2 ";
+  REQUIRE(braid_train(dir, common + "--steps 4").rc == 0);
+  const fs::path step4 = ckpt / "step_00000004";
+  std::map<std::string, std::string> before;
+  for (const auto& e : fs::directory_iterator(step4)) before[e.path().filename().string()] = read_text(e.path());
+  REQUIRE(before.count("optimizer.safetensors") == 1);
+  // 48 KiB: room for the model file (34 KiB), not for the optimizer's.
+  REQUIRE(before.at("model.safetensors").size() < 48 * 1024);
+  REQUIRE(before.at("optimizer.safetensors").size() > 48 * 1024);
+  const std::string limited = "trap '' XFSZ; ulimit -f 48; exec " + std::string(std::getenv("BRAID_TRAIN")) + " " +
+                              common + "--steps 4 --lr 0.05 --resume " + (ckpt / "step_00000002").string() +
+                              " > /dev/null 2> " + (dir / "full.err").string();
+  const int status = std::system(("bash -c \"" + limited + "\"").c_str());
+  INFO(read_text(dir / "full.err"));
+  CHECK((WIFEXITED(status) && WEXITSTATUS(status) == 1));
+  std::map<std::string, std::string> after;
+  for (const auto& e : fs::directory_iterator(step4)) after[e.path().filename().string()] = read_text(e.path());
+  CHECK(after == before);
+  CHECK(read_text(ckpt / "latest") == "step_00000004\n");
+  CHECK_FALSE(fs::exists(ckpt / "step_00000004.partial"));
+  CHECK(braid_train(dir, common + "--steps 5 --resume " + ckpt.string()).rc == 0);
+  CHECK(read_text(ckpt / "latest") == "step_00000005\n");
 }
 
 TEST_CASE("--sample generates the same text for the same seed", "[cli]") {

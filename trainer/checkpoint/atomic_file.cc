@@ -41,7 +41,10 @@ AtomicFile::AtomicFile(fs::path target) : target_(std::move(target)) {
   temp_ = name.data();
   // mkstemp makes 0600; the file gets the mode open(2) would give it.
   if (::fchmod(fd_, 0666 & ~current_umask()) != 0) {
-    throw SystemError(errno_message("setting the mode of " + temp_, errno));
+    const int err = errno;
+    ::close(fd_);  // the destructor does not run for a constructor that throws
+    ::unlink(temp_.c_str());
+    throw SystemError(errno_message("setting the mode of " + temp_, err));
   }
 }
 

@@ -113,30 +113,33 @@ void load_weights(const fs::path& path, Gpt& model) {
   copy_tensors(r, model, "", Range{0, model.table().count()}, model.params().data());
 }
 
-fs::path save_checkpoint(const fs::path& dir, const Gpt& model, const AdamW& opt, const TrainState& s, int keep) {
+fs::path save_checkpoint(const fs::path& dir, const Gpt& model, const AdamW& opt, const TrainState& s,
+                         const StepFiles& extra, int keep) {
   if (opt.owned() != std::vector<Range>{Range{0, model.table().count()}}) {
     throw InvalidUsage("saving a sharded optimizer state needs its shards gathered to one rank first");
   }
-  const fs::path step_dir = dir / layout::step_dir_name(s.step);
-  const bool existed = fs::exists(step_dir);
-  fs::create_directories(step_dir);
+  // The step's files go to its staging directory, which is published whole.
+  const fs::path staging = layout::open_staging(dir, s.step, true);
   try {
-    save_weights(step_dir / layout::kModelFile, model, s.step);
+    save_weights(staging / layout::kModelFile, model, s.step);
     std::vector<float> m, v;
     std::vector<TensorToWrite> tensors = named_tensors(model, "m.", on_host(opt.m(), m));
     for (auto& t : named_tensors(model, "v.", on_host(opt.v(), v))) tensors.push_back(std::move(t));
-    write_safetensors(step_dir / layout::kOptimizerFile, tensors, config_metadata(model.config(), s.step));
-    write_file_atomically(step_dir / layout::kStateFile, layout::state_json(s).dump(2) + "\n");
+    write_safetensors(staging / layout::kOptimizerFile, tensors, config_metadata(model.config(), s.step));
+    write_file_atomically(staging / layout::kStateFile, layout::state_json(s).dump(2) + "\n");
+    layout::write_files(staging, extra);
   } catch (...) {
-    // A save that failed (a full disk, say) leaves no half-written step
-    // behind; `latest` still names the last complete one.
+    // A save that failed (a full disk, say) leaves nothing half-written
+    // behind; the step's directory, if it had one, and `latest` are as they
+    // were.
     std::error_code ignored;
-    if (!existed) fs::remove_all(step_dir, ignored);
+    fs::remove_all(staging, ignored);
     throw;
   }
-  layout::commit_latest(dir, s.step, keep);
-  return step_dir;
+  return layout::publish_step(dir, s.step, keep);
 }
+
+fs::path step_directory(const fs::path& dir, std::int64_t step) { return dir / layout::step_dir_name(step); }
 
 fs::path resolve_checkpoint(const fs::path& path) {
   if (layout::is_complete(path)) return path;

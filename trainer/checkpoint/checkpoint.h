@@ -10,9 +10,10 @@
 //   DIR/step_00000100/state.json             step, run options, data position,
 //                                            the parallel layout that wrote it
 //   DIR/latest                               "step_00000100", replaced last
-// Every file is written atomically, and `latest` moves only after the
-// step's files are durable, so a crash at any point leaves the previous
-// checkpoint intact. The data position is the step alone: batches are a
+// A step is written in DIR/step_00000100.partial and renamed into place once
+// its files are durable, then `latest` moves (layout.h): a crash or a
+// failed save at any point leaves every earlier checkpoint intact, and a
+// step directory never mixes the files of two saves. The data position is the step alone: batches are a
 // function of (seed, step, index) (trainer/data/text_data.h).
 //
 // Loading reads and validates every file completely before it changes any
@@ -23,6 +24,8 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <map>
+#include <string>
 
 #include <nlohmann/json.hpp>
 
@@ -64,9 +67,17 @@ struct TrainState {
   SavedLayout layout = {};
 };
 
-// Writes DIR/step_<step>/..., then DIR/latest; keeps the newest `keep` steps.
+// Files a save adds to its step beside the checkpoint's own, by name (the
+// trainer's config.json); they are published with the step.
+using StepFiles = std::map<std::string, std::string>;
+
+// DIR/step_<step>: where a checkpoint of `step` is once published.
+std::filesystem::path step_directory(const std::filesystem::path& dir, std::int64_t step);
+
+// Writes DIR/step_<step>/..., then DIR/latest; keeps the step and the newest
+// keep - 1 steps before it (layout::prune_steps).
 std::filesystem::path save_checkpoint(const std::filesystem::path& dir, const Gpt& model, const AdamW& optimizer,
-                                      const TrainState& state, int keep = 2);
+                                      const TrainState& state, const StepFiles& extra = {}, int keep = 2);
 // A checkpoint directory (follows `latest`) or one step directory (it holds
 // state.json or, sharded, manifest.json).
 std::filesystem::path resolve_checkpoint(const std::filesystem::path& path);

@@ -1,8 +1,15 @@
 #include "trainer/checkpoint/layout.h"
 
+#include <fcntl.h>
+#include <stdio.h>  // renameat2
+
 #include <algorithm>
+#include <cerrno>
+#include <charconv>
 #include <cstdio>
 #include <fstream>
+#include <functional>
+#include <string_view>
 #include <vector>
 
 #include "runtime/errors.h"
@@ -93,31 +100,108 @@ json read_json(const fs::path& path) {
 
 namespace {
 
-void prune(const fs::path& dir, int keep) {
-  std::vector<fs::path> steps;
-  for (const auto& entry : fs::directory_iterator(dir)) {
-    const std::string name = entry.path().filename().string();
-    if (entry.is_directory() && name.rfind("step_", 0) == 0) steps.push_back(entry.path());
-  }
-  std::sort(steps.begin(), steps.end());
-  // Walk from the newest: keep `keep` complete steps and anything newer
-  // than the oldest of them (a checkpoint still being written).
-  int kept = 0;
-  for (auto it = steps.rbegin(); it != steps.rend(); ++it) {
-    if (kept >= keep) {
-      fs::remove_all(*it);
-    } else if (is_complete(*it)) {
-      ++kept;
-    }
-  }
+constexpr std::string_view kStagingSuffix = ".partial";
+constexpr std::string_view kReplacedSuffix = ".replaced";
+
+// What a name under DIR is: a step directory, a leftover of one (.partial
+// or .replaced), or nothing of ours.
+struct StepEntry {
+  enum Kind { kNone, kStep, kLeftover } kind = kNone;
+  std::int64_t step = 0;
+};
+
+StepEntry classify(std::string_view name) {
+  if (name.rfind("step_", 0) != 0) return {};
+  name.remove_prefix(5);
+  std::int64_t step = 0;
+  const auto [end, ec] = std::from_chars(name.data(), name.data() + name.size(), step);
+  if (ec != std::errc() || end == name.data() || step < 0) return {};
+  const std::string_view rest(end, static_cast<std::size_t>(name.data() + name.size() - end));
+  if (rest.empty()) return {StepEntry::kStep, step};
+  if (rest == kStagingSuffix || rest == kReplacedSuffix) return {StepEntry::kLeftover, step};
+  return {};
+}
+
+fs::path with_suffix(const fs::path& dir, std::int64_t step, std::string_view suffix) {
+  return dir / (step_dir_name(step) + std::string(suffix));
 }
 
 }  // namespace
 
-void commit_latest(const fs::path& dir, std::int64_t step, int keep) {
+fs::path staging_dir(const fs::path& dir, std::int64_t step) { return with_suffix(dir, step, kStagingSuffix); }
+
+fs::path open_staging(const fs::path& dir, std::int64_t step, bool fresh) {
+  const fs::path staging = staging_dir(dir, step);
+  if (fresh) fs::remove_all(staging);
+  fs::create_directories(staging);
+  return staging;
+}
+
+void tidy_staging(const fs::path& staging, const std::vector<std::string>& keep) {
+  std::vector<fs::path> stale;
+  for (const auto& entry : fs::directory_iterator(staging))
+    if (std::find(keep.begin(), keep.end(), entry.path().filename().string()) == keep.end())
+      stale.push_back(entry.path());
+  for (const fs::path& p : stale) fs::remove_all(p);
+}
+
+void write_files(const fs::path& staging, const std::map<std::string, std::string>& files) {
+  for (const auto& [name, content] : files) {
+    if (name.empty() || name.find('/') != std::string::npos || name.front() == '.')
+      throw InvalidUsage("a checkpoint's extra file needs a plain name, not '" + name + "'");
+    write_file_atomically(staging / name, content);
+  }
+}
+
+void prune_steps(const fs::path& dir, std::int64_t committed, int keep) {
+  std::vector<std::int64_t> older;  // complete steps before `committed`
+  std::vector<fs::path> doomed;
+  for (const auto& entry : fs::directory_iterator(dir)) {
+    const StepEntry e = classify(entry.path().filename().string());
+    if (e.kind == StepEntry::kNone || !entry.is_directory() || e.step > committed) continue;
+    if (e.kind == StepEntry::kLeftover) {
+      doomed.push_back(entry.path());
+    } else if (e.step < committed) {
+      if (is_complete(entry.path())) older.push_back(e.step);
+      else doomed.push_back(entry.path());
+    }
+  }
+  std::sort(older.begin(), older.end(), std::greater<>());
+  for (std::size_t i = static_cast<std::size_t>(std::max(keep, 1) - 1); i < older.size(); ++i)
+    doomed.push_back(dir / step_dir_name(older[i]));
+  for (const fs::path& p : doomed) fs::remove_all(p);
+}
+
+fs::path publish_step(const fs::path& dir, std::int64_t step, int keep) {
+  const fs::path staging = staging_dir(dir, step), target = dir / step_dir_name(step);
+  sync_directory(staging);
+  fs::path old;  // where the step's previous directory ends up
+  int err = 0;
+  if (::renameat2(AT_FDCWD, staging.c_str(), AT_FDCWD, target.c_str(), RENAME_NOREPLACE) == 0) {
+    // the step is new
+  } else if ((err = errno) == EEXIST &&
+             ::renameat2(AT_FDCWD, staging.c_str(), AT_FDCWD, target.c_str(), RENAME_EXCHANGE) == 0) {
+    old = staging;
+  } else {
+    if (err == EEXIST) err = errno;
+    if (err != EINVAL && err != ENOSYS && err != EOPNOTSUPP)
+      throw SystemError(errno_message("publishing checkpoint step " + staging.string() + " as " + target.string(),
+                                      err));
+    // No renameat2 flags on this file system: move the old step aside.
+    if (fs::exists(target)) {
+      old = with_suffix(dir, step, kReplacedSuffix);
+      fs::remove_all(old);
+      fs::rename(target, old);
+    }
+    fs::rename(staging, target);
+  }
   sync_directory(dir);
+  // A new DIR's own name, too.
+  sync_directory(fs::absolute(dir).parent_path());
   write_file_atomically(dir / kLatest, step_dir_name(step) + "\n");
-  prune(dir, std::max(keep, 1));
+  if (!old.empty()) fs::remove_all(old);
+  prune_steps(dir, step, keep);
+  return target;
 }
 
 }  // namespace braid::trainer::layout

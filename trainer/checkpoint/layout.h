@@ -1,14 +1,26 @@
 // Private to trainer/checkpoint/: the names and the pieces both checkpoint
 // layouts share (checkpoint.h: one process; sharded.h: one file per rank).
 //
-//   DIR/step_00000100/...   one directory per step, complete once it holds
-//                           state.json (one process) or manifest.json (sharded)
-//   DIR/latest              "step_00000100", replaced last
+//   DIR/step_00000100/...         one directory per step, complete once it holds
+//                                 state.json (one process) or manifest.json (sharded)
+//   DIR/step_00000100.partial/    the same step while it is written
+//   DIR/latest                    "step_00000100", replaced last
+//
+// A step is written in its staging directory and published by a rename, so
+// a step directory only ever holds the files of one save: a save that fails
+// or dies leaves the step it would replace as it was, and a step saved again
+// (a run resumed from an earlier step writes the same numbers) replaces the
+// old directory whole, never file by file. The rename swaps the two
+// directories atomically (renameat2 RENAME_EXCHANGE) where the file system
+// can; elsewhere the old directory is moved aside first, so a crash between
+// the two renames leaves DIR/step_N.replaced and no DIR/step_N.
 #pragma once
 
 #include <cstdint>
 #include <filesystem>
+#include <map>
 #include <string>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -24,6 +36,18 @@ inline constexpr const char* kStateFile = "state.json";
 inline constexpr const char* kManifestFile = "manifest.json";
 
 std::string step_dir_name(std::int64_t step);
+// DIR/step_<step>.partial, where a save of `step` writes its files.
+std::filesystem::path staging_dir(const std::filesystem::path& dir, std::int64_t step);
+// The staging directory, created if need be. A fresh one (the one-process
+// save, which has it to itself) also loses whatever an earlier save that
+// died left in it.
+std::filesystem::path open_staging(const std::filesystem::path& dir, std::int64_t step, bool fresh);
+// Removes from `staging` every entry not named in `keep`: what a sharded
+// save that died left behind (a stale manifest, another world size's
+// shards). Only once every rank of this save has written its files.
+void tidy_staging(const std::filesystem::path& staging, const std::vector<std::string>& keep);
+// Writes each (name, content) into `staging` atomically.
+void write_files(const std::filesystem::path& staging, const std::map<std::string, std::string>& files);
 // A step directory holding a state file: a checkpoint that was completed.
 bool is_complete(const std::filesystem::path& step_dir);
 // The integer value of a __metadata__ key; InvalidUsage naming the file.
@@ -34,9 +58,17 @@ nlohmann::json state_json(const TrainState& state);
 TrainState parse_state(const nlohmann::json& j, const std::filesystem::path& path);
 nlohmann::json read_json(const std::filesystem::path& path);
 
-// After a step's files are durable: fsync DIR, point `latest` at the step,
-// then keep only the newest `keep` complete steps (incomplete leftovers
-// older than them go too).
-void commit_latest(const std::filesystem::path& dir, std::int64_t step, int keep);
+// Once every file in the step's staging directory is durable: rename it to
+// DIR/step_<step> (the step's previous directory, if any, goes), fsync DIR,
+// point `latest` at the step, then prune (prune_steps). Returns the step's
+// directory.
+std::filesystem::path publish_step(const std::filesystem::path& dir, std::int64_t step, int keep);
+
+// Keeps `committed` and the newest keep - 1 complete steps before it, and
+// removes the older ones, the incomplete step directories before it and the
+// leftovers (.partial, .replaced) of steps up to it. Steps after `committed`
+// are another run's (this one went back to an earlier step) and stay: they
+// are not this run's to prune.
+void prune_steps(const std::filesystem::path& dir, std::int64_t committed, int keep);
 
 }  // namespace braid::trainer::layout

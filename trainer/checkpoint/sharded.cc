@@ -40,12 +40,10 @@ std::map<std::string, std::vector<std::int64_t>> full_shapes(const GptConfig& co
 }  // namespace
 
 fs::path prepare_step_directory(const fs::path& dir, std::int64_t step) {
-  const fs::path step_dir = dir / layout::step_dir_name(step);
-  fs::create_directories(step_dir);
-  return step_dir;
+  return layout::open_staging(dir, step, false);
 }
 
-void write_shard(const fs::path& step_dir, int rank, int world_size, const std::vector<TensorPiece>& pieces,
+void write_shard(const fs::path& staging, int rank, int world_size, const std::vector<TensorPiece>& pieces,
                  const GptConfig& config, std::int64_t step) {
   const std::map<std::string, std::vector<std::int64_t>> shapes = full_shapes(config);
   std::vector<TensorToWrite> tensors;
@@ -63,19 +61,22 @@ void write_shard(const fs::path& step_dir, int rank, int world_size, const std::
   Metadata metadata = config_metadata(config, step);
   metadata["rank"] = std::to_string(rank);
   metadata["world_size"] = std::to_string(world_size);
-  write_safetensors(step_dir / shard_name(rank, world_size), tensors, metadata);
+  write_safetensors(staging / shard_name(rank, world_size), tensors, metadata);
 }
 
 fs::path commit_sharded_checkpoint(const fs::path& dir, const TrainState& state, int world_size,
-                                   const std::string& strategy, int keep) {
-  const fs::path step_dir = dir / layout::step_dir_name(state.step);
+                                   const std::string& strategy, const StepFiles& extra, int keep) {
+  const fs::path staging = layout::staging_dir(dir, state.step);
   json manifest = layout::state_json(state);
   json files = json::array();
-  for (int r = 0; r < world_size; ++r) files.push_back(shard_name(r, world_size));
+  std::vector<std::string> shards;
+  for (int r = 0; r < world_size; ++r) shards.push_back(shard_name(r, world_size));
+  for (const std::string& name : shards) files.push_back(name);
   manifest["shards"] = {{"world_size", world_size}, {"strategy", strategy}, {"files", files}};
-  write_file_atomically(step_dir / layout::kManifestFile, manifest.dump(2) + "\n");
-  layout::commit_latest(dir, state.step, keep);
-  return step_dir;
+  layout::tidy_staging(staging, shards);
+  layout::write_files(staging, extra);
+  write_file_atomically(staging / layout::kManifestFile, manifest.dump(2) + "\n");
+  return layout::publish_step(dir, state.step, keep);
 }
 
 // ---------------------------------------------------------------------------

@@ -14,11 +14,12 @@
 // rank writes which piece is the strategy's business (what it owns), so a
 // checkpoint of any strategy and world size loads into any other.
 //
-// Commit protocol: every rank writes its shard atomically and fsyncs it;
-// after a barrier, rank 0 writes manifest.json atomically and only then
-// moves `latest`. A step directory without a manifest is an incomplete
-// checkpoint (a rank died while writing): never resumed from, and pruned
-// once newer complete ones exist.
+// Commit protocol: every rank writes its shard atomically and fsyncs it, in
+// the step's staging directory (layout.h); after a barrier, rank 0 removes
+// whatever else an earlier save that died left there, writes manifest.json,
+// renames the directory into place and only then moves `latest`. A save
+// that dies leaves DIR/step_N.partial, never resumed from, and removed by
+// the next step published after it.
 #pragma once
 
 #include <cstdint>
@@ -40,15 +41,18 @@ struct TensorPiece {
   const float* data = nullptr;
 };
 
-// The step's directory (created) for a checkpoint of `step` under `dir`.
+// The staging directory (created) where every rank writes its shard of a
+// checkpoint of `step` under `dir`.
 std::filesystem::path prepare_step_directory(const std::filesystem::path& dir, std::int64_t step);
-// This rank's shard file in `step_dir`, written atomically.
-void write_shard(const std::filesystem::path& step_dir, int rank, int world_size,
+// This rank's shard file in the staging directory, written atomically.
+void write_shard(const std::filesystem::path& staging, int rank, int world_size,
                  const std::vector<TensorPiece>& pieces, const GptConfig& config, std::int64_t step);
-// Rank 0, once every shard is durable: the manifest, then `latest`, then
-// pruning to the newest `keep` steps. Returns the step directory.
+// Rank 0, once every shard is durable: the manifest and `extra`, the step
+// published, then `latest`, then pruning (layout::prune_steps). Returns the
+// step directory.
 std::filesystem::path commit_sharded_checkpoint(const std::filesystem::path& dir, const TrainState& state,
-                                                int world_size, const std::string& strategy, int keep = 2);
+                                                int world_size, const std::string& strategy,
+                                                const StepFiles& extra = {}, int keep = 2);
 
 // Reads a training checkpoint of either layout (single-process or sharded)
 // or a bare weights file. Opening reads and validates every file: the model

@@ -72,20 +72,21 @@ std::vector<TensorPiece> owned_pieces(Strategy& strategy, std::vector<std::vecto
 }
 
 std::filesystem::path save_sharded_checkpoint(Strategy& strategy, const std::filesystem::path& dir,
-                                              const TrainState& state) {
-  const std::filesystem::path step_dir = prepare_step_directory(dir, state.step);
+                                              const TrainState& state, const StepFiles& extra) {
+  const std::filesystem::path staging = prepare_step_directory(dir, state.step);
   std::vector<std::vector<float>> copies;
-  write_shard(step_dir, strategy.rank(), strategy.world_size(), owned_pieces(strategy, copies),
+  write_shard(staging, strategy.rank(), strategy.world_size(), owned_pieces(strategy, copies),
               strategy.model().config(), state.step);
   // The manifest goes last, once every shard is durable.
   barrier(strategy);
-  if (strategy.rank() != 0) return step_dir;
-  return commit_sharded_checkpoint(dir, state, strategy.world_size(), std::string(strategy_name(strategy.kind())));
+  if (strategy.rank() != 0) return step_directory(dir, state.step);
+  return commit_sharded_checkpoint(dir, state, strategy.world_size(), std::string(strategy_name(strategy.kind())),
+                                   extra);
 }
 
 std::filesystem::path save_mesh_checkpoint(Mesh& mesh, comm::Communicator& world, const std::filesystem::path& dir,
-                                           const TrainState& state) {
-  const std::filesystem::path step_dir = prepare_step_directory(dir, state.step);
+                                           const TrainState& state, const StepFiles& extra) {
+  const std::filesystem::path staging = prepare_step_directory(dir, state.step);
   const Gpt& model = mesh.strategy().model();
   const bool writer = mesh.groups().coord.dp == 0 && mesh.groups().coord.tp == 0;
   std::vector<std::vector<float>> values;
@@ -100,14 +101,14 @@ std::filesystem::path save_mesh_checkpoint(Mesh& mesh, comm::Communicator& world
       pieces.push_back({s.prefix + v.name, 0, values.back().size(), values.back().data()});
     }
   }
-  write_shard(step_dir, world.rank(), world.size(), pieces, model.config(), state.step);
+  write_shard(staging, world.rank(), world.size(), pieces, model.config(), state.step);
   world.barrier().wait();
-  if (world.rank() != 0) return step_dir;
+  if (world.rank() != 0) return step_directory(dir, state.step);
   const MeshShape& shape = mesh.groups().shape;
   const std::string layout = std::string(strategy_name(mesh.strategy().kind())) + " on dp " +
                              std::to_string(shape.dp) + " x tp " + std::to_string(shape.tp) + " x pp " +
                              std::to_string(shape.pp);
-  return commit_sharded_checkpoint(dir, state, world.size(), layout);
+  return commit_sharded_checkpoint(dir, state, world.size(), layout, extra);
 }
 
 void save_strategy_weights(Strategy& strategy, const std::filesystem::path& path, std::int64_t step) {

@@ -23,10 +23,10 @@ void load_state(const CheckpointReader& reader, const std::filesystem::path& whe
 std::vector<TensorPiece> owned_pieces(Strategy& strategy);
 
 // A sharded checkpoint of `state.step` under `dir` (collective: every rank
-// writes its shard, rank 0 the manifest after a barrier). Returns the step
-// directory.
+// writes its shard, rank 0 the manifest and `extra` after a barrier, then
+// publishes the step). Returns the step directory.
 std::filesystem::path save_sharded_checkpoint(Strategy& strategy, const std::filesystem::path& dir,
-                                              const TrainState& state);
+                                              const TrainState& state, const StepFiles& extra = {});
 
 // A checkpoint of a --tp / --pp run (collective over the world). Each
 // stage's rank at dp 0, tp 0 writes the stage's tensors whole (gathered over
@@ -34,7 +34,7 @@ std::filesystem::path save_sharded_checkpoint(Strategy& strategy, const std::fil
 // pieces tile every tensor once and the checkpoint loads into any layout
 // and consolidates like any sharded one.
 std::filesystem::path save_mesh_checkpoint(Mesh& mesh, comm::Communicator& world, const std::filesystem::path& dir,
-                                           const TrainState& state);
+                                           const TrainState& state, const StepFiles& extra = {});
 // The whole parameters as one safetensors weights file, written by rank 0
 // (collective: every rank must call it).
 void save_strategy_weights(Strategy& strategy, const std::filesystem::path& path, std::int64_t step);

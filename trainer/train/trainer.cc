@@ -7,7 +7,6 @@
 
 #include "kernels/cpu/gpt_ops.h"
 #include "runtime/errors.h"
-#include "trainer/checkpoint/atomic_file.h"
 #include "trainer/checkpoint/checkpoint.h"
 #include "trainer/strategy/compose.h"
 #include "trainer/strategy/traffic_theory.h"
@@ -278,18 +277,17 @@ fs::path Trainer::save_checkpoint() {
   const int dp = mesh_ ? mesh_->groups().shape.dp : strategy().world_size();
   const SavedLayout layout{std::string(strategy_name(strategy().kind())), dp, options_.tp, options_.pp};
   TrainState s{step_, saved, corpus_.source, corpus_.bytes.size(), corpus_.fingerprint(), layout};
-  fs::path dir = mesh_ ? save_mesh_checkpoint(*mesh_, *world_, options_.checkpoint_dir, s)
+  // The settings that repeat this run (--config DIR/step_.../config.json),
+  // published with the step.
+  nlohmann::json config = config_json(options_);
+  config.update(saved);
+  config["strategy"] = layout.strategy;
+  config["dp"] = layout.dp;
+  const StepFiles extra{{"config.json", config.dump(2) + "\n"}};
+  fs::path dir = mesh_ ? save_mesh_checkpoint(*mesh_, *world_, options_.checkpoint_dir, s, extra)
                  : strategy_->kind() == StrategyKind::kNone
-                     ? trainer::save_checkpoint(options_.checkpoint_dir, model(), optimizer(), s)
-                     : save_sharded_checkpoint(*strategy_, options_.checkpoint_dir, s);
-  // The settings that repeat this run (--config DIR/step_.../config.json).
-  if (rank() == 0) {
-    nlohmann::json config = config_json(options_);
-    config.update(saved);
-    config["strategy"] = layout.strategy;
-    config["dp"] = layout.dp;
-    write_file_atomically(dir / "config.json", config.dump(2) + "\n");
-  }
+                     ? trainer::save_checkpoint(options_.checkpoint_dir, model(), optimizer(), s, extra)
+                     : save_sharded_checkpoint(*strategy_, options_.checkpoint_dir, s, extra);
   last_checkpoint_ = step_;
   return dir;
 }
