@@ -1,11 +1,14 @@
 #include "trainer/checkpoint/safetensors.h"
 
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <bit>
 #include <cstdio>
 #include <cstring>
-#include <fstream>
-#include <iterator>
 
 #include <nlohmann/json.hpp>
 #include <xxhash.h>
@@ -88,13 +91,49 @@ void SafetensorsFile::fail(const std::string& problem) const {
   throw InvalidUsage("checkpoint " + path_.string() + " is refused: " + problem);
 }
 
+// A file mapped read-only; unmapped with the last SafetensorsFile that
+// shares it.
+struct SafetensorsFile::Mapping {
+  void* addr = nullptr;
+  std::size_t size = 0;
+  Mapping() = default;
+  Mapping(const Mapping&) = delete;
+  Mapping& operator=(const Mapping&) = delete;
+  ~Mapping() {
+    if (addr) ::munmap(addr, size);
+  }
+};
+
 SafetensorsFile SafetensorsFile::read(const fs::path& path) {
   SafetensorsFile f;
   f.path_ = path;
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw InvalidUsage("cannot open checkpoint " + path.string() + " for reading; check the path");
-  f.bytes_.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
-  if (in.bad()) throw SystemError("reading checkpoint " + path.string() + " failed");
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) {
+    throw InvalidUsage(errno_message("cannot open checkpoint " + path.string() + " for reading; check the path",
+                                     errno));
+  }
+  struct stat st {};
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    const int err = errno;
+    ::close(fd);
+    if (S_ISDIR(st.st_mode)) throw InvalidUsage("checkpoint " + path.string() + " is a directory, not a file");
+    throw SystemError(errno_message("reading checkpoint " + path.string(), err));
+  }
+  auto mapping = std::make_shared<Mapping>();
+  mapping->size = static_cast<std::size_t>(st.st_size);
+  if (mapping->size > 0) {
+    void* addr = ::mmap(nullptr, mapping->size, PROT_READ, MAP_PRIVATE, fd, 0);
+    if (addr == MAP_FAILED) {
+      const int err = errno;
+      ::close(fd);
+      throw SystemError(errno_message("mapping checkpoint " + path.string(), err));
+    }
+    mapping->addr = addr;
+    ::madvise(addr, mapping->size, MADV_SEQUENTIAL);
+  }
+  ::close(fd);
+  f.mapping_ = mapping;
+  f.bytes_ = std::string_view(static_cast<const char*>(mapping->addr), mapping->size);
   if (f.bytes_.size() < 8) {
     f.fail("it is truncated: " + std::to_string(f.bytes_.size()) + " bytes, shorter than the 8-byte header length");
   }

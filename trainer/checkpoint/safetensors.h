@@ -17,7 +17,12 @@
 // header itself is covered by its JSON parse and the checks below (a damaged
 // name, shape, offset or config is refused by them).
 //
-// Writing is atomic (AtomicFile). Reading validates the whole file before
+// Writing is atomic (AtomicFile). Reading maps the file (read-only, private)
+// rather than copying it: the pages are the page cache's, which the kernel
+// may drop and read again, so every rank that opens a whole checkpoint on
+// resume holds none of it in its own memory beyond the tensor it copies
+// out. (braid replaces files by rename, never in place; a file truncated by
+// hand while it is open makes the reader fault.) Reading validates the whole file before
 // anything is copied out, and every refusal is an InvalidUsage naming the
 // file and the problem: truncated header length, header length past the end
 // of the file, bad JSON, wrong dtype, offsets out of range or not matching
@@ -31,7 +36,9 @@
 #include <cstdint>
 #include <filesystem>
 #include <map>
+#include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -80,8 +87,10 @@ class SafetensorsFile {
   void verify_checksums();
   [[noreturn]] void fail(const std::string& problem) const;
 
+  struct Mapping;
   std::filesystem::path path_;
-  std::vector<char> bytes_;
+  std::shared_ptr<const Mapping> mapping_;
+  std::string_view bytes_;  // the whole file, in mapping_
   std::size_t data_start_ = 0;
   Metadata metadata_;
   std::map<std::string, Entry> entries_;
