@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <algorithm>
 #include <cstdlib>
 #include <functional>
 #include <string>
@@ -109,14 +110,61 @@ bool read_torchrun(RankInfo& info) {
   return true;
 }
 
+// The tasks on node `node` from Slurm's compressed list of tasks per node
+// ("2(x3),1": three nodes of 2, then one of 1), or 0 where the list is
+// shorter; InvalidUsage naming `var` where it is malformed.
+int slurm_tasks_on_node(const char* var, int node) {
+  const std::string list = env(var);
+  auto malformed = [&] {
+    return InvalidUsage(std::string("environment variable ") + var + "='" + list +
+                        "' is not a Slurm list of tasks per node (as \"2(x3),1\")");
+  };
+  std::size_t at = 0;
+  long first = 0;  // the first node of the current entry
+  while (at < list.size()) {
+    char* end = nullptr;
+    const long tasks = std::strtol(list.c_str() + at, &end, 10);
+    if (end == list.c_str() + at || tasks < 1) throw malformed();
+    at = static_cast<std::size_t>(end - list.c_str());
+    long repeat = 1;
+    if (list.compare(at, 2, "(x") == 0) {
+      repeat = std::strtol(list.c_str() + at + 2, &end, 10);
+      if (end == list.c_str() + at + 2 || *end != ')' || repeat < 1) throw malformed();
+      at = static_cast<std::size_t>(end - list.c_str()) + 1;
+    }
+    if (node < first + repeat) return static_cast<int>(tasks);
+    first += repeat;
+    if (at < list.size() && list[at++] != ',') throw malformed();
+  }
+  return 0;
+}
+
 bool read_slurm(RankInfo& info) {
   if (!env("SLURM_PROCID") || !env("SLURM_NTASKS")) return false;
   info.launcher = "slurm";
   info.world_size = required_int("SLURM_NTASKS", 1, 1 << 20);
   info.rank = required_int("SLURM_PROCID", 0, info.world_size - 1);
-  info.local_rank = env_int("SLURM_LOCALID", 0, 0, info.world_size - 1);
-  info.local_world_size = env_int("SLURM_NTASKS_PER_NODE", info.world_size, 1, info.world_size);
   info.node_rank = env_int("SLURM_NODEID", 0, 0, 1 << 20);
+  // The tasks on this node: srun sets the step's list for every step;
+  // SLURM_NTASKS_PER_NODE is only there with --ntasks-per-node. With none
+  // of them, one node holds every task only where the step has one node.
+  int local = 0;
+  for (const char* var : {"SLURM_STEP_TASKS_PER_NODE", "SLURM_TASKS_PER_NODE"}) {
+    if (local == 0 && env(var)) {
+      local = slurm_tasks_on_node(var, info.node_rank);
+      if (local == 0)
+        throw InvalidUsage(std::string("environment variable ") + var + "='" + env(var) + "' lists no node " +
+                           std::to_string(info.node_rank) + " (SLURM_NODEID)");
+    }
+  }
+  if (local == 0) local = env_int("SLURM_NTASKS_PER_NODE", 0, 1, info.world_size);
+  if (local == 0) {
+    const int nodes = env_int(env("SLURM_STEP_NUM_NODES") ? "SLURM_STEP_NUM_NODES" : "SLURM_NNODES", 1, 1,
+                              info.world_size);
+    local = (info.world_size + nodes - 1) / nodes;
+  }
+  info.local_world_size = std::min(local, info.world_size);
+  info.local_rank = env_int("SLURM_LOCALID", 0, 0, info.local_world_size - 1);
   read_master(info);
   return true;
 }
@@ -128,7 +176,10 @@ bool read_openmpi(RankInfo& info) {
   info.rank = required_int("OMPI_COMM_WORLD_RANK", 0, info.world_size - 1);
   info.local_world_size = env_int("OMPI_COMM_WORLD_LOCAL_SIZE", info.world_size, 1, info.world_size);
   info.local_rank = env_int("OMPI_COMM_WORLD_LOCAL_RANK", 0, 0, info.local_world_size - 1);
-  info.node_rank = env_int("OMPI_COMM_WORLD_NODE_RANK", 0, 0, 1 << 20);
+  // OMPI_COMM_WORLD_NODE_RANK is a rank within the node, not the node's
+  // index: the index under mpirun's default mapping (by slot, node after
+  // node), as torchrun's GROUP_RANK defaults.
+  info.node_rank = info.rank / info.local_world_size;
   read_master(info);
   return true;
 }
@@ -203,7 +254,10 @@ std::string peer_bind_address(const RankInfo& info, const Config& config) {
 
 RankInfo rank_info_from_env() {
   RankInfo info;
-  if (!read_braid(info) && !read_torchrun(info) && !read_slurm(info) && !read_openmpi(info)) {
+  // Open MPI before Slurm: mpirun inside an sbatch script starts its ranks
+  // with the batch script's SLURM_PROCID (0 on every rank) beside its own
+  // OMPI_COMM_WORLD_* variables, which are the ranks'.
+  if (!read_braid(info) && !read_torchrun(info) && !read_openmpi(info) && !read_slurm(info)) {
     info.launcher = "none";
   }
   if (const char* addr = env("BRAID_STORE_ADDR")) parse_store_addr(info, addr, "BRAID_STORE_ADDR");

@@ -11,12 +11,16 @@
 //                     owns MASTER_PORT, so rank 0 serves braid's store on
 //                     MASTER_ADDR at a port derived from MASTER_PORT and the
 //                     job token (runtime/store_ports.h).
-//   3. Slurm (srun):  SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID, SLURM_NODEID;
-//                     store at MASTER_ADDR:MASTER_PORT (default
-//                     127.0.0.1:29500), served by rank 0.
-//   4. Open MPI:      OMPI_COMM_WORLD_RANK, OMPI_COMM_WORLD_SIZE,
+//   3. Open MPI:      OMPI_COMM_WORLD_RANK, OMPI_COMM_WORLD_SIZE,
 //                     OMPI_COMM_WORLD_LOCAL_RANK, OMPI_COMM_WORLD_LOCAL_SIZE;
-//                     store as for Slurm.
+//                     store at MASTER_ADDR:MASTER_PORT (default
+//                     127.0.0.1:29500), served by rank 0. Before Slurm:
+//                     mpirun inside an sbatch script leaves the script's
+//                     SLURM_* variables in its ranks' environment.
+//   4. Slurm (srun):  SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID, SLURM_NODEID,
+//                     the tasks on this node from SLURM_STEP_TASKS_PER_NODE
+//                     or SLURM_TASKS_PER_NODE ("2(x3),1"), else
+//                     SLURM_NTASKS_PER_NODE; store as for Open MPI.
 //   5. none:          a single process, rank 0 of 1, serving its own store.
 // BRAID_STORE_ADDR and BRAID_JOB_TOKEN, when set, override the store address
 // and token under any launcher. Without BRAID_JOB_TOKEN the token is derived

@@ -46,7 +46,8 @@ class ScopedEnv {
       "BRAID_RANK", "BRAID_WORLD_SIZE", "BRAID_LOCAL_RANK", "BRAID_LOCAL_WORLD_SIZE", "BRAID_NODE_RANK",
       "BRAID_STORE_ADDR", "BRAID_JOB_TOKEN", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE",
       "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID", "SLURM_PROCID", "SLURM_NTASKS",
-      "SLURM_LOCALID", "SLURM_NTASKS_PER_NODE", "SLURM_NODEID", "SLURM_JOB_ID", "SLURM_STEP_ID", "OMPI_COMM_WORLD_RANK",
+      "SLURM_LOCALID", "SLURM_NTASKS_PER_NODE", "SLURM_TASKS_PER_NODE", "SLURM_STEP_TASKS_PER_NODE",
+      "SLURM_NNODES", "SLURM_STEP_NUM_NODES", "SLURM_NODEID", "SLURM_JOB_ID", "SLURM_STEP_ID", "OMPI_COMM_WORLD_RANK",
       "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE",
       "OMPI_COMM_WORLD_NODE_RANK", "OMPI_MCA_ess_base_jobid", "BRAID_RESTART_COUNT",
       "TORCHELASTIC_RESTART_COUNT"};
@@ -65,7 +66,7 @@ const std::map<std::string, std::string> kSlurm = {
     {"SLURM_NODEID", "1"}, {"SLURM_JOB_ID", "777"}, {"MASTER_ADDR", "10.0.0.9"},   {"MASTER_PORT", "31000"}};
 const std::map<std::string, std::string> kOpenMpi = {
     {"OMPI_COMM_WORLD_RANK", "2"}, {"OMPI_COMM_WORLD_SIZE", "4"}, {"OMPI_COMM_WORLD_LOCAL_RANK", "0"},
-    {"OMPI_COMM_WORLD_LOCAL_SIZE", "2"}, {"OMPI_COMM_WORLD_NODE_RANK", "1"}};
+    {"OMPI_COMM_WORLD_LOCAL_SIZE", "2"}, {"OMPI_COMM_WORLD_NODE_RANK", "0"}};  // a rank within the node
 
 std::map<std::string, std::string> merged(std::map<std::string, std::string> a,
                                           const std::map<std::string, std::string>& b) {
@@ -160,7 +161,7 @@ TEST_CASE("rank_info: Open MPI variables, store defaulting to 127.0.0.1:29500", 
   CHECK(info.store_port == 29500);
 }
 
-TEST_CASE("rank_info: precedence is braid-launch, torchrun, Slurm, Open MPI", "[rank_info]") {
+TEST_CASE("rank_info: precedence is braid-launch, torchrun, Open MPI, Slurm", "[rank_info]") {
   SECTION("braid-launch over everything") {
     ScopedEnv env(merged(merged(merged(kBraid, kTorchrun), kSlurm), kOpenMpi));
     CHECK(rank_info_from_env().launcher == "braid-launch");
@@ -169,10 +170,39 @@ TEST_CASE("rank_info: precedence is braid-launch, torchrun, Slurm, Open MPI", "[
     ScopedEnv env(merged(merged(kTorchrun, kSlurm), kOpenMpi));
     CHECK(rank_info_from_env().launcher == "torchrun");
   }
-  SECTION("Slurm over Open MPI") {
-    ScopedEnv env(merged(kSlurm, kOpenMpi));
-    CHECK(rank_info_from_env().launcher == "slurm");
+  SECTION("Open MPI over Slurm: mpirun inside an sbatch script") {
+    // Every rank of mpirun sees the batch script's SLURM_PROCID 0.
+    ScopedEnv env(merged(with(with(kSlurm, "SLURM_PROCID", "0"), "SLURM_NTASKS", "1"), kOpenMpi));
+    const auto info = rank_info_from_env();
+    CHECK(info.launcher == "openmpi");
+    CHECK(info.rank == 2);
+    CHECK(info.world_size == 4);
   }
+}
+
+// srun sets the step's tasks per node on every step; SLURM_NTASKS_PER_NODE
+// only comes with --ntasks-per-node. `srun -N2 -n8` without it spans two
+// nodes, which the ranks must see (they listen for peers on another host).
+TEST_CASE("rank_info: Slurm's tasks on this node", "[rank_info]") {
+  auto plain = kSlurm;
+  plain.erase("SLURM_NTASKS_PER_NODE");  // rank 6 of 12, SLURM_LOCALID 2, node 1
+  auto local_size = [](const std::map<std::string, std::string>& vars) {
+    ScopedEnv env(vars);
+    return rank_info_from_env().local_world_size;
+  };
+  CHECK(local_size(with(plain, "SLURM_STEP_TASKS_PER_NODE", "6(x2)")) == 6);
+  CHECK(local_size(with(plain, "SLURM_TASKS_PER_NODE", "4,5,3")) == 5);
+  CHECK(local_size(with(with(plain, "SLURM_TASKS_PER_NODE", "3(x2),6"), "SLURM_NODEID", "2")) == 6);
+  CHECK(local_size(with(with(plain, "SLURM_STEP_TASKS_PER_NODE", "3(x4)"), "SLURM_TASKS_PER_NODE", "12")) == 3);
+  CHECK(local_size(with(plain, "SLURM_NNODES", "3")) == 4);
+  CHECK(local_size(plain) == 12);  // nothing says more than one node
+  for (const char* bad : {"4(x", "x3", "4(x0)", "4,,5", "4;5", "0"}) {
+    INFO(bad);
+    ScopedEnv env(with(plain, "SLURM_TASKS_PER_NODE", bad));
+    CHECK_THROWS_WITH(rank_info_from_env(), Contains("SLURM_TASKS_PER_NODE"));
+  }
+  ScopedEnv env(with(plain, "SLURM_TASKS_PER_NODE", "6"));  // lists node 0 only
+  CHECK_THROWS_WITH(rank_info_from_env(), Contains("lists no node 1"));
 }
 
 TEST_CASE("rank_info: BRAID_STORE_ADDR and BRAID_JOB_TOKEN override any launcher", "[rank_info]") {
@@ -213,6 +243,7 @@ TEST_CASE("rank_info: malformed values are InvalidUsage naming the variable", "[
       {with(kTorchrun, "MASTER_PORT", "65536"), "MASTER_PORT"},
       {with(kSlurm, "SLURM_NTASKS", ""), "SLURM"},  // empty counts as unset: not Slurm at all
       {with(kSlurm, "SLURM_PROCID", "12"), "SLURM_PROCID"},
+      {with(kSlurm, "SLURM_LOCALID", "4"), "SLURM_LOCALID"},  // 4 tasks on this node
       {with(kOpenMpi, "OMPI_COMM_WORLD_LOCAL_RANK", "2"), "OMPI_COMM_WORLD_LOCAL_RANK"},
   }));
   ScopedEnv env(vars);

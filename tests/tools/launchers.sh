@@ -77,7 +77,10 @@ if command -v mpirun >/dev/null 2>&1; then
   root_flag=""
   [ "$(id -u)" -ne 0 ] || root_flag="--allow-run-as-root"
   port=$(python3 "$free_ports")
-  mpirun_job() { JOB=$1 HOLD=$2 timeout -k 5 150 mpirun $root_flag --oversubscribe -np 2 -x MASTER_ADDR=127.0.0.1 \
+  # Each job its own session directory: two mpirun starting at once race
+  # to create the shared /tmp/ompi.HOST.UID ("mkdir ... File exists").
+  mpirun_job() { mkdir -p "$tmp/ompi-$1"; JOB=$1 HOLD=$2 timeout -k 5 150 mpirun $root_flag --oversubscribe -np 2 \
+    --mca orte_tmpdir_base "$tmp/ompi-$1" -x MASTER_ADDR=127.0.0.1 \
     -x MASTER_PORT="$port" -x BRAID_LOG_LEVEL=info -x BRAID_TIMEOUT -x BENCH -x ARGS -x D -x JOB -x HOLD \
     sh -c "$rank_script"; }
   mpirun_job first 1 >"$tmp/first.log" 2>&1 & first=$!
