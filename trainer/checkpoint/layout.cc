@@ -196,8 +196,10 @@ fs::path publish_step(const fs::path& dir, std::int64_t step, int keep) {
     fs::rename(staging, target);
   }
   sync_directory(dir);
-  // A new DIR's own name, too.
-  sync_directory(fs::absolute(dir).parent_path());
+  // A new DIR's own name, too ("ckpt/" has an empty file name).
+  fs::path absolute = fs::absolute(dir);
+  if (absolute.filename().empty()) absolute = absolute.parent_path();
+  sync_directory(absolute.parent_path());
   write_file_atomically(dir / kLatest, step_dir_name(step) + "\n");
   if (!old.empty()) fs::remove_all(old);
   prune_steps(dir, step, keep);
