@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <thread>
 
+#include <chrono>
 #include <cmath>
 #include <exception>
 #include <string>
@@ -20,8 +21,19 @@ namespace {
 
 using braid::launcher::LaunchOptions;
 
-std::chrono::milliseconds from_seconds(double seconds) {
-  return std::chrono::milliseconds(std::llround(seconds * 1000.0));
+// Seconds as given to --timeout or --grace-period. Beyond kMaxDuration,
+// `inf` included, a value is taken as kMaxDuration: about 31 years, in
+// effect no limit, as timeout(1) (whose exit status 124 --timeout copies)
+// takes `inf` and huge durations; refusing them would only make a user
+// pick a smaller huge number. Clamping before the conversion keeps the
+// milliseconds and the deadlines computed from them from overflowing. A
+// fraction of a millisecond rounds up, so that a tiny timeout does not
+// become 0, which means none.
+std::chrono::milliseconds from_seconds(double seconds, const std::string& option) {
+  if (std::isnan(seconds)) throw braid::InvalidUsage(option + " must be a number of seconds, got nan");
+  if (seconds < 0) throw braid::InvalidUsage(option + " must not be negative");
+  const double most = static_cast<double>(braid::launcher::kMaxDuration.count());
+  return std::chrono::milliseconds(static_cast<long long>(std::ceil(std::min(seconds, most) * 1000.0)));
 }
 
 // CLI11 leaves everything from the first positional argument on (or from
@@ -62,8 +74,11 @@ void add_options(CLI::App& app, LaunchOptions& options, CliExtras& extras, doubl
       ->capture_default_str();
   app.add_option("--log-dir", options.log_dir,
                  "write each rank's output to DIR/rank_<r>.out and .err instead of relaying it");
-  app.add_option("--timeout", timeout_s, "stop the job after this many seconds (exit 124); 0: no limit");
-  app.add_option("--grace-period", grace_s, "seconds between SIGTERM and SIGKILL when stopping")
+  app.add_option("--timeout", timeout_s,
+                 "stop the job after this many seconds (exit 124); 0: no limit; beyond 1e9 (or inf): 1e9");
+  app.add_option("--grace-period", grace_s,
+                 "seconds between SIGTERM and SIGKILL when stopping, and (at least 2) for output to drain "
+                 "then; beyond 1e9 (or inf): 1e9")
       ->capture_default_str();
 }
 
@@ -114,18 +129,24 @@ int main(int argc, char** argv) {
     int status = app.exit(e);
     return status == 0 ? 0 : braid::launcher::kExitUsage;
   }
+  int status = 1;
   try {
     options.command = program_arguments(app.remaining());
     apply_extras(extras, options);
-    options.timeout = from_seconds(timeout_s);
-    options.grace_period = from_seconds(grace_s);
+    options.timeout = from_seconds(timeout_s, "--timeout");
+    options.grace_period = from_seconds(grace_s, "--grace-period");
     braid::runtime::setup_logging(-1);
-    return braid::launcher::launch(options);
+    status = braid::launcher::launch(options);
   } catch (const braid::InvalidUsage& e) {
     braid::launcher::say(e.what());
-    return braid::launcher::kExitUsage;
+    status = braid::launcher::kExitUsage;
   } catch (const std::exception& e) {
     braid::launcher::say(e.what());
-    return 1;
+    status = 1;
   }
+  // Messages that stdout or stderr did not take at once (the supervisor has
+  // written out, or given up on, the ranks' output) get a short, bounded
+  // wait; a stalled reader must not keep the launcher from exiting.
+  braid::launcher::drain_output(std::chrono::seconds(2));
+  return status;
 }

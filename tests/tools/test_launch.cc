@@ -1,6 +1,10 @@
 // End-to-end tests of braid-launch: the real binary, shell scripts as ranks.
+#include <fcntl.h>
+#include <poll.h>
 #include <signal.h>
 #include <stdlib.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <catch2/catch.hpp>
 #include <chrono>
@@ -16,7 +20,9 @@
 #include "launch_harness.h"
 #include "runtime/errors.h"
 #include "runtime/rank_info.h"
+#include "runtime/shm_names.h"
 #include "runtime/store.h"
+#include "tools/launcher/process.h"
 
 using namespace braid::test;
 
@@ -65,6 +71,49 @@ void check_no_rank_survives(const JobDir& dir, int expected_ranks) {
     INFO("rank " << rank << " pid " << pid);
     CHECK_FALSE(process_exists(pid));
   }
+}
+
+// A FIFO in the job directory that the test holds open (read-write, so that
+// the launcher's open does not wait for a reader, and its writes never see
+// EPIPE) and reads only when it chooses: a reader of braid-launch's stdout
+// that stalls.
+class StalledReader {
+ public:
+  explicit StalledReader(const JobDir& dir) : path_(dir.path() / "stdout") {
+    REQUIRE(mkfifo(path_.c_str(), 0600) == 0);
+    fd_.reset(::open(path_.c_str(), O_RDWR | O_NONBLOCK | O_CLOEXEC));
+    REQUIRE(fd_.valid());
+  }
+  const std::filesystem::path& path() const { return path_; }
+  // Reads until `bytes` have come or the limit has passed.
+  std::string read(std::size_t bytes, std::chrono::milliseconds limit) {
+    std::string text;
+    auto deadline = std::chrono::steady_clock::now() + limit;
+    char buffer[65536];
+    while (text.size() < bytes && std::chrono::steady_clock::now() < deadline) {
+      pollfd ready{fd_.get(), POLLIN, 0};
+      if (::poll(&ready, 1, 100) <= 0) continue;
+      ssize_t n = ::read(fd_.get(), buffer, sizeof buffer);
+      if (n > 0) text.append(buffer, static_cast<std::size_t>(n));
+    }
+    return text;
+  }
+
+ private:
+  std::filesystem::path path_;
+  braid::launcher::UniqueFd fd_;
+};
+
+// braid-launch with its stdout (and with stderr_too its stderr) on the
+// reader's FIFO; the shell execs it, so the job's pid is the launcher's.
+std::unique_ptr<LaunchedJob> launch_into(const StalledReader& reader, const JobDir& dir,
+                                         const std::vector<std::string>& args, bool stderr_too) {
+  const char* launcher = std::getenv("BRAID_LAUNCH");
+  REQUIRE(launcher);
+  std::vector<std::string> argv{"/bin/sh", "-c", stderr_too ? "exec \"$@\" > \"$0\" 2>&1" : "exec \"$@\" > \"$0\"",
+                                reader.path().string(), launcher};
+  argv.insert(argv.end(), args.begin(), args.end());
+  return LaunchedJob::program(dir, "launcher", argv);
 }
 
 }  // namespace
@@ -239,6 +288,92 @@ TEST_CASE("--timeout stops the job and exits 124", "[launch]") {
   check_no_rank_survives(dir, 2);
 }
 
+// A stdout nobody reads used to block the supervisor in write(2), so
+// --timeout and signals went unheard until the reader woke up.
+TEST_CASE("a reader of stdout that stalls holds up neither --timeout nor signals", "[launch]") {
+  const bool stderr_too = GENERATE(false, true);
+  INFO("stderr on the stalled FIFO too: " << stderr_too);
+  JobDir dir;
+  StalledReader reader(dir);
+  const auto started = std::chrono::steady_clock::now();
+  // The stop, then at most 2 s (the least output gets to drain) before the
+  // output still pending is dropped; the reader never reads.
+  auto check_stopped_in_time = [&](const LaunchedJob& job) {
+    CHECK(std::chrono::steady_clock::now() - started < 10s);
+    if (!stderr_too) CHECK_THAT(job.err(), Catch::Contains("bytes of output that stdout/stderr did not take in time"));
+    check_no_rank_survives(dir, 2);
+  };
+  SECTION("--timeout") {
+    auto job = launch_into(reader, dir, shell_job(2, recording("exec yes"), dir, {"--timeout", "2", "--grace-period", "1"}),
+                           stderr_too);
+    CHECK(job->wait(20s) == 124);
+    check_stopped_in_time(*job);
+  }
+  SECTION("SIGTERM") {
+    auto job = launch_into(reader, dir, shell_job(2, recording("exec yes"), dir, {"--grace-period", "1"}), stderr_too);
+    for (int rank = 0; rank < 2; ++rank) wait_for_file(dir.path() / ("pid_" + std::to_string(rank)));
+    std::this_thread::sleep_for(500ms);  // the FIFO, the sinks and the ranks' pipes fill up
+    REQUIRE(::kill(job->pid(), SIGTERM) == 0);
+    CHECK(job->wait(20s) == 128 + SIGTERM);
+    check_stopped_in_time(*job);
+  }
+}
+
+TEST_CASE("output held up by a slow reader is all relayed, in whole lines", "[launch]") {
+  JobDir dir;
+  StalledReader reader(dir);
+  constexpr int kLines = 100000;
+  auto job = launch_into(reader, dir, shell_job(2, "seq 1 " + std::to_string(kLines), dir), false);
+  // Meanwhile the FIFO, the launcher's buffer and the ranks' pipes fill up
+  // and the ranks block on their writes.
+  std::this_thread::sleep_for(1s);
+  std::string expected;
+  for (int rank = 0; rank < 2; ++rank)
+    for (int i = 1; i <= kLines; ++i) expected += "[rank " + std::to_string(rank) + "] " + std::to_string(i) + "\n";
+  std::string got = reader.read(expected.size(), 30s);
+  CHECK(job->wait(20s) == 0);
+  REQUIRE(got.size() == expected.size());
+  CHECK(sorted_lines(got) == sorted_lines(expected));
+}
+
+// The launcher's own failure after rank 0 started (rank 1's log file cannot
+// be created) still kills rank 0 and removes the job's shared memory.
+TEST_CASE("a launcher failure midway stops the started ranks and removes the job's segments", "[launch]") {
+  JobDir dir;
+  const std::string token = "launch-failure-test-" + std::to_string(::getpid());
+  const std::string segment = "/dev/shm" + braid::runtime::shm_job_prefix(token) + "left-by-rank";
+  auto logs = dir.path() / "logs";
+  std::filesystem::create_directories(logs / "rank_1.out");  // a directory: open(2) fails
+  struct SegmentCleanup {
+    std::string path;
+    ~SegmentCleanup() { ::unlink(path.c_str()); }
+  } cleanup{segment};
+  {
+    std::ofstream(segment) << "x";
+  }
+  REQUIRE(std::filesystem::exists(segment));
+  auto result = run_launch(dir, shell_job(2, recording("exec sleep 60"), dir, {"--log-dir", logs.string()}),
+                           {{"BRAID_JOB_TOKEN", token}});
+  CHECK(result.status == 1);
+  CHECK_THAT(result.err, Catch::Contains("rank_1.out"));
+  CHECK_FALSE(std::filesystem::exists(segment));
+  CHECK_THAT(result.err, Catch::Contains("removed 1 shared-memory segment(s) left by failed ranks"));
+  for (const auto& [rank, pid] : dir.recorded_pids()) {
+    INFO("rank " << rank << " pid " << pid);
+    CHECK_FALSE(process_exists(pid));
+  }
+}
+
+TEST_CASE("huge --timeout and --grace-period mean no limit instead of overflowing", "[launch]") {
+  auto value = GENERATE(as<std::string>{}, "1e10", "1e300", "inf", "1e9");
+  INFO("value " << value);
+  JobDir dir;
+  auto result = run_launch(dir, shell_job(1, "echo ran", dir, {"--timeout", value, "--grace-period", value}));
+  CHECK(result.status == 0);
+  CHECK(result.out == "[rank 0] ran\n");
+  CHECK(result.err.empty());
+}
+
 TEST_CASE("bad arguments exit 2 and start nothing", "[launch]") {
   auto args = GENERATE(as<std::vector<std::string>>{},
                        std::vector<std::string>{"-n", "0"},
@@ -248,6 +383,8 @@ TEST_CASE("bad arguments exit 2 and start nothing", "[launch]") {
                                                 "--master-port", "29517"},
                        std::vector<std::string>{"-n", "2", "--nnodes", "2", "--node-rank", "1"},
                        std::vector<std::string>{"-n", "2", "--timeout", "-1"},
+                       std::vector<std::string>{"-n", "2", "--timeout", "nan"},
+                       std::vector<std::string>{"-n", "2", "--grace-period", "-inf"},
                        std::vector<std::string>{"-n", "2", "--bogus"});
   JobDir dir;
   std::vector<std::string> full = args;

@@ -1,19 +1,56 @@
 // Unit tests of the launcher's pure parts; test_launch.cc runs the binary.
 #include <fcntl.h>
+#include <poll.h>
 #include <signal.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <catch2/catch.hpp>
+#include <cerrno>
+#include <chrono>
+#include <climits>
 #include <string>
+#include <thread>
 
 #include "tools/launcher/environment.h"
 #include "tools/launcher/launcher.h"
 #include "tools/launcher/output.h"
 #include "tools/launcher/process.h"
+#include "tools/launcher/supervisor.h"
 
 using namespace braid::launcher;
+using namespace std::chrono_literals;
 
 namespace {
+
+// A write that blocks would hang the test: past the limit SIGALRM ends the
+// whole test binary instead, which fails it.
+class BlockingGuard {
+ public:
+  explicit BlockingGuard(unsigned seconds) { alarm(seconds); }
+  ~BlockingGuard() { alarm(0); }
+};
+
+// SIGPIPE ignored for the scope, as braid-launch ignores it.
+class IgnoreSigpipe {
+ public:
+  IgnoreSigpipe() {
+    struct sigaction ignore {};
+    ignore.sa_handler = SIG_IGN;
+    sigaction(SIGPIPE, &ignore, &old_);
+  }
+  ~IgnoreSigpipe() { sigaction(SIGPIPE, &old_, nullptr); }
+
+ private:
+  struct sigaction old_ {};
+};
+
+std::string read_available(int fd) {
+  std::string out;
+  char buffer[65536];
+  for (ssize_t n; (n = ::read(fd, buffer, sizeof buffer)) > 0;) out.append(buffer, static_cast<std::size_t>(n));
+  return out;
+}
 
 // Feeds the relay's output through a pipe and returns what came out. The
 // pipe is made large enough to hold it all, as one thread writes and reads.
@@ -21,9 +58,11 @@ std::string relayed(const std::vector<std::string>& pieces) {
   Pipe pipe = make_pipe();
   REQUIRE(fcntl(pipe.write_end.get(), F_SETPIPE_SZ, 1 << 20) >= (1 << 20));
   {
-    LineRelay relay("[rank 7] ", pipe.write_end.get());
+    OutputSink sink(pipe.write_end.get());
+    LineRelay relay("[rank 7] ", sink);
     for (const std::string& piece : pieces) relay.feed(piece);
     relay.finish();
+    CHECK_FALSE(sink.has_pending());
   }
   pipe.write_end.reset();
   std::string out;
@@ -95,4 +134,99 @@ TEST_CASE("validate names the bad option", "[launcher]") {
   options = options_with("127.0.0.1");
   options.command.clear();
   CHECK_THROWS_WITH(validate(options), Catch::Contains("no program"));
+}
+
+TEST_CASE("OutputSink never blocks on a pipe nobody reads, and loses nothing once it is read", "[launcher]") {
+  BlockingGuard guard(20);
+  Pipe pipe = make_pipe();
+  REQUIRE(fcntl(pipe.read_end.get(), F_SETFL, O_NONBLOCK) == 0);
+  OutputSink sink(pipe.write_end.get());
+  // Lines of many sizes, now and then one longer than the pipe holds.
+  std::string expected;
+  for (int i = 0; expected.size() < 3 * OutputSink::kMaxPendingBytes; ++i) {
+    std::string line = std::to_string(i) + std::string(static_cast<std::size_t>(i % 97), 'x') + "\n";
+    if (i % 5000 == 4999) line = std::string(100000, 'L') + "\n";
+    expected += line;
+    sink.write(line);
+  }
+  CHECK(sink.full());
+  CHECK(sink.pending_bytes() > expected.size() - (1u << 20));  // the pipe took at most its capacity
+  // The reader catches up: flushing whenever the pipe has room gets
+  // everything through, in order.
+  std::string got;
+  while (sink.has_pending()) {
+    got += read_available(pipe.read_end.get());
+    pollfd ready{sink.poll_fd(), POLLOUT, 0};
+    REQUIRE(::poll(&ready, 1, 1000) == 1);
+    sink.flush();
+  }
+  got += read_available(pipe.read_end.get());
+  CHECK(got.size() == expected.size());
+  CHECK(got == expected);
+  sink.write("more\n");
+  CHECK(read_available(pipe.read_end.get()) == "more\n");
+}
+
+TEST_CASE("OutputSink drops what it cannot write once the reader is gone", "[launcher]") {
+  BlockingGuard guard(20);
+  IgnoreSigpipe ignore;
+  Pipe pipe = make_pipe();
+  OutputSink sink(pipe.write_end.get());
+  std::string chunk(60000, 'x');
+  for (int i = 0; i < 40; ++i) sink.write(chunk);
+  CHECK(sink.full());
+  CHECK(sink.discard() > 0);
+  CHECK_FALSE(sink.has_pending());
+  for (int i = 0; i < 40; ++i) sink.write(chunk);
+  pipe.read_end.reset();
+  sink.flush();  // EPIPE: nowhere to report it
+  CHECK_FALSE(sink.has_pending());
+  sink.write("after\n");
+  CHECK_FALSE(sink.has_pending());
+}
+
+TEST_CASE("deadlines saturate instead of overflowing, and poll timeouts stay in range", "[launcher]") {
+  const Clock::time_point now = Clock::now();
+  CHECK(deadline_after(now, 1500ms) == now + 1500ms);
+  CHECK(deadline_after(now, Clock::duration::max()) == Clock::time_point::max());
+  CHECK(deadline_after(Clock::time_point::max(), 1ms) == Clock::time_point::max());
+  CHECK(poll_timeout_ms(std::nullopt, now) == -1);
+  CHECK(poll_timeout_ms(now - 1s, now) == 0);
+  CHECK(poll_timeout_ms(now, now) == 0);
+  CHECK(poll_timeout_ms(now + 1500us, now) == 2);  // rounded up: poll must not wake early
+  CHECK(poll_timeout_ms(now + 10s, now) == 10000);
+  CHECK(poll_timeout_ms(now + std::chrono::hours(24 * 30), now) == INT_MAX);
+  CHECK(poll_timeout_ms(deadline_after(now, kMaxDuration), now) == INT_MAX);
+  CHECK(poll_timeout_ms(Clock::time_point::max(), now) == INT_MAX);
+}
+
+TEST_CASE("validate refuses durations beyond kMaxDuration", "[launcher]") {
+  LaunchOptions options = options_with("127.0.0.1");
+  options.timeout = kMaxDuration;
+  options.grace_period = kMaxDuration;
+  CHECK_NOTHROW(validate(options));
+  options.timeout = std::chrono::milliseconds(kMaxDuration) + 1ms;
+  CHECK_THROWS_WITH(validate(options), Catch::Contains("--timeout must be at most"));
+  options.timeout = kMaxDuration;
+  options.grace_period = std::chrono::milliseconds::max();
+  CHECK_THROWS_WITH(validate(options), Catch::Contains("--grace-period must be at most"));
+  options.grace_period = -1ms;
+  CHECK_THROWS_WITH(validate(options), Catch::Contains("--grace-period must not be negative"));
+}
+
+TEST_CASE("a Supervisor that is not run to the end kills and reaps its ranks", "[launcher]") {
+  BlockingGuard guard(20);
+  pid_t pid = -1;
+  {
+    SignalCatcher signals;
+    Supervisor supervisor(signals, 0ms, 5000ms);
+    pid = spawn(ProcessSpec{{"sleep", "60"}, {"PATH=/usr/bin:/bin"}, 1, 2});
+    REQUIRE(pid > 0);
+    supervisor.add(RankProcess{0, pid, UniqueFd(), UniqueFd()});
+    // As when start_and_supervise or run() throws: the destructor is all
+    // that runs.
+  }
+  // Reaped: the pid is no longer our child.
+  CHECK(waitpid(pid, nullptr, WNOHANG) < 0);
+  CHECK(errno == ECHILD);
 }

@@ -107,11 +107,38 @@ void start_rank(const LaunchOptions& options, const JobIdentity& job, int local_
   supervisor.add(RankProcess{rank, pid, std::move(stdio.relay_out), std::move(stdio.relay_err)});
 }
 
+// Removes what the job's ranks left in /dev/shm when an attempt ends,
+// however it ends (a return, a restart, the launcher's own exception): ranks
+// unlink their shared memory as soon as all peers have mapped it, and a
+// rank killed before that leaves a name behind. It outlives the attempt's
+// Supervisor (start_and_supervise), so it runs once every rank has been
+// reaped. The note goes through say(), not spdlog, which would block on a
+// stalled stderr.
+class JobSegments {
+ public:
+  explicit JobSegments(std::string token) : token_(std::move(token)) {}
+  ~JobSegments() {
+    try {
+      if (int removed = runtime::remove_job_segments(token_))
+        say("removed " + std::to_string(removed) + " shared-memory segment(s) left by failed ranks");
+    } catch (...) {
+      // A destructor may run while an exception unwinds: never throw.
+    }
+  }
+  JobSegments(const JobSegments&) = delete;
+  JobSegments& operator=(const JobSegments&) = delete;
+
+ private:
+  std::string token_;
+};
+
 struct Outcome {
   int status = 0;
   bool rank_failed = false;  // restartable (Supervisor::rank_failed)
 };
 
+// Whatever throws, the Supervisor's destructor kills and reaps the ranks
+// started so far.
 Outcome start_and_supervise(const LaunchOptions& options, const JobIdentity& job, SignalCatcher& signals,
                             Supervisor::Clock::time_point job_start) {
   Supervisor supervisor(signals, options.timeout, options.grace_period, job_start);
@@ -125,6 +152,8 @@ Outcome start_and_supervise(const LaunchOptions& options, const JobIdentity& job
     say(line);
     supervisor.abort(kExitCannotExec);
   } catch (...) {
+    // Stop the started ranks the orderly way, relaying what they printed;
+    // should that throw as well, the destructor still kills them.
     supervisor.abort(1);
     supervisor.run();
     throw;
@@ -155,6 +184,8 @@ void validate(const LaunchOptions& options) {
   require(!options.master_addr.empty(), "--master-addr must not be empty");
   require(options.timeout.count() >= 0, "--timeout must not be negative");
   require(options.grace_period.count() >= 0, "--grace-period must not be negative");
+  require(options.timeout <= kMaxDuration, "--timeout must be at most 1e9 s (about 31 years)");
+  require(options.grace_period <= kMaxDuration, "--grace-period must be at most 1e9 s (about 31 years)");
 }
 
 StoreEndpoints store_endpoints(const LaunchOptions& options, const std::string& bind_addr) {
@@ -232,11 +263,11 @@ int launch(const LaunchOptions& options) {
     if (options.node_rank == 0) server = serve_store(options, endpoints, job);
     job.torch_port = torch_store_port(numeric_address(endpoints.listen_addr), options.nnodes,
                                       options.nnodes > 1 ? options.master_port : job.store_port);
-    Outcome outcome = start_and_supervise(options, job, signals, started);
-    // Ranks unlink their shared memory as soon as all peers have mapped it; a
-    // rank killed before that leaves a name behind, removed here.
-    if (int removed = runtime::remove_job_segments(job.token))
-      spdlog::warn("braid-launch: removed {} shared-memory segment(s) left by failed ranks", removed);
+    Outcome outcome;
+    {
+      const JobSegments segments(job.token);
+      outcome = start_and_supervise(options, job, signals, started);
+    }
     if (!outcome.rank_failed || job.restart >= options.max_restarts) return outcome.status;
     say("restarting all " + std::to_string(options.nproc_per_node) + " ranks (restart " +
         std::to_string(job.restart + 1) + " of at most " + std::to_string(options.max_restarts) + ")");

@@ -19,6 +19,11 @@ inline constexpr int kExitUsage = 2;        // bad arguments; nothing started
 inline constexpr int kExitTimeout = 124;    // --timeout expired (as timeout(1))
 inline constexpr int kExitCannotExec = 127; // program missing or not executable
 
+// The longest --timeout and --grace-period: about 31 years, in effect no
+// limit, and far enough from the ends of std::chrono's clocks (some 292
+// years of nanoseconds) that no deadline computed from it overflows.
+inline constexpr std::chrono::seconds kMaxDuration{1'000'000'000};
+
 struct LaunchOptions {
   int nproc_per_node = 1;                 // ranks on this node, >= 1
   int nnodes = 1;                         // nodes in the job, >= 1
@@ -30,9 +35,11 @@ struct LaunchOptions {
   // Empty: relay rank output prefixed with "[rank r] ". Otherwise each rank
   // writes <log_dir>/rank_<r>.out and .err (the directory is created).
   std::string log_dir;
-  // Whole-job wall-clock limit; zero means none.
+  // Whole-job wall-clock limit; zero means none. At most kMaxDuration.
   std::chrono::milliseconds timeout{0};
-  // How long ranks get between SIGTERM and SIGKILL when the job is stopped.
+  // How long ranks get between SIGTERM and SIGKILL when the job is stopped,
+  // and output that stdout does not take is kept (at least 2 s). At most
+  // kMaxDuration.
   std::chrono::milliseconds grace_period{5000};
   // The program and its arguments; the program is looked up in PATH.
   // On a rank's failure, stop every rank and start them all again, this many

@@ -1,26 +1,174 @@
+// How an OutputSink writes without blocking.
+//
+// Setting O_NONBLOCK on fd 1 or 2 themselves is not an option: the flag
+// belongs to the open file description, which the launcher shares with
+// whoever else holds it (the shell and every other process on the same
+// terminal, the other commands of a pipeline). They would see EAGAIN, and
+// they would keep seeing it if the launcher died before clearing the flag.
+// So each kind of destination gets a way of its own:
+//   - a pipe, FIFO or terminal is opened again through /proc/self/fd/N:
+//     that is a new open file description of the same pipe or terminal,
+//     ours alone, and O_NONBLOCK on it affects nobody else;
+//   - a socket takes MSG_DONTWAIT on each send(2), which changes nothing
+//     shared either;
+//   - a regular file (or block device) is written plainly: the kernel never
+//     makes a writer to one wait for a reader;
+//   - where the reopening fails (no /proc, a descriptor we may not open),
+//     poll(2) with a zero timeout comes before each write of at most
+//     PIPE_BUF bytes. A pipe that polls writable has room for that much, so
+//     this does not block; a terminal may still block when it has less
+//     room than that, which is the best that can be done without the flag.
 #include "tools/launcher/output.h"
 
+#include <fcntl.h>
+#include <limits.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <optional>
+#include <vector>
 
 namespace braid::launcher {
+namespace {
 
-void write_all(int fd, std::string_view text) {
-  while (!text.empty()) {
-    ssize_t n = ::write(fd, text.data(), text.size());
+bool is_file(const struct stat& info) { return S_ISREG(info.st_mode) || S_ISBLK(info.st_mode); }
+
+// One pipe or terminal behind both descriptors. Two opens of one regular
+// file are left apart: each has its own offset, which one sink would mix.
+bool same_pipe_or_terminal(int a, int b) {
+  struct stat info_a {}, info_b {};
+  if (fstat(a, &info_a) != 0 || fstat(b, &info_b) != 0 || is_file(info_a)) return false;
+  return info_a.st_dev == info_b.st_dev && info_a.st_ino == info_b.st_ino;
+}
+
+struct StandardSinks {
+  OutputSink out{STDOUT_FILENO};
+  std::optional<OutputSink> err;  // empty when stderr shares stdout's sink
+
+  StandardSinks() {
+    if (!same_pipe_or_terminal(STDOUT_FILENO, STDERR_FILENO)) err.emplace(STDERR_FILENO);
+  }
+};
+
+StandardSinks& standard_sinks() {
+  static StandardSinks sinks;
+  return sinks;
+}
+
+int poll_timeout_within(std::chrono::steady_clock::duration left) {
+  auto ms = std::chrono::ceil<std::chrono::milliseconds>(left).count();
+  return static_cast<int>(std::clamp<long long>(ms, 0, INT_MAX));
+}
+
+}  // namespace
+
+OutputSink::OutputSink(int fd) : fd_(fd) {
+  struct stat info {};
+  if (fstat(fd, &info) != 0 || is_file(info)) return;  // kPlain (a bad fd fails as it did)
+  if (S_ISSOCK(info.st_mode)) {
+    mode_ = Mode::kSocket;
+    return;
+  }
+  std::string path = "/proc/self/fd/" + std::to_string(fd);
+  private_fd_.reset(::open(path.c_str(), O_WRONLY | O_NONBLOCK | O_NOCTTY | O_CLOEXEC));
+  mode_ = private_fd_.valid() ? Mode::kPrivateNonblocking : Mode::kPollFirst;
+}
+
+void OutputSink::write(std::string text) {
+  if (text.empty()) return;
+  bool was_idle = pending_.empty();
+  pending_bytes_ += text.size();
+  pending_.push_back(std::move(text));
+  // Behind a backlog the destination has just refused bytes: wait for
+  // POLLOUT rather than try (and fail) once per line.
+  if (was_idle) flush();
+}
+
+void OutputSink::flush() {
+  while (!pending_.empty()) {
+    std::string_view rest = std::string_view(pending_.front()).substr(front_written_);
+    ssize_t n = write_some(rest);
     if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) return;
-    text.remove_prefix(static_cast<std::size_t>(n));
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return;
+    if (n <= 0) {
+      // EPIPE and the like: there is nowhere left to report it.
+      discard();
+      return;
+    }
+    front_written_ += static_cast<std::size_t>(n);
+    pending_bytes_ -= static_cast<std::size_t>(n);
+    if (front_written_ == pending_.front().size()) {
+      pending_.pop_front();
+      front_written_ = 0;
+    }
   }
 }
 
-void say(const std::string& message) {
-  write_all(2, "braid-launch: " + message + "\n");
+std::size_t OutputSink::discard() {
+  std::size_t dropped = pending_bytes_;
+  pending_.clear();
+  front_written_ = 0;
+  pending_bytes_ = 0;
+  return dropped;
 }
 
-LineRelay::LineRelay(std::string prefix, int dest_fd)
-    : prefix_(std::move(prefix)), dest_fd_(dest_fd) {}
+int OutputSink::poll_fd() const { return mode_ == Mode::kPrivateNonblocking ? private_fd_.get() : fd_; }
+
+ssize_t OutputSink::write_some(std::string_view text) {
+  switch (mode_) {
+    case Mode::kSocket:
+      return ::send(fd_, text.data(), text.size(), MSG_DONTWAIT | MSG_NOSIGNAL);
+    case Mode::kPrivateNonblocking:
+      return ::write(private_fd_.get(), text.data(), text.size());
+    case Mode::kPollFirst: {
+      pollfd ready{fd_, POLLOUT, 0};
+      int polled = ::poll(&ready, 1, 0);
+      if (polled < 0) return -1;
+      if (polled == 0) {
+        errno = EAGAIN;
+        return -1;
+      }
+      return ::write(fd_, text.data(), std::min<std::size_t>(text.size(), PIPE_BUF));
+    }
+    case Mode::kPlain:
+      break;
+  }
+  return ::write(fd_, text.data(), text.size());
+}
+
+OutputSink& standard_sink(int fd) {
+  StandardSinks& sinks = standard_sinks();
+  return fd == STDERR_FILENO && sinks.err ? *sinks.err : sinks.out;
+}
+
+void say(const std::string& message) { standard_sink(STDERR_FILENO).write("braid-launch: " + message + "\n"); }
+
+void drain_output(std::chrono::milliseconds limit) {
+  const auto deadline = std::chrono::steady_clock::now() + limit;
+  std::vector<OutputSink*> sinks{&standard_sink(STDOUT_FILENO)};
+  if (&standard_sink(STDERR_FILENO) != sinks[0]) sinks.push_back(&standard_sink(STDERR_FILENO));
+  for (;;) {
+    std::vector<pollfd> fds;
+    std::vector<OutputSink*> waiting;
+    for (OutputSink* sink : sinks) {
+      if (!sink->has_pending()) continue;
+      fds.push_back({sink->poll_fd(), POLLOUT, 0});
+      waiting.push_back(sink);
+    }
+    auto left = deadline - std::chrono::steady_clock::now();
+    if (waiting.empty() || left <= left.zero()) break;
+    if (::poll(fds.data(), fds.size(), poll_timeout_within(left)) < 0 && errno != EINTR) break;
+    for (std::size_t i = 0; i < waiting.size(); ++i)
+      if (fds[i].revents != 0) waiting[i]->flush();
+  }
+  for (OutputSink* sink : sinks) sink->discard();
+}
+
+LineRelay::LineRelay(std::string prefix, OutputSink& sink) : prefix_(std::move(prefix)), sink_(&sink) {}
 
 void LineRelay::feed(std::string_view text) {
   while (!text.empty()) {
@@ -47,7 +195,7 @@ void LineRelay::emit(std::string_view line) {
   std::string out;
   out.reserve(prefix_.size() + line.size() + 1);
   out.append(prefix_).append(line).push_back('\n');
-  write_all(dest_fd_, out);
+  sink_->write(std::move(out));
 }
 
 }  // namespace braid::launcher

@@ -1,27 +1,92 @@
 // What braid-launch prints: its own messages, and the ranks' output relayed
 // line by line with a "[rank r] " prefix.
 //
-// Each relayed line goes out in one write(2), so lines of different ranks
-// never mix inside a line. Output to a closed stdout (`braid-launch ... |
-// head`) is dropped rather than killing the launcher: the launcher ignores
-// SIGPIPE and keeps supervising its ranks.
+// The launcher never blocks on its own stdout or stderr: a reader that
+// stalls (`braid-launch ... | less`, a terminal paused with Ctrl-S, a stuck
+// log pipe) must not freeze the supervisor, whose timers and signals would
+// stop with it. Everything written to one destination goes through one
+// OutputSink: what the destination takes now is written at once, the rest
+// waits, in order, in a bounded buffer that the supervisor flushes when
+// poll(2) says the destination is writable. While the buffer is full the
+// supervisor stops reading the ranks' pipes, so the ranks block on their
+// own writes (backpressure) and nothing is lost while the job runs.
+//
+// Each line, and each message, goes out in one write(2) of its own (only a
+// line longer than the destination takes at once is split, across writes
+// that follow each other), so lines of different ranks never mix inside a
+// line. Output to a closed stdout (`braid-launch ... | head`) is dropped
+// rather than killing the launcher: the launcher ignores SIGPIPE and keeps
+// supervising its ranks.
 #pragma once
 
+#include <chrono>
 #include <cstddef>
+#include <deque>
 #include <string>
 #include <string_view>
 
+#include "tools/launcher/process.h"
+
 namespace braid::launcher {
 
-// Writes all of text to fd, retrying short writes; gives up silently on
-// errors such as EPIPE (there is nowhere left to report them).
-void write_all(int fd, std::string_view text);
+// One destination (the launcher's stdout or stderr), written without ever
+// blocking.
+class OutputSink {
+ public:
+  // Past this many pending bytes the sink is full: the supervisor stops
+  // reading output for it until it drains. One read of a rank's pipe may
+  // still add its lines beyond the mark, so the buffer stays within about
+  // 2 MiB.
+  static constexpr std::size_t kMaxPendingBytes = 1u << 20;
 
-// Prints "braid-launch: <message>" as one line on stderr.
+  // Writes to fd, which stays owned by the caller and open while the sink
+  // lives.
+  explicit OutputSink(int fd);
+  OutputSink(const OutputSink&) = delete;
+  OutputSink& operator=(const OutputSink&) = delete;
+
+  // Queues text as one piece (written in one write(2) when the destination
+  // has room) and writes what the destination takes now.
+  void write(std::string text);
+  // Writes pending pieces while the destination takes them.
+  void flush();
+  // Drops the pending output; returns how many bytes that was.
+  std::size_t discard();
+
+  bool has_pending() const { return pending_bytes_ > 0; }
+  bool full() const { return pending_bytes_ >= kMaxPendingBytes; }
+  std::size_t pending_bytes() const { return pending_bytes_; }
+  // The descriptor to poll for POLLOUT while output is pending.
+  int poll_fd() const;
+
+ private:
+  enum class Mode { kPlain, kSocket, kPrivateNonblocking, kPollFirst };
+  ssize_t write_some(std::string_view text);
+
+  int fd_;
+  Mode mode_ = Mode::kPlain;
+  UniqueFd private_fd_;  // kPrivateNonblocking: our own open of fd_'s file
+  std::deque<std::string> pending_;
+  std::size_t front_written_ = 0;  // bytes of pending_.front() already written
+  std::size_t pending_bytes_ = 0;
+};
+
+// The sink for the launcher's stdout (fd 1) or stderr (fd 2). Both are one
+// sink when they are the same file (`2>&1`, one terminal), so that their
+// lines keep their order and never split each other. Process-wide because
+// the process has one stdout and one stderr: every writer to them must
+// share its buffer.
+OutputSink& standard_sink(int fd);
+
+// Prints "braid-launch: <message>" as one line on stderr, without blocking.
 void say(const std::string& message);
 
-// Splits one stream of one rank into lines and writes each, prefixed, to
-// the destination descriptor.
+// Gives the pending output of stdout and stderr up to `limit` to drain,
+// then drops the rest: what braid-launch does last before it exits.
+void drain_output(std::chrono::milliseconds limit);
+
+// Splits one stream of one rank into lines and queues each, prefixed, on
+// the destination sink.
 class LineRelay {
  public:
   // Beyond this many bytes without a newline the pending text is written as
@@ -29,18 +94,19 @@ class LineRelay {
   // launcher's memory without bound.
   static constexpr std::size_t kMaxLineBytes = 64u << 10;
 
-  LineRelay(std::string prefix, int dest_fd);
+  LineRelay(std::string prefix, OutputSink& sink);
 
   // Writes every complete line in the text; keeps the unterminated rest.
   void feed(std::string_view text);
   // Writes the unterminated rest, if any, with a newline added.
   void finish();
+  OutputSink& sink() const { return *sink_; }
 
  private:
   void emit(std::string_view line);
 
   std::string prefix_;
-  int dest_fd_;
+  OutputSink* sink_;
   std::string pending_;
 };
 

@@ -4,9 +4,12 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <climits>
 #include <cstdio>
 #include <string>
+#include <thread>
 
 #include "tools/launcher/launcher.h"
 
@@ -16,7 +19,12 @@ namespace {
 // Once every rank is reaped its group has been killed, so its pipes reach
 // end-of-file at once; this bounds the wait for a descendant that left the
 // group (setsid) and still holds one.
+// It is also the least time output gets to drain when the job is stopped
+// for --timeout or a signal, however short the grace period.
 constexpr std::chrono::milliseconds kDrainTime{2000};
+// How long the destructor waits for SIGKILLed ranks to be reaped: a process
+// stuck in the kernel (uninterruptible sleep) dies only when it leaves it.
+constexpr std::chrono::milliseconds kReapTime{2000};
 
 std::string count_of_ranks(int count) {
   return std::to_string(count) + (count == 1 ? " rank" : " ranks");
@@ -30,23 +38,40 @@ std::string seconds_text(std::chrono::milliseconds duration) {
 
 }  // namespace
 
+Clock::time_point deadline_after(Clock::time_point start, Clock::duration duration) {
+  if (duration > Clock::time_point::max() - start) return Clock::time_point::max();
+  return start + duration;
+}
+
+int poll_timeout_ms(std::optional<Clock::time_point> deadline, Clock::time_point now) {
+  if (!deadline) return -1;
+  if (*deadline <= now) return 0;
+  auto left = std::chrono::ceil<std::chrono::milliseconds>(*deadline - now).count();
+  return static_cast<int>(std::min<long long>(left, INT_MAX));
+}
+
 Supervisor::Supervisor(SignalCatcher& signals, std::chrono::milliseconds timeout,
                        std::chrono::milliseconds grace_period, Clock::time_point started)
     : signals_(signals), timeout_(timeout), grace_period_(grace_period) {
-  if (timeout.count() > 0) job_deadline_ = started + timeout;
+  if (timeout.count() > 0) job_deadline_ = deadline_after(started, timeout);
+  sinks_.push_back(&standard_sink(1));
+  if (&standard_sink(2) != sinks_.front()) sinks_.push_back(&standard_sink(2));
 }
+
+Supervisor::~Supervisor() { kill_running_now(); }
 
 void Supervisor::add(RankProcess process) {
   std::string prefix = "[rank " + std::to_string(process.rank) + "] ";
   ranks_.push_back(Rank{process.rank, process.pid, true,
-                        Stream{std::move(process.stdout_pipe), LineRelay(prefix, 1)},
-                        Stream{std::move(process.stderr_pipe), LineRelay(prefix, 2)}});
+                        Stream{std::move(process.stdout_pipe), LineRelay(prefix, standard_sink(1))},
+                        Stream{std::move(process.stderr_pipe), LineRelay(prefix, standard_sink(2))}});
 }
 
 void Supervisor::abort(int exit_status) {
   exit_status_ = exit_status;
   stopping_ = true;
   signal_running(SIGKILL);
+  drop_output_after(kDrainTime);
 }
 
 int Supervisor::run() {
@@ -55,41 +80,55 @@ int Supervisor::run() {
     handle_deadlines();
   }
   finish_streams();
+  drop_unwritten_output();
   return exit_status_;
 }
 
 void Supervisor::wait_for_events() {
   std::vector<pollfd> fds{{signals_.fd(), POLLIN, 0}};
+  std::vector<OutputSink*> sinks;
+  for (OutputSink* sink : sinks_) {
+    if (!sink->has_pending()) continue;
+    fds.push_back({sink->poll_fd(), POLLOUT, 0});
+    sinks.push_back(sink);
+  }
+  // A pipe whose sink is full stays unread (backpressure): its rank blocks
+  // on its own writes until the reader of our stdout catches up.
   std::vector<Stream*> streams;
   for (Rank& rank : ranks_) {
     for (Stream* stream : {&rank.out, &rank.err}) {
-      if (!stream->fd.valid()) continue;
+      if (!stream->fd.valid() || stream->relay.sink().full()) continue;
       fds.push_back({stream->fd.get(), POLLIN, 0});
       streams.push_back(stream);
     }
   }
-  if (::poll(fds.data(), fds.size(), poll_timeout_ms()) < 0) {
+  if (::poll(fds.data(), fds.size(), next_poll_timeout_ms()) < 0) {
     if (errno == EINTR) return;
     throw SystemError(errno_message("poll", errno));
   }
+  for (std::size_t i = 0; i < sinks.size(); ++i)
+    if (fds[1 + i].revents != 0) sinks[i]->flush();
   // Output first: a rank's last lines are already in its pipe when its
   // SIGCHLD arrives, and reaping does not lose them either way.
   for (std::size_t i = 0; i < streams.size(); ++i)
-    if (fds[i + 1].revents != 0) read_stream(*streams[i]);
+    if (fds[1 + sinks.size() + i].revents != 0) read_stream(*streams[i]);
   if (fds[0].revents != 0) handle_signals();
 }
 
-int Supervisor::poll_timeout_ms() const {
+int Supervisor::next_poll_timeout_ms() const {
   std::optional<Clock::time_point> nearest;
   auto consider = [&](const std::optional<Clock::time_point>& deadline) {
     if (deadline && (!nearest || *deadline < *nearest)) nearest = deadline;
   };
-  if (!stopping_) consider(job_deadline_);
+  consider(job_deadline_);
   consider(kill_deadline_);
-  if (running_count() == 0) consider(drain_deadline_);
-  if (!nearest) return -1;
-  auto left = std::chrono::ceil<std::chrono::milliseconds>(*nearest - Clock::now());
-  return static_cast<int>(std::max<long long>(0, left.count()));
+  // These two matter only once every rank has ended (done(),
+  // handle_deadlines()); before, one that has passed would make poll spin.
+  if (running_count() == 0) {
+    consider(output_deadline_);
+    if (streams_open()) consider(drain_deadline_);
+  }
+  return poll_timeout_ms(nearest, Clock::now());
 }
 
 void Supervisor::handle_signals() {
@@ -135,26 +174,34 @@ void Supervisor::on_rank_exit(const Rank& rank, const ExitStatus& status) {
 void Supervisor::on_launcher_signal(int signo) {
   interrupted_ = true;
   int running = running_count();
-  if (running == 0) return;
+  if (running == 0) {
+    // Every rank has ended and the launcher is waiting for a slow reader:
+    // the signal ends the wait, and the output is cut short.
+    if (output_pending()) {
+      if (!stopping_) exit_status_ = 128 + signo;
+      stopping_ = true;
+      drop_output_after(Clock::duration::zero());
+    }
+    return;
+  }
   if (stopping_) {
     say("received " + signal_name(signo) + " while stopping; killing the remaining " +
         count_of_ranks(running) + " now");
     signal_running(SIGKILL);
+    drop_output_after(Clock::duration::zero());
     return;
   }
   say("received " + signal_name(signo) + "; forwarding it to " + count_of_ranks(running));
   exit_status_ = 128 + signo;
   stop(signo);
+  drop_output_after(std::max<Clock::duration>(grace_period_, kDrainTime));
 }
 
 void Supervisor::handle_deadlines() {
   auto now = Clock::now();
-  if (!stopping_ && job_deadline_ && now >= *job_deadline_) {
-    say("the job ran past its --timeout of " + seconds_text(timeout_) + "; stopping " +
-        count_of_ranks(running_count()));
-    exit_status_ = kExitTimeout;
-    interrupted_ = true;
-    stop(SIGTERM);
+  if (job_deadline_ && now >= *job_deadline_) {
+    job_deadline_.reset();
+    on_timeout();
   }
   if (kill_deadline_ && now >= *kill_deadline_) {
     kill_deadline_.reset();
@@ -164,18 +211,60 @@ void Supervisor::handle_deadlines() {
       signal_running(SIGKILL);
     }
   }
-  if (running_count() == 0 && !drain_deadline_) drain_deadline_ = now + kDrainTime;
+  if (running_count() > 0) return;
+  // The drain time bounds pipes that a descendant outside the group keeps
+  // open; time spent not reading them for lack of room does not count.
+  if (!drain_deadline_ || reading_held_back()) drain_deadline_ = now + kDrainTime;
+  if (now >= *drain_deadline_) finish_streams();
+}
+
+// --timeout bounds the whole job: the ranks, and also the wait for a slow
+// reader after they have ended or were stopped for another reason (which
+// then still decides the exit status).
+void Supervisor::on_timeout() {
+  if (!stopping_) {
+    int running = running_count();
+    say("the job ran past its --timeout of " + seconds_text(timeout_) +
+        (running > 0 ? "; stopping " + count_of_ranks(running)
+                     : "; its ranks have ended but their output is not all written yet"));
+    exit_status_ = kExitTimeout;
+    interrupted_ = true;
+    stop(SIGTERM);
+  }
+  drop_output_after(std::max<Clock::duration>(grace_period_, kDrainTime));
 }
 
 void Supervisor::stop(int signo) {
   stopping_ = true;
   signal_running(signo);
-  kill_deadline_ = Clock::now() + grace_period_;
+  kill_deadline_ = deadline_after(Clock::now(), grace_period_);
+}
+
+void Supervisor::drop_output_after(Clock::duration wait) {
+  Clock::time_point deadline = deadline_after(Clock::now(), wait);
+  if (!output_deadline_ || deadline < *output_deadline_) output_deadline_ = deadline;
 }
 
 void Supervisor::signal_running(int signo) {
   for (const Rank& rank : ranks_)
     if (rank.running) signal_group(rank.pid, signo);
+}
+
+// The way out of an exception: no messages, no throwing, and a bounded wait.
+// A rank still unreaped at the end is left to PR_SET_PDEATHSIG's SIGKILL
+// and to init.
+void Supervisor::kill_running_now() noexcept {
+  for (const Rank& rank : ranks_)
+    if (rank.running) ::kill(-rank.pid, SIGKILL);
+  const auto give_up = Clock::now() + kReapTime;
+  for (Rank& rank : ranks_) {
+    while (rank.running) {
+      pid_t reaped = waitpid(rank.pid, nullptr, WNOHANG);
+      if (reaped == rank.pid || (reaped < 0 && errno != EINTR)) rank.running = false;
+      if (!rank.running || Clock::now() >= give_up) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+  }
 }
 
 int Supervisor::running_count() const {
@@ -184,11 +273,27 @@ int Supervisor::running_count() const {
   return count;
 }
 
+bool Supervisor::streams_open() const {
+  for (const Rank& rank : ranks_)
+    if (rank.out.fd.valid() || rank.err.fd.valid()) return true;
+  return false;
+}
+
+bool Supervisor::reading_held_back() const {
+  for (const Rank& rank : ranks_)
+    for (const Stream* stream : {&rank.out, &rank.err})
+      if (stream->fd.valid() && stream->relay.sink().full()) return true;
+  return false;
+}
+
+bool Supervisor::output_pending() const {
+  return std::any_of(sinks_.begin(), sinks_.end(), [](const OutputSink* sink) { return sink->has_pending(); });
+}
+
 bool Supervisor::done() const {
   if (running_count() > 0) return false;
-  for (const Rank& rank : ranks_)
-    if (rank.out.fd.valid() || rank.err.fd.valid()) return drain_deadline_ && Clock::now() >= *drain_deadline_;
-  return true;
+  if (output_deadline_ && Clock::now() >= *output_deadline_) return true;
+  return !streams_open() && !output_pending();
 }
 
 void Supervisor::read_stream(Stream& stream) {
@@ -210,6 +315,18 @@ void Supervisor::finish_streams() {
       stream->fd.reset();
     }
   }
+}
+
+// Reached with output pending only past the output deadline (done()).
+void Supervisor::drop_unwritten_output() {
+  std::size_t dropped = 0;
+  for (OutputSink* sink : sinks_) dropped += sink->discard();
+  if (dropped == 0) return;
+  // Only if stderr takes the note now: it may be what stalled.
+  OutputSink& err = standard_sink(2);
+  err.write("braid-launch: dropped " + std::to_string(dropped) +
+            " bytes of output that stdout/stderr did not take in time\n");
+  err.discard();
 }
 
 }  // namespace braid::launcher

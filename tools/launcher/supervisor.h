@@ -2,15 +2,26 @@
 // output, reaps them, and stops the job when one fails, when the launcher is
 // told to stop, or when the job runs past its timeout.
 //
-// One thread, one poll(2) over the signalfd and the ranks' pipes, with a
+// One thread, one poll(2) over the signalfd, the ranks' pipes and (while
+// output waits to be written) the launcher's stdout and stderr, with a
 // timeout computed from the nearest deadline (job timeout, SIGKILL after
-// the grace period, output drain). Nothing spins.
+// the grace period, output drain). Nothing spins, and nothing blocks: output
+// goes through OutputSinks (output.h), and a rank's pipe is left unread
+// while its sink is full, so a stalled reader of stdout holds up the ranks
+// that write to it but never the timers and signals.
 //
 // Stopping sends SIGTERM (or the signal the launcher received) to every
 // running rank's process group, then SIGKILL to those still running after
 // the grace period. A second SIGINT/SIGTERM/SIGHUP while stopping sends
 // SIGKILL at once. The first reason to stop decides the exit status; ranks
 // that fail afterwards are the expected fallout and are not reported.
+//
+// Once every rank has ended, the launcher writes out the output still
+// pending, waiting for a slow reader as `cat` would; the wait is still
+// bounded by --timeout and ended by a signal. When the job is stopped for
+// --timeout or a signal, output that stdout or stderr has not taken within
+// the grace period (at least 2 s) is dropped, with a note on stderr
+// if it takes one, so that the launcher exits on time.
 #pragma once
 
 #include <sys/types.h>
@@ -34,22 +45,37 @@ struct RankProcess {
   UniqueFd stderr_pipe;
 };
 
+using Clock = std::chrono::steady_clock;
+
+// start + duration, saturating at the clock's end instead of overflowing.
+Clock::time_point deadline_after(Clock::time_point start, Clock::duration duration);
+// The timeout for poll(2) until the deadline: -1 without one, 0 once it
+// has passed, at most INT_MAX (about 24.8 days; poll then returns early and
+// the caller computes it again).
+int poll_timeout_ms(std::optional<Clock::time_point> deadline, Clock::time_point now);
+
 class Supervisor {
  public:
-  using Clock = std::chrono::steady_clock;
+  using Clock = launcher::Clock;
 
   // The job's timeout (zero: none) counts from `started`: construction, or
   // for a restarted job the first start (--timeout covers the restarts).
   Supervisor(SignalCatcher& signals, std::chrono::milliseconds timeout,
              std::chrono::milliseconds grace_period, Clock::time_point started = Clock::now());
+  // Kills (SIGKILL to its group) and reaps every rank still running: the
+  // way out when run() was never called or threw.
+  ~Supervisor();
+  Supervisor(const Supervisor&) = delete;
+  Supervisor& operator=(const Supervisor&) = delete;
 
   // Takes charge of a started rank.
   void add(RankProcess process);
   // Kills the ranks started so far at once, because the job cannot start;
   // run() then reaps them and returns exit_status.
   void abort(int exit_status);
-  // Returns once every rank has been reaped and its output drained: 0 when
-  // all exited 0, otherwise the status of the first reason to stop.
+  // Returns once every rank has been reaped and its output written (or
+  // dropped, see above): 0 when all exited 0, otherwise the status of the
+  // first reason to stop.
   int run();
   // Whether the job stopped because a rank failed, not because braid-launch
   // was signalled, timed out or aborted the start: what --max-restarts
@@ -70,26 +96,36 @@ class Supervisor {
   };
 
   void wait_for_events();
-  int poll_timeout_ms() const;
+  int next_poll_timeout_ms() const;
   void handle_signals();
   void reap_exited();
   void on_rank_exit(const Rank& rank, const ExitStatus& status);
   void on_launcher_signal(int signo);
   void handle_deadlines();
+  void on_timeout();
   void stop(int signo);
+  void drop_output_after(Clock::duration wait);
   void signal_running(int signo);
+  void kill_running_now() noexcept;
   int running_count() const;
+  bool streams_open() const;
+  bool reading_held_back() const;
+  bool output_pending() const;
   bool done() const;
   static void read_stream(Stream& stream);
   void finish_streams();
+  void drop_unwritten_output();
 
   SignalCatcher& signals_;
   std::chrono::milliseconds timeout_;
   std::chrono::milliseconds grace_period_;
   std::vector<Rank> ranks_;
+  std::vector<OutputSink*> sinks_;  // stdout's and stderr's, once each
   std::optional<Clock::time_point> job_deadline_;
   std::optional<Clock::time_point> kill_deadline_;
   std::optional<Clock::time_point> drain_deadline_;
+  // Past it, output not yet written and pipes not yet read are dropped.
+  std::optional<Clock::time_point> output_deadline_;
   bool stopping_ = false;
   bool rank_failed_ = false, interrupted_ = false;
   int exit_status_ = 0;
