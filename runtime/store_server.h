@@ -181,6 +181,7 @@ class Session : public std::enable_shared_from_this<Session> {
   void discard_request();
   std::string refusal_of_request() const;
   void release_request();
+  void reserve_for_keys(std::uint32_t count);
   void dispatch(Command command, WireReader& in);
   void handle_set(WireReader& in);
   void handle_try_get(WireReader& in);

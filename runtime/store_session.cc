@@ -163,6 +163,19 @@ std::string Session::refusal_of_request() const {
          " (BRAID_STORE_MAX_BYTES); the store is meant for addresses and names, not data";
 }
 
+// A wait's key list costs the server far more than its bytes on the wire
+// (a string per key, and the list of those still missing): each key claims
+// kStoreEntryOverheadBytes of the request budget, as a stored key does of
+// the map's, until the wait is answered. Claimed before the list is built.
+void Session::reserve_for_keys(std::uint32_t count) {
+  const std::size_t bytes = std::size_t{count} * kStoreEntryOverheadBytes;
+  if (!server_.reserve_request(bytes))
+    throw InvalidUsage("the store cannot take a wait for " + std::to_string(count) + " keys: each claims " +
+                       std::to_string(kStoreEntryOverheadBytes) + " bytes of its request budget of " +
+                       std::to_string(server_.limits().max_bytes) + " bytes (BRAID_STORE_MAX_BYTES)");
+  reserved_bytes_ += bytes;
+}
+
 void Session::release_request() {
   server_.release_request(reserved_bytes_);
   reserved_bytes_ = 0;
@@ -195,6 +208,7 @@ void Session::dispatch(Command command, WireReader& in) {
     }
     case Command::wait: {
       auto timeout = std::chrono::milliseconds(in.u32());
+      reserve_for_keys(in.count_ahead());
       auto keys = in.keys();
       in.expect_end();
       return wait_for_keys(command, std::move(keys), timeout);

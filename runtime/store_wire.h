@@ -119,6 +119,15 @@ class WireReader {
     return std::string(reinterpret_cast<const char*>(p), key_bytes);
   }
 
+  // The count that keys() is about to read, not consumed; checked as keys()
+  // checks it.
+  std::uint32_t count_ahead() const {
+    if (left() < 4) throw RemoteError("malformed store message: a field runs past the body");
+    const std::uint32_t count = load_u32(at_);
+    if (count > (left() - 4) / 4) throw RemoteError("malformed store message: key count runs past the body");
+    return count;
+  }
+
   std::vector<std::string> keys() {
     std::uint32_t count = u32();
     // Each key takes at least four bytes: reject a count the body cannot hold

@@ -245,6 +245,17 @@ TEST_CASE("store abuse: the store's memory is bounded and past it the client get
     for (int i = 0; i < 10; ++i) CHECK(store->remove("key/" + std::to_string(i)));
     check_still_serving(server);
   }
+  SECTION("a wait's keys claim the request budget: a list too long for it is refused, not built") {
+    // 20000 keys: about 200 KiB on the wire, but 20000 x 64 bytes claimed.
+    std::vector<std::string> many;
+    for (int i = 0; i < 20'000; ++i) many.push_back("wait/" + std::to_string(i));
+    CHECK_THAT(usage_error([&] { store->wait(many, 1s); }),
+               Contains("20000 keys") && Contains("BRAID_STORE_MAX_BYTES") && Contains("1048576"));
+    std::vector<std::string> some(many.begin(), many.begin() + 1000);
+    for (const std::string& key : some) store->set(key, std::string("v"));
+    store->wait(some, 1s);  // within the budget, and the claim of the refused one was returned
+    check_still_serving(server);
+  }
 }
 
 TEST_CASE("store abuse: with the default limit, large values are refused by name", "[abuse][store]") {
