@@ -5,11 +5,12 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include <cerrno>
 #include <algorithm>
+#include <cerrno>
 #include <cstdlib>
 #include <functional>
 #include <string>
+#include <string_view>
 
 #include "runtime/errors.h"
 #include "runtime/store_ports.h"
@@ -267,6 +268,8 @@ RankInfo rank_info_from_env() {
   // from both (runtime/store_ports.h).
   if (info.launcher == "torchrun" && !env("BRAID_STORE_ADDR"))
     info.store_port = derived_store_port(info.store_port, info.job_token);
+  if (const char* id = env("BRAID_RUN_ID")) info.run_id = id;
+  else if (const char* id = env("TORCHELASTIC_RUN_ID"); id && std::string_view(id) != "none") info.run_id = id;
   info.restart_count = env_int(env("BRAID_RESTART_COUNT") ? "BRAID_RESTART_COUNT" : "TORCHELASTIC_RESTART_COUNT", 0, 0,
                                1 << 20);
   return info;

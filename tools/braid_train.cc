@@ -129,15 +129,18 @@ void apply_saved_options(const std::set<std::string>& given_flags, const braid::
   // do not override them.
   std::set<std::string> given = given_flags;
   if (!o.config.empty()) given.merge(t::apply_config_file(o.config, given_flags, o));
-  // Restarted by the launcher (--max-restarts): go on from the run's own
-  // last checkpoint, as torchrun users expect, rather than from scratch.
-  if (info.restart_count > 0 && o.resume.empty() && !o.checkpoint_dir.empty() &&
-      std::filesystem::exists(std::filesystem::path(o.checkpoint_dir) / "latest")) {
-    o.resume = o.checkpoint_dir;
-    o.init_from.clear();
-    if (info.rank == 0)
-      std::fprintf(stderr, "restart %d: resuming from the last checkpoint in %s\n", info.restart_count,
-                   o.checkpoint_dir.c_str());
+  o.run_id = info.run_id;
+  // Restarted by the launcher (--max-restarts): go on from the job's own
+  // last checkpoint, as torchrun users expect, rather than from scratch or
+  // from the --resume checkpoint the first attempt started from.
+  if (info.restart_count > 0) {
+    if (const std::string own = t::restart_checkpoint(o, info.run_id); !own.empty()) {
+      o.resume = own;
+      o.init_from.clear();
+      if (info.rank == 0)
+        std::fprintf(stderr, "restart %d: resuming from the last checkpoint in %s\n", info.restart_count,
+                     own.c_str());
+    }
   }
   if (!o.resume.empty()) {
     const std::string note = t::apply_resume(given, info.world_size, o);

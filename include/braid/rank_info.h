@@ -46,6 +46,10 @@ struct RankInfo {
   // Restarts of the job so far (braid-launch / torchrun --max-restarts:
   // BRAID_RESTART_COUNT or TORCHELASTIC_RESTART_COUNT), 0 on the first run.
   int restart_count = 0;
+  // What every attempt of the job shares, restarts included: BRAID_RUN_ID
+  // (braid-launch), else TORCHELASTIC_RUN_ID (torchrun's --rdzv-id; not its
+  // default "none"); empty where the launcher gives none.
+  std::string run_id;
   std::string store_host = "127.0.0.1";
   std::uint16_t store_port = 0;    // 0: pick a free port (single process only)
   bool store_served_by_rank0 = true;  // false when the launcher serves it

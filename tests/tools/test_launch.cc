@@ -121,10 +121,13 @@ std::unique_ptr<LaunchedJob> launch_into(const StalledReader& reader, const JobD
 TEST_CASE("each rank gets the braid and torchrun environment", "[launch]") {
   JobDir dir;
   auto result = run_launch(dir, shell_job(3, "env > \"$0/env_$BRAID_RANK\"", dir),
-                           {{"OMP_NUM_THREADS", std::nullopt}, {"BRAID_JOB_TOKEN", std::nullopt}});
+                           {{"OMP_NUM_THREADS", std::nullopt}, {"BRAID_JOB_TOKEN", std::nullopt},
+                            {"BRAID_RUN_ID", std::nullopt}});
   REQUIRE(result.status == 0);
   std::string token = rank_env(dir, 0).at("BRAID_JOB_TOKEN");
   CHECK(token.size() == 32);
+  std::string run_id = rank_env(dir, 0).at("BRAID_RUN_ID");
+  CHECK(run_id.size() == 16);
   for (int rank = 0; rank < 3; ++rank) {
     INFO("rank " << rank);
     auto env = rank_env(dir, rank);
@@ -145,6 +148,7 @@ TEST_CASE("each rank gets the braid and torchrun environment", "[launch]") {
     // MASTER_PORT is left to torch.distributed's own store (issue 16).
     CHECK(env.at("MASTER_PORT") != std::to_string(port_of(env.at("BRAID_STORE_ADDR"))));
     CHECK(env.at("BRAID_JOB_TOKEN") == token);
+    CHECK(env.at("BRAID_RUN_ID") == run_id);
     CHECK(env.at("OMP_NUM_THREADS") == "1");
     CHECK(env.at("OPENBLAS_NUM_THREADS") == "1");
   }
@@ -157,9 +161,11 @@ TEST_CASE("each rank gets the braid and torchrun environment", "[launch]") {
                       {"BRAID_LOCAL_WORLD_SIZE", env.at("BRAID_LOCAL_WORLD_SIZE")},
                       {"BRAID_NODE_RANK", env.at("BRAID_NODE_RANK")},
                       {"BRAID_STORE_ADDR", env.at("BRAID_STORE_ADDR")},
-                      {"BRAID_JOB_TOKEN", env.at("BRAID_JOB_TOKEN")}});
+                      {"BRAID_JOB_TOKEN", env.at("BRAID_JOB_TOKEN")},
+                      {"BRAID_RUN_ID", env.at("BRAID_RUN_ID")}});
     auto info = braid::runtime::rank_info_from_env();
     CHECK(info.launcher == "braid-launch");
+    CHECK(info.run_id == run_id);
     CHECK(info.rank == 2);
     CHECK(info.world_size == 3);
     CHECK(info.store_port == port_of(env.at("BRAID_STORE_ADDR")));
@@ -170,10 +176,11 @@ TEST_CASE("each rank gets the braid and torchrun environment", "[launch]") {
   SECTION("a second launch gets another token and keeps OMP_NUM_THREADS") {
     JobDir second;
     auto again = run_launch(second, shell_job(1, "env > \"$0/env_$BRAID_RANK\"", second),
-                            {{"OMP_NUM_THREADS", "4"}});
+                            {{"OMP_NUM_THREADS", "4"}, {"BRAID_RUN_ID", std::nullopt}});
     REQUIRE(again.status == 0);
     auto env = rank_env(second, 0);
     CHECK(env.at("BRAID_JOB_TOKEN") != token);
+    CHECK(env.at("BRAID_RUN_ID") != run_id);
     CHECK(env.at("OMP_NUM_THREADS") == "4");
   }
 }
@@ -460,6 +467,7 @@ TEST_CASE("--max-restarts stops every rank on a failure and starts them all agai
   // rank notes the attempt it saw, from both restart-count variables.
   std::string script =
       "echo \"$BRAID_RESTART_COUNT $TORCHELASTIC_RESTART_COUNT\" >> \"$0/attempts_$BRAID_RANK\"; "
+      "echo \"$BRAID_RUN_ID $BRAID_JOB_TOKEN\" >> \"$0/ids_$BRAID_RANK\"; "
       "[ \"$BRAID_RESTART_COUNT\" -ge 1 ] && exit 0; "
       "if [ \"$BRAID_RANK\" = 1 ]; then "
       "  while [ ! -e \"$0/attempts_0\" ]; do sleep 0.02; done; exit 3; "
@@ -469,6 +477,13 @@ TEST_CASE("--max-restarts stops every rank on a failure and starts them all agai
   CHECK(result.status == 0);
   CHECK_THAT(result.err, Catch::Contains("restarting all 2 ranks (restart 1 of at most 2)"));
   for (int r = 0; r < 2; ++r) CHECK(read_file(dir.path() / ("attempts_" + std::to_string(r))) == "0 0\n1 1\n");
+  // Every attempt has a token of its own, and the job's run id.
+  std::istringstream ids(read_file(dir.path() / "ids_0"));
+  std::string run0, token0, run1, token1;
+  ids >> run0 >> token0 >> run1 >> token1;
+  CHECK(run0.size() == 16);
+  CHECK(run1 == run0);
+  CHECK(token1 != token0);
   // A rank that always fails: the job gives up after the last restart with its status.
   auto always = run_launch(dir, shell_job(2, "exit 5", dir, {"--max_restarts", "1"}));
   CHECK(always.status == 5);

@@ -95,6 +95,7 @@ std::vector<std::string> rank_environment(const JobIdentity& job, int local_rank
   vars["BRAID_RESTART_COUNT"] = vars["TORCHELASTIC_RESTART_COUNT"] = std::to_string(job.restart);
   vars["BRAID_STORE_ADDR"] = job.store_host + ":" + port;
   vars["BRAID_JOB_TOKEN"] = job.token;
+  vars["BRAID_RUN_ID"] = job.run_id;
   if (!job.bind_addr.empty()) vars["BRAID_BIND_ADDR"] = job.bind_addr;
   vars["MASTER_ADDR"] = job.store_host;
   vars["MASTER_PORT"] = std::to_string(job.torch_port);

@@ -2,7 +2,8 @@
 //
 // Ranks read the contract in runtime/rank_info.h: BRAID_RANK,
 // BRAID_WORLD_SIZE, BRAID_LOCAL_RANK, BRAID_LOCAL_WORLD_SIZE,
-// BRAID_NODE_RANK, BRAID_STORE_ADDR (host:port) and BRAID_JOB_TOKEN. The
+// BRAID_NODE_RANK, BRAID_STORE_ADDR (host:port), BRAID_JOB_TOKEN and
+// BRAID_RUN_ID. The
 // torchrun names (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE,
 // GROUP_RANK, MASTER_ADDR, MASTER_PORT) are set too, for programs written
 // against torchrun. As under torchrun, MASTER_PORT is where
@@ -28,6 +29,9 @@ struct JobIdentity {
   // nodes without one set); empty: the ranks read their own.
   std::string bind_addr;
   int restart = 0;  // how many times --max-restarts has restarted the job (BRAID_RESTART_COUNT)
+  // The same for every attempt of the job, unlike the token (BRAID_RUN_ID):
+  // how a restarted rank knows what an earlier attempt of its job wrote.
+  std::string run_id;
   // MASTER_PORT: where torch.distributed's rank 0 serves torch's own store.
   std::uint16_t torch_port = 0;
 };

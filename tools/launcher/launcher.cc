@@ -14,6 +14,7 @@
 #include <spdlog/spdlog.h>
 
 #include <cerrno>
+#include <cstdlib>
 #include <filesystem>
 #include <memory>
 
@@ -226,6 +227,9 @@ JobIdentity settle_identity(const LaunchOptions& options, const StoreEndpoints& 
   JobIdentity job{options.nproc_per_node, options.nnodes, options.node_rank, endpoints.advertised_addr,
                   static_cast<std::uint16_t>(options.master_port), token.token, ""};
   if (bind_addr != runtime::config().bind_addr) job.bind_addr = bind_addr;
+  // Not secret (checkpoints record it): random, or the caller's.
+  const char* run_id = std::getenv("BRAID_RUN_ID");
+  job.run_id = run_id && *run_id ? run_id : random_token().substr(0, 16);
   return job;
 }
 

@@ -65,6 +65,10 @@ struct TrainState {
   std::uint64_t data_bytes = 0;
   std::uint64_t data_fingerprint = 0;
   SavedLayout layout = {};
+  // The job that wrote it (RankInfo::run_id; empty where unknown): a
+  // restarted job resumes from its own checkpoints, not from those of an
+  // earlier job in the same directory.
+  std::string run_id;
 };
 
 // Files a save adds to its step beside the checkpoint's own, by name (the

@@ -54,6 +54,7 @@ json state_json(const TrainState& s) {
                     {"sampler", "offset = hash_words(seed, stream, step, index) mod (bytes - T)"}}}};
   const SavedLayout& l = s.layout;
   if (!l.strategy.empty()) j["layout"] = {{"strategy", l.strategy}, {"dp", l.dp}, {"tp", l.tp}, {"pp", l.pp}};
+  if (!s.run_id.empty()) j["run_id"] = s.run_id;
   return j;
 }
 
@@ -81,6 +82,7 @@ TrainState parse_state(const json& j, const fs::path& path) {
     s.data_bytes = j.at("data").at("bytes").get<std::uint64_t>();
     s.data_fingerprint = j.at("data").at("fingerprint").get<std::uint64_t>();
     s.layout = parse_layout(j);
+    if (j.contains("run_id")) s.run_id = j.at("run_id").get<std::string>();
     if (s.step < 0) throw InvalidUsage("its step is negative");
     return s;
   } catch (const std::exception& e) {

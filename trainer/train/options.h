@@ -48,6 +48,7 @@ struct TrainOptions {
   std::string metrics;             // JSON lines, one per step
   std::int64_t log_interval = 0;   // steps between printed lines; 0: about 20 lines (a bar on a terminal)
   std::string config;              // JSON file of settings (run_options_json's keys + the layout's)
+  std::string run_id;              // the launcher's (RankInfo::run_id), recorded in checkpoints; no flag
   bool eval_only = false;          // mean loss of --init-from/--resume over --data's windows
   int sample_bytes = 0;            // generate this many bytes at the end
   float temperature = 0.8f;        // 0: greedy

@@ -68,4 +68,13 @@ std::string apply_resume(const std::set<std::string>& given, int world_size, Tra
          (why.empty() ? "the saved layout does not fit these options" : why) + ")\n";
 }
 
+std::string restart_checkpoint(const TrainOptions& o, const std::string& run_id) {
+  fs::path dir = o.checkpoint_dir;
+  if (dir.empty() && !o.resume.empty()) dir = checkpoint_home(resolve_checkpoint(o.resume));
+  if (dir.empty() || !fs::exists(dir / "latest")) return {};
+  const std::string written_by = read_train_state(resolve_checkpoint(dir)).run_id;
+  const bool own = !written_by.empty() && !run_id.empty() ? written_by == run_id : o.resume.empty();
+  return own ? dir.string() : std::string();
+}
+
 }  // namespace braid::trainer

@@ -276,7 +276,7 @@ fs::path Trainer::save_checkpoint() {
   if (!options_.data.empty()) saved["data"] = fs::absolute(options_.data).string();
   const int dp = mesh_ ? mesh_->groups().shape.dp : strategy().world_size();
   const SavedLayout layout{std::string(strategy_name(strategy().kind())), dp, options_.tp, options_.pp};
-  TrainState s{step_, saved, corpus_.source, corpus_.bytes.size(), corpus_.fingerprint(), layout};
+  TrainState s{step_, saved, corpus_.source, corpus_.bytes.size(), corpus_.fingerprint(), layout, options_.run_id};
   // The settings that repeat this run (--config DIR/step_.../config.json),
   // published with the step.
   nlohmann::json config = config_json(options_);
