@@ -93,8 +93,7 @@ class ReduceScatterRing {
   // Only this schedule's own sends are waited for: sends the on_final
   // callback posts belong to the caller's next phase.
   void wait_sent() {
-    for (const Request& request : sent_) x_.wait(request);
-    sent_.clear();
+    for (std::vector<Request>* list : {&sent_, &slot_sent_[0], &slot_sent_[1]}) wait_all(*list);
   }
 
  private:
@@ -103,6 +102,10 @@ class ReduceScatterRing {
   std::byte* partial(int s, int chunk);
   Request* free_staging_slot(std::size_t g);
   void reduce(std::byte* out, int chunk, std::size_t g, std::size_t count, std::span<const std::byte> received);
+  void wait_all(std::vector<Request>& requests) {
+    for (const Request& request : requests) x_.wait(request);
+    requests.clear();
+  }
 
   Exchange& x_;
   const std::byte* src_;
@@ -115,6 +118,9 @@ class ReduceScatterRing {
   std::size_t slot_bytes_ = 0;
   std::byte* slots_ = nullptr;
   std::vector<Request> sent_;
+  // With final_only, the sends that read scratch slot 0 or 1 (the partial
+  // sums of steps 0, 2, ... or 1, 3, ...), apart from the rest.
+  std::vector<Request> slot_sent_[2];
 };
 
 ReduceScatterRing::ReduceScatterRing(Exchange& x, const std::byte* src, std::byte* dst, const ChunkLayout& layout,
@@ -128,15 +134,21 @@ ReduceScatterRing::ReduceScatterRing(Exchange& x, const std::byte* src, std::byt
   if (!o_.on_final || (staging_ && staging_->slot_bytes < seg_ * es_)) staging_ = nullptr;
 }
 
-// Starts step s. A scratch slot is rewritten two steps after it was sent, so
-// with final_only the sends so far are waited for before this step reduces
-// into it; the step's receives are posted first, so that a transport which
-// writes large messages straight into a posted receive (ibverbs) finds
-// them, and the left neighbour's sends do not wait on this rank's.
+// Starts step s. With final_only, step s reduces into scratch slot s % 2,
+// whose partial sums of step s - 2 went out as step s - 1's sends: those
+// sends, and only those, are waited for before the slot is rewritten. Not
+// the sends of step s - 1 (the other slot): they complete only as the right
+// neighbour takes them, which it does only after its own wait at this step,
+// so on a transport that cannot hold a whole chunk in flight (shm rings of
+// less than a chunk) waiting for them deadlocked every rank at once, from
+// 4 ranks on. Not at the last step either, which reduces into dst. The
+// step's receives are posted first, so that a transport which writes large
+// messages straight into a posted receive (ibverbs) finds them, and the
+// left neighbour's sends do not wait on this rank's.
 StepReceives ReduceScatterRing::receive(int s) {
   StepReceives in(x_, (r_ - 1 + n_) % n_, o_.first_step + s, layout_.count_of(chunk_at(s)));
   in.post_ahead();
-  if (o_.final_only && s >= 2) wait_sent();
+  if (o_.final_only && s >= 2 && s < n_ - 2) wait_all(slot_sent_[s % 2]);
   return in;
 }
 
@@ -173,7 +185,8 @@ void ReduceScatterRing::recv_reduce_send(int s) {
     std::byte* out = partial(s, c) + g * seg_ * es_;
     reduce(out, c, g, in.count_of(g), received);
     in.release();
-    sent_.push_back(x_.send((r_ + 1) % n_, o_.first_step + s + 1, g, out, in.count_of(g) * es_));
+    std::vector<Request>& sends = o_.final_only ? slot_sent_[s % 2] : sent_;
+    sends.push_back(x_.send((r_ + 1) % n_, o_.first_step + s + 1, g, out, in.count_of(g) * es_));
   }
 }
 

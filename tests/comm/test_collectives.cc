@@ -147,6 +147,26 @@ TEST_CASE("64 MiB collectives with default segments", "[collectives][large]") {
   REQUIRE(result.all_ok());
 }
 
+// Out of place, a ring reduce-scatter keeps its partial sums in two scratch
+// slots. It used to wait, before each step from the third on, for all its
+// sends so far, including the last step's, which the right neighbour takes
+// only after the same wait: where a chunk is larger than what the transport
+// holds in flight (an shm ring), every rank waited for the next, from 4
+// ranks on, until BRAID_TIMEOUT.
+TEST_CASE("reduce-scatter with chunks larger than the shm ring completes on 4 and 5 ranks", "[collectives]") {
+  int size = GENERATE(4, 5);
+  runtime::Config config = test::test_config(std::chrono::seconds(20));
+  config.transport = "shm";
+  config.shm_ring_bytes = 64u << 10;
+  auto result = test::run_ranks(size, [](Communicator& comm) {
+    const std::size_t count = (256u << 10) / 4 + 3;  // a chunk of 256 KiB of f32: four rings' worth
+    for (bool in_place : {false, true})
+      run_case(comm, {OpKind::reduce_scatter, DataType::f32, ReduceOp::sum, count, in_place, 0});
+  }, test::run_options(std::chrono::seconds(120), config));
+  INFO(size << " ranks\n" << result.summary());
+  REQUIRE(result.all_ok());
+}
+
 TEST_CASE("send and recv move exact bytes between any pair, with several sockets per peer", "[collectives]") {
   int nsocks = GENERATE(1, 3);
   runtime::Config config = test::test_config();
