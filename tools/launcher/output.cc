@@ -59,12 +59,19 @@ StandardSinks& standard_sinks() {
   return sinks;
 }
 
-int poll_timeout_within(std::chrono::steady_clock::duration left) {
-  auto ms = std::chrono::ceil<std::chrono::milliseconds>(left).count();
-  return static_cast<int>(std::clamp<long long>(ms, 0, INT_MAX));
+}  // namespace
+
+Clock::time_point deadline_after(Clock::time_point start, Clock::duration duration) {
+  if (duration > Clock::time_point::max() - start) return Clock::time_point::max();
+  return start + duration;
 }
 
-}  // namespace
+int poll_timeout_ms(std::optional<Clock::time_point> deadline, Clock::time_point now) {
+  if (!deadline) return -1;
+  if (*deadline <= now) return 0;
+  auto left = std::chrono::ceil<std::chrono::milliseconds>(*deadline - now).count();
+  return static_cast<int>(std::min<long long>(left, INT_MAX));
+}
 
 OutputSink::OutputSink(int fd) : fd_(fd) {
   struct stat info {};
@@ -148,7 +155,7 @@ OutputSink& standard_sink(int fd) {
 void say(const std::string& message) { standard_sink(STDERR_FILENO).write("braid-launch: " + message + "\n"); }
 
 void drain_output(std::chrono::milliseconds limit) {
-  const auto deadline = std::chrono::steady_clock::now() + limit;
+  const Clock::time_point deadline = deadline_after(Clock::now(), limit);
   std::vector<OutputSink*> sinks{&standard_sink(STDOUT_FILENO)};
   if (&standard_sink(STDERR_FILENO) != sinks[0]) sinks.push_back(&standard_sink(STDERR_FILENO));
   for (;;) {
@@ -159,9 +166,9 @@ void drain_output(std::chrono::milliseconds limit) {
       fds.push_back({sink->poll_fd(), POLLOUT, 0});
       waiting.push_back(sink);
     }
-    auto left = deadline - std::chrono::steady_clock::now();
-    if (waiting.empty() || left <= left.zero()) break;
-    if (::poll(fds.data(), fds.size(), poll_timeout_within(left)) < 0 && errno != EINTR) break;
+    const Clock::time_point now = Clock::now();
+    if (waiting.empty() || now >= deadline) break;
+    if (::poll(fds.data(), fds.size(), poll_timeout_ms(deadline, now)) < 0 && errno != EINTR) break;
     for (std::size_t i = 0; i < waiting.size(); ++i)
       if (fds[i].revents != 0) waiting[i]->flush();
   }

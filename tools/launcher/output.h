@@ -22,12 +22,22 @@
 #include <chrono>
 #include <cstddef>
 #include <deque>
+#include <optional>
 #include <string>
 #include <string_view>
 
 #include "tools/launcher/process.h"
 
 namespace braid::launcher {
+
+using Clock = std::chrono::steady_clock;
+
+// start + duration, saturating at the clock's end instead of overflowing.
+Clock::time_point deadline_after(Clock::time_point start, Clock::duration duration);
+// The timeout for poll(2) until the deadline: -1 without one, 0 once it
+// has passed, at most INT_MAX (about 24.8 days; poll then returns early and
+// the caller computes it again).
+int poll_timeout_ms(std::optional<Clock::time_point> deadline, Clock::time_point now);
 
 // One destination (the launcher's stdout or stderr), written without ever
 // blocking.

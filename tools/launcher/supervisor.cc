@@ -6,7 +6,6 @@
 
 #include <algorithm>
 #include <cerrno>
-#include <climits>
 #include <cstdio>
 #include <string>
 #include <thread>
@@ -37,18 +36,6 @@ std::string seconds_text(std::chrono::milliseconds duration) {
 }
 
 }  // namespace
-
-Clock::time_point deadline_after(Clock::time_point start, Clock::duration duration) {
-  if (duration > Clock::time_point::max() - start) return Clock::time_point::max();
-  return start + duration;
-}
-
-int poll_timeout_ms(std::optional<Clock::time_point> deadline, Clock::time_point now) {
-  if (!deadline) return -1;
-  if (*deadline <= now) return 0;
-  auto left = std::chrono::ceil<std::chrono::milliseconds>(*deadline - now).count();
-  return static_cast<int>(std::min<long long>(left, INT_MAX));
-}
 
 Supervisor::Supervisor(SignalCatcher& signals, std::chrono::milliseconds timeout,
                        std::chrono::milliseconds grace_period, Clock::time_point started)

@@ -45,15 +45,6 @@ struct RankProcess {
   UniqueFd stderr_pipe;
 };
 
-using Clock = std::chrono::steady_clock;
-
-// start + duration, saturating at the clock's end instead of overflowing.
-Clock::time_point deadline_after(Clock::time_point start, Clock::duration duration);
-// The timeout for poll(2) until the deadline: -1 without one, 0 once it
-// has passed, at most INT_MAX (about 24.8 days; poll then returns early and
-// the caller computes it again).
-int poll_timeout_ms(std::optional<Clock::time_point> deadline, Clock::time_point now);
-
 class Supervisor {
  public:
   using Clock = launcher::Clock;
