@@ -31,7 +31,7 @@ struct JobIdentity {
   int restart = 0;  // how many times --max-restarts has restarted the job (BRAID_RESTART_COUNT)
   // The same for every attempt of the job, unlike the token (BRAID_RUN_ID):
   // how a restarted rank knows what an earlier attempt of its job wrote.
-  std::string run_id;
+  std::string run_id = {};
   // MASTER_PORT: where torch.distributed's rank 0 serves torch's own store.
   std::uint16_t torch_port = 0;
 };
