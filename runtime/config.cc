@@ -73,8 +73,11 @@ Config read_config() {
                   {"auto", "ring", "recursive_doubling", "binomial", "pipelined", "oneshot", "direct"});
   c.direct_workers = one_of("BRAID_DIRECT_WORKERS", c.direct_workers, {"auto", "all", "one"});
   c.tcp_nsocks = static_cast<int>(bytes_in_range("BRAID_TCP_NSOCKS", c.tcp_nsocks, 1, 16));
+  // Below 64 KiB a socket's window cannot hold one loopback segment (MSS
+  // 65483): Linux then moves data only on its persist timer, one 256 KiB
+  // all_reduce took seconds at 8K, and no wait timed out to say why.
   c.socket_buffer_bytes =
-      bytes_in_range("BRAID_SOCKET_BUFFER_BYTES", c.socket_buffer_bytes, 4096, 1u << 30);
+      bytes_in_range("BRAID_SOCKET_BUFFER_BYTES", c.socket_buffer_bytes, 64u << 10, 1u << 30);
   c.segment_bytes = bytes_in_range("BRAID_SEGMENT_BYTES", c.segment_bytes, 4096, 1u << 30);
   c.chunk_bytes = bytes_in_range("BRAID_CHUNK_BYTES", c.chunk_bytes, 0, std::size_t{1} << 40);
   c.stream_bytes = bytes_in_range("BRAID_STREAM_BYTES", c.stream_bytes, 0, std::size_t{1} << 40);
