@@ -53,7 +53,8 @@ void add_flags(CLI::App& app, Options& o) {
   app.add_option("--large", o.large_count, "one large case per collective, in and out of place (0: none)")
       ->capture_default_str();
   app.add_flag("--registered", o.registered, "buffers from Communicator::allocate instead of the heap");
-  app.add_option("--barrier-dir", o.barrier_dir, "a folder every rank sees: the barrier's ordering check uses it");
+  app.add_option("--barrier-dir", o.barrier_dir, "a folder every rank sees: the barrier's ordering check uses it")
+      ->check(CLI::ExistingDirectory);
   app.add_option("--expect-transport", o.expect_transport, "any | ibverbs (every peer) | auto (shm on this host, "
                  "ibverbs to other hosts)")->check(CLI::IsMember({"any", "ibverbs", "auto"}))->capture_default_str();
   app.add_option("--expect-mismatch", o.expect_mismatch, "count | kind: run one mismatched call instead of the grid")
@@ -137,6 +138,7 @@ int run_grid(comm::Communicator& comm, const Options& o, bool transports_ok) {
     std::printf("braid-check: rank %d: WRONG %s: %zu element(s)%s\n", comm.rank(), check::describe(c).c_str(),
                 outcome.wrong, examples.c_str());
   }
+  checker.tidy();
   std::printf("braid-check: rank %d: %zu cases, %zu wrong (%zu wrong elements)%s\n", comm.rank(), grid.size(),
               wrong_cases, wrong_elements, transports_ok ? "" : "; transports not as expected");
   std::fflush(stdout);

@@ -5,13 +5,17 @@
 // with what was there before.
 #include "tools/check/grid.h"
 
+#include <algorithm>
 #include <chrono>
+#include <cstdint>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <random>
 #include <stdexcept>
 #include <thread>
 
+#include "runtime/errors.h"
 #include "tools/check/values.h"
 
 namespace braid::check {
@@ -123,7 +127,17 @@ std::vector<Case> make_grid(const GridSpec& spec, int ranks) {
 
 Checker::Checker(comm::Communicator& comm, bool registered, std::string barrier_dir)
     : comm_(comm), rank_(comm.rank()), ranks_(comm.size()), registered_(registered),
-      barrier_dir_(std::move(barrier_dir)) {}
+      barrier_dir_(std::move(barrier_dir)) {
+  if (barrier_dir_.empty()) return;
+  // Rank 0's draw names this run's marks, so marks an earlier run left in the
+  // same folder cannot stand in for a rank that has not arrived.
+  std::int64_t run = 0;
+  if (rank_ == 0) run = static_cast<std::int64_t>(std::random_device{}() ^ (std::uint64_t{std::random_device{}()} << 32));
+  comm_.broadcast(&run, &run, 1, DataType::i64, 0).wait();
+  char name[32];
+  std::snprintf(name, sizeof name, "barrier.%016llx", static_cast<unsigned long long>(run));
+  mark_prefix_ = name;
+}
 
 Outcome Checker::run(const Case& c) {
   switch (c.kind) {
@@ -261,21 +275,38 @@ Outcome Checker::send_recv(const Case& c) {
 Outcome Checker::barrier() {
   namespace fs = std::filesystem;
   const int round = barrier_round_++;
-  auto mark = [&](int rank) {
-    return fs::path(barrier_dir_) / ("barrier." + std::to_string(round) + "." + std::to_string(rank));
+  auto mark = [&](int of_round, int rank) {
+    return fs::path(barrier_dir_) / (mark_prefix_ + "." + std::to_string(of_round) + "." + std::to_string(rank));
   };
   if (!barrier_dir_.empty()) {
     if (round % ranks_ == rank_) std::this_thread::sleep_for(std::chrono::milliseconds(200));
-    std::ofstream(mark(rank_)).put('\n');
+    std::ofstream out(mark(round, rank_));
+    out.put('\n');
+    out.close();
+    if (!out) throw InvalidUsage("--barrier-dir: cannot write " + mark(round, rank_).string());
+    // Every rank has passed the checks of round - 2 once round - 1's barrier
+    // let this rank through, so that mark is no longer read.
+    std::error_code ignored;
+    if (round >= 2) fs::remove(mark(round - 2, rank_), ignored);
   }
   comm_.barrier().wait();
   Outcome o;
   if (barrier_dir_.empty()) return o;
   for (int r = 0; r < ranks_; ++r)
-    if (!fs::exists(mark(r)) && o.wrong++ < kExamples)
+    if (!fs::exists(mark(round, r)) && o.wrong++ < kExamples)
       o.examples.push_back("rank " + std::to_string(r) + " had not reached barrier round " + std::to_string(round) +
                            " when rank " + std::to_string(rank_) + "'s barrier returned");
   return o;
+}
+
+void Checker::tidy() {
+  if (barrier_dir_.empty() || barrier_round_ == 0) return;
+  comm_.barrier().wait();  // every rank is past its last check
+  std::error_code ignored;
+  for (int r = std::max(0, barrier_round_ - 2); r < barrier_round_; ++r)
+    std::filesystem::remove(std::filesystem::path(barrier_dir_) /
+                                (mark_prefix_ + "." + std::to_string(r) + "." + std::to_string(rank_)),
+                            ignored);
 }
 
 }  // namespace braid::check

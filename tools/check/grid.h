@@ -53,10 +53,13 @@ class Checker {
  public:
   // registered: buffers from Communicator::allocate instead of the heap.
   // barrier_dir: a folder every rank sees (may be empty: the barrier then
-  // runs without its ordering check).
+  // runs without its ordering check). A collective: every rank constructs
+  // its Checker at the same point.
   Checker(comm::Communicator& comm, bool registered, std::string barrier_dir);
   // Runs one case; a failed call throws braid's error.
   Outcome run(const Case& c);
+  // After the last case, on every rank: removes this rank's barrier marks.
+  void tidy();
 
  private:
   Outcome all_reduce(const Case& c);
@@ -72,6 +75,7 @@ class Checker {
   int rank_, ranks_;
   bool registered_;
   std::string barrier_dir_;
+  std::string mark_prefix_;  // "barrier.<rank 0's draw>": this run's marks in barrier_dir_
   int barrier_round_ = 0;
 };
 

@@ -1,0 +1,81 @@
+// braid-check end to end on this host: the real binary under the real
+// launcher, the collective grid with every element checked, over shm and
+// tcp (the RDMA VM runs it over ibverbs), the barrier's ordering check in a
+// folder, and a mismatched call that every rank must report by name.
+#include <catch2/catch.hpp>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+
+#include "tests/tools/launch_harness.h"
+
+using namespace braid::test;
+namespace fs = std::filesystem;
+
+namespace {
+
+std::string check_path() {
+  const char* path = std::getenv("BRAID_CHECK");
+  REQUIRE(path != nullptr);  // set by meson test
+  return path;
+}
+
+std::size_t count_of(const std::string& text, const std::string& what) {
+  std::size_t n = 0;
+  for (auto at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) ++n;
+  return n;
+}
+
+}  // namespace
+
+// Marks of an earlier run in the barrier folder must not stand in for a rank
+// that has not arrived, and the run leaves none of its own behind.
+TEST_CASE("braid-check runs its grid clean over shm and tcp and leaves its barrier folder as it found it",
+          "[check]") {
+  for (const char* transport : {"shm", "tcp"}) {
+    INFO("transport " << transport);
+    JobDir dir;
+    const fs::path barriers = dir.path() / "barriers";
+    fs::create_directory(barriers);
+    std::ofstream(barriers / "barrier.0.1").put('\n');  // a mark as the old naming had it
+    LaunchedJob job(dir, {"--nproc-per-node", "3", "--", check_path(), "--barrier-dir", barriers.string(),
+                          "--large", "100000"},
+                    {{"BRAID_TRANSPORT", transport}});
+    int status = job.wait(std::chrono::seconds(120));
+    INFO(job.out() << job.err());
+    CHECK(status == 0);
+    CHECK(count_of(job.out(), "cases, 0 wrong (0 wrong elements)") == 3);
+    CHECK(count_of(job.out(), ":" + std::string(transport)) == 6);  // each rank names both peers' transport
+    std::size_t left = 0;
+    for (const auto& entry : fs::directory_iterator(barriers)) left += entry.path().filename() != "barrier.0.1";
+    CHECK(left == 0);
+  }
+}
+
+TEST_CASE("braid-check refuses a --barrier-dir that is not a folder instead of reporting a wrong barrier",
+          "[check]") {
+  JobDir dir;
+  LaunchedJob job(dir, {"--nproc-per-node", "2", "--", check_path(), "--barrier-dir", (dir.path() / "none").string()});
+  int status = job.wait(std::chrono::seconds(60));
+  INFO(job.out() << job.err());
+  CHECK(status == 2);
+  CHECK_THAT(job.out() + job.err(), Catch::Contains("--barrier-dir: Directory does not exist"));
+  CHECK_THAT(job.out(), !Catch::Contains("WRONG"));
+}
+
+TEST_CASE("braid-check: a call whose count or kind differs across ranks fails on every rank naming the mismatch",
+          "[check]") {
+  for (const char* transport : {"shm", "tcp"})
+    for (const char* kind : {"count", "kind"}) {
+      INFO("transport " << transport << ", --expect-mismatch " << kind);
+      JobDir dir;
+      LaunchedJob job(dir, {"--nproc-per-node", "3", "--", check_path(), "--expect-mismatch", kind},
+                      {{"BRAID_TRANSPORT", transport}});
+      int status = job.wait(std::chrono::seconds(60));
+      INFO(job.out() << job.err());
+      CHECK(status == 0);
+      CHECK(count_of(job.out(), "failed as expected") == 3);
+      CHECK(count_of(job.out(), "mismatched collectives: rank ") >= 3);
+    }
+}
