@@ -138,10 +138,27 @@ std::vector<Corruption> corruptions() {
        [](const std::string& b) { return edit_header(b, [](json& h) { h.erase("h.1.ln_2.bias"); }); }},
       {"wrong dtype", "only F32",
        [](const std::string& b) { return edit_header(b, [](json& h) { h["wpe.weight"]["dtype"] = "F16"; }); }},
+      // Past the metadata's own checksum (an older braid's file has none):
+      // the config checks still refuse another model or a malformed value.
       {"another model's config", "holds a model with",
-       [](const std::string& b) { return edit_header(b, [](json& h) { h["__metadata__"]["n_layer"] = "3"; }); }},
+       [](const std::string& b) {
+         return edit_header(b, [](json& h) {
+           h["__metadata__"].erase("xxh3:__metadata__");
+           h["__metadata__"]["n_layer"] = "3";
+         });
+       }},
       {"non-numeric config", "not an integer",
-       [](const std::string& b) { return edit_header(b, [](json& h) { h["__metadata__"]["n_embd"] = "x"; }); }},
+       [](const std::string& b) {
+         return edit_header(b, [](json& h) {
+           h["__metadata__"].erase("xxh3:__metadata__");
+           h["__metadata__"]["n_embd"] = "x";
+         });
+       }},
+      // Damage that no other check sees: a config value or the step changed.
+      {"a damaged config value", "its __metadata__ (config, step, rank, checksums) does not match its checksum",
+       [](const std::string& b) { return edit_header(b, [](json& h) { h["__metadata__"]["n_layer"] = "3"; }); }},
+      {"a damaged step", "its __metadata__ (config, step, rank, checksums) does not match its checksum",
+       [](const std::string& b) { return edit_header(b, [](json& h) { h["__metadata__"]["step"] = "9"; }); }},
   };
 }
 
@@ -184,6 +201,39 @@ TEST_CASE("a checkpoint with a corrupt optimizer file changes nothing", "[checkp
   write_bytes(step_dir / "optimizer.safetensors", moments.substr(0, moments.size() / 2));
   CHECK_THROWS_WITH(load_checkpoint(step_dir, target, target_opt), Catch::Contains("optimizer.safetensors"));
   for (float x : target.params().span()) REQUIRE(x == 0.0f);
+}
+
+// A flipped digit of state.json's learning rate or step parses as well as
+// the true one; only its checksum tells them apart.
+TEST_CASE("a state file whose contents changed is refused; one without a checksum loads", "[checkpoint]") {
+  test::TempDir dir;
+  const GptConfig c = test::tiny_config();
+  Gpt model(c, ModelLayout::whole(c), nullptr);
+  const Range all{0, model.table().count()};
+  AdamW opt(model.table(), all, {}, nullptr);
+  const fs::path step_dir =
+      save_checkpoint(dir.path(), model, opt, TrainState{3, json{{"lr", 0.05}, {"seed", 5}}, "x", 1, 2});
+  const fs::path state_file = step_dir / "state.json";
+  const std::string good = read_bytes(state_file);
+  CHECK(read_train_state(step_dir).options["lr"] == 0.05);
+  const auto replaced = [&](const std::string& from, const std::string& to) {
+    std::string text = good;
+    const auto at = text.find(from);
+    REQUIRE(at != std::string::npos);
+    return text.replace(at, from.size(), to);
+  };
+  for (const auto& [from, to] : {std::pair{"0.05", "0.07"}, std::pair{"\"step\": 3", "\"step\": 2"}}) {
+    INFO(from << " -> " << to);
+    write_bytes(state_file, replaced(from, to));
+    CHECK_THROWS_WITH(read_train_state(step_dir),
+                      Catch::Contains(state_file.string()) && Catch::Contains("do not match its checksum") &&
+                          Catch::Contains("delete its \"checksum\" line"));
+  }
+  // An edit made on purpose, its checksum removed as the message says.
+  json edited = json::parse(replaced("0.05", "0.07"));
+  edited.erase("checksum");
+  write_bytes(state_file, edited.dump(2));
+  CHECK(read_train_state(step_dir).options["lr"] == 0.07);
 }
 
 TEST_CASE("an atomic file that is not committed leaves the target untouched", "[checkpoint]") {

@@ -126,7 +126,7 @@ fs::path save_checkpoint(const fs::path& dir, const Gpt& model, const AdamW& opt
     std::vector<TensorToWrite> tensors = named_tensors(model, "m.", on_host(opt.m(), m));
     for (auto& t : named_tensors(model, "v.", on_host(opt.v(), v))) tensors.push_back(std::move(t));
     write_safetensors(staging / layout::kOptimizerFile, tensors, config_metadata(model.config(), s.step));
-    write_file_atomically(staging / layout::kStateFile, layout::state_json(s).dump(2) + "\n");
+    write_file_atomically(staging / layout::kStateFile, layout::sealed_text(layout::state_json(s)));
     layout::write_files(staging, extra);
   } catch (...) {
     // A save that failed (a full disk, say) leaves nothing half-written

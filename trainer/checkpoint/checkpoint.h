@@ -68,7 +68,7 @@ struct TrainState {
   // The job that wrote it (RankInfo::run_id; empty where unknown): a
   // restarted job resumes from its own checkpoints, not from those of an
   // earlier job in the same directory.
-  std::string run_id;
+  std::string run_id = {};
 };
 
 // Files a save adds to its step beside the checkpoint's own, by name (the

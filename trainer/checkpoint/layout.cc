@@ -12,6 +12,9 @@
 #include <string_view>
 #include <vector>
 
+#include <spdlog/spdlog.h>
+#include <xxhash.h>
+
 #include "runtime/errors.h"
 #include "trainer/checkpoint/atomic_file.h"
 
@@ -90,14 +93,53 @@ TrainState parse_state(const json& j, const fs::path& path) {
   }
 }
 
+namespace {
+
+constexpr const char* kSealKey = "checksum";
+constexpr std::string_view kSealAlgorithm = "xxh3_64:";
+
+// XXH3-64 of the compact dump of `j` less its seal. nlohmann's json keeps
+// keys sorted and prints numbers so that they read back to the same value,
+// so a parsed file dumps to the very text that was hashed when it was written.
+std::string seal_of(json j) {
+  j.erase(kSealKey);
+  const std::string text = j.dump();
+  char hex[17];
+  std::snprintf(hex, sizeof(hex), "%016llx", static_cast<unsigned long long>(XXH3_64bits(text.data(), text.size())));
+  return std::string(kSealAlgorithm) + hex;
+}
+
+}  // namespace
+
+std::string sealed_text(json j) {
+  j[kSealKey] = seal_of(j);
+  return j.dump(2) + "\n";
+}
+
 json read_json(const fs::path& path) {
   std::ifstream in(path);
   if (!in) throw InvalidUsage("cannot open " + path.string() + "; is this a braid-train checkpoint?");
+  json j;
   try {
-    return json::parse(in);
+    j = json::parse(in);
   } catch (const json::exception& e) {
     throw InvalidUsage("checkpoint state " + path.string() + " is refused: not valid JSON (" + e.what() + ")");
   }
+  if (!j.is_object()) throw InvalidUsage("checkpoint state " + path.string() + " is refused: not a JSON object");
+  if (!j.contains(kSealKey)) {
+    spdlog::warn("{} carries no checksum (written before braid sealed its state files, or edited); it loads "
+                 "unverified", path.string());
+    return j;
+  }
+  const json& recorded = j.at(kSealKey);
+  const std::string actual = seal_of(j);
+  if (!recorded.is_string() || recorded.get<std::string>() != actual) {
+    throw InvalidUsage("checkpoint state " + path.string() + " is refused: its contents do not match its checksum (" +
+                       actual + ", recorded " + recorded.dump() +
+                       "); the file is damaged or was edited. Restore it or use another checkpoint; to load an "
+                       "edit made on purpose, delete its \"" + kSealKey + "\" line");
+  }
+  return j;
 }
 
 namespace {

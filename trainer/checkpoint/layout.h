@@ -56,6 +56,13 @@ std::int64_t metadata_int(const SafetensorsFile& file, const std::string& key);
 // state.json's content; the manifest adds "shards" to it.
 nlohmann::json state_json(const TrainState& state);
 TrainState parse_state(const nlohmann::json& j, const std::filesystem::path& path);
+// A state file's text: `j` plus "checksum": "xxh3_64:<16 hex digits>", the
+// hash of `j`'s compact dump. read_json refuses a file whose contents no
+// longer hash to it (a flipped digit of the learning rate or of the step
+// would otherwise resume a different run silently); a file without one (an
+// older braid's, or a deliberate edit with the line removed) loads with a
+// warning.
+std::string sealed_text(nlohmann::json j);
 nlohmann::json read_json(const std::filesystem::path& path);
 
 // Once every file in the step's staging directory is durable: rename it to

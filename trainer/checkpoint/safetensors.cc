@@ -50,12 +50,30 @@ std::string checksum(const void* data, std::size_t bytes) {
   return hex;
 }
 
-// The caller's metadata plus every tensor's checksum.
+// The key of the checksum of __metadata__ itself; no tensor may be named
+// "__metadata__", so no tensor's checksum key can be this one.
+const std::string kMetadataChecksumKey = std::string(kChecksumPrefix) + "__metadata__";
+
+// The checksum of every other (key, value) of the metadata, in key order
+// (a std::map's, on both sides): the config, step and rank the loader
+// trusts, and the tensors' checksums.
+std::string metadata_checksum(const Metadata& metadata) {
+  std::string text;
+  for (const auto& [key, value] : metadata) {
+    if (key == kMetadataChecksumKey) continue;
+    text.append(key).push_back('\0');
+    text.append(value).push_back('\0');
+  }
+  return checksum(text.data(), text.size());
+}
+
+// The caller's metadata plus every tensor's checksum, and theirs.
 Metadata with_checksums(const std::vector<TensorToWrite>& tensors, Metadata metadata) {
   metadata[kChecksumKey] = kChecksumAlgorithm;
   for (const auto& t : tensors) {
     metadata[checksum_key(t.name)] = checksum(t.data, element_count(t.shape) * sizeof(float));
   }
+  metadata[kMetadataChecksumKey] = metadata_checksum(metadata);
   return metadata;
 }
 
@@ -170,6 +188,14 @@ void SafetensorsFile::verify_checksums() {
   if (!carries) return;
   if (metadata_value(kChecksumKey) != kChecksumAlgorithm) {
     fail(std::string("its checksums are '") + metadata_value(kChecksumKey) + "', not " + kChecksumAlgorithm);
+  }
+  // Files of braid before the metadata had its own checksum lack the key.
+  if (auto it = metadata_.find(kMetadataChecksumKey); it != metadata_.end()) {
+    const std::string actual = metadata_checksum(metadata_);
+    if (actual != it->second) {
+      fail("its __metadata__ (config, step, rank, checksums) does not match its checksum (xxh3 " + actual +
+           ", recorded " + it->second + "); the header is corrupt: restore the file or use another checkpoint");
+    }
   }
   for (const auto& [name, e] : entries_) {
     auto it = metadata_.find(checksum_key(name));

@@ -11,11 +11,15 @@
 // Checksums. Every file braid writes carries, for each tensor, the XXH3
 // 64-bit hash (Debian's libxxhash) of its data bytes as 16 hex digits in
 // __metadata__ under "xxh3:<tensor name>", and "checksums": "xxh3_64"
-// (so that a file without tensors, too, says it carries them). They live in the header of the
-// file they protect, not in a manifest, so a file is checked alone: a
-// weights file handed to --init-from, one shard, the consolidated file. The
-// header itself is covered by its JSON parse and the checks below (a damaged
-// name, shape, offset or config is refused by them).
+// (so that a file without tensors, too, says it carries them), and
+// "xxh3:__metadata__", the hash of every other metadata key and value in key
+// order. They live in the header of the file they protect, not in a
+// manifest, so a file is checked alone: a weights file handed to
+// --init-from, one shard, the consolidated file. The rest of the header is
+// covered by its JSON parse and the checks below (a damaged name, shape or
+// offset is refused by them); a damaged config value or step, which those
+// would let through, by the metadata's own hash. (Files of an older braid
+// lack that one and load without it.)
 //
 // Writing is atomic (AtomicFile). Reading maps the file (read-only, private)
 // rather than copying it: the pages are the page cache's, which the kernel

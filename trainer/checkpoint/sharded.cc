@@ -75,7 +75,7 @@ fs::path commit_sharded_checkpoint(const fs::path& dir, const TrainState& state,
   manifest["shards"] = {{"world_size", world_size}, {"strategy", strategy}, {"files", files}};
   layout::tidy_staging(staging, shards);
   layout::write_files(staging, extra);
-  write_file_atomically(staging / layout::kManifestFile, manifest.dump(2) + "\n");
+  write_file_atomically(staging / layout::kManifestFile, layout::sealed_text(manifest));
   return layout::publish_step(dir, state.step, keep);
 }
 
