@@ -119,6 +119,9 @@ int main(int argc, char** argv) {
       "generates one and prints how to pass it on, and the other nodes refuse to start.\n"
       "Without BRAID_BIND_ADDR, ranks of such a job listen on the address that routes to\n"
       "--master-addr. The soft RLIMIT_NOFILE is raised to the hard one when the job needs it.\n"
+      "Each rank runs in a process group of its own. Should braid-launch be killed (even with\n"
+      "SIGKILL), a guardian process it started sends those groups SIGTERM, then SIGKILL after\n"
+      "--grace-period, so that what the ranks started in their groups does not run on.\n"
       "Exit status: 0 when every rank exits 0; else the first failing rank's status\n"
       "(128+N for signal N); 128+N when braid-launch receives signal N; 2 for bad\n"
       "arguments; 124 when --timeout expires; 127 when the program cannot be executed.");

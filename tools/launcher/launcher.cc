@@ -1,6 +1,7 @@
 // launch() in phases: check the options and the file-descriptor limit,
-// settle the job's identity (bind and store addresses, token), serve the
-// store, start the ranks one by one, supervise.
+// settle the job's identity (bind and store addresses, token), start the
+// guardian that outlives a killed launcher (guardian.h), serve the store,
+// start the ranks one by one, supervise.
 //
 // Ranks start one at a time and each exec is confirmed before the next
 // fork (process.cc), so a missing program is reported once, for rank 0,
@@ -26,6 +27,7 @@
 #include "runtime/store_ports.h"
 #include "tools/launcher/environment.h"
 #include "tools/launcher/fd_limit.h"
+#include "tools/launcher/guardian.h"
 #include "tools/launcher/output.h"
 #include "tools/launcher/supervisor.h"
 
@@ -98,11 +100,11 @@ RankStdio make_stdio(const std::string& log_dir, int rank) {
 // The rank's ends of its pipes close when this returns, so that end-of-file
 // on the launcher's ends means the rank (and its group) closed them.
 void start_rank(const LaunchOptions& options, const JobIdentity& job, int local_rank,
-                Supervisor& supervisor) {
+                Supervisor& supervisor, GroupWatcher& guardian) {
   int rank = job.node_rank * job.nproc_per_node + local_rank;
   RankStdio stdio = make_stdio(options.log_dir, rank);
   ProcessSpec spec{options.command, rank_environment(job, local_rank), stdio.rank_out.get(),
-                   stdio.rank_err.get()};
+                   stdio.rank_err.get(), &guardian};
   pid_t pid = spawn(spec);
   spdlog::debug("braid-launch: started rank {} as pid {}", rank, pid);
   supervisor.add(RankProcess{rank, pid, std::move(stdio.relay_out), std::move(stdio.relay_err)});
@@ -141,12 +143,12 @@ struct Outcome {
 // Whatever throws, the Supervisor's destructor kills and reaps the ranks
 // started so far.
 Outcome start_and_supervise(const LaunchOptions& options, const JobIdentity& job, SignalCatcher& signals,
-                            Supervisor::Clock::time_point job_start) {
-  Supervisor supervisor(signals, options.timeout, options.grace_period, job_start);
+                            GroupWatcher& guardian, Supervisor::Clock::time_point job_start) {
+  Supervisor supervisor(signals, options.timeout, options.grace_period, job_start, &guardian);
   int started = 0;
   try {
     for (; started < options.nproc_per_node; ++started)
-      start_rank(options, job, started, supervisor);
+      start_rank(options, job, started, supervisor, guardian);
   } catch (const CannotExecute& e) {
     std::string line = e.what();
     if (started > 0) line += "; killing the " + std::to_string(started) + " ranks already started";
@@ -259,6 +261,10 @@ int launch(const LaunchOptions& options) {
   JobIdentity job = settle_identity(options, endpoints, bind_addr);
   if (!options.log_dir.empty()) create_log_dir(options.log_dir);
   SignalCatcher signals;  // before the store's thread starts (signals.h)
+  // After the SignalCatcher, which ignores SIGPIPE for the guardian's pipe
+  // too, and before the first rank. It holds twice the ranks of this node:
+  // one attempt's groups, and room for those a restart could not reap.
+  Guardian guardian(2 * static_cast<std::size_t>(options.nproc_per_node) + 16, options.grace_period);
   const auto started = std::chrono::steady_clock::now();
   // Each attempt gets a store and a token of its own, so that no rank of a
   // restarted job reads what the failed one left in the store.
@@ -270,7 +276,7 @@ int launch(const LaunchOptions& options) {
     Outcome outcome;
     {
       const JobSegments segments(job.token);
-      outcome = start_and_supervise(options, job, signals, started);
+      outcome = start_and_supervise(options, job, signals, guardian, started);
     }
     if (!outcome.rank_failed || job.restart >= options.max_restarts) return outcome.status;
     say("restarting all " + std::to_string(options.nproc_per_node) + " ranks (restart " +

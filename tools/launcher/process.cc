@@ -121,9 +121,11 @@ pid_t spawn(const ProcessSpec& spec) {
   // Also set in the parent, so the group exists before anyone signals it
   // (EACCES once the child has exec'ed is harmless: it set it itself).
   setpgid(pid, pid);
+  if (spec.watcher) spec.watcher->watch(pid);
   report.write_end.reset();
   if (int err = read_exec_report(report.read_end.get()); err != 0) {
     waitpid(pid, nullptr, 0);
+    if (spec.watcher) spec.watcher->forget(pid);
     throw CannotExecute(spec.argv.at(0), err);
   }
   return pid;

@@ -7,7 +7,8 @@
 // kernel to SIGKILL it when the launcher dies (PR_SET_PDEATHSIG), so a
 // launcher killed with SIGKILL leaves no rank behind; only grandchildren
 // that outlive their rank can escape that, which is why the supervisor kills
-// a rank's whole group as soon as the rank itself exits.
+// a rank's whole group as soon as the rank itself exits, and why the
+// launcher's guardian (guardian.h) stops the groups when the launcher dies.
 #pragma once
 
 #include <sys/types.h>
@@ -57,6 +58,20 @@ class CannotExecute : public SystemError {
   int err_;
 };
 
+// Told of each rank's process group for as long as it may hold processes:
+// from just after the fork that creates it (before the launcher waits for
+// the exec) until its leader has been reaped. The guardian is one
+// (guardian.h). Neither call may throw: they are made on the way out of
+// failures.
+class GroupWatcher {
+ public:
+  virtual void watch(pid_t pgid) noexcept = 0;
+  virtual void forget(pid_t pgid) noexcept = 0;
+
+ protected:
+  ~GroupWatcher() = default;
+};
+
 // What a rank's process receives: argv (argv[0] is looked up in PATH), the
 // complete environment as "NAME=value" strings, and the descriptors that
 // become its stdout and stderr. Its stdin is /dev/null.
@@ -65,6 +80,7 @@ struct ProcessSpec {
   std::vector<std::string> env;
   int stdout_fd = 1;
   int stderr_fd = 2;
+  GroupWatcher* watcher = nullptr;  // told of the rank's group, if set
 };
 
 // Forks and execs; returns the child's pid once exec has succeeded. Throws

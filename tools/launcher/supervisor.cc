@@ -38,8 +38,9 @@ std::string seconds_text(std::chrono::milliseconds duration) {
 }  // namespace
 
 Supervisor::Supervisor(SignalCatcher& signals, std::chrono::milliseconds timeout,
-                       std::chrono::milliseconds grace_period, Clock::time_point started)
-    : signals_(signals), timeout_(timeout), grace_period_(grace_period) {
+                       std::chrono::milliseconds grace_period, Clock::time_point started,
+                       GroupWatcher* watcher)
+    : signals_(signals), watcher_(watcher), timeout_(timeout), grace_period_(grace_period) {
   if (timeout.count() > 0) job_deadline_ = deadline_after(started, timeout);
   sinks_.push_back(&standard_sink(1));
   if (&standard_sink(2) != sinks_.front()) sinks_.push_back(&standard_sink(2));
@@ -140,9 +141,16 @@ void Supervisor::reap_exited() {
     int status = 0;
     while (waitpid(rank.pid, &status, 0) < 0 && errno == EINTR) {
     }
+    forget_group(rank.pid);
     rank.running = false;
     on_rank_exit(rank, decode_wait_status(status));
   }
+}
+
+// Once its leader is reaped, a group's id may be reused (once the group
+// has emptied): the guardian must not keep it.
+void Supervisor::forget_group(pid_t pid) noexcept {
+  if (watcher_) watcher_->forget(pid);
 }
 
 void Supervisor::on_rank_exit(const Rank& rank, const ExitStatus& status) {
@@ -238,8 +246,8 @@ void Supervisor::signal_running(int signo) {
 }
 
 // The way out of an exception: no messages, no throwing, and a bounded wait.
-// A rank still unreaped at the end is left to PR_SET_PDEATHSIG's SIGKILL
-// and to init.
+// A rank still unreaped at the end is left to PR_SET_PDEATHSIG's SIGKILL,
+// to init, and (its group still watched) to the guardian.
 void Supervisor::kill_running_now() noexcept {
   for (const Rank& rank : ranks_)
     if (rank.running) ::kill(-rank.pid, SIGKILL);
@@ -247,7 +255,10 @@ void Supervisor::kill_running_now() noexcept {
   for (Rank& rank : ranks_) {
     while (rank.running) {
       pid_t reaped = waitpid(rank.pid, nullptr, WNOHANG);
-      if (reaped == rank.pid || (reaped < 0 && errno != EINTR)) rank.running = false;
+      if (reaped == rank.pid || (reaped < 0 && errno != EINTR)) {
+        rank.running = false;
+        forget_group(rank.pid);
+      }
       if (!rank.running || Clock::now() >= give_up) break;
       std::this_thread::sleep_for(std::chrono::milliseconds(5));
     }

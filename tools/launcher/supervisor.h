@@ -51,8 +51,11 @@ class Supervisor {
 
   // The job's timeout (zero: none) counts from `started`: construction, or
   // for a restarted job the first start (--timeout covers the restarts).
+  // The watcher, if given, is told when a rank's group is gone (its leader
+  // reaped); it was told of the group by spawn().
   Supervisor(SignalCatcher& signals, std::chrono::milliseconds timeout,
-             std::chrono::milliseconds grace_period, Clock::time_point started = Clock::now());
+             std::chrono::milliseconds grace_period, Clock::time_point started = Clock::now(),
+             GroupWatcher* watcher = nullptr);
   // Kills (SIGKILL to its group) and reaps every rank still running: the
   // way out when run() was never called or threw.
   ~Supervisor();
@@ -90,6 +93,7 @@ class Supervisor {
   int next_poll_timeout_ms() const;
   void handle_signals();
   void reap_exited();
+  void forget_group(pid_t pid) noexcept;
   void on_rank_exit(const Rank& rank, const ExitStatus& status);
   void on_launcher_signal(int signo);
   void handle_deadlines();
@@ -108,6 +112,7 @@ class Supervisor {
   void drop_unwritten_output();
 
   SignalCatcher& signals_;
+  GroupWatcher* watcher_;
   std::chrono::milliseconds timeout_;
   std::chrono::milliseconds grace_period_;
   std::vector<Rank> ranks_;
