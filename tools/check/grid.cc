@@ -132,7 +132,10 @@ Checker::Checker(comm::Communicator& comm, bool registered, std::string barrier_
   // Rank 0's draw names this run's marks, so marks an earlier run left in the
   // same folder cannot stand in for a rank that has not arrived.
   std::int64_t run = 0;
-  if (rank_ == 0) run = static_cast<std::int64_t>(std::random_device{}() ^ (std::uint64_t{std::random_device{}()} << 32));
+  if (rank_ == 0) {
+    std::random_device device;
+    run = static_cast<std::int64_t>((std::uint64_t{device()} << 32) ^ device());
+  }
   comm_.broadcast(&run, &run, 1, DataType::i64, 0).wait();
   char name[32];
   std::snprintf(name, sizeof name, "barrier.%016llx", static_cast<unsigned long long>(run));
