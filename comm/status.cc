@@ -1,5 +1,6 @@
 #include "comm/status.h"
 
+#include <algorithm>
 #include <chrono>
 #include <sstream>
 
@@ -13,6 +14,9 @@ constexpr auto kPublishPeriod = std::chrono::milliseconds(100);
 // How long a rank inside an operation may go without a new heartbeat before
 // it is called silent: six periods, so a live rank on a loaded machine is not.
 constexpr auto kSilence = std::chrono::milliseconds(600);
+// The failure path's budget for one call on the store is a quarter of the
+// store's request timeout, and never more than this.
+constexpr auto kMaxBudget = std::chrono::milliseconds(2000);
 
 bool point_to_point(std::string_view kind) { return kind == "send" || kind == "recv"; }
 
@@ -71,8 +75,45 @@ void StatusBoard::run() {
   }
 }
 
-std::optional<StatusBoard::Record> StatusBoard::read(int peer) {
-  auto value = store_->try_get(key("status", peer));
+std::chrono::milliseconds StatusBoard::budget() const {
+  return std::min(store_->request_timeout() / 4, kMaxBudget);
+}
+
+bool StatusBoard::ask(Clock::time_point deadline, const std::function<void(Clock::time_point)>& request) {
+  {
+    std::lock_guard lock(unanswered_mu_);
+    if (!unanswered_.empty()) return false;
+  }
+  std::string why;
+  try {
+    request(deadline);
+    return true;
+  } catch (const InvalidUsage&) {
+    return false;  // the store answered: a set past its byte limit
+  } catch (const TimeoutError&) {
+    why = "the store did not answer within " + std::to_string(budget().count()) +
+          " ms, so the process that serves it (rank 0 or the launcher) may be stopped or overloaded too";
+  } catch (const Error& e) {
+    why = std::string("the store did not answer: ") + e.what();
+  }
+  std::lock_guard lock(unanswered_mu_);
+  if (unanswered_.empty()) unanswered_ = std::move(why);
+  return false;
+}
+
+std::string StatusBoard::unanswered() {
+  std::lock_guard lock(unanswered_mu_);
+  return unanswered_;
+}
+
+std::optional<runtime::Bytes> StatusBoard::fetch(const std::string& key, Clock::time_point deadline) {
+  std::optional<runtime::Bytes> value;
+  if (!ask(deadline, [&](Clock::time_point d) { value = store_->try_get(key, d); })) throw TimeoutError(unanswered());
+  return value;
+}
+
+std::optional<StatusBoard::Record> StatusBoard::read(int peer, Clock::time_point deadline) {
+  auto value = fetch(key("status", peer), deadline);
   if (!value) return std::nullopt;
   std::istringstream in(std::string(value->begin(), value->end()));
   Record r;
@@ -84,23 +125,23 @@ std::optional<StatusBoard::Record> StatusBoard::read(int peer) {
   return r;
 }
 
-std::vector<std::optional<StatusBoard::Record>> StatusBoard::read_all(int size) {
+std::vector<std::optional<StatusBoard::Record>> StatusBoard::read_all(int size, Clock::time_point deadline) {
   std::vector<std::optional<Record>> records(static_cast<std::size_t>(size));
   for (int peer = 0; peer < size; ++peer)
-    if (peer != rank_) records[static_cast<std::size_t>(peer)] = read(peer);
+    if (peer != rank_) records[static_cast<std::size_t>(peer)] = read(peer, deadline);
   return records;
 }
 
 std::string StatusBoard::describe_peer(int peer) {
   if (!store_) return "is unknown";
   try {
-    auto r = read(peer);
+    auto r = read(peer, Clock::now() + budget());
     if (!r) return "has not entered any operation on this communicator (or entered one < 100 ms ago)";
     std::string text = "last entered " + r->kind + " #" + std::to_string(r->seq);
     if (r->inside && r->waiting_for >= 0) text += " and waits there for rank " + std::to_string(r->waiting_for);
     return text;
   } catch (const Error&) {
-    return "could not be asked (the store did not answer)";
+    return "could not be asked: " + unanswered();
   }
 }
 
@@ -108,8 +149,9 @@ std::string StatusBoard::describe_peer(int peer) {
 // ones inside it whose heartbeat stands still.
 std::string StatusBoard::holder(const Op& op, int size) {
   if (!store_ || op.kind == OpKind::send || op.kind == OpKind::recv) return {};
+  const auto deadline = Clock::now() + budget() + kSilence;
   try {
-    auto before = read_all(size);
+    auto before = read_all(size, deadline);
     std::string list;
     auto add = [&](int peer, const std::string& why) {
       list += (list.empty() ? "rank " : ", rank ") + std::to_string(peer) + " (" + why + ")";
@@ -122,7 +164,7 @@ std::string StatusBoard::holder(const Op& op, int size) {
     }
     if (!list.empty()) return list;
     std::this_thread::sleep_for(kSilence);
-    auto after = read_all(size);
+    auto after = read_all(size, deadline);
     for (int peer = 0; peer < size; ++peer) {
       const auto &r0 = before[static_cast<std::size_t>(peer)], &r1 = after[static_cast<std::size_t>(peer)];
       if (!r0 || !r1 || !r1->inside || r1->beat != r0->beat) continue;
@@ -139,16 +181,13 @@ std::string StatusBoard::holder(const Op& op, int size) {
 
 void StatusBoard::publish_abort(const std::string& reason) {
   if (!store_) return;
-  try {
-    store_->set(key("abort", rank_), reason);
-  } catch (const Error&) {
-  }
+  ask(Clock::now() + budget(), [&](Clock::time_point deadline) { store_->set(key("abort", rank_), reason, deadline); });
 }
 
 std::string StatusBoard::abort_reason(int peer) {
   if (!store_) return {};
   try {
-    auto value = store_->try_get(key("abort", peer));
+    auto value = fetch(key("abort", peer), Clock::now() + budget());
     return value ? std::string(value->begin(), value->end()) : std::string();
   } catch (const Error&) {
     return {};

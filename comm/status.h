@@ -17,10 +17,23 @@
 // itself be waiting. The board also carries abort reasons: a rank that fails
 // writes its error before closing its connections, so peers that see the
 // connection drop can say why.
+//
+// Those reads and that write are the failure path's, after a wait has
+// already timed out, and the store may not answer them: the process serving
+// it (rank 0 under torchrun, srun and mpirun) may be the one that froze. The
+// store's one connection is then held by a heartbeat that waits out a whole
+// request timeout (BRAID_TIMEOUT), so each of these calls is bounded by a
+// budget of its own instead: a quarter of that timeout, at most 2 s
+// (holder() 600 ms more). Once the store has failed to answer one, the
+// others do not ask it again (a board serves one failure: its communicator
+// aborts on the first) and say that the store did not answer.
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
+#include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -46,12 +59,14 @@ class StatusBoard {
   void entered(const Op& op, const std::atomic<int>* waiting_for = nullptr);
   void left(const Op& op);
   // "last entered all_gather #811", "last entered all_reduce #5 and waits
-  // there for rank 3", "has not entered any operation ...".
+  // there for rank 3", "has not entered any operation ...", "could not be
+  // asked: the store did not answer within 1000 ms ...".
   std::string describe_peer(int peer);
   // Which rank holds up `op` for a rank that timed out in it, e.g.
   // "rank 2 (inside all_reduce #5 but silent for 600 ms: ...)" or
   // "rank 2 (last entered barrier #3)". Takes up to 600 ms (it watches the
-  // heartbeats). Empty when no rank stands out or `op` is point-to-point.
+  // heartbeats) plus the budget. Empty when no rank stands out, the store
+  // did not answer, or `op` is point-to-point.
   std::string holder(const Op& op, int size);
   void publish_abort(const std::string& reason);
   // The reason a peer published when it aborted, or empty.
@@ -65,10 +80,19 @@ class StatusBoard {
     int waiting_for = -1;
     std::uint64_t beat = 0;
   };
+  using Clock = std::chrono::steady_clock;
   void run();
   std::string key(const char* what, int rank) const;
-  std::optional<Record> read(int peer);
-  std::vector<std::optional<Record>> read_all(int size);
+  // The failure path's calls on the store, bounded by `deadline`, once the
+  // store has answered every earlier one in time. ask() runs `request`
+  // (given the deadline) and says whether it did; fetch() throws
+  // TimeoutError saying what unanswered() says where it did not.
+  bool ask(Clock::time_point deadline, const std::function<void(Clock::time_point)>& request);
+  std::optional<std::vector<std::uint8_t>> fetch(const std::string& key, Clock::time_point deadline);
+  std::string unanswered();
+  std::chrono::milliseconds budget() const;
+  std::optional<Record> read(int peer, Clock::time_point deadline);
+  std::vector<std::optional<Record>> read_all(int size, Clock::time_point deadline);
 
   std::shared_ptr<runtime::Store> store_;
   std::string prefix_;
@@ -80,6 +104,8 @@ class StatusBoard {
   std::condition_variable cv_;
   bool stop_ = false;
   std::thread thread_;
+  std::mutex unanswered_mu_;
+  std::string unanswered_;  // why the failure path no longer asks the store; empty while it does
 };
 
 }  // namespace braid::comm

@@ -124,6 +124,16 @@ class Store {
   std::string get_string(const std::string& key, std::chrono::milliseconds timeout);
   // Returns the value if the key exists now, without waiting.
   std::optional<Bytes> try_get(const std::string& key);
+  // try_get and set bounded by `deadline` in all, the wait for this
+  // connection included: another thread's request holds it until answered,
+  // which a store that stopped answering does only at that request's
+  // timeout. For a failure path that must not add a request timeout of its
+  // own to the one that has already passed (comm/status.cc). TimeoutError
+  // when the deadline passes: while waiting for the connection, which stays
+  // usable; or while waiting for the answer, which breaks the connection, as
+  // any request's timeout does.
+  std::optional<Bytes> try_get(const std::string& key, std::chrono::steady_clock::time_point deadline);
+  void set(const std::string& key, const std::string& value, std::chrono::steady_clock::time_point deadline);
   // Waits until every key exists; TimeoutError names the keys still missing.
   void wait(const std::vector<std::string>& keys, std::chrono::milliseconds timeout);
   // Atomically adds delta to the integer counter at key (absent = 0) and
@@ -137,6 +147,7 @@ class Store {
 
   // Default timeout for requests that do not wait on keys (set, add, ...).
   void set_request_timeout(std::chrono::milliseconds timeout);
+  std::chrono::milliseconds request_timeout() const;
   // The port of the store this client is connected to.
   std::uint16_t port() const;
 

@@ -13,6 +13,7 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
 #include <mutex>
 #include <optional>
@@ -103,6 +104,15 @@ std::uint32_t wire_ms(milliseconds timeout) {
 
 std::string ms_text(milliseconds duration) { return std::to_string(duration.count()) + " ms"; }
 
+// A set's body: the key, then the value's bytes.
+template <class Value>
+Bytes set_body(const std::string& key, const Value& value) {
+  Bytes body;
+  put_key(body, key);
+  body.insert(body.end(), value.begin(), value.end());
+  return body;
+}
+
 bool is_hang_up(const error_code& ec) {
   return ec == asio::error::eof || ec == asio::error::connection_reset ||
          ec == asio::error::broken_pipe || ec == asio::error::connection_aborted;
@@ -120,11 +130,13 @@ struct Store::Impl {
 
   // Sends one request and reads its answer, holding the mutex throughout.
   // Bounded by the request timeout, or for a get or wait by its own `wait`
-  // plus kAnswerMargin. Returns replies with status ok, not_found or
-  // timeout; throws for everything else.
+  // plus kAnswerMargin; with `bound`, by that too, the wait for the mutex
+  // included. Returns replies with status ok, not_found or timeout; throws
+  // for everything else.
   Reply call(Command command, const Bytes& body, const std::string& what,
-             std::optional<milliseconds> wait = std::nullopt);
+             std::optional<milliseconds> wait = std::nullopt, std::optional<Clock::time_point> bound = std::nullopt);
   void set_request_timeout(milliseconds timeout);
+  milliseconds request_timeout() const { return request_timeout_.load(std::memory_order_relaxed); }
   std::string where() const { return host_ + ":" + std::to_string(port_); }
 
  private:
@@ -148,8 +160,8 @@ struct Store::Impl {
   std::string host_;
   std::uint16_t port_;
   std::string token_;
-  std::mutex mutex_;
-  milliseconds request_timeout_;
+  std::timed_mutex mutex_;  // held for a whole request (call)
+  std::atomic<milliseconds> request_timeout_;
   asio::io_context io_{1};
   tcp::socket socket_{io_};
   std::string broken_;  // why the connection is unusable; empty while it is fine
@@ -277,7 +289,7 @@ bool Store::Impl::try_connect(Clock::time_point deadline, error_code& last) {
 }
 
 bool Store::Impl::handshake() {
-  Exchange exchange(request_timeout_, "during the handshake");
+  Exchange exchange(request_timeout(), "during the handshake");
   ProbeResult hello = greet(exchange.deadline);
   switch (hello.kind) {
     case Probe::accepted: return true;
@@ -314,13 +326,31 @@ ProbeResult Store::Impl::greet(Clock::time_point deadline) {
   return {header[0] == kHandshakeWrongToken ? Probe::wrong_token : Probe::refused, text, ec};
 }
 
+// A bounded call gives up waiting for the mutex at its bound, leaving the
+// connection to the request that holds it; one whose bound has passed by the
+// time it holds the mutex sends nothing, so that only a request the store
+// has left unanswered breaks the connection.
 Reply Store::Impl::call(Command command, const Bytes& body, const std::string& what,
-                        std::optional<milliseconds> wait) {
-  std::lock_guard lock(mutex_);
+                        std::optional<milliseconds> wait, std::optional<Clock::time_point> bound) {
+  const auto start = Clock::now();
+  std::unique_lock lock(mutex_, std::defer_lock);
+  if (!bound) lock.lock();
+  auto gave_up = [&] {
+    return TimeoutError("store at " + where() + " did not answer within " +
+                        ms_text(std::chrono::duration_cast<milliseconds>(*bound - start)) + " " + what +
+                        ": this connection was still waiting for the answer to an earlier request");
+  };
+  if (bound && !lock.try_lock_until(*bound)) throw gave_up();
   if (!broken_.empty())
     throw RemoteError("the connection to the store at " + where() +
                       " is unusable after an earlier failure (" + broken_ + ")");
-  Exchange exchange(wait ? *wait + kAnswerMargin : request_timeout_, what);
+  milliseconds timeout = wait ? *wait + kAnswerMargin : request_timeout();
+  if (bound) {
+    const auto left = std::chrono::duration_cast<milliseconds>(*bound - Clock::now());
+    if (left <= milliseconds(0)) throw gave_up();
+    timeout = std::min(timeout, left);
+  }
+  Exchange exchange(timeout, what);
   write_all(frame(std::uint8_t(command), body), exchange);
   Bytes header = read_exact(kFrameHeaderBytes, exchange);
   std::uint32_t body_bytes = load_u32(header.data());
@@ -338,8 +368,7 @@ Reply Store::Impl::call(Command command, const Bytes& body, const std::string& w
 }
 
 void Store::Impl::set_request_timeout(milliseconds timeout) {
-  std::lock_guard lock(mutex_);
-  request_timeout_ = timeout;
+  request_timeout_.store(timeout, std::memory_order_relaxed);
 }
 
 void Store::Impl::write_all(const Bytes& bytes, const Exchange& exchange) {
@@ -399,14 +428,15 @@ std::uint16_t Store::port() const { return impl_->port(); }
 Store::~Store() = default;
 
 void Store::set(const std::string& key, const Bytes& value) {
-  Bytes body;
-  put_key(body, key);
-  body.insert(body.end(), value.begin(), value.end());
-  impl_->call(Command::set, body, "while setting key '" + key + "'");
+  impl_->call(Command::set, set_body(key, value), "while setting key '" + key + "'");
 }
 
 void Store::set(const std::string& key, const std::string& value) {
   set(key, Bytes(value.begin(), value.end()));
+}
+
+void Store::set(const std::string& key, const std::string& value, Clock::time_point deadline) {
+  impl_->call(Command::set, set_body(key, value), "while setting key '" + key + "'", std::nullopt, deadline);
 }
 
 Bytes Store::get(const std::string& key, milliseconds timeout) {
@@ -430,6 +460,14 @@ std::optional<Bytes> Store::try_get(const std::string& key) {
   Bytes body;
   put_key(body, key);
   Reply reply = impl_->call(Command::try_get, body, "while reading key '" + key + "'");
+  if (reply.status != Status::ok) return std::nullopt;
+  return std::move(reply.body);
+}
+
+std::optional<Bytes> Store::try_get(const std::string& key, Clock::time_point deadline) {
+  Bytes body;
+  put_key(body, key);
+  Reply reply = impl_->call(Command::try_get, body, "while reading key '" + key + "'", std::nullopt, deadline);
   if (reply.status != Status::ok) return std::nullopt;
   return std::move(reply.body);
 }
@@ -463,5 +501,7 @@ bool Store::remove(const std::string& key) {
 }
 
 void Store::set_request_timeout(milliseconds timeout) { impl_->set_request_timeout(timeout); }
+
+milliseconds Store::request_timeout() const { return impl_->request_timeout(); }
 
 }  // namespace braid::runtime

@@ -221,3 +221,52 @@ TEST_CASE("store failures: destroying the server frees parked waiters and idle c
   CHECK_THROWS_AS(idle->set("k", std::string("v")), RemoteError);
   CHECK_THROWS_AS(idle->try_get("k"), RemoteError);
 }
+
+// The calls bounded by a deadline (store.h), for comm/status.cc's failure
+// path: they must not wait a request timeout behind a store that does not
+// answer, nor break a connection that another thread's request holds.
+
+TEST_CASE("store failures: a bounded request to a silent server gives up at its deadline", "[store][failure]") {
+  SilentServer silent;
+  auto store = connect_store(silent.port());  // requests bounded by 5 s
+  CHECK(store->request_timeout() == 5s);
+  auto start = std::chrono::steady_clock::now();
+  CHECK_THROWS_AS(store->try_get("k", start + 200ms), TimeoutError);
+  CHECK(seconds_since(start) >= 0.19);
+  CHECK(seconds_since(start) < 2.5);  // well short of the 5 s request timeout
+  // Its request went out unanswered, so the stream is out of step.
+  CHECK_THROWS_AS(store->set("k", std::string("v"), std::chrono::steady_clock::now() + 200ms), RemoteError);
+}
+
+TEST_CASE("store failures: a bounded request gives up behind another thread's and leaves the connection usable",
+          "[store][failure]") {
+  StoreServer server("127.0.0.1", 0, kToken);
+  std::shared_ptr<runtime::Store> store = connect_store(server.port());
+  std::string got;
+  // Holds the connection until "late" is set, as a heartbeat to a stopped
+  // store would until its timeout.
+  TestThread waiter([&] { got = store->get_string("late", 20s); });
+  bool gave_up = false;
+  double waited = 0;
+  for (int attempt = 0; attempt < 100 && !gave_up; ++attempt) {
+    std::this_thread::sleep_for(20ms);  // until the waiter holds the connection
+    auto start = std::chrono::steady_clock::now();
+    try {
+      store->try_get("late", start + 200ms);
+    } catch (const TimeoutError& e) {
+      gave_up = true;
+      waited = seconds_since(start);
+      CHECK_THAT(e.what(), Contains("earlier request"));
+    }
+  }
+  connect_store(server.port())->set("late", std::string("here"));
+  waiter.join();
+  REQUIRE(gave_up);
+  CHECK(waited >= 0.19);
+  CHECK(waited < 2.5);
+  CHECK(got == "here");
+  const auto soon = std::chrono::steady_clock::now() + 2s;
+  CHECK(store->try_get("late", soon) == Bytes{'h', 'e', 'r', 'e'});
+  store->set("bounded", std::string("yes"), soon);
+  CHECK(store->get_string("bounded", 1s) == "yes");
+}
