@@ -11,6 +11,7 @@
 #include <map>
 
 #include "strategy_fixtures.h"
+#include "tests/comm/harness.h"
 #include "trainer/strategy/strategy.h"
 
 namespace braid::trainer {
@@ -203,6 +204,32 @@ TEST_CASE("a global batch that does not split across the ranks is refused", "[st
   CHECK_THROWS_WITH(validate_world(o, 4), Catch::Contains("--batch-size 10 does not split into 4 rank(s) x 2") &&
                                               Catch::Contains("multiple of 8"));
   CHECK_NOTHROW(validate_world(o, 5));
+}
+
+// Every rank reads --data itself (on its own node, from its own working
+// directory). Ranks that read different bytes would each sample their own
+// corpus and train, silently, a model no single process trains.
+TEST_CASE("ranks that read different data are refused before training", "[strategy]") {
+  TrainOptions o = grid_options();
+  o.strategy = "ddp";
+  const TextCorpus same = test::synthetic_corpus();
+  TextCorpus other = same;
+  other.source = "other";
+  other.bytes[100] ^= 1;  // one bit, same size
+  const auto result = braid::test::run_ranks(
+      3,
+      [&](comm::Communicator& comm) {
+        Trainer trainer(o, comm.rank() == 2 ? other : same, &comm);
+        trainer.start();
+        trainer.train_step();
+      },
+      braid::test::run_options(std::chrono::seconds(60), braid::test::test_config(std::chrono::seconds(20))));
+  INFO(result.summary());
+  REQUIRE(!result.timed_out);
+  for (const auto& rank : result.ranks) {
+    CHECK(rank.exit_code == 1);
+    CHECK_THAT(rank.message, Catch::Contains("rank 2") && Catch::Contains("same data"));
+  }
 }
 
 }  // namespace

@@ -83,6 +83,30 @@ std::unique_ptr<Mesh> build_mesh(const TrainOptions& o, comm::Communicator* worl
                                 o.model.block_size);
 }
 
+// Every rank reads --data itself (on its own node, from its own working
+// directory), but the sampler takes any sample of any step from one corpus.
+// Ranks that read different bytes would train, silently, a model no single
+// process trains (and the checkpoint would record rank 0's data alone):
+// every rank compares every rank's size and fingerprint, so all refuse alike.
+void check_same_data(comm::Communicator* world, const TextCorpus& corpus) {
+  if (world == nullptr || world->size() == 1) return;
+  const std::array<std::int64_t, 2> mine{static_cast<std::int64_t>(corpus.bytes.size()),
+                                         static_cast<std::int64_t>(corpus.fingerprint())};
+  std::vector<std::int64_t> all(mine.size() * static_cast<std::size_t>(world->size()));
+  world->all_gather(mine.data(), all.data(), mine.size(), DataType::i64).wait();
+  for (int r = 1; r < world->size(); ++r) {
+    const std::int64_t* other = all.data() + 2 * r;
+    if (other[0] == all[0] && other[1] == all[1]) continue;
+    const std::string what = other[0] != all[0] ? std::to_string(other[0]) + " bytes of data, rank 0 " +
+                                                      std::to_string(all[0])
+                                                : "as many bytes of data as rank 0 but other bytes";
+    throw InvalidUsage("rank " + std::to_string(r) + " read " + what + " (this rank, " +
+                       std::to_string(world->rank()) + ", read " + corpus.source +
+                       "); every rank must train on the same data: give --data a file with the same contents "
+                       "on every node");
+  }
+}
+
 double ms(std::chrono::duration<double> d) { return d.count() * 1e3; }
 
 double seconds_since(Clock::time_point start) {
@@ -98,6 +122,7 @@ Trainer::Trainer(const TrainOptions& options, const TextCorpus& corpus, comm::Co
       B_(options_.rank_micro_batch(options_.dp_size(world_size()))),
       schedule_{options.lr, options.min_lr, options.warmup_steps, options.steps} {
   const int T = options_.model.block_size;
+  check_same_data(world_, corpus_);
   if (options_.model_parallel()) {
     mesh_ = build_mesh(options_, comm, &memory_, B_);
   } else {

@@ -143,7 +143,8 @@ class TrainObserver {
 
 class Trainer {
  public:
-  // Validates the options against the corpus and the world (InvalidUsage),
+  // Validates the options against the corpus and the world, and that every
+  // rank read the same corpus (collective) (InvalidUsage),
   // builds the strategy (--strategy, or none / ddp by DP size) with its
   // model and optimizer; under --tp / --pp inside the mesh (mesh.h). `comm` is null for one process without a
   // communicator; the corpus and the communicator must outlive the trainer.
