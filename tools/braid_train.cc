@@ -271,7 +271,7 @@ int run(const TrainOptions& o, const braid::runtime::RankInfo& info) {
   t::Observers observers;
   if (rank0) observers.add(&progress);
   std::optional<t::MetricsWriter> metrics;
-  if (!o.metrics.empty()) observers.add(&metrics.emplace(t::metrics_path(o.metrics, trainer.rank())));
+  if (!o.metrics.empty()) observers.add(&metrics.emplace(t::metrics_path(o.metrics, trainer.rank()), trainer.step()));
   const t::TrainSummary summary = trainer.run(observers);
   print_summary(trainer, summary, info);
   if (o.sample_bytes > 0) {

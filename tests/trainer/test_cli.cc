@@ -132,6 +132,30 @@ TEST_CASE("a run resumed from its checkpoint repeats the uninterrupted run exact
   CHECK(a[3].contains("val_loss"));
 }
 
+// A restarted job resumes with the command line it had, --metrics included:
+// the file keeps the steps up to the checkpoint (it lost only the later
+// ones, which the run trains again) and holds every step once.
+TEST_CASE("a run resumed with the same --metrics file keeps its steps up to the checkpoint", "[cli][resume]") {
+  if (!have_binary()) return;
+  test::TempDir dir;
+  const fs::path text = write_text(dir, 4000);
+  const std::string common = kTiny + "--data " + text.string() + " --steps 4 --lr 0.01 --seed 3 ";
+  const std::string ckpt = (dir / "ckpt").string(), metrics = (dir / "m.jsonl").string();
+  REQUIRE(braid_train(dir, common + "--checkpoint-dir " + ckpt + " --checkpoint-interval 2 --metrics " + metrics)
+              .rc == 0);
+  const auto first = metrics_lines(metrics);
+  REQUIRE(first.size() == 4);
+  const Run r = braid_train(dir, "--resume " + ckpt + "/step_00000002 --metrics " + metrics);
+  REQUIRE(r.rc == 0);
+  const auto after = metrics_lines(metrics);
+  REQUIRE(after.size() == 4);
+  for (std::size_t i = 0; i < 4; ++i) {
+    CHECK(after[i]["step"] == i + 1);
+    CHECK(after[i]["loss"].get<double>() == first[i]["loss"].get<double>());
+  }
+  CHECK(after[0]["time"] == first[0]["time"]);  // kept, not written again
+}
+
 TEST_CASE("a corrupt checkpoint is refused by the CLI and left as it was", "[cli]") {
   if (!have_binary()) return;
   test::TempDir dir;

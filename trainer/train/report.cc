@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <ctime>
+#include <fstream>
 #include <utility>
 
 #include <nlohmann/json.hpp>
@@ -95,8 +96,29 @@ void ProgressPrinter::on_checkpoint(const std::filesystem::path& dir, std::int64
   std::fprintf(stderr, "checkpoint of step %lld written to %s\n", static_cast<long long>(step), dir.c_str());
 }
 
-MetricsWriter::MetricsWriter(const std::string& path) : path_(path), out_(path, std::ios::trunc) {
+namespace {
+
+// The lines of an existing metrics file for steps up to `step`: what a run
+// resumed from that step's checkpoint keeps. Lines past it (steps the run
+// lost and trains again) and lines that are not a step's go.
+std::string metrics_up_to(const std::string& path, std::int64_t step) {
+  std::ifstream in(path);
+  std::string kept, line;
+  while (std::getline(in, line)) {
+    const nlohmann::json j = nlohmann::json::parse(line, nullptr, false);
+    if (j.is_object() && j.contains("step") && j["step"].is_number_integer() && j["step"].get<std::int64_t>() <= step)
+      kept += line + "\n";
+  }
+  return kept;
+}
+
+}  // namespace
+
+MetricsWriter::MetricsWriter(const std::string& path, std::int64_t resumed_step) : path_(path) {
+  const std::string kept = resumed_step > 0 ? metrics_up_to(path, resumed_step) : std::string();
+  out_.open(path, std::ios::trunc);
   if (!out_) throw InvalidUsage("cannot create the metrics file " + path + "; check --metrics");
+  out_ << kept;
 }
 
 void MetricsWriter::on_step(const StepReport& r) {

@@ -52,7 +52,10 @@ class ProgressPrinter : public TrainObserver {
 // InvalidUsage when the file cannot be created.
 class MetricsWriter : public TrainObserver {
  public:
-  explicit MetricsWriter(const std::string& path);
+  // A fresh run (resumed_step 0) starts the file afresh. A run resumed from
+  // step s keeps the file's lines of steps 1..s and appends to them, so that
+  // a restarted job's file holds every step once, as if it had not failed.
+  MetricsWriter(const std::string& path, std::int64_t resumed_step);
   void on_step(const StepReport& r) override;
 
  private:
