@@ -237,6 +237,12 @@ void print_start(braid::trainer::Trainer& trainer, const braid::runtime::RankInf
                  t::describe_rank_map(trainer.mesh()->groups().shape).c_str());
   }
   std::fputs((t::format_rank_map(ranks) + t::format_memory_table(ranks)).c_str(), stderr);
+  if (trainer.step() >= o.steps) {
+    std::fprintf(stderr,
+                 "braid-train: nothing to train: the run starts at step %lld (its checkpoint's) and --steps is %lld; "
+                 "pass a larger --steps to train on\n",
+                 static_cast<long long>(trainer.step()), static_cast<long long>(o.steps));
+  }
 }
 
 // The summary with every rank's memory and traffic (collective).

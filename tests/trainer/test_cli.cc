@@ -135,7 +135,8 @@ TEST_CASE("a run resumed from its checkpoint repeats the uninterrupted run exact
 // A restarted job resumes with the command line it had, --metrics included:
 // the file keeps the steps up to the checkpoint (it lost only the later
 // ones, which the run trains again) and holds every step once.
-TEST_CASE("a run resumed with the same --metrics file keeps its steps up to the checkpoint", "[cli][resume]") {
+TEST_CASE("a run resumed with the same --metrics file keeps its steps up to the checkpoint; one resumed past "
+          "--steps says it trains nothing", "[cli][resume]") {
   if (!have_binary()) return;
   test::TempDir dir;
   const fs::path text = write_text(dir, 4000);
@@ -154,6 +155,10 @@ TEST_CASE("a run resumed with the same --metrics file keeps its steps up to the 
     CHECK(after[i]["loss"].get<double>() == first[i]["loss"].get<double>());
   }
   CHECK(after[0]["time"] == first[0]["time"]);  // kept, not written again
+  // Resumed past its --steps, the run trains nothing and says so.
+  const Run none = braid_train(dir, "--resume " + ckpt + "/step_00000004 --steps 3");
+  CHECK(none.rc == 0);
+  CHECK_THAT(none.err, Catch::Contains("nothing to train: the run starts at step 4 (its checkpoint's) and --steps is 3"));
 }
 
 TEST_CASE("a corrupt checkpoint is refused by the CLI and left as it was", "[cli]") {
