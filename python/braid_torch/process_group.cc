@@ -89,7 +89,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::enqueue(Call call) {
   pending.outputs = std::move(call.outputs);
   pending.future = make_future();
   pending.completion = std::make_shared<Completion>();
-  auto work = c10::make_intrusive<BraidWork>(getRank(), call.type, pending);
+  auto work = c10::make_intrusive<BraidWork>(getRank(), call.type, pending, completer_->queue());
   std::lock_guard lock(issue_mutex_);
   pending.work = call.issue();
   completer_->push(std::move(pending));

@@ -12,18 +12,15 @@ c10::intrusive_ptr<c10::ivalue::Future> make_future() {
   return c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()));
 }
 
-Completer::Completer() : thread_([this] { run(); }) {}
+Completer::Completer()
+    : queue_(std::make_shared<CompletionQueue>()), thread_([queue = queue_] { queue->run(); }) {}
 
 Completer::~Completer() {
-  {
-    std::lock_guard lock(mutex_);
-    stopping_ = true;
-  }
-  queued_cv_.notify_one();
+  queue_->stop();
   thread_.join();
 }
 
-void Completer::push(Pending pending) {
+void CompletionQueue::push(Pending pending) {
   {
     std::lock_guard lock(mutex_);
     queue_.push_back(std::move(pending));
@@ -31,13 +28,53 @@ void Completer::push(Pending pending) {
   queued_cv_.notify_one();
 }
 
-void Completer::run() {
+void CompletionQueue::stop() {
+  {
+    std::lock_guard lock(mutex_);
+    stopping_ = true;
+  }
+  queued_cv_.notify_one();
+}
+
+bool CompletionQueue::on_completion_thread() {
+  std::lock_guard lock(mutex_);
+  return thread_id_ == std::this_thread::get_id();
+}
+
+void CompletionQueue::run() {
+  {
+    std::lock_guard lock(mutex_);
+    thread_id_ = std::this_thread::get_id();
+  }
   for (;;) {
     Pending pending;
     {
       std::unique_lock lock(mutex_);
       queued_cv_.wait(lock, [this] { return stopping_ || !queue_.empty(); });
-      if (queue_.empty()) return;  // stopping, and everything issued is finished
+      if (queue_.empty()) {  // stopping, and everything issued is finished
+        thread_id_ = std::thread::id();
+        return;
+      }
+      pending = std::move(queue_.front());
+      queue_.pop_front();
+    }
+    complete(pending);
+  }
+}
+
+// Calls are finished in issue order whichever frame of the completion thread
+// pops them, so a callback's wait keeps braid's order.
+void CompletionQueue::finish_until(const std::shared_ptr<Completion>& target) {
+  for (;;) {
+    Pending pending;
+    {
+      std::lock_guard done_lock(target->mutex);
+      if (target->finished) return;
+    }
+    {
+      std::lock_guard lock(mutex_);
+      if (queue_.empty())
+        throw std::logic_error("braid: Work.wait in a future callback waits for the call whose callback it is");
       pending = std::move(queue_.front());
       queue_.pop_front();
     }
@@ -47,14 +84,25 @@ void Completer::run() {
 
 // braid's exception becomes a plain std::runtime_error with its message, so
 // that torch and pybind11 raise it as RuntimeError wherever it surfaces.
-void Completer::complete(Pending& pending) {
+void CompletionQueue::complete(Pending& pending) {
+  std::exception_ptr error;
   try {
     pending.work.wait();
     if (pending.finish) pending.finish();
-    pending.keep_alive.clear();
+  } catch (const std::exception& failure) {
+    error = std::make_exception_ptr(std::runtime_error(failure.what()));
+  }
+  pending.keep_alive.clear();
+  {
+    std::lock_guard lock(pending.completion->mutex);
+    pending.completion->finished = true;
+    pending.completion->error = error;
+  }
+  // Callbacks chained on the future run here.
+  if (error) {
+    pending.future->setError(error);
+  } else {
     pending.future->markCompleted(c10::IValue(pending.outputs));
-  } catch (const std::exception& error) {
-    pending.future->setError(std::make_exception_ptr(std::runtime_error(error.what())));
   }
   {
     std::lock_guard lock(pending.completion->mutex);
@@ -63,9 +111,9 @@ void Completer::complete(Pending& pending) {
   pending.completion->done_cv.notify_all();
 }
 
-BraidWork::BraidWork(int rank, c10d::OpType type, const Pending& pending)
+BraidWork::BraidWork(int rank, c10d::OpType type, const Pending& pending, std::shared_ptr<CompletionQueue> queue)
     : c10d::Work(rank, type), outputs_(pending.outputs), future_(pending.future),
-      completion_(pending.completion) {}
+      completion_(pending.completion), queue_(std::move(queue)) {}
 
 bool BraidWork::isCompleted() { return future_->completed(); }
 
@@ -78,6 +126,13 @@ std::exception_ptr BraidWork::exception() const {
 std::vector<at::Tensor> BraidWork::result() { return outputs_; }
 
 bool BraidWork::wait(std::chrono::milliseconds timeout) {
+  if (queue_->on_completion_thread()) {
+    // In a future callback of this group: nothing else would finish the call.
+    queue_->finish_until(completion_);
+    std::lock_guard lock(completion_->mutex);
+    if (completion_->error) std::rethrow_exception(completion_->error);
+    return true;
+  }
   std::unique_lock lock(completion_->mutex);
   if (timeout == kNoTimeout) {
     completion_->done_cv.wait(lock, [this] { return completion_->done; });

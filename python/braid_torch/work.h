@@ -6,7 +6,10 @@
 // BRAID_TIMEOUT), runs the call's finishing step (copying out of a staging
 // buffer where torch's layout differs from braid's), and then completes the
 // torch future with the call's output tensors, or fails it with braid's
-// message. Callbacks chained on the future (DDP's) run on that thread.
+// message. Callbacks chained on the future (DDP's) run on that thread; one
+// that waits for a later call of the same group (a synchronous collective in
+// a callback) finishes the queued calls up to it on that thread itself
+// rather than waiting for the thread it runs on.
 #pragma once
 
 #include <ATen/ATen.h>
@@ -26,10 +29,13 @@
 namespace braid::torch_backend {
 
 // Signalled once the future is complete, so that Work::wait(timeout) can
-// give up at its deadline.
+// give up at its deadline. `finished` and `error` are set before the future
+// completes (and its callbacks run), `done` after.
 struct Completion {
   std::mutex mutex;
   std::condition_variable done_cv;
+  bool finished = false;
+  std::exception_ptr error;
   bool done = false;
 };
 
@@ -43,6 +49,30 @@ struct Pending {
   std::shared_ptr<Completion> completion;
 };
 
+// The queue of one group's issued calls, shared with its Works so that a
+// wait on the completion thread can finish the calls before its own.
+class CompletionQueue {
+ public:
+  void push(Pending pending);
+  // The completion thread's loop: until stop() and the queue is empty.
+  void run();
+  void stop();
+  // Whether the caller is the completion thread.
+  bool on_completion_thread();
+  // On the completion thread: finishes queued calls, in order, until
+  // `target` has finished.
+  void finish_until(const std::shared_ptr<Completion>& target);
+
+ private:
+  static void complete(Pending& pending);
+
+  std::mutex mutex_;
+  std::condition_variable queued_cv_;
+  std::deque<Pending> queue_;
+  bool stopping_ = false;
+  std::thread::id thread_id_;
+};
+
 class Completer {
  public:
   Completer();
@@ -51,22 +81,17 @@ class Completer {
   Completer(const Completer&) = delete;
   Completer& operator=(const Completer&) = delete;
 
-  void push(Pending pending);
+  void push(Pending pending) { queue_->push(std::move(pending)); }
+  const std::shared_ptr<CompletionQueue>& queue() const { return queue_; }
 
  private:
-  void run();
-  static void complete(Pending& pending);
-
-  std::mutex mutex_;
-  std::condition_variable queued_cv_;
-  std::deque<Pending> queue_;
-  bool stopping_ = false;
+  std::shared_ptr<CompletionQueue> queue_;
   std::thread thread_;
 };
 
 class BraidWork : public c10d::Work {
  public:
-  BraidWork(int rank, c10d::OpType type, const Pending& pending);
+  BraidWork(int rank, c10d::OpType type, const Pending& pending, std::shared_ptr<CompletionQueue> queue);
 
   bool isCompleted() override;
   bool isSuccess() const override;
@@ -83,6 +108,7 @@ class BraidWork : public c10d::Work {
   std::vector<at::Tensor> outputs_;
   c10::intrusive_ptr<c10::ivalue::Future> future_;
   std::shared_ptr<Completion> completion_;
+  std::shared_ptr<CompletionQueue> queue_;
 };
 
 // A future for a call's list of output tensors.

@@ -10,6 +10,8 @@ all-gather into one tensor) the reference is gloo's nearest operation
 (float32, SUM / size, all-reduce then slice, all-gather then cat), and
 dtypes gloo cannot move (bool, int16, complex) go to gloo as their bytes.
 """
+import os
+import threading
 import warnings
 
 import torch
@@ -179,6 +181,25 @@ def check_async(c, rank, size):
     c.equal("future then", doubled.wait(), want)
     work.wait()
     c.true("work completed", work.is_completed() and work.is_success())
+    # A synchronous collective of the same group inside a callback: the
+    # callback runs on the group's completion thread, which must not wait
+    # for itself (it hung for good before, past BRAID_TIMEOUT).
+    for count in (4, 100000):
+        a, b = values(count, rank, torch.float32), values(count, rank, torch.float32, salt=1)
+        want = gloo_all_reduce(a, dist.ReduceOp.SUM) + gloo_all_reduce(b, dist.ReduceOp.SUM)
+
+        def then(fut, b=b):
+            dist.all_reduce(b)
+            return fut.value()[0] + b
+        result = []
+        waiter = threading.Thread(target=lambda: result.append(
+            dist.all_reduce(a, async_op=True).get_future().then(then).wait()), daemon=True)
+        waiter.start()
+        waiter.join(timeout=30)
+        if waiter.is_alive():
+            print(f"rank {rank}: FAIL collective in a future callback x{count}: hangs (30 s)", flush=True)
+            os._exit(1)
+        c.equal(f"collective in a future callback x{count}", result[0], want)
     dist.barrier()
 
 
