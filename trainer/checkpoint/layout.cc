@@ -13,7 +13,6 @@
 #include <vector>
 
 #include <spdlog/spdlog.h>
-#include <xxhash.h>
 
 #include "runtime/errors.h"
 #include "trainer/checkpoint/atomic_file.h"
@@ -104,9 +103,7 @@ constexpr std::string_view kSealAlgorithm = "xxh3_64:";
 std::string seal_of(json j) {
   j.erase(kSealKey);
   const std::string text = j.dump();
-  char hex[17];
-  std::snprintf(hex, sizeof(hex), "%016llx", static_cast<unsigned long long>(XXH3_64bits(text.data(), text.size())));
-  return std::string(kSealAlgorithm) + hex;
+  return std::string(kSealAlgorithm) + xxh3_hex(text.data(), text.size());
 }
 
 }  // namespace

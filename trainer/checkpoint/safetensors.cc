@@ -43,12 +43,6 @@ constexpr std::string_view kChecksumPrefix = "xxh3:";
 constexpr const char* kChecksumKey = "checksums";
 constexpr const char* kChecksumAlgorithm = "xxh3_64";
 
-// XXH3-64 of the bytes as 16 lowercase hex digits.
-std::string checksum(const void* data, std::size_t bytes) {
-  char hex[17];
-  std::snprintf(hex, sizeof(hex), "%016llx", static_cast<unsigned long long>(XXH3_64bits(data, bytes)));
-  return hex;
-}
 
 // The key of the checksum of __metadata__ itself; no tensor may be named
 // "__metadata__", so no tensor's checksum key can be this one.
@@ -64,14 +58,14 @@ std::string metadata_checksum(const Metadata& metadata) {
     text.append(key).push_back('\0');
     text.append(value).push_back('\0');
   }
-  return checksum(text.data(), text.size());
+  return xxh3_hex(text.data(), text.size());
 }
 
 // The caller's metadata plus every tensor's checksum, and theirs.
 Metadata with_checksums(const std::vector<TensorToWrite>& tensors, Metadata metadata) {
   metadata[kChecksumKey] = kChecksumAlgorithm;
   for (const auto& t : tensors) {
-    metadata[checksum_key(t.name)] = checksum(t.data, element_count(t.shape) * sizeof(float));
+    metadata[checksum_key(t.name)] = xxh3_hex(t.data, element_count(t.shape) * sizeof(float));
   }
   metadata[kMetadataChecksumKey] = metadata_checksum(metadata);
   return metadata;
@@ -92,6 +86,12 @@ std::string build_header(const std::vector<TensorToWrite>& tensors, const Metada
 }
 
 }  // namespace
+
+std::string xxh3_hex(const void* data, std::size_t bytes) {
+  char hex[17];
+  std::snprintf(hex, sizeof(hex), "%016llx", static_cast<unsigned long long>(XXH3_64bits(data, bytes)));
+  return hex;
+}
 
 std::string checksum_key(const std::string& tensor_name) { return std::string(kChecksumPrefix) + tensor_name; }
 
@@ -202,7 +202,7 @@ void SafetensorsFile::verify_checksums() {
     if (it == metadata_.end()) {
       fail("tensor '" + name + "' has no checksum though the file carries them (is its name damaged?)");
     }
-    const std::string actual = checksum(bytes_.data() + data_start_ + e.begin, e.end - e.begin);
+    const std::string actual = xxh3_hex(bytes_.data() + data_start_ + e.begin, e.end - e.begin);
     if (actual != it->second) {
       fail("the data of tensor '" + name + "' does not match its checksum (xxh3 " + actual + ", recorded " +
            it->second + "); the file is corrupt: restore it or use another checkpoint");

@@ -101,6 +101,10 @@ class SafetensorsFile {
   bool checksummed_ = false;
 };
 
+// XXH3-64 of the bytes as 16 lowercase hex digits: every checksum braid
+// writes into a checkpoint (here, and layout.h's state files).
+std::string xxh3_hex(const void* data, std::size_t bytes);
+
 // The __metadata__ key of a tensor's checksum: "xxh3:<name>".
 std::string checksum_key(const std::string& tensor_name);
 
