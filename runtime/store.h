@@ -154,6 +154,8 @@ class Store {
  private:
   struct Impl;
   explicit Store(std::unique_ptr<Impl> impl);
+  std::optional<Bytes> try_get_until(const std::string& key,
+                                     std::optional<std::chrono::steady_clock::time_point> deadline);
   std::unique_ptr<Impl> impl_;
 };
 

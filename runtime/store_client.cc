@@ -456,15 +456,13 @@ std::string Store::get_string(const std::string& key, milliseconds timeout) {
   return std::string(value.begin(), value.end());
 }
 
-std::optional<Bytes> Store::try_get(const std::string& key) {
-  Bytes body;
-  put_key(body, key);
-  Reply reply = impl_->call(Command::try_get, body, "while reading key '" + key + "'");
-  if (reply.status != Status::ok) return std::nullopt;
-  return std::move(reply.body);
-}
+std::optional<Bytes> Store::try_get(const std::string& key) { return try_get_until(key, std::nullopt); }
 
 std::optional<Bytes> Store::try_get(const std::string& key, Clock::time_point deadline) {
+  return try_get_until(key, deadline);
+}
+
+std::optional<Bytes> Store::try_get_until(const std::string& key, std::optional<Clock::time_point> deadline) {
   Bytes body;
   put_key(body, key);
   Reply reply = impl_->call(Command::try_get, body, "while reading key '" + key + "'", std::nullopt, deadline);

@@ -278,9 +278,6 @@ Outcome Checker::send_recv(const Case& c) {
 Outcome Checker::barrier() {
   namespace fs = std::filesystem;
   const int round = barrier_round_++;
-  auto mark = [&](int of_round, int rank) {
-    return fs::path(barrier_dir_) / (mark_prefix_ + "." + std::to_string(of_round) + "." + std::to_string(rank));
-  };
   if (!barrier_dir_.empty()) {
     if (round % ranks_ == rank_) std::this_thread::sleep_for(std::chrono::milliseconds(200));
     std::ofstream out(mark(round, rank_));
@@ -302,14 +299,17 @@ Outcome Checker::barrier() {
   return o;
 }
 
+std::filesystem::path Checker::mark(int round, int rank) const {
+  return std::filesystem::path(barrier_dir_) /
+         (mark_prefix_ + "." + std::to_string(round) + "." + std::to_string(rank));
+}
+
 void Checker::tidy() {
   if (barrier_dir_.empty() || barrier_round_ == 0) return;
   comm_.barrier().wait();  // every rank is past its last check
   std::error_code ignored;
   for (int r = std::max(0, barrier_round_ - 2); r < barrier_round_; ++r)
-    std::filesystem::remove(std::filesystem::path(barrier_dir_) /
-                                (mark_prefix_ + "." + std::to_string(r) + "." + std::to_string(rank_)),
-                            ignored);
+    std::filesystem::remove(mark(r, rank_), ignored);
 }
 
 }  // namespace braid::check

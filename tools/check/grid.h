@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstddef>
+#include <filesystem>
 #include <string>
 #include <vector>
 
@@ -70,6 +71,8 @@ class Checker {
   Outcome all_to_all(const Case& c);
   Outcome send_recv(const Case& c);
   Outcome barrier();
+  // This run's mark of `rank` for barrier `round` in barrier_dir_.
+  std::filesystem::path mark(int round, int rank) const;
 
   comm::Communicator& comm_;
   int rank_, ranks_;
