@@ -103,6 +103,15 @@ TEST_CASE("a sharded checkpoint missing a shard is refused, naming what is missi
   CHECK_FALSE(fs::exists(dir / "full.safetensors"));
 }
 
+// braid-train's path when both it and braid-launch are known (meson test
+// sets them); else null, with the test marked skipped.
+const char* launched_train() {
+  const char* train = std::getenv("BRAID_TRAIN");
+  if (train != nullptr && std::getenv("BRAID_LAUNCH") != nullptr) return train;
+  WARN("skipped: BRAID_TRAIN or BRAID_LAUNCH is not set (run through `meson test`)");
+  return nullptr;
+}
+
 // "step_00000007\n" -> 7.
 std::int64_t latest_step(const fs::path& dir) {
   std::smatch m;
@@ -112,11 +121,8 @@ std::int64_t latest_step(const fs::path& dir) {
 }
 
 TEST_CASE("a rank killed mid-run stops the job, naming it; the last checkpoint resumes", "[strategy][launch]") {
-  const char* train = std::getenv("BRAID_TRAIN");
-  if (train == nullptr || std::getenv("BRAID_LAUNCH") == nullptr) {
-    WARN("skipped: BRAID_TRAIN or BRAID_LAUNCH is not set (run through `meson test`)");
-    return;
-  }
+  const char* train = launched_train();
+  if (train == nullptr) return;
   braid::test::JobDir job;
   const fs::path ckpt = job.path() / "ckpt";
   const std::string args = std::string(train) +
@@ -159,11 +165,8 @@ TEST_CASE("a rank killed mid-run stops the job, naming it; the last checkpoint r
 // from where it started, and never from an earlier job's checkpoints in the
 // same directory.
 TEST_CASE("a restarted job resumes from its own checkpoints, not from where it started", "[strategy][launch]") {
-  const char* train = std::getenv("BRAID_TRAIN");
-  if (train == nullptr || std::getenv("BRAID_LAUNCH") == nullptr) {
-    WARN("skipped: BRAID_TRAIN or BRAID_LAUNCH is not set (run through `meson test`)");
-    return;
-  }
+  const char* train = launched_train();
+  if (train == nullptr) return;
   braid::test::JobDir job;
   const std::string model = std::string(train) +
                             " --n-layer 1 --n-head 2 --n-embd 16 --block-size 16 --batch-size 4"
@@ -171,9 +174,9 @@ TEST_CASE("a restarted job resumes from its own checkpoints, not from where it s
   const fs::path pre = job.path() / "pre", ft = job.path() / "ft";
   REQUIRE(std::system((model + "--steps 2 --checkpoint-dir " + pre.string() + " > /dev/null 2>&1").c_str()) == 0);
   // An earlier job left step 8 in ft.
-  REQUIRE(braid::test::run_launch(job, {"-n", "1", "--", "sh", "-c", model + "--steps 8 --checkpoint-dir " + ft.string()},
-                                  {{"BRAID_RUN_ID", "earlier"}})
-              .status == 0);
+  const std::string earlier = model + "--steps 8 --checkpoint-dir " + ft.string();
+  REQUIRE(braid::test::run_launch(job, {"-n", "1", "--", "sh", "-c", earlier}, {{"BRAID_RUN_ID", "earlier"}}).status ==
+          0);
   REQUIRE(latest_step(ft) == 8);
   // Attempt 0 dies at once; attempt 1 trains steps 3 and 4 from pre, then
   // dies; attempt 2 asks for 6 steps again from pre.
