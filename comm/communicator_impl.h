@@ -63,6 +63,17 @@ struct WorkState {
 // returned (the engine's lean path): shared, never freed, no count to move.
 std::shared_ptr<WorkState> completed_work();
 
+// A send or receive in flight (comm/engine_p2p.cc): its messages are
+// posted, and whoever holds the engine's `running` drives them.
+struct PointToPoint {
+  PointToPoint(const Op& o, std::shared_ptr<WorkState> s) : op(o), state(std::move(s)) {}
+  Op op;  // before x, which keeps a reference to it
+  std::shared_ptr<WorkState> state;
+  std::optional<Exchange> x;
+  std::vector<Request> requests;
+  std::size_t done = 0;  // requests[0, done) completed and released
+};
+
 struct Communicator::Impl {
   // Identity.
   int rank = 0;
@@ -86,11 +97,20 @@ struct Communicator::Impl {
   std::chrono::milliseconds timeout{300'000};
   std::size_t inline_bytes = 0;
 
-  // Engine: issue order is queue order; `running` marks the one op in flight.
+  // Engine: issue order is queue order; `running` marks the thread that runs
+  // calls (the one op in flight, or the point-to-point calls below).
   std::mutex mu;
   std::condition_variable cv;
   std::deque<std::pair<Op, std::shared_ptr<WorkState>>> queue;
   bool running = false;
+  // Sends and receives queued back to back run together (engine_p2p.cc),
+  // in issue order; only the thread holding `running` touches them, and
+  // they are done before any later call runs. p2p_entered: the last of
+  // them the status board was told of.
+  std::vector<std::unique_ptr<PointToPoint>> p2p;
+  Op p2p_entered;
+  bool p2p_handed = false;   // under `mu`: a caller left calls in `p2p` for the worker
+  bool p2p_running = false;  // under `mu`: the worker runs `p2p` (interrupt it for the next)
   bool stopping = false;
   std::thread worker;
   std::exception_ptr failure;  // first error; the communicator is aborted after it
@@ -159,6 +179,15 @@ struct Communicator::Impl {
   std::exception_ptr fail(const Op& op, std::exception_ptr raw);
   void start_device(int ordinal);
   void execute(const Op& op, WorkState& state, bool inline_call = false);
+  bool refuse_after_failure(const Op& op, WorkState& state);
+  // Point-to-point calls (engine_p2p.cc).
+  bool runs_with_point_to_point(const Op& op, const WorkState& state) const;
+  void run_point_to_point(std::unique_lock<std::mutex>& lock);
+  bool run_point_to_point_inline(const Op& op, const std::shared_ptr<WorkState>& state);
+  void start_point_to_point(const Op& op, std::shared_ptr<WorkState> state);
+  bool finish_point_to_point(bool inline_call);
+  void drive_point_to_point(Clock::time_point until);
+  void fail_point_to_point(std::exception_ptr raw, bool inline_call);
   void run_worker();
   bool start_worker(const Op& op, WorkState& state);
   void hold_caller(const Op& op, WorkState& state);

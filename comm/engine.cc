@@ -1,4 +1,6 @@
-// The engine: runs a communicator's operations one at a time, in issue order.
+// The engine: runs a communicator's operations one at a time, in issue order
+// (except that sends and receives queued back to back run together, so that
+// the two halves of an exchange never wait for each other: engine_p2p.cc).
 //
 // Small operations run in the caller's thread when nothing is queued or
 // running (a thread hand-off would cost more than the operation); others go
@@ -117,15 +119,24 @@ std::shared_ptr<WorkState> Communicator::Impl::enqueue(Op op) {
     running = true;
     lock.unlock();
     if (staging_lock.owns_lock()) staging_lock.unlock();
-    execute(op, *state, true);
+    bool handed = false;  // a send or receive still waiting for its peer, left to the worker
+    if (runs_with_point_to_point(op, *state)) handed = !run_point_to_point_inline(op, state);
+    else execute(op, *state, true);
     lock.lock();
+    if (handed) {
+      p2p_handed = true;
+      if (!worker.joinable() && !start_worker(op, *state)) p2p.clear(), p2p_handed = false;
+    }
     running = false;
     settle();
   } else {
     if (!worker.joinable() && !start_worker(op, *state)) return state;
     queue.emplace_back(op, state);
+    const bool take_in = p2p_running && runs_with_point_to_point(op, *state);
     lock.unlock();
     cv.notify_all();
+    if (take_in)  // the worker may sleep in a transport: it takes this call in now
+      for (Transport* t : exchange.distinct) t->interrupt();
   }
   if (held) {
     if (lock.owns_lock()) lock.unlock();
@@ -166,7 +177,7 @@ std::uint64_t Communicator::Impl::take_gate(bool collective, bool may_run_now) {
 // takes what other threads queued meanwhile; with nothing queued the engine
 // is idle for the lean path again, unless the communicator failed.
 void Communicator::Impl::settle() {
-  if (!queue.empty()) {
+  if (!queue.empty() || p2p_handed) {
     cv.notify_all();  // else no wake-up: a sleeping worker costs a system call to wake
     return;
   }
@@ -221,15 +232,21 @@ void Communicator::Impl::run_worker() {
   for (;;) {
     cv.wait(lock, [this] {
       const bool lean = gate.load(std::memory_order_acquire) & kLean;  // cleared under `mu` (hand_over)
-      return (!queue.empty() && !running && !lean) || (stopping && queue.empty());
+      const bool work = !queue.empty() || p2p_handed;
+      return (work && !running && !lean) || (stopping && !work);
     });
-    if (queue.empty()) return;
-    auto [op, state] = std::move(queue.front());
-    queue.pop_front();
+    if (queue.empty() && !p2p_handed) return;
     running = true;
-    lock.unlock();
-    execute(op, *state);
-    lock.lock();
+    if (p2p_handed || runs_with_point_to_point(queue.front().first, *queue.front().second)) {
+      p2p_handed = false;
+      run_point_to_point(lock);
+    } else {
+      auto [op, state] = std::move(queue.front());
+      queue.pop_front();
+      lock.unlock();
+      execute(op, *state);
+      lock.lock();
+    }
     running = false;
     settle();
     cv.notify_all();
@@ -240,18 +257,7 @@ void Communicator::Impl::run_worker() {
 // no failure under `mu` (none can come while it holds `running`) and has not
 // handed `state` out yet, so neither needs a lock: small calls are latency.
 void Communicator::Impl::execute(const Op& op, WorkState& state, bool inline_call) {
-  std::exception_ptr earlier;
-  if (!inline_call) {
-    std::lock_guard lock(mu);
-    earlier = failure;
-  }
-  if (earlier) {
-    if (state.staged) state.staged->open_gate();
-    state.complete(std::make_exception_ptr(AbortedError(
-        "rank " + std::to_string(rank) + ", " + describe(op) +
-        ": not run because the communicator was aborted by an earlier error: " + message_of(earlier))));
-    return;
-  }
+  if (!inline_call && refuse_after_failure(op, state)) return;
   try {
     if (state.staged) state.staged->wait_inputs(Clock::now() + timeout);
     if (status) status->entered(op, &exchange.waiting_for);
@@ -282,6 +288,22 @@ void Communicator::Impl::execute(const Op& op, WorkState& state, bool inline_cal
     if (inline_call) state.complete_unshared(error);
     else state.complete(error);
   }
+}
+
+// Completes `state` with an AbortedError, and returns true, where the
+// communicator failed before `op` could run.
+bool Communicator::Impl::refuse_after_failure(const Op& op, WorkState& state) {
+  std::exception_ptr earlier;
+  {
+    std::lock_guard lock(mu);
+    earlier = failure;
+  }
+  if (!earlier) return false;
+  if (state.staged) state.staged->open_gate();
+  state.complete(std::make_exception_ptr(AbortedError(
+      "rank " + std::to_string(rank) + ", " + describe(op) +
+      ": not run because the communicator was aborted by an earlier error: " + message_of(earlier))));
+  return true;
 }
 
 // What a timed-out wait says of `peer`: its last call, and which rank

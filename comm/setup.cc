@@ -163,11 +163,12 @@ ResourceNeeds needs_of(const Plan& plan, const runtime::Config& config) {
   ResourceNeeds needs;
   // shm: a pidfd per peer, and one descriptor while a segment is created or mapped.
   if (shm_peers > 0) needs.fds += static_cast<int>(shm_peers) + 1;
-  // tcp: the sockets, and while they connect the listening socket and Asio's
-  // epoll, eventfd and timerfd.
-  if (tcp_peers > 0) needs.fds += static_cast<int>(tcp_peers) * config.tcp_nsocks + 4;
-  // ibverbs: the device's command and async descriptors and the completion channel.
-  if (any(plan.use_ib)) needs.fds += 4;
+  // tcp: the sockets and the transport's wake-up eventfd, and while they
+  // connect the listening socket and Asio's epoll, eventfd and timerfd.
+  if (tcp_peers > 0) needs.fds += static_cast<int>(tcp_peers) * config.tcp_nsocks + 5;
+  // ibverbs: the device's command and async descriptors, the completion
+  // channel and the transport's wake-up eventfd.
+  if (any(plan.use_ib)) needs.fds += 5;
   needs.threads = 2;  // the status board's and the progress thread
   return needs;
 }

@@ -9,6 +9,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "comm/algorithms/exchange.h"
 
@@ -141,6 +142,10 @@ void barrier_oneshot(Exchange& x);
 void agree_signatures(Exchange& x);
 void send_direct(Exchange& x);
 void recv_direct(Exchange& x);
+// The messages of a send or a receive (op().kind), posted and not waited
+// for: send_direct and recv_direct wait for them; the engine runs several
+// point-to-point calls at once with them (comm/engine_p2p.cc).
+std::vector<Request> post_point_to_point(Exchange& x);
 
 // What select.cc decides from: the call, and what its ranks and buffers can
 // do. Built by the engine for every call and by the device path when it

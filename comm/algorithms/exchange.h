@@ -224,6 +224,9 @@ class Exchange {
   void wait_call_input() {
     if (c_.wait_call_input) c_.wait_call_input(deadline());
   }
+  // Throws the TimeoutError of this call waiting for `peer` past deadline()
+  // (what it says of the peer: the PeerState's).
+  [[noreturn]] void timed_out(int peer);
   Clock::time_point deadline() const {
     if (deadline_ == Clock::time_point{}) deadline_ = Clock::now() + timeout_;
     return deadline_;
@@ -258,7 +261,6 @@ class Exchange {
 
  private:
   void drive(const Request& request);
-  [[noreturn]] void timed_out(int peer);
   SharedSlots& slots() const;
   // Inline, defined in comm/exchange_slots.cc, their only user: the parts
   // of the two steps above.

@@ -7,23 +7,30 @@
 
 namespace braid::comm {
 
-void send_direct(Exchange& x) {
+std::vector<Request> post_point_to_point(Exchange& x) {
   const Op& op = x.op();
   const std::size_t es = x.element_bytes(), seg = segment_count(x);
-  auto* src = static_cast<const std::byte*>(op.send);
-  for (std::size_t off = 0, g = 0; off < op.count; off += seg, ++g)
-    x.send(op.root, 0, g, src + off * es, std::min(seg, op.count - off) * es);
+  std::vector<Request> requests;
+  requests.reserve(op.count / seg + 1);
+  if (op.kind == OpKind::send) {
+    auto* src = static_cast<const std::byte*>(op.send);
+    for (std::size_t off = 0, g = 0; off < op.count; off += seg, ++g)
+      requests.push_back(x.send(op.root, 0, g, src + off * es, std::min(seg, op.count - off) * es));
+  } else {
+    auto* out = static_cast<std::byte*>(op.recv);
+    for (std::size_t off = 0, g = 0; off < op.count; off += seg, ++g)
+      requests.push_back(x.recv(op.root, 0, g, out + off * es, std::min(seg, op.count - off) * es));
+  }
+  return requests;
+}
+
+void send_direct(Exchange& x) {
+  post_point_to_point(x);
   x.wait_sends();
 }
 
 void recv_direct(Exchange& x) {
-  const Op& op = x.op();
-  const std::size_t es = x.element_bytes(), seg = segment_count(x);
-  auto* out = static_cast<std::byte*>(op.recv);
-  std::vector<Request> receives;
-  for (std::size_t off = 0, g = 0; off < op.count; off += seg, ++g)
-    receives.push_back(x.recv(op.root, 0, g, out + off * es, std::min(seg, op.count - off) * es));
-  for (const Request& request : receives) x.wait(request);
+  for (const Request& request : post_point_to_point(x)) x.wait(request);
 }
 
 }  // namespace braid::comm

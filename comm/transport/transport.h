@@ -228,6 +228,11 @@ class Transport {
   // its connection or sends a mismatched header, SystemError on local
   // failures; after a throw the transport is unusable.
   virtual bool progress(Clock::time_point deadline) = 0;
+  // Makes a progress() that sleeps in another thread return soon, or the
+  // next one return without sleeping: the only call that may come from
+  // any thread (the engine's, when a call is queued that the running one
+  // takes in: comm/engine_p2p.cc).
+  virtual void interrupt() {}
 
   // Closes every connection so that peers blocked on this rank fail fast.
   virtual void shutdown() = 0;

@@ -197,6 +197,69 @@ TEST_CASE("send and recv move exact bytes between any pair, with several sockets
   REQUIRE(result.all_ok());
 }
 
+// Sends and receives issued back to back run together (comm/engine_p2p.cc):
+// every rank sends before it receives, or receives before it sends, and
+// waits only at the end, as torch's batch_isend_irecv does. One at a time,
+// the first call of every rank would wait for its peer's second until the
+// timeout; small receives would hold their caller.
+TEST_CASE("sends and receives issued back to back complete in either order, with exact data",
+          "[collectives][p2p]") {
+  std::string transport = GENERATE(std::string("tcp"), std::string("shm"), std::string("mixed"));
+  test::RunOptions options = test::run_options(std::chrono::seconds(120), test::test_config(std::chrono::seconds(10)));
+  options.config.transport = transport == "mixed" ? "auto" : transport;
+  if (transport == "mixed") options.host_of = [](int rank) { return rank < 2 ? "hostA" : "hostB"; };
+  auto result = test::run_ranks(4, [](Communicator& comm) {
+    const int n = comm.size(), r = comm.rank();
+    auto value = [](int from, int shift, int message, std::size_t i) {
+      return std::int32_t(from * 1000003 + shift * 10007 + message * 101 + int(i % 997));
+    };
+    for (std::size_t count : {std::size_t{1}, std::size_t{1000}, std::size_t{(1u << 20) + 3}}) {
+      for (bool receive_first : {false, true}) {
+        // Three messages each way to the next rank and the one after it,
+        // a sum of every rank's in between, then one more exchange.
+        constexpr int kMessages = 3;
+        std::vector<std::vector<std::int32_t>> out(2 * kMessages), in(2 * kMessages);
+        std::vector<Work> works;
+        auto exchange = [&](int shift) {
+          const int to = (r + shift) % n, from = (r - shift + n) % n;
+          for (int m = 0; m < kMessages; ++m) {
+            auto& o = out[(shift - 1) * kMessages + m];
+            auto& i = in[(shift - 1) * kMessages + m];
+            o.resize(count);
+            i.assign(count, -1);
+            for (std::size_t e = 0; e < count; ++e) o[e] = value(r, shift, m, e);
+            Work sent, received;
+            if (receive_first) received = comm.recv(i.data(), count, DataType::i32, from);
+            sent = comm.send(o.data(), count, DataType::i32, to);
+            if (!receive_first) received = comm.recv(i.data(), count, DataType::i32, from);
+            works.push_back(sent);
+            works.push_back(received);
+          }
+        };
+        exchange(1);
+        std::int64_t one = 1, ranks = 0;
+        Work sum = comm.all_reduce(&one, &ranks, 1, DataType::i64, ReduceOp::sum);
+        exchange(2);
+        for (auto w = works.rbegin(); w != works.rend(); ++w) w->wait();
+        sum.wait();
+        expect(ranks == n, "the all_reduce between the exchanges gave " + std::to_string(ranks));
+        for (int shift : {1, 2})
+          for (int m = 0; m < kMessages; ++m) {
+            const int from = (r - shift + n) % n;
+            const auto& i = in[(shift - 1) * kMessages + m];
+            for (std::size_t e = 0; e < count; ++e)
+              expect(i[e] == value(from, shift, m, e), "message " + std::to_string(m) + " from rank " +
+                                                           std::to_string(from) + " of " + std::to_string(count) +
+                                                           " elements is wrong at " + std::to_string(e));
+          }
+      }
+    }
+  }, options);
+  INFO(transport << "\n" << result.summary());
+  REQUIRE(result.all_ok());
+  CHECK(result.leftover_shm == 0);
+}
+
 TEST_CASE("forced algorithms give the same results", "[collectives]") {
   std::string algo = GENERATE(std::string("ring"), std::string("recursive_doubling"), std::string("binomial"),
                               std::string("pipelined"));

@@ -170,6 +170,18 @@ def check_send_recv(c, rank, size):
             dist.recv(got, frm)
             dist.send(t, to)
         c.equal(f"send/recv ring {dtype}", got, values(4099, frm, dtype))
+    # batch_isend_irecv, sends first or receives first on every rank: the
+    # engine runs them together (each waited for its peer's other half until
+    # BRAID_TIMEOUT before, large or small).
+    for count in (3, 1 << 20):
+        for receive_first in (False, True):
+            t = values(count, rank, torch.float32)
+            got = torch.zeros_like(t)
+            ops = [dist.P2POp(dist.isend, t, to), dist.P2POp(dist.irecv, got, frm)]
+            for work in dist.batch_isend_irecv(ops[::-1] if receive_first else ops):
+                work.wait()
+            order = "receive first" if receive_first else "send first"
+            c.equal(f"batch_isend_irecv ring of {count}, {order}", got, values(count, frm, torch.float32))
 
 
 def check_async(c, rank, size):

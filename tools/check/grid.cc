@@ -268,6 +268,16 @@ Outcome Checker::send_recv(const Case& c) {
       expect(o, "recv", recv.data(), 0, c.count, c.dtype, inputs_of(src, ranks_, c.dtype));
     }
   }
+  // Then a ring shift, every rank at once: each posts its receive before
+  // its send and waits for both afterwards (the engine runs them together).
+  const int next = (rank_ + 1) % ranks_, prev = (rank_ + ranks_ - 1) % ranks_;
+  Buffer send(bytes, registered_), recv(bytes, registered_);
+  fill_inputs(send.data(), c.count, rank_, ranks_, c.dtype);
+  fill_sentinel(recv.data(), c.count, c.dtype);
+  comm::Work received = comm_.recv(recv.data(), c.count, c.dtype, prev);
+  comm_.send(send.data(), c.count, c.dtype, next).wait();
+  received.wait();
+  expect(o, "recv (ring shift)", recv.data(), 0, c.count, c.dtype, inputs_of(prev, ranks_, c.dtype));
   return o;
 }
 

@@ -543,14 +543,15 @@ bool IbTransport::progress(Clock::time_point deadline) {
 }
 
 // Sleeps until the completion channel or the device's async event queue
-// has something, or the deadline passes.
+// has something, interrupt() was called, or the deadline passes.
 void IbTransport::wait_events(Clock::time_point deadline) {
-  pollfd fds[2] = {{verbs_->channel->fd, POLLIN, 0}, {verbs_->context->async_fd, POLLIN, 0}};
+  pollfd fds[3] = {{verbs_->channel->fd, POLLIN, 0}, {verbs_->context->async_fd, POLLIN, 0}, {interrupt_.fd(), POLLIN, 0}};
   auto wait = std::max(deadline - Clock::now(), Clock::duration::zero());
   auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(wait).count();
   timespec ts{static_cast<time_t>(ns / 1'000'000'000), static_cast<long>(ns % 1'000'000'000)};
-  int ready = ppoll(fds, 2, &ts, nullptr);
+  int ready = ppoll(fds, 3, &ts, nullptr);
   if (ready < 0 && errno != EINTR) throw SystemError(errno_message("ppoll on the RDMA completion channel", errno));
+  if (fds[2].revents & POLLIN) interrupt_.clear();
   if (fds[0].revents & POLLIN) {
     ibv_cq* cq = nullptr;
     void* context = nullptr;

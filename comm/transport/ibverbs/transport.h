@@ -87,6 +87,7 @@
 #include "comm/transport/ibverbs/connect.h"
 #include "comm/transport/ibverbs/device.h"
 #include "comm/transport/ibverbs/memory.h"
+#include "comm/transport/poll_interrupt.h"
 #include "comm/transport/pools.h"
 #include "comm/transport/transport.h"
 
@@ -201,6 +202,7 @@ class IbTransport final : public Transport {
   std::span<const std::byte> view(RequestId request) override;
   void release(RequestId request) override;
   bool progress(Clock::time_point deadline) override;
+  void interrupt() override { interrupt_.raise(); }
   void shutdown() override;
   void farewell(const std::string& reason) override;
   std::uint64_t bytes_sent() const override { return bytes_sent_; }
@@ -297,6 +299,7 @@ class IbTransport final : public Transport {
   bool active_ = true;                // posted or advanced since progress() last blocked
   std::chrono::nanoseconds cts_wait_{};  // set by prove_paths
   Clock::time_point wake_by_ = Clock::time_point::max();  // a large send stops waiting for its Cts
+  PollInterrupt interrupt_;  // wait_events watches it
 };
 
 }  // namespace braid::comm::ibverbs

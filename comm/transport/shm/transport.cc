@@ -302,7 +302,10 @@ bool ShmTransport::progress(Clock::time_point deadline) {
 // wake-up is never lost.
 void ShmTransport::sleep_until(Clock::time_point deadline) {
   SegmentHeader* me = mine_.header();
-  std::uint32_t seen = me->doorbell.load(std::memory_order_acquire);
+  // interrupt() raises the flag before it rings: either it is seen here,
+  // or `seen` predates the ring and the doorbell no longer matches it.
+  std::uint32_t seen = me->doorbell.load(std::memory_order_seq_cst);
+  if (interrupted_.exchange(false, std::memory_order_seq_cst)) return;
   const auto start = Clock::now();
   const auto poll_end = start + std::min<std::chrono::nanoseconds>(spin_, kPollOnly), spin_end = start + spin_;
   while (Clock::now() < poll_end) {
@@ -320,6 +323,11 @@ void ShmTransport::sleep_until(Clock::time_point deadline) {
     if (slice > Clock::duration::zero()) futex_wait(me->doorbell, seen, slice);
   }
   me->sleeping.store(0, std::memory_order_relaxed);
+}
+
+void ShmTransport::interrupt() {
+  interrupted_.store(true, std::memory_order_seq_cst);
+  ring_doorbell(mine_.header());
 }
 
 // A peer with work pending that has closed its segment or whose process is

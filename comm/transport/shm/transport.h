@@ -77,6 +77,7 @@ class ShmTransport final : public Transport {
   std::span<const std::byte> view(RequestId request) override;
   void release(RequestId request) override;
   bool progress(Clock::time_point deadline) override;
+  void interrupt() override;
   void shutdown() override;
   std::uint64_t bytes_sent() const override { return bytes_sent_; }
   std::uint64_t bytes_received() const override { return bytes_received_; }
@@ -125,6 +126,7 @@ class ShmTransport final : public Transport {
   StagingPool staging_;
   std::atomic<std::uint64_t> bytes_sent_{0}, bytes_received_{0};
   bool shut_down_ = false;
+  std::atomic<bool> interrupted_{false};  // interrupt() since the last sleep
 };
 
 }  // namespace braid::comm::shm

@@ -220,11 +220,14 @@ void TcpTransport::wait_io(Clock::time_point deadline) {
       owners.push_back(&stream);
     }
   if (fds.empty()) return;
+  fds.push_back({interrupt_.fd(), POLLIN, 0});  // interrupt(), last
+  owners.push_back(nullptr);
   auto wait = std::max(deadline - Clock::now(), Clock::duration::zero());
   auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(wait).count();
   timespec ts{static_cast<time_t>(ns / 1'000'000'000), static_cast<long>(ns % 1'000'000'000)};
   int ready = ppoll(fds.data(), fds.size(), &ts, nullptr);
   if (ready < 0 && errno != EINTR) throw SystemError(errno_message("ppoll on TCP sockets", errno));
+  if (fds.back().revents & POLLIN) interrupt_.clear();
   for (std::size_t i = 0; ready > 0 && i < fds.size(); ++i)
     if (fds[i].events == POLLRDHUP && (fds[i].revents & (POLLRDHUP | POLLHUP | POLLERR)))
       owners[i]->hung_up = true;  // reported when something is next expected from it

@@ -26,6 +26,7 @@
 #include <string>
 #include <vector>
 
+#include "comm/transport/poll_interrupt.h"
 #include "comm/transport/pools.h"
 #include "comm/transport/transport.h"
 
@@ -67,6 +68,7 @@ class TcpTransport final : public Transport {
   std::span<const std::byte> view(RequestId request) override;
   void release(RequestId request) override;
   bool progress(Clock::time_point deadline) override;
+  void interrupt() override { interrupt_.raise(); }
   void shutdown() override;
   std::uint64_t bytes_sent() const override { return bytes_sent_; }
   std::uint64_t bytes_received() const override { return bytes_received_; }
@@ -105,6 +107,7 @@ class TcpTransport final : public Transport {
   std::vector<std::uint64_t> sent_count_, received_count_;  // messages per peer
   RequestPool<Request> requests_;
   std::vector<pollfd> poll_fds_;       // wait_io's scratch
+  PollInterrupt interrupt_;            // wait_io watches it
   std::vector<Stream*> poll_owners_;
   StagingPool staging_;
   std::atomic<std::uint64_t> bytes_sent_{0}, bytes_received_{0};

@@ -1,0 +1,158 @@
+// The engine's point-to-point calls: sends and receives queued back to back
+// run together.
+//
+// The engine runs one call at a time in issue order (engine.cc), and a large
+// send completes only once its peer receives it. One at a time, the two
+// halves of an exchange would wait for each other: each of two ranks that
+// sends to the other and then receives from it (torch's batch_isend_irecv,
+// the ring shift of a pipeline) would sit in its send until BRAID_TIMEOUT.
+// So a send or receive on host memory does not block the ones queued right
+// behind it: the worker posts the messages of every send and receive at the
+// head of the queue, drives them together, and takes in the sends and
+// receives queued meanwhile (enqueue interrupts its sleep in the transports
+// for them: Transport::interrupt). A
+// call's Work completes once its messages are done and every call before it
+// completed: calls on one communicator still complete in issue order. Messages to or from one peer
+// keep issue order (the transports complete them in posting order per peer
+// and direction, and the sequence numbers in their headers are per peer and
+// direction). A call of any other kind still waits for every call before it.
+//
+// A small send or receive issued while the engine is idle runs in the
+// caller's thread, as small collectives do, but for kInlineWait at most:
+// one still waiting for its peer then goes to the worker, and the caller
+// goes on to the other half of its exchange. Calls on device memory are
+// staged on the caller's stream and keep running one at a time.
+#include <algorithm>
+
+#include "comm/algorithms/algorithms.h"
+#include "comm/communicator_impl.h"
+#include "comm/transport/transport.h"
+
+namespace braid::comm {
+namespace {
+
+// enqueue interrupts the transports' sleep for a call to take in; this
+// bounds the wait should a transport not implement interrupt().
+constexpr auto kAdoptEvery = std::chrono::milliseconds(50);
+constexpr auto kInlineWait = std::chrono::microseconds(100);
+
+}  // namespace
+
+bool Communicator::Impl::runs_with_point_to_point(const Op& op, const WorkState& state) const {
+  return (op.kind == OpKind::send || op.kind == OpKind::recv) && !state.staged;
+}
+
+// With `mu` held and `running` taken, and returns so: runs the calls in
+// `p2p` and the sends and receives queued behind them until none is left.
+void Communicator::Impl::run_point_to_point(std::unique_lock<std::mutex>& lock) {
+  std::vector<std::pair<Op, std::shared_ptr<WorkState>>> adopted;
+  p2p_running = true;
+  for (;;) {
+    while (!queue.empty() && runs_with_point_to_point(queue.front().first, *queue.front().second)) {
+      adopted.push_back(std::move(queue.front()));
+      queue.pop_front();
+    }
+    if (adopted.empty() && p2p.empty()) break;
+    lock.unlock();
+    try {
+      for (auto& [op, state] : adopted)
+        if (!refuse_after_failure(op, *state)) start_point_to_point(op, std::move(state));
+      adopted.clear();
+      if (!finish_point_to_point(false)) drive_point_to_point(Clock::now() + kAdoptEvery);
+    } catch (...) {
+      adopted.clear();
+      fail_point_to_point(std::current_exception(), false);
+    }
+    lock.lock();
+  }
+  p2p_running = false;
+}
+
+// In the caller's thread, `running` taken: true once the call completed
+// (or failed), false when it was left in `p2p` for the worker.
+bool Communicator::Impl::run_point_to_point_inline(const Op& op, const std::shared_ptr<WorkState>& state) {
+  const auto until = Clock::now() + kInlineWait;
+  try {
+    start_point_to_point(op, state);
+    while (!finish_point_to_point(true)) {
+      if (Clock::now() >= until) return false;
+      drive_point_to_point(until);
+    }
+  } catch (...) {
+    fail_point_to_point(std::current_exception(), true);
+  }
+  return true;
+}
+
+// Posts every message of the call; `p2p` holds it from the start, so that
+// a failure while posting fails it too.
+void Communicator::Impl::start_point_to_point(const Op& op, std::shared_ptr<WorkState> state) {
+  PointToPoint& call = *p2p.emplace_back(std::make_unique<PointToPoint>(op, std::move(state)));
+  if (status) status->entered(call.op, &exchange.waiting_for);
+  p2p_entered = call.op;
+  note_choice(op.kind, select_algorithm(shape_of(op)));
+  call.x.emplace(call.op, exchange, Clock::now() + timeout, peer_state);
+  call.requests = post_point_to_point(*call.x);
+  exchange.sends.clear();  // the call's own list waits for them
+}
+
+// Completes, in issue order, the calls whose messages are all done, as are
+// those of every call before them; whether none is left.
+bool Communicator::Impl::finish_point_to_point(bool inline_call) {
+  if (p2p.empty()) return true;
+  std::size_t finished = 0;  // p2p[0, finished): done
+  for (const auto& call : p2p) {  // may throw (a failed transport): nothing is removed before it does
+    for (; call->done < call->requests.size(); ++call->done) {
+      const Request& request = call->requests[call->done];
+      if (!request.transport->is_done(request.id)) break;
+      request.transport->release(request.id);
+    }
+    if (call->done == call->requests.size() && finished == static_cast<std::size_t>(&call - p2p.data())) ++finished;
+  }
+  if (finished == 0) return false;
+  if (finished == p2p.size()) {
+    if (status) status->left(p2p_entered);
+    exchange.waiting_for.store(-1, std::memory_order_relaxed);
+  }
+  for (std::size_t i = 0; i < finished; ++i) {
+    if (inline_call) p2p[i]->state->complete_unshared(nullptr);
+    else p2p[i]->state->complete(nullptr);
+  }
+  p2p.erase(p2p.begin(), p2p.begin() + static_cast<std::ptrdiff_t>(finished));
+  return p2p.empty();
+}
+
+// Moves the messages until one is done or `until`; throws the
+// TimeoutError of a call past its deadline, naming the peer it waits for.
+void Communicator::Impl::drive_point_to_point(Clock::time_point until) {
+  const auto now = Clock::now();
+  for (const auto& call : p2p) {
+    if (now >= call->x->deadline()) call->x->timed_out(call->op.root);
+    until = std::min(until, call->x->deadline());
+  }
+  const PointToPoint& first = *p2p.front();
+  exchange.waiting_for.store(first.op.root, std::memory_order_relaxed);
+  if (exchange.distinct.size() == 1) {
+    exchange.distinct.front()->progress(until);
+    return;
+  }
+  bool advanced = false;  // several transports: short turns, so that none starves
+  for (Transport* each : exchange.distinct) advanced |= each->progress(now);
+  if (!advanced) {
+    Transport* waited = exchange.routes.at(static_cast<std::size_t>(first.op.root));
+    waited->progress(std::min(until, now + std::chrono::microseconds(200)));
+  }
+}
+
+// Every call in flight fails with the error, named after the first of them.
+void Communicator::Impl::fail_point_to_point(std::exception_ptr raw, bool inline_call) {
+  auto error = fail(p2p.empty() ? p2p_entered : p2p.front()->op, std::move(raw));
+  for (const auto& call : p2p) {
+    if (inline_call) call->state->complete_unshared(error);
+    else call->state->complete(error);
+  }
+  p2p.clear();
+  exchange.waiting_for.store(-1, std::memory_order_relaxed);
+}
+
+}  // namespace braid::comm
