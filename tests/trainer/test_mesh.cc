@@ -124,6 +124,27 @@ TEST_CASE("invariant 3: tp, pp and their meshes with dp train the single process
        << ", grad norm " << worst_norm << ", parameter " << worst_param);
 }
 
+// The pipeline's evaluation holds at most 64 micro-batches at once (more
+// with --grad-accum), whatever --eval-batches: it held them all, so a large
+// count failed with std::bad_alloc before the first step.
+TEST_CASE("the pipeline evaluates in groups of micro-batches: 130 give the single process's val loss, 10^8 fit",
+          "[mesh]") {
+  const TextCorpus corpus = test::synthetic_corpus();
+  TrainOptions o = mesh_options();
+  o.eval_batches = 130;  // groups of 64, 64 and 2
+  o.strategy = "none";
+  Trainer single(o, corpus);
+  single.start();
+  const double want = single.evaluate_val();
+  o.strategy = "";
+  o.pp = 2;
+  for (const json& r : test::run_trainers(2, o, corpus, [](Trainer& t, json& out) { out["val"] = t.evaluate_val(); }))
+    CHECK(std::abs(r["val"].get<double>() - want) < 1e-5);
+  o.eval_batches = 100'000'000;  // 10^8 x 4 sequences x 16 tokens x 2 x 4 bytes: 51 GB at once
+  for (const json& r : test::run_trainers(2, o, corpus, [](Trainer& t, json& out) { out["steps"] = t.train_step().loss; }))
+    CHECK(r.contains("steps"));
+}
+
 TEST_CASE("a tp 2 x pp 2 checkpoint consolidates, loads at dp 4, tp 4 and on one process, and resumes", "[mesh][checkpoint]") {
   test::TempDir dir;
   const TextCorpus corpus = test::synthetic_corpus();

@@ -1,5 +1,6 @@
 #include "trainer/train/trainer.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 
@@ -37,6 +38,13 @@ double flops_per_token(const GptConfig& c, std::size_t param_count) {
 }
 
 namespace {
+
+// The pipeline's evaluation runs its micro-batches in groups of at most
+// this many (or --grad-accum, whose batches are held anyway), so that the
+// tokens it holds do not grow with --eval-batches.
+constexpr int kEvalGroup = 64;
+
+int pipeline_eval_group(const TrainOptions& o) { return std::max(o.grad_accum, std::min(o.eval_batches, kEvalGroup)); }
 
 const TrainOptions& checked(const TrainOptions& o, const TextCorpus& corpus, int world_size) {
   validate(o);
@@ -140,7 +148,7 @@ Trainer::Trainer(const TrainOptions& options, const TextCorpus& corpus, comm::Co
   group_theory_ = {strategy().traffic_theory(options_.grad_accum),
                    tp_traffic_theory(options_.model, model().layout(), step),
                    pp_traffic_theory(options_.model, model().layout(), options_.pp, step)};
-  const int batches = mesh_ ? std::max(options_.grad_accum, options_.eval_batches) : 1;
+  const int batches = mesh_ ? pipeline_eval_group(options_) : 1;
   inputs_.resize(static_cast<std::size_t>(batches) * B_ * T);
   targets_.resize(inputs_.size());
 }
@@ -277,12 +285,19 @@ double Trainer::pipeline_loss_sum(const BatchSampler& sampler) {
   const int T = sampler.T();
   const std::size_t N = static_cast<std::size_t>(B_) * T;
   const std::int64_t first = static_cast<std::int64_t>(mesh_->groups().coord.dp) * B_;
+  const int group = pipeline_eval_group(options_);
+  double sum = 0.0;
   std::vector<MicroBatch> micro_batches;
-  for (int b = 0; b < options_.eval_batches; ++b) {
-    sampler.fill(b, first, B_, inputs_.data() + b * N, targets_.data() + b * N);
-    micro_batches.push_back({inputs_.data() + b * N, targets_.data() + b * N, B_, T});
+  for (int start = 0; start < options_.eval_batches; start += group) {
+    micro_batches.clear();
+    for (int b = start; b < std::min(start + group, options_.eval_batches); ++b) {
+      const std::size_t at = static_cast<std::size_t>(b - start) * N;
+      sampler.fill(b, first, B_, inputs_.data() + at, targets_.data() + at);
+      micro_batches.push_back({inputs_.data() + at, targets_.data() + at, B_, T});
+    }
+    sum += mesh_->forward_loss_sum(micro_batches);
   }
-  return mesh_->forward_loss_sum(micro_batches);
+  return sum;
 }
 
 double Trainer::evaluate(const BatchSampler& sampler) {
