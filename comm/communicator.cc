@@ -141,6 +141,7 @@ Communicator::~Communicator() = default;
 
 int Communicator::rank() const { return impl_->rank; }
 int Communicator::size() const { return impl_->size; }
+std::chrono::milliseconds Communicator::timeout() const { return impl_->timeout; }
 
 Work Communicator::submit(Op&& op) {
   validate(op, impl_->rank, impl_->size);

@@ -26,6 +26,7 @@
 // peer.
 #pragma once
 
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -67,6 +68,9 @@ class Communicator {
 
   int rank() const;
   int size() const;
+  // BRAID_TIMEOUT (or the explicit config's): how long any wait of this
+  // communicator's calls lasts at most.
+  std::chrono::milliseconds timeout() const;
 
   Work all_reduce(const void* send, void* recv, std::size_t count, DataType dtype, ReduceOp op, Stream stream = {});
   Work reduce_scatter(const void* send, void* recv, std::size_t recv_count, DataType dtype, ReduceOp op,

@@ -7,15 +7,29 @@
 // colleagues).
 #pragma once
 
+#include <atomic>
+#include <cstdint>
 #include <filesystem>
 #include <span>
 #include <string>
 
 namespace braid::trainer {
 
+// What a long write shows another thread (the sharded saves,
+// trainer/train/write_together.h): the bytes on disk so far, and a request
+// to give up. A file written with one is written `chunk` bytes at a time,
+// each counted once the disk has taken it (sync_file_range), so that the
+// count moves as the disk does; page-cache writes would count gigabytes at
+// once and leave the whole wait in the final fsync.
+struct WriteProgress {
+  std::atomic<std::uint64_t> bytes{0};  // on disk so far
+  std::atomic<bool> cancel{false};      // set by the other thread: the write throws before its next chunk
+  std::size_t chunk = std::size_t{64} << 20;
+};
+
 class AtomicFile {
  public:
-  explicit AtomicFile(std::filesystem::path target);
+  explicit AtomicFile(std::filesystem::path target, WriteProgress* progress = nullptr);
   AtomicFile(const AtomicFile&) = delete;
   AtomicFile& operator=(const AtomicFile&) = delete;
   ~AtomicFile();  // removes the temporary file unless committed
@@ -26,6 +40,11 @@ class AtomicFile {
  private:
   std::filesystem::path target_;
   std::string temp_;
+  void chunk_written(std::size_t chunk);
+
+  WriteProgress* progress_ = nullptr;
+  std::uint64_t offset_ = 0;   // bytes written
+  std::uint64_t counted_ = 0;  // of which counted in progress_
   int fd_ = -1;
   bool committed_ = false;
 };

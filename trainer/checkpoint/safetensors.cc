@@ -95,10 +95,11 @@ std::string xxh3_hex(const void* data, std::size_t bytes) {
 
 std::string checksum_key(const std::string& tensor_name) { return std::string(kChecksumPrefix) + tensor_name; }
 
-void write_safetensors(const fs::path& path, const std::vector<TensorToWrite>& tensors, const Metadata& metadata) {
+void write_safetensors(const fs::path& path, const std::vector<TensorToWrite>& tensors, const Metadata& metadata,
+                       WriteProgress* progress) {
   const std::string header = build_header(tensors, with_checksums(tensors, metadata));
   const std::uint64_t header_bytes = header.size();
-  AtomicFile file(path);
+  AtomicFile file(path, progress);
   file.write(&header_bytes, sizeof(header_bytes));
   file.write(header.data(), header.size());
   for (const auto& t : tensors) file.write(t.data, element_count(t.shape) * sizeof(float));

@@ -50,6 +50,7 @@
 namespace braid::trainer {
 
 using Metadata = std::map<std::string, std::string>;
+struct WriteProgress;  // atomic_file.h
 
 struct TensorToWrite {
   std::string name;
@@ -57,8 +58,9 @@ struct TensorToWrite {
   const float* data;
 };
 
+// Atomically (AtomicFile, which reports to `progress` when given one).
 void write_safetensors(const std::filesystem::path& path, const std::vector<TensorToWrite>& tensors,
-                       const Metadata& metadata);
+                       const Metadata& metadata, WriteProgress* progress = nullptr);
 
 class SafetensorsFile {
  public:

@@ -44,7 +44,7 @@ fs::path prepare_step_directory(const fs::path& dir, std::int64_t step) {
 }
 
 void write_shard(const fs::path& staging, int rank, int world_size, const std::vector<TensorPiece>& pieces,
-                 const GptConfig& config, std::int64_t step) {
+                 const GptConfig& config, std::int64_t step, WriteProgress* progress) {
   const std::map<std::string, std::vector<std::int64_t>> shapes = full_shapes(config);
   std::vector<TensorToWrite> tensors;
   for (const TensorPiece& p : pieces) {
@@ -61,7 +61,7 @@ void write_shard(const fs::path& staging, int rank, int world_size, const std::v
   Metadata metadata = config_metadata(config, step);
   metadata["rank"] = std::to_string(rank);
   metadata["world_size"] = std::to_string(world_size);
-  write_safetensors(staging / shard_name(rank, world_size), tensors, metadata);
+  write_safetensors(staging / shard_name(rank, world_size), tensors, metadata, progress);
 }
 
 fs::path commit_sharded_checkpoint(const fs::path& dir, const TrainState& state, int world_size,

@@ -15,7 +15,9 @@
 // checkpoint of any strategy and world size loads into any other.
 //
 // Commit protocol: every rank writes its shard atomically and fsyncs it, in
-// the step's staging directory (layout.h); after a barrier, rank 0 removes
+// the step's staging directory (layout.h); once every rank's shard is
+// written (trainer/train/write_together.h: a slow disk delays this, a
+// stuck one fails every rank), rank 0 removes
 // whatever else an earlier save that died left there, writes manifest.json,
 // renames the directory into place and only then moves `latest`. A save
 // that dies leaves DIR/step_N.partial, never resumed from, and removed by
@@ -44,9 +46,11 @@ struct TensorPiece {
 // The staging directory (created) where every rank writes its shard of a
 // checkpoint of `step` under `dir`.
 std::filesystem::path prepare_step_directory(const std::filesystem::path& dir, std::int64_t step);
-// This rank's shard file in the staging directory, written atomically.
+// This rank's shard file in the staging directory, written atomically
+// (reporting to `progress` when given one).
 void write_shard(const std::filesystem::path& staging, int rank, int world_size,
-                 const std::vector<TensorPiece>& pieces, const GptConfig& config, std::int64_t step);
+                 const std::vector<TensorPiece>& pieces, const GptConfig& config, std::int64_t step,
+                 WriteProgress* progress = nullptr);
 // Rank 0, once every shard is durable: the manifest and `extra`, the step
 // published, then `latest`, then pruning (layout::prune_steps). Returns the
 // step directory.

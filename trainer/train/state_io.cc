@@ -1,7 +1,12 @@
 #include "trainer/train/state_io.h"
 
+#include <functional>
+#include <string>
+
 #include "runtime/errors.h"
+#include "trainer/checkpoint/atomic_file.h"
 #include "trainer/model/param_table.h"
+#include "trainer/train/write_together.h"
 
 namespace braid::trainer {
 
@@ -14,11 +19,15 @@ struct SlotKey {
 constexpr SlotKey kParamsOnly[] = {{Slot::kParams, ""}};
 constexpr SlotKey kAllSlots[] = {{Slot::kParams, ""}, {Slot::kM, "m."}, {Slot::kV, "v."}};
 
-void barrier(Strategy& strategy) {
-  if (strategy.comm() == nullptr) return;
-  comm::Work work = strategy.comm()->barrier();
-  work.wait();
+// Runs this rank's part of a collective write and returns once every
+// rank's is on disk (write_together: a slow disk delays the save, a stuck
+// one fails it on every rank); one process just writes.
+void write_all(comm::Communicator* comm, const std::string& what, const std::function<void(WriteProgress*)>& write) {
+  if (comm == nullptr) return write(nullptr);
+  write_together(*comm, what, [&](WriteProgress& progress) { write(&progress); });
 }
+
+std::string shards_of(std::int64_t step) { return "the shards of step " + std::to_string(step); }
 
 }  // namespace
 
@@ -75,10 +84,12 @@ std::filesystem::path save_sharded_checkpoint(Strategy& strategy, const std::fil
                                               const TrainState& state, const StepFiles& extra) {
   const std::filesystem::path staging = prepare_step_directory(dir, state.step);
   std::vector<std::vector<float>> copies;
-  write_shard(staging, strategy.rank(), strategy.world_size(), owned_pieces(strategy, copies),
-              strategy.model().config(), state.step);
+  const std::vector<TensorPiece> pieces = owned_pieces(strategy, copies);
   // The manifest goes last, once every shard is durable.
-  barrier(strategy);
+  write_all(strategy.comm(), shards_of(state.step), [&](WriteProgress* progress) {
+    write_shard(staging, strategy.rank(), strategy.world_size(), pieces, strategy.model().config(), state.step,
+                progress);
+  });
   if (strategy.rank() != 0) return step_directory(dir, state.step);
   return commit_sharded_checkpoint(dir, state, strategy.world_size(), std::string(strategy_name(strategy.kind())),
                                    extra);
@@ -101,8 +112,9 @@ std::filesystem::path save_mesh_checkpoint(Mesh& mesh, comm::Communicator& world
       pieces.push_back({s.prefix + v.name, 0, values.back().size(), values.back().data()});
     }
   }
-  write_shard(staging, world.rank(), world.size(), pieces, model.config(), state.step);
-  world.barrier().wait();
+  write_all(&world, shards_of(state.step), [&](WriteProgress* progress) {
+    write_shard(staging, world.rank(), world.size(), pieces, model.config(), state.step, progress);
+  });
   if (world.rank() != 0) return step_directory(dir, state.step);
   const MeshShape& shape = mesh.groups().shape;
   const std::string layout = std::string(strategy_name(mesh.strategy().kind())) + " on dp " +
@@ -119,8 +131,9 @@ void save_strategy_weights(Strategy& strategy, const std::filesystem::path& path
     values.push_back(strategy.read_view(Slot::kParams, v));
     tensors.push_back({v.name, v.full_shape, values.back().data()});
   }
-  if (strategy.rank() == 0) write_safetensors(path, tensors, config_metadata(strategy.model().config(), step));
-  barrier(strategy);
+  write_all(strategy.comm(), path.string(), [&](WriteProgress* progress) {
+    if (strategy.rank() == 0) write_safetensors(path, tensors, config_metadata(strategy.model().config(), step), progress);
+  });
 }
 
 }  // namespace braid::trainer

@@ -23,8 +23,9 @@ void load_state(const CheckpointReader& reader, const std::filesystem::path& whe
 std::vector<TensorPiece> owned_pieces(Strategy& strategy);
 
 // A sharded checkpoint of `state.step` under `dir` (collective: every rank
-// writes its shard, rank 0 the manifest and `extra` after a barrier, then
-// publishes the step). Returns the step directory.
+// writes its shard, rank 0 the manifest and `extra` once every shard is on
+// disk (write_together.h), then publishes the step). Returns the step
+// directory.
 std::filesystem::path save_sharded_checkpoint(Strategy& strategy, const std::filesystem::path& dir,
                                               const TrainState& state, const StepFiles& extra = {});
 
