@@ -17,6 +17,8 @@ constexpr auto kSilence = std::chrono::milliseconds(600);
 // The failure path's budget for one call on the store is a quarter of the
 // store's request timeout, and never more than this.
 constexpr auto kMaxBudget = std::chrono::milliseconds(2000);
+// How long the destructor waits for the heartbeat thread to end.
+constexpr auto kJoinWait = std::chrono::milliseconds(200);
 
 bool point_to_point(std::string_view kind) { return kind == "send" || kind == "recv"; }
 
@@ -24,16 +26,20 @@ bool point_to_point(std::string_view kind) { return kind == "send" || kind == "r
 
 StatusBoard::StatusBoard(std::shared_ptr<runtime::Store> store, std::string key_prefix, int rank)
     : store_(std::move(store)), prefix_(std::move(key_prefix)), rank_(rank) {
-  if (store_) thread_ = std::thread([this] { run(); });
+  if (store_) thread_ = std::thread(run, this, beat_, store_);
 }
 
 StatusBoard::~StatusBoard() {
-  {
-    std::lock_guard lock(mu_);
-    stop_ = true;
-  }
-  cv_.notify_all();
-  if (thread_.joinable()) thread_.join();
+  std::unique_lock lock(beat_->mu);
+  beat_->stop = true;
+  beat_->cv.notify_all();
+  if (!thread_.joinable()) return;
+  // A thread between beats ends at once; one inside a beat that the store
+  // leaves unanswered ends at the store's request timeout, on its own.
+  const bool ended = beat_->cv.wait_for(lock, kJoinWait, [&] { return beat_->exited; });
+  lock.unlock();
+  if (ended) thread_.join();
+  else thread_.detach();
 }
 
 std::string StatusBoard::key(const char* what, int rank) const {
@@ -50,29 +56,34 @@ void StatusBoard::entered(const Op& op, const std::atomic<int>* waiting_for) {
 void StatusBoard::left(const Op& op) { left_seq_.store(op.seq, std::memory_order_release); }
 
 // Publishes on every change, and while inside an operation once per period
-// with a new beat, so that silence means the process stopped running.
-void StatusBoard::run() {
-  std::uint64_t beat = 0;
+// with a new beat, so that silence means the process stopped running. The
+// board is read only under beat->mu while beat->stop is false: once the
+// destructor has set it the board may be gone.
+void StatusBoard::run(StatusBoard* board, std::shared_ptr<Beat> beat, std::shared_ptr<runtime::Store> store) {
+  const std::string key = board->key("status", board->rank_);
+  std::uint64_t count = 0;
   std::string published;
-  std::unique_lock lock(mu_);
-  while (!cv_.wait_for(lock, kPublishPeriod, [this] { return stop_; })) {
-    const std::uint64_t seq = seq_.load(std::memory_order_acquire);
+  std::unique_lock lock(beat->mu);
+  while (!beat->cv.wait_for(lock, kPublishPeriod, [&] { return beat->stop; })) {
+    const std::uint64_t seq = board->seq_.load(std::memory_order_acquire);
     if (seq == 0) continue;
-    const bool inside = left_seq_.load(std::memory_order_acquire) != seq;
-    const std::atomic<int>* waiting = waiting_for_.load(std::memory_order_relaxed);
+    const bool inside = board->left_seq_.load(std::memory_order_acquire) != seq;
+    const std::atomic<int>* waiting = board->waiting_for_.load(std::memory_order_relaxed);
     const int peer = inside && waiting ? waiting->load(std::memory_order_relaxed) : -1;
-    std::string state = std::string(name(static_cast<OpKind>(kind_.load()))) + " #" + std::to_string(seq) +
+    std::string state = std::string(name(static_cast<OpKind>(board->kind_.load()))) + " #" + std::to_string(seq) +
                         (inside ? " in " : " out ") + std::to_string(peer);
     if (state == published && !inside) continue;
     lock.unlock();
     try {
-      store_->set(key("status", rank_), state + " " + std::to_string(++beat));
+      store->set(key, state + " " + std::to_string(++count));
       published = state;
     } catch (const Error&) {
       // The store is gone (job ending); attribution is best effort.
     }
     lock.lock();
   }
+  beat->exited = true;
+  beat->cv.notify_all();
 }
 
 std::chrono::milliseconds StatusBoard::budget() const {

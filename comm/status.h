@@ -26,7 +26,9 @@
 // budget of its own instead: a quarter of that timeout, at most 2 s
 // (holder() 600 ms more). Once the store has failed to answer one, the
 // others do not ask it again (a board serves one failure: its communicator
-// aborts on the first) and say that the store did not answer.
+// aborts on the first) and say that the store did not answer. Nor does the
+// destructor wait out such a heartbeat: it leaves the thread to end on its
+// own, so a process exits on time after its store froze.
 #pragma once
 
 #include <atomic>
@@ -81,7 +83,8 @@ class StatusBoard {
     std::uint64_t beat = 0;
   };
   using Clock = std::chrono::steady_clock;
-  void run();
+  struct Beat;
+  static void run(StatusBoard* board, std::shared_ptr<Beat> beat, std::shared_ptr<runtime::Store> store);
   std::string key(const char* what, int rank) const;
   // The failure path's calls on the store, bounded by `deadline`, once the
   // store has answered every earlier one in time. ask() runs `request`
@@ -100,9 +103,17 @@ class StatusBoard {
   std::atomic<std::uint64_t> seq_{0}, left_seq_{0};
   std::atomic<std::uint8_t> kind_{0};
   std::atomic<const std::atomic<int>*> waiting_for_{nullptr};
-  std::mutex mu_;
-  std::condition_variable cv_;
-  bool stop_ = false;
+  // What the heartbeat thread shares with the board. The thread may outlive
+  // it: a beat the store leaves unanswered holds the thread for the store's
+  // request timeout, and the destructor does not wait that long (it leaves
+  // the thread to end on its own, holding only this and the store).
+  struct Beat {
+    std::mutex mu;
+    std::condition_variable cv;
+    bool stop = false;    // set by the destructor: the thread no longer touches the board
+    bool exited = false;  // set by the thread as it ends
+  };
+  std::shared_ptr<Beat> beat_ = std::make_shared<Beat>();
   std::thread thread_;
   std::mutex unanswered_mu_;
   std::string unanswered_;  // why the failure path no longer asks the store; empty while it does

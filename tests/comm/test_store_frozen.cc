@@ -95,14 +95,19 @@ TEST_CASE("failures: peers of a frozen rank that serves the store fail within th
         }
         const std::size_t count = 4096;
         std::vector<float> data(count, 1.0f);
-        auto stop_frozen = [&] {
-          if (comm->rank() == 1) kill(static_cast<pid_t>(pids[0]), SIGKILL);
+        auto stop_frozen = [&, rank = comm->rank()] {
+          if (rank == 1) kill(static_cast<pid_t>(pids[0]), SIGKILL);
         };
         try {
           tagged([&] { comm->all_reduce(data.data(), data.data(), count, DataType::f32, ReduceOp::sum).wait(); });
-        } catch (...) {
+        } catch (const std::exception& e) {
+          // The communicator goes away while rank 0 is still stopped.
+          const auto start = std::chrono::steady_clock::now();
+          comm.reset();
+          const auto destroyed = std::chrono::duration_cast<milliseconds>(std::chrono::steady_clock::now() - start);
           stop_frozen();
-          throw;
+          throw std::runtime_error(e.what() + std::string(" [destroyed in ") + std::to_string(destroyed.count()) +
+                                   " ms]");
         }
         stop_frozen();
         throw std::runtime_error("all_reduce #2 completed although rank 0 never entered it");
@@ -122,6 +127,12 @@ TEST_CASE("failures: peers of a frozen rank that serves the store fail within th
     CHECK(contains(o.text, "all_reduce #2 (count 4096, f32, sum)"));
     CHECK(o.ms >= timeout.count() - 50);  // no failure before the timeout: nothing failed but the wait
     CHECK(o.ms < bound_ms);
+    // Nor does the communicator's destructor wait for a heartbeat that the
+    // stopped store leaves unanswered (it waited out the store's request
+    // timeout, about 2 s more here).
+    const auto at = o.text.rfind(" [destroyed in ");
+    REQUIRE(at != std::string::npos);
+    CHECK(std::stol(o.text.substr(at + 15)) < 500);
     if (o.type == "TimeoutError") {
       CHECK(contains(o.text, "timed out (BRAID_TIMEOUT)"));
       // The diagnostic could not be read, and the message says why.
