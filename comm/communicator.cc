@@ -142,6 +142,7 @@ Communicator::~Communicator() = default;
 int Communicator::rank() const { return impl_->rank; }
 int Communicator::size() const { return impl_->size; }
 std::chrono::milliseconds Communicator::timeout() const { return impl_->timeout; }
+void Communicator::set_inline(bool on) { impl_->inline_on.store(on, std::memory_order_relaxed); }
 
 Work Communicator::submit(Op&& op) {
   validate(op, impl_->rank, impl_->size);

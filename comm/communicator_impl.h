@@ -96,6 +96,7 @@ struct Communicator::Impl {
   std::string forced_algo;
   std::chrono::milliseconds timeout{300'000};
   std::size_t inline_bytes = 0;
+  std::atomic<bool> inline_on{true};  // Communicator::set_inline: small calls may run in the caller's thread
 
   // Engine: issue order is queue order; `running` marks the thread that runs
   // calls (the one op in flight, or the point-to-point calls below).

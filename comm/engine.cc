@@ -3,7 +3,8 @@
 // the two halves of an exchange never wait for each other: engine_p2p.cc).
 //
 // Small operations run in the caller's thread when nothing is queued or
-// running (a thread hand-off would cost more than the operation); others go
+// running (a thread hand-off would cost more than the operation), unless
+// Communicator::set_inline turned that off; others go
 // to a progress thread started on first use, so the caller can compute while
 // they run. The thread sleeps on a condition variable when idle. An error
 // aborts the communicator: the reason goes to the store for the peers, the
@@ -112,7 +113,9 @@ std::shared_ptr<WorkState> Communicator::Impl::enqueue(Op op) {
   // than the call), and calls whose caller waits for them anyway (gate
   // `host`: two hand-offs saved).
   const bool held = state->staged && state->staged->holds_caller();
-  const bool small = (op.count * dtype_bytes(op.dtype) <= inline_bytes && !state->staged) || held;
+  const bool small = (inline_on.load(std::memory_order_relaxed) && op.count * dtype_bytes(op.dtype) <= inline_bytes &&
+                      !state->staged) ||
+                     held;
   const std::uint64_t before = take_gate(collective, small);
   if (collective) op.seq = before / kOneSeq;
   if (small && !(before & kBusy)) {  // nothing queued or running, no failure: run it here

@@ -11,7 +11,8 @@
 //    all_reduce, the binomial broadcast, the dissemination barrier, ...).
 // Each kind's algorithm is asked once (prepare()), not per call. A call
 // takes the path when its buffers are in host memory, it is no larger than
-// its kind's limit, and nothing of this communicator is queued or running:
+// its kind's limit, small calls may run inline (Communicator::set_inline),
+// and nothing of this communicator is queued or running:
 // then issue order is run order, as on the engine's own paths, and the call
 // has its sequence number before any later one.
 //
@@ -71,6 +72,7 @@ void Communicator::Impl::prepare_once() {
 }
 
 std::shared_ptr<WorkState> Communicator::Impl::try_lean(Op& op) {
+  if (!inline_on.load(std::memory_order_relaxed)) return nullptr;
   ensure_prepared();
   Lean& lean = lean_by_kind[static_cast<std::size_t>(op.kind)];
   const std::size_t bytes = op.count * dtype_bytes(op.dtype);

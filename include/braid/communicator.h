@@ -93,6 +93,17 @@ class Communicator {
   static void* allocate(std::size_t bytes);
   static void deallocate(void* pointer);
 
+  // Whether calls of up to BRAID_INLINE_BYTES may run in the calling thread
+  // while the communicator is idle (on by default: a hand-off to the
+  // progress thread costs more than such a call). Off, every call returns at
+  // once and runs on the progress thread. A process that issues async calls
+  // on several communicators, in orders that differ between ranks (torch's
+  // process groups, as gloo allows), needs it off: a call that runs in the
+  // caller's thread returns only once its peers have joined it, and a peer
+  // may first wait for this rank's next call, on the other communicator.
+  // Any thread, any time; calls already issued are not affected.
+  void set_inline(bool on);
+
   // Collective over this communicator: ranks passing the same color form a
   // new communicator, ordered by (key, rank). A negative color takes part in
   // the split but gets nullptr.

@@ -2,7 +2,9 @@
 #include "process_group.h"
 
 #include <algorithm>
+#include <mutex>
 #include <string>
+#include <vector>
 
 #include "braid/errors.h"
 #include "tensors.h"
@@ -70,6 +72,23 @@ std::vector<int64_t> element_splits(const at::Tensor& tensor, const std::vector<
 
 }  // namespace
 
+// The process's groups. While there are two or more, none runs a call in
+// the caller's thread (Communicator::set_inline): torch lets async calls on
+// two groups be issued in opposite orders on two ranks (gloo completes
+// them), and a call run in the caller's thread returns only once its peers
+// have joined it, which the peer does only after its own first call, on the
+// other group. One group alone keeps the faster inline path.
+namespace {
+
+std::mutex groups_mutex;
+std::vector<comm::Communicator*> groups;
+
+void inline_while_alone() {
+  for (comm::Communicator* comm : groups) comm->set_inline(groups.size() == 1);
+}
+
+}  // namespace
+
 ProcessGroupBraid::ProcessGroupBraid(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
                                      std::chrono::milliseconds timeout)
     : c10d::ProcessGroup(rank, size) {
@@ -78,9 +97,16 @@ ProcessGroupBraid::ProcessGroupBraid(const c10::intrusive_ptr<c10d::Store>& stor
   store_server_ = std::move(found.server);
   comm_ = comm::Communicator::create_world(found.info, config);
   completer_ = std::make_unique<Completer>();
+  std::lock_guard lock(groups_mutex);
+  groups.push_back(comm_.get());
+  inline_while_alone();
 }
 
-ProcessGroupBraid::~ProcessGroupBraid() = default;
+ProcessGroupBraid::~ProcessGroupBraid() {
+  std::lock_guard lock(groups_mutex);
+  groups.erase(std::find(groups.begin(), groups.end(), comm_.get()));
+  inline_while_alone();
+}
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::enqueue(Call call) {
   Pending pending;

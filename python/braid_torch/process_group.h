@@ -12,6 +12,9 @@
 // and float32/64, float16, bfloat16, int8, uint8, int32 and int64 reduce
 // with SUM, AVG, PRODUCT, MIN and MAX. CUDA tensors go through braid's
 // device path on the device's default stream (braid's CUDA builds).
+// While the process has two or more groups no call runs in the caller's
+// thread (Communicator::set_inline), so async calls on two groups may be
+// issued in different orders on different ranks, as gloo allows.
 #pragma once
 
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>

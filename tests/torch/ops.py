@@ -215,13 +215,41 @@ def check_async(c, rank, size):
     dist.barrier()
 
 
+def check_two_groups(c, rank, size):
+    """Async calls on two braid groups (the default one and a new one),
+    issued in opposite orders on even and odd ranks, complete as under gloo.
+    A small call run in the caller's thread returned only once its peers had
+    joined it, and they first waited for their own first call, on the other
+    group: both waited until BRAID_TIMEOUT."""
+    other = dist.new_group(backend="braid")
+    for count in (4, 100000):
+        a, b = values(count, rank, torch.float32), values(count, rank, torch.float32, salt=1)
+        want_a, want_b = gloo_all_reduce(a, dist.ReduceOp.SUM), gloo_all_reduce(b, dist.ReduceOp.SUM)
+        calls = [(a, None), (b, other)] if rank % 2 == 0 else [(b, other), (a, None)]
+
+        def issue_and_wait():
+            for work in [dist.all_reduce(t, group=g, async_op=True) for t, g in calls]:
+                work.wait()
+        waiter = threading.Thread(target=issue_and_wait, daemon=True)
+        waiter.start()
+        waiter.join(timeout=30)
+        if waiter.is_alive():
+            print(f"rank {rank}: FAIL async calls on two groups in opposite orders x{count}: hang (30 s)",
+                  flush=True)
+            os._exit(1)
+        c.equal(f"async calls on two groups in opposite orders x{count}, default group", a, want_a)
+        c.equal(f"async calls on two groups in opposite orders x{count}, new group", b, want_b)
+    dist.barrier()
+
+
 def main():
     warnings.filterwarnings("ignore", message=".*all_reduce_coalesced will be deprecated")
     dist.init_process_group("braid")
     rank, size = dist.get_rank(), dist.get_world_size()
     c = Checks(rank)
     for check in (check_all_reduce, check_coalesced, check_broadcast_reduce, check_all_gather,
-                  check_gather_scatter, check_reduce_scatter, check_all_to_all, check_send_recv, check_async):
+                  check_gather_scatter, check_reduce_scatter, check_all_to_all, check_send_recv, check_async,
+                  check_two_groups):
         check(c, rank, size)
     if rank == 0:
         print(f"braid transports: {braid_torch.transport_summary()}", flush=True)
