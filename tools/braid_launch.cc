@@ -139,6 +139,7 @@ int main(int argc, char** argv) {
     options.timeout = from_seconds(timeout_s, "--timeout");
     options.grace_period = from_seconds(grace_s, "--grace-period");
     braid::runtime::setup_logging(-1);
+    braid::launcher::log_without_blocking();
     status = braid::launcher::launch(options);
   } catch (const braid::InvalidUsage& e) {
     braid::launcher::say(e.what());

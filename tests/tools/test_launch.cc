@@ -326,6 +326,36 @@ TEST_CASE("a reader of stdout that stalls holds up neither --timeout nor signals
   }
 }
 
+// The launcher's log lines, its store's among them, went to stderr through
+// spdlog, which blocks: with stderr on a reader that stalls, the warning
+// about a refused connection held the store's thread in write(2), and every
+// rank's store call waited with it until the reader woke up. They now queue
+// in the stderr sink like every other line.
+TEST_CASE("a reader of stderr that stalls holds up none of the launcher's log lines", "[launch][store]") {
+  JobDir dir;
+  StalledReader reader(dir);
+  // Each rank says where the store is, then writes 200 kB (more than the
+  // FIFO holds); the reader never reads.
+  const std::string script = "echo \"$BRAID_STORE_ADDR $BRAID_JOB_TOKEN\" > \"$0/store.tmp\"; "
+                             "mv \"$0/store.tmp\" \"$0/store\"; yes | head -c 200000; " +
+                             recording("exec sleep 60");
+  auto job = launch_into(reader, dir, shell_job(1, script, dir, {"--grace-period", "1"}), true);
+  wait_for_file(dir.path() / "pid_0");
+  std::this_thread::sleep_for(300ms);  // the FIFO fills up
+  std::istringstream line(read_file(dir.path() / "store"));
+  std::string addr, token;
+  line >> addr >> token;
+  const std::string host = addr.substr(0, addr.rfind(':'));
+  // A wrong token: the store refuses it and logs a warning.
+  CHECK_THROWS_AS(braid::runtime::Store(host, port_of(addr), token + "x", 5000ms), braid::RemoteError);
+  // The store still answers.
+  braid::runtime::Store store(host, port_of(addr), token, 5000ms);
+  store.set("greeting", std::string("hello"));
+  CHECK(store.get_string("greeting", 5000ms) == "hello");
+  REQUIRE(::kill(job->pid(), SIGTERM) == 0);
+  CHECK(job->wait(20s) == 128 + SIGTERM);
+}
+
 TEST_CASE("output held up by a slow reader is all relayed, in whole lines", "[launch]") {
   JobDir dir;
   StalledReader reader(dir);

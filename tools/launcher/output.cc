@@ -32,6 +32,8 @@
 #include <optional>
 #include <vector>
 
+#include "runtime/log.h"
+
 namespace braid::launcher {
 namespace {
 
@@ -87,15 +89,21 @@ OutputSink::OutputSink(int fd) : fd_(fd) {
 
 void OutputSink::write(std::string text) {
   if (text.empty()) return;
+  std::lock_guard lock(mu_);
   bool was_idle = pending_.empty();
   pending_bytes_ += text.size();
   pending_.push_back(std::move(text));
   // Behind a backlog the destination has just refused bytes: wait for
   // POLLOUT rather than try (and fail) once per line.
-  if (was_idle) flush();
+  if (was_idle) flush_locked();
 }
 
 void OutputSink::flush() {
+  std::lock_guard lock(mu_);
+  flush_locked();
+}
+
+void OutputSink::flush_locked() {
   while (!pending_.empty()) {
     std::string_view rest = std::string_view(pending_.front()).substr(front_written_);
     ssize_t n = write_some(rest);
@@ -103,7 +111,7 @@ void OutputSink::flush() {
     if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return;
     if (n <= 0) {
       // EPIPE and the like: there is nowhere left to report it.
-      discard();
+      discard_locked();
       return;
     }
     front_written_ += static_cast<std::size_t>(n);
@@ -116,6 +124,11 @@ void OutputSink::flush() {
 }
 
 std::size_t OutputSink::discard() {
+  std::lock_guard lock(mu_);
+  return discard_locked();
+}
+
+std::size_t OutputSink::discard_locked() {
   std::size_t dropped = pending_bytes_;
   pending_.clear();
   front_written_ = 0;
@@ -153,6 +166,10 @@ OutputSink& standard_sink(int fd) {
 }
 
 void say(const std::string& message) { standard_sink(STDERR_FILENO).write("braid-launch: " + message + "\n"); }
+
+void log_without_blocking() {
+  runtime::log_through([](std::string_view line) { standard_sink(STDERR_FILENO).write(std::string(line)); });
+}
 
 void drain_output(std::chrono::milliseconds limit) {
   const Clock::time_point deadline = deadline_after(Clock::now(), limit);

@@ -19,9 +19,11 @@
 // supervising its ranks.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <cstddef>
 #include <deque>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -63,22 +65,27 @@ class OutputSink {
   // Drops the pending output; returns how many bytes that was.
   std::size_t discard();
 
-  bool has_pending() const { return pending_bytes_ > 0; }
-  bool full() const { return pending_bytes_ >= kMaxPendingBytes; }
-  std::size_t pending_bytes() const { return pending_bytes_; }
+  bool has_pending() const { return pending_bytes() > 0; }
+  bool full() const { return pending_bytes() >= kMaxPendingBytes; }
+  std::size_t pending_bytes() const { return pending_bytes_.load(std::memory_order_relaxed); }
   // The descriptor to poll for POLLOUT while output is pending.
   int poll_fd() const;
 
  private:
   enum class Mode { kPlain, kSocket, kPrivateNonblocking, kPollFirst };
   ssize_t write_some(std::string_view text);
+  void flush_locked();
+  std::size_t discard_locked();
 
   int fd_;
   Mode mode_ = Mode::kPlain;
   UniqueFd private_fd_;  // kPrivateNonblocking: our own open of fd_'s file
+  // Any thread may write (the launcher's log lines come from its store's
+  // thread too); the supervisor flushes.
+  std::mutex mu_;
   std::deque<std::string> pending_;
   std::size_t front_written_ = 0;  // bytes of pending_.front() already written
-  std::size_t pending_bytes_ = 0;
+  std::atomic<std::size_t> pending_bytes_{0};
 };
 
 // The sink for the launcher's stdout (fd 1) or stderr (fd 2). Both are one
@@ -90,6 +97,9 @@ OutputSink& standard_sink(int fd);
 
 // Prints "braid-launch: <message>" as one line on stderr, without blocking.
 void say(const std::string& message);
+// Sends the launcher's spdlog lines (its own and its store's) through the
+// stderr sink, so that a stalled stderr blocks none of them either.
+void log_without_blocking();
 
 // Gives the pending output of stdout and stderr up to `limit` to drain,
 // then drops the rest: what braid-launch does last before it exits.
