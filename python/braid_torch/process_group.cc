@@ -180,19 +180,20 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::allgather(std::vector<std::vec
     refuse("allgather", "needs one list of " + std::to_string(getSize()) + " output tensors");
   check_same(outputs[0], input, "allgather");
   at::Tensor flat = at::empty({getSize() * input.numel()}, input.options());
-  Buffer send = movable(input, "allgather");
+  at::Tensor sent = input.contiguous();  // in the order unflatten reads it back
+  Buffer send = movable(sent, "allgather");
   Buffer recv = movable(flat, "allgather");
   std::vector<at::Tensor> results = outputs[0];
   int64_t count = input.numel();
   return enqueue({c10d::OpType::ALLGATHER,
                   [this, send, recv] { return comm_->all_gather(send.data, recv.data, send.count, send.dtype); },
-                  results, {input, flat}, [flat, results, count]() mutable { unflatten(flat, results, count); }});
+                  results, {sent, flat}, [flat, results, count]() mutable { unflatten(flat, results, count); }});
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::_allgather_base(at::Tensor& output, at::Tensor& input,
                                                                   const c10d::AllgatherOptions& opts) {
-  check_dense(input, "_allgather_base");
-  check_dense(output, "_allgather_base");
+  check_contiguous(input, "_allgather_base");
+  check_contiguous(output, "_allgather_base");
   if (output.scalar_type() != input.scalar_type() || output.numel() != getSize() * input.numel())
     refuse("_allgather_base", "the output must have the input's dtype and " + std::to_string(getSize()) +
                                   " times its elements");
@@ -215,12 +216,13 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::gather(std::vector<std::vector
   std::vector<at::Tensor> results = root ? outputs[0] : std::vector<at::Tensor>{};
   check_same(results, input, "gather");
   at::Tensor flat = at::empty({getSize() * input.numel()}, input.options());
-  Buffer send = movable(input, "gather");
+  at::Tensor sent = input.contiguous();  // in the order unflatten reads it back
+  Buffer send = movable(sent, "gather");
   Buffer recv = movable(flat, "gather");
   int64_t count = input.numel();
   return enqueue({c10d::OpType::GATHER,
                   [this, send, recv] { return comm_->all_gather(send.data, recv.data, send.count, send.dtype); },
-                  results, {input, flat}, [flat, results, count]() mutable { unflatten(flat, results, count); }});
+                  results, {sent, flat}, [flat, results, count]() mutable { unflatten(flat, results, count); }});
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::scatter(std::vector<at::Tensor>& outputs,
@@ -250,18 +252,23 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::reduce_scatter(std::vector<at:
     refuse("reduce_scatter", "needs one list of " + std::to_string(getSize()) + " input tensors");
   check_same(inputs[0], output, "reduce_scatter");
   at::Tensor flat = flatten(inputs[0]);
+  // The result arrives in the inputs' logical order: an output in another
+  // memory format gets it through a contiguous copy.
+  at::Tensor got = output.is_contiguous() ? output : at::empty(output.sizes(), output.options());
   Buffer send = reducible(flat, "reduce_scatter");
-  Buffer recv = reducible(output, "reduce_scatter");
+  Buffer recv = reducible(got, "reduce_scatter");
   ReduceOp op = reduce_op(opts.reduceOp, "reduce_scatter");
+  std::function<void()> finish;
+  if (!got.is_same(output)) finish = [output, got]() mutable { output.copy_(got); };
   return enqueue({c10d::OpType::REDUCE_SCATTER,
                   [this, send, recv, op] { return comm_->reduce_scatter(send.data, recv.data, recv.count, recv.dtype, op); },
-                  {output}, {flat}, {}});
+                  {output}, {flat, got}, finish});
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::_reduce_scatter_base(at::Tensor& output, at::Tensor& input,
                                                                        const c10d::ReduceScatterOptions& opts) {
-  check_dense(input, "_reduce_scatter_base");
-  check_dense(output, "_reduce_scatter_base");
+  check_contiguous(input, "_reduce_scatter_base");
+  check_contiguous(output, "_reduce_scatter_base");
   if (output.scalar_type() != input.scalar_type() || input.numel() != getSize() * output.numel())
     refuse("_reduce_scatter_base", "the input must have the output's dtype and " + std::to_string(getSize()) +
                                        " times its elements");
@@ -277,8 +284,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::alltoall_base(at::Tensor& outp
                                                                 std::vector<int64_t>& output_split_sizes,
                                                                 std::vector<int64_t>& input_split_sizes,
                                                                 const c10d::AllToAllOptions& opts) {
-  check_dense(input, "alltoall_base");
-  check_dense(output, "alltoall_base");
+  check_contiguous(input, "alltoall_base");
+  check_contiguous(output, "alltoall_base");
   if (output.scalar_type() != input.scalar_type()) refuse("alltoall_base", "input and output dtypes differ");
   if (!output_split_sizes.empty() || !input_split_sizes.empty())
     return alltoall_unequal(output, input, output_split_sizes, input_split_sizes);

@@ -8,7 +8,9 @@
 // Where torch's layout differs from braid's (a list of per-rank tensors, a
 // coalesced list, unequal all-to-all splits) the call goes through one
 // contiguous staging tensor; gather and scatter are an all-gather and a
-// broadcast. Tensors must be contiguous; CPU tensors of every dtype move,
+// broadcast. Tensors must be dense, in any memory format for the calls
+// that take one tensor (tensors.h: check_dense), contiguous for the flat
+// _base calls and alltoall_base; CPU tensors of every dtype move,
 // and float32/64, float16, bfloat16, int8, uint8, int32 and int64 reduce
 // with SUM, AVG, PRODUCT, MIN and MAX. CUDA tensors go through braid's
 // device path on the device's default stream (braid's CUDA builds).

@@ -40,9 +40,15 @@ at::Tensor& single_tensor(std::vector<at::Tensor>& tensors, const char* op) {
 
 void check_dense(const at::Tensor& tensor, const char* op) {
   if (tensor.layout() != at::kStrided) refuse(op, "sparse tensors are not supported");
-  if (!tensor.is_contiguous()) refuse(op, "the tensor is not contiguous: pass tensor.contiguous()");
+  if (!tensor.is_non_overlapping_and_dense())
+    refuse(op, "the tensor is a view with gaps or overlaps (not dense in any memory format): pass tensor.contiguous()");
   if (!tensor.is_cpu() && !tensor.is_cuda())
     refuse(op, "tensors on " + tensor.device().str() + " are not supported (CPU or CUDA)");
+}
+
+void check_contiguous(const at::Tensor& tensor, const char* op) {
+  check_dense(tensor, op);
+  if (!tensor.is_contiguous()) refuse(op, "the tensor is not contiguous: pass tensor.contiguous()");
 }
 
 void check_same(const std::vector<at::Tensor>& tensors, const at::Tensor& like, const char* op) {

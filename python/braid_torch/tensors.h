@@ -25,8 +25,17 @@ struct Buffer {
 // The one tensor of a per-process call (torch's multi-tensor lists are for
 // several devices per process, which braid does not take).
 at::Tensor& single_tensor(std::vector<at::Tensor>& tensors, const char* op);
-// Refuses sparse, non-contiguous and CUDA-less-build device tensors by name.
+// Refuses sparse tensors, views with gaps or overlaps, and tensors on other
+// devices than CPU and CUDA, by name. A dense tensor in another memory
+// format (channels_last) passes: its elements fill numel() places from
+// data_ptr() on, which an elementwise call (all_reduce, broadcast, reduce,
+// send, recv) moves as they are, given the same format on every rank (as
+// torch's NCCL backend does); the calls that split or join tensors go
+// through contiguous copies.
 void check_dense(const at::Tensor& tensor, const char* op);
+// check_dense, and contiguous: the flat calls (_allgather_base,
+// _reduce_scatter_base, alltoall_base), whose tensors are their buffers.
+void check_contiguous(const at::Tensor& tensor, const char* op);
 // Every tensor dense and of `like`'s dtype, device and element count.
 void check_same(const std::vector<at::Tensor>& tensors, const at::Tensor& like, const char* op);
 

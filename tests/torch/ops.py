@@ -157,6 +157,48 @@ def check_all_to_all(c, rank, size):
     c.equal("all_to_all_single unequal", got, want)
 
 
+def check_memory_formats(c, rank, size):
+    """channels_last tensors (dense in another memory order), which gloo
+    takes too, give gloo's results; a view with gaps is refused by name."""
+    def image(salt=0):
+        return values(2 * 3 * 4 * 5, rank, torch.float32, salt=salt).reshape(2, 3, 4, 5).contiguous(
+            memory_format=torch.channels_last)
+    t, want = image(), image()
+    dist.all_reduce(want, group=gloo_group())
+    dist.all_reduce(t)
+    c.equal("all_reduce channels_last", t, want)
+    t, want = image(), image()
+    dist.broadcast(want, src=size - 1, group=gloo_group())
+    dist.broadcast(t, src=size - 1)
+    c.equal("broadcast channels_last", t, want)
+    t = image()
+    want = [torch.empty(2, 3, 4, 5) for _ in range(size)]
+    dist.all_gather(want, t, group=gloo_group())
+    got = [torch.empty(2, 3, 4, 5).contiguous(memory_format=torch.channels_last) for _ in range(size)]
+    dist.all_gather(got, t)
+    c.equal("all_gather channels_last", got, want)
+    parts = [image(salt=p) for p in range(size)]  # gloo has no reduce_scatter: an all_reduce, sliced
+    whole = torch.cat([p.contiguous().reshape(-1) for p in parts])
+    want = gloo_all_reduce(whole, dist.ReduceOp.SUM).narrow(0, rank * 120, 120).reshape(2, 3, 4, 5)
+    got = torch.empty(2, 3, 4, 5).contiguous(memory_format=torch.channels_last)
+    dist.reduce_scatter(got, parts)
+    c.equal("reduce_scatter channels_last", got, want)
+    if size >= 2 and rank < 2:
+        t = image() if rank == 0 else torch.empty(2, 3, 4, 5).contiguous(memory_format=torch.channels_last)
+        if rank == 0:
+            dist.send(t, dst=1)
+        else:
+            dist.recv(t, src=0)
+            want = values(120, 0, torch.float32).reshape(2, 3, 4, 5)
+            c.equal("send/recv channels_last", t, want)
+    try:
+        dist.all_reduce(torch.zeros(4, 6)[:, ::2])
+        c.true("a view with gaps is refused", False, "it was accepted")
+    except RuntimeError as e:
+        c.true("a view with gaps is refused", "gaps or overlaps" in str(e), str(e))
+    dist.barrier()
+
+
 def check_send_recv(c, rank, size):
     """A ring: rank r sends to r + 1 and receives from r - 1; even ranks send first."""
     for dtype in (torch.float64, torch.bool):
@@ -248,8 +290,8 @@ def main():
     rank, size = dist.get_rank(), dist.get_world_size()
     c = Checks(rank)
     for check in (check_all_reduce, check_coalesced, check_broadcast_reduce, check_all_gather,
-                  check_gather_scatter, check_reduce_scatter, check_all_to_all, check_send_recv, check_async,
-                  check_two_groups):
+                  check_gather_scatter, check_reduce_scatter, check_all_to_all, check_memory_formats,
+                  check_send_recv, check_async, check_two_groups):
         check(c, rank, size)
     if rank == 0:
         print(f"braid transports: {braid_torch.transport_summary()}", flush=True)
