@@ -115,6 +115,9 @@ struct Communicator::Impl {
   bool stopping = false;
   std::thread worker;
   std::exception_ptr failure;  // first error; the communicator is aborted after it
+  // The reason of an abort that waits for the call another thread runs
+  // (start_worker's failure during a lean or inline call); settle() aborts.
+  std::string deferred_abort;
   // The engine's state as the lean path (engine_lean.cc) sees it, in one
   // word that changes only by atomic read-modify-writes: the next
   // collective's sequence number (in units of kOneSeq), kBusy (a call is

@@ -19,6 +19,7 @@
 
 #include <algorithm>
 #include <system_error>
+#include <utility>
 
 #include "comm/algorithms/algorithms.h"
 #include "comm/communicator_impl.h"
@@ -176,10 +177,12 @@ std::uint64_t Communicator::Impl::take_gate(bool collective, bool may_run_now) {
   return before;
 }
 
-// With `mu` held, after a call ran (running is false again): the worker
-// takes what other threads queued meanwhile; with nothing queued the engine
-// is idle for the lean path again, unless the communicator failed.
+// With `mu` held, after a call ran (running is false again): an abort that
+// waited for it happens now; the worker takes what other threads queued
+// meanwhile; with nothing queued the engine is idle for the lean path
+// again, unless the communicator failed.
 void Communicator::Impl::settle() {
+  if (!deferred_abort.empty()) abort(std::exchange(deferred_abort, std::string()));
   if (!queue.empty() || p2p_handed) {
     cv.notify_all();  // else no wake-up: a sleeping worker costs a system call to wake
     return;
@@ -223,7 +226,11 @@ bool Communicator::Impl::start_worker(const Op& op, WorkState& state) {
         "destroy communicators that are no longer used or raise the limit"));
     if (!failure) failure = error;
     gate.fetch_or(kBusy, std::memory_order_relaxed);
-    abort(message_of(error));
+    // A call another thread runs (lean or inline) still uses the
+    // transports: closing them under it would make it fail, or worse. The
+    // abort waits until that call ends (settle), which it does on its own.
+    if (running || (gate.load(std::memory_order_acquire) & kLean)) deferred_abort = message_of(error);
+    else abort(message_of(error));
     if (state.staged) state.staged->open_gate();
     state.complete(error);
     return false;

@@ -375,6 +375,61 @@ TEST_CASE("abuse: a rank that cannot start its progress thread fails with a name
   CHECK(peer.ms < 10000);
 }
 
+// The same failure while another thread's small call runs inline and
+// waits for its peer: the abort waits for that call, which completes with
+// the right sum, instead of closing the transports under it.
+TEST_CASE("abuse: a progress thread that cannot start leaves a small call running in another thread to finish",
+          "[resources][abuse]") {
+  const std::string transport = GENERATE("shm", "tcp");
+  INFO(transport);
+  auto options = options_with(seconds(20), seconds(60), transport);
+  auto result = test::run_ranks(
+      2,
+      [&](Communicator& comm) {
+        const std::size_t count = (1u << 20) / sizeof(float);  // above BRAID_INLINE_BYTES
+        std::vector<float> data(count, 1.0f);
+        std::int64_t small = comm.rank() + 1;
+        comm.barrier().wait();
+        if (comm.rank() == 1) {
+          std::this_thread::sleep_for(milliseconds(500));  // rank 0's small call waits for this one
+          comm.all_reduce(&small, &small, 1, DataType::i64, ReduceOp::sum).wait();
+          expect(small == 3, "the small sum is " + std::to_string(small) + ", not 3");
+          tagged([&] { comm.all_reduce(data.data(), data.data(), count, DataType::f32, ReduceOp::sum).wait(); });
+          throw std::runtime_error("the large all_reduce completed although rank 0 could not start a thread");
+        }
+        std::string small_error;
+        std::thread waiter([&] {  // started before the limit: its stack is mapped
+          try {
+            comm.all_reduce(&small, &small, 1, DataType::i64, ReduceOp::sum).wait();
+          } catch (const std::exception& e) {
+            small_error = e.what();
+          }
+        });
+        std::this_thread::sleep_for(milliseconds(200));  // the small call waits for rank 1
+        rlimit limit{vm_size_bytes() + (1u << 20), RLIM_INFINITY};
+        expect(setrlimit(RLIMIT_AS, &limit) == 0, "setrlimit(RLIMIT_AS) failed");
+        std::string large_error;
+        try {
+          comm.all_reduce(data.data(), data.data(), count, DataType::f32, ReduceOp::sum).wait();
+        } catch (const std::exception& e) {
+          large_error = e.what();
+        }
+        waiter.join();
+        expect(small_error.empty(), "the small all_reduce failed: " + small_error);
+        expect(small == 3, "the small sum is " + std::to_string(small) + ", not 3");
+        expect(contains(large_error, "cannot start the communicator's progress thread"),
+               "the large all_reduce: " + (large_error.empty() ? std::string("completed") : large_error));
+      },
+      options);
+  INFO(result.summary());
+  REQUIRE_FALSE(result.timed_out);
+  CHECK(result.ranks[0].ok());
+  const Outcome peer = outcome_of(result.ranks[1]);
+  CHECK(peer.type == "RemoteError");
+  CHECK(contains(peer.text, "cannot start the communicator's progress thread"));
+  CHECK(peer.ms < 10000);
+}
+
 TEST_CASE("abuse: a peer's reference to registered memory is checked against what it registered",
           "[resources][abuse]") {
   // The peer is this process (a pidfd on itself), so the check is the only
