@@ -341,13 +341,19 @@ std::size_t vm_size_bytes() {
   return 0;
 }
 
+// An address-space limit just above what the process maps now: no room
+// for another thread's stack (root ignores RLIMIT_NPROC, not RLIMIT_AS).
+void leave_no_room_for_threads() {
+  rlimit limit{vm_size_bytes() + (1u << 20), RLIM_INFINITY};
+  expect(setrlimit(RLIMIT_AS, &limit) == 0, "setrlimit(RLIMIT_AS) failed");
+}
+
 }  // namespace
 
 TEST_CASE("abuse: a rank that cannot start its progress thread fails with a named error, and its peers too",
           "[resources][abuse]") {
-  // An address-space limit just above what rank 0 maps now leaves no room
-  // for a thread stack (root ignores RLIMIT_NPROC, not RLIMIT_AS). Its first
-  // call too large to run inline needs the progress thread.
+  // Rank 0 leaves no room for a thread; its first call too large to run
+  // inline needs the progress thread.
   const std::string transport = GENERATE("shm", "tcp");
   INFO(transport);
   auto options = options_with(seconds(20), seconds(60), transport);
@@ -357,10 +363,7 @@ TEST_CASE("abuse: a rank that cannot start its progress thread fails with a name
         const std::size_t count = (1u << 20) / sizeof(float);  // above BRAID_INLINE_BYTES
         std::vector<float> data(count, 1.0f);
         comm.barrier().wait();
-        if (comm.rank() == 0) {
-          rlimit limit{vm_size_bytes() + (1u << 20), RLIM_INFINITY};
-          expect(setrlimit(RLIMIT_AS, &limit) == 0, "setrlimit(RLIMIT_AS) failed");
-        }
+        if (comm.rank() == 0) leave_no_room_for_threads();
         tagged([&] { comm.all_reduce(data.data(), data.data(), count, DataType::f32, ReduceOp::sum).wait(); });
         throw std::runtime_error("the all_reduce completed although rank 0 could not start a thread");
       },
@@ -406,8 +409,7 @@ TEST_CASE("abuse: a progress thread that cannot start leaves a small call runnin
           }
         });
         std::this_thread::sleep_for(milliseconds(200));  // the small call waits for rank 1
-        rlimit limit{vm_size_bytes() + (1u << 20), RLIM_INFINITY};
-        expect(setrlimit(RLIMIT_AS, &limit) == 0, "setrlimit(RLIMIT_AS) failed");
+        leave_no_room_for_threads();
         std::string large_error;
         try {
           comm.all_reduce(data.data(), data.data(), count, DataType::f32, ReduceOp::sum).wait();
