@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "strategy_fixtures.h"
+#include "tests/comm/harness.h"
 #include "tests/tools/launch_harness.h"
 #include "trainer/checkpoint/sharded.h"
 
@@ -101,6 +102,37 @@ TEST_CASE("a sharded checkpoint missing a shard is refused, naming what is missi
   CHECK_THROWS_WITH(consolidate_checkpoint(dir / "ckpt", dir / "full.safetensors"),
                     Catch::Contains("shard_00001_of_00002.safetensors"));
   CHECK_FALSE(fs::exists(dir / "full.safetensors"));
+}
+
+// Ranks that write their shards to different directories (a disk of their
+// own node; a relative --checkpoint-dir from different working directories)
+// used to get a published step that rank 0 could not load: it held rank 0's
+// shard only. Now nothing is published and every rank says why.
+TEST_CASE("a sharded save whose shards land in different directories publishes nothing and fails every rank",
+          "[strategy][checkpoint]") {
+  const TextCorpus corpus = test::synthetic_corpus();
+  test::TempDir dir;
+  const fs::path root = dir.path();
+  const auto result = braid::test::run_ranks(
+      2,
+      [&](comm::Communicator& comm) {
+        TrainOptions o = checkpoint_options(root / ("node" + std::to_string(comm.rank())) / "ck");
+        o.strategy = "zero1";
+        Trainer t(o, corpus, &comm);
+        t.start();
+        t.train_step();
+        t.save_checkpoint();
+      },
+      braid::test::run_options(std::chrono::seconds(60), braid::test::test_config(std::chrono::seconds(30))));
+  INFO(result.summary());
+  REQUIRE(result.ranks.size() == 2);
+  for (const auto& r : result.ranks) {
+    CHECK_FALSE(r.ok());
+    CHECK_THAT(r.message, Catch::Contains("the checkpoint of step 1 is not published: rank 0 does not see 1 of the "
+                                          "2 shards (rank 1's first)"));
+  }
+  CHECK_FALSE(fs::exists(root / "node0" / "ck" / "latest"));
+  CHECK_FALSE(fs::exists(root / "node0" / "ck" / "step_00000001"));
 }
 
 // braid-train's path when both it and braid-launch are known (meson test

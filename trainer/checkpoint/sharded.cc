@@ -64,9 +64,21 @@ void write_shard(const fs::path& staging, int rank, int world_size, const std::v
   write_safetensors(staging / shard_name(rank, world_size), tensors, metadata, progress);
 }
 
+std::vector<int> missing_shards(const fs::path& staging, int world_size) {
+  std::vector<int> missing;
+  for (int r = 0; r < world_size; ++r)
+    if (!fs::is_regular_file(staging / shard_name(r, world_size))) missing.push_back(r);
+  return missing;
+}
+
 fs::path commit_sharded_checkpoint(const fs::path& dir, const TrainState& state, int world_size,
                                    const std::string& strategy, const StepFiles& extra, int keep) {
   const fs::path staging = layout::staging_dir(dir, state.step);
+  if (const std::vector<int> missing = missing_shards(staging, world_size); !missing.empty()) {
+    throw SystemError("the checkpoint of step " + std::to_string(state.step) + " is not published: " +
+                      std::to_string(missing.size()) + " of its " + std::to_string(world_size) + " shards (rank " +
+                      std::to_string(missing.front()) + "'s first) are not in " + staging.string());
+  }
   json manifest = layout::state_json(state);
   json files = json::array();
   std::vector<std::string> shards;

@@ -51,9 +51,13 @@ std::filesystem::path prepare_step_directory(const std::filesystem::path& dir, s
 void write_shard(const std::filesystem::path& staging, int rank, int world_size,
                  const std::vector<TensorPiece>& pieces, const GptConfig& config, std::int64_t step,
                  WriteProgress* progress = nullptr);
+// The ranks whose shard of a world of `world_size` is not in `staging`:
+// those that wrote it elsewhere (a node-local disk, a relative directory
+// from another working directory).
+std::vector<int> missing_shards(const std::filesystem::path& staging, int world_size);
 // Rank 0, once every shard is durable: the manifest and `extra`, the step
 // published, then `latest`, then pruning (layout::prune_steps). Returns the
-// step directory.
+// step directory. Refuses, publishing nothing, when a shard is missing.
 std::filesystem::path commit_sharded_checkpoint(const std::filesystem::path& dir, const TrainState& state,
                                                 int world_size, const std::string& strategy,
                                                 const StepFiles& extra = {}, int keep = 2);

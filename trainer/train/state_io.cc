@@ -29,6 +29,30 @@ void write_all(comm::Communicator* comm, const std::string& what, const std::fun
 
 std::string shards_of(std::int64_t step) { return "the shards of step " + std::to_string(step); }
 
+// Once every rank has written its shard: rank 0, which publishes the step,
+// must see them all in its staging directory. Ranks that wrote elsewhere (a
+// disk of their own node, a relative --checkpoint-dir from another working
+// directory) would leave a published step that cannot be loaded. Every rank
+// gets rank 0's count (a broadcast) and fails alike.
+void check_shards_seen(comm::Communicator* comm, const std::filesystem::path& staging, int world_size,
+                       std::int64_t step) {
+  if (comm == nullptr) return;
+  std::int64_t seen[2] = {0, -1};  // shards missing, the first rank missing
+  if (comm->rank() == 0) {
+    const std::vector<int> missing = missing_shards(staging, world_size);
+    seen[0] = static_cast<std::int64_t>(missing.size());
+    if (!missing.empty()) seen[1] = missing.front();
+  }
+  comm->broadcast(seen, seen, 2, DataType::i64, 0).wait();
+  if (seen[0] == 0) return;
+  throw InvalidUsage("the checkpoint of step " + std::to_string(step) + " is not published: rank 0 does not see " +
+                     std::to_string(seen[0]) + " of the " + std::to_string(world_size) + " shards (rank " +
+                     std::to_string(seen[1]) + "'s first) in " +
+                     (comm->rank() == 0 ? staging.string() : "its staging directory") +
+                     ": every rank must write to the same directory, on a file system they all share, and a "
+                     "relative --checkpoint-dir needs the same working directory on every rank");
+}
+
 }  // namespace
 
 void load_state(const CheckpointReader& reader, const std::filesystem::path& where, Strategy& strategy,
@@ -90,6 +114,7 @@ std::filesystem::path save_sharded_checkpoint(Strategy& strategy, const std::fil
     write_shard(staging, strategy.rank(), strategy.world_size(), pieces, strategy.model().config(), state.step,
                 progress);
   });
+  check_shards_seen(strategy.comm(), staging, strategy.world_size(), state.step);
   if (strategy.rank() != 0) return step_directory(dir, state.step);
   return commit_sharded_checkpoint(dir, state, strategy.world_size(), std::string(strategy_name(strategy.kind())),
                                    extra);
@@ -115,6 +140,7 @@ std::filesystem::path save_mesh_checkpoint(Mesh& mesh, comm::Communicator& world
   write_all(&world, shards_of(state.step), [&](WriteProgress* progress) {
     write_shard(staging, world.rank(), world.size(), pieces, model.config(), state.step, progress);
   });
+  check_shards_seen(&world, staging, world.size(), state.step);
   if (world.rank() != 0) return step_directory(dir, state.step);
   const MeshShape& shape = mesh.groups().shape;
   const std::string layout = std::string(strategy_name(mesh.strategy().kind())) + " on dp " +
