@@ -35,10 +35,23 @@ TEST_CASE("invalid combinations exit 2 before any work, saying what to change", 
   test::TempDir dir;
   const fs::path small = write_text(dir, 100);
   const std::string out = (dir / "init.safetensors").string();
+  // --config files whose numbers are not the settings' types: get() made
+  // 2.7 and true into n_layer 2 and 1, and wrapped 2^32 + 2 into 2.
+  auto config = [&](const std::string& name, const std::string& setting) {
+    const fs::path file = dir / name;
+    std::ofstream(file) << "{\"n_head\": 2, \"n_embd\": 16, " << setting << "}";
+    return "--config " + file.string();
+  };
   struct Case {
     std::string args, message;
   };
   const std::vector<Case> cases = {
+      {config("float.json", "\"n_layer\": 2.7"), "setting 'n_layer' must be an integer"},
+      {config("bool.json", "\"n_layer\": true"), "setting 'n_layer' must be an integer"},
+      {config("wide.json", "\"n_layer\": 4294967298"), "setting 'n_layer' must be an integer"},
+      {config("steps.json", "\"n_layer\": 1, \"steps\": 2.9"), "setting 'steps' must be an integer"},
+      {config("lr.json", "\"n_layer\": 1, \"lr\": \"fast\""), "setting 'lr' must be a number"},
+      {"--checkpoint-dir " + small.string(), "--checkpoint-dir " + small.string() + " cannot hold checkpoints"},
       {"--n-embd 30 --n-head 4", "not divisible by n_head"},
       {"--batch-size 0", "--batch-size must be at least 1"},
       {"--batch-size 6 --grad-accum 4", "not divisible by --grad-accum"},

@@ -2,11 +2,14 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
 #include <limits>
+#include <string>
 #include <thread>
+#include <type_traits>
 
 #include "runtime/errors.h"
 #include "trainer/strategy/pp_schedule.h"
@@ -54,13 +57,43 @@ json run_options_json(const TrainOptions& o) {
 
 namespace {
 
+// A saved or --config setting of the field's own type: nlohmann's get()
+// would turn 2.7 and true into the integer 2 and 1, wrap 2^32 + 2 into an
+// int as 2, and read a string only as a string; each is refused instead,
+// naming the key.
 template <typename T>
 void take(const json& saved, const std::set<std::string>& keep, const char* key, T& field) {
   if (!saved.contains(key) || keep.count(key) != 0) return;
-  try {
-    field = saved.at(key).get<T>();
-  } catch (const json::exception& e) {
-    throw InvalidUsage(std::string("saved option '") + key + "' has the wrong type: " + e.what());
+  const json& value = saved.at(key);
+  auto refuse = [&](const std::string& wanted) {
+    throw InvalidUsage(std::string("setting '") + key + "' must be " + wanted + ", not " + value.dump());
+  };
+  if constexpr (std::is_same_v<T, std::string>) {
+    if (!value.is_string()) refuse("a string");
+    field = value.get<std::string>();
+  } else if constexpr (std::is_integral_v<T>) {
+    const std::string range = "an integer from " + std::to_string(std::numeric_limits<T>::min()) + " to " +
+                              std::to_string(std::numeric_limits<T>::max());
+    if (value.is_number_unsigned()) {
+      const auto v = value.get<std::uint64_t>();
+      if (v > static_cast<std::uint64_t>(std::numeric_limits<T>::max())) refuse(range);
+      field = static_cast<T>(v);
+    } else if (value.is_number_integer()) {
+      const auto v = value.get<std::int64_t>();
+      if (std::is_unsigned_v<T> ? v < 0 : v < static_cast<std::int64_t>(std::numeric_limits<T>::min())) refuse(range);
+      if (v > 0 && static_cast<std::uint64_t>(v) > static_cast<std::uint64_t>(std::numeric_limits<T>::max()))
+        refuse(range);
+      field = static_cast<T>(v);
+    } else {
+      refuse(range);
+    }
+  } else {
+    static_assert(std::is_floating_point_v<T>);
+    if (!value.is_number()) refuse("a number");
+    const double v = value.get<double>();
+    if (std::isfinite(v) && std::abs(v) > static_cast<double>(std::numeric_limits<T>::max()))
+      refuse("a number within " + std::to_string(std::numeric_limits<T>::max()));
+    field = static_cast<T>(v);
   }
 }
 

@@ -1,8 +1,12 @@
 #include "trainer/train/trainer.h"
 
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cmath>
+#include <cstring>
 
 #include <spdlog/spdlog.h>
 
@@ -46,6 +50,20 @@ constexpr int kEvalGroup = 64;
 
 int pipeline_eval_group(const TrainOptions& o) { return std::max(o.grad_accum, std::min(o.eval_batches, kEvalGroup)); }
 
+// A --checkpoint-dir that cannot hold checkpoints (a file, a directory
+// that cannot be created or written) is refused before the first step: at
+// the first save it cost the training it was there to keep.
+void check_checkpoint_dir(const std::string& dir) {
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  if (ec || !fs::is_directory(dir)) {
+    throw InvalidUsage("--checkpoint-dir " + dir + " cannot hold checkpoints: " +
+                       (ec ? ec.message() : std::string("it is not a directory")));
+  }
+  if (::access(dir.c_str(), W_OK | X_OK) != 0)
+    throw InvalidUsage("--checkpoint-dir " + dir + " cannot hold checkpoints: " + std::strerror(errno));
+}
+
 const TrainOptions& checked(const TrainOptions& o, const TextCorpus& corpus, int world_size) {
   validate(o);
   if (o.eval_only) {
@@ -54,6 +72,7 @@ const TrainOptions& checked(const TrainOptions& o, const TextCorpus& corpus, int
     validate_world(o, world_size);
     Split s = split(corpus);
     validate_data(o, s.train.size(), s.val.size());
+    if (!o.checkpoint_dir.empty()) check_checkpoint_dir(o.checkpoint_dir);
   }
   return o;
 }
