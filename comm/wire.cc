@@ -64,7 +64,9 @@ std::string header_mismatch(const WireHeader& expected, const WireHeader& got, i
            "; both ranks must create and split communicators in the same order";
   if (!same_call(expected, got)) {
     Op mine = op_of(expected), theirs = op_of(got);
-    if (mine.kind == OpKind::send && theirs.kind == OpKind::send) {  // recv side, rewritten
+    // A receive expects its sender's header (expected_header): "send to
+    // me" is this rank's recv from `peer`, whatever the peer called.
+    if (mine.kind == OpKind::send && mine.root == my_rank) {
       mine.kind = OpKind::recv;
       mine.root = peer;
     }

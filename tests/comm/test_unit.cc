@@ -41,7 +41,13 @@ TEST_CASE("point-to-point headers match send against recv") {
   CHECK(header_mismatch(expected_header(1, recv, 3, 0, 0, 0, 40), sent, 3, 0).empty());
   Op wrong = recv;
   wrong.count = 11;
-  CHECK_FALSE(header_mismatch(expected_header(1, wrong, 3, 0, 0, 0, 40), sent, 3, 0).empty());
+  CHECK_THAT(header_mismatch(expected_header(1, wrong, 3, 0, 0, 0, 40), sent, 3, 0),
+             Catch::Contains("rank 3 called recv #5 (count 11, i32, peer 0)"));
+  // A receive that meets a collective's message is still named a receive
+  // (it was named "send #5 ... peer 3", the form the wire check expects).
+  Op barrier{OpKind::barrier, nullptr, nullptr, 0, DataType::u8, ReduceOp::sum, -1, 6, {}, {}};
+  const std::string text = header_mismatch(expected_header(1, recv, 3, 0, 0, 0, 40), make_header(1, barrier, 0, 3, 0, 0, 0), 3, 0);
+  CHECK_THAT(text, Catch::Contains("rank 3 called recv #5 (count 10, i32, peer 0) but rank 0 called barrier #6"));
 }
 
 // wait_for_event's pause (comm/poll_pause.h): an eighth of the time waited,
