@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 
 #if defined(__SSE2__)
 #include <emmintrin.h>
@@ -82,7 +83,15 @@ void dispatch_ordered(void* d, const void* a, const void* b, std::size_t n, Data
 
 template <typename T>
 void divide_loop(T* data, std::size_t count, int divisor) {
-  for (std::size_t i = 0; i < count; ++i) data[i] = static_cast<T>(data[i] / static_cast<T>(divisor));
+  if constexpr (std::is_integral_v<T>) {
+    // In 64 bits: the communicator's size cast to T would be 0 for u8 at
+    // 256 ranks (a division by zero) and negative for i8 at 128.
+    using Wide = std::conditional_t<std::is_signed_v<T>, std::int64_t, std::uint64_t>;
+    for (std::size_t i = 0; i < count; ++i)
+      data[i] = static_cast<T>(static_cast<Wide>(data[i]) / static_cast<Wide>(divisor));
+  } else {
+    for (std::size_t i = 0; i < count; ++i) data[i] = static_cast<T>(data[i] / static_cast<T>(divisor));
+  }
 }
 
 template <float (*ToF32)(std::uint16_t), std::uint16_t (*FromF32)(float)>

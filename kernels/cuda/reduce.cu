@@ -14,6 +14,7 @@
 #include <cuda_fp16.h>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "kernels/cuda/check.h"
 #include "kernels/cuda/reduce.h"
@@ -92,7 +93,15 @@ __global__ void reduce_kernel(T* dst, const T* a, const T* b, std::size_t packs,
 // The divisor is converted to T first, as the CPU does (static_cast<T>(divisor)).
 template <typename T>
 struct DivideBy {
-  __device__ static T apply(T x, int divisor) { return static_cast<T>(x / static_cast<T>(divisor)); }
+  // Integers in 64 bits, as kernels/cpu/reduce.cc divides them.
+  __device__ static T apply(T x, int divisor) {
+    if constexpr (std::is_integral_v<T>) {
+      using Wide = std::conditional_t<std::is_signed_v<T>, long long, unsigned long long>;
+      return static_cast<T>(static_cast<Wide>(x) / static_cast<Wide>(divisor));
+    } else {
+      return static_cast<T>(x / static_cast<T>(divisor));
+    }
+  }
 };
 struct DivideHalf {
   __device__ static std::uint16_t apply(std::uint16_t x, int divisor) {

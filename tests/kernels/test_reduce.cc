@@ -68,6 +68,14 @@ TEST_CASE("integer reductions follow their definitions") {
   std::vector<std::int32_t> avg{7, -7, 9};
   divide(avg.data(), avg.size(), DataType::i32, 2);
   CHECK(avg == std::vector<std::int32_t>{3, -3, 4});
+  // avg's divisor is the communicator's size, wider than the small types:
+  // cast to them first it was 0 for u8 at 256 ranks and -128 for i8 at 128.
+  std::vector<std::uint8_t> u8_avg{200, 255};
+  divide(u8_avg.data(), u8_avg.size(), DataType::u8, 256);
+  CHECK(u8_avg == std::vector<std::uint8_t>{0, 0});
+  std::vector<std::int8_t> i8_avg{-128, 100, 127};
+  divide(i8_avg.data(), i8_avg.size(), DataType::i8, 128);
+  CHECK(i8_avg == std::vector<std::int8_t>{-1, 0, 0});
 }
 
 TEST_CASE("float reductions in place and through f32 for half types") {
