@@ -142,6 +142,15 @@ void apply_saved_options(const std::set<std::string>& given_flags, const braid::
                      own.c_str());
     }
   }
+  const bool earlier_run = !o.checkpoint_dir.empty() && std::filesystem::exists(std::filesystem::path(o.checkpoint_dir) / "latest");
+  if (o.resume.empty() && earlier_run) {
+    // A fresh run would replace the earlier run's steps of the same numbers
+    // and prune the others: its checkpoints would be lost, or mixed with
+    // this run's in one directory.
+    throw braid::InvalidUsage("--checkpoint-dir " + o.checkpoint_dir +
+                              " holds the checkpoints of an earlier run: continue it with --resume " +
+                              o.checkpoint_dir + ", or pass another --checkpoint-dir (or remove that one)");
+  }
   if (!o.resume.empty()) {
     const std::string note = t::apply_resume(given, info.world_size, o);
     if (info.rank == 0) std::fputs(note.c_str(), stderr);

@@ -223,6 +223,25 @@ TEST_CASE("a checkpoint that cannot be written fails the run and loses nothing",
   CHECK(fs::exists(fs::path(ckpt) / "step_00000004" / "model.safetensors"));
 }
 
+// A fresh run into a --checkpoint-dir that holds an earlier run's steps
+// replaced the steps of the same numbers and pruned the others (a model of
+// another shape among them), so it is refused; --resume continues it.
+TEST_CASE("a fresh run into an earlier run's --checkpoint-dir is refused and changes nothing", "[cli][checkpoint]") {
+  if (!have_binary()) return;
+  test::TempDir dir;
+  const fs::path text = write_text(dir, 4000);
+  const std::string ckpt = (dir / "ckpt").string();
+  const std::string common = kTiny + "--data " + text.string() + " --checkpoint-dir " + ckpt + " --checkpoint-interval 2 ";
+  REQUIRE(braid_train(dir, common + "--steps 4").rc == 0);
+  const std::string latest = read_text(fs::path(ckpt) / "latest");
+  const Run again = braid_train(dir, common + "--steps 4 --seed 5");
+  CHECK(again.rc == 2);
+  CHECK_THAT(again.err, Catch::Contains("holds the checkpoints of an earlier run: continue it with --resume"));
+  CHECK(read_text(fs::path(ckpt) / "latest") == latest);
+  CHECK(fs::exists(fs::path(ckpt) / "step_00000002"));
+  CHECK(braid_train(dir, common + "--steps 6 --resume " + ckpt).rc == 0);
+}
+
 // A run resumed from an earlier step saves the same steps again. When such
 // a save fails (a full disk again), the step it would replace keeps every
 // file of the run that wrote it: nothing of the new run mixes in, and
