@@ -3,10 +3,14 @@
 #include "comm/communicator.h"
 
 #include <algorithm>
+#include <bit>
+#include <memory>
+#include <vector>
 
 #include "comm/communicator_impl.h"
 #include "comm/device.h"
 #include "comm/transport/shm/memory.h"
+#include "kernels/cpu/reduce.h"
 #include "runtime/errors.h"
 
 namespace braid::comm {
@@ -144,11 +148,56 @@ int Communicator::size() const { return impl_->size; }
 std::chrono::milliseconds Communicator::timeout() const { return impl_->timeout; }
 void Communicator::set_inline(bool on) { impl_->inline_on.store(on, std::memory_order_relaxed); }
 
+// The avg of f16 and bf16 on host memory. Summed as they come, the inputs
+// overflowed on the way to an average the type holds (two ranks of 40000
+// in f16 reach 80000 > 65504) and the result was inf. Each rank's input is
+// scaled by 2^-k first, 2^k the least power of two >= the ranks, so no
+// partial sum exceeds the largest input; the algorithm divides the sum by
+// the ranks as before, and the result is scaled back by 2^k. Scaling by a
+// power of two is exact in these types and commutes with rounding (short
+// of subnormals), so wherever summing first was exact the result is the
+// same bits.
+int avg_shift(int size) { return std::countr_zero(std::bit_ceil(static_cast<unsigned>(size))); }
+
+std::shared_ptr<void> scale_avg_inputs(Op& op, int rank, int size) {
+  if (op.reduce_op != ReduceOp::avg || (op.dtype != DataType::f16 && op.dtype != DataType::bf16) ||
+      op.memory.kind != runtime::MemoryKind::host || size == 1)
+    return nullptr;
+  if (op.kind != OpKind::all_reduce && op.kind != OpKind::reduce_scatter && op.kind != OpKind::reduce) return nullptr;
+  const std::size_t count = send_elements(op, rank, size);
+  const std::size_t bytes = count * dtype_bytes(op.dtype);
+  if (bytes == 0) return nullptr;  // the same count on every rank: none scales
+  // A registered input gets a registered copy, so that the call still
+  // runs the direct algorithm where every rank's buffers are registered.
+  RegionRef ref;
+  void* copy = nullptr;
+  std::shared_ptr<void> scaled;
+  if (shm::regions::find(op.send, bytes, ref)) {
+    copy = shm::regions::allocate(bytes);
+    scaled.reset(copy, shm::regions::release);
+  } else {
+    auto plain = std::make_shared_for_overwrite<std::byte[]>(bytes);  // every byte is written below
+    copy = plain.get();
+    scaled = std::move(plain);
+  }
+  kernels::cpu::scale_halves(copy, op.send, count, op.dtype, -avg_shift(size));
+  op.send = copy;
+  op.avg_scaled = true;
+  return scaled;
+}
+
+void finish_scaled_avg(const Op& op, int rank, int size) {
+  if (op.avg_scaled) kernels::cpu::scale_halves(op.recv, op.recv, recv_elements(op, rank, size), op.dtype, avg_shift(size));
+}
+
 Work Communicator::submit(Op&& op) {
   validate(op, impl_->rank, impl_->size);
   if (op.stream.cuda != nullptr || runtime::device_memory_possible()) locate_buffers(op, impl_->rank, impl_->size);
+  const auto scaled = scale_avg_inputs(op, impl_->rank, impl_->size);
   if (auto done = impl_->try_lean(op)) return Work(std::move(done));  // small one-shot calls (engine_lean.cc)
-  return Work(impl_->enqueue(op));
+  std::shared_ptr<WorkState> state = impl_->enqueue(op);
+  if (scaled) state->keep = scaled;  // until the engine is done with the call, which holds `state`
+  return Work(std::move(state));
 }
 
 Work Communicator::all_reduce(const void* send, void* recv, std::size_t count, DataType dtype, ReduceOp op,

@@ -32,6 +32,12 @@ class StoreServer;
 
 namespace braid::comm {
 
+// The avg of f16 and bf16 on host memory (communicator.cc): each rank's
+// input scaled by a power of two into a copy, which `op` then sends; the
+// result divided after the algorithm (the engine calls finish_scaled_avg).
+std::shared_ptr<void> scale_avg_inputs(Op& op, int rank, int size);
+void finish_scaled_avg(const Op& op, int rank, int size);
+
 struct WorkState {
   std::mutex mu;
   std::condition_variable cv;
@@ -42,6 +48,7 @@ struct WorkState {
   // A call on device memory: its stream's side (comm/device.h).
   std::shared_ptr<StagedOp> staged;
   std::chrono::milliseconds timeout{0};
+  std::shared_ptr<void> keep;  // memory the call reads, kept while the state lives (scaled avg inputs)
   void complete(std::exception_ptr e);
   // complete() for a state no other thread can see yet (a call run inline
   // before enqueue returns its Work): no lock, no one to notify.

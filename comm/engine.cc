@@ -284,6 +284,7 @@ void Communicator::Impl::execute(const Op& op, WorkState& state, bool inline_cal
       exchange.wait_call_input = [&state](Clock::time_point deadline) { state.staged->wait_inputs_on_host(deadline); };
     algorithm.run(x);
     exchange.end_call();
+    finish_scaled_avg(op, rank, size);
     if (state.staged) {
       state.staged->wait_on_stream(std::move(exchange.call_waits));
       state.staged->open_gate();

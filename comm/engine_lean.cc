@@ -98,6 +98,7 @@ std::shared_ptr<WorkState> Communicator::Impl::try_lean(Op& op) {
     Exchange x(op, exchange, timeout, peer_state);
     if (!lean.algorithm.agrees) agree_signatures(x);
     lean.algorithm.run(x);
+    finish_scaled_avg(op, rank, size);
     if (status) status->left(op);
   } catch (...) {
     error = fail(op, std::current_exception());

@@ -37,6 +37,10 @@ struct Op {
   // a call on device memory.
   runtime::Location memory;
   Stream stream;
+  // An avg of f16 or bf16 on host memory whose inputs were scaled down
+  // before the sum (communicator.cc: scale_avg_inputs); the engine scales
+  // the result back up after the algorithm (finish_scaled_avg).
+  bool avg_scaled = false;
 };
 
 // "all_reduce #12 (count 1024, f32, sum)"

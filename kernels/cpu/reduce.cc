@@ -1,6 +1,7 @@
 #include "kernels/cpu/reduce.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <type_traits>
@@ -108,6 +109,40 @@ void reduce(void* dst, const void* a, const void* b, std::size_t count, DataType
     case ReduceOp::prod: return dispatch<Prod>(dst, a, b, count, dtype);
     case ReduceOp::min: return dispatch_ordered<Min>(dst, a, b, count, dtype);
     case ReduceOp::max: return dispatch_ordered<Max>(dst, a, b, count, dtype);
+  }
+}
+
+void scale_halves(void* dst, const void* src, std::size_t count, DataType dtype, int shift) {
+  auto* out = static_cast<std::uint16_t*>(dst);
+  const auto* in = static_cast<const std::uint16_t*>(src);
+  const bool f16 = dtype == DataType::f16;
+  const int mantissa_bits = f16 ? 10 : 7, max_exponent = f16 ? 30 : 254;  // of a finite value
+  const int exponent_mask = f16 ? 0x7c00 : 0x7f80;
+  const float factor = std::ldexp(1.0f, shift);
+  auto moves = [&](int x) {  // normal to normal: the exponent field moves, exactly
+    const int exponent = (x & exponent_mask) >> mantissa_bits, scaled = exponent + shift;
+    return (exponent != 0) & (exponent <= max_exponent) & (scaled >= 1) & (scaled <= max_exponent);
+  };
+  // In blocks, a copy of each first (dst may be src): a branch-free pass the
+  // compiler vectorises, then f32 for the rare values it leaves as they were.
+  constexpr std::size_t kBlock = 512;
+  std::uint16_t original[kBlock];
+  for (std::size_t start = 0; start < count; start += kBlock) {
+    const std::size_t n = std::min(kBlock, count - start);
+    std::memcpy(original, in + start, n * sizeof(std::uint16_t));
+    std::uint16_t* y = out + start;
+    int others = 0;
+    for (std::size_t i = 0; i < n; ++i) {
+      const int x = original[i];
+      const bool ok = moves(x);
+      y[i] = static_cast<std::uint16_t>(ok ? (x & ~exponent_mask) | ((((x & exponent_mask) >> mantissa_bits) + shift) << mantissa_bits) : x);
+      others += !ok;
+    }
+    if (others == 0) continue;
+    for (std::size_t i = 0; i < n; ++i) {
+      if (moves(original[i])) continue;
+      y[i] = f16 ? f32_to_f16(f16_to_f32(original[i]) * factor) : f32_to_bf16(bf16_to_f32(original[i]) * factor);
+    }
   }
 }
 

@@ -24,6 +24,13 @@ void stream_copy(void* dst, const void* src, std::size_t bytes);
 // data[i] /= divisor (integer types truncate toward zero), the final step of avg.
 void divide(void* data, std::size_t count, DataType dtype, int divisor);
 
+// f16 and bf16 only: dst[i] = src[i] * 2^shift (shift < 0 scales down).
+// Exact where the result is normal (the exponent field moves by `shift`);
+// other values go through f32, rounded to nearest even. The avg of halves
+// scales its inputs down before the sum and the result back up after
+// (comm/communicator.cc).
+void scale_halves(void* dst, const void* src, std::size_t count, DataType dtype, int shift);
+
 // IEEE half and bfloat16 <-> float, round to nearest even, NaN kept NaN.
 float f16_to_f32(std::uint16_t h);
 std::uint16_t f32_to_f16(float f);

@@ -5,9 +5,12 @@
 // small integers (tools/bench/verify.h) so results are exact.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <cstring>
+#include <string>
 #include <vector>
 
+#include "kernels/cpu/reduce.h"
 #include "runtime/errors.h"
 #include "tests/comm/cases.h"
 #include "tests/comm/harness.h"
@@ -164,6 +167,41 @@ TEST_CASE("reduce-scatter with chunks larger than the shm ring completes on 4 an
       run_case(comm, {OpKind::reduce_scatter, DataType::f32, ReduceOp::sum, count, in_place, 0});
   }, test::run_options(std::chrono::seconds(120), config));
   INFO(size << " ranks\n" << result.summary());
+  REQUIRE(result.all_ok());
+}
+
+// avg of f16 divides each rank's input before the sum, as NCCL does: summed
+// first, 40000 on every rank (an average f16 holds) overflowed to inf on
+// the way, in every algorithm.
+TEST_CASE("an f16 avg whose sum would overflow gives the average, not inf", "[collectives]") {
+  const int size = GENERATE(2, 3);
+  const std::string transport = GENERATE("shm", "tcp");
+  runtime::Config config = test::test_config(std::chrono::seconds(20));
+  config.transport = transport;
+  auto result = test::run_ranks(size, [](Communicator& comm) {
+    const std::uint16_t f40000 = kernels::cpu::f32_to_f16(40000.0f);
+    for (std::size_t count : {std::size_t{1}, std::size_t{1000}, std::size_t{100003}}) {
+      const std::string what = std::to_string(count) + " elements: ";
+      std::vector<std::uint16_t> data(count * comm.size(), f40000), out(count, 0);
+      comm.all_reduce(data.data(), data.data(), count, DataType::f16, ReduceOp::avg).wait();
+      for (std::size_t i = 0; i < count; ++i)
+        expect(kernels::cpu::f16_to_f32(data[i]) == 40000.0f,
+               what + "all_reduce gave " + std::to_string(kernels::cpu::f16_to_f32(data[i])));
+      std::fill(data.begin(), data.end(), f40000);
+      comm.reduce_scatter(data.data(), out.data(), count, DataType::f16, ReduceOp::avg).wait();
+      for (std::size_t i = 0; i < count; ++i)
+        expect(kernels::cpu::f16_to_f32(out[i]) == 40000.0f,
+               what + "reduce_scatter gave " + std::to_string(kernels::cpu::f16_to_f32(out[i])));
+      std::fill(out.begin(), out.end(), 0);
+      comm.reduce(data.data(), out.data(), count, DataType::f16, ReduceOp::avg, comm.size() - 1).wait();
+      if (comm.rank() == comm.size() - 1)
+        for (std::size_t i = 0; i < count; ++i)
+          expect(kernels::cpu::f16_to_f32(out[i]) == 40000.0f,
+                 what + "reduce gave " + std::to_string(kernels::cpu::f16_to_f32(out[i])));
+      expect(data[0] == f40000, what + "the send buffer changed");
+    }
+  }, test::run_options(std::chrono::seconds(120), config));
+  INFO(size << " ranks over " << transport << "\n" << result.summary());
   REQUIRE(result.all_ok());
 }
 

@@ -78,6 +78,30 @@ TEST_CASE("integer reductions follow their definitions") {
   CHECK(i8_avg == std::vector<std::int8_t>{-1, 0, 0});
 }
 
+// The avg of halves scales its inputs down by a power of two and the result
+// back up: through the exponent field where the result stays normal, which
+// must give exactly what f32 arithmetic rounded back gives, for every f16
+// and bf16 value and both directions.
+TEST_CASE("halves scaled by a power of two match f32 arithmetic on every value") {
+  std::vector<std::uint16_t> all(65536), out(65536);
+  for (std::size_t i = 0; i < all.size(); ++i) all[i] = static_cast<std::uint16_t>(i);
+  for (DataType dtype : {DataType::f16, DataType::bf16}) {
+    auto to = dtype == DataType::f16 ? f16_to_f32 : bf16_to_f32;
+    auto from = dtype == DataType::f16 ? f32_to_f16 : f32_to_bf16;
+    for (int shift : {-6, -3, -2, -1, 1, 2, 3, 6}) {
+      scale_halves(out.data(), all.data(), all.size(), dtype, shift);
+      std::size_t wrong = 0;
+      for (std::size_t i = 0; i < all.size(); ++i) {
+        const float want = std::ldexp(to(all[i]), shift);
+        const bool same = std::isnan(want) ? std::isnan(to(out[i])) : out[i] == from(want);
+        wrong += !same;
+      }
+      INFO(name(dtype) << " shift " << shift);
+      CHECK(wrong == 0);
+    }
+  }
+}
+
 TEST_CASE("float reductions in place and through f32 for half types") {
   std::vector<float> a(1001), b(1001);
   for (int i = 0; i < 1001; ++i) { a[i] = i * 0.5f; b[i] = 3.0f - i; }
