@@ -187,6 +187,39 @@ TEST_CASE("abuse: mismatched arguments fail every rank before any user buffer is
   }
 }
 
+// A send or receive of count 0 sends an empty message whose header names
+// the call: a count of 0 against 10 fails in that call on the receiving
+// rank, naming both. Before, a send of 0 left its receiver waiting until
+// BRAID_TIMEOUT, and a receive of 0 completed beside a message nobody took.
+TEST_CASE("abuse: a send or receive of count 0 against one of 10 fails in that call, naming both",
+          "[failures][abuse]") {
+  const std::string transport = GENERATE("shm", "tcp");
+  const bool zero_sent = GENERATE(true, false);
+  INFO(transport << (zero_sent ? ": send 0, recv 10" : ": send 10, recv 0"));
+  auto result = test::run_ranks(
+      2,
+      [&](Communicator& comm) {
+        comm.barrier().wait();
+        std::vector<std::int32_t> data(10, 7);
+        const std::size_t sent = zero_sent ? 0 : 10, received = zero_sent ? 10 : 0;
+        tagged([&] {
+          if (comm.rank() == 0) comm.send(data.data(), sent, DataType::i32, 1).wait();
+          else comm.recv(data.data(), received, DataType::i32, 0).wait();
+          comm.barrier().wait();
+        });
+        throw std::runtime_error("the mismatched send and receive completed");
+      },
+      options_with(std::chrono::seconds(10), std::chrono::seconds(60), transport));
+  INFO(result.summary());
+  REQUIRE_FALSE(result.timed_out);
+  const Outcome receiver = outcome_of(result.ranks[1]);
+  CHECK(contains(receiver.text, "mismatched collectives: rank 1 called recv #1 (count " +
+                                    std::string(zero_sent ? "10" : "0")));
+  CHECK(contains(receiver.text, "rank 0 called send #1 (count " + std::string(zero_sent ? "0" : "10")));
+  CHECK(receiver.ms < 5000);
+  CHECK_FALSE(result.ranks[0].ok());
+}
+
 // The direct all-reduce on registered buffers (Communicator::allocate) swaps
 // descriptors with every rank before it maps or writes anything; a mismatch
 // there must fail the same way.
