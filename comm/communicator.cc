@@ -157,7 +157,11 @@ void Communicator::set_inline(bool on) { impl_->inline_on.store(on, std::memory_
 // power of two is exact in these types and commutes with rounding (short
 // of subnormals), so wherever summing first was exact the result is the
 // same bits.
+namespace {
+
 int avg_shift(int size) { return std::countr_zero(std::bit_ceil(static_cast<unsigned>(size))); }
+
+}  // namespace
 
 std::shared_ptr<void> scale_avg_inputs(Op& op, int rank, int size) {
   if (op.reduce_op != ReduceOp::avg || (op.dtype != DataType::f16 && op.dtype != DataType::bf16) ||
