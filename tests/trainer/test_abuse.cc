@@ -213,6 +213,31 @@ TEST_CASE("abuse: a resume says what it resumes and restores the strategy unless
                           Catch::Contains("this run uses none on dp=1 tp=1 pp=1 (this run has 1 rank(s)"));
 }
 
+// The pipeline's schedule was not saved, so a gpipe run resumed as 1f1b
+// (the default): another memory peak than the one the run was sized for.
+TEST_CASE("abuse: a resumed pipeline keeps its --schedule unless given", "[abuse]") {
+  if (!have_binary() || launcher() == nullptr) return;
+  braid::test::JobDir job;
+  test::TempDir dir;
+  const fs::path ckpt = job.path() / "ckpt";
+  const auto first = launch_train(job, "--n-layer 2 --n-head 2 --n-embd 16 --block-size 32 --batch-size 4 --eval-batches 1 --pp 2 "
+                                           "--grad-accum 2 --schedule gpipe --steps 2 --data " +
+                                           test::write_text(dir, 3000).string() + " --checkpoint-dir " + ckpt.string());
+  INFO(first.out << first.err);
+  REQUIRE(first.status == 0);
+  CHECK_THAT(first.out + first.err, Catch::Contains("schedule gpipe"));
+
+  const auto kept = launch_train(job, "--resume " + ckpt.string() + " --steps 3");
+  INFO(kept.out << kept.err);
+  REQUIRE(kept.status == 0);
+  CHECK_THAT(kept.out + kept.err, Catch::Contains("schedule gpipe") && !Catch::Contains("schedule 1f1b"));
+
+  const auto given = launch_train(job, "--resume " + ckpt.string() + " --steps 4 --schedule 1f1b");
+  INFO(given.out << given.err);
+  REQUIRE(given.status == 0);
+  CHECK_THAT(given.out + given.err, Catch::Contains("schedule 1f1b") && !Catch::Contains("schedule gpipe"));
+}
+
 TEST_CASE("abuse: a model that cannot fit is refused at once with the numbers", "[abuse]") {
   if (!have_binary()) return;
   test::TempDir dir;

@@ -52,7 +52,8 @@ json run_options_json(const TrainOptions& o) {
               {"data", o.data},
               {"eval_interval", o.eval_interval},
               {"eval_batches", o.eval_batches},
-              {"checkpoint_interval", o.checkpoint_interval}};
+              {"checkpoint_interval", o.checkpoint_interval},
+              {"schedule", o.schedule}};
 }
 
 namespace {
@@ -121,6 +122,7 @@ void apply_run_options(const json& s, const std::set<std::string>& keep, TrainOp
   take(s, keep, "eval_interval", o.eval_interval);
   take(s, keep, "eval_batches", o.eval_batches);
   take(s, keep, "checkpoint_interval", o.checkpoint_interval);
+  take(s, keep, "schedule", o.schedule);
 }
 
 json config_json(const TrainOptions& o) {
@@ -129,7 +131,6 @@ json config_json(const TrainOptions& o) {
   j["dp"] = o.dp;
   j["tp"] = o.tp;
   j["pp"] = o.pp;
-  j["schedule"] = o.schedule;
   return j;
 }
 
@@ -166,7 +167,6 @@ std::set<std::string> apply_config_file(const std::string& path, const std::set<
   take(j, keep, "dp", o.dp);
   take(j, keep, "tp", o.tp);
   take(j, keep, "pp", o.pp);
-  take(j, keep, "schedule", o.schedule);
   return set;
 }
 

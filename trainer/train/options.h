@@ -64,7 +64,9 @@ struct TrainOptions {
   int dp = 0;
   int tp = 1;
   int pp = 1;
-  std::string schedule = "1f1b";   // gpipe|1f1b
+  // gpipe|1f1b. Saved with the run options, so a resume keeps it unless
+  // given (it changes memory and speed, not the result).
+  std::string schedule = "1f1b";
   std::string consolidate;         // write this checkpoint's weights to `out` as one file, then exit
   std::string out;
 
@@ -84,8 +86,9 @@ nlohmann::json run_options_json(const TrainOptions& options);
 // (those given on the command line win). Throws InvalidUsage on bad types.
 void apply_run_options(const nlohmann::json& saved, const std::set<std::string>& keep, TrainOptions& options);
 
-// The settings that repeat a run: run_options_json plus the parallel layout
-// ("strategy", "dp", "tp", "pp", "schedule"). --config reads this shape and
+// The settings that repeat a run: run_options_json (the pipeline's
+// "schedule" among them) plus the parallel layout ("strategy", "dp", "tp",
+// "pp"). --config reads this shape and
 // every checkpoint step directory holds it as config.json.
 nlohmann::json config_json(const TrainOptions& options);
 // Reads a --config file into `options`, except the keys in `keep` (given on
