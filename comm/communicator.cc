@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <bit>
+#include <cstring>
 #include <memory>
 #include <vector>
 
@@ -194,13 +195,37 @@ void finish_scaled_avg(const Op& op, int rank, int size) {
   if (op.avg_scaled) kernels::cpu::scale_halves(op.recv, op.recv, recv_elements(op, rank, size), op.dtype, avg_shift(size));
 }
 
+// An in-place all_to_all under BRAID_ALGO=direct. The direct collective
+// cannot run it in place (a peer would overwrite a block of this rank's
+// input before reading it: select.cc), and whether a call is in place is
+// each rank's own business, so a rank in place that fell back to pairwise
+// while its peers ran direct failed them all with a mismatch. A registered
+// input is copied instead into registered memory, which the direct
+// collective reads while it writes the caller's buffer: every rank runs
+// direct. (Unforced, host all_to_all runs pairwise, in place or not.)
+std::shared_ptr<void> Communicator::Impl::stage_in_place_all_to_all(Op& op) const {
+  if (op.kind != OpKind::all_to_all || forced_algo != "direct" || op.memory.kind != runtime::MemoryKind::host)
+    return nullptr;
+  const std::size_t bytes = send_elements(op, rank, size) * dtype_bytes(op.dtype);
+  auto* send = static_cast<const std::byte*>(op.send);
+  auto* recv = static_cast<const std::byte*>(op.recv);
+  RegionRef ref;
+  if (bytes == 0 || send >= recv + bytes || recv >= send + bytes || !shm::regions::find(op.send, bytes, ref))
+    return nullptr;
+  std::shared_ptr<void> copy(shm::regions::allocate(bytes), shm::regions::release);
+  std::memcpy(copy.get(), op.send, bytes);
+  op.send = copy.get();
+  return copy;
+}
+
 Work Communicator::submit(Op&& op) {
   validate(op, impl_->rank, impl_->size);
   if (op.stream.cuda != nullptr || runtime::device_memory_possible()) locate_buffers(op, impl_->rank, impl_->size);
-  const auto scaled = scale_avg_inputs(op, impl_->rank, impl_->size);
+  auto kept = scale_avg_inputs(op, impl_->rank, impl_->size);
+  if (!kept) kept = impl_->stage_in_place_all_to_all(op);
   if (auto done = impl_->try_lean(op)) return Work(std::move(done));  // small one-shot calls (engine_lean.cc)
   std::shared_ptr<WorkState> state = impl_->enqueue(op);
-  if (scaled) state->keep = scaled;  // until the engine is done with the call, which holds `state`
+  if (kept) state->keep = kept;  // until the engine is done with the call, which holds `state`
   return Work(std::move(state));
 }
 

@@ -207,6 +207,9 @@ struct Communicator::Impl {
   void hand_over();
   CallShape shape_of(const Op& op) const;
   bool registered(const Op& op) const;
+  // Under BRAID_ALGO=direct, points an in-place all_to_all's input at a
+  // registered copy, returned to be kept for the call (communicator.cc).
+  std::shared_ptr<void> stage_in_place_all_to_all(Op& op) const;
   void note_choice(OpKind kind, const Algorithm& algorithm);
   void abort(const std::string& reason);
 };

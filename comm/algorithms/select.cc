@@ -29,7 +29,8 @@
 // recursive_doubling for all_reduce, binomial or pipelined for broadcast)
 // and turns off direct; `direct` forces the direct collective of any kind on
 // registered host buffers of one host (as cuda_ipc would run it), whatever
-// the size; BRAID_TRANSPORT other than auto turns off cuda_ipc. Elsewhere
+// the size (an in-place all_to_all then reads a registered copy of its
+// input, made at submit: communicator.cc); BRAID_TRANSPORT other than auto turns off cuda_ipc. Elsewhere
 // they are ignored.
 //
 // Every collective first proves that all ranks called it with the same

@@ -62,9 +62,10 @@ const std::byte* expected(const verify::ExpectedTable& table, const Case& c, int
 
 // Runs one case on registered buffers (reused across cases: registering
 // and mapping costs more than a case), checks the output exactly, and that
-// the direct collective ran it (but for an in-place all_to_all, which
-// select.cc keeps off it) with next to nothing through the transport, by
-// one worker (rank 0 doing every rank's share) or by all as `one_worker`.
+// the direct collective ran it (an in-place all_to_all from a registered
+// copy of its input: communicator.cc) with next to nothing through the
+// transport, by one worker (rank 0 doing every rank's share) or by all as
+// `one_worker`.
 void run_case(Communicator& comm, const Case& c, Registered& send, Registered& recv, bool one_worker) {
   const int n = comm.size(), r = comm.rank();
   const std::size_t es = dtype_bytes(c.dtype), count = c.count;
@@ -82,7 +83,7 @@ void run_case(Communicator& comm, const Case& c, Registered& send, Registered& r
   issue(comm, c, in, out);
   const auto sent = comm.traffic().bytes_sent - before.bytes_sent;
   const std::string algorithm = comm.last_algorithm(c.kind).name;
-  if (count > 0 && !(c.kind == OpKind::all_to_all && c.in_place)) {
+  if (count > 0) {
     expect(algorithm == "direct", describe(c, n) + " ran " + algorithm + ", not direct");
     expect(sent < 512u * static_cast<unsigned>(n), describe(c, n) + " sent " + std::to_string(sent) +
                                                         " bytes through the transport: not direct");
@@ -158,6 +159,28 @@ TEST_CASE("direct collectives: ranks told different workers agree on one answer"
   }, options);
   INFO("rank 1 told " << odd << ": " << result.summary());
   CHECK(result.all_ok());
+}
+
+// Whether a call is in place is each rank's own choice: an in-place
+// all_to_all on one rank only fell back to pairwise there while the others
+// ran direct, and every rank failed with a mismatch.
+TEST_CASE("direct all_to_all in place on some ranks only: every rank runs direct, exactly",
+          "[collectives][registered][direct]") {
+  const int size = GENERATE(2, 3);
+  runtime::Config config = test::test_config();
+  config.algo = "direct";
+  auto result = test::run_ranks(size, [](Communicator& comm) {
+    const std::size_t bytes = kMaxCount * static_cast<std::size_t>(comm.size()) * 8;
+    Registered send(bytes), recv(bytes);
+    for (std::size_t count : {std::size_t{1}, std::size_t{1009}, kMaxCount})
+      for (int in_place_rank = 0; in_place_rank < comm.size(); ++in_place_rank) {
+        const Case c{OpKind::all_to_all, DataType::f32, ReduceOp::sum, count, comm.rank() == in_place_rank, 0};
+        run_case(comm, c, send, recv, false);
+      }
+  }, test::run_options(std::chrono::seconds(60), config));
+  INFO(size << " ranks: " << result.summary());
+  CHECK(result.all_ok());
+  CHECK(result.leftover_shm == 0);
 }
 
 TEST_CASE("direct broadcast with an unregistered buffer on one rank: every rank fails naming both calls",
