@@ -54,14 +54,19 @@ int int_in_range(const char* name, int fallback, int lo, int hi) {
   return static_cast<int>(parsed);
 }
 
+}  // namespace
+
 Config read_config() {
   Config c;
   c.log_level = one_of("BRAID_LOG_LEVEL", c.log_level,
                        {"trace", "debug", "info", "warn", "error", "off"});
+  // At least 1 ms: a smaller positive value rounded down to 0 ms, and
+  // every wait failed at once.
   if (const char* t = env("BRAID_TIMEOUT")) {
     char* end = nullptr;
     double seconds = std::strtod(t, &end);
-    if (*end != '\0' || !(seconds > 0) || seconds > 1e7) bad("BRAID_TIMEOUT", t, "seconds > 0");
+    if (*end != '\0' || !(seconds >= 0.001) || seconds > 1e7)
+      bad("BRAID_TIMEOUT", t, "seconds from 0.001 to 1e7 (about 116 days)");
     c.timeout = std::chrono::milliseconds(static_cast<long long>(seconds * 1000));
   }
   if (const char* a = env("BRAID_BIND_ADDR")) c.bind_addr = a;
@@ -72,7 +77,7 @@ Config read_config() {
   c.algo = one_of("BRAID_ALGO", c.algo,
                   {"auto", "ring", "recursive_doubling", "binomial", "pipelined", "oneshot", "direct"});
   c.direct_workers = one_of("BRAID_DIRECT_WORKERS", c.direct_workers, {"auto", "all", "one"});
-  c.tcp_nsocks = static_cast<int>(bytes_in_range("BRAID_TCP_NSOCKS", c.tcp_nsocks, 1, 16));
+  c.tcp_nsocks = int_in_range("BRAID_TCP_NSOCKS", c.tcp_nsocks, 1, 16);
   // Below 64 KiB a socket's window cannot hold one loopback segment (MSS
   // 65483): Linux then moves data only on its persist timer, one 256 KiB
   // all_reduce took seconds at 8K, and no wait timed out to say why.
@@ -85,14 +90,12 @@ Config read_config() {
   if (const char* h = env("BRAID_HOST_ID")) c.host_id = h;
   c.shm_ring_bytes = bytes_in_range("BRAID_SHM_RING_BYTES", c.shm_ring_bytes, 64u << 10, 1u << 30);
   c.shm_host_bytes = bytes_in_range("BRAID_SHM_HOST_BYTES", c.shm_host_bytes, 1u << 20, std::size_t{1} << 40);
-  c.spin_us = static_cast<int>(bytes_in_range("BRAID_SPIN_US", 20, 0, 10000));
+  c.spin_us = int_in_range("BRAID_SPIN_US", 20, 0, 10000);
   c.cuda_gate = one_of("BRAID_CUDA_GATE", c.cuda_gate, {"auto", "kernel", "wait", "host", "event", "flag"});
   c.store_max_bytes =
       bytes_in_range("BRAID_STORE_MAX_BYTES", c.store_max_bytes, 1u << 20, std::size_t{1} << 40);
   return c;
 }
-
-}  // namespace
 
 std::size_t parse_bytes(const std::string& text) {
   std::size_t pos = 0;

@@ -111,6 +111,8 @@ struct Config {
 // Parses the environment; throws InvalidUsage naming the variable on a bad
 // value. The first call reads, later calls return the same object.
 const Config& config();
+// Parses the environment now, as config() did on its first call.
+Config read_config();
 
 // Parses a byte count with an optional K/M/G (binary) suffix: "64M", "4096".
 std::size_t parse_bytes(const std::string& text);

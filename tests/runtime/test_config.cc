@@ -1,7 +1,12 @@
 // runtime/config: byte counts with binary suffixes, and the cached Config.
 // config() reads the environment once per process, so these tests exercise
-// parse_bytes directly rather than changing BRAID_* between calls.
+// parse_bytes and read_config directly rather than changing BRAID_* between
+// calls to config().
 #include <catch2/catch.hpp>
+#include <stdlib.h>
+
+#include <chrono>
+#include <string>
 
 #include "runtime/config.h"
 #include "runtime/errors.h"
@@ -41,4 +46,39 @@ TEST_CASE("config: config() reads once and returns the same object", "[config]")
   CHECK(&first == &runtime::config());
   CHECK(first.timeout.count() > 0);
   CHECK(first.tcp_nsocks >= 1);
+}
+
+namespace {
+
+// What read_config() makes of NAME=VALUE: "" when it accepts it, else its
+// message. The variable is unset again after.
+std::string verdict(const char* name, const char* value) {
+  setenv(name, value, 1);
+  std::string message;
+  try {
+    runtime::read_config();
+  } catch (const InvalidUsage& e) {
+    message = e.what();
+  }
+  unsetenv(name);
+  return message;
+}
+
+}  // namespace
+
+// BRAID_TIMEOUT=0.0001 rounded down to 0 ms and every wait failed at once;
+// the counts of sockets and microseconds took byte suffixes (8K us) and
+// answered with "bytes" or "a byte count".
+TEST_CASE("config: timeouts below a millisecond and counts with units are refused by name", "[config]") {
+  CHECK_THAT(verdict("BRAID_TIMEOUT", "0.0001"), Catch::Contains("BRAID_TIMEOUT") && Catch::Contains("0.001 to 1e7"));
+  CHECK_THAT(verdict("BRAID_TIMEOUT", "1e99"), Catch::Contains("0.001 to 1e7"));
+  CHECK(verdict("BRAID_TIMEOUT", "0.001").empty());
+  setenv("BRAID_TIMEOUT", "0.25", 1);
+  CHECK(runtime::read_config().timeout == std::chrono::milliseconds(250));
+  unsetenv("BRAID_TIMEOUT");
+  for (const char* value : {"8K", "-1", "4x", "10001"})
+    CHECK_THAT(verdict("BRAID_SPIN_US", value), Catch::Contains("BRAID_SPIN_US") && Catch::Contains("an integer from 0 to 10000"));
+  for (const char* value : {"0", "2K", "17"})
+    CHECK_THAT(verdict("BRAID_TCP_NSOCKS", value), Catch::Contains("an integer from 1 to 16"));
+  CHECK(verdict("BRAID_TCP_NSOCKS", "8").empty());
 }
