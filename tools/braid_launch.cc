@@ -2,6 +2,8 @@
 // rank environment, serves their rendezvous store, and supervises them.
 // The command line lives here; the machinery in tools/launcher/.
 #include <CLI/CLI.hpp>
+#include <fcntl.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <thread>
@@ -20,6 +22,22 @@
 namespace {
 
 using braid::launcher::LaunchOptions;
+
+// Started with stdin, stdout or stderr closed (`>&-`), the launcher would
+// hand those numbers to the first descriptors it opens (its signalfd took
+// 1), then queue the ranks' output for that "stdout" and wait forever for
+// it to become writable. /dev/null takes a closed one's place first, as
+// what is written there would have gone nowhere anyway.
+void open_standard_descriptors() {
+  for (int fd = 0; fd <= 2; ++fd) {
+    if (fcntl(fd, F_GETFD) >= 0 || errno != EBADF) continue;
+    const int opened = open("/dev/null", fd == 0 ? O_RDONLY : O_WRONLY);  // the lowest free number: fd
+    if (opened > fd) {
+      dup2(opened, fd);
+      close(opened);
+    }
+  }
+}
 
 // Seconds as given to --timeout or --grace-period. Beyond kMaxDuration,
 // `inf` included, a value is taken as kMaxDuration: about 31 years, in
@@ -104,6 +122,7 @@ void apply_extras(const CliExtras& extras, LaunchOptions& options) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  open_standard_descriptors();
   CLI::App app{"Start N ranks of a braid program on this node and supervise them.\n"
                "usage: braid-launch --nproc-per-node N [options] -- PROGRAM [ARGS...]"};
   LaunchOptions options;

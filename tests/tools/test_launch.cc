@@ -271,20 +271,43 @@ TEST_CASE("a rank killed by a signal gives 128 + signal", "[launch]") {
   check_no_rank_survives(dir, 2);
 }
 
-TEST_CASE("SIGTERM to the launcher is forwarded to every rank", "[launch]") {
+// SIGQUIT was not caught: the launcher died of it and its ranks were
+// killed with no chance to clean up (torchrun forwards it too).
+TEST_CASE("SIGTERM and SIGQUIT to the launcher are forwarded to every rank", "[launch]") {
+  const int signo = GENERATE(SIGTERM, SIGQUIT);
+  const std::string name = signo == SIGTERM ? "TERM" : "QUIT";
+  INFO("SIG" << name);
   JobDir dir;
   std::string script = recording(
-      "trap 'echo term > \"$0/marker_$BRAID_RANK\"; exit 0' TERM; "
+      "trap 'echo term > \"$0/marker_$BRAID_RANK\"; exit 0' " + name + "; "
       "echo > \"$0/ready_$BRAID_RANK\"; sleep 60 & wait");
   LaunchedJob job(dir, shell_job(3, script, dir));
   for (int rank = 0; rank < 3; ++rank)
     wait_for_file(dir.path() / ("ready_" + std::to_string(rank)));
-  REQUIRE(::kill(job.pid(), SIGTERM) == 0);
-  CHECK(job.wait() == 128 + SIGTERM);
-  CHECK_THAT(job.err(), Catch::Contains("received SIGTERM; forwarding it to 3 ranks"));
+  REQUIRE(::kill(job.pid(), signo) == 0);
+  CHECK(job.wait() == 128 + signo);
+  CHECK_THAT(job.err(), Catch::Contains("received SIG" + name + "; forwarding it to 3 ranks"));
   for (int rank = 0; rank < 3; ++rank)
     CHECK(read_file(dir.path() / ("marker_" + std::to_string(rank))) == "term\n");
   check_no_rank_survives(dir, 3);
+}
+
+// With stdout or stderr closed, the launcher's signalfd took descriptor 1
+// (or 2), and the ranks' output queued for it waited forever.
+TEST_CASE("a launcher started with stdout or stderr closed runs its job to the end", "[launch]") {
+  const std::string closed = GENERATE(">&-", "2>&-", ">&- 2>&-");
+  INFO(closed);
+  JobDir dir;
+  // The job as a script, so that the closing redirection applies to the
+  // launcher alone.
+  const auto script = dir.path() / "job.sh";
+  std::ofstream(script) << "timeout -k 5 20 \"$BRAID_LAUNCH\" -n 2 -- sh -c "
+                           "'echo out; echo err >&2; touch \"$0/ran_$BRAID_RANK\"' \"$1\" "
+                        << closed << "\necho $? > \"$1/status\"\n";
+  REQUIRE(std::system(("sh " + script.string() + " " + dir.path().string()).c_str()) == 0);
+  CHECK(read_file(dir.path() / "status") == "0\n");
+  CHECK(std::filesystem::exists(dir.path() / "ran_0"));
+  CHECK(std::filesystem::exists(dir.path() / "ran_1"));
 }
 
 TEST_CASE("--timeout stops the job and exits 124", "[launch]") {
@@ -514,6 +537,20 @@ TEST_CASE("--max-restarts stops every rank on a failure and starts them all agai
   CHECK(run0.size() == 16);
   CHECK(run1 == run0);
   CHECK(token1 != token0);
+  // --log-dir: each attempt writes files of its own, so the failed
+  // attempt's output stays (every attempt truncated rank_<r>.*).
+  const auto logs = dir.path() / "logs";
+  auto logged = run_launch(dir, shell_job(2,
+                                          "echo \"attempt $BRAID_RESTART_COUNT\"; "
+                                          "[ \"$BRAID_RESTART_COUNT\" = 0 ] && [ \"$BRAID_RANK\" = 1 ] && "
+                                          "{ echo 'fatal: disk on fire' >&2; exit 3; }; exit 0",
+                                          dir, {"--max-restarts", "1", "--log-dir", logs.string()}));
+  CHECK(logged.status == 0);
+  CHECK(read_file(logs / "rank_1.err") == "fatal: disk on fire\n");
+  CHECK(read_file(logs / "rank_1.out") == "attempt 0\n");
+  CHECK(read_file(logs / "rank_1.restart1.out") == "attempt 1\n");
+  CHECK(read_file(logs / "rank_0.restart1.out") == "attempt 1\n");
+  CHECK_FALSE(std::filesystem::exists(logs / "rank_0.restart2.out"));
   // A rank that always fails: the job gives up after the last restart with its status.
   auto always = run_launch(dir, shell_job(2, "exit 5", dir, {"--max_restarts", "1"}));
   CHECK(always.status == 5);

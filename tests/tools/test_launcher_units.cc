@@ -106,6 +106,16 @@ TEST_CASE("store endpoints follow --master-addr and BRAID_BIND_ADDR", "[launcher
   auto bound = store_endpoints(options_with("127.0.0.1"), "10.1.2.3");
   CHECK(bound.listen_addr == "10.1.2.3");
   CHECK(bound.advertised_addr == "10.1.2.3");
+  // Another loopback address: the store listened on 127.0.0.1 while the
+  // ranks were told 127.0.0.2 (or ::1), and none reached it.
+  for (const char* other : {"127.0.0.2", "::1"}) {
+    auto loopback = store_endpoints(options_with(other), "127.0.0.1");
+    CHECK(loopback.listen_addr == other);
+    CHECK(loopback.advertised_addr == other);
+  }
+  auto named = store_endpoints(options_with("localhost"), "127.0.0.1");
+  CHECK(named.listen_addr == "127.0.0.1");
+  CHECK(named.advertised_addr == "localhost");
 }
 
 TEST_CASE("tokens: random ones differ", "[launcher]") {

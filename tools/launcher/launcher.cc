@@ -67,8 +67,12 @@ void create_log_dir(const std::string& dir) {
   if (error) throw SystemError("cannot create --log-dir '" + dir + "': " + error.message());
 }
 
-UniqueFd open_log(const std::string& dir, int rank, const char* suffix) {
-  std::string path = dir + "/rank_" + std::to_string(rank) + "." + suffix;
+// D/rank_<r>.out, and D/rank_<r>.restart<k>.out for the k-th restart: each
+// attempt's files of their own, so a restart keeps the output that says
+// why the attempt before it failed (it truncated the one file).
+UniqueFd open_log(const std::string& dir, int rank, int restart, const char* suffix) {
+  std::string path = dir + "/rank_" + std::to_string(rank) +
+                     (restart > 0 ? ".restart" + std::to_string(restart) : std::string()) + "." + suffix;
   UniqueFd fd(::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
   if (!fd.valid()) throw SystemError(errno_message("cannot open '" + path + "'", errno));
   return fd;
@@ -81,11 +85,11 @@ struct RankStdio {
   UniqueFd relay_out, relay_err;
 };
 
-RankStdio make_stdio(const std::string& log_dir, int rank) {
+RankStdio make_stdio(const std::string& log_dir, int rank, int restart) {
   RankStdio stdio;
   if (!log_dir.empty()) {
-    stdio.rank_out = open_log(log_dir, rank, "out");
-    stdio.rank_err = open_log(log_dir, rank, "err");
+    stdio.rank_out = open_log(log_dir, rank, restart, "out");
+    stdio.rank_err = open_log(log_dir, rank, restart, "err");
     return stdio;
   }
   Pipe out = make_pipe();
@@ -102,7 +106,7 @@ RankStdio make_stdio(const std::string& log_dir, int rank) {
 void start_rank(const LaunchOptions& options, const JobIdentity& job, int local_rank,
                 Supervisor& supervisor, GroupWatcher& guardian) {
   int rank = job.node_rank * job.nproc_per_node + local_rank;
-  RankStdio stdio = make_stdio(options.log_dir, rank);
+  RankStdio stdio = make_stdio(options.log_dir, rank, job.restart);
   ProcessSpec spec{options.command, rank_environment(job, local_rank), stdio.rank_out.get(),
                    stdio.rank_err.get(), &guardian};
   pid_t pid = spawn(spec);
@@ -193,7 +197,11 @@ void validate(const LaunchOptions& options) {
 
 StoreEndpoints store_endpoints(const LaunchOptions& options, const std::string& bind_addr) {
   StoreEndpoints endpoints{bind_addr, options.master_addr};
-  if (is_loopback(bind_addr) && !is_loopback(options.master_addr))
+  // "localhost" stays on the bind address: the launcher and the ranks may
+  // resolve it to different families (::1, 127.0.0.1).
+  const bool other_loopback = is_loopback(options.master_addr) && options.master_addr != "localhost" &&
+                              options.master_addr != bind_addr;
+  if (is_loopback(bind_addr) && (!is_loopback(options.master_addr) || other_loopback))
     endpoints.listen_addr = options.master_addr;
   else if (options.nnodes == 1 && is_loopback(options.master_addr) && !is_loopback(bind_addr) &&
            !is_wildcard(bind_addr))

@@ -60,7 +60,9 @@ struct StoreEndpoints {
 // Resolves the store's addresses from --master-addr and BRAID_BIND_ADDR
 // (bind_addr). The rule, for the cases where the two disagree: a loopback
 // bind address with a non-loopback master address listens on the master
-// address (the user named it, and other nodes could not reach loopback); a
+// address (the user named it, and other nodes could not reach loopback),
+// and so does one with another loopback address (127.0.0.2, ::1: where the
+// ranks are told to connect; not "localhost"); a
 // specific non-loopback bind address with the default loopback master
 // address is advertised as itself (ranks could not reach it on loopback).
 StoreEndpoints store_endpoints(const LaunchOptions& options, const std::string& bind_addr);

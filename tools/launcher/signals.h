@@ -1,5 +1,5 @@
 // The launcher takes its signals through a signalfd so that the one thread
-// that polls the ranks' pipes also sees SIGCHLD, SIGINT, SIGTERM and SIGHUP,
+// that polls the ranks' pipes also sees SIGCHLD, SIGINT, SIGTERM, SIGHUP and SIGQUIT,
 // with no handler code running at arbitrary points.
 //
 // Create the SignalCatcher before starting any thread (the store server):
@@ -18,7 +18,7 @@ namespace braid::launcher {
 
 class SignalCatcher {
  public:
-  // Blocks SIGCHLD, SIGINT, SIGTERM and SIGHUP in this thread, opens a
+  // Blocks SIGCHLD, SIGINT, SIGTERM, SIGHUP and SIGQUIT in this thread, opens a
   // signalfd for them and ignores SIGPIPE; the destructor restores all.
   SignalCatcher();
   ~SignalCatcher();

@@ -12,7 +12,7 @@
 //
 // Stopping sends SIGTERM (or the signal the launcher received) to every
 // running rank's process group, then SIGKILL to those still running after
-// the grace period. A second SIGINT/SIGTERM/SIGHUP while stopping sends
+// the grace period. A second SIGINT/SIGTERM/SIGHUP/SIGQUIT while stopping sends
 // SIGKILL at once. The first reason to stop decides the exit status; ranks
 // that fail afterwards are the expected fallout and are not reported.
 //
