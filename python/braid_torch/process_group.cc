@@ -2,6 +2,7 @@
 #include "process_group.h"
 
 #include <algorithm>
+#include <cstring>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -13,9 +14,14 @@ namespace braid::torch_backend {
 
 namespace {
 
+// The timeout torch passes (init_process_group's or new_group's `timeout`,
+// 30 minutes unless given) is the group's, longer or shorter than
+// BRAID_TIMEOUT, as gloo and NCCL honour it: a job whose rank 0 prepares
+// data for ten minutes while the others wait says so there. (It was capped
+// at BRAID_TIMEOUT, 5 minutes unless set, whatever torch was told.)
 runtime::Config group_config(std::chrono::milliseconds timeout) {
   runtime::Config config = runtime::config();
-  if (timeout.count() > 0) config.timeout = std::min(config.timeout, timeout);
+  if (timeout.count() > 0) config.timeout = timeout;
   return config;
 }
 
@@ -297,34 +303,51 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::alltoall_base(at::Tensor& outp
                   {output}, {input}, {}});
 }
 
-// Unequal parts travel as one all-to-all of equal slots, each as large as the
-// largest part any rank sends (agreed by an all-reduce of one integer first).
+// Unequal parts travel as point-to-point messages, as NCCL's all-to-allv:
+// the part for every peer sent to it and the part from every peer received
+// into its place in the output, all queued at once (the engine runs sends
+// and receives queued back to back together) and this rank's own part
+// copied. Each message is checked against its receive's count, so split
+// sizes that disagree across ranks fail the call on the receiving rank,
+// naming both counts. (It was one all-to-all of equal slots sized by a
+// blocking all-reduce: the extra rows of a disagreeing split were cut or
+// padded with zeros, silently, and an async call blocked its caller.)
 c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::alltoall_unequal(at::Tensor& output, at::Tensor& input,
                                                                    const std::vector<int64_t>& output_splits,
                                                                    const std::vector<int64_t>& input_splits) {
-  const int size = getSize();
-  std::vector<int64_t> sends = element_splits(input, input_splits, size);
-  std::vector<int64_t> recvs = element_splits(output, output_splits, size);
-  int64_t slot = std::max(*std::max_element(sends.begin(), sends.end()), *std::max_element(recvs.begin(), recvs.end()));
-  {
-    std::lock_guard lock(issue_mutex_);
-    comm_->all_reduce(&slot, &slot, 1, DataType::i64, ReduceOp::max).wait();
-  }
-  at::Tensor packed_in = at::zeros({size * slot}, input.options());
-  at::Tensor packed_out = at::empty({size * slot}, input.options());
-  at::Tensor flat_in = input.reshape({-1});
-  for (int64_t r = 0, offset = 0; r < size; offset += sends[r], ++r)
-    packed_in.narrow(0, r * slot, sends[r]).copy_(flat_in.narrow(0, offset, sends[r]));
-  Buffer send = per_rank(movable(packed_in, "alltoall_base"), size, "alltoall_base");
-  Buffer recv = movable(packed_out, "alltoall_base");
-  auto unpack = [output, packed_out, recvs, slot, size]() mutable {
-    at::Tensor flat_out = output.view({-1});
-    for (int64_t r = 0, offset = 0; r < size; offset += recvs[r], ++r)
-      flat_out.narrow(0, offset, recvs[r]).copy_(packed_out.narrow(0, r * slot, recvs[r]));
+  const int size = getSize(), me = getRank();
+  const std::vector<int64_t> sends = element_splits(input, input_splits, size);
+  const std::vector<int64_t> recvs = element_splits(output, output_splits, size);
+  if (sends[me] != recvs[me])
+    refuse("alltoall_base", "this rank sends itself " + std::to_string(sends[me]) + " elements but expects " +
+                                std::to_string(recvs[me]) + " from itself");
+  const auto* in = static_cast<const std::byte*>(input.data_ptr());
+  auto* out = static_cast<std::byte*>(output.data_ptr());
+  const auto element = static_cast<std::size_t>(input.element_size());
+  if (in < out + output.nbytes() && out < in + input.nbytes() && input.nbytes() && output.nbytes())
+    refuse("alltoall_base", "the input and output share memory; pass separate tensors");
+  // Counts as movable() gives them: elements of braid's dtype, or bytes.
+  const Buffer whole = movable(input, "alltoall_base");
+  const std::size_t units = whole.dtype == DataType::u8 ? element : 1;
+  auto offsets = [](const std::vector<int64_t>& counts) {
+    std::vector<std::size_t> at(counts.size() + 1, 0);
+    for (std::size_t r = 0; r < counts.size(); ++r) at[r + 1] = at[r] + static_cast<std::size_t>(counts[r]);
+    return at;
   };
-  return enqueue({c10d::OpType::ALLTOALL_BASE,
-                  [this, send, recv] { return comm_->all_to_all(send.data, recv.data, send.count, send.dtype); },
-                  {output}, {packed_in, packed_out}, unpack});
+  auto issue = [this, size, me, sends, recvs, from = offsets(sends), to = offsets(recvs), in, out, element, units,
+                dtype = whole.dtype] {
+    std::memcpy(out + to[me] * element, in + from[me] * element, static_cast<std::size_t>(sends[me]) * element);
+    if (size == 1) return comm_->barrier();
+    comm::Work last;
+    for (int step = 1; step < size; ++step) {
+      const int peer_to = (me + step) % size, peer_from = (me - step + size) % size;
+      comm_->send(in + from[peer_to] * element, static_cast<std::size_t>(sends[peer_to]) * units, dtype, peer_to);
+      last = comm_->recv(out + to[peer_from] * element, static_cast<std::size_t>(recvs[peer_from]) * units, dtype,
+                         peer_from);
+    }
+    return last;  // calls complete in issue order: the last one done, all are
+  };
+  return enqueue({c10d::OpType::ALLTOALL_BASE, issue, {output}, {input}, {}});
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::send(std::vector<at::Tensor>& tensors, int dst_rank, int tag) {

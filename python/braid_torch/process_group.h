@@ -36,7 +36,8 @@ namespace braid::torch_backend {
 class ProcessGroupBraid : public c10d::ProcessGroup {
  public:
   // Blocks until every rank of the group has connected (at most `timeout`,
-  // or BRAID_TIMEOUT where that is shorter).
+  // which every later wait of the group takes too; BRAID_TIMEOUT where it
+  // is 0).
   ProcessGroupBraid(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
                     std::chrono::milliseconds timeout);
   ~ProcessGroupBraid() override;

@@ -4,12 +4,18 @@ RuntimeError carrying braid's message.
   - invalid usage (a dtype braid cannot reduce, a tag) fails at once, on the
     calling rank only, naming the operation;
   - rank 0 calling all_reduce while rank 1 calls all_gather fails on both,
-    the message naming both calls;
+    the message naming both calls, and so do all_to_all_single split sizes
+    that disagree;
   - a peer that dies fails the survivor's call, naming the dead rank.
+  - a group's `timeout` is honoured where it exceeds BRAID_TIMEOUT (set to
+    2 s here): it was cut to BRAID_TIMEOUT.
 Each part runs on a group of its own (a failed call aborts its group).
 """
+import datetime
 import os
 import time
+
+os.environ["BRAID_TIMEOUT"] = "2"  # before braid reads its settings
 
 import torch
 import torch.distributed as dist
@@ -47,6 +53,32 @@ def check_mismatch(c, rank):
            message)
 
 
+def check_unequal_splits(c, rank):
+    """all_to_all_single whose split sizes disagree across ranks (rank 0
+    sends rank 1 three rows, rank 1 expects one) fails on the receiver,
+    naming both counts; the sender, whose own part arrived as it expected,
+    fails at its next call on the group at the latest. The extra rows were
+    cut off (or the missing ones zero-filled) with no error."""
+    group = dist.new_group(backend="braid")
+    sends, recvs = ([1, 3], [1, 1]) if rank == 0 else ([1, 1], [1, 1])
+    out = torch.full((sum(recvs), 2), -1.0)
+    message = raises(lambda: dist.all_to_all_single(out, torch.ones(sum(sends), 2), recvs, sends, group=group))
+    if message is None and rank == 0:
+        message = raises(lambda: dist.barrier(group=group))
+    c.true("unequal splits that disagree fail", message is not None, "no error")
+    if rank == 1:
+        c.true("the receiver names both counts", message is not None and "count 2" in message and "count 6" in message,
+               message)
+
+
+def check_group_timeout(c, rank):
+    group = dist.new_group(backend="braid", timeout=datetime.timedelta(seconds=10))
+    if rank == 1:
+        time.sleep(4)  # past BRAID_TIMEOUT, within the group's timeout
+    message = raises(lambda: dist.all_reduce(torch.ones(4), group=group))
+    c.true("a group timeout past BRAID_TIMEOUT is honoured", message is None, message)
+
+
 def check_dead_peer(c, rank):
     group = dist.new_group(backend="braid")
     dist.barrier(group=group)
@@ -68,6 +100,8 @@ def main():
     c = Checks(rank)
     check_invalid_usage(c, rank)
     check_mismatch(c, rank)
+    check_unequal_splits(c, rank)
+    check_group_timeout(c, rank)
     check_dead_peer(c, rank)  # rank 1 exits here
     # Each rank reports for itself: rank 1 is gone, so no collective.
     for failure in c.failures:

@@ -281,6 +281,29 @@ def check_two_groups(c, rank, size):
             os._exit(1)
         c.equal(f"async calls on two groups in opposite orders x{count}, default group", a, want_a)
         c.equal(f"async calls on two groups in opposite orders x{count}, new group", b, want_b)
+    # The same with all_to_all_single of unequal splits, whose issue agreed
+    # on a slot size with a blocking all_reduce first: it hung.
+    sends = [(rank + p) % 3 + 1 for p in range(size)]
+    recvs = [(p + rank) % 3 + 1 for p in range(size)]
+    a, b = values(sum(sends), rank, torch.float32), values(sum(sends), rank, torch.float32, salt=1)
+    want_a, want_b = torch.empty(sum(recvs)), torch.empty(sum(recvs))
+    dist.all_to_all_single(want_a, a, recvs, sends, group=gloo_group())
+    dist.all_to_all_single(want_b, b, recvs, sends, group=gloo_group())
+    got_a, got_b = torch.empty(sum(recvs)), torch.empty(sum(recvs))
+    calls = [(got_a, a, None), (got_b, b, other)] if rank % 2 == 0 else [(got_b, b, other), (got_a, a, None)]
+
+    def issue_and_wait_unequal():
+        works = [dist.all_to_all_single(out, t, recvs, sends, group=g, async_op=True) for out, t, g in calls]
+        for work in works:
+            work.wait()
+    waiter = threading.Thread(target=issue_and_wait_unequal, daemon=True)
+    waiter.start()
+    waiter.join(timeout=30)
+    if waiter.is_alive():
+        print(f"rank {rank}: FAIL unequal all_to_all_single on two groups in opposite orders: hang (30 s)", flush=True)
+        os._exit(1)
+    c.equal("unequal all_to_all_single on two groups in opposite orders, default group", got_a, want_a)
+    c.equal("unequal all_to_all_single on two groups in opposite orders, new group", got_b, want_b)
     dist.barrier()
 
 
