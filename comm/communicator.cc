@@ -2,7 +2,10 @@
 // through the one submit(): ten collectives, one copy of the checking code.
 #include "comm/communicator.h"
 
+#include <pthread.h>
+
 #include <algorithm>
+#include <atomic>
 #include <bit>
 #include <cstring>
 #include <memory>
@@ -68,6 +71,36 @@ std::string call_text(const Op& op, int rank) {
   throw InvalidUsage(call() + "receive buffer is null with count > 0");
 }
 
+// Whether `op`'s send and receive buffers overlap other than in its
+// in-place form (NCCL's): the same buffer, or for reduce_scatter the
+// receive buffer at this rank's slice of the send buffer, for all_gather
+// the send buffer at this rank's slice of the receive buffer. The
+// algorithms read an input that overlaps their output only in that form;
+// any other overlap gave wrong results with no error.
+bool overlaps_otherwise(const Op& op, int rank, int size) {
+  const std::size_t es = dtype_bytes(op.dtype);
+  const std::size_t send_bytes = send_elements(op, rank, size) * es, recv_bytes = recv_elements(op, rank, size) * es;
+  auto* send = static_cast<const std::byte*>(op.send);
+  auto* recv = static_cast<const std::byte*>(op.recv);
+  if (send_bytes == 0 || recv_bytes == 0 || send >= recv + recv_bytes || recv >= send + send_bytes) return false;
+  const std::size_t slice = op.count * es * static_cast<std::size_t>(rank);
+  switch (op.kind) {
+    case OpKind::reduce_scatter: return recv != send + slice;
+    case OpKind::all_gather: return send != recv + slice;
+    default: return send != recv;
+  }
+}
+
+[[noreturn, gnu::noinline, gnu::cold]] void refuse_overlap(const Op& op, int rank) {
+  std::string in_place = "the same pointer for both";
+  if (op.kind == OpKind::reduce_scatter)
+    in_place = "the receive buffer at this rank's slice of the send buffer (send + rank x count)";
+  if (op.kind == OpKind::all_gather)
+    in_place = "the send buffer at this rank's slice of the receive buffer (recv + rank x count)";
+  throw InvalidUsage(call_text(op, rank) + "the send and receive buffers overlap, but not as an in-place call; "
+                     "pass buffers that do not overlap, or for an in-place call " + in_place);
+}
+
 // Every call's argument check, as branch-free tests with one branch on
 // the lot (issue 18: a small call's budget is a few hundred instructions);
 // refuse() then names what failed.
@@ -83,6 +116,7 @@ void validate(const Op& op, int rank, int size) {
                    (p2p & (op.root == rank)) | overflows |
                    (moves_data & ((needs_send_buffer(op, rank) & !op.send) | (needs_recv_buffer(op, rank) & !op.recv)));
   if (bad) [[unlikely]] refuse(op, rank, size);
+  if (moves_data && overlaps_otherwise(op, rank, size)) [[unlikely]] refuse_overlap(op, rank);
 }
 
 // Finds where the buffers live (op.memory): both on one side, one device;
@@ -141,8 +175,35 @@ std::size_t recv_elements(const Op& op, int rank, int size) {
   return op.kind == OpKind::reduce_scatter ? op.count : buffer_elements(op, size);
 }
 
+namespace {
+
+std::atomic<unsigned> forks{0};
+
+// A communicator used in a child forked after it was made: its progress
+// thread does not exist there and its connections and shared memory are
+// the parent's. A call would take the parent's place in the job (and leave
+// the parent out of step); closing it closed the parent's connections.
+[[noreturn, gnu::noinline, gnu::cold]] void refuse_forked(const Op& op, int rank) {
+  throw InvalidUsage(call_text(op, rank) + "this communicator was made in the process this one was forked from; "
+                     "a forked child cannot use it (create one in the child, or fork before creating it)");
+}
+
+}  // namespace
+
+unsigned fork_generation() {
+  static const bool counting = pthread_atfork(nullptr, nullptr, [] { forks.fetch_add(1, std::memory_order_relaxed); }) == 0;
+  (void)counting;
+  return forks.load(std::memory_order_relaxed);
+}
+
 Communicator::Communicator(std::shared_ptr<Impl> impl) : impl_(std::move(impl)) {}
-Communicator::~Communicator() = default;
+
+// In a forked child the communicator is the parent's: it is left as it is
+// (leaked), as tearing it down would join threads that do not exist there
+// and shut the parent's connections down.
+Communicator::~Communicator() {
+  if (impl_ && impl_->born_in != forks.load(std::memory_order_relaxed)) new auto(std::move(impl_));
+}
 
 int Communicator::rank() const { return impl_->rank; }
 int Communicator::size() const { return impl_->size; }
@@ -219,6 +280,7 @@ std::shared_ptr<void> Communicator::Impl::stage_in_place_all_to_all(Op& op) cons
 }
 
 Work Communicator::submit(Op&& op) {
+  if (impl_->born_in != forks.load(std::memory_order_relaxed)) [[unlikely]] refuse_forked(op, impl_->rank);
   validate(op, impl_->rank, impl_->size);
   if (op.stream.cuda != nullptr || runtime::device_memory_possible()) locate_buffers(op, impl_->rank, impl_->size);
   auto kept = scale_avg_inputs(op, impl_->rank, impl_->size);

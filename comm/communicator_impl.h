@@ -38,6 +38,11 @@ namespace braid::comm {
 std::shared_ptr<void> scale_avg_inputs(Op& op, int rank, int size);
 void finish_scaled_avg(const Op& op, int rank, int size);
 
+// How many times this process has been forked into (pthread_atfork, counted
+// from the first call): a communicator made before the last fork belongs
+// to the parent (communicator.cc).
+unsigned fork_generation();
+
 struct WorkState {
   std::mutex mu;
   std::condition_variable cv;
@@ -87,10 +92,11 @@ struct Communicator::Impl {
   int size = 1;
   std::uint32_t comm_id = 0;
   std::string key_prefix;
+  unsigned born_in = 0;  // fork_generation() when it was made
   runtime::RankInfo info;
 
   // Rendezvous and transports.
-  std::shared_ptr<runtime::StoreServer> store_server;  // world communicator of rank 0 only
+  std::shared_ptr<runtime::StoreServer> store_server;  // rank 0's world and its splits, without a launcher
   std::shared_ptr<runtime::Store> store;
   std::vector<std::unique_ptr<Transport>> transports;
   std::vector<std::string> hosts;  // [rank] host identity (runtime/topology.h)
@@ -189,7 +195,7 @@ struct Communicator::Impl {
   // communicator was aborted with it and it was kept as `failure`.
   std::exception_ptr fail(const Op& op, std::exception_ptr raw);
   void start_device(int ordinal);
-  void execute(const Op& op, WorkState& state, bool inline_call = false);
+  void execute(Op& op, WorkState& state, bool inline_call = false);
   bool refuse_after_failure(const Op& op, WorkState& state);
   // Point-to-point calls (engine_p2p.cc).
   bool runs_with_point_to_point(const Op& op, const WorkState& state) const;

@@ -266,7 +266,7 @@ void Communicator::Impl::run_worker() {
 // `inline_call`: run by enqueue in the caller's thread, which has just seen
 // no failure under `mu` (none can come while it holds `running`) and has not
 // handed `state` out yet, so neither needs a lock: small calls are latency.
-void Communicator::Impl::execute(const Op& op, WorkState& state, bool inline_call) {
+void Communicator::Impl::execute(Op& op, WorkState& state, bool inline_call) {
   if (!inline_call && refuse_after_failure(op, state)) return;
   try {
     if (state.staged) state.staged->wait_inputs(Clock::now() + timeout);
@@ -275,6 +275,7 @@ void Communicator::Impl::execute(const Op& op, WorkState& state, bool inline_cal
     if (state.staged) shape.registered = state.staged->on_device();  // as when it was staged
     const Algorithm algorithm = select_algorithm(shape);
     note_choice(op.kind, algorithm);
+    op.algorithm = algorithm.id;
     Exchange x(op, exchange, Clock::now() + timeout, peer_state);
     if (size > 1 && !algorithm.agrees) agree_signatures(x);
     exchange.call_ready = state.staged ? state.staged->ready_event() : DeviceEventRef{};

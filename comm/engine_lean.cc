@@ -95,6 +95,7 @@ std::shared_ptr<WorkState> Communicator::Impl::try_lean(Op& op) {
       note_choice(op.kind, algorithm);
       lean.noted_bytes = bytes;
     }
+    op.algorithm = lean.algorithm.id;
     Exchange x(op, exchange, timeout, peer_state);
     if (!lean.algorithm.agrees) agree_signatures(x);
     lean.algorithm.run(x);

@@ -73,12 +73,15 @@ struct SlotHeader {
 };
 static_assert(sizeof(SlotHeader) == 24, "the slot header is part of the shared-memory protocol");
 
-// This rank's call, as it publishes it and expects it of every peer.
+// This rank's call, as it publishes it and expects it of every peer. The
+// kind byte carries the algorithm in its high half (both fit in 4 bits).
+static_assert(static_cast<unsigned>(OpKind::recv) < 16 && kAlgorithmIds <= 16);
+
 SlotHeader signature(const Op& op, std::uint32_t comm_id, std::size_t bytes) {
   return {op.count,
           static_cast<std::uint32_t>(bytes),
           op.root,
-          static_cast<std::uint8_t>(op.kind),
+          static_cast<std::uint8_t>(static_cast<unsigned>(op.kind) | unsigned{op.algorithm} << 4),
           static_cast<std::uint8_t>(op.dtype),
           static_cast<std::uint8_t>(op.reduce_op),
           kSlotMagic,
@@ -90,7 +93,8 @@ SlotHeader signature(const Op& op, std::uint32_t comm_id, std::size_t bytes) {
 WireHeader as_wire(const SlotHeader& slot, std::uint64_t seq) {
   WireHeader h;
   if (slot.magic != kSlotMagic) h.magic = 0;
-  h.kind = slot.kind;
+  h.kind = slot.kind & 0xf;
+  h.algorithm = slot.kind >> 4;
   h.dtype = slot.dtype;
   h.reduce_op = slot.reduce_op;
   h.root = slot.root;

@@ -2,6 +2,7 @@
 // split ones from a parent.
 //
 // Store keys of a communicator live under its key prefix ("braid/world",
+// "braid/world<n>" for the n-th world a process creates on one job's store,
 // then "<parent>/split<k>/color<c>" for the k-th split of a parent), so
 // communicators never read each other's addresses or status. The
 // communicator id on the wire is a hash of the prefix.
@@ -12,6 +13,8 @@
 #include <cstdlib>
 #include <cstring>
 #include <functional>
+#include <map>
+#include <mutex>
 #include <optional>
 #include <system_error>
 
@@ -37,6 +40,53 @@ std::uint32_t hash_prefix(const std::string& prefix) {
   return h;
 }
 
+// A second world on the job's store (every rank creates its worlds in the
+// same order) read the first one's addresses and shared-memory names under
+// the same prefix, and failed on stale ones or waited out BRAID_TIMEOUT. The
+// store rank 0 serves (no launcher) stays up until the process exits
+// (atexit, before the statics its thread may use), as every world of the
+// job shares it: one world's end no longer takes the store from under a
+// peer that already went on to the next.
+struct JobStores {
+  const unsigned born_in = fork_generation();
+  std::mutex mu;
+  std::map<std::string, int> worlds;                                     // by job: worlds made
+  std::map<std::string, std::shared_ptr<runtime::StoreServer>> served;  // by job: rank 0's server
+};
+
+JobStores& job_stores() {
+  static auto* stores = new JobStores;  // its servers stop at exit (job_store_server)
+  return *stores;
+}
+
+std::string job_key(const runtime::RankInfo& info) {
+  return info.store_host + ":" + std::to_string(info.store_port) + "/" + info.job_token;
+}
+
+std::string next_world_prefix(const runtime::RankInfo& info) {
+  JobStores& stores = job_stores();
+  std::lock_guard lock(stores.mu);
+  const int made = stores.worlds[job_key(info)]++;
+  return made == 0 ? "braid/world" : "braid/world" + std::to_string(made + 1);
+}
+
+std::shared_ptr<runtime::StoreServer> job_store_server(const runtime::RankInfo& info) {
+  JobStores& stores = job_stores();
+  std::lock_guard lock(stores.mu);
+  auto& server = stores.served[job_key(info)];
+  if (server) return server;
+  server = runtime::serve_job_store(info);
+  static const bool stop_at_exit = std::atexit([] {
+    JobStores& all = job_stores();
+    std::lock_guard lock(all.mu);
+    // A forked child's copies are the parent's servers, without threads.
+    if (all.born_in != fork_generation()) new auto(std::move(all.served));
+    all.served.clear();
+  }) == 0;
+  (void)stop_at_exit;
+  return server;
+}
+
 std::shared_ptr<Communicator::Impl> new_impl(const runtime::RankInfo& info, const runtime::Config& config,
                                              std::string prefix, int rank, int size) {
   auto impl = std::make_shared<Communicator::Impl>();
@@ -45,6 +95,7 @@ std::shared_ptr<Communicator::Impl> new_impl(const runtime::RankInfo& info, cons
   impl->rank = rank;
   impl->size = size;
   impl->key_prefix = std::move(prefix);
+  impl->born_in = fork_generation();
   impl->comm_id = hash_prefix(impl->key_prefix);
   impl->exchange.comm_id = impl->comm_id;
   impl->exchange.rank = rank;
@@ -388,11 +439,11 @@ std::unique_ptr<Communicator> Communicator::create_world(const runtime::RankInfo
 std::unique_ptr<Communicator> Communicator::create_world(const runtime::RankInfo& info,
                                                          const runtime::Config& config) {
   runtime::setup_logging(info.rank, config.log_level);
-  auto impl = new_impl(info, config, "braid/world", info.rank, info.world_size);
+  auto impl = new_impl(info, config, next_world_prefix(info), info.rank, info.world_size);
   if (info.world_size > 1 || info.launcher != "none") {
     // On the first free port of the job's sequence, found by the others
     // through the token (runtime/store_ports.h).
-    impl->store_server = runtime::serve_job_store(info);
+    impl->store_server = job_store_server(info);
     impl->store = runtime::connect_job_store(info, impl->store_server.get(), config.timeout);
     impl->store->set_request_timeout(config.timeout);
   }
@@ -418,6 +469,10 @@ std::unique_ptr<Communicator> Communicator::split(int color, int key) {
   auto prefix = impl_->key_prefix + "/split" + std::to_string(split_index) + "/color" + std::to_string(color);
   auto impl = new_impl(impl_->info, impl_->config, prefix, new_rank, static_cast<int>(members.size()));
   impl->store = impl_->store;
+  // Where rank 0 of the world serves the store (no launcher), its children
+  // keep it up: the world destroyed first took the store of every child
+  // with it, and their next split or status failed.
+  impl->store_server = impl_->store_server;
   for (const auto& member : members) {
     impl->hosts.push_back(impl_->hosts[member.second]);
     impl->cpus.push_back(impl_->cpus[member.second]);

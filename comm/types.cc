@@ -1,6 +1,15 @@
 #include "comm/types.h"
 
+#include <array>
+
 namespace braid::comm {
+namespace {
+
+// select.cc's names, numbered from 1 (algorithm_id).
+constexpr std::array<std::string_view, kAlgorithmIds - 1> kAlgorithmNames = {
+    "ring", "recursive_doubling", "direct", "oneshot", "binomial", "pipelined", "pairwise", "dissemination"};
+
+}  // namespace
 
 std::string_view name(OpKind kind) {
   static constexpr std::string_view kNames[] = {
@@ -19,6 +28,18 @@ std::string describe(const Op& op) {
   if (op.kind == OpKind::broadcast || op.kind == OpKind::reduce) text += ", root " + std::to_string(op.root);
   if (op.kind == OpKind::send || op.kind == OpKind::recv) text += ", peer " + std::to_string(op.root);
   return text + ")";
+}
+
+std::uint8_t algorithm_id(std::string_view name) {
+  if (name == "cuda_ipc") name = "direct";
+  for (std::size_t i = 0; i < kAlgorithmNames.size(); ++i)
+    if (kAlgorithmNames[i] == name) return static_cast<std::uint8_t>(i + 1);
+  return 0;
+}
+
+std::string algorithm_name(std::uint8_t id) {
+  if (id >= 1 && id < kAlgorithmIds) return std::string(kAlgorithmNames[id - 1]);
+  return "algorithm " + std::to_string(id);
 }
 
 }  // namespace braid::comm

@@ -6,6 +6,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <string_view>
 
 #include "braid/types.h"
 #include "runtime/device.h"
@@ -41,10 +42,23 @@ struct Op {
   // before the sum (communicator.cc: scale_avg_inputs); the engine scales
   // the result back up after the algorithm (finish_scaled_avg).
   bool avg_scaled = false;
+  // The algorithm that runs the call (algorithm_id, below, of select.cc's
+  // choice), set by the engine before it runs the call: every message
+  // carries it, so ranks that chose differently (BRAID_ALGO, registered
+  // buffers) are told so. 0 for point-to-point calls.
+  std::uint8_t algorithm = 0;
 };
 
 // "all_reduce #12 (count 1024, f32, sum)"
 std::string describe(const Op& op);
+
+// The number of a select.cc algorithm name, as Op and the headers carry it:
+// 1 up to kAlgorithmIds - 1; cuda_ipc is direct's (the same collectives over
+// device buffers); 0 for a name it does not know (point-to-point calls).
+inline constexpr std::uint8_t kAlgorithmIds = 9;
+std::uint8_t algorithm_id(std::string_view name);
+// The name of an algorithm number ("algorithm 12" for an unknown one).
+std::string algorithm_name(std::uint8_t id);
 
 // A buffer in registered memory (Communicator::allocate; DESIGN.md
 // "Registered regions"), as a peer's transport needs it: the owning

@@ -27,6 +27,7 @@ WireHeader make_header(std::uint32_t comm_id, const Op& op, int my_rank, int pee
   h.kind = static_cast<std::uint8_t>(op.kind);
   h.dtype = static_cast<std::uint8_t>(op.dtype);
   h.reduce_op = static_cast<std::uint8_t>(op.reduce_op);
+  h.algorithm = op.algorithm;
   h.root = op.root;
   h.comm_id = comm_id;
   h.step = step;
@@ -51,8 +52,8 @@ WireHeader expected_header(std::uint32_t comm_id, const Op& op, int my_rank, int
 std::string header_mismatch(const WireHeader& expected, const WireHeader& got, int my_rank, int peer) {
   // Every message of every call passes here: the match builds no string.
   if (got.magic == kWireMagic && got.version == kWireVersion && got.comm_id == expected.comm_id &&
-      same_call(expected, got) && got.step == expected.step && got.segment == expected.segment &&
-      got.payload_bytes == expected.payload_bytes)
+      same_call(expected, got) && got.algorithm == expected.algorithm && got.step == expected.step &&
+      got.segment == expected.segment && got.payload_bytes == expected.payload_bytes)
     return {};
   std::string me = "rank " + std::to_string(my_rank);
   std::string them = "rank " + std::to_string(peer);
@@ -73,6 +74,11 @@ std::string header_mismatch(const WireHeader& expected, const WireHeader& got, i
     return "mismatched collectives: " + me + " called " + describe(mine) + " but " + them +
            " called " + describe(theirs) + "; every rank must issue the same collectives in the same order";
   }
+  if (got.algorithm != expected.algorithm)
+    return "mismatched collectives: " + me + " runs " + describe(op_of(expected)) + " with " +
+           algorithm_name(expected.algorithm) + ", " + them + " with " + algorithm_name(got.algorithm) +
+           "; set BRAID_ALGO alike on every rank, and give every rank registered buffers (Communicator::allocate) "
+           "or none";
   if (got.step != expected.step || got.segment != expected.segment ||
       got.payload_bytes != expected.payload_bytes)
     return me + " received an out-of-order message from " + them + " (step " + std::to_string(got.step) +

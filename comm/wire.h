@@ -2,12 +2,14 @@
 // the check every receiver applies to it.
 //
 // A header carries the sender's whole call signature (communicator, op
-// sequence number, op kind, dtype, reduce op, count, root) plus the position
+// sequence number, op kind, dtype, reduce op, count, root, the algorithm
+// that runs it) plus the position
 // of the segment in the algorithm's schedule (step, segment) and the payload
 // length. The receiver builds the header it expects from its own call and
 // compares: a peer that called another collective, or the same one with
-// another count, dtype, op or root, is reported with both calls named; a
-// header that is not a braid header at all is reported as garbage. A
+// another count, dtype, op or root, is reported with both calls named, one
+// that runs the same call with another algorithm with both algorithms
+// named; a header that is not a braid header at all is reported as garbage. A
 // mismatched message always fails the operation, so none of it is ever
 // reported as a result (the TCP transport reads header and payload in one
 // call, so part of such a payload may have landed in the receive buffer of
@@ -23,7 +25,7 @@
 namespace braid::comm {
 
 inline constexpr std::uint32_t kWireMagic = 0x4d445242;  // "BRDM"
-inline constexpr std::uint16_t kWireVersion = 1;
+inline constexpr std::uint16_t kWireVersion = 2;  // 2: the algorithm byte
 
 struct WireHeader {
   std::uint32_t magic = kWireMagic;
@@ -31,7 +33,8 @@ struct WireHeader {
   std::uint8_t kind = 0;       // OpKind
   std::uint8_t dtype = 0;      // DataType
   std::uint8_t reduce_op = 0;  // ReduceOp
-  std::uint8_t reserved[3] = {0, 0, 0};
+  std::uint8_t algorithm = 0;  // algorithm_id
+  std::uint8_t reserved[2] = {0, 0};
   std::int32_t root = -1;
   std::uint32_t comm_id = 0;
   std::uint32_t step = 0;

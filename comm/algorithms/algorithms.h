@@ -192,6 +192,10 @@ struct Algorithm {
   // first.
   bool agrees = false;
   Reason reason;
+  // comm/types.h's algorithm_id of `name`, as Op::algorithm carries it (0 for
+  // point-to-point calls); set by select_algorithm and the lean path's
+  // look-ups.
+  std::uint8_t id = 0;
 };
 Algorithm select_algorithm(const CallShape& call);
 // Whether the answer for `call` depends on call.registered: the engine

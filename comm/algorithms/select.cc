@@ -222,7 +222,9 @@ std::optional<Algorithm> oneshot_whenever_fits(const CallShape& call) {
   if (call.device || call.forced == "direct") return std::nullopt;
   CallShape largest = call;
   largest.bytes = call.slot_bytes;
-  return select_oneshot(largest);
+  auto oneshot = select_oneshot(largest);
+  if (oneshot) oneshot->id = algorithm_id(oneshot->name);
+  return oneshot;
 }
 
 // Every rule of the host table is a single crossover in bytes (one
@@ -280,6 +282,7 @@ Algorithm select_algorithm(const CallShape& call) {
   const bool point_to_point = call.kind == OpKind::send || call.kind == OpKind::recv;
   const bool own_barrier = algorithm.name == "oneshot" || algorithm.name == "direct" || algorithm.name == "cuda_ipc";
   if (call.slot_bytes > 0 && !point_to_point && !own_barrier) algorithm.agrees = false;
+  algorithm.id = point_to_point ? 0 : algorithm_id(algorithm.name);
   return algorithm;
 }
 

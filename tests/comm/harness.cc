@@ -48,7 +48,7 @@ struct TempDir {
     info.local_world_size = size;
     info.store_host = options.store_host;
     info.store_port = port;
-    info.store_served_by_rank0 = false;
+    info.store_served_by_rank0 = options.store_by_rank0;
     info.job_token = token;
     info.launcher = "test";
     runtime::Config config = options.config;
@@ -56,7 +56,8 @@ struct TempDir {
     if (options.enter_rank) config.bind_addr = options.enter_rank(rank);
     if (options.configure) options.configure(rank, config);
     auto comm = comm::Communicator::create_world(info, config);
-    fn(*comm);
+    if (options.own_world) options.own_world(std::move(comm), info, config);
+    else fn(*comm);
   } catch (const std::exception& e) {
     code = 1;
     message = e.what();
@@ -109,13 +110,15 @@ RunResult run_ranks(int size, const std::function<void(comm::Communicator&)>& fn
       close(home);
     }
   }
+  std::uint16_t port = server->port();
+  if (options.store_by_rank0) server.reset();  // its port, free again, starts the job's sequence
   std::vector<pid_t> pids;
   auto start = std::chrono::steady_clock::now();
   std::fflush(nullptr);  // or every child flushes the parent's buffered output again
   for (int rank = 0; rank < size; ++rank) {
     pid_t pid = fork();
     if (pid == 0)
-      rank_main(rank, size, server->port(), token, options, dir.path / ("rank" + std::to_string(rank)), fn);
+      rank_main(rank, size, port, token, options, dir.path / ("rank" + std::to_string(rank)), fn);
     pids.push_back(pid);
   }
   RunResult result;

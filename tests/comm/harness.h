@@ -10,6 +10,7 @@
 
 #include <chrono>
 #include <functional>
+#include <memory>
 #include <stdexcept>
 #include <string>
 #include <utility>
@@ -52,6 +53,12 @@ struct RunOptions {
   // is the namespace it listens in.
   std::string store_host = "127.0.0.1";
   int store_netns = -1;
+  // Rank 0's communicator serves the store (as without a launcher), not
+  // the test's process.
+  bool store_by_rank0 = false;
+  // When set, runs on each rank instead of fn, owning the world
+  // communicator (to destroy it before others it made), with what made it.
+  std::function<void(std::unique_ptr<comm::Communicator>, const runtime::RankInfo&, const runtime::Config&)> own_world;
 };
 
 // Options with a deadline and every rank's config, the rest as defaults.

@@ -76,7 +76,7 @@ void bad_device_calls(Communicator& comm) {
                    [&] { comm.all_reduce(host.data(), fake.data(), 8, DataType::f32, ReduceOp::sum); },
                    {"all_reduce", "send buffer is in host memory", "CUDA device 0 memory", "same memory"});
     expect_invalid("a stream with host buffers",
-                   [&] { comm.all_gather(host.data(), host.data(), 8, DataType::f32, stream); },
+                   [&] { comm.all_gather(host.data() + 8 * comm.rank(), host.data(), 8, DataType::f32, stream); },
                    {"all_gather", "CUDA stream"});
     if (!runtime::cuda_built()) {
       expect_invalid("device buffers in a build without CUDA",
@@ -113,6 +113,19 @@ void bad_calls(Communicator& comm) {
                  {rank, "broadcast", "root " + std::to_string(n), "out of range"});
   expect_invalid("negative root", [&] { comm.reduce(buf.data(), out.data(), 8, DataType::f32, ReduceOp::sum, -1); },
                  {"reduce", "root -1", "out of range"});
+  // Buffers that overlap other than in place gave wrong results, no error.
+  expect_invalid("overlapping buffers", [&] { comm.all_reduce(buf.data(), buf.data() + 1, 8, DataType::f32, ReduceOp::sum); },
+                 {rank, "all_reduce", "overlap, but not as an in-place call", "the same pointer"});
+  expect_invalid("reduce_scatter's receive buffer off this rank's slice",
+                 [&] { comm.reduce_scatter(out.data(), out.data() + 8 * other, 8, DataType::f32, ReduceOp::sum); },
+                 {"reduce_scatter", "overlap", "send + rank x count"});
+  expect_invalid("all_gather's send buffer off this rank's slice",
+                 [&] { comm.all_gather(out.data() + 8 * other, out.data(), 8, DataType::f32); },
+                 {"all_gather", "overlap", "recv + rank x count"});
+  expect_invalid("all_to_all's buffers overlapping", [&] { comm.all_to_all(out.data() + 1, out.data(), 8, DataType::f32); },
+                 {"all_to_all", "overlap"});
+  expect_invalid("the broadcast root's buffers overlapping",
+                 [&] { comm.broadcast(buf.data() + 3, buf.data(), 8, DataType::f32, me); }, {"broadcast", "overlap"});
   expect_invalid("send to self", [&] { comm.send(buf.data(), 8, DataType::f32, me); }, {rank, "send", "itself"});
   expect_invalid("recv from self", [&] { comm.recv(buf.data(), 8, DataType::f32, me); }, {"recv", "itself"});
   expect_invalid("peer out of range", [&] { comm.send(buf.data(), 8, DataType::f32, n + 5); },
@@ -299,7 +312,7 @@ TEST_CASE("failures: after a failure queued and later calls fail with AbortedErr
         // Issued together: a good large all_reduce, the mismatch, then two more.
         Work good = comm.all_reduce(a.data(), a.data(), big, DataType::f32, ReduceOp::sum);
         Work bad = comm.rank() == 0 ? comm.all_reduce(b.data(), b.data(), small, DataType::f32, ReduceOp::sum)
-                                    : comm.all_gather(b.data(), b.data(), small, DataType::f32);
+                                    : comm.all_gather(b.data() + small, b.data(), small, DataType::f32);
         Work queued1 = comm.barrier();
         Work queued2 = comm.all_reduce(c.data(), c.data(), big, DataType::f32, ReduceOp::sum);
         good.wait();
@@ -355,6 +368,110 @@ std::string list(const std::vector<std::int32_t>& v) {
   }
   text += ']';
   return text;
+}
+
+// Without a launcher, rank 0's world communicator serves the store; its
+// splits share it. Destroying the world first took the store with it, and
+// a child's next split failed with "the store closed the connection".
+TEST_CASE("failures: splits outlive their world where rank 0 serves the store", "[failures]") {
+  const std::string transport = GENERATE("tcp", "shm");
+  INFO(transport);
+  auto options = options_with(seconds(10), seconds(45), transport);
+  options.store_by_rank0 = true;
+  options.own_world = [](std::unique_ptr<Communicator> world, const runtime::RankInfo&, const runtime::Config&) {
+    auto child = world->split(0, world->rank());
+    world.reset();
+    std::int64_t sum = child->rank();
+    child->all_reduce(&sum, &sum, 1, DataType::i64, ReduceOp::sum).wait();
+    expect(sum == 6, "the child's all_reduce after its world was destroyed gave " + std::to_string(sum));
+    auto grandchild = child->split(child->rank() % 2, child->rank());
+    child.reset();
+    sum = 1;
+    grandchild->all_reduce(&sum, &sum, 1, DataType::i64, ReduceOp::sum).wait();
+    expect(sum == 2, "the grandchild's all_reduce gave " + std::to_string(sum));
+  };
+  auto result = test::run_ranks(4, {}, options);
+  INFO(result.summary());
+  REQUIRE_FALSE(result.timed_out);
+  CHECK(result.all_ok());
+}
+
+// A second world in one job, after the first and beside it: all under the
+// one prefix "braid/world", a later world read the earlier one's addresses
+// and shared-memory names and failed on them, or waited out the timeout.
+TEST_CASE("failures: a job creates worlds one after another and side by side", "[failures]") {
+  const std::string transport = GENERATE("tcp", "shm");
+  const bool by_rank0 = GENERATE(false, true);
+  INFO(transport << (by_rank0 ? ", rank 0 serves the store" : ", the test serves the store"));
+  auto options = options_with(seconds(10), seconds(60), transport);
+  options.store_by_rank0 = by_rank0;
+  options.own_world = [](std::unique_ptr<Communicator> world, const runtime::RankInfo& info,
+                         const runtime::Config& config) {
+    auto sum_of_ranks = [](Communicator& comm, const std::string& which) {
+      std::int64_t sum = comm.rank();
+      comm.all_reduce(&sum, &sum, 1, DataType::i64, ReduceOp::sum).wait();
+      expect(sum == 3, which + " world's all_reduce gave " + std::to_string(sum));
+    };
+    sum_of_ranks(*world, "the first");
+    world.reset();
+    for (int again = 0; again < 3; ++again) {
+      world = Communicator::create_world(info, config);
+      sum_of_ranks(*world, "a later");
+      world.reset();
+    }
+    auto one = Communicator::create_world(info, config);
+    auto two = Communicator::create_world(info, config);
+    sum_of_ranks(*two, "the second of two side by side");
+    sum_of_ranks(*one, "the first of two side by side");
+  };
+  auto result = test::run_ranks(3, {}, options);
+  INFO(result.summary());
+  REQUIRE_FALSE(result.timed_out);
+  CHECK(result.all_ok());
+}
+
+// A child forked after the communicator was made: a call there took the
+// parent's place in the job, and destroying the child's copy (at its exit)
+// shut the parent's connections down. The child is refused and leaves the
+// parent's communicator alone.
+TEST_CASE("failures: a forked child cannot use its parent's communicator, nor break it", "[failures]") {
+  const std::string transport = GENERATE("tcp", "shm");
+  INFO(transport);
+  auto options = options_with(seconds(10), seconds(45), transport);
+  options.own_world = [](std::unique_ptr<Communicator> world, const runtime::RankInfo&, const runtime::Config&) {
+    std::int64_t sum = 1;
+    world->all_reduce(&sum, &sum, 1, DataType::i64, ReduceOp::sum).wait();
+    if (world->rank() == 0) {
+      std::fflush(nullptr);
+      const pid_t child = fork();
+      if (child == 0) {
+        int code = 3;
+        try {
+          std::int64_t x = 1;
+          world->all_reduce(&x, &x, 1, DataType::i64, ReduceOp::sum).wait();
+        } catch (const InvalidUsage& e) {
+          code = contains(e.what(), "forked") ? 0 : 4;
+        } catch (...) {
+          code = 5;
+        }
+        world.reset();  // at the child's exit, as a global would be
+        _exit(code);
+      }
+      int status = 0;
+      waitpid(child, &status, 0);
+      expect(WIFEXITED(status) && WEXITSTATUS(status) == 0,
+             "the forked child's call was not refused naming the fork (status " + std::to_string(status) + ")");
+    }
+    for (int round = 0; round < 3; ++round) {
+      sum = 1;
+      world->all_reduce(&sum, &sum, 1, DataType::i64, ReduceOp::sum).wait();
+      expect(sum == 3, "the parent's all_reduce after the child's exit gave " + std::to_string(sum));
+    }
+  };
+  auto result = test::run_ranks(3, {}, options);
+  INFO(result.summary());
+  REQUIRE_FALSE(result.timed_out);
+  CHECK(result.all_ok());
 }
 
 TEST_CASE("failures: split by color and key, color -1, and a split of a split", "[failures]") {

@@ -257,3 +257,37 @@ TEST_CASE("abuse: mismatched arguments on registered buffers fail before the dir
     check_case(result);
   }
 }
+
+// BRAID_ALGO told differently to different ranks: each runs the call with
+// its own algorithm, whose messages the others never expected (the root's
+// binomial tree sends where a pipelined chain waits for another rank), and
+// ranks waited until BRAID_TIMEOUT or named a later call. Every message
+// carries the algorithm now (wire.h), as does every signature in the
+// shared slots, so the first call fails on every rank naming both.
+TEST_CASE("abuse: ranks told different BRAID_ALGO fail in the call, naming both algorithms", "[failures][abuse]") {
+  const std::string transport = GENERATE("shm", "tcp");
+  struct Told {
+    OpKind kind;
+    const char *first, *others;
+  };
+  const Told told = GENERATE(Told{OpKind::broadcast, "binomial", "pipelined"},
+                             Told{OpKind::broadcast, "pipelined", "binomial"},
+                             Told{OpKind::all_reduce, "recursive_doubling", "ring"},
+                             Told{OpKind::all_reduce, "ring", "recursive_doubling"});
+  INFO(transport << ": " << name(told.kind) << ", rank 0 told " << told.first << ", the others " << told.others);
+  auto options = options_with(std::chrono::seconds(20), std::chrono::seconds(60), transport);
+  options.configure = [&told](int rank, runtime::Config& config) { config.algo = rank == 0 ? told.first : told.others; };
+  auto result = test::run_ranks(
+      3,
+      [&](Communicator& comm) {
+        comm.barrier().wait();  // #1
+        run_call(comm, Call{told.kind, 37, DataType::f32, ReduceOp::sum, 0}, false);
+      },
+      options);
+  check_case(result);
+  for (std::size_t r = 0; r < result.ranks.size(); ++r) {
+    INFO("rank " << r << ": " << result.ranks[r].message);
+    CHECK(contains(result.ranks[r].message, std::string(" with ") + told.first));
+    CHECK(contains(result.ranks[r].message, std::string(" with ") + told.others));
+  }
+}

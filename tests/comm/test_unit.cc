@@ -34,6 +34,27 @@ TEST_CASE("header check names both calls on a mismatch") {
   CHECK_THAT(header_mismatch(expected, make_header(7, bigger, 2, 1, 0, 0, 64), 1, 2), Catch::Contains("count 2048"));
 }
 
+// Every message carries the algorithm that runs its call: the same call
+// run with another algorithm (BRAID_ALGO, registered buffers differing
+// across ranks) is named as such, with both algorithms.
+TEST_CASE("headers name the algorithms of ranks that chose differently") {
+  for (const char* name : {"ring", "recursive_doubling", "direct", "oneshot", "binomial", "pipelined", "pairwise",
+                           "dissemination"}) {
+    REQUIRE(algorithm_id(name) != 0);
+    CHECK(algorithm_name(algorithm_id(name)) == name);
+  }
+  CHECK(algorithm_id("cuda_ipc") == algorithm_id("direct"));
+  CHECK(algorithm_id("no such algorithm") == 0);
+  Op mine{OpKind::broadcast, nullptr, nullptr, 64, DataType::f32, ReduceOp::sum, 0, 9, {}, {}};
+  mine.algorithm = algorithm_id("binomial");
+  Op theirs = mine;
+  theirs.algorithm = algorithm_id("pipelined");
+  const std::string text = header_mismatch(expected_header(3, mine, 1, 0, 0, 0, 256), make_header(3, theirs, 0, 1, 0, 0, 256), 1, 0);
+  CHECK_THAT(text, Catch::Contains("mismatched collectives: rank 1 runs broadcast #9") &&
+                       Catch::Contains("with binomial, rank 0 with pipelined") && Catch::Contains("BRAID_ALGO"));
+  CHECK(header_mismatch(expected_header(3, mine, 1, 0, 0, 0, 256), make_header(3, mine, 0, 1, 0, 0, 256), 1, 0).empty());
+}
+
 TEST_CASE("point-to-point headers match send against recv") {
   Op send{OpKind::send, nullptr, nullptr, 10, DataType::i32, ReduceOp::sum, 3, 5, {}, {}};
   Op recv{OpKind::recv, nullptr, nullptr, 10, DataType::i32, ReduceOp::sum, 0, 5, {}, {}};

@@ -181,9 +181,10 @@ void ShmSlots::check_stray(int peer, std::uint64_t seq) const {
   theirs.seq = h.seq;
   throw RemoteError("mismatched collectives: " + rank_text(rank_) + " waits for " + rank_text(peer) +
                         "'s shared slot of this call, but " + rank_text(peer) + " called " + describe(theirs) +
-                        " and sent it a message of step " + std::to_string(h.step) +
-                        " (another algorithm: the arguments or the registered buffers of the ranks differ); every "
-                        "rank must issue the same collectives in the same order",
+                        " and runs it with " + algorithm_name(h.algorithm) + " (it sent a message of step " +
+                        std::to_string(h.step) + "): the arguments, BRAID_ALGO or the registered buffers of the "
+                        "ranks differ; every rank must issue the same collectives in the same order, with the same "
+                        "BRAID_ALGO, and give every rank registered buffers (Communicator::allocate) or none",
                     peer);
 }
 
