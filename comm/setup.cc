@@ -417,14 +417,29 @@ static void exchange_hosts(Communicator::Impl& impl, int size, const runtime::Co
   impl.hosts.assign(static_cast<std::size_t>(size), host);
   impl.cpus.assign(static_cast<std::size_t>(size), cpus);
   if (!impl.store || size == 1) return;
+  // Two processes with one rank number, or ranks told different world
+  // sizes (nodes started with different --nproc-per-node): each waited for
+  // ranks that never came until BRAID_TIMEOUT, naming a store key. A rank
+  // that meets either says so at once.
+  const std::string me = std::to_string(impl.rank), ranks = std::to_string(size);
+  const auto where = [&] {
+    return " (this one: rank " + me + " of " + ranks + ", " + runtime::describe(impl.info) +
+           "); every node must be started with the same --nproc-per-node and its own --node-rank";
+  };
+  if (impl.store->add(impl.key_prefix + "/claims/" + me, 1) > 1)
+    throw InvalidUsage("two processes of this job were given rank " + me + where());
   const std::string key = impl.key_prefix + "/host/";
-  impl.store->set(key + std::to_string(impl.rank), host + "\n" + cpus);
+  impl.store->set(key + me, host + "\n" + cpus + "\n" + ranks);
   for (int r = 0; r < size; ++r) {
     if (r == impl.rank) continue;
     const std::string value = impl.store->get_string(key + std::to_string(r), config.timeout);
-    const auto newline = value.find('\n');
-    impl.hosts[r] = value.substr(0, newline);
-    impl.cpus[r] = newline == std::string::npos ? "" : value.substr(newline + 1);
+    const auto first = value.find('\n'), second = value.find('\n', first == std::string::npos ? first : first + 1);
+    impl.hosts[r] = value.substr(0, first);
+    impl.cpus[r] = first == std::string::npos ? "" : value.substr(first + 1, second - std::min(second, first + 1));
+    const std::string theirs = second == std::string::npos ? ranks : value.substr(second + 1);
+    if (theirs != ranks)
+      throw InvalidUsage("rank " + std::to_string(r) + " of this job was started in a world of " + theirs +
+                         " ranks, this one in a world of " + ranks + where());
   }
 }
 

@@ -204,6 +204,34 @@ TEST_CASE("a non-zero node numbers its ranks globally and shares the token", "[l
   }
 }
 
+// Nodes started with different --nproc-per-node disagree on the world
+// size: node 1's ranks (2 and 3 of 4) waited for rank 1 until BRAID_TIMEOUT,
+// naming a store key. They now fail at once, saying what differs.
+TEST_CASE("nodes started with different --nproc-per-node are told so at once", "[launch]") {
+  const char* bench = std::getenv("BRAID_BENCH");
+  REQUIRE(bench != nullptr);
+  const EnvChanges env{{"BRAID_JOB_TOKEN", "nproc-mismatch"}, {"BRAID_TIMEOUT", "8"}};
+  const std::vector<std::string> program{"--", bench, "-b", "8", "-e", "8", "-n", "1", "-w", "0"};
+  auto node = [&](const char* nproc, const char* node_rank) {
+    std::vector<std::string> args{"-n", nproc, "--nnodes", "2", "--node-rank", node_rank, "--master-addr",
+                                  "127.0.0.1", "--master-port", "29533"};
+    args.insert(args.end(), program.begin(), program.end());
+    return args;
+  };
+  JobDir dir0, dir1;
+  LaunchedJob node0(dir0, node("1", "0"), env);  // rank 0 of 2
+  const auto started = std::chrono::steady_clock::now();
+  auto node1 = run_launch(dir1, node("2", "1"), env);  // ranks 2 and 3 of 4
+  const auto took = std::chrono::steady_clock::now() - started;
+  INFO(node1.out << node1.err);
+  CHECK(node1.status != 0);
+  CHECK_THAT(node1.err, Catch::Contains("rank 0 of this job was started in a world of 2 ranks, this one in a world "
+                                        "of 4") &&
+                            Catch::Contains("the same --nproc-per-node"));
+  CHECK(took < std::chrono::seconds(6));  // not the 8 s of BRAID_TIMEOUT
+  CHECK(node0.wait(std::chrono::seconds(30)) != 0);
+}
+
 TEST_CASE("rank output is relayed line by line with a rank prefix", "[launch]") {
   JobDir dir;
   std::string script = "echo \"out $BRAID_RANK\"; echo \"err $BRAID_RANK\" >&2; "
