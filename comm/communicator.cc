@@ -72,11 +72,11 @@ std::string call_text(const Op& op, int rank) {
 }
 
 // Whether `op`'s send and receive buffers overlap other than in its
-// in-place form (NCCL's): the same buffer, or for reduce_scatter the
-// receive buffer at this rank's slice of the send buffer, for all_gather
-// the send buffer at this rank's slice of the receive buffer. The
-// algorithms read an input that overlaps their output only in that form;
-// any other overlap gave wrong results with no error.
+// in-place form: the same buffer, or for reduce_scatter the receive buffer
+// at this rank's slice of the send buffer (NCCL's) or at its start, for
+// all_gather the send buffer at this rank's slice of the receive buffer.
+// The algorithms read an input that overlaps their output only in those
+// forms; any other overlap gave wrong results with no error.
 bool overlaps_otherwise(const Op& op, int rank, int size) {
   const std::size_t es = dtype_bytes(op.dtype);
   const std::size_t send_bytes = send_elements(op, rank, size) * es, recv_bytes = recv_elements(op, rank, size) * es;
@@ -85,7 +85,7 @@ bool overlaps_otherwise(const Op& op, int rank, int size) {
   if (send_bytes == 0 || recv_bytes == 0 || send >= recv + recv_bytes || recv >= send + send_bytes) return false;
   const std::size_t slice = op.count * es * static_cast<std::size_t>(rank);
   switch (op.kind) {
-    case OpKind::reduce_scatter: return recv != send + slice;
+    case OpKind::reduce_scatter: return recv != send + slice && recv != send;
     case OpKind::all_gather: return send != recv + slice;
     default: return send != recv;
   }
@@ -94,7 +94,7 @@ bool overlaps_otherwise(const Op& op, int rank, int size) {
 [[noreturn, gnu::noinline, gnu::cold]] void refuse_overlap(const Op& op, int rank) {
   std::string in_place = "the same pointer for both";
   if (op.kind == OpKind::reduce_scatter)
-    in_place = "the receive buffer at this rank's slice of the send buffer (send + rank x count)";
+    in_place = "the receive buffer at this rank's slice of the send buffer (send + rank x count) or at its start";
   if (op.kind == OpKind::all_gather)
     in_place = "the send buffer at this rank's slice of the receive buffer (recv + rank x count)";
   throw InvalidUsage(call_text(op, rank) + "the send and receive buffers overlap, but not as an in-place call; "
@@ -279,12 +279,35 @@ std::shared_ptr<void> Communicator::Impl::stage_in_place_all_to_all(Op& op) cons
   return copy;
 }
 
+// reduce_scatter into the start of its send buffer on a rank other than 0
+// (not NCCL's in-place form, the rank's own slice). The ring serves it, but
+// a direct collective (registered host buffers under BRAID_ALGO=direct,
+// device buffers through CUDA IPC) reads the peers' input blocks straight
+// from their buffers, and this rank's result overwrote one before a peer
+// had read it: wrong results on the other ranks. A registered input is
+// copied into registered memory, which the call then reads; on device
+// memory the form is refused.
+std::shared_ptr<void> Communicator::Impl::stage_reduce_scatter_at_start(Op& op) const {
+  if (op.kind != OpKind::reduce_scatter || rank == 0 || op.send != op.recv || op.count == 0) return nullptr;
+  if (op.memory.kind == runtime::MemoryKind::device)
+    throw InvalidUsage(call_text(op, rank) + "on device memory the receive buffer must be this rank's slice of the "
+                       "send buffer (send + rank x count) or a buffer of its own, not the send buffer's start");
+  const std::size_t bytes = send_elements(op, rank, size) * dtype_bytes(op.dtype);
+  RegionRef ref;
+  if (!shm::regions::find(op.send, bytes, ref)) return nullptr;  // no direct collective can run it
+  std::shared_ptr<void> copy(shm::regions::allocate(bytes), shm::regions::release);
+  std::memcpy(copy.get(), op.send, bytes);
+  op.send = copy.get();
+  return copy;
+}
+
 Work Communicator::submit(Op&& op) {
   if (impl_->born_in != forks.load(std::memory_order_relaxed)) [[unlikely]] refuse_forked(op, impl_->rank);
   validate(op, impl_->rank, impl_->size);
   if (op.stream.cuda != nullptr || runtime::device_memory_possible()) locate_buffers(op, impl_->rank, impl_->size);
   auto kept = scale_avg_inputs(op, impl_->rank, impl_->size);
   if (!kept) kept = impl_->stage_in_place_all_to_all(op);
+  if (!kept) kept = impl_->stage_reduce_scatter_at_start(op);
   if (auto done = impl_->try_lean(op)) return Work(std::move(done));  // small one-shot calls (engine_lean.cc)
   std::shared_ptr<WorkState> state = impl_->enqueue(op);
   if (kept) state->keep = kept;  // until the engine is done with the call, which holds `state`

@@ -216,6 +216,9 @@ struct Communicator::Impl {
   // Under BRAID_ALGO=direct, points an in-place all_to_all's input at a
   // registered copy, returned to be kept for the call (communicator.cc).
   std::shared_ptr<void> stage_in_place_all_to_all(Op& op) const;
+  // Likewise a reduce_scatter into the start of its send buffer on a rank
+  // other than 0 (refused on device memory).
+  std::shared_ptr<void> stage_reduce_scatter_at_start(Op& op) const;
   void note_choice(OpKind kind, const Algorithm& algorithm);
   void abort(const std::string& reason);
 };

@@ -48,7 +48,7 @@ std::uint32_t hash_prefix(const std::string& prefix) {
 // job shares it: one world's end no longer takes the store from under a
 // peer that already went on to the next.
 struct JobStores {
-  const unsigned born_in = fork_generation();
+  unsigned born_in = fork_generation();
   std::mutex mu;
   std::map<std::string, int> worlds;                                     // by job: worlds made
   std::map<std::string, std::shared_ptr<runtime::StoreServer>> served;  // by job: rank 0's server
@@ -59,6 +59,17 @@ JobStores& job_stores() {
   return *stores;
 }
 
+// With `stores.mu` held: in a child forked since, the counts and servers
+// are the parent's (the servers without their threads); the child starts
+// afresh, leaving them alone.
+void forget_parent(JobStores& stores) {
+  if (stores.born_in == fork_generation()) return;
+  new auto(std::move(stores.served));
+  stores.served.clear();
+  stores.worlds.clear();
+  stores.born_in = fork_generation();
+}
+
 std::string job_key(const runtime::RankInfo& info) {
   return info.store_host + ":" + std::to_string(info.store_port) + "/" + info.job_token;
 }
@@ -66,6 +77,7 @@ std::string job_key(const runtime::RankInfo& info) {
 std::string next_world_prefix(const runtime::RankInfo& info) {
   JobStores& stores = job_stores();
   std::lock_guard lock(stores.mu);
+  forget_parent(stores);
   const int made = stores.worlds[job_key(info)]++;
   return made == 0 ? "braid/world" : "braid/world" + std::to_string(made + 1);
 }
@@ -73,14 +85,14 @@ std::string next_world_prefix(const runtime::RankInfo& info) {
 std::shared_ptr<runtime::StoreServer> job_store_server(const runtime::RankInfo& info) {
   JobStores& stores = job_stores();
   std::lock_guard lock(stores.mu);
+  forget_parent(stores);
   auto& server = stores.served[job_key(info)];
   if (server) return server;
   server = runtime::serve_job_store(info);
   static const bool stop_at_exit = std::atexit([] {
     JobStores& all = job_stores();
     std::lock_guard lock(all.mu);
-    // A forked child's copies are the parent's servers, without threads.
-    if (all.born_in != fork_generation()) new auto(std::move(all.served));
+    forget_parent(all);  // a forked child's copies are the parent's servers, without threads
     all.served.clear();
   }) == 0;
   (void)stop_at_exit;

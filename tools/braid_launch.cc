@@ -91,7 +91,8 @@ void add_options(CLI::App& app, LaunchOptions& options, CliExtras& extras, doubl
                  "(ranks see BRAID_RESTART_COUNT / TORCHELASTIC_RESTART_COUNT)")
       ->capture_default_str();
   app.add_option("--log-dir", options.log_dir,
-                 "write each rank's output to DIR/rank_<r>.out and .err instead of relaying it");
+                 "write each rank's output to DIR/rank_<r>.out and .err (rank_<r>.restart<k>.* after the k-th "
+                 "restart) instead of relaying it");
   app.add_option("--timeout", timeout_s,
                  "stop the job after this many seconds (exit 124); 0: no limit; beyond 1e9 (or inf): 1e9");
   app.add_option("--grace-period", grace_s,

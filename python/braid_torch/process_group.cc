@@ -321,33 +321,46 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::alltoall_unequal(at::Tensor& o
   if (sends[me] != recvs[me])
     refuse("alltoall_base", "this rank sends itself " + std::to_string(sends[me]) + " elements but expects " +
                                 std::to_string(recvs[me]) + " from itself");
-  const auto* in = static_cast<const std::byte*>(input.data_ptr());
-  auto* out = static_cast<std::byte*>(output.data_ptr());
-  const auto element = static_cast<std::size_t>(input.element_size());
-  if (in < out + output.nbytes() && out < in + input.nbytes() && input.nbytes() && output.nbytes())
-    refuse("alltoall_base", "the input and output share memory; pass separate tensors");
+  // The messages leave from and land in host tensors: an input that shares
+  // memory with the output is copied first (the parts land while others
+  // are still to be sent), and device tensors go through host copies
+  // (device sends and receives run one at a time, and a large send waits
+  // for its receive: the exchange would wait on itself).
+  const bool device = !input.is_cpu() || !output.is_cpu();
+  const auto* in_begin = static_cast<const std::byte*>(input.data_ptr());
+  const auto* out_begin = static_cast<const std::byte*>(output.data_ptr());
+  const bool shared = input.nbytes() && output.nbytes() && in_begin < out_begin + output.nbytes() &&
+                      out_begin < in_begin + input.nbytes();
+  at::Tensor from = device ? input.cpu() : shared ? input.clone() : input;
+  at::Tensor into = device ? at::empty(output.sizes(), output.options().device(at::kCPU)) : output;
   // Counts as movable() gives them: elements of braid's dtype, or bytes.
-  const Buffer whole = movable(input, "alltoall_base");
+  const Buffer whole = movable(from, "alltoall_base");
+  const auto element = static_cast<std::size_t>(from.element_size());
   const std::size_t units = whole.dtype == DataType::u8 ? element : 1;
   auto offsets = [](const std::vector<int64_t>& counts) {
-    std::vector<std::size_t> at(counts.size() + 1, 0);
-    for (std::size_t r = 0; r < counts.size(); ++r) at[r + 1] = at[r] + static_cast<std::size_t>(counts[r]);
+    std::vector<int64_t> at(counts.size() + 1, 0);
+    for (std::size_t r = 0; r < counts.size(); ++r) at[r + 1] = at[r] + counts[r];
     return at;
   };
-  auto issue = [this, size, me, sends, recvs, from = offsets(sends), to = offsets(recvs), in, out, element, units,
-                dtype = whole.dtype] {
-    std::memcpy(out + to[me] * element, in + from[me] * element, static_cast<std::size_t>(sends[me]) * element);
+  auto issue = [this, size, me, sends, recvs, at_in = offsets(sends), at_out = offsets(recvs), from, into, element,
+                units, dtype = whole.dtype] {
+    into.view({-1}).narrow(0, at_out[me], recvs[me]).copy_(from.reshape({-1}).narrow(0, at_in[me], sends[me]));
     if (size == 1) return comm_->barrier();
+    const auto* in = static_cast<const std::byte*>(from.data_ptr());
+    auto* out = static_cast<std::byte*>(into.data_ptr());
+    auto bytes = [element](int64_t elements) { return static_cast<std::size_t>(elements) * element; };
     comm::Work last;
     for (int step = 1; step < size; ++step) {
       const int peer_to = (me + step) % size, peer_from = (me - step + size) % size;
-      comm_->send(in + from[peer_to] * element, static_cast<std::size_t>(sends[peer_to]) * units, dtype, peer_to);
-      last = comm_->recv(out + to[peer_from] * element, static_cast<std::size_t>(recvs[peer_from]) * units, dtype,
+      comm_->send(in + bytes(at_in[peer_to]), static_cast<std::size_t>(sends[peer_to]) * units, dtype, peer_to);
+      last = comm_->recv(out + bytes(at_out[peer_from]), static_cast<std::size_t>(recvs[peer_from]) * units, dtype,
                          peer_from);
     }
     return last;  // calls complete in issue order: the last one done, all are
   };
-  return enqueue({c10d::OpType::ALLTOALL_BASE, issue, {output}, {input}, {}});
+  std::function<void()> finish;
+  if (device) finish = [output, into]() mutable { output.copy_(into); };
+  return enqueue({c10d::OpType::ALLTOALL_BASE, issue, {output}, {from, into}, finish});
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::send(std::vector<at::Tensor>& tensors, int dst_rank, int tag) {

@@ -161,6 +161,42 @@ TEST_CASE("direct collectives: ranks told different workers agree on one answer"
   CHECK(result.all_ok());
 }
 
+// reduce_scatter into the start of its own send buffer (not NCCL's in-place
+// form, the rank's slice, but one the algorithms always served), on every
+// algorithm: validate() must keep accepting it, and the result must be
+// exact.
+TEST_CASE("reduce_scatter into the start of its send buffer is exact on every algorithm",
+          "[collectives][registered][direct]") {
+  const int size = GENERATE(2, 3);
+  const std::string algo = GENERATE("auto", "direct");
+  runtime::Config config = test::test_config();
+  config.algo = algo;
+  auto result = test::run_ranks(size, [](Communicator& comm) {
+    const int n = comm.size(), r = comm.rank();
+    for (std::size_t count : {std::size_t{1}, std::size_t{1009}, kMaxCount}) {
+      for (bool registered : {false, true}) {
+        const std::size_t bytes = count * static_cast<std::size_t>(n) * sizeof(std::int32_t);
+        std::vector<std::int32_t> heap(count * static_cast<std::size_t>(n));
+        Registered shared(bytes);
+        auto* buf = registered ? reinterpret_cast<std::int32_t*>(shared.data) : heap.data();
+        for (std::size_t i = 0; i < count * static_cast<std::size_t>(n); ++i)
+          buf[i] = static_cast<std::int32_t>((i * 7 + static_cast<std::size_t>(r)) % 11);
+        comm.reduce_scatter(buf, buf, count, DataType::i32, ReduceOp::sum).wait();
+        for (std::size_t i = 0; i < count; ++i) {
+          std::int32_t want = 0;
+          for (int p = 0; p < n; ++p)
+            want += static_cast<std::int32_t>(((static_cast<std::size_t>(r) * count + i) * 7 + static_cast<std::size_t>(p)) % 11);
+          if (buf[i] != want)
+            expect(false, "element " + std::to_string(i) + " of " + std::to_string(count) + (registered ? " (registered)" : "") +
+                               ": " + std::to_string(buf[i]) + " != " + std::to_string(want));
+        }
+      }
+    }
+  }, test::run_options(std::chrono::seconds(60), config));
+  INFO(size << " ranks, BRAID_ALGO=" << algo << ": " << result.summary());
+  CHECK(result.all_ok());
+}
+
 // Whether a call is in place is each rank's own choice: an in-place
 // all_to_all on one rank only fell back to pairwise there while the others
 // ran direct, and every rank failed with a mismatch.

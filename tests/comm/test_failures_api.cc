@@ -117,7 +117,7 @@ void bad_calls(Communicator& comm) {
   expect_invalid("overlapping buffers", [&] { comm.all_reduce(buf.data(), buf.data() + 1, 8, DataType::f32, ReduceOp::sum); },
                  {rank, "all_reduce", "overlap, but not as an in-place call", "the same pointer"});
   expect_invalid("reduce_scatter's receive buffer off this rank's slice",
-                 [&] { comm.reduce_scatter(out.data(), out.data() + 8 * other, 8, DataType::f32, ReduceOp::sum); },
+                 [&] { comm.reduce_scatter(out.data(), out.data() + 8 * other + 3, 8, DataType::f32, ReduceOp::sum); },
                  {"reduce_scatter", "overlap", "send + rank x count"});
   expect_invalid("all_gather's send buffer off this rank's slice",
                  [&] { comm.all_gather(out.data() + 8 * other, out.data(), 8, DataType::f32); },

@@ -155,6 +155,10 @@ def check_all_to_all(c, rank, size):
     dist.all_to_all_single(want, t, recvs, sends, group=gloo_group())
     dist.all_to_all_single(got, t, recvs, sends)
     c.equal("all_to_all_single unequal", got, want)
+    # In place (these splits are symmetric: as many rows out as in).
+    both = t.clone()
+    dist.all_to_all_single(both, both, recvs, sends)
+    c.equal("all_to_all_single unequal in place", both, want)
 
 
 def check_memory_formats(c, rank, size):
