@@ -222,6 +222,41 @@ TEST_CASE("braid-bench: -i, -N, -m, -z, -C, -a and -T keep their nccl-tests mean
   CHECK(run["out_of_bounds"] == 0);
 }
 
+// -b 0 -i 8 stepped from one element (0, 4, 12, ...: never -e); -c 0
+// printed "#wrong 0" and "OK" though nothing was checked, and send_recv's
+// in-place columns were copies of the out-of-place ones.
+TEST_CASE("braid-bench: -b 0 -i steps from 0; unchecked and unmeasured columns read N/A", "[bench]") {
+  JobDir dir;
+  std::string json = (dir.path() / "run.json").string();
+  LaunchedJob steps(dir, {"--nproc-per-node", "2", "--", bench_path(), "-b", "0", "-e", "32", "-i", "8", "-n", "1",
+                          "-w", "0", "-J", json});
+  REQUIRE(steps.wait(std::chrono::seconds(30)) == 0);
+  std::vector<std::size_t> sizes;
+  const auto stepped = nlohmann::json::parse(slurp(json));
+  for (const auto& row : stepped["rows"]) sizes.push_back(row["bytes"].get<std::size_t>());
+  CHECK(sizes == std::vector<std::size_t>{0, 8, 16, 24, 32});
+
+  LaunchedJob unchecked(dir, {"--nproc-per-node", "2", "--", bench_path(), "-b", "64", "-e", "64", "-n", "1", "-w",
+                              "0", "-c", "0", "-J", json});
+  REQUIRE(unchecked.wait(std::chrono::seconds(30)) == 0);
+  INFO(unchecked.out());
+  CHECK_THAT(squeezed(unchecked.out()), Catch::Contains(" N/A "));
+  const auto row = nlohmann::json::parse(slurp(json))["rows"][0];
+  CHECK(row["out_of_place"]["wrong"].is_null());
+  CHECK(row["in_place"]["wrong"].is_null());
+
+  std::string csv = (dir.path() / "rows.csv").string();
+  LaunchedJob ring(dir, {"--nproc-per-node", "2", "--", bench_path(), "--coll", "send_recv", "-b", "64", "-e", "64",
+                         "-n", "1", "-w", "0", "-J", json, "--csv", csv});
+  REQUIRE(ring.wait(std::chrono::seconds(30)) == 0);
+  INFO(ring.out());
+  CHECK_THAT(squeezed(ring.out()), Catch::Contains(" 0 N/A N/A N/A N/A N/A"));
+  const auto shift = nlohmann::json::parse(slurp(json))["rows"][0];
+  CHECK(shift["out_of_place"]["wrong"] == 0);
+  CHECK(shift["in_place"].is_null());
+  CHECK_THAT(slurp(csv), Catch::Contains(",0,,,,,,"));
+}
+
 TEST_CASE("braid-bench: nccl-tests flags with no meaning here are refused by name", "[bench]") {
   const std::vector<std::pair<std::vector<std::string>, std::string>> cases = {
       {{"-t", "2"}, "one rank per process"},  {{"-g", "2"}, "one device"},

@@ -130,9 +130,13 @@ class Runner {
     }
   }
 
-  // Fills the input (in place: inside the receive buffer where NCCL puts it).
-  // With --device cuda the host buffers mirror the device ones.
+  // Fills the input (in place: inside the receive buffer where NCCL puts it),
+  // the rest of the receive buffer with a marker no result holds: an
+  // in-place all_gather that wrote nothing passed the check on the
+  // out-of-place run's results left there. With --device cuda the host
+  // buffers mirror the device ones.
   void fill(bool in_place) {
+    std::memset(recv_.data, kMarker, recv_.bytes);
     verify::fill_input(input(in_place, send_.data, recv_.data), c_.send_elems, 0, comm_.rank(), comm_.size(),
                        o_.dtype, o_.op);
     if (o_.cuda) {
@@ -236,6 +240,7 @@ class Runner {
     device_send_ = device_recv_ = nullptr;
   }
 
+  static constexpr int kMarker = 0xa5;  // negative or past every small-integer result, in every dtype
   Case c_;
   HugeBuffer send_, recv_;
   std::byte* device_send_ = nullptr;  // --device cuda
@@ -277,9 +282,9 @@ Result measure(Communicator& comm, Runner& runner, bool in_place, int check) {
 std::vector<std::size_t> sweep_sizes(const BenchOptions& o) {
   std::vector<std::size_t> sizes;
   std::size_t bytes = o.min_bytes;
-  if (bytes == 0) {
+  if (bytes == 0) {  // -i steps on from 0 (0, i, 2i, ...), -f from one element
     sizes.push_back(0);
-    bytes = dtype_bytes(o.dtype);
+    bytes = o.step_bytes ? o.step_bytes : dtype_bytes(o.dtype);
   }
   for (; bytes <= o.max_bytes; bytes = o.step_bytes ? bytes + o.step_bytes : bytes * o.factor) {
     sizes.push_back(bytes);
@@ -334,9 +339,14 @@ std::string csv_text(const nlohmann::json& rows) {
   csv << "collective,bytes,count,dtype,op,root,ranks,transport,algorithm,algorithm_reason,"
          "oop_time_us,oop_algbw_gbps,oop_busbw_gbps,oop_busbw_per_memcpy,oop_wrong,"
          "ip_time_us,ip_algbw_gbps,ip_busbw_gbps,ip_busbw_per_memcpy,ip_wrong,memcpy_gbps\n";
+  // A group not measured (null) or a count not checked: empty fields.
+  auto field = [&](const nlohmann::json& value) {
+    if (!value.is_null()) csv << value;
+    csv << ',';
+  };
   auto group = [&](const nlohmann::json& g) {
-    csv << g["time_us"] << ',' << g["algbw_gbps"] << ',' << g["busbw_gbps"] << ',' << g["busbw_per_memcpy"] << ','
-        << g["wrong"] << ',';
+    for (const char* key : {"time_us", "algbw_gbps", "busbw_gbps", "busbw_per_memcpy", "wrong"})
+      field(g.is_null() ? g : g[key]);
   };
   for (auto& row : rows) {
     csv << row["collective"].get<std::string>() << ',' << row["bytes"] << ',' << row["count"] << ','
@@ -430,7 +440,10 @@ void run_sweep(Communicator& comm, const BenchOptions& o, double memcpy_gbps, nl
     std::size_t actual_bytes = std::max(c.send_elems, c.recv_elems) * es;
     runner.prepare(c);
     Result out = measure(comm, runner, false, o.check);
-    Result in = o.collective == "send_recv" ? out : measure(comm, runner, true, o.check);
+    // A ring shift of sends and receives has no in-place form: its in-place
+    // columns read N/A (they were copies of the out-of-place ones).
+    const bool has_in_place = o.collective != "send_recv";
+    Result in = has_in_place ? measure(comm, runner, true, o.check) : Result{};
     const AlgorithmChoice& choice = out.choice;  // what select.cc returned for the timed calls
     std::string path = comm.transport_summary() + ":" + choice.name;
     if (choice.name == "cuda_ipc") path = "cuda_ipc:direct";
@@ -438,27 +451,39 @@ void run_sweep(Communicator& comm, const BenchOptions& o, double memcpy_gbps, nl
     auto algbw = [&](const Result& res) { return res.seconds > 0 ? actual_bytes / res.seconds / 1e9 : 0.0; };
     double out_bus = algbw(out) * c.bus_factor, in_bus = algbw(in) * c.bus_factor;
     totals.wrong += out.wrong + in.wrong;
-    totals.busbw_sum += (out_bus + in_bus) / 2;
+    totals.busbw_sum += has_in_place ? (out_bus + in_bus) / 2 : out_bus;
     ++totals.rows;
     if (r != 0) continue;
     if (choice.name != last_choice.name)  // the rows below run it; say why, as select.cc did
       std::printf("# %s: %s\n", path.c_str(), choice.reason.c_str());
     last_choice = choice;
-    std::printf(" %12zu %12zu %6s %6s %5d %-26s %10.2f %8.3f %8.3f %6.3f %7llu %10.2f %8.3f %8.3f %6.3f %7llu\n",
-                actual_bytes, c.count, std::string(name(o.dtype)).c_str(),
+    // #wrong reads N/A under -c 0, as in nccl-tests: nothing was checked.
+    auto columns = [&](const Result& res, double bus, bool measured) {
+      char text[96];
+      if (!measured) {
+        std::snprintf(text, sizeof text, "%10s %8s %8s %6s %7s", "N/A", "N/A", "N/A", "N/A", "N/A");
+        return std::string(text);
+      }
+      const std::string wrong = o.check ? std::to_string(res.wrong) : "N/A";
+      std::snprintf(text, sizeof text, "%10.2f %8.3f %8.3f %6.3f %7s", res.seconds * 1e6, algbw(res), bus,
+                    bus / memcpy_gbps, wrong.c_str());
+      return std::string(text);
+    };
+    std::printf(" %12zu %12zu %6s %6s %5d %-26s %s %s\n", actual_bytes, c.count, std::string(name(o.dtype)).c_str(),
                 reduces ? std::string(name(o.op)).c_str() : "none", rooted ? o.root : -1, path.c_str(),
-                out.seconds * 1e6, algbw(out), out_bus, out_bus / memcpy_gbps, (unsigned long long)out.wrong,
-                in.seconds * 1e6, algbw(in), in_bus, in_bus / memcpy_gbps, (unsigned long long)in.wrong);
+                columns(out, out_bus, true).c_str(), columns(in, in_bus, has_in_place).c_str());
     std::fflush(stdout);
-    auto group = [&](const Result& res, double bus) {
+    auto group = [&](const Result& res, double bus, bool measured) {
+      if (!measured) return nlohmann::json();  // null
+      nlohmann::json wrong = o.check ? nlohmann::json(res.wrong) : nlohmann::json();
       return nlohmann::json{{"time_us", res.seconds * 1e6}, {"algbw_gbps", algbw(res)}, {"busbw_gbps", bus},
-                            {"busbw_per_memcpy", bus / memcpy_gbps}, {"wrong", res.wrong}};
+                            {"busbw_per_memcpy", bus / memcpy_gbps}, {"wrong", wrong}};
     };
     rows.push_back({{"collective", o.collective}, {"bytes", actual_bytes}, {"count", c.count},
                     {"dtype", name(o.dtype)}, {"op", reduces ? std::string(name(o.op)) : "none"},
                     {"root", rooted ? o.root : -1}, {"ranks", n}, {"transport", comm.transport_summary()},
                     {"algorithm", choice.name}, {"algorithm_reason", choice.reason},
-                    {"out_of_place", group(out, out_bus)}, {"in_place", group(in, in_bus)},
+                    {"out_of_place", group(out, out_bus, true)}, {"in_place", group(in, in_bus, has_in_place)},
                     {"memcpy_gbps", memcpy_gbps}});
   }
 }

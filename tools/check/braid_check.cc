@@ -194,7 +194,9 @@ int main(int argc, char** argv) {
     auto comm = comm::Communicator::create_world(info);
     const bool transports_ok = transports_as_expected(*comm, o.expect_transport);
     std::fflush(stdout);
-    if (!o.expect_mismatch.empty()) return run_mismatch(*comm, o);
+    // A wrong transport fails the run in either mode (the mismatch mode
+    // dropped it and exited 0).
+    if (!o.expect_mismatch.empty()) return std::max(run_mismatch(*comm, o), transports_ok ? 0 : 1);
     return run_grid(*comm, o, transports_ok);
   } catch (const InvalidUsage& e) {
     std::fprintf(stderr, "braid-check: %s\n", e.what());
@@ -209,5 +211,11 @@ int main(int argc, char** argv) {
     }
     std::fprintf(stderr, "braid-check: %s\n", e.what());
     return 1;
+  } catch (const std::bad_alloc&) {
+    // --counts or --large past what this machine holds (an uncaught
+    // bad_alloc aborted).
+    std::fprintf(stderr, "braid-check: rank %d: out of memory for the buffers of the grid; lower --counts or --large\n",
+                 rank);
+    return 2;
   }
 }

@@ -141,7 +141,11 @@ void MetricsWriter::on_step(const StepReport& r) {
                          {"comm_wait_ms", r.comm_wait_ms},
                          {"comm_wait_fraction", r.step_ms > 0 ? r.comm_wait_ms / r.step_ms : 0.0},
                          {"peak_memory_bytes", peak}};
-  if (r.theory.sent > 0) line["traffic_ratio"] = static_cast<double>(r.bytes_sent) / r.theory.sent;
+  // The data-parallel group's bus bytes over their theory, as the printed
+  // table's ratio (it divided the transport bytes, which direct and
+  // one-shot calls keep below the bus bytes, by the bus-byte theory).
+  const GroupStep& dp = group(r.groups, MeshAxis::kDp);
+  if (dp.theory_bus_bytes > 0) line["traffic_ratio"] = dp.bus_bytes / dp.theory_bus_bytes;
   for (MeshAxis axis : kAxes) {
     const GroupStep& g = group(r.groups, axis);
     if (g.ranks <= 1) continue;
