@@ -11,6 +11,7 @@
 #include "comm/algorithms/algorithms.h"
 #include "comm/poll_pause.h"
 #include "comm/wire.h"
+#include "tools/bench/verify.h"
 
 using namespace braid;
 using namespace braid::comm;
@@ -147,4 +148,19 @@ TEST_CASE("algorithms include no transport header and no system header") {
     }
   }
   CHECK(files >= 10);
+}
+
+// braid-bench's expected values (tools/bench/verify.h) must tell a result
+// from the same result moved by one element: the prod inputs made every
+// product 2, so a shifted prod result passed the check.
+TEST_CASE("the bench's expected reductions differ between neighbouring elements for every op") {
+  for (int size : {2, 3, 4, 8, 16})
+    for (ReduceOp op : {ReduceOp::sum, ReduceOp::prod, ReduceOp::avg})
+      for (DataType dtype : {DataType::f32, DataType::i8, DataType::f16}) {
+        bool differs = false;
+        for (std::size_t i = 0; i + 1 < 7; ++i)
+          differs |= verify::expected_reduction(i, size, dtype, op) != verify::expected_reduction(i + 1, size, dtype, op);
+        INFO(size << " ranks, op " << static_cast<int>(op) << ", dtype " << static_cast<int>(dtype));
+        CHECK(differs);
+      }
 }

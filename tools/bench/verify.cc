@@ -8,8 +8,13 @@
 
 namespace braid::verify {
 
+// prod: ranks 1 to 6 give 2 where index % 7 is below their number, so the
+// product is 2^k for k from 0 to min(size - 1, 6) as index % 7 goes (exact
+// in i8). It was 2 at every index (one rank gave 2 at each), and a result
+// moved by any offset passed the check.
 double input_value(int rank, std::size_t index, int size, ReduceOp op) {
-  if (op == ReduceOp::prod) return rank == static_cast<int>(index % size) ? 2.0 : 1.0;
+  (void)size;
+  if (op == ReduceOp::prod) return rank < 7 && static_cast<int>(index % 7) < rank ? 2.0 : 1.0;
   return static_cast<double>((rank + index) % 7 + 1);
 }
 
