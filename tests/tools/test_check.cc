@@ -79,3 +79,22 @@ TEST_CASE("braid-check: a call whose count or kind differs across ranks fails on
       CHECK(count_of(job.out(), "mismatched collectives: rank ") >= 3);
     }
 }
+
+// A wrong --expect-transport was printed but dropped in the mismatch mode
+// (exit 0); --counts past memory aborted with an uncaught bad_alloc.
+TEST_CASE("braid-check: a wrong transport fails the mismatch mode; counts past memory are a usage error", "[check]") {
+  JobDir dir;
+  LaunchedJob wrong(dir, {"--nproc-per-node", "2", "--", check_path(), "--expect-transport", "ibverbs",
+                          "--expect-mismatch", "kind"},
+                    {{"BRAID_TRANSPORT", "shm"}});
+  const int status = wrong.wait(std::chrono::seconds(60));
+  INFO(wrong.out() << wrong.err());
+  CHECK(status == 1);
+  CHECK_THAT(wrong.out() + wrong.err(), Catch::Contains("WRONG transport to rank"));
+
+  LaunchedJob huge(dir, {"--nproc-per-node", "2", "--", check_path(), "--counts", "99999999999999"});
+  const int huge_status = huge.wait(std::chrono::seconds(60));
+  INFO(huge.out() << huge.err());
+  CHECK(huge_status == 2);
+  CHECK_THAT(huge.err(), Catch::Contains("out of memory for the buffers of the grid; lower --counts or --large"));
+}
