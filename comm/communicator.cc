@@ -256,6 +256,22 @@ void finish_scaled_avg(const Op& op, int rank, int size) {
   if (op.avg_scaled) kernels::cpu::scale_halves(op.recv, op.recv, recv_elements(op, rank, size), op.dtype, avg_shift(size));
 }
 
+namespace {
+
+// Points `op`'s input at a registered copy of its `bytes` where the input
+// is registered (where a direct collective may read it), and returns the
+// copy for the call to keep; changes nothing and returns null elsewhere.
+std::shared_ptr<void> send_from_registered_copy(Op& op, std::size_t bytes) {
+  RegionRef ref;
+  if (!shm::regions::find(op.send, bytes, ref)) return nullptr;
+  std::shared_ptr<void> copy(shm::regions::allocate(bytes), shm::regions::release);
+  std::memcpy(copy.get(), op.send, bytes);
+  op.send = copy.get();
+  return copy;
+}
+
+}  // namespace
+
 // An in-place all_to_all under BRAID_ALGO=direct. The direct collective
 // cannot run it in place (a peer would overwrite a block of this rank's
 // input before reading it: select.cc), and whether a call is in place is
@@ -270,13 +286,8 @@ std::shared_ptr<void> Communicator::Impl::stage_in_place_all_to_all(Op& op) cons
   const std::size_t bytes = send_elements(op, rank, size) * dtype_bytes(op.dtype);
   auto* send = static_cast<const std::byte*>(op.send);
   auto* recv = static_cast<const std::byte*>(op.recv);
-  RegionRef ref;
-  if (bytes == 0 || send >= recv + bytes || recv >= send + bytes || !shm::regions::find(op.send, bytes, ref))
-    return nullptr;
-  std::shared_ptr<void> copy(shm::regions::allocate(bytes), shm::regions::release);
-  std::memcpy(copy.get(), op.send, bytes);
-  op.send = copy.get();
-  return copy;
+  if (bytes == 0 || send >= recv + bytes || recv >= send + bytes) return nullptr;
+  return send_from_registered_copy(op, bytes);
 }
 
 // reduce_scatter into the start of its send buffer on a rank other than 0
@@ -292,13 +303,7 @@ std::shared_ptr<void> Communicator::Impl::stage_reduce_scatter_at_start(Op& op) 
   if (op.memory.kind == runtime::MemoryKind::device)
     throw InvalidUsage(call_text(op, rank) + "on device memory the receive buffer must be this rank's slice of the "
                        "send buffer (send + rank x count) or a buffer of its own, not the send buffer's start");
-  const std::size_t bytes = send_elements(op, rank, size) * dtype_bytes(op.dtype);
-  RegionRef ref;
-  if (!shm::regions::find(op.send, bytes, ref)) return nullptr;  // no direct collective can run it
-  std::shared_ptr<void> copy(shm::regions::allocate(bytes), shm::regions::release);
-  std::memcpy(copy.get(), op.send, bytes);
-  op.send = copy.get();
-  return copy;
+  return send_from_registered_copy(op, send_elements(op, rank, size) * dtype_bytes(op.dtype));
 }
 
 Work Communicator::submit(Op&& op) {

@@ -370,6 +370,12 @@ std::string list(const std::vector<std::int32_t>& v) {
   return text;
 }
 
+// All-reduces `mine` over `comm` and expects `want`; `what` names the call.
+void expect_sum(Communicator& comm, std::int64_t mine, std::int64_t want, const std::string& what) {
+  comm.all_reduce(&mine, &mine, 1, DataType::i64, ReduceOp::sum).wait();
+  expect(mine == want, what + " gave " + std::to_string(mine) + ", not " + std::to_string(want));
+}
+
 // Without a launcher, rank 0's world communicator serves the store; its
 // splits share it. Destroying the world first took the store with it, and
 // a child's next split failed with "the store closed the connection".
@@ -381,13 +387,9 @@ TEST_CASE("failures: splits outlive their world where rank 0 serves the store", 
   options.own_world = [](std::unique_ptr<Communicator> world, const runtime::RankInfo&, const runtime::Config&) {
     auto child = world->split(0, world->rank());
     world.reset();
-    std::int64_t sum = child->rank();
-    child->all_reduce(&sum, &sum, 1, DataType::i64, ReduceOp::sum).wait();
-    expect(sum == 6, "the child's all_reduce after its world was destroyed gave " + std::to_string(sum));
+    expect_sum(*child, child->rank(), 6, "the child's all_reduce after its world was destroyed");
     auto grandchild = child->split(child->rank() % 2, child->rank());
-    sum = 1;
-    grandchild->all_reduce(&sum, &sum, 1, DataType::i64, ReduceOp::sum).wait();
-    expect(sum == 2, "the grandchild's all_reduce gave " + std::to_string(sum));
+    expect_sum(*grandchild, 1, 2, "the grandchild's all_reduce");
     // Rank 0's process serves the store: it may exit only once every rank
     // is done with it.
     child->barrier().wait();
@@ -410,9 +412,7 @@ TEST_CASE("failures: a job creates worlds one after another and side by side", "
   options.own_world = [](std::unique_ptr<Communicator> world, const runtime::RankInfo& info,
                          const runtime::Config& config) {
     auto sum_of_ranks = [](Communicator& comm, const std::string& which) {
-      std::int64_t sum = comm.rank();
-      comm.all_reduce(&sum, &sum, 1, DataType::i64, ReduceOp::sum).wait();
-      expect(sum == 3, which + " world's all_reduce gave " + std::to_string(sum));
+      expect_sum(comm, comm.rank(), 3, which + " world's all_reduce");
     };
     sum_of_ranks(*world, "the first");
     world.reset();
@@ -441,8 +441,7 @@ TEST_CASE("failures: a forked child cannot use its parent's communicator, nor br
   INFO(transport);
   auto options = options_with(seconds(10), seconds(45), transport);
   options.own_world = [](std::unique_ptr<Communicator> world, const runtime::RankInfo&, const runtime::Config&) {
-    std::int64_t sum = 1;
-    world->all_reduce(&sum, &sum, 1, DataType::i64, ReduceOp::sum).wait();
+    expect_sum(*world, 1, 3, "the all_reduce before the fork");
     if (world->rank() == 0) {
       std::fflush(nullptr);
       const pid_t child = fork();
@@ -464,11 +463,7 @@ TEST_CASE("failures: a forked child cannot use its parent's communicator, nor br
       expect(WIFEXITED(status) && WEXITSTATUS(status) == 0,
              "the forked child's call was not refused naming the fork (status " + std::to_string(status) + ")");
     }
-    for (int round = 0; round < 3; ++round) {
-      sum = 1;
-      world->all_reduce(&sum, &sum, 1, DataType::i64, ReduceOp::sum).wait();
-      expect(sum == 3, "the parent's all_reduce after the child's exit gave " + std::to_string(sum));
-    }
+    for (int round = 0; round < 3; ++round) expect_sum(*world, 1, 3, "the parent's all_reduce after the child's exit");
   };
   auto result = test::run_ranks(3, {}, options);
   INFO(result.summary());
