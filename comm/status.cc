@@ -163,28 +163,38 @@ std::string StatusBoard::holder(const Op& op, int size) {
   const auto deadline = Clock::now() + budget() + kSilence;
   try {
     auto before = read_all(size, deadline);
-    std::string list;
-    auto add = [&](int peer, const std::string& why) {
-      list += (list.empty() ? "rank " : ", rank ") + std::to_string(peer) + " (" + why + ")";
+    std::string list, behind;
+    auto add = [](std::string& to, int peer, const std::string& why) {
+      to += (to.empty() ? "rank " : ", rank ") + std::to_string(peer) + " (" + why + ")";
     };
+    // A peer that has not reached this call holds it up, unless it is
+    // inside an earlier one and beating: then it waits there for another
+    // (a rank that finished a ring all_reduce early and went on waits for
+    // peers still inside it, who wait for the frozen one). Such a peer is
+    // named only when no other rank stands out.
+    bool waiting_behind = false;  // some peer is inside an earlier call, perhaps waiting
     for (int peer = 0; peer < size; ++peer) {
       const auto& r = before[static_cast<std::size_t>(peer)];
       if (peer == rank_ || (r && point_to_point(r->kind))) continue;
-      if (!r) add(peer, "entered nothing yet");
-      else if (r->seq < op.seq) add(peer, "last entered " + r->kind + " #" + std::to_string(r->seq));
+      if (!r) add(list, peer, "entered nothing yet");
+      else if (r->seq < op.seq && !r->inside) add(list, peer, "last entered " + r->kind + " #" + std::to_string(r->seq));
+      else if (r->seq < op.seq) {
+        add(behind, peer, "last entered " + r->kind + " #" + std::to_string(r->seq));
+        waiting_behind = true;
+      }
     }
-    if (!list.empty()) return list;
+    if (!list.empty() && !waiting_behind) return list;
     std::this_thread::sleep_for(kSilence);
     auto after = read_all(size, deadline);
     for (int peer = 0; peer < size; ++peer) {
       const auto &r0 = before[static_cast<std::size_t>(peer)], &r1 = after[static_cast<std::size_t>(peer)];
       if (!r0 || !r1 || !r1->inside || r1->beat != r0->beat) continue;
-      add(peer, "inside " + r1->kind + " #" + std::to_string(r1->seq) + " but silent for " +
-                    std::to_string(kSilence.count()) +
-                    " ms, where a running rank reports every 100: stopped (SIGSTOP, a debugger), frozen or "
-                    "starved of CPU");
+      add(list, peer, "inside " + r1->kind + " #" + std::to_string(r1->seq) + " but silent for " +
+                          std::to_string(kSilence.count()) +
+                          " ms, where a running rank reports every 100: stopped (SIGSTOP, a debugger), frozen or "
+                          "starved of CPU");
     }
-    return list;
+    return list.empty() ? behind : list;
   } catch (const Error&) {
     return {};
   }

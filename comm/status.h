@@ -11,7 +11,9 @@
 // says "in".
 //
 // When a wait times out, the waiting rank asks holder() which rank holds
-// the call up: one that has not entered it ("last entered barrier #3"), or
+// the call up: one that has not entered it ("last entered barrier #3";
+// one still inside an earlier call and beating waits there for another, and
+// is named only when no other rank stands out), or
 // one that is inside it and silent (its beat did not move in 600 ms while it
 // must every 100 ms) — not merely the neighbour it waits for, who may
 // itself be waiting. The board also carries abort reasons: a rank that fails
