@@ -421,6 +421,29 @@ void connect_transports(Communicator::Impl& impl) {
   }
 }
 
+// A peer's host key, waited for in slices: between them, a failure another
+// rank published (a foreign world size, a duplicate rank) ends the wait.
+// Ranks told a world larger than the job's waited for ranks that never come
+// until BRAID_TIMEOUT, while their peers had already found the cause.
+static std::string host_of_peer(Communicator::Impl& impl, const std::string& key) {
+  using namespace std::chrono;
+  constexpr milliseconds kSlice{200};
+  const auto deadline = steady_clock::now() + impl.timeout;
+  for (;;) {
+    const auto left = duration_cast<milliseconds>(deadline - steady_clock::now());
+    try {
+      return impl.store->get_string(key, std::clamp(left, milliseconds{1}, kSlice));
+    } catch (const TimeoutError&) {
+      if (left <= kSlice)
+        throw TimeoutError("key '" + key + "' did not appear in the store within " +
+                           std::to_string(impl.timeout.count()) + " ms (BRAID_TIMEOUT): rank " +
+                           key.substr(key.rfind('/') + 1) + " has not joined communicator " + impl.key_prefix +
+                           "; it may have failed, not started, or been told another --nproc-per-node");
+    }
+    if (auto failure = published_failure(impl, Stage::connect)) throw peer_failed(impl, *failure);
+  }
+}
+
 // Every rank publishes its host identity and its CPU affinity in one key
 // ("<host>\n<cpus>": a host identity holds no newline); all read
 // everyone's.
@@ -438,20 +461,25 @@ static void exchange_hosts(Communicator::Impl& impl, int size, const runtime::Co
     return " (this one: rank " + me + " of " + ranks + ", " + runtime::describe(impl.info) +
            "); every node must be started with the same --nproc-per-node and its own --node-rank";
   };
+  // The cause is published as well: ranks that meet neither wait for it.
+  const auto refuse = [&](const std::string& why) {
+    publish_failure(impl, Stage::connect, why);
+    return InvalidUsage(why);
+  };
   if (impl.store->add(impl.key_prefix + "/claims/" + me, 1) > 1)
-    throw InvalidUsage("two processes of this job were given rank " + me + where());
+    throw refuse("two processes of this job were given rank " + me + where());
   const std::string key = impl.key_prefix + "/host/";
   impl.store->set(key + me, host + "\n" + cpus + "\n" + ranks);
   for (int r = 0; r < size; ++r) {
     if (r == impl.rank) continue;
-    const std::string value = impl.store->get_string(key + std::to_string(r), config.timeout);
+    const std::string value = host_of_peer(impl, key + std::to_string(r));
     const auto first = value.find('\n'), second = value.find('\n', first == std::string::npos ? first : first + 1);
     impl.hosts[r] = value.substr(0, first);
     impl.cpus[r] = first == std::string::npos ? "" : value.substr(first + 1, second - std::min(second, first + 1));
     const std::string theirs = second == std::string::npos ? ranks : value.substr(second + 1);
     if (theirs != ranks)
-      throw InvalidUsage("rank " + std::to_string(r) + " of this job was started in a world of " + theirs +
-                         " ranks, this one in a world of " + ranks + where());
+      throw refuse("rank " + std::to_string(r) + " of this job was started in a world of " + theirs +
+                   " ranks, this one in a world of " + ranks + where());
   }
 }
 

@@ -206,7 +206,9 @@ TEST_CASE("a non-zero node numbers its ranks globally and shares the token", "[l
 
 // Nodes started with different --nproc-per-node disagree on the world
 // size: node 1's ranks (2 and 3 of 4) waited for rank 1 until BRAID_TIMEOUT,
-// naming a store key. They now fail at once, saying what differs.
+// naming a store key. They now fail at once, saying what differs. Node 0's
+// rank, which meets no foreign world size (it waits for a rank 1 that never
+// comes), waited out BRAID_TIMEOUT too; it now fails with node 1's reason.
 TEST_CASE("nodes started with different --nproc-per-node are told so at once", "[launch]") {
   const char* bench = std::getenv("BRAID_BENCH");
   REQUIRE(bench != nullptr);
@@ -230,6 +232,11 @@ TEST_CASE("nodes started with different --nproc-per-node are told so at once", "
                             Catch::Contains("the same --nproc-per-node"));
   CHECK(took < std::chrono::seconds(6));  // not the 8 s of BRAID_TIMEOUT
   CHECK(node0.wait(std::chrono::seconds(30)) != 0);
+  const auto node0_took = std::chrono::steady_clock::now() - started;
+  INFO(node0.out() << node0.err());
+  CHECK_THAT(node0.err(), Catch::Contains("cannot create communicator braid/world because rank 2 could not") &&
+                              Catch::Contains("started in a world of 2 ranks, this one in a world of 4"));
+  CHECK(node0_took < std::chrono::seconds(6));
 }
 
 TEST_CASE("rank output is relayed line by line with a rank prefix", "[launch]") {
