@@ -225,5 +225,9 @@ struct Communicator::Impl {
 
 // Builds the transports of a communicator whose identity, store and hosts are set.
 void connect_transports(Communicator::Impl& impl);
+// At its end, with its threads stopped: the last of the communicator's ranks
+// to get here removes its keys from the store (sparing its splits'). Best
+// effort, bounded in time, never throws.
+void forget_store_keys(Communicator::Impl& impl) noexcept;
 
 }  // namespace braid::comm

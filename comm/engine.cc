@@ -86,6 +86,7 @@ Communicator::Impl::~Impl() {
   if (worker.joinable()) worker.join();
   status.reset();
   for (auto& t : transports) t->shutdown();
+  forget_store_keys(*this);
 }
 
 std::shared_ptr<WorkState> Communicator::Impl::enqueue(Op op) {

@@ -10,6 +10,7 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <functional>
@@ -480,6 +481,32 @@ static void exchange_hosts(Communicator::Impl& impl, int size, const runtime::Co
     if (theirs != ranks)
       throw refuse("rank " + std::to_string(r) + " of this job was started in a world of " + theirs +
                    " ranks, this one in a world of " + ranks + where());
+  }
+}
+
+// Every communicator left ~450 bytes of keys in the store for good (its
+// ranks' addresses, names, votes and status), so a job that split ~150k
+// times filled a store of 64 MiB. Each rank counts itself out; the last
+// removes <prefix>/..., sparing <prefix>/split...: a split may outlive its
+// parent, and removes its own. A rank that never gets here (it died, or was
+// forked) leaves the keys where they are: nothing is removed while a peer
+// may still read them; nor does a communicator that failed (its peers may
+// never leave, and the store may be what failed: its destructor must not
+// wait for it). Bounded by a short budget so that a store that no longer
+// answers cannot hold up a destructor; a bounded call that gives up waiting
+// for the answer breaks the connection, as any late answer does.
+void forget_store_keys(Communicator::Impl& impl) noexcept {
+  constexpr std::chrono::milliseconds kBudget{2000};
+  if (!impl.store || impl.failure) return;
+  const auto deadline =
+      std::chrono::steady_clock::now() + std::min(kBudget, impl.store->request_timeout());
+  try {
+    if (impl.store->add(impl.key_prefix + "/left", 1, deadline) < impl.size) return;
+    const std::size_t removed =
+        impl.store->remove_prefix(impl.key_prefix + "/", {impl.key_prefix + "/split"}, deadline);
+    spdlog::debug("comm {:08x} ({}): removed its {} keys from the store", impl.comm_id, impl.key_prefix, removed);
+  } catch (const std::exception& e) {
+    spdlog::debug("comm {:08x} ({}): its keys stay in the store: {}", impl.comm_id, impl.key_prefix, e.what());
   }
 }
 

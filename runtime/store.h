@@ -34,7 +34,7 @@
 
 namespace braid::runtime {
 
-inline constexpr std::uint32_t kStoreProtocolVersion = 1;
+inline constexpr std::uint32_t kStoreProtocolVersion = 2;  // 2: remove_prefix
 inline constexpr std::size_t kMaxRequestBytes = 64u << 20;
 
 using Bytes = std::vector<std::uint8_t>;
@@ -144,6 +144,13 @@ class Store {
   std::int64_t add(const std::string& key, std::int64_t delta);
   // Deletes the key; returns whether it existed.
   bool remove(const std::string& key);
+  // Deletes every key that starts with `prefix` and with none of `spare`
+  // (a communicator's keys, sparing those of its splits); returns how many.
+  // Bounded by `deadline`, as the bounded try_get is.
+  std::size_t remove_prefix(const std::string& prefix, const std::vector<std::string>& spare,
+                            std::chrono::steady_clock::time_point deadline);
+  // add, bounded by `deadline` as the bounded try_get is.
+  std::int64_t add(const std::string& key, std::int64_t delta, std::chrono::steady_clock::time_point deadline);
 
   // Default timeout for requests that do not wait on keys (set, add, ...).
   void set_request_timeout(std::chrono::milliseconds timeout);
@@ -156,6 +163,8 @@ class Store {
   explicit Store(std::unique_ptr<Impl> impl);
   std::optional<Bytes> try_get_until(const std::string& key,
                                      std::optional<std::chrono::steady_clock::time_point> deadline);
+  std::int64_t add_until(const std::string& key, std::int64_t delta,
+                         std::optional<std::chrono::steady_clock::time_point> deadline);
   std::unique_ptr<Impl> impl_;
 };
 

@@ -482,13 +482,31 @@ void Store::wait(const std::vector<std::string>& keys, milliseconds timeout) {
                      "); the ranks that set them may have failed or not reached that point");
 }
 
-std::int64_t Store::add(const std::string& key, std::int64_t delta) {
+std::int64_t Store::add(const std::string& key, std::int64_t delta) { return add_until(key, delta, std::nullopt); }
+
+std::int64_t Store::add(const std::string& key, std::int64_t delta, Clock::time_point deadline) {
+  return add_until(key, delta, deadline);
+}
+
+std::int64_t Store::add_until(const std::string& key, std::int64_t delta,
+                              std::optional<Clock::time_point> deadline) {
   Bytes body;
   put_i64(body, delta);
   put_key(body, key);
-  Reply reply = impl_->call(Command::add, body, "while adding to key '" + key + "'");
+  Reply reply = impl_->call(Command::add, body, "while adding to key '" + key + "'", std::nullopt, deadline);
   WireReader in(reply.body);
   return in.i64();
+}
+
+std::size_t Store::remove_prefix(const std::string& prefix, const std::vector<std::string>& spare,
+                                 Clock::time_point deadline) {
+  Bytes body;
+  put_key(body, prefix);
+  put_keys(body, spare);
+  Reply reply = impl_->call(Command::remove_prefix, body, "while deleting the keys under '" + prefix + "'",
+                            std::nullopt, deadline);
+  WireReader in(reply.body);
+  return static_cast<std::size_t>(in.i64());
 }
 
 bool Store::remove(const std::string& key) {

@@ -1,5 +1,6 @@
 #include "runtime/store_map.h"
 
+#include <algorithm>
 #include <charconv>
 
 #include "runtime/errors.h"
@@ -71,6 +72,23 @@ bool StoreMap::remove(const std::string& key) {
   if (values_.erase(key) == 0) return false;
   key_bytes_ -= key.size() + kStoreEntryOverheadBytes;
   return true;
+}
+
+std::size_t StoreMap::remove_prefix(const std::string& prefix, const std::vector<std::string>& spare) {
+  std::size_t removed = 0;
+  for (auto it = values_.lower_bound(prefix); it != values_.end() && it->first.starts_with(prefix);) {
+    const bool spared = std::any_of(spare.begin(), spare.end(), [&](const std::string& s) {
+      return it->first.starts_with(s);
+    });
+    if (spared) {
+      ++it;
+      continue;
+    }
+    key_bytes_ -= it->first.size() + kStoreEntryOverheadBytes;
+    it = values_.erase(it);
+    ++removed;
+  }
+  return removed;
 }
 
 std::vector<std::string> StoreMap::missing(const std::vector<std::string>& keys) const {

@@ -13,8 +13,8 @@
 
 #include <cstdint>
 #include <memory>
+#include <map>
 #include <string>
-#include <unordered_map>
 #include <vector>
 
 #include "runtime/store.h"
@@ -33,6 +33,9 @@ class StoreMap {
   // The value, or null when the key is absent.
   Value find(const std::string& key) const;
   bool remove(const std::string& key);
+  // Removes every key that starts with `prefix` and with none of `spare`;
+  // returns how many.
+  std::size_t remove_prefix(const std::string& prefix, const std::vector<std::string>& spare);
   std::vector<std::string> missing(const std::vector<std::string>& keys) const;
   // Counters are decimal text (store_wire.h); throws InvalidUsage when the
   // key holds something else, the sum would overflow, or it does not fit.
@@ -51,7 +54,7 @@ class StoreMap {
   // Shared with every value's deleter, which may run after the map is gone
   // (a Session destroyed later still holds the value it was sending).
   std::shared_ptr<std::size_t> value_bytes_ = std::make_shared<std::size_t>(0);
-  std::unordered_map<std::string, Value> values_;
+  std::map<std::string, Value, std::less<>> values_;  // ordered: a prefix is a range
 };
 
 // At most 64 characters of a key, for messages: keys come from clients and

@@ -187,6 +187,7 @@ class Session : public std::enable_shared_from_this<Session> {
   void handle_try_get(WireReader& in);
   void handle_add(WireReader& in);
   void handle_remove(WireReader& in);
+  void handle_remove_prefix(WireReader& in);
 
   void wait_for_keys(Command command, std::vector<std::string> keys, std::chrono::milliseconds timeout);
   void watch_for_hangup();

@@ -200,6 +200,7 @@ void Session::dispatch(Command command, WireReader& in) {
     case Command::try_get: return handle_try_get(in);
     case Command::add: return handle_add(in);
     case Command::remove: return handle_remove(in);
+    case Command::remove_prefix: return handle_remove_prefix(in);
     case Command::get: {
       auto timeout = std::chrono::milliseconds(in.u32());
       std::string key = in.key();
@@ -249,6 +250,16 @@ void Session::handle_remove(WireReader& in) {
   std::string key = in.key();
   in.expect_end();
   respond(Status::ok, Bytes{server_.map().remove(key)});
+}
+
+void Session::handle_remove_prefix(WireReader& in) {
+  std::string prefix = in.key();
+  reserve_for_keys(in.count_ahead());
+  auto spare = in.keys();
+  in.expect_end();
+  Bytes reply;
+  put_i64(reply, static_cast<std::int64_t>(server_.map().remove_prefix(prefix, spare)));
+  respond(Status::ok, reply);
 }
 
 // ---- Session: parked get and wait ----------------------------------------

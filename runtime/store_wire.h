@@ -18,9 +18,10 @@
 //   wait     u32 timeout_ms, key list
 //   add      i64 delta, key
 //   remove   key
+//   remove_prefix  key (the prefix), key list (prefixes spared)
 // Response bodies by status:
 //   ok          get/try_get: the value; add: i64 new value; remove: u8
-//               existed; set/wait: empty
+//               existed; remove_prefix: i64 keys removed; set/wait: empty
 //   not_found   try_get of an absent key: empty
 //   timeout     get/wait ran out of time: the key list still missing
 //   bad_value   the request was well formed but cannot apply (add on a key
@@ -56,7 +57,7 @@ inline constexpr std::uint8_t kHandshakeOk = 0;
 inline constexpr std::uint8_t kHandshakeRefused = 1;
 inline constexpr std::uint8_t kHandshakeWrongToken = 2;
 
-enum class Command : std::uint8_t { set = 1, get = 2, try_get = 3, wait = 4, add = 5, remove = 6 };
+enum class Command : std::uint8_t { set = 1, get = 2, try_get = 3, wait = 4, add = 5, remove = 6, remove_prefix = 7 };
 enum class Status : std::uint8_t { ok = 0, not_found = 1, timeout = 2, bad_value = 3, bad_request = 4 };
 
 inline void put_u32(Bytes& out, std::uint32_t value) {

@@ -400,6 +400,55 @@ TEST_CASE("failures: splits outlive their world where rank 0 serves the store", 
   CHECK(result.all_ok());
 }
 
+// Every communicator left its keys in the store for good (~450 bytes on two
+// ranks), so a job that split ~150k times filled the store. The last rank
+// to destroy a communicator now removes them, sparing its live splits'.
+TEST_CASE("failures: destroyed communicators take their keys from the store and leave their live splits' keys",
+          "[failures]") {
+  const std::string transport = GENERATE("tcp", "shm");
+  INFO(transport);
+  auto options = options_with(seconds(10), seconds(60), transport);
+  options.own_world = [](std::unique_ptr<Communicator> world, const runtime::RankInfo& info,
+                         const runtime::Config&) {
+    runtime::Store store(info.store_host, info.store_port, info.job_token, seconds(10));
+    const auto present = [&](const std::string& key) { return store.try_get(key).has_value(); };
+    // Every communicator of more than one rank sets its ranks' votes, and
+    // counts the ranks that have left it.
+    const auto keys_of = [](const std::string& prefix) {
+      return std::vector<std::string>{prefix + "/setup/checked/0", prefix + "/setup/checked/2", prefix + "/left"};
+    };
+    const auto none_left = [&](const std::string& prefix) {
+      for (const auto& key : keys_of(prefix))
+        if (present(key)) return false;
+      return true;
+    };
+    for (int i = 0; i < 20; ++i) {
+      auto child = world->split(0, world->rank());
+      expect_sum(*child, 1, 3, "a split's all_reduce");
+      const std::string prefix = "braid/world/split" + std::to_string(i) + "/color0";
+      expect(present(prefix + "/setup/checked/0"), "a live split's keys are not in the store");
+      child.reset();
+      world->barrier().wait();  // every rank has destroyed the split
+      expect(none_left(prefix), "split " + std::to_string(i) + " left keys in the store");
+    }
+    auto child = world->split(0, world->rank());
+    const std::string prefix = "braid/world/split20/color0";
+    world.reset();
+    expect_sum(*child, 1, 3, "the split's all_reduce after its world was destroyed");  // every world is gone
+    expect(none_left("braid/world"), "the world left keys in the store");
+    expect(present(prefix + "/setup/checked/0"), "the world took its live split's keys with it");
+    child.reset();
+    const auto until = std::chrono::steady_clock::now() + seconds(10);  // the other ranks leave in their time
+    while (!none_left(prefix) && std::chrono::steady_clock::now() < until)
+      std::this_thread::sleep_for(milliseconds(10));
+    expect(none_left(prefix), "the last split left keys in the store");
+  };
+  auto result = test::run_ranks(3, {}, options);
+  INFO(result.summary());
+  REQUIRE_FALSE(result.timed_out);
+  CHECK(result.all_ok());
+}
+
 // A second world in one job, after the first and beside it: all under the
 // one prefix "braid/world", a later world read the earlier one's addresses
 // and shared-memory names and failed on them, or waited out the timeout.

@@ -85,6 +85,35 @@ TEST_CASE("store: remove says whether the key existed", "[store]") {
   CHECK(store->try_get("doomed") == std::nullopt);
 }
 
+TEST_CASE("store: remove_prefix removes the keys under a prefix, sparing the prefixes named", "[store]") {
+  StoreServer server("127.0.0.1", 0, kToken);
+  auto store = connect_store(server.port());
+  for (const char* key : {"c/1", "c/2", "c/left", "c/split0/x", "c/split1/color0/y", "c2/1", "c", "b/1"})
+    store->set(key, std::string(key));
+  const auto deadline = std::chrono::steady_clock::now() + 5s;
+  CHECK(store->remove_prefix("c/", {"c/split"}, deadline) == 3);
+  for (const char* gone : {"c/1", "c/2", "c/left"}) CHECK(store->try_get(gone) == std::nullopt);
+  for (const char* kept : {"c/split0/x", "c/split1/color0/y", "c2/1", "c", "b/1"})
+    CHECK(store->get_string(kept, 1s) == kept);
+  CHECK(store->remove_prefix("c/", {"c/split"}, deadline) == 0);
+  CHECK(store->remove_prefix("c/split1/color0/", {}, deadline) == 1);
+  CHECK(store->try_get("c/split1/color0/y") == std::nullopt);
+  CHECK(store->add("n", 2, deadline) == 2);
+}
+
+TEST_CASE("store: the bytes of removed keys are free again", "[store]") {
+  runtime::StoreLimits limits;
+  limits.max_bytes = 64u << 10;
+  StoreServer server("127.0.0.1", 0, kToken, limits);
+  auto store = connect_store(server.port());
+  // Ten times what the store holds, in rounds that each remove their keys.
+  for (int round = 0; round < 100; ++round) {
+    const std::string prefix = "comm" + std::to_string(round) + "/";
+    for (int i = 0; i < 16; ++i) store->set(prefix + std::to_string(i), std::string(300, 'x'));
+    REQUIRE(store->remove_prefix(prefix, {}, std::chrono::steady_clock::now() + 5s) == 16);
+  }
+}
+
 TEST_CASE("store: get waits for a key that another thread sets later", "[store]") {
   StoreServer server("127.0.0.1", 0, kToken);
   auto waiter = connect_store(server.port());

@@ -193,7 +193,8 @@ TEST_CASE("store abuse: a client that never completes its handshake is dropped a
   auto [what, sent] = GENERATE(table<std::string, Bytes>({
       {"nothing", Bytes{}},
       {"half a header", Bytes{'B', 'R', 'D', 'S', 1, 0}},
-      {"a header promising a token", cat({Bytes{'B', 'R', 'D', 'S'}, le32_bytes(1), le32_bytes(100)})},
+      {"a header promising a token",
+       cat({Bytes{'B', 'R', 'D', 'S'}, le32_bytes(runtime::kStoreProtocolVersion), le32_bytes(100)})},
   }));
   INFO("the client sends " << what);
   LogCapture capture;
