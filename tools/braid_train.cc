@@ -38,6 +38,7 @@
 #include "runtime/errors.h"
 #include "runtime/log.h"
 #include "runtime/rank_info.h"
+#include "trainer/checkpoint/atomic_file.h"
 #include "trainer/checkpoint/checkpoint.h"
 #include "trainer/checkpoint/sharded.h"
 #include "trainer/train/generate.h"
@@ -68,7 +69,15 @@ void add_run_flags(CLI::App& app, TrainOptions& o) {
   app.add_option("--warmup-steps,--warmup_iters", o.warmup_steps, "linear warmup steps")->capture_default_str();
   app.add_option("--weight-decay,--weight_decay", o.weight_decay, "AdamW decoupled weight decay (2-D weights)")->capture_default_str();
   app.add_option("--grad-clip,--grad_clip", o.grad_clip, "max global gradient norm (0: off)")->capture_default_str();
-  app.add_option("--seed", o.seed, "seed of the init, the batches and the sampling")->capture_default_str();
+  // CLI11 reads "-1" into the unsigned seed as 2^64 - 1, without a word.
+  app.add_option("--seed", o.seed, "seed of the init, the batches and the sampling")
+      ->check(CLI::Validator(
+          [](std::string& value) {
+            return value.find('-') == std::string::npos ? std::string()
+                                                        : "must be 0 to 18446744073709551615, not " + value;
+          },
+          "SEED"))
+      ->capture_default_str();
   app.add_option("--data", o.data, "text file (default: the fortunes in /usr/share/games/fortunes)");
   app.add_option("--eval-interval,--eval_interval", o.eval_interval, "steps between val evaluations (0: at the end)")->capture_default_str();
   app.add_option("--eval-batches,--eval_iters", o.eval_batches, "micro-batches per evaluation")->capture_default_str();
@@ -142,15 +151,6 @@ void apply_saved_options(const std::set<std::string>& given_flags, const braid::
                      own.c_str());
     }
   }
-  const bool earlier_run = !o.checkpoint_dir.empty() && std::filesystem::exists(std::filesystem::path(o.checkpoint_dir) / "latest");
-  if (o.resume.empty() && earlier_run) {
-    // A fresh run would replace the earlier run's steps of the same numbers
-    // and prune the others: its checkpoints would be lost, or mixed with
-    // this run's in one directory.
-    throw braid::InvalidUsage("--checkpoint-dir " + o.checkpoint_dir +
-                              " holds the checkpoints of an earlier run: continue it with --resume " +
-                              o.checkpoint_dir + ", or pass another --checkpoint-dir (or remove that one)");
-  }
   if (!o.resume.empty()) {
     const std::string note = t::apply_resume(given, info.world_size, o);
     if (info.rank == 0) std::fputs(note.c_str(), stderr);
@@ -164,6 +164,53 @@ void apply_saved_options(const std::set<std::string>& given_flags, const braid::
                             {"block_size", c.block_size}};
     t::apply_run_options(saved, given, o);
   }
+  // config.json records the interval but not the directory (a repeat of
+  // the run must not write into the run's own): the bare "needs
+  // --checkpoint-dir" named a flag the user never gave.
+  if (given.count("checkpoint_interval") != 0 && given_flags.count("checkpoint_interval") == 0 &&
+      o.checkpoint_interval > 0 && o.checkpoint_dir.empty())
+    throw braid::InvalidUsage("--config " + o.config + " sets checkpoint_interval " +
+                              std::to_string(o.checkpoint_interval) +
+                              ", which needs a directory: pass a new --checkpoint-dir beside it (config.json does not "
+                              "record the run's own), or --checkpoint-interval 0");
+}
+
+// Holds the run's --checkpoint-dir (rank 0; DirectoryLock) and, under that
+// hold, refuses a directory holding another run's checkpoints (a `latest`),
+// on every rank: a fresh run would replace that run's steps of the same
+// numbers and prune the others, and so would a run resumed from elsewhere
+// (it wrote into the other run's directory without a word). Checked under
+// the hold, so that two fresh runs started together cannot both find the
+// directory empty.
+std::unique_ptr<braid::trainer::DirectoryLock> guard_checkpoint_dir(const braid::runtime::RankInfo& info,
+                                                                    const TrainOptions& o) {
+  namespace fs = std::filesystem;
+  if (o.checkpoint_dir.empty() || o.eval_only) return nullptr;
+  std::unique_ptr<braid::trainer::DirectoryLock> lock;
+  if (info.rank == 0) {
+    char host[256] = {};
+    ::gethostname(host, sizeof host - 1);
+    lock = braid::trainer::DirectoryLock::take(
+        o.checkpoint_dir, "braid-train pid " + std::to_string(::getpid()) + " on " + host +
+                              (o.run_id.empty() ? std::string() : ", run " + o.run_id));
+  }
+  const fs::path dir = o.checkpoint_dir;
+  if (!fs::exists(dir / "latest")) return lock;
+  if (o.resume.empty())
+    throw braid::InvalidUsage("--checkpoint-dir " + o.checkpoint_dir +
+                              " holds the checkpoints of an earlier run: continue it with --resume " +
+                              o.checkpoint_dir + ", or pass another --checkpoint-dir (or remove that one)");
+  fs::path step = braid::trainer::resolve_checkpoint(o.resume).lexically_normal();
+  if (step.filename().empty()) step = step.parent_path();  // "ckpt/step_00000002/"
+  const fs::path resumed = step.has_parent_path() ? step.parent_path() : fs::path(".");
+  std::error_code ec;
+  if (!fs::equivalent(resumed, dir, ec))
+    throw braid::InvalidUsage("--checkpoint-dir " + o.checkpoint_dir + " holds the checkpoints of another run than " +
+                              o.resume + ", which this run resumes: writing there would replace that run's steps "
+                              "of the same numbers and prune the others; pass another --checkpoint-dir (or leave it "
+                              "out to go on writing into " + resumed.string() +
+                              ")");
+  return lock;
 }
 
 // The communicator of a data-parallel run: one under a launcher with more
@@ -319,6 +366,7 @@ int main(int argc, char** argv) {
   try {
     const braid::runtime::RankInfo info = braid::runtime::rank_info_from_env();
     apply_saved_options(explicit_keys(app), info, options);
+    const auto hold = guard_checkpoint_dir(info, options);
     return run(options, info);
   } catch (const braid::InvalidUsage& e) {
     std::fprintf(stderr, "braid-train: error: %s\n", e.what());

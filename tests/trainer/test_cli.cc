@@ -3,6 +3,7 @@
 // metrics and sampling.
 #include <catch2/catch.hpp>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <cmath>
 #include <cstdlib>
@@ -16,6 +17,7 @@
 #include "cli_fixtures.h"
 #include "model_fixtures.h"
 #include "reference_gpt.h"
+#include "trainer/checkpoint/atomic_file.h"
 #include "trainer/checkpoint/checkpoint.h"
 
 namespace braid::trainer {
@@ -42,10 +44,15 @@ TEST_CASE("invalid combinations exit 2 before any work, saying what to change", 
     std::ofstream(file) << "{\"n_head\": 2, \"n_embd\": 16, " << setting << "}";
     return "--config " + file.string();
   };
+  const fs::path stale = dir / "stale";  // a `latest` whose step is gone
+  fs::create_directories(stale);
+  std::ofstream(stale / "latest") << "step_00000009\n";
   struct Case {
     std::string args, message;
   };
   const std::vector<Case> cases = {
+      {"--seed -1", "--seed: must be 0 to 18446744073709551615, not -1"},  // was read as 2^64 - 1
+      {"--resume " + stale.string(), "latest names step_00000009, which is not a complete step"},
       {config("float.json", "\"n_layer\": 2.7"), "setting 'n_layer' must be an integer"},
       {config("bool.json", "\"n_layer\": true"), "setting 'n_layer' must be an integer"},
       {config("wide.json", "\"n_layer\": 4294967298"), "setting 'n_layer' must be an integer"},
@@ -72,6 +79,9 @@ TEST_CASE("invalid combinations exit 2 before any work, saying what to change", 
     CHECK_THAT(r.err, Catch::Contains(c.message));
     CHECK_FALSE(fs::exists(out));
   }
+  const Run mesh = braid_train(dir, "--tp 2 --steps 1");  // was "--dp 0 x --tp 2 ...", a --dp never given
+  CHECK(mesh.rc == 2);
+  CHECK_THAT(mesh.err, Catch::Contains("this world has one process; start braid-train under braid-launch -n 2"));
 }
 
 double eval_loss(const std::string& out) {
@@ -240,6 +250,100 @@ TEST_CASE("a fresh run into an earlier run's --checkpoint-dir is refused and cha
   CHECK(read_text(fs::path(ckpt) / "latest") == latest);
   CHECK(fs::exists(fs::path(ckpt) / "step_00000002"));
   CHECK(braid_train(dir, common + "--steps 6 --resume " + ckpt).rc == 0);
+}
+
+// Two runs started together on one --checkpoint-dir both found it empty,
+// staged their steps in one place and published one step holding shards of
+// both, which then loaded without a word. The first run now holds the
+// directory (here the test process holds it, as a live run would); another
+// run is refused, naming the holder, and runs once it is let go.
+TEST_CASE("a run into a --checkpoint-dir that a live run holds is refused, naming the holder", "[cli][checkpoint]") {
+  if (!have_binary()) return;
+  test::TempDir dir;
+  const fs::path text = write_text(dir, 4000);
+  const fs::path ckpt = dir / "ckpt";
+  const std::string args = kTiny + "--data " + text.string() + " --checkpoint-dir " + ckpt.string() + " --steps 2";
+  {
+    auto held = DirectoryLock::take(ckpt, "the test, pid " + std::to_string(::getpid()));
+    REQUIRE(held != nullptr);
+    CHECK_THROWS_WITH(DirectoryLock::take(ckpt, "a second taker"),
+                      Catch::Contains("is in use by another run (the test, pid"));
+    const Run refused = braid_train(dir, args);
+    INFO(refused.err);
+    CHECK(refused.rc == 2);
+    CHECK_THAT(refused.err, Catch::Contains("--checkpoint-dir " + ckpt.string() + " is in use by another run (the "
+                                            "test, pid " + std::to_string(::getpid()) + ")"));
+    CHECK_FALSE(fs::exists(ckpt / "latest"));
+  }
+  const Run after = braid_train(dir, args);
+  INFO(after.err);
+  REQUIRE(after.rc == 0);
+  const std::string latest = read_text(ckpt / "latest");
+  auto held = DirectoryLock::take(ckpt, "the test again");
+  const Run resumed = braid_train(dir, "--resume " + ckpt.string() + " --steps 4");
+  CHECK(resumed.rc == 2);
+  CHECK_THAT(resumed.err, Catch::Contains("is in use by another run (the test again)"));
+  CHECK(read_text(ckpt / "latest") == latest);
+}
+
+// --resume A --checkpoint-dir B wrote into B over another run's
+// checkpoints, which a fresh run into B is refused for: steps of the same
+// numbers replaced, the others pruned.
+TEST_CASE("a resumed run is refused a --checkpoint-dir holding another run's checkpoints", "[cli][checkpoint]") {
+  if (!have_binary()) return;
+  test::TempDir dir;
+  const fs::path text = write_text(dir, 4000);
+  const std::string common = kTiny + "--data " + text.string() + " ";
+  const fs::path other = dir / "other", mine = dir / "mine", fresh = dir / "fresh";
+  REQUIRE(braid_train(dir, common + "--steps 4 --checkpoint-interval 2 --seed 7 --checkpoint-dir " + other.string())
+              .rc == 0);
+  REQUIRE(braid_train(dir, common + "--steps 2 --checkpoint-dir " + mine.string()).rc == 0);
+  const std::string latest = read_text(other / "latest");
+  const Run refused = braid_train(dir, "--resume " + mine.string() + " --steps 8 --checkpoint-interval 1 "
+                                       "--checkpoint-dir " + other.string());
+  INFO(refused.err);
+  CHECK(refused.rc == 2);
+  CHECK_THAT(refused.err, Catch::Contains("holds the checkpoints of another run than " + mine.string()));
+  CHECK(read_text(other / "latest") == latest);
+  CHECK(fs::exists(other / "step_00000002"));
+  // Into a new directory, or on into its own, a resumed run goes on.
+  CHECK(braid_train(dir, "--resume " + mine.string() + " --steps 3 --checkpoint-dir " + fresh.string()).rc == 0);
+  CHECK(braid_train(dir, "--resume " + (mine / "step_00000002").string() + " --steps 3 --checkpoint-dir " +
+                             mine.string()).rc == 0);
+}
+
+// A step's config.json records the interval, not the directory: repeating
+// a run saved at intervals was refused with "--checkpoint-interval needs
+// --checkpoint-dir", a flag the user never gave.
+TEST_CASE("a --config with a saved checkpoint interval asks for a directory of its own", "[cli][checkpoint]") {
+  if (!have_binary()) return;
+  test::TempDir dir;
+  const fs::path text = write_text(dir, 4000);
+  const fs::path ckpt = dir / "ckpt";
+  REQUIRE(braid_train(dir, kTiny + "--data " + text.string() + " --steps 2 --checkpoint-interval 1 --checkpoint-dir " +
+                               ckpt.string()).rc == 0);
+  const std::string config = (ckpt / "step_00000002" / "config.json").string();
+  const Run refused = braid_train(dir, "--config " + config);
+  CHECK(refused.rc == 2);
+  CHECK_THAT(refused.err, Catch::Contains("--config " + config + " sets checkpoint_interval 1, which needs a "
+                                          "directory: pass a new --checkpoint-dir beside it"));
+  CHECK(braid_train(dir, "--config " + config + " --checkpoint-dir " + (dir / "again").string()).rc == 0);
+  CHECK(braid_train(dir, "--config " + config + " --checkpoint-interval 0").rc == 0);
+}
+
+// A step's loss is taken before its update: a last step whose update broke
+// the model (NaN) was saved and the run exited 0. The validation loss after
+// it now stops the run before the save.
+TEST_CASE("a last step that breaks the model fails and leaves no checkpoint of it", "[cli][checkpoint]") {
+  if (!have_binary()) return;
+  test::TempDir dir;
+  const fs::path text = write_text(dir, 4000);
+  const fs::path ckpt = dir / "ckpt";
+  const Run r = braid_train(dir, kTiny + "--data " + text.string() + " --steps 1 --warmup-steps 0 --lr 1e25 "
+                                 "--grad-clip 0 --checkpoint-dir " + ckpt.string());
+  CHECK(r.rc == 1);
+  CHECK_THAT(r.err, Catch::Contains("the validation loss became") && Catch::Contains("after step 1"));
+  CHECK_FALSE(fs::exists(ckpt / "latest"));
 }
 
 // A run resumed from an earlier step saves the same steps again. When such

@@ -46,6 +46,15 @@ TEST_CASE("braid-train --tp 2 --pp 2 reports the mesh and consolidates its check
   const std::string consolidate = std::string(train) + " --consolidate " + ckpt + " --out " + out + " > /dev/null";
   CHECK(std::system(consolidate.c_str()) == 0);
   CHECK(read_weights_config(out).n_layer == 2);
+  // --dp and --tp given on resume: the saved --pp 2 no longer fits beside
+  // them, so it is not restored (it was, and the run was refused as
+  // "--dp 2 x --tp 2 x --pp 2", a --pp never given).
+  const std::string again = std::string(train) + " --resume " + ckpt + " --steps 3 --dp 2 --tp 2 --strategy zero1";
+  const braid::test::LaunchResult resumed =
+      braid::test::run_launch(job, braid::test::shell_job(4, "exec " + again, job));
+  INFO(resumed.out << resumed.err);
+  CHECK(resumed.status == 0);
+  CHECK_THAT(resumed.err, Catch::Contains("this run uses zero1 on dp=2 tp=2 pp=1"));
 }
 
 TEST_CASE("braid-train refuses a mesh that does not fit, saying what to change", "[mesh][launch]") {

@@ -195,7 +195,8 @@ TEST_CASE("a rank killed mid-run stops the job, naming it; the last checkpoint r
 // A job started with --resume and restarted by --max-restarts goes on from
 // the checkpoints its own attempts wrote (they record the job's run id), not
 // from where it started, and never from an earlier job's checkpoints in the
-// same directory.
+// same directory. (A job resumed from one directory into another that holds
+// an earlier job's checkpoints is refused: test_cli.cc.)
 TEST_CASE("a restarted job resumes from its own checkpoints, not from where it started", "[strategy][launch]") {
   const char* train = launched_train();
   if (train == nullptr) return;
@@ -203,19 +204,19 @@ TEST_CASE("a restarted job resumes from its own checkpoints, not from where it s
   const std::string model = std::string(train) +
                             " --n-layer 1 --n-head 2 --n-embd 16 --block-size 16 --batch-size 4"
                             " --eval-interval 0 --eval-batches 1 ";
-  const fs::path pre = job.path() / "pre", ft = job.path() / "ft";
-  REQUIRE(std::system((model + "--steps 2 --checkpoint-dir " + pre.string() + " > /dev/null 2>&1").c_str()) == 0);
-  // An earlier job left step 8 in ft.
-  const std::string earlier = model + "--steps 8 --checkpoint-dir " + ft.string();
+  const fs::path ft = job.path() / "ft";
+  // An earlier job left steps 7 and 8 in ft.
+  const std::string earlier = model + "--steps 8 --checkpoint-interval 1 --checkpoint-dir " + ft.string();
   REQUIRE(braid::test::run_launch(job, {"-n", "1", "--", "sh", "-c", earlier}, {{"BRAID_RUN_ID", "earlier"}}).status ==
           0);
   REQUIRE(latest_step(ft) == 8);
-  // Attempt 0 dies at once; attempt 1 trains steps 3 and 4 from pre, then
-  // dies; attempt 2 asks for 6 steps again from pre.
-  const std::string run = model + "--resume " + (pre / "step_00000002").string() + " --checkpoint-dir " +
+  // This job goes on from the earlier job's step 7. Attempt 0 dies at once;
+  // attempt 1 trains steps 8 and 9 from step 7, then dies; attempt 2 asks
+  // for 11 steps again from step 7.
+  const std::string run = model + "--resume " + (ft / "step_00000007").string() + " --checkpoint-dir " +
                           ft.string() + " --checkpoint-interval 1 --metrics \"$0/attempt_$BRAID_RESTART_COUNT.jsonl\"";
-  const std::string script = "case $BRAID_RESTART_COUNT in 0) exit 3;; 1) " + run + " --steps 4; exit 3;; esac; exec " +
-                             run + " --steps 6";
+  const std::string script = "case $BRAID_RESTART_COUNT in 0) exit 3;; 1) " + run + " --steps 9; exit 3;; esac; exec " +
+                             run + " --steps 11";
   const braid::test::LaunchResult r =
       braid::test::run_launch(job, braid::test::shell_job(1, script, job, {"--max-restarts", "2"}));
   INFO(r.out << r.err);
@@ -226,11 +227,10 @@ TEST_CASE("a restarted job resumes from its own checkpoints, not from where it s
     for (std::string line; std::getline(in, line);) steps.push_back(json::parse(line).at("step").get<std::int64_t>());
     return steps;
   };
-  CHECK(steps_in("attempt_1.jsonl") == std::vector<std::int64_t>{3, 4});  // from pre, not from the earlier job's 8
-  CHECK(steps_in("attempt_2.jsonl") == std::vector<std::int64_t>{5, 6});  // from its own step 4
+  CHECK(steps_in("attempt_1.jsonl") == std::vector<std::int64_t>{8, 9});     // from 7, not from the earlier job's 8
+  CHECK(steps_in("attempt_2.jsonl") == std::vector<std::int64_t>{10, 11});  // from its own step 9
   CHECK_THAT(r.err, Catch::Contains("restart 2: resuming from the last checkpoint in " + ft.string()));
-  CHECK(latest_step(ft) == 6);
-  CHECK(fs::exists(ft / "step_00000008"));  // the earlier job's, not this job's to prune
+  CHECK(latest_step(ft) == 11);
 }
 
 }  // namespace

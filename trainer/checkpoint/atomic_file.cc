@@ -1,15 +1,19 @@
 #include "trainer/checkpoint/atomic_file.h"
 
 #include <fcntl.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstring>
 #include <cerrno>
 #include <cstdio>
 #include <fstream>
 #include <string>
 #include <vector>
+
+#include <spdlog/spdlog.h>
 
 #include "runtime/errors.h"
 
@@ -133,5 +137,41 @@ void sync_directory(const fs::path& dir) {
   ::close(fd);
   if (rc != 0) throw SystemError(errno_message("fsync of directory " + dir.string(), err));
 }
+
+std::unique_ptr<DirectoryLock> DirectoryLock::take(const fs::path& dir, const std::string& holder) {
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  const fs::path path = dir / ".braid-train.lock";
+  const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0666);
+  if (fd < 0) {
+    spdlog::warn("cannot create {} ({}): another run writing checkpoints into {} at the same time goes unnoticed",
+                 path.string(), std::strerror(errno), dir.string());
+    return nullptr;
+  }
+  if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
+    const int err = errno;
+    if (err == EWOULDBLOCK) {
+      char text[512] = {};
+      const ssize_t got = ::pread(fd, text, sizeof text - 1, 0);
+      ::close(fd);
+      std::string held(text, got > 0 ? static_cast<std::size_t>(got) : 0);
+      while (!held.empty() && (held.back() == '\n' || held.back() == '\0')) held.pop_back();
+      throw InvalidUsage("--checkpoint-dir " + dir.string() + " is in use by another run (" +
+                         (held.empty() ? std::string("holder unknown") : held) +
+                         "): two runs writing one directory mix their checkpoints; wait for that run to end, "
+                         "or pass another --checkpoint-dir");
+    }
+    ::close(fd);
+    spdlog::warn("cannot lock {} ({}): another run writing checkpoints into {} at the same time goes unnoticed",
+                 path.string(), std::strerror(err), dir.string());
+    return nullptr;
+  }
+  const std::string text = holder + "\n";
+  if (::ftruncate(fd, 0) != 0 || ::pwrite(fd, text.data(), text.size(), 0) != static_cast<ssize_t>(text.size()))
+    spdlog::debug("cannot record the holder in {}: {}", path.string(), std::strerror(errno));
+  return std::unique_ptr<DirectoryLock>(new DirectoryLock(fd));
+}
+
+DirectoryLock::~DirectoryLock() { ::close(fd_); }
 
 }  // namespace braid::trainer

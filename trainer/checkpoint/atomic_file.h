@@ -10,6 +10,7 @@
 #include <atomic>
 #include <cstdint>
 #include <filesystem>
+#include <memory>
 #include <span>
 #include <string>
 
@@ -54,5 +55,26 @@ void write_file_atomically(const std::filesystem::path& target, std::string_view
 
 // fsync of a directory, after renames inside it.
 void sync_directory(const std::filesystem::path& dir);
+
+// A run's hold on its checkpoint directory, for as long as the run lives:
+// an flock on DIR/.braid-train.lock, which names the holder. Two runs
+// writing one directory at once staged a step in one place and published
+// the shards of both as one step, which then loaded without a word. take()
+// creates the directory if need be; another process's hold makes it throw
+// InvalidUsage naming that holder. Where the file system has no flock (some
+// NFS) or the lock file cannot be made, it warns and returns null: the run
+// goes on unguarded (a directory that cannot be written is refused later,
+// with the reason).
+class DirectoryLock {
+ public:
+  static std::unique_ptr<DirectoryLock> take(const std::filesystem::path& dir, const std::string& holder);
+  ~DirectoryLock();
+  DirectoryLock(const DirectoryLock&) = delete;
+  DirectoryLock& operator=(const DirectoryLock&) = delete;
+
+ private:
+  explicit DirectoryLock(int fd) : fd_(fd) {}
+  int fd_;
+};
 
 }  // namespace braid::trainer

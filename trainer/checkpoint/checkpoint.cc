@@ -150,6 +150,11 @@ fs::path resolve_checkpoint(const fs::path& path) {
                        ", " + layout::kManifestFile + " nor a readable '" + layout::kLatest +
                        "' file; pass --checkpoint-dir's directory");
   }
+  // A `latest` whose step is gone (removed by hand, or a copy without it):
+  // "cannot open .../state.json" did not say which file was stale.
+  if (!layout::is_complete(path / name))
+    throw InvalidUsage(path.string() + "/" + layout::kLatest + " names " + name + ", which is not a complete step in " +
+                       path.string() + " (removed, or copied without it?); pass one of its step directories instead");
   return path / name;
 }
 

@@ -257,11 +257,17 @@ void validate(const TrainOptions& o) {
 }
 
 void validate_world(const TrainOptions& o, int world_size) {
+  // One process: "--dp 0 x --tp 2 ..." named a --dp never given.
+  require(world_size > 1 || !o.model_parallel(),
+          "--tp " + std::to_string(o.tp) + " x --pp " + std::to_string(o.pp) + " needs " +
+              std::to_string(o.tp * o.pp) + " ranks (or a multiple), and this world has one process; start "
+              "braid-train under braid-launch -n " + std::to_string(o.tp * o.pp));
   const int D = o.dp_size(world_size);
+  const std::string dp = o.dp > 0 ? "--dp " + std::to_string(D) : "dp " + std::to_string(D) + " (world / (tp x pp))";
   require(D >= 1 && D * o.tp * o.pp == world_size,
-          "--dp " + std::to_string(D) + " x --tp " + std::to_string(o.tp) + " x --pp " + std::to_string(o.pp) +
-              " is not the world of " + std::to_string(world_size) + " rank(s); choose axes whose product is " +
-              std::to_string(world_size) + " (or leave --dp out: world / (tp x pp))");
+          dp + " x --tp " + std::to_string(o.tp) + " x --pp " + std::to_string(o.pp) + " is not the world of " +
+              std::to_string(world_size) + " rank(s); choose axes whose product is " + std::to_string(world_size) +
+              (o.dp > 0 ? " (or leave --dp out: world / (tp x pp))" : ""));
   const int split = D * o.grad_accum;
   require(o.batch_size % split == 0,
           "--batch-size " + std::to_string(o.batch_size) + " does not split into " + std::to_string(D) +

@@ -44,8 +44,19 @@ std::string restore_layout(const SavedLayout& saved, const std::set<std::string>
     return "this run has " + std::to_string(world_size) + " rank(s), the checkpoint's layout " +
            std::to_string(saved.world_size()) + "; the defaults for " + std::to_string(world_size) + " apply";
   }
+  const int tp = o.tp, pp = o.pp;
   if (given.count("tp") == 0) o.tp = saved.tp;
   if (given.count("pp") == 0) o.pp = saved.pp;
+  // The axes given come first: saved ones that leave them no room in this
+  // world are not restored (--dp 2 --tp 2 on 4 ranks beside a saved --pp 2
+  // was refused as "--dp 2 x --tp 2 x --pp 2", a --pp never given).
+  const int model_ranks = o.tp * o.pp;
+  const bool fits = model_ranks > 0 && (given.count("dp") != 0 ? o.dp * model_ranks == world_size
+                                                               : world_size % model_ranks == 0);
+  if (!fits) {  // bad values given are refused later, naming them
+    o.tp = tp;
+    o.pp = pp;
+  }
   const bool same_axes = o.dp_size(world_size) == saved.dp && o.tp == saved.tp && o.pp == saved.pp;
   if (given.count("strategy") == 0 && same_axes) o.strategy = saved.strategy;
   return given_layout_flags(given);

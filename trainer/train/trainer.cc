@@ -403,6 +403,12 @@ TrainSummary Trainer::run(TrainObserver& observer) {
     const bool last = step_ == options_.steps;
     if (last || (options_.eval_interval > 0 && step_ % options_.eval_interval == 0)) {
       r.val_loss = last_val = evaluate_val();
+      // The step's own loss is taken before its update: an update that
+      // broke the model on the last step was saved and reported with exit 0.
+      // The same on every rank (summed over them), so all stop alike.
+      if (!std::isfinite(*r.val_loss))
+        throw Error("the validation loss became " + std::to_string(*r.val_loss) + " after step " +
+                    std::to_string(step_) + " (no checkpoint of it is written); lower --lr or raise --warmup-steps");
     }
     observer.on_step(r);
     maybe_checkpoint(observer, last);
