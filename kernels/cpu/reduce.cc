@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <type_traits>
 
 #if defined(__SSE2__)
@@ -17,10 +18,33 @@ template <typename T>
 struct Sum { static T apply(T a, T b) { return a + b; } };
 template <typename T>
 struct Prod { static T apply(T a, T b) { return a * b; } };
+// Min and max are IEEE 754-2019's minimum and maximum: a NaN on either
+// side gives NaN (one quiet NaN, whatever the payloads) and -0 < +0, so
+// the order of the operands never matters. `b < a ? b : a` kept whichever
+// operand came first for NaN and for zeros of both signs: recursive
+// doubling, whose partners reduce (own, peer) in opposite orders, left
+// ranks with different results (NaN on one, 1.0 on the other), and a NaN
+// counted or not by the rank that held it.
 template <typename T>
-struct Min { static T apply(T a, T b) { return b < a ? b : a; } };
+struct Min {
+  static T apply(T a, T b) {
+    if constexpr (std::is_floating_point_v<T>) {
+      if (a != a || b != b) return std::numeric_limits<T>::quiet_NaN();
+      if (a == b) return std::signbit(a) ? a : b;
+    }
+    return b < a ? b : a;
+  }
+};
 template <typename T>
-struct Max { static T apply(T a, T b) { return a < b ? b : a; } };
+struct Max {
+  static T apply(T a, T b) {
+    if constexpr (std::is_floating_point_v<T>) {
+      if (a != a || b != b) return std::numeric_limits<T>::quiet_NaN();
+      if (a == b) return std::signbit(a) ? b : a;
+    }
+    return a < b ? b : a;
+  }
+};
 
 // Integer sums and products wrap (as they do in NCCL and MPI), computed in
 // unsigned arithmetic so that overflow is defined.

@@ -5,7 +5,9 @@
 // aligned, go through the scalar loop at the end of the same kernel.
 //
 // The element operators are the CPU's, written for the device:
-//   - Min/Max are `b < a ? b : a` / `a < b ? b : a`, so NaN handling matches;
+//   - Min/Max are IEEE 754-2019's minimum/maximum, as on the CPU: NaN if
+//     either operand is NaN (one quiet NaN), -0 < +0; the order of the
+//     operands never matters;
 //   - i8, i32 and i64 sum/prod go through uint32/uint32/uint64 so that
 //     overflow wraps with defined behaviour; u8 promotes to int and truncates;
 //   - f16/bf16 convert to f32 (exact), apply the operator in f32 and convert
@@ -13,6 +15,7 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include <cmath>
 #include <cstdint>
 #include <type_traits>
 
@@ -32,9 +35,25 @@ struct Sum { __device__ static T apply(T a, T b) { return a + b; } };
 template <typename T>
 struct Prod { __device__ static T apply(T a, T b) { return a * b; } };
 template <typename T>
-struct Min { __device__ static T apply(T a, T b) { return b < a ? b : a; } };
+struct Min {
+  __device__ static T apply(T a, T b) {
+    if constexpr (std::is_floating_point_v<T>) {
+      if (a != a || b != b) return static_cast<T>(NAN);
+      if (a == b) return signbit(a) ? a : b;
+    }
+    return b < a ? b : a;
+  }
+};
 template <typename T>
-struct Max { __device__ static T apply(T a, T b) { return a < b ? b : a; } };
+struct Max {
+  __device__ static T apply(T a, T b) {
+    if constexpr (std::is_floating_point_v<T>) {
+      if (a != a || b != b) return static_cast<T>(NAN);
+      if (a == b) return signbit(a) ? b : a;
+    }
+    return a < b ? b : a;
+  }
+};
 
 // How one element of storage type T is reduced: plain, wrapping through an
 // unsigned type U, or through f32 for the 16-bit floats.

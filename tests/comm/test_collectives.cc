@@ -6,6 +6,8 @@
 #include <catch2/catch.hpp>
 
 #include <algorithm>
+#include <cmath>
+#include <limits>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -311,6 +313,41 @@ TEST_CASE("forced algorithms give the same results", "[collectives]") {
     }
   }, test::run_options(std::chrono::seconds(120), config));
   INFO(result.summary());
+  REQUIRE(result.all_ok());
+}
+
+// min/max kept whichever operand came first for NaN and for +0 against -0:
+// under recursive doubling, whose partners reduce in opposite orders, rank 0
+// ended with NaN and +0 where rank 1 had 1.0 and -0, and a NaN was lost or
+// kept by which rank held it. Every rank now gets the same bits: NaN
+// wherever a rank had one, -0 for min and +0 for max of the two zeros.
+TEST_CASE("min and max over NaN and signed zeros give every rank the same bits on every algorithm",
+          "[collectives]") {
+  const std::string algo = GENERATE(std::string("auto"), std::string("ring"), std::string("recursive_doubling"));
+  const int size = GENERATE(2, 3);
+  runtime::Config config = test::test_config();
+  config.algo = algo;
+  auto result = test::run_ranks(size, [](Communicator& comm) {
+    const int last = comm.size() - 1;
+    for (ReduceOp op : {ReduceOp::min, ReduceOp::max}) {
+      for (std::size_t count : {std::size_t{3}, std::size_t{30000}}) {
+        std::vector<float> data(count, 2.0f + static_cast<float>(comm.rank()));
+        data[0] = comm.rank() == last ? std::numeric_limits<float>::quiet_NaN() : 1.0f;  // NaN on the last rank
+        data[1] = comm.rank() % 2 == 0 ? 0.0f : -0.0f;
+        data[count - 1] = comm.rank() == 0 ? -std::numeric_limits<float>::quiet_NaN() : 5.0f;  // on the first
+        comm.all_reduce(data.data(), data.data(), count, DataType::f32, op).wait();
+        const std::string what = std::string(op == ReduceOp::min ? "min" : "max") + " of " + std::to_string(count);
+        expect(std::isnan(data[0]) && std::isnan(data[count - 1]), what + ": a NaN was lost");
+        expect(std::signbit(data[1]) == (op == ReduceOp::min), what + ": the wrong zero");
+        std::vector<float> all(count * static_cast<std::size_t>(comm.size()));
+        comm.all_gather(data.data(), all.data(), count, DataType::f32).wait();
+        for (int r = 0; r < comm.size(); ++r)
+          expect(std::memcmp(all.data() + r * count, data.data(), count * sizeof(float)) == 0,
+                 what + ": rank " + std::to_string(r) + " holds other bits than rank " + std::to_string(comm.rank()));
+      }
+    }
+  }, test::run_options(std::chrono::seconds(120), config));
+  INFO(algo << " on " << size << " ranks\n" << result.summary());
   REQUIRE(result.all_ok());
 }
 

@@ -118,6 +118,45 @@ TEST_CASE("float reductions in place and through f32 for half types") {
   for (int i = 0; i < 300; ++i) REQUIRE(bf16_to_f32(r[i]) == bf16_to_f32(f32_to_bf16(bf16_to_f32(p[i]) + 1)));
 }
 
+// min/max kept whichever operand came first for a NaN and for zeros of both
+// signs, so recursive doubling (partners reduce in opposite orders) left
+// ranks with different results. They are now IEEE 754-2019 minimum and
+// maximum: NaN on either side gives NaN, -0 < +0, in either order.
+template <typename T, typename Encode, typename Decode>
+void check_min_max_order_free(DataType dtype, Encode encode, Decode decode) {
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  const std::vector<float> values{1.0f, -2.0f, 0.0f, -0.0f, nan, -nan, std::numeric_limits<float>::infinity()};
+  for (float x : values) {
+    for (float y : values) {
+      for (ReduceOp op : {ReduceOp::min, ReduceOp::max}) {
+        INFO("dtype " << static_cast<int>(dtype) << " op " << static_cast<int>(op) << ": " << x << ", " << y);
+        T a = encode(x), b = encode(y), ab{}, ba{};
+        reduce(&ab, &a, &b, 1, dtype, op);
+        reduce(&ba, &b, &a, 1, dtype, op);
+        CHECK(std::memcmp(&ab, &ba, sizeof(T)) == 0);  // the same bits in either order
+        const float got = decode(ab);
+        if (std::isnan(x) || std::isnan(y)) {
+          CHECK(std::isnan(got));
+        } else {
+          const float want = op == ReduceOp::min ? (x == y ? (std::signbit(x) ? x : y) : std::min(x, y))
+                                                 : (x == y ? (std::signbit(x) ? y : x) : std::max(x, y));
+          CHECK(got == want);
+          CHECK(std::signbit(got) == std::signbit(want));
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("float min and max give NaN for a NaN and order -0 before +0, in either order of operands") {
+  const auto same = [](float v) { return v; };
+  check_min_max_order_free<float>(DataType::f32, same, same);
+  check_min_max_order_free<double>(DataType::f64, [](float v) { return double(v); },
+                                   [](double v) { return float(v); });
+  check_min_max_order_free<std::uint16_t>(DataType::f16, f32_to_f16, f16_to_f32);
+  check_min_max_order_free<std::uint16_t>(DataType::bf16, f32_to_bf16, bf16_to_f32);
+}
+
 TEST_CASE("stream_copy copies exactly at every size and alignment and touches nothing else") {
   std::vector<std::uint8_t> src(70000), dst(70000 + 256);
   for (std::size_t i = 0; i < src.size(); ++i) src[i] = static_cast<std::uint8_t>(i * 131 + 7);
