@@ -9,7 +9,12 @@
 // barrier crossed the transport. Plus the host Reducer's aliasing rules.
 #include <catch2/catch.hpp>
 
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <fstream>
+#include <string>
 #include <cstring>
 #include <numeric>
 #include <vector>
@@ -135,6 +140,46 @@ TEST_CASE("direct collectives on registered host buffers: every kind x dtype x o
   INFO(size << " ranks, BRAID_DIRECT_WORKERS=" << workers << ": " << result.summary());
   CHECK(result.all_ok());
   CHECK(result.leftover_shm == 0);
+}
+
+// Mappings of the registered memory in this process (its own and its
+// peers'), as /proc/self/maps lists them.
+int region_mappings() {
+  std::ifstream maps("/proc/self/maps");
+  int n = 0;
+  for (std::string line; std::getline(maps, line);) n += line.find("braid-region") != std::string::npos;
+  return n;
+}
+
+// A peer's registered memory stayed mapped here after the peer freed it, so
+// its pages lived on until the communicator ended: allocating and freeing a
+// region a cycle grew shared memory by a region per cycle and peer. Freed
+// regions' mappings now go before a new region is mapped.
+TEST_CASE("direct collectives let go of the registered memory a peer has freed", "[collectives][registered][direct]") {
+  runtime::Config config = test::test_config();
+  config.algo = "direct";
+  auto result = test::run_ranks(3, [](Communicator& comm) {
+    const std::size_t count = 1 << 16;
+    std::vector<int> spare;  // so that each cycle's regions get new fd numbers, as in a real program
+    for (int cycle = 0; cycle < 5; ++cycle) {
+      {
+        Registered send(count * 4), recv(count * 4);
+        std::fill_n(reinterpret_cast<float*>(send.data), count, 1.0f);
+        comm.all_reduce(send.data, recv.data, count, DataType::f32, ReduceOp::sum).wait();
+        expect(reinterpret_cast<float*>(recv.data)[count - 1] == 3.0f, "a wrong sum");
+        comm.barrier().wait();  // every rank is done with this cycle's regions
+      }
+      spare.push_back(::open("/dev/null", O_RDONLY | O_CLOEXEC));
+    }
+    const int mapped = region_mappings();
+    for (int fd : spare) ::close(fd);
+    // Every region is freed: at most the last cycle's two of each peer stay
+    // mapped here, until the next new region or a second passes.
+    expect(mapped <= 2 * 2, std::to_string(mapped) + " mappings of registered memory after five cycles of two "
+                            "regions freed on every rank");
+  }, test::run_options(std::chrono::seconds(120), config));
+  INFO(result.summary());
+  CHECK(result.all_ok());
 }
 
 // The ranks agree on the workers in every call, whatever each was told: one

@@ -172,6 +172,8 @@ class PeerRegions {
   // The bytes `ref` names, opened through `pidfd` (the owner's); RemoteError
   // naming `peer` when ref lies outside what the owner registered,
   // SystemError when the memfd cannot be opened (the peer exited).
+  // Mappings of regions the owner has since freed are dropped before a new
+  // region is mapped, and at most a second apart otherwise (drop_freed).
   std::span<std::byte> map(int pidfd, int peer, const RegionRef& ref);
 
  private:
@@ -180,7 +182,10 @@ class PeerRegions {
     std::size_t bytes = 0;
     std::uint64_t inode = 0;
   };
+  void drop_freed(int pidfd);
+
   std::map<std::uint64_t, Mapped> by_fd_;
+  std::chrono::steady_clock::time_point checked_{};
 };
 
 }  // namespace regions
