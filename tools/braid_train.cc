@@ -134,6 +134,9 @@ void apply_saved_options(const std::set<std::string>& given_flags, const braid::
   if (!o.resume.empty() && !o.init_from.empty()) {
     throw braid::InvalidUsage("--resume and --init-from exclude each other; pass one");
   }
+  // `--data $CORPUS` with CORPUS unset trained on the default corpus.
+  if (given_flags.count("data") != 0 && o.data.empty())
+    throw braid::InvalidUsage("--data is empty (an unset shell variable?); leave it out for the default corpus");
   // A --config file's settings count as given: a checkpoint's saved values
   // do not override them.
   std::set<std::string> given = given_flags;

@@ -52,6 +52,7 @@ TEST_CASE("invalid combinations exit 2 before any work, saying what to change", 
   };
   const std::vector<Case> cases = {
       {"--seed -1", "--seed: must be 0 to 18446744073709551615, not -1"},  // was read as 2^64 - 1
+      {"--data ''", "--data is empty"},  // trained on the default corpus
       {"--resume " + stale.string(), "latest names step_00000009, which is not a complete step"},
       {config("float.json", "\"n_layer\": 2.7"), "setting 'n_layer' must be an integer"},
       {config("bool.json", "\"n_layer\": true"), "setting 'n_layer' must be an integer"},
