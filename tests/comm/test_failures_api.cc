@@ -662,6 +662,27 @@ TEST_CASE("failures: a rank with the wrong job token is refused", "[failures]") 
   CHECK(contains(o.text, "refused"));
 }
 
+// Ranks told different BRAID_TCP_NSOCKS: the one with more sockets failed
+// blaming the job token, the other waited out BRAID_TIMEOUT and blamed it
+// too (or ran its first call on a half-made mesh). Both now fail at once,
+// naming the setting.
+TEST_CASE("failures: ranks told different BRAID_TCP_NSOCKS fail at once, naming it", "[failures]") {
+  const int fewer = GENERATE(0, 1);  // which rank has 1 socket per peer; the other has 3
+  auto options = options_with(seconds(20), seconds(60), "tcp");
+  options.configure = [fewer](int rank, runtime::Config& config) { config.tcp_nsocks = rank == fewer ? 1 : 3; };
+  auto result = test::run_ranks(2, [](Communicator& comm) {
+    std::int64_t x = 1;
+    comm.all_reduce(&x, &x, 1, DataType::i64, ReduceOp::sum).wait();
+  }, options);
+  INFO("rank " << fewer << " has 1 socket\n" << result.summary());
+  REQUIRE_FALSE(result.timed_out);
+  for (const auto& r : result.ranks) {
+    CHECK(r.exit_code == 1);
+    CHECK(contains(r.message, "BRAID_TCP_NSOCKS"));  // set-up fails: no call starts
+  }
+  CHECK(result.elapsed < seconds(10));  // not the 20 s of BRAID_TIMEOUT
+}
+
 // A store that accepts and never answers must fail create_world after the
 // configured timeout, not the environment's default of minutes.
 TEST_CASE("failures: a store that never answers fails create_world within the configured timeout",

@@ -234,7 +234,7 @@ TEST_CASE("nodes started with different --nproc-per-node are told so at once", "
   CHECK(node0.wait(std::chrono::seconds(30)) != 0);
   const auto node0_took = std::chrono::steady_clock::now() - started;
   INFO(node0.out() << node0.err());
-  CHECK_THAT(node0.err(), Catch::Contains("cannot create communicator braid/world because rank 2 could not") &&
+  CHECK_THAT(node0.err(), Catch::Contains("cannot create communicator braid/world because rank ") &&  // 2 or 3
                               Catch::Contains("started in a world of 2 ranks, this one in a world of 4"));
   CHECK(node0_took < std::chrono::seconds(6));
 }

@@ -6,11 +6,13 @@
 // every higher rank, so each pair is connected exactly once per socket index.
 // The connecting side opens with a Hello:
 //   u32 magic "BRDT", u16 version, u16 socket index, i32 from, i32 to,
-//   u32 communicator id, u32 token bytes, token
+//   u32 communicator id, u32 token bytes, u16 sockets per peer, u16 0, token
 // and the accepting side answers one byte, 0 for accepted. A Hello with the
-// wrong magic, version, token, communicator or ranks is refused, logged and
-// closed, and the acceptor keeps waiting for the right peers; everything is
-// bounded by the timeout.
+// wrong magic, version, token, communicator or ranks is refused (1), logged
+// and closed, and the acceptor keeps waiting for the right peers; one from
+// a peer told another BRAID_TCP_NSOCKS is refused (2) and fails both ranks
+// at once, naming the setting (one side waited out the timeout, the other
+// blamed the job token). Everything is bounded by the timeout.
 #include <spdlog/spdlog.h>
 
 #include <unistd.h>
@@ -31,7 +33,8 @@ namespace asio = boost::asio;
 using asio::ip::tcp;
 
 constexpr std::uint32_t kHelloMagic = 0x54445242;  // "BRDT"
-constexpr std::uint16_t kHelloVersion = 1;
+constexpr std::uint16_t kHelloVersion = 2;
+constexpr std::uint8_t kAccepted = 0, kRefused = 1, kOtherSockets = 2;
 constexpr std::uint32_t kMaxTokenBytes = 4096;
 
 struct Hello {
@@ -42,7 +45,15 @@ struct Hello {
   std::int32_t to = 0;
   std::uint32_t comm_id = 0;
   std::uint32_t token_bytes = 0;
+  std::uint16_t nsocks = 0;
+  std::uint16_t reserved = 0;
 };
+
+std::string other_sockets(int rank, int theirs, int peer, int mine) {
+  return "BRAID_TCP_NSOCKS differs between ranks: rank " + std::to_string(rank) + " connects " +
+         std::to_string(theirs) + " socket(s) to each peer, rank " + std::to_string(peer) + " " +
+         std::to_string(mine) + "; set it alike on every rank";
+}
 
 struct Mesh {
   const TcpOptions& options;
@@ -82,7 +93,7 @@ struct Incoming : std::enable_shared_from_this<Incoming> {
   tcp::socket socket;
   Hello hello;
   std::string token;
-  std::uint8_t verdict = 1;
+  std::uint8_t verdict = kRefused;
 
   Incoming(Mesh& m, tcp::socket s) : mesh(m), socket(std::move(s)) {}
 
@@ -106,11 +117,21 @@ struct Incoming : std::enable_shared_from_this<Incoming> {
     if (h.version != kHelloVersion) return refuse("it speaks protocol version " + std::to_string(h.version));
     if (token != o.job_token) return refuse("it presented the wrong job token");
     if (h.comm_id != o.comm_id || h.to != o.rank) return refuse("it addressed another communicator or rank");
+    if (h.nsocks != o.nsocks) {
+      // Before the socket index is checked against ours; answered before
+      // this rank fails, so that the peer names the cause too.
+      verdict = kOtherSockets;
+      auto self = shared_from_this();
+      const std::string why = other_sockets(h.from, h.nsocks, o.rank, o.nsocks);
+      return asio::async_write(socket, asio::buffer(&verdict, 1), [self, why](auto, std::size_t) {
+        if (!self->mesh.error) self->mesh.error = std::make_exception_ptr(InvalidUsage(why));
+      });
+    }
     if (h.from <= o.rank || h.from >= o.size || !mesh.wanted(h.from) || h.socket_index >= o.nsocks)
       return refuse("it claimed to be rank " + std::to_string(h.from) + " socket " +
                     std::to_string(h.socket_index));
     if (mesh.fds[h.from][h.socket_index] != -1) return refuse("its rank and socket are already connected");
-    verdict = 0;
+    verdict = kAccepted;
     auto self = shared_from_this();
     asio::async_write(socket, asio::buffer(&verdict, 1), [self](auto ec, std::size_t) {
       if (ec) return;
@@ -142,7 +163,7 @@ struct Outgoing : std::enable_shared_from_this<Outgoing> {
   int peer, index;
   tcp::socket socket;
   std::vector<std::uint8_t> hello;
-  std::uint8_t verdict = 1;
+  std::uint8_t verdict = kRefused;
 
   Outgoing(Mesh& m, int p, int i) : mesh(m), peer(p), index(i), socket(m.io) {}
 
@@ -154,6 +175,7 @@ struct Outgoing : std::enable_shared_from_this<Outgoing> {
     h.to = peer;
     h.comm_id = o.comm_id;
     h.token_bytes = static_cast<std::uint32_t>(o.job_token.size());
+    h.nsocks = static_cast<std::uint16_t>(o.nsocks);
     hello.resize(sizeof h + o.job_token.size());
     std::memcpy(hello.data(), &h, sizeof h);
     std::memcpy(hello.data() + sizeof h, o.job_token.data(), o.job_token.size());
@@ -164,12 +186,20 @@ struct Outgoing : std::enable_shared_from_this<Outgoing> {
       asio::async_write(self->socket, asio::buffer(self->hello), [self](auto ec2, std::size_t) {
         if (ec2) return self->fail("the connection closed during the handshake");
         asio::async_read(self->socket, asio::buffer(&self->verdict, 1), [self](auto ec3, std::size_t) {
-          if (ec3 || self->verdict != 0)
+          if (!ec3 && self->verdict == kOtherSockets)
+            return self->fail_setting("rank " + std::to_string(self->peer) + " accepts another number of sockets "
+                                      "per peer than this rank's BRAID_TCP_NSOCKS=" +
+                                      std::to_string(self->mesh.options.nsocks) + "; set it alike on every rank");
+          if (ec3 || self->verdict != kAccepted)
             return self->fail("it refused the handshake (different job token or communicator?)");
           self->mesh.adopt(self->peer, self->index, self->socket);
         });
       });
     });
+  }
+
+  void fail_setting(const std::string& why) {
+    if (!mesh.error) mesh.error = std::make_exception_ptr(InvalidUsage(why));
   }
 
   void fail(const std::string& why) {
