@@ -128,6 +128,7 @@ struct Communicator::Impl {
   bool stopping = false;
   std::thread worker;
   std::exception_ptr failure;  // first error; the communicator is aborted after it
+  bool set_up = false;          // its transports connected on every rank (forget_store_keys)
   // The reason of an abort that waits for the call another thread runs
   // (start_worker's failure during a lean or inline call); settle() aborts.
   std::string deferred_abort;

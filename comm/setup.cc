@@ -490,14 +490,17 @@ static void exchange_hosts(Communicator::Impl& impl, int size, const runtime::Co
 // removes <prefix>/..., sparing <prefix>/split...: a split may outlive its
 // parent, and removes its own. A rank that never gets here (it died, or was
 // forked) leaves the keys where they are: nothing is removed while a peer
-// may still read them; nor does a communicator that failed (its peers may
+// may still read them; nor does one whose set-up failed here (ranks of
+// another world size, or a second process with one rank number, counted
+// themselves out and removed the failure that the ranks still in set-up
+// were polling for), nor one that failed later (its peers may
 // never leave, and the store may be what failed: its destructor must not
 // wait for it). Bounded by a short budget so that a store that no longer
 // answers cannot hold up a destructor; a bounded call that gives up waiting
 // for the answer breaks the connection, as any late answer does.
 void forget_store_keys(Communicator::Impl& impl) noexcept {
   constexpr std::chrono::milliseconds kBudget{2000};
-  if (!impl.store || impl.failure) return;
+  if (!impl.store || !impl.set_up || impl.failure) return;
   const auto deadline =
       std::chrono::steady_clock::now() + std::min(kBudget, impl.store->request_timeout());
   try {
@@ -532,6 +535,7 @@ std::unique_ptr<Communicator> Communicator::create_world(const runtime::RankInfo
   spdlog::info("{}; {}", runtime::describe(info), runtime::describe_placement());
   exchange_hosts(*impl, info.world_size, config);
   connect_transports(*impl);
+  impl->set_up = true;
   return std::unique_ptr<Communicator>(new Communicator(std::move(impl)));
 }
 
@@ -560,6 +564,7 @@ std::unique_ptr<Communicator> Communicator::split(int color, int key) {
     impl->cpus.push_back(impl_->cpus[member.second]);
   }
   connect_transports(*impl);
+  impl->set_up = true;
   return std::unique_ptr<Communicator>(new Communicator(std::move(impl)));
 }
 

@@ -188,7 +188,7 @@ void apply_saved_options(const std::set<std::string>& given_flags, const braid::
 std::unique_ptr<braid::trainer::DirectoryLock> guard_checkpoint_dir(const braid::runtime::RankInfo& info,
                                                                     const TrainOptions& o) {
   namespace fs = std::filesystem;
-  if (o.checkpoint_dir.empty() || o.eval_only) return nullptr;
+  if (o.checkpoint_dir.empty() || o.eval_only || !o.consolidate.empty()) return nullptr;
   std::unique_ptr<braid::trainer::DirectoryLock> lock;
   if (info.rank == 0) {
     char host[256] = {};
@@ -203,9 +203,8 @@ std::unique_ptr<braid::trainer::DirectoryLock> guard_checkpoint_dir(const braid:
     throw braid::InvalidUsage("--checkpoint-dir " + o.checkpoint_dir +
                               " holds the checkpoints of an earlier run: continue it with --resume " +
                               o.checkpoint_dir + ", or pass another --checkpoint-dir (or remove that one)");
-  fs::path step = braid::trainer::resolve_checkpoint(o.resume).lexically_normal();
-  if (step.filename().empty()) step = step.parent_path();  // "ckpt/step_00000002/"
-  const fs::path resumed = step.has_parent_path() ? step.parent_path() : fs::path(".");
+  // The step as it lies on disk: a symlink to ckpt/step_00000002 resumes ckpt.
+  const fs::path resumed = fs::canonical(braid::trainer::resolve_checkpoint(o.resume)).parent_path();
   std::error_code ec;
   if (!fs::equivalent(resumed, dir, ec))
     throw braid::InvalidUsage("--checkpoint-dir " + o.checkpoint_dir + " holds the checkpoints of another run than " +

@@ -10,6 +10,7 @@
 #include <catch2/catch.hpp>
 
 #include <fcntl.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -17,6 +18,7 @@
 #include <string>
 #include <cstring>
 #include <numeric>
+#include <thread>
 #include <vector>
 
 #include "comm/algorithms/direct.h"
@@ -178,6 +180,40 @@ TEST_CASE("direct collectives let go of the registered memory a peer has freed",
     expect(mapped <= 2 * 2, std::to_string(mapped) + " mappings of registered memory after five cycles of two "
                             "regions freed on every rank");
   }, test::run_options(std::chrono::seconds(120), config));
+  INFO(result.summary());
+  CHECK(result.all_ok());
+}
+
+// The look for freed regions took any failure to open a peer's memfd for
+// "freed": with no descriptor left (EMFILE) it unmapped the live regions of
+// a peer, and the next call on them failed blaming the peer.
+TEST_CASE("direct collectives keep live peer regions mapped when descriptors run out",
+          "[collectives][registered][direct]") {
+  runtime::Config config = test::test_config();
+  config.algo = "direct";
+  auto result = test::run_ranks(2, [](Communicator& comm) {
+    const std::size_t count = 1 << 16;
+    Registered send(count * 4), recv(count * 4);
+    std::fill_n(reinterpret_cast<float*>(send.data), count, 1.0f);
+    comm.all_reduce(send.data, recv.data, count, DataType::f32, ReduceOp::sum).wait();
+    rlimit old{};
+    getrlimit(RLIMIT_NOFILE, &old);
+    const int lowest_free = ::dup(0);  // no descriptor can be opened past this one
+    ::close(lowest_free);
+    rlimit none = old;
+    none.rlim_cur = static_cast<rlim_t>(lowest_free);
+    setrlimit(RLIMIT_NOFILE, &none);
+    std::this_thread::sleep_for(std::chrono::milliseconds(1200));  // past the second between looks
+    std::string failed;
+    try {
+      comm.all_reduce(send.data, recv.data, count, DataType::f32, ReduceOp::sum).wait();
+    } catch (const std::exception& e) {
+      failed = e.what();
+    }
+    setrlimit(RLIMIT_NOFILE, &old);
+    expect(failed.empty(), "the call on live regions failed: " + failed);
+    expect(reinterpret_cast<float*>(recv.data)[count - 1] == 2.0f, "a wrong sum");
+  }, test::run_options(std::chrono::seconds(60), config));
   INFO(result.summary());
   CHECK(result.all_ok());
 }

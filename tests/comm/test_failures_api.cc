@@ -662,6 +662,65 @@ TEST_CASE("failures: a rank with the wrong job token is refused", "[failures]") 
   CHECK(contains(o.text, "refused"));
 }
 
+// Processes whose set-up failed counted themselves out of the communicator
+// as if it had ended: two late duplicates of rank 0 in a world of 2 made
+// the count 2, and the second removed every key of braid/world, the
+// published failure among them, while the real rank 0, still waiting for a
+// rank 1, polled for it: it waited out BRAID_TIMEOUT.
+TEST_CASE("failures: ranks whose set-up failed leave their published failure in the store", "[failures]") {
+  const std::string token = "duplicate-ranks";
+  runtime::StoreServer server("127.0.0.1", 0, token);
+  const auto rank0 = [&] {
+    runtime::RankInfo info = rank1_of_2(server.port(), token);
+    info.rank = info.local_rank = 0;
+    return info;
+  };
+  int pipe_fds[2];
+  REQUIRE(pipe(pipe_fds) == 0);
+  std::fflush(nullptr);
+  const auto start = SteadyClock::now();
+  const pid_t first = fork();
+  if (first == 0) {
+    close(pipe_fds[0]);
+    std::string report = "created a communicator without a rank 1";
+    try {
+      auto comm = Communicator::create_world(rank0(), test::test_config(seconds(10)));
+    } catch (const std::exception& e) {
+      report = e.what();
+    }
+    (void)!write(pipe_fds[1], report.data(), report.size());
+    _exit(0);
+  }
+  close(pipe_fds[1]);
+  runtime::Store store("127.0.0.1", server.port(), token, seconds(10));
+  store.get("braid/world/claims/0", seconds(10));  // the real rank 0 has joined
+  for (int late = 0; late < 2; ++late) {
+    auto refused = in_child(
+        [&] {
+          auto comm = Communicator::create_world(rank0(), test::test_config(seconds(10)));
+          return std::string("a second rank 0 created a communicator");
+        },
+        seconds(20));
+    REQUIRE(refused.has_value());
+    CHECK(contains(*refused, "two processes of this job were given rank 0"));
+  }
+  std::string report;
+  for (char chunk[4096];;) {
+    pollfd p{pipe_fds[0], POLLIN, 0};
+    if (poll(&p, 1, 30'000) <= 0) break;
+    const ssize_t n = read(pipe_fds[0], chunk, sizeof chunk);
+    if (n <= 0) break;
+    report.append(chunk, static_cast<std::size_t>(n));
+  }
+  close(pipe_fds[0]);
+  kill(first, SIGKILL);
+  waitpid(first, nullptr, 0);
+  const auto took = SteadyClock::now() - start;
+  INFO(report);
+  CHECK(contains(report, "two processes of this job were given rank 0"));
+  CHECK(took < seconds(6));  // not the 10 s of its timeout
+}
+
 // Ranks told different BRAID_TCP_NSOCKS: the one with more sockets failed
 // blaming the job token, the other waited out BRAID_TIMEOUT and blamed it
 // too (or ran its first call on a half-made mesh). Both now fail at once,

@@ -307,6 +307,17 @@ TEST_CASE("a resumed run is refused a --checkpoint-dir holding another run's che
   CHECK_THAT(refused.err, Catch::Contains("holds the checkpoints of another run than " + mine.string()));
   CHECK(read_text(other / "latest") == latest);
   CHECK(fs::exists(other / "step_00000002"));
+  // Through a symlink to one of its steps, a run goes on in that step's
+  // directory: it was refused as "another run", and without --checkpoint-dir
+  // it wrote into the symlink's directory.
+  fs::create_directory_symlink(mine / "step_00000002", dir / "best");
+  const Run linked = braid_train(dir, "--resume " + (dir / "best").string() + " --steps 3");
+  INFO(linked.err);
+  CHECK(linked.rc == 0);
+  CHECK(read_text(mine / "latest") == "step_00000003\n");
+  CHECK_FALSE(fs::exists(dir / "latest"));
+  CHECK(braid_train(dir, "--resume " + (dir / "best").string() + " --steps 3 --checkpoint-dir " + mine.string()).rc ==
+        0);
   // Into a new directory, or on into its own, a resumed run goes on.
   CHECK(braid_train(dir, "--resume " + mine.string() + " --steps 3 --checkpoint-dir " + fresh.string()).rc == 0);
   CHECK(braid_train(dir, "--resume " + (mine / "step_00000002").string() + " --steps 3 --checkpoint-dir " +

@@ -13,9 +13,16 @@ namespace fs = std::filesystem;
 namespace {
 
 // The directory that holds a step directory: where new checkpoints go.
+// Where the step lies on disk: through a symlink `best` -> ckpt/step_00000002
+// the run wrote into "." (the symlink's directory).
 fs::path checkpoint_home(const fs::path& step_dir) {
   fs::path p = step_dir.lexically_normal();
   if (p.filename().empty()) p = p.parent_path();  // "ckpt/step_00000002/"
+  std::error_code ec;
+  if (fs::is_symlink(p, ec)) {
+    const fs::path target = fs::canonical(p, ec);
+    if (!ec) return target.parent_path();
+  }
   return p.has_parent_path() ? p.parent_path() : fs::path(".");
 }
 

@@ -201,15 +201,20 @@ PeerRegions::~PeerRegions() {
 // mapping kept its pages alive until the communicator ended: a job that
 // allocated and freed 512 MiB a cycle held another 512 MiB of shared memory
 // per peer and cycle. A cached mapping whose owner's fd number no longer
-// holds its file (or whose owner is gone) is dropped. One pidfd_getfd and
+// holds its file is dropped. One pidfd_getfd and
 // fstat per cached region: done before a new region is mapped, and on a
 // hit only when a second has passed since the last look.
 void PeerRegions::drop_freed(int pidfd) {
   checked_ = std::chrono::steady_clock::now();
   for (auto it = by_fd_.begin(); it != by_fd_.end();) {
+    // Freed: the owner's fd number is closed (EBADF) or holds another file.
+    // Any other failure (EMFILE here, the owner gone) proves nothing, and
+    // the mapping stays: dropping it failed the next call on live memory.
     const int fd = static_cast<int>(syscall(SYS_pidfd_getfd, pidfd, static_cast<int>(it->first), 0));
+    const int err = errno;
     struct stat st {};
-    const bool held = fd >= 0 && fstat(fd, &st) == 0 && static_cast<std::uint64_t>(st.st_ino) == it->second.inode;
+    const bool held = fd >= 0 ? fstat(fd, &st) != 0 || static_cast<std::uint64_t>(st.st_ino) == it->second.inode
+                              : err != EBADF;
     if (fd >= 0) close(fd);
     if (held) {
       ++it;
