@@ -426,16 +426,20 @@ void connect_transports(Communicator::Impl& impl) {
 // rank published (a foreign world size, a duplicate rank) ends the wait.
 // Ranks told a world larger than the job's waited for ranks that never come
 // until BRAID_TIMEOUT, while their peers had already found the cause.
+// The slices grow from 200 ms to 2 s, so that ranks waiting long for a
+// slow peer (a large job starting) ask the store once every 2 s, not 5 times
+// a second each.
 static std::string host_of_peer(Communicator::Impl& impl, const std::string& key) {
   using namespace std::chrono;
-  constexpr milliseconds kSlice{200};
+  constexpr milliseconds kLongestSlice{2000};
+  milliseconds slice{200};
   const auto deadline = steady_clock::now() + impl.timeout;
-  for (;;) {
+  for (;; slice = std::min(slice * 2, kLongestSlice)) {
     const auto left = duration_cast<milliseconds>(deadline - steady_clock::now());
     try {
-      return impl.store->get_string(key, std::clamp(left, milliseconds{1}, kSlice));
+      return impl.store->get_string(key, std::clamp(left, milliseconds{1}, slice));
     } catch (const TimeoutError&) {
-      if (left <= kSlice)
+      if (left <= slice)
         throw TimeoutError("key '" + key + "' did not appear in the store within " +
                            std::to_string(impl.timeout.count()) + " ms (BRAID_TIMEOUT): rank " +
                            key.substr(key.rfind('/') + 1) + " has not joined communicator " + impl.key_prefix +
