@@ -160,7 +160,7 @@ std::byte* Exchange::scratch(std::size_t bytes) {
 void Exchange::timed_out(int peer) {
   std::string where = peer_state_ ? peer_state_(op_, peer) : std::string("in an unknown state");
   throw TimeoutError("rank " + std::to_string(c_.rank) + " waits in " + describe(op_) + " for rank " +
-                     std::to_string(peer) + ", which " + where + "; timed out (BRAID_TIMEOUT)");
+                     std::to_string(peer) + ", which " + where + "; timed out (" + c_.timeout_name + ")");
 }
 
 }  // namespace braid::comm

@@ -113,6 +113,7 @@ std::shared_ptr<Communicator::Impl> new_impl(const runtime::RankInfo& info, cons
   impl->exchange.comm_id = impl->comm_id;
   impl->exchange.rank = rank;
   impl->exchange.size = size;
+  impl->exchange.timeout_name = config.timeout_name;
   impl->exchange.tuning.segment_bytes = config.segment_bytes;
   impl->exchange.tuning.chunk_bytes = config.chunk_bytes;
   impl->exchange.tuning.stream_bytes = config.stream_bytes;
@@ -441,7 +442,7 @@ static std::string host_of_peer(Communicator::Impl& impl, const std::string& key
     } catch (const TimeoutError&) {
       if (left <= slice)
         throw TimeoutError("key '" + key + "' did not appear in the store within " +
-                           std::to_string(impl.timeout.count()) + " ms (BRAID_TIMEOUT): rank " +
+                           std::to_string(impl.timeout.count()) + " ms (" + impl.config.timeout_name + "): rank " +
                            key.substr(key.rfind('/') + 1) + " has not joined communicator " + impl.key_prefix +
                            "; it may have failed, not started, or been told another --nproc-per-node");
     }

@@ -111,6 +111,7 @@ std::size_t parse_bytes(const std::string& text) {
   if (suffix == "K" || suffix == "k" || suffix == "KiB") shift = 10;
   else if (suffix == "M" || suffix == "m" || suffix == "MiB") shift = 20;
   else if (suffix == "G" || suffix == "g" || suffix == "GiB") shift = 30;
+  else if (suffix == "T" || suffix == "t" || suffix == "TiB") shift = 40;  // the ranges' own bounds read 1T
   else if (!suffix.empty() && suffix != "B") throw InvalidUsage("'" + text + "' has an unknown unit");
   if (value > (~0ull >> shift)) throw InvalidUsage("'" + text + "' is too large");
   return static_cast<std::size_t>(value << shift);

@@ -62,7 +62,7 @@ std::string numeric_address(const std::string& host, const char* var, const std:
     ::freeaddrinfo(found);
     if (!address.empty()) return address;
   }
-  throw InvalidUsage(std::string(var) + "='" + host + "' (set by " + launcher +
+  throw InvalidUsage(std::string(var) + "='" + host + "' (read under " + launcher +
                      ") does not resolve to an address of this host's resolver; set it to the store host's "
                      "IP address or a name that resolves");
 }

@@ -56,7 +56,7 @@ void add_flags(CLI::App& app, comm::BenchOptions& o, Flags& f) {
   app.add_option("-C,--report_cputime", f.cpu_time, "1: time until the calls are issued, not until they complete")
       ->check(CLI::Range(0, 1))->capture_default_str();
   app.add_option("-T,--timeout", o.timeout_s, "seconds any wait may take (BRAID_TIMEOUT for this run; 0: as set)")
-      ->check(CLI::NonNegativeNumber)->capture_default_str();
+      ->check(CLI::Range(0.0, 1e7))->capture_default_str();
   app.add_option("-y,--stream_null", f.null_stream, "1: --device cuda calls on the default (null) stream")
       ->check(CLI::Range(0, 1))->capture_default_str();
   app.add_option("-t,--nthreads", f.threads, "threads per process (braid: one rank per process, so 1)")

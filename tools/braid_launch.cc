@@ -133,8 +133,9 @@ int main(int argc, char** argv) {
   add_options(app, options, extras, timeout_s, grace_s);
   app.footer(
       "Ranks get BRAID_RANK, BRAID_WORLD_SIZE, BRAID_LOCAL_RANK, BRAID_LOCAL_WORLD_SIZE,\n"
-      "BRAID_NODE_RANK, BRAID_STORE_ADDR, BRAID_JOB_TOKEN and torchrun's RANK, WORLD_SIZE,\n"
-      "LOCAL_RANK, LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_ADDR, MASTER_PORT.\n"
+      "BRAID_NODE_RANK, BRAID_STORE_ADDR, BRAID_JOB_TOKEN, BRAID_RUN_ID, BRAID_RESTART_COUNT\n"
+      "and torchrun's RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_ADDR,\n"
+      "MASTER_PORT, TORCHELASTIC_RESTART_COUNT.\n"
       "With --nnodes > 1, set BRAID_JOB_TOKEN to one secret on every node; without it node 0\n"
       "generates one and prints how to pass it on, and the other nodes refuse to start.\n"
       "Without BRAID_BIND_ADDR, ranks of such a job listen on the address that routes to\n"

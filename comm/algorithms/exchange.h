@@ -63,6 +63,7 @@ struct ExchangeContext {
   // The peer an operation is blocked on right now, -1 when none: read by the
   // communicator's status board for timeout attribution (comm/status.h).
   std::atomic<int> waiting_for{-1};
+  std::string timeout_name = "BRAID_TIMEOUT";  // Config::timeout_name, for timeout messages
   // Device memory: the transport that registers it and maps the peers'
   // (cuda_ipc; null without CUDA or local peers), and the device path's
   // Reducer (set by the communicator's first call on device memory).

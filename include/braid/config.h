@@ -18,6 +18,9 @@ struct Config {
   // BRAID_TIMEOUT: seconds any single wait may take before it fails with a
   // TimeoutError (collectives, store requests, connection set-up). Default 300.
   std::chrono::milliseconds timeout{300'000};
+  // What timeout messages call `timeout`: "BRAID_TIMEOUT", or for a torch
+  // process group "the process group's timeout" (the torch backend sets it).
+  std::string timeout_name = "BRAID_TIMEOUT";
   // BRAID_BIND_ADDR: the only address braid listens on. Default 127.0.0.1.
   std::string bind_addr = "127.0.0.1";
   // BRAID_TRANSPORT: auto|tcp|shm|ibverbs. Which transport carries peer

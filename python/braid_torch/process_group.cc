@@ -21,7 +21,10 @@ namespace {
 // at BRAID_TIMEOUT, 5 minutes unless set, whatever torch was told.)
 runtime::Config group_config(std::chrono::milliseconds timeout) {
   runtime::Config config = runtime::config();
-  if (timeout.count() > 0) config.timeout = timeout;
+  if (timeout.count() > 0) {
+    config.timeout = timeout;
+    config.timeout_name = "the process group's timeout";
+  }
   return config;
 }
 

@@ -336,7 +336,7 @@ TEST_CASE("rank_info: MASTER_ADDR names resolve, and an unknown one says where i
     rank_info_from_env();
     FAIL("an unresolvable MASTER_ADDR was accepted");
   } catch (const braid::InvalidUsage& e) {
-    CHECK_THAT(e.what(), Catch::Contains("MASTER_ADDR='no-such-host.invalid' (set by torchrun)"));
+    CHECK_THAT(e.what(), Catch::Contains("MASTER_ADDR='no-such-host.invalid' (read under torchrun)"));
   }
 }
 

@@ -8,7 +8,8 @@ RuntimeError carrying braid's message.
     that disagree;
   - a peer that dies fails the survivor's call, naming the dead rank.
   - a group's `timeout` is honoured where it exceeds BRAID_TIMEOUT (set to
-    2 s here): it was cut to BRAID_TIMEOUT.
+    2 s here): it was cut to BRAID_TIMEOUT; a call that runs past it names
+    the group's timeout.
 Each part runs on a group of its own (a failed call aborts its group).
 """
 import datetime
@@ -77,6 +78,14 @@ def check_group_timeout(c, rank):
         time.sleep(4)  # past BRAID_TIMEOUT, within the group's timeout
     message = raises(lambda: dist.all_reduce(torch.ones(4), group=group))
     c.true("a group timeout past BRAID_TIMEOUT is honoured", message is None, message)
+    # The error names the timeout that ran out (it said BRAID_TIMEOUT).
+    short = dist.new_group(backend="braid", timeout=datetime.timedelta(seconds=3))
+    if rank == 1:
+        time.sleep(5)
+    message = raises(lambda: dist.all_reduce(torch.ones(4), group=short))
+    if rank == 0:
+        c.true("a timed-out call names the group's timeout", message is not None and
+               "timed out (the process group's timeout)" in message, message)
 
 
 def check_dead_peer(c, rank):

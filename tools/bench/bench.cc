@@ -6,6 +6,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cstdlib>
@@ -515,7 +516,8 @@ nlohmann::json run_json(Communicator& comm, const BenchOptions& o, double memcpy
 
 std::unique_ptr<Communicator> world(const BenchOptions& o) {
   runtime::Config config = runtime::config();
-  if (o.timeout_s > 0) config.timeout = std::chrono::seconds(o.timeout_s);  // -T
+  if (o.timeout_s > 0)  // -T, whole milliseconds as BRAID_TIMEOUT
+    config.timeout = std::chrono::milliseconds(std::max<long long>(1, std::llround(o.timeout_s * 1000)));
   return Communicator::create_world(runtime::rank_info_from_env(), config);
 }
 

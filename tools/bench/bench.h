@@ -23,7 +23,7 @@ struct BenchOptions {
   bool blocking = false;  // -z: wait for each call before issuing the next
   bool cpu_time = false;  // -C: time until the calls are issued, not until they complete
   bool null_stream = false;  // -y: --device cuda calls on the default stream
-  int timeout_s = 0;      // -T: BRAID_TIMEOUT for this run (0: as configured)
+  double timeout_s = 0;   // -T: BRAID_TIMEOUT for this run, 0.001 s or more (0: as configured)
   std::vector<DataType> dtypes{DataType::f32};  // -d (all: every dtype, one sweep each)
   std::vector<ReduceOp> ops{ReduceOp::sum};     // -o (all: every op)
   // The sweep being run: one of dtypes and one of ops.

@@ -17,8 +17,8 @@ DdpStrategy::DdpStrategy(const StrategySetup& setup) : Strategy(setup) {
 void DdpStrategy::hold_back_unit(int unit) { tracker_->hold_back(unit); }
 
 std::string DdpStrategy::describe() const {
-  return "ddp: " + std::to_string(tracker_->buckets().size()) + " gradient bucket(s) of >= " +
-         std::to_string(setup_.bucket_bytes) + " bytes, all-reduce launched from backward" +
+  return "ddp: gradients in " + describe_buckets(tracker_->buckets(), setup_.bucket_bytes) +
+         ", all-reduce launched from backward" +
          (buffers_registered() ? ", gradients in registered memory (direct all-reduce on one host)" : "");
 }
 

@@ -38,6 +38,13 @@ std::vector<Range> plan_buckets(const ParamTable& table, std::size_t bucket_byte
 
 std::vector<Range> unit_buckets(const ParamTable& table) { return plan_buckets(table, 0); }
 
+std::string describe_buckets(const std::vector<Range>& buckets, std::size_t bucket_bytes) {
+  std::size_t largest = 0;
+  for (const Range& b : buckets) largest = std::max(largest, b.count * sizeof(float));
+  return std::to_string(buckets.size()) + " bucket(s), the largest " + std::to_string(largest) +
+         " bytes (--bucket-mb: " + std::to_string(bucket_bytes) + ")";
+}
+
 BucketTracker::BucketTracker(const ParamTable& table, std::vector<Range> buckets)
     : buckets_(std::move(buckets)), bucket_of_unit_(table.units().size(), -1), units_per_bucket_(buckets_.size(), 0) {
   for (std::size_t u = 0; u < table.units().size(); ++u) {

@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cstddef>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "comm/communicator.h"
@@ -36,6 +37,11 @@ std::vector<Range> plan_buckets(const ParamTable& table, std::size_t bucket_byte
 
 // One bucket per unit, in backward order (ZeRO-3's groups).
 std::vector<Range> unit_buckets(const ParamTable& table);
+
+// "2 bucket(s), the largest 2359296 bytes (--bucket-mb: 26214400)": what a
+// start line says of `buckets` of f32 gradients. It said "of >= 26214400
+// bytes" of buckets that a small model cannot fill.
+std::string describe_buckets(const std::vector<Range>& buckets, std::size_t bucket_bytes);
 
 // Counts, per micro-batch, the units of each bucket whose gradients backward
 // has finished, and which buckets the step has launched. A bucket holding a

@@ -36,8 +36,9 @@ StrategyKind ZeroStrategy::kind() const {
 
 std::string ZeroStrategy::describe() const {
   const std::size_t groups = partition_->groups().size();
-  return "zero" + std::to_string(stage_) + ": " + std::to_string(groups) +
-         (stage_ == 3 ? " units gathered on use" : " buckets of >= " + std::to_string(setup_.bucket_bytes) + " bytes") +
+  return "zero" + std::to_string(stage_) + ": " +
+         (stage_ == 3 ? std::to_string(groups) + " units gathered on use"
+                      : describe_buckets(partition_->groups(), setup_.bucket_bytes)) +
          ", shard of " + std::to_string(partition_->shard_count()) + " of " +
          std::to_string(model_->table().count()) + " elements (units padded to a multiple of " +
          std::to_string(world_size()) + ")" + (comm_memory_.registers() ? ", buffers in registered memory" : "");

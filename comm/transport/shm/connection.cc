@@ -98,10 +98,18 @@ void publish_failure(runtime::Store& store, const std::string& key_prefix, const
 void log_ring_size(const ShmOptions& o, std::size_t capacity) {
   const std::size_t local = o.local_ranks.size(), configured = round_up_pow2(o.ring_bytes);
   if (capacity == configured || o.rank != o.local_ranks.front()) return;
+  const std::size_t total = local * (local - 1) * capacity;
+  // At the floor the rings may take more than BRAID_SHM_HOST_BYTES; the log
+  // said "within" it all the same.
+  if (total > o.host_bytes) {
+    spdlog::warn("shm: {} local ranks have {} rings of {} bytes, the least a ring may have: together {} bytes, "
+                 "past BRAID_SHM_HOST_BYTES={}",
+                 local, local * (local - 1), capacity, total, o.host_bytes);
+    return;
+  }
   spdlog::info("shm: {} local ranks have {} rings; each has {} bytes instead of BRAID_SHM_RING_BYTES={} so that "
                "together they take {} bytes, within BRAID_SHM_HOST_BYTES={} (rings never go below {} bytes)",
-               local, local * (local - 1), capacity, configured, local * (local - 1) * capacity, o.host_bytes,
-               kMinRingBytes);
+               local, local * (local - 1), capacity, configured, total, o.host_bytes, kMinRingBytes);
 }
 
 struct UnlinkGuard {
