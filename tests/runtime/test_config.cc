@@ -25,6 +25,8 @@ TEST_CASE("config: parse_bytes reads plain counts and binary suffixes", "[config
   CHECK(parse_bytes("3MiB") == 3u << 20);
   CHECK(parse_bytes("2G") == std::size_t{2} << 30);
   CHECK(parse_bytes("1GiB") == std::size_t{1} << 30);
+  CHECK(parse_bytes("1T") == std::size_t{1} << 40);  // the ranges' own upper bounds
+  CHECK(parse_bytes("1TiB") == std::size_t{1} << 40);
 }
 
 TEST_CASE("config: parse_bytes rejects what is not a byte count", "[config]") {
