@@ -512,7 +512,16 @@ bool IbTransport::pump_all() {
 bool IbTransport::progress(Clock::time_point deadline) {
   if (pump_all()) return true;
   auto now = Clock::now();
-  if (now >= deadline) return false;
+  if (now >= deadline) {
+    // Polled (the caller blocks on another transport): the peers waited on
+    // here are probed all the same. They were only while the caller blocked
+    // in this transport, so a rank blocked on a local peer over shared
+    // memory did not probe its RDMA peer, and a dead one went unnamed until
+    // a timeout (what a rare rdma_ibverbs_failures failure looks like: every
+    // rank of the 2+2 all_gather ending 25-38 s after the break).
+    probe_when_due(now);
+    return false;
+  }
   // Spin, reading the clock once per kPollsPerClockRead polls: a small
   // exchange is a handful of polls, and where the clock is slow to read
   // (an emulated HPET) reading it per poll would cost more than the wait.
@@ -529,7 +538,13 @@ bool IbTransport::progress(Clock::time_point deadline) {
   // last activity), and wake for the next probe; a keepalive's completion
   // wakes the wait but counts as no progress, so probes never come faster
   // than the interval.
-  now = Clock::now();
+  probe_when_due(Clock::now());
+  wait_events(std::min({deadline, next_keepalive_, wake_by_}));
+  wake_by_ = Clock::time_point::max();
+  return pump_all();
+}
+
+void IbTransport::probe_when_due(Clock::time_point now) {
   if (active_) {
     next_keepalive_ = now + kKeepaliveInterval;
     active_ = false;
@@ -537,9 +552,6 @@ bool IbTransport::progress(Clock::time_point deadline) {
     keep_alive();
     next_keepalive_ = now + kKeepaliveInterval;
   }
-  wait_events(std::min({deadline, next_keepalive_, wake_by_}));
-  wake_by_ = Clock::time_point::max();
-  return pump_all();
 }
 
 // Sleeps until the completion channel or the device's async event queue

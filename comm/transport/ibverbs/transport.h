@@ -256,6 +256,9 @@ class IbTransport final : public Transport {
   int poll_completions();
   bool on_completion(const ibv_wc& wc);
   void keep_alive();
+  // The keepalive's clock: probes (keep_alive) once kKeepaliveInterval has
+  // passed with nothing posted or advanced, whether progress() blocks or polls.
+  void probe_when_due(Clock::time_point now);
   void on_receive(Peer& peer, const ibv_wc& wc);
   void post_receive(Peer& peer, int qp);
   bool pump_sends(Peer& peer);
