@@ -203,8 +203,7 @@ std::unique_ptr<braid::trainer::DirectoryLock> guard_checkpoint_dir(const braid:
     throw braid::InvalidUsage("--checkpoint-dir " + o.checkpoint_dir +
                               " holds the checkpoints of an earlier run: continue it with --resume " +
                               o.checkpoint_dir + ", or pass another --checkpoint-dir (or remove that one)");
-  // The step as it lies on disk: a symlink to ckpt/step_00000002 resumes ckpt.
-  const fs::path resumed = fs::canonical(braid::trainer::resolve_checkpoint(o.resume)).parent_path();
+  const fs::path resumed = braid::trainer::checkpoint_home(braid::trainer::resolve_checkpoint(o.resume));
   std::error_code ec;
   if (!fs::equivalent(resumed, dir, ec))
     throw braid::InvalidUsage("--checkpoint-dir " + o.checkpoint_dir + " holds the checkpoints of another run than " +

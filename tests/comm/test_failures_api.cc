@@ -584,9 +584,14 @@ TEST_CASE("failures: split by color and key, color -1, and a split of a split", 
 
 // ---- 7. wrong job token, silent store ----------------------------------------
 
-// Runs `body` in a forked child and returns what it returned, or nullopt when
-// it did not finish within `deadline` (the child is then killed).
-std::optional<std::string> in_child(const std::function<std::string()>& body, seconds deadline) {
+// A forked child running a body; what the body returned (or the error it
+// threw, "<Kind after 0 ms> what") comes back through `fd`.
+struct Child {
+  pid_t pid = -1;
+  int fd = -1;
+};
+
+Child start_child(const std::function<std::string()>& body) {
   int pipe_fds[2];
   if (pipe(pipe_fds) != 0) throw std::runtime_error("pipe failed");
   std::fflush(nullptr);  // the child must not flush the parent's buffered output again
@@ -609,24 +614,36 @@ std::optional<std::string> in_child(const std::function<std::string()>& body, se
     _exit(0);
   }
   close(pipe_fds[1]);
+  return {pid, pipe_fds[0]};
+}
+
+// What the child's body returned, or nullopt when it did not finish within
+// `deadline` (the child is then killed).
+std::optional<std::string> finish_child(Child child, seconds deadline) {
   std::string report;
   auto until = SteadyClock::now() + deadline;
   bool eof = false;
   while (!eof && SteadyClock::now() < until) {
-    pollfd p{pipe_fds[0], POLLIN, 0};
+    pollfd p{child.fd, POLLIN, 0};
     if (poll(&p, 1, 100) <= 0) continue;
     char chunk[4096];
-    ssize_t n = read(pipe_fds[0], chunk, sizeof chunk);
+    ssize_t n = read(child.fd, chunk, sizeof chunk);
     if (n <= 0)
       eof = true;
     else
       report.append(chunk, static_cast<std::size_t>(n));
   }
-  close(pipe_fds[0]);
-  if (!eof) kill(pid, SIGKILL);
-  waitpid(pid, nullptr, 0);
+  close(child.fd);
+  if (!eof) kill(child.pid, SIGKILL);
+  waitpid(child.pid, nullptr, 0);
   if (!eof) return std::nullopt;
   return report;
+}
+
+// Runs `body` in a forked child and returns what it returned, or nullopt when
+// it did not finish within `deadline` (the child is then killed).
+std::optional<std::string> in_child(const std::function<std::string()>& body, seconds deadline) {
+  return finish_child(start_child(body), deadline);
 }
 
 runtime::RankInfo rank1_of_2(std::uint16_t store_port, const std::string& token) {
@@ -675,23 +692,11 @@ TEST_CASE("failures: ranks whose set-up failed leave their published failure in 
     info.rank = info.local_rank = 0;
     return info;
   };
-  int pipe_fds[2];
-  REQUIRE(pipe(pipe_fds) == 0);
-  std::fflush(nullptr);
   const auto start = SteadyClock::now();
-  const pid_t first = fork();
-  if (first == 0) {
-    close(pipe_fds[0]);
-    std::string report = "created a communicator without a rank 1";
-    try {
-      auto comm = Communicator::create_world(rank0(), test::test_config(seconds(10)));
-    } catch (const std::exception& e) {
-      report = e.what();
-    }
-    (void)!write(pipe_fds[1], report.data(), report.size());
-    _exit(0);
-  }
-  close(pipe_fds[1]);
+  const Child first = start_child([&] {
+    auto comm = Communicator::create_world(rank0(), test::test_config(seconds(10)));
+    return std::string("created a communicator without a rank 1");
+  });
   runtime::Store store("127.0.0.1", server.port(), token, seconds(10));
   store.get("braid/world/claims/0", seconds(10));  // the real rank 0 has joined
   for (int late = 0; late < 2; ++late) {
@@ -704,20 +709,11 @@ TEST_CASE("failures: ranks whose set-up failed leave their published failure in 
     REQUIRE(refused.has_value());
     CHECK(contains(*refused, "two processes of this job were given rank 0"));
   }
-  std::string report;
-  for (char chunk[4096];;) {
-    pollfd p{pipe_fds[0], POLLIN, 0};
-    if (poll(&p, 1, 30'000) <= 0) break;
-    const ssize_t n = read(pipe_fds[0], chunk, sizeof chunk);
-    if (n <= 0) break;
-    report.append(chunk, static_cast<std::size_t>(n));
-  }
-  close(pipe_fds[0]);
-  kill(first, SIGKILL);
-  waitpid(first, nullptr, 0);
+  const std::optional<std::string> report = finish_child(first, seconds(30));
   const auto took = SteadyClock::now() - start;
-  INFO(report);
-  CHECK(contains(report, "two processes of this job were given rank 0"));
+  REQUIRE(report.has_value());
+  INFO(*report);
+  CHECK(contains(*report, "two processes of this job were given rank 0"));
   CHECK(took < seconds(6));  // not the 10 s of its timeout
 }
 

@@ -10,9 +10,6 @@ namespace braid::trainer {
 
 namespace fs = std::filesystem;
 
-namespace {
-
-// The directory that holds a step directory: where new checkpoints go.
 // Where the step lies on disk: through a symlink `best` -> ckpt/step_00000002
 // the run wrote into "." (the symlink's directory).
 fs::path checkpoint_home(const fs::path& step_dir) {
@@ -25,6 +22,8 @@ fs::path checkpoint_home(const fs::path& step_dir) {
   }
   return p.has_parent_path() ? p.parent_path() : fs::path(".");
 }
+
+namespace {
 
 // What this run will use under `o` in a world of `world_size` ranks.
 SavedLayout effective_layout(const TrainOptions& o, int world_size) {

@@ -20,6 +20,7 @@
 // and pruning deletes only there.
 #pragma once
 
+#include <filesystem>
 #include <set>
 #include <string>
 
@@ -42,5 +43,9 @@ std::string apply_resume(const std::set<std::string>& given, int world_size, Tra
 // id is unknown, the directory only when the job was not started with
 // --resume (as before run ids). Empty: start as the first attempt did.
 std::string restart_checkpoint(const TrainOptions& options, const std::string& run_id);
+
+// The directory that holds a step directory (resolve_checkpoint's): where a
+// run resumed from it writes new checkpoints unless --checkpoint-dir says.
+std::filesystem::path checkpoint_home(const std::filesystem::path& step_dir);
 
 }  // namespace braid::trainer
