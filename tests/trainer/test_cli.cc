@@ -358,6 +358,22 @@ TEST_CASE("a last step that breaks the model fails and leaves no checkpoint of i
   CHECK_FALSE(fs::exists(ckpt / "latest"));
 }
 
+// The same at an interval checkpoint of a step without an evaluation: the
+// step's update broke the model, the checkpoint was published and `latest`
+// named it, and only the next step's loss stopped the run.
+TEST_CASE("an interval checkpoint is not written of a step whose update broke the model", "[cli][checkpoint]") {
+  if (!have_binary()) return;
+  test::TempDir dir;
+  const fs::path text = write_text(dir, 4000);
+  const fs::path ckpt = dir / "ckpt";
+  const Run r = braid_train(dir, kTiny + "--data " + text.string() + " --steps 3 --warmup-steps 0 --lr 1e25 "
+                                 "--grad-clip 0 --eval-interval 0 --checkpoint-interval 1 --checkpoint-dir " +
+                                 ckpt.string());
+  CHECK(r.rc == 1);
+  CHECK_THAT(r.err, Catch::Contains("the validation loss became") && Catch::Contains("after step 1"));
+  CHECK_FALSE(fs::exists(ckpt / "latest"));
+}
+
 // A run resumed from an earlier step saves the same steps again. When such
 // a save fails (a full disk again), the step it would replace keeps every
 // file of the run that wrote it: nothing of the new run mixes in, and

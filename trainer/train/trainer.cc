@@ -351,10 +351,14 @@ fs::path Trainer::save_checkpoint() {
   return dir;
 }
 
+bool Trainer::checkpoint_due() const {
+  return !options_.checkpoint_dir.empty() && last_checkpoint_ != step_ && options_.checkpoint_interval > 0 &&
+         step_ % options_.checkpoint_interval == 0;
+}
+
 void Trainer::maybe_checkpoint(TrainObserver& observer, bool final_step) {
   if (options_.checkpoint_dir.empty() || last_checkpoint_ == step_) return;
-  const bool due = options_.checkpoint_interval > 0 && step_ % options_.checkpoint_interval == 0;
-  if (due || final_step) observer.on_checkpoint(save_checkpoint(), step_);
+  if (checkpoint_due() || final_step) observer.on_checkpoint(save_checkpoint(), step_);
 }
 
 MeshSummary Trainer::mesh_summary() {
@@ -401,11 +405,14 @@ TrainSummary Trainer::run(TrainObserver& observer) {
     totals_.pp_wait_seconds += r.pp_comm_ms * 1e-3;
     for (std::size_t g = 0; g < r.groups.size(); ++g) totals_.groups[g] += r.groups[g];
     const bool last = step_ == options_.steps;
-    if (last || (options_.eval_interval > 0 && step_ % options_.eval_interval == 0)) {
+    // A step's own loss is taken before its update, so only an evaluation
+    // after it shows an update that broke the model: the last step's was
+    // saved and reported with exit 0, and an interval checkpoint at a step
+    // without an evaluation was published and moved `latest` onto it. Every
+    // step that is saved is evaluated first. The loss is the same on every
+    // rank (summed over them), so all stop alike.
+    if (last || (options_.eval_interval > 0 && step_ % options_.eval_interval == 0) || checkpoint_due()) {
       r.val_loss = last_val = evaluate_val();
-      // The step's own loss is taken before its update: an update that
-      // broke the model on the last step was saved and reported with exit 0.
-      // The same on every rank (summed over them), so all stop alike.
       if (!std::isfinite(*r.val_loss))
         throw Error("the validation loss became " + std::to_string(*r.val_loss) + " after step " +
                     std::to_string(step_) + " (no checkpoint of it is written); lower --lr or raise --warmup-steps");

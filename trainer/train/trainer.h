@@ -195,6 +195,7 @@ class Trainer {
   std::array<GroupTraffic, 3> group_counters();
   GroupSteps group_steps(const std::array<GroupTraffic, 3>& before);
   MeshSummary mesh_summary();
+  bool checkpoint_due() const;  // an interval checkpoint of this step is to be written
   void maybe_checkpoint(TrainObserver& observer, bool final_step);
 
   TrainOptions options_;
