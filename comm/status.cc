@@ -189,7 +189,13 @@ std::string StatusBoard::holder(const Op& op, int size) {
     for (int peer = 0; peer < size; ++peer) {
       const auto &r0 = before[static_cast<std::size_t>(peer)], &r1 = after[static_cast<std::size_t>(peer)];
       if (!r0 || !r1 || !r1->inside || r1->beat != r0->beat) continue;
-      add(list, peer, "inside " + r1->kind + " #" + std::to_string(r1->seq) + " but silent for " +
+      // Its report may be up to a period older than the stop, and a rank
+      // making small calls makes thousands in a period: it stopped in the
+      // reported call or a later one, up to this one.
+      const std::string where = r1->seq < op.seq ? " #" + std::to_string(r1->seq) + " (its last report) or a later call "
+                                                       "up to #" + std::to_string(op.seq)
+                                                 : " #" + std::to_string(r1->seq);
+      add(list, peer, "inside " + r1->kind + where + " but silent for " +
                           std::to_string(kSilence.count()) +
                           " ms, where a running rank reports every 100: stopped (SIGSTOP, a debugger), frozen or "
                           "starved of CPU");
