@@ -134,8 +134,9 @@ int main(int argc, char** argv) {
   app.footer(
       "Ranks get BRAID_RANK, BRAID_WORLD_SIZE, BRAID_LOCAL_RANK, BRAID_LOCAL_WORLD_SIZE,\n"
       "BRAID_NODE_RANK, BRAID_STORE_ADDR, BRAID_JOB_TOKEN, BRAID_RUN_ID, BRAID_RESTART_COUNT\n"
-      "and torchrun's RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_ADDR,\n"
-      "MASTER_PORT, TORCHELASTIC_RESTART_COUNT.\n"
+      "and torchrun's RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, GROUP_RANK, GROUP_WORLD_SIZE,\n"
+      "ROLE_NAME, ROLE_RANK, ROLE_WORLD_SIZE, MASTER_ADDR, MASTER_PORT, TORCHELASTIC_RUN_ID,\n"
+      "TORCHELASTIC_RESTART_COUNT, TORCHELASTIC_MAX_RESTARTS.\n"
       "With --nnodes > 1, set BRAID_JOB_TOKEN to one secret on every node; without it node 0\n"
       "generates one and prints how to pass it on, and the other nodes refuse to start.\n"
       "Without BRAID_BIND_ADDR, ranks of such a job listen on the address that routes to\n"

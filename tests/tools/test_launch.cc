@@ -142,6 +142,14 @@ TEST_CASE("each rank gets the braid and torchrun environment", "[launch]") {
     CHECK(env.at("LOCAL_WORLD_SIZE") == "3");
     CHECK(env.at("BRAID_NODE_RANK") == "0");
     CHECK(env.at("GROUP_RANK") == "0");
+    // The rest of what torchrun sets for a job of one role.
+    CHECK(env.at("ROLE_NAME") == "default");
+    CHECK(env.at("ROLE_RANK") == r);
+    CHECK(env.at("ROLE_WORLD_SIZE") == "3");
+    CHECK(env.at("GROUP_WORLD_SIZE") == "1");
+    CHECK(env.at("TORCHELASTIC_RUN_ID") == run_id);
+    CHECK(env.at("TORCHELASTIC_MAX_RESTARTS") == "0");
+    CHECK(env.at("TORCHELASTIC_RESTART_COUNT") == "0");
     CHECK(env.at("BRAID_STORE_ADDR").rfind("127.0.0.1:", 0) == 0);
     CHECK(port_of(env.at("BRAID_STORE_ADDR")) != 0);
     CHECK(env.at("MASTER_ADDR") == "127.0.0.1");
@@ -199,6 +207,9 @@ TEST_CASE("a non-zero node numbers its ranks globally and shares the token", "[l
     CHECK(env.at("BRAID_LOCAL_RANK") == std::to_string(local));
     CHECK(env.at("BRAID_NODE_RANK") == "1");
     CHECK(env.at("GROUP_RANK") == "1");
+    CHECK(env.at("GROUP_WORLD_SIZE") == "2");
+    CHECK(env.at("ROLE_RANK") == std::to_string(2 + local));
+    CHECK(env.at("ROLE_WORLD_SIZE") == "4");
     CHECK(env.at("BRAID_STORE_ADDR") == "127.0.0.1:29517");
     CHECK(env.at("BRAID_JOB_TOKEN") == "shared-secret");
   }
@@ -554,7 +565,7 @@ TEST_CASE("--max-restarts stops every rank on a failure and starts them all agai
   // Attempt 0: rank 1 fails once both ranks run; attempt 1 succeeds. Each
   // rank notes the attempt it saw, from both restart-count variables.
   std::string script =
-      "echo \"$BRAID_RESTART_COUNT $TORCHELASTIC_RESTART_COUNT\" >> \"$0/attempts_$BRAID_RANK\"; "
+      "echo \"$BRAID_RESTART_COUNT $TORCHELASTIC_RESTART_COUNT $TORCHELASTIC_MAX_RESTARTS\" >> \"$0/attempts_$BRAID_RANK\"; "
       "echo \"$BRAID_RUN_ID $BRAID_JOB_TOKEN\" >> \"$0/ids_$BRAID_RANK\"; "
       "[ \"$BRAID_RESTART_COUNT\" -ge 1 ] && exit 0; "
       "if [ \"$BRAID_RANK\" = 1 ]; then "
@@ -564,7 +575,7 @@ TEST_CASE("--max-restarts stops every rank on a failure and starts them all agai
   INFO(result.out << result.err);
   CHECK(result.status == 0);
   CHECK_THAT(result.err, Catch::Contains("restarting all 2 ranks (restart 1 of at most 2)"));
-  for (int r = 0; r < 2; ++r) CHECK(read_file(dir.path() / ("attempts_" + std::to_string(r))) == "0 0\n1 1\n");
+  for (int r = 0; r < 2; ++r) CHECK(read_file(dir.path() / ("attempts_" + std::to_string(r))) == "0 0 2\n1 1 2\n");
   // Every attempt has a token of its own, and the job's run id.
   std::istringstream ids(read_file(dir.path() / "ids_0"));
   std::string run0, token0, run1, token1;

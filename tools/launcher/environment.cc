@@ -95,7 +95,12 @@ std::vector<std::string> rank_environment(const JobIdentity& job, int local_rank
   vars["BRAID_RESTART_COUNT"] = vars["TORCHELASTIC_RESTART_COUNT"] = std::to_string(job.restart);
   vars["BRAID_STORE_ADDR"] = job.store_host + ":" + port;
   vars["BRAID_JOB_TOKEN"] = job.token;
-  vars["BRAID_RUN_ID"] = job.run_id;
+  vars["BRAID_RUN_ID"] = vars["TORCHELASTIC_RUN_ID"] = job.run_id;
+  vars["TORCHELASTIC_MAX_RESTARTS"] = std::to_string(job.max_restarts);
+  vars["ROLE_NAME"] = "default";
+  vars["ROLE_RANK"] = rank;
+  vars["ROLE_WORLD_SIZE"] = world_size;
+  vars["GROUP_WORLD_SIZE"] = std::to_string(job.nnodes);
   if (!job.bind_addr.empty()) vars["BRAID_BIND_ADDR"] = job.bind_addr;
   vars["MASTER_ADDR"] = job.store_host;
   vars["MASTER_PORT"] = std::to_string(job.torch_port);

@@ -29,6 +29,7 @@ struct JobIdentity {
   // nodes without one set); empty: the ranks read their own.
   std::string bind_addr;
   int restart = 0;  // how many times --max-restarts has restarted the job (BRAID_RESTART_COUNT)
+  int max_restarts = 0;  // --max-restarts (TORCHELASTIC_MAX_RESTARTS)
   // The same for every attempt of the job, unlike the token (BRAID_RUN_ID):
   // how a restarted rank knows what an earlier attempt of its job wrote.
   std::string run_id = {};
@@ -63,7 +64,9 @@ std::string token_instruction(const std::string& token);
 // may have moved past it on node 0).
 std::uint16_t torch_store_port(const std::string& listen_addr, int nnodes, std::uint16_t store_port);
 
-// The launcher's own environment with the rank's variables set over it.
+// The launcher's own environment with the rank's variables set over it:
+// braid's, and those torchrun sets for a job of one role (ROLE_NAME
+// "default", so ROLE_RANK is RANK), TORCHELASTIC_RUN_ID being BRAID_RUN_ID.
 // OMP_NUM_THREADS and OPENBLAS_NUM_THREADS default to 1 (one BLAS thread
 // per rank, as N ranks already share the node) unless already set.
 std::vector<std::string> rank_environment(const JobIdentity& job, int local_rank);

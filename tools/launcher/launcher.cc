@@ -240,6 +240,7 @@ JobIdentity settle_identity(const LaunchOptions& options, const StoreEndpoints& 
   // Not secret (checkpoints record it): random, or the caller's.
   const char* run_id = std::getenv("BRAID_RUN_ID");
   job.run_id = run_id && *run_id ? run_id : random_token().substr(0, 16);
+  job.max_restarts = options.max_restarts;
   return job;
 }
 
