@@ -14,9 +14,11 @@
 
 #include <algorithm>
 #include <atomic>
+#include <condition_variable>
 #include <cstdint>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <thread>
 
 #include "runtime/config.h"
@@ -36,6 +38,9 @@ using namespace store_wire;
 
 // Added to a get or wait's own timeout, for the server's answer to arrive.
 constexpr milliseconds kAnswerMargin{1000};
+// A get or wait asks the server in slices of at most this long, handing the
+// connection to the requests queued behind it between slices.
+constexpr milliseconds kWaitSlice{200};
 constexpr milliseconds kConnectRetry{25};
 // Store::find: how long one port may take to answer the handshake, how soon
 // a port that refused us or did not answer is tried again, and when a search
@@ -118,6 +123,53 @@ bool is_hang_up(const error_code& ec) {
          ec == asio::error::broken_pipe || ec == asio::error::connection_aborted;
 }
 
+// How long the next slice of a wait until `deadline` asks the server to wait.
+milliseconds next_slice(Clock::time_point deadline) {
+  const auto left = std::chrono::duration_cast<milliseconds>(deadline - Clock::now());
+  return std::clamp(left, milliseconds(0), kWaitSlice);
+}
+
+// The connection's lock, granted in the order asked for. Communicators
+// split from one parent share its connection, and a thread waiting there
+// for a peer's key held it for the whole wait, up to BRAID_TIMEOUT: two
+// threads splitting sibling communicators at once each waited for a key
+// that the peer's other thread could not set, queued behind its own
+// sibling's wait (a deadlock across processes until the timeout). Waits now
+// go in slices (kWaitSlice), and between slices every request queued
+// meanwhile goes first, which a plain mutex, free to hand the lock straight
+// back to the waiting thread, does not promise.
+class TurnLock {
+ public:
+  void lock() { take(std::nullopt); }
+  bool try_lock_until(Clock::time_point deadline) { return take(deadline); }
+  void unlock() {
+    std::lock_guard guard(mu_);
+    ++serving_;
+    while (abandoned_.erase(serving_) != 0) ++serving_;
+    turn_.notify_all();
+  }
+
+ private:
+  bool take(std::optional<Clock::time_point> deadline) {
+    std::unique_lock guard(mu_);
+    const std::uint64_t ticket = next_++;
+    auto mine = [&] { return serving_ == ticket; };
+    if (!deadline) {
+      turn_.wait(guard, mine);
+      return true;
+    }
+    if (turn_.wait_until(guard, *deadline, mine)) return true;
+    abandoned_.insert(ticket);  // a later turn: unlock() passes over it
+    return false;
+  }
+
+  std::mutex mu_;
+  std::condition_variable turn_;
+  std::uint64_t next_ = 0;     // the next ticket handed out
+  std::uint64_t serving_ = 0;  // the ticket that holds the lock
+  std::set<std::uint64_t> abandoned_;
+};
+
 }  // namespace
 
 struct Store::Impl {
@@ -160,7 +212,7 @@ struct Store::Impl {
   std::string host_;
   std::uint16_t port_;
   std::string token_;
-  std::timed_mutex mutex_;  // held for a whole request (call)
+  TurnLock mutex_;  // held for a whole request (call), granted in turn
   std::atomic<milliseconds> request_timeout_;
   asio::io_context io_{1};
   tcp::socket socket_{io_};
@@ -440,15 +492,18 @@ void Store::set(const std::string& key, const std::string& value, Clock::time_po
 }
 
 Bytes Store::get(const std::string& key, milliseconds timeout) {
-  Bytes body;
-  put_u32(body, wire_ms(timeout));
-  put_key(body, key);
-  Reply reply = impl_->call(Command::get, body, "while waiting for key '" + key + "'", timeout);
-  if (reply.status != Status::ok)
-    throw TimeoutError("key '" + key + "' did not appear in the store at " + impl_->where() +
-                       " within " + ms_text(timeout) +
-                       "; the rank that sets it may have failed or not reached that point");
-  return std::move(reply.body);
+  const auto deadline = Clock::now() + timeout;
+  for (;;) {
+    const milliseconds slice = next_slice(deadline);
+    Bytes body;
+    put_u32(body, wire_ms(slice));
+    put_key(body, key);
+    Reply reply = impl_->call(Command::get, body, "while waiting for key '" + key + "'", slice);
+    if (reply.status == Status::ok) return std::move(reply.body);
+    if (Clock::now() >= deadline)
+      throw TimeoutError("key '" + key + "' did not appear in the store at " + impl_->where() + " within " +
+                         ms_text(timeout) + "; the rank that sets it may have failed or not reached that point");
+  }
 }
 
 std::string Store::get_string(const std::string& key, milliseconds timeout) {
@@ -471,11 +526,17 @@ std::optional<Bytes> Store::try_get_until(const std::string& key, std::optional<
 }
 
 void Store::wait(const std::vector<std::string>& keys, milliseconds timeout) {
-  Bytes body;
-  put_u32(body, wire_ms(timeout));
-  put_keys(body, keys);
-  Reply reply = impl_->call(Command::wait, body, "while waiting for keys " + join_keys(keys), timeout);
-  if (reply.status == Status::ok) return;
+  const auto deadline = Clock::now() + timeout;
+  Reply reply{Status::timeout, {}};
+  for (;;) {
+    const milliseconds slice = next_slice(deadline);
+    Bytes body;
+    put_u32(body, wire_ms(slice));
+    put_keys(body, keys);
+    reply = impl_->call(Command::wait, body, "while waiting for keys " + join_keys(keys), slice);
+    if (reply.status == Status::ok) return;
+    if (Clock::now() >= deadline) break;
+  }
   WireReader in(reply.body);
   throw TimeoutError("keys " + join_keys(in.keys()) + " did not appear in the store at " + impl_->where() +
                      " within " + ms_text(timeout) + " (waited for " + join_keys(keys) +

@@ -21,6 +21,16 @@
 // is in device memory. Device buffers move through pinned host staging
 // (comm/device.h); a build without CUDA refuses them by name.
 //
+// Threads: every rank must issue one communicator's calls in the same
+// order, so calls on one communicator come from one thread at a time in a
+// set order (threads issuing at once pair their calls by arrival, which
+// differs across ranks: same-shaped calls then mix data unseen). Give each
+// thread a communicator of its own (split); different communicators may be
+// used, split and destroyed from different threads at once. Worlds are
+// created in the same order on every rank, one after another. As for any
+// C++ object, destroying a communicator while another thread is inside one
+// of its calls is undefined; wait for its Works first.
+//
 // Counts follow NCCL: reduce_scatter's count is per rank
 // (output), all_gather's count is per rank (input), all_to_all's count is per
 // peer.

@@ -520,6 +520,48 @@ TEST_CASE("failures: a forked child cannot use its parent's communicator, nor br
   CHECK(result.all_ok());
 }
 
+// Splits of one parent share its store connection. A thread waiting there
+// for a peer's key held it for the whole wait: threads splitting sibling
+// communicators at once, started in another order on each rank, each waited
+// for a key the peer's other thread could not set, until BRAID_TIMEOUT.
+TEST_CASE("failures: threads splitting sibling communicators at once all finish", "[failures]") {
+  const std::string transport = GENERATE("tcp", "shm");
+  INFO(transport);
+  auto options = options_with(seconds(8), seconds(90), transport);
+  auto result = test::run_ranks(
+      3,
+      [](Communicator& world) {
+        const int me = world.rank(), threads = 3;
+        std::vector<std::unique_ptr<Communicator>> siblings;
+        for (int t = 0; t < threads; ++t) siblings.push_back(world.split(0, me));
+        for (int round = 0; round < 4; ++round) {
+          std::vector<std::string> errors(threads);
+          std::vector<std::thread> pool;
+          for (int t = 0; t < threads; ++t)
+            pool.emplace_back([&, t] {
+              try {
+                // Each rank starts its threads in another order.
+                const int turn = me % 2 == 0 ? t : threads - 1 - t;
+                std::this_thread::sleep_for(milliseconds(20 * turn));
+                auto child = siblings[static_cast<std::size_t>(t)]->split(0, me);
+                expect_sum(*child, me + 1, 6, "a child's all_reduce");
+              } catch (const std::exception& e) {
+                errors[static_cast<std::size_t>(t)] = e.what();
+              }
+            });
+          const auto start = SteadyClock::now();
+          for (auto& thread : pool) thread.join();
+          for (const auto& e : errors) expect(e.empty(), "round " + std::to_string(round) + ": " + e);
+          expect(ms_since(start) < 4000, "round " + std::to_string(round) + " took " +
+                                             std::to_string(ms_since(start)) + " ms");
+        }
+      },
+      options);
+  INFO(result.summary());
+  REQUIRE_FALSE(result.timed_out);
+  CHECK(result.all_ok());
+}
+
 TEST_CASE("failures: split by color and key, color -1, and a split of a split", "[failures]") {
   const std::string transport = GENERATE("tcp", "shm");
   INFO(transport);
