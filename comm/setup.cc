@@ -548,7 +548,14 @@ std::unique_ptr<Communicator> Communicator::split(int color, int key) {
   const int n = impl_->size;
   std::int64_t mine[2] = {color, key};
   std::vector<std::int64_t> all(2 * static_cast<std::size_t>(n));
-  all_gather(mine, all.data(), 2, DataType::i64).wait();
+  Op exchange;  // an all_gather marked as split's (kSplitRoot)
+  exchange.kind = OpKind::all_gather;
+  exchange.send = mine;
+  exchange.recv = all.data();
+  exchange.count = 2;
+  exchange.dtype = DataType::i64;
+  exchange.root = kSplitRoot;
+  submit(std::move(exchange)).wait();
   int split_index = impl_->split_count++;
   if (color < 0) return nullptr;
   std::vector<std::pair<std::int64_t, int>> members;  // (key, parent rank)

@@ -20,6 +20,8 @@ std::string_view name(OpKind kind) {
 }
 
 std::string describe(const Op& op) {
+  if (op.kind == OpKind::all_gather && op.root == kSplitRoot)
+    return "split #" + std::to_string(op.seq) + " (its all_gather of every rank's color and key)";
   std::string text = std::string(name(op.kind)) + " #" + std::to_string(op.seq);
   if (op.kind == OpKind::barrier) return text;
   text += " (count " + std::to_string(op.count) + ", " + std::string(name(op.dtype));

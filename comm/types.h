@@ -49,6 +49,12 @@ struct Op {
   std::uint8_t algorithm = 0;
 };
 
+// The root of the all_gather by which split() exchanges every rank's color
+// and key. It is part of the call's signature, so a peer that called an
+// all_gather of the same shape (2 x i64) instead is told apart, where it
+// took split's colors and keys for its result.
+inline constexpr int kSplitRoot = -2;
+
 // "all_reduce #12 (count 1024, f32, sum)"
 std::string describe(const Op& op);
 

@@ -291,3 +291,31 @@ TEST_CASE("abuse: ranks told different BRAID_ALGO fail in the call, naming both 
     CHECK(contains(result.ranks[r].message, std::string(" with ") + told.others));
   }
 }
+
+// split() exchanges colors and keys with an all_gather of 2 x i64: a peer
+// that called an all_gather of that shape instead took them for its result,
+// and the split went on, without an error anywhere.
+TEST_CASE("abuse: a split against a user all_gather of its shape fails both, naming split", "[failures][abuse]") {
+  const std::string transport = GENERATE("shm", "tcp");
+  INFO(transport);
+  auto options = options_with(std::chrono::seconds(20), std::chrono::seconds(60), transport);
+  auto result = test::run_ranks(
+      3,
+      [&](Communicator& comm) {
+        comm.barrier().wait();  // #1
+        if (comm.rank() == 0) {
+          tagged([&] { comm.split(0, 0); });
+        } else {
+          std::int64_t mine[2] = {7, 7};
+          std::vector<std::int64_t> all(6, -1);
+          tagged([&] { comm.all_gather(mine, all.data(), 2, DataType::i64).wait(); });
+        }
+        throw std::runtime_error("the split and the all_gather completed");
+      },
+      options);
+  check_case(result);
+  for (std::size_t r = 0; r < result.ranks.size(); ++r) {
+    INFO("rank " << r << ": " << result.ranks[r].message);
+    CHECK(contains(result.ranks[r].message, "split #2"));
+  }
+}
