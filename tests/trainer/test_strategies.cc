@@ -232,5 +232,37 @@ TEST_CASE("ranks that read different data are refused before training", "[strate
   }
 }
 
+// Each rank initialises its own weights from --seed: a node started with
+// another seed (or learning rate) trained copies that never agreed, and
+// the run exited 0.
+TEST_CASE("ranks told other settings are refused before training, naming each difference", "[strategy]") {
+  TrainOptions o = grid_options();
+  o.strategy = "ddp";
+  const TextCorpus corpus = test::synthetic_corpus();
+  const auto result = braid::test::run_ranks(
+      3,
+      [&](comm::Communicator& comm) {
+        TrainOptions mine = o;
+        if (comm.rank() == 2) {
+          mine.seed = 7;
+          mine.lr = 0.02f;
+        }
+        mine.threads = 1 + comm.rank() % 2;  // may differ
+        mine.metrics = "m" + std::to_string(comm.rank());
+        Trainer trainer(mine, corpus, &comm);
+        trainer.start();
+        trainer.train_step();
+      },
+      braid::test::run_options(std::chrono::seconds(60), braid::test::test_config(std::chrono::seconds(20))));
+  INFO(result.summary());
+  REQUIRE(!result.timed_out);
+  for (const auto& rank : result.ranks) {
+    CHECK(rank.exit_code == 1);
+    CHECK_THAT(rank.message, Catch::Contains("rank 2 was started with other settings than rank 0: lr 0.02 (rank 0: 0.01)"));
+    CHECK_THAT(rank.message, Catch::Contains("seed 7 (rank 0: " + std::to_string(o.seed) + ")"));
+    CHECK_THAT(rank.message, !Catch::Contains("threads") && !Catch::Contains("metrics"));
+  }
+}
+
 }  // namespace
 }  // namespace braid::trainer

@@ -134,6 +134,61 @@ void check_same_data(comm::Communicator* world, const TextCorpus& corpus) {
   }
 }
 
+// What every rank must be told alike: the settings that repeat the run
+// (config_json) less --data's path (check_same_data compares its bytes),
+// and the others that change what a rank computes or which collectives it
+// calls. Not the per-invocation ones that only change what a rank prints
+// or writes, nor --threads.
+nlohmann::json shared_settings(const TrainOptions& o) {
+  nlohmann::json j = config_json(o);
+  j.erase("data");
+  j["bucket_mb"] = o.bucket_mb;
+  j["device"] = o.device;
+  j["eval_only"] = o.eval_only;
+  j["resume"] = !o.resume.empty();
+  j["init_from"] = !o.init_from.empty();
+  j["sample"] = o.sample_bytes;
+  j["temperature"] = o.temperature;
+  j["prompt"] = o.prompt;
+  return j;
+}
+
+// Nodes started with another --seed, --lr or model silently trained copies
+// that differ (each rank initialises its own weights, as rank 0 would), and
+// exited 0. Every rank gathers every rank's settings, so all refuse alike,
+// naming each difference.
+void check_same_settings(comm::Communicator* world, const TrainOptions& options) {
+  if (world == nullptr || world->size() == 1) return;
+  const int n = world->size();
+  const std::string mine = shared_settings(options).dump();
+  const std::int64_t length = static_cast<std::int64_t>(mine.size());
+  std::vector<std::int64_t> lengths(static_cast<std::size_t>(n));
+  world->all_gather(&length, lengths.data(), 1, DataType::i64).wait();
+  const std::size_t width = static_cast<std::size_t>(*std::max_element(lengths.begin(), lengths.end()));
+  std::string padded = mine;
+  padded.resize(width, '\0');
+  std::string all(width * static_cast<std::size_t>(n), '\0');
+  world->all_gather(padded.data(), all.data(), width, DataType::u8).wait();
+  auto settings_of = [&](int r) {
+    return nlohmann::json::parse(all.substr(static_cast<std::size_t>(r) * width,
+                                            static_cast<std::size_t>(lengths[static_cast<std::size_t>(r)])));
+  };
+  const nlohmann::json first = settings_of(0);
+  for (int r = 1; r < n; ++r) {
+    const nlohmann::json theirs = settings_of(r);
+    if (theirs == first) continue;
+    std::string differences;
+    for (const auto& [key, value] : first.items()) {
+      if (theirs.contains(key) && theirs.at(key) == value) continue;
+      differences += (differences.empty() ? "" : ", ") + key + " " +
+                     (theirs.contains(key) ? theirs.at(key).dump() : std::string("(none)")) + " (rank 0: " +
+                     value.dump() + ")";
+    }
+    throw InvalidUsage("rank " + std::to_string(r) + " was started with other settings than rank 0: " +
+                       differences + "; every rank must be given the same training settings");
+  }
+}
+
 double ms(std::chrono::duration<double> d) { return d.count() * 1e3; }
 
 double seconds_since(Clock::time_point start) {
@@ -149,6 +204,7 @@ Trainer::Trainer(const TrainOptions& options, const TextCorpus& corpus, comm::Co
       B_(options_.rank_micro_batch(options_.dp_size(world_size()))),
       schedule_{options.lr, options.min_lr, options.warmup_steps, options.steps} {
   const int T = options_.model.block_size;
+  check_same_settings(world_, options_);
   check_same_data(world_, corpus_);
   if (options_.model_parallel()) {
     mesh_ = build_mesh(options_, comm, &memory_, B_);
