@@ -317,7 +317,18 @@ void print_summary(braid::trainer::Trainer& trainer, const braid::trainer::Train
   std::fputs(text.c_str(), stdout);
 }
 
-int run(const TrainOptions& o, const braid::runtime::RankInfo& info) {
+// Takes the run's --checkpoint-dir again before a save when it was
+// removed meanwhile (DirectoryLock::reclaim).
+class HoldCheckpointDir : public braid::trainer::TrainObserver {
+ public:
+  explicit HoldCheckpointDir(braid::trainer::DirectoryLock* lock) : lock_(lock) {}
+  void before_checkpoint(std::int64_t) override { lock_->reclaim(); }
+
+ private:
+  braid::trainer::DirectoryLock* lock_;
+};
+
+int run(const TrainOptions& o, const braid::runtime::RankInfo& info, braid::trainer::DirectoryLock* hold) {
   namespace t = braid::trainer;
   t::validate(o);
   if (!o.consolidate.empty()) return consolidate(o);
@@ -333,6 +344,8 @@ int run(const TrainOptions& o, const braid::runtime::RankInfo& info) {
   t::ProgressPrinter progress(::isatty(STDERR_FILENO) != 0, o.log_interval);
   t::Observers observers;
   if (rank0) observers.add(&progress);
+  std::optional<HoldCheckpointDir> keep_hold;
+  if (hold != nullptr) observers.add(&keep_hold.emplace(hold));
   std::optional<t::MetricsWriter> metrics;
   if (!o.metrics.empty()) observers.add(&metrics.emplace(t::metrics_path(o.metrics, trainer.rank()), trainer.step()));
   const t::TrainSummary summary = trainer.run(observers);
@@ -368,7 +381,7 @@ int main(int argc, char** argv) {
     const braid::runtime::RankInfo info = braid::runtime::rank_info_from_env();
     apply_saved_options(explicit_keys(app), info, options);
     const auto hold = guard_checkpoint_dir(info, options);
-    return run(options, info);
+    return run(options, info, hold.get());
   } catch (const braid::InvalidUsage& e) {
     std::fprintf(stderr, "braid-train: error: %s\n", e.what());
     return 2;

@@ -2,15 +2,21 @@
 // meson): refusals with exit 2, --eval-only against the reference, resume,
 // metrics and sampling.
 #include <catch2/catch.hpp>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdio.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <iterator>
 #include <map>
 #include <regex>
+#include <thread>
 
 #include <nlohmann/json.hpp>
 
@@ -29,6 +35,7 @@ using test::have_binary;
 using test::read_text;
 using test::Run;
 using test::write_text;
+
 
 const std::string kTiny = " --n-layer 1 --n-head 2 --n-embd 16 --block-size 32 --batch-size 4 --eval-batches 1 ";
 
@@ -356,6 +363,67 @@ TEST_CASE("a last step that breaks the model fails and leaves no checkpoint of i
   CHECK(r.rc == 1);
   CHECK_THAT(r.err, Catch::Contains("the validation loss became") && Catch::Contains("after step 1"));
   CHECK_FALSE(fs::exists(ckpt / "latest"));
+}
+
+// A directory removed (or its lock file) while a run held it was made
+// again by the run's next save, unheld, so a second run could take it and
+// both wrote their steps there.
+TEST_CASE("a run takes its removed --checkpoint-dir again before saving, or stops if another run took it",
+          "[cli][checkpoint]") {
+  test::TempDir dir;
+  const fs::path ckpt = dir / "ckpt";
+  auto held = DirectoryLock::take(ckpt, "the first run");
+  REQUIRE(held != nullptr);
+  held->reclaim();  // still its own: nothing happens
+  fs::remove_all(ckpt);
+  held->reclaim();  // taken again
+  CHECK(fs::exists(ckpt / ".braid-train.lock"));
+  CHECK_THROWS_WITH(DirectoryLock::take(ckpt, "a second run"), Catch::Contains("in use by another run (the first run)"));
+  // Replaced by a directory that another run holds.
+  fs::rename(ckpt, dir / "gone");
+  auto other = DirectoryLock::take(ckpt, "the other run");
+  REQUIRE(other != nullptr);
+  CHECK_THROWS_WITH(held->reclaim(), Catch::Contains("in use by another run (the other run)"));
+}
+
+TEST_CASE("a run whose --checkpoint-dir another run took meanwhile stops before its next save", "[cli][checkpoint]") {
+  if (!have_binary()) return;
+  test::TempDir dir;
+  const fs::path text = write_text(dir, 4000);
+  const fs::path ckpt = dir / "ckpt", pid_file = dir / "pid";
+  Run run;
+  std::atomic<bool> ended{false};
+  std::thread training([&] {
+    run = test::run_shell(dir, "echo $$ > " + pid_file.string() + "; exec " + std::getenv("BRAID_TRAIN") +
+                                   " --n-layer 1 --n-head 2 --n-embd 16 --block-size 32 --batch-size 4 --data " +
+                                   text.string() + " --steps 1000000 --eval-interval 1 --eval-batches 64 "
+                                   "--checkpoint-interval 1 --checkpoint-dir " + ckpt.string());
+    ended = true;
+  });
+  auto waited = [start = std::chrono::steady_clock::now()] { return std::chrono::steady_clock::now() - start; };
+  while (!ended && !fs::exists(ckpt / "latest") && waited() < std::chrono::seconds(30))
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  // The other run holds a directory that then takes the place of the
+  // first's, at once (RENAME_EXCHANGE).
+  const fs::path staged = dir / "staged";
+  auto other = DirectoryLock::take(staged, "the other run");
+  REQUIRE(other != nullptr);
+  const int exchanged = ::renameat2(AT_FDCWD, staged.c_str(), AT_FDCWD, ckpt.c_str(), RENAME_EXCHANGE);
+  const int exchange_errno = errno;
+  while (!ended && waited() < std::chrono::seconds(60)) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  if (!ended) ::kill(std::stoi(read_text(pid_file)), SIGKILL);
+  training.join();
+  INFO(run.err);
+  INFO("the exchange: " << std::strerror(exchange_errno));
+  REQUIRE(exchanged == 0);
+  // Stopped at its next save; or, when the exchange came in the middle of a
+  // save (most steps spend their time evaluating), in that save, whose
+  // staging directory went with the first run's.
+  CHECK((run.rc == 2 || run.rc == 1));
+  CHECK_THAT(run.err, Catch::Contains("is in use by another run (the other run)") ||
+                          Catch::Contains(".partial/") && Catch::Contains("No such file or directory"));
+  // Nothing of the first run in the other's directory.
+  CHECK(std::distance(fs::directory_iterator(ckpt), fs::directory_iterator()) == 1);
 }
 
 // The same at an interval checkpoint of a step without an evaluation: the

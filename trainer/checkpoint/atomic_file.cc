@@ -169,9 +169,26 @@ std::unique_ptr<DirectoryLock> DirectoryLock::take(const fs::path& dir, const st
   const std::string text = holder + "\n";
   if (::ftruncate(fd, 0) != 0 || ::pwrite(fd, text.data(), text.size(), 0) != static_cast<ssize_t>(text.size()))
     spdlog::debug("cannot record the holder in {}: {}", path.string(), std::strerror(errno));
-  return std::unique_ptr<DirectoryLock>(new DirectoryLock(fd));
+  return std::unique_ptr<DirectoryLock>(new DirectoryLock(fd, dir, holder));
 }
 
-DirectoryLock::~DirectoryLock() { ::close(fd_); }
+DirectoryLock::~DirectoryLock() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+void DirectoryLock::reclaim() {
+  struct stat held {}, named {};
+  const fs::path path = dir_ / ".braid-train.lock";
+  if (fd_ >= 0 && ::fstat(fd_, &held) == 0 && ::stat(path.c_str(), &named) == 0 && held.st_dev == named.st_dev &&
+      held.st_ino == named.st_ino)
+    return;
+  std::unique_ptr<DirectoryLock> again = take(dir_, holder_);  // throws when another run holds it
+  spdlog::warn("--checkpoint-dir {} (or its lock file) was removed while this run held it, with the steps saved "
+               "there; holding it again{}",
+               dir_.string(), again ? "" : " failed (see above): it goes on unguarded");
+  if (fd_ >= 0) ::close(fd_);
+  fd_ = -1;
+  if (again) std::swap(fd_, again->fd_);
+}
 
 }  // namespace braid::trainer

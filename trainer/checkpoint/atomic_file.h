@@ -72,9 +72,20 @@ class DirectoryLock {
   DirectoryLock(const DirectoryLock&) = delete;
   DirectoryLock& operator=(const DirectoryLock&) = delete;
 
+  // Before each save. A directory removed (or its lock file) while the run
+  // held it was made again by the next save, unheld: a second run could
+  // then take it and both wrote their steps there. When the lock file this
+  // run holds is no longer DIR/.braid-train.lock, takes the directory again
+  // as take() does, warning that the steps saved there before are gone, or
+  // throws InvalidUsage naming the run that holds it now.
+  void reclaim();
+
  private:
-  explicit DirectoryLock(int fd) : fd_(fd) {}
+  DirectoryLock(int fd, std::filesystem::path dir, std::string holder)
+      : fd_(fd), dir_(std::move(dir)), holder_(std::move(holder)) {}
   int fd_;
+  std::filesystem::path dir_;
+  std::string holder_;
 };
 
 }  // namespace braid::trainer

@@ -176,6 +176,10 @@ void Observers::on_step(const StepReport& r) {
   for (auto* o : list_) o->on_step(r);
 }
 
+void Observers::before_checkpoint(std::int64_t step) {
+  for (auto* o : list_) o->before_checkpoint(step);
+}
+
 void Observers::on_checkpoint(const std::filesystem::path& dir, std::int64_t step) {
   for (auto* o : list_) o->on_checkpoint(dir, step);
 }

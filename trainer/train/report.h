@@ -68,6 +68,7 @@ class Observers : public TrainObserver {
  public:
   void add(TrainObserver* observer) { list_.push_back(observer); }
   void on_step(const StepReport& r) override;
+  void before_checkpoint(std::int64_t step) override;
   void on_checkpoint(const std::filesystem::path& dir, std::int64_t step) override;
 
  private:

@@ -414,7 +414,9 @@ bool Trainer::checkpoint_due() const {
 
 void Trainer::maybe_checkpoint(TrainObserver& observer, bool final_step) {
   if (options_.checkpoint_dir.empty() || last_checkpoint_ == step_) return;
-  if (checkpoint_due() || final_step) observer.on_checkpoint(save_checkpoint(), step_);
+  if (!checkpoint_due() && !final_step) return;
+  observer.before_checkpoint(step_);
+  observer.on_checkpoint(save_checkpoint(), step_);
 }
 
 MeshSummary Trainer::mesh_summary() {

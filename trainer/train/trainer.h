@@ -138,6 +138,8 @@ class TrainObserver {
  public:
   virtual ~TrainObserver() = default;
   virtual void on_step(const StepReport& report) {}
+  // Before the checkpoint of `step` is written (every rank).
+  virtual void before_checkpoint(std::int64_t step) {}
   virtual void on_checkpoint(const std::filesystem::path& dir, std::int64_t step) {}
 };
 
