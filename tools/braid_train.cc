@@ -35,6 +35,7 @@
 #include <filesystem>
 
 #include "comm/communicator.h"
+#include "kernels/cpu/gpt_ops.h"
 #include "runtime/errors.h"
 #include "runtime/log.h"
 #include "runtime/rank_info.h"
@@ -334,6 +335,10 @@ int run(const TrainOptions& o, const braid::runtime::RankInfo& info, braid::trai
   if (!o.consolidate.empty()) return consolidate(o);
   t::set_cuda_local_rank(info.local_rank);
   t::check_memory(o, info.world_size, info.local_world_size);
+  if (o.device == "cpu") {
+    braid::kernels::cpu::set_blas_threads(o.threads);
+    braid::kernels::cpu::map_blas_buffers();  // before the run's own memory (gpt_ops.h)
+  }
   const std::unique_ptr<braid::comm::Communicator> comm = connect(o, info);
   const t::TextCorpus corpus = o.data.empty() ? t::load_default_corpus() : t::load_text_file(o.data);
   t::Trainer trainer(o, corpus, comm.get());
@@ -385,6 +390,13 @@ int main(int argc, char** argv) {
   } catch (const braid::InvalidUsage& e) {
     std::fprintf(stderr, "braid-train: error: %s\n", e.what());
     return 2;
+  } catch (const std::bad_alloc&) {
+    std::fprintf(stderr,
+                 "braid-train: failed: out of memory (an allocation failed after the memory check passed; it counts "
+                 "parameters, gradients, AdamW state and activations, not every buffer of the libraries and "
+                 "transports): lower the model or the micro-batch, or raise the limit (ulimit -v, the cgroup's "
+                 "memory.max)\n");
+    return 1;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "braid-train: failed: %s\n", e.what());
     return 1;

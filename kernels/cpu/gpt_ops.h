@@ -18,6 +18,12 @@ namespace braid::kernels::cpu {
 
 // Sets the BLAS library to `threads` threads (1 per rank unless told otherwise).
 void set_blas_threads(int threads);
+// Has the BLAS library map its work buffers now (OpenBLAS: 128 MiB per
+// thread, at its first large product). Under an address-space limit
+// (ulimit -v) that the run's own memory then used up, OpenBLAS retried that
+// mmap forever, at 100% CPU; mapped first, it is there, and running out
+// fails on an allocation of the run's own.
+void map_blas_buffers();
 
 // out = inp @ weight^T + bias.  weight is stored [OC, C] (PyTorch Linear).
 // bias may be null.

@@ -24,6 +24,13 @@ namespace braid::kernels::cpu {
 
 void set_blas_threads(int threads) { openblas_set_num_threads(std::max(threads, 1)); }
 
+void map_blas_buffers() {
+  constexpr int kSide = 512;  // large enough for OpenBLAS to take its buffers and wake every thread
+  std::vector<float> a(std::size_t{kSide} * kSide, 0.f), c(a.size());
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, kSide, kSide, kSide, 1.f, a.data(), kSide, a.data(), kSide, 0.f,
+              c.data(), kSide);
+}
+
 void matmul_forward(float* out, const float* inp, const float* weight, const float* bias,
                     int N, int C, int OC) {
   float beta = 0.f;

@@ -5,6 +5,7 @@
 // user said, configurations that cannot fit or cannot train are refused at
 // once with the numbers, and bound messages are right at the bound.
 #include <catch2/catch.hpp>
+#include <sys/wait.h>
 
 #include <cstring>
 #include <map>
@@ -246,6 +247,44 @@ TEST_CASE("abuse: a model that cannot fit is refused at once with the numbers", 
   CHECK_THAT(r.err, Catch::Contains("needs") && Catch::Contains("per rank (parameters") &&
                         Catch::Contains("gradients") && Catch::Contains("AdamW state") &&
                         Catch::Contains("activations") && Catch::Contains("available"));
+}
+
+// Under an address-space limit (ulimit -v) that the check passed but the
+// run's memory then used up, OpenBLAS retried the mmap of its work buffer
+// forever at 100% CPU (BRAID_TIMEOUT does not cover compute). Every limit
+// from the lowest the memory check refuses to well past the one it passes
+// must end: refused (2), trained (0) or out of memory (1). With one BLAS
+// thread, as braid-launch starts ranks: below these limits the libraries
+// themselves fail to load (cuBLAS's initialisers, OpenBLAS's own thread
+// pool, started at load by a process told nothing), before braid runs.
+TEST_CASE("abuse: every address-space limit around the memory check's bound ends the run, none spins", "[abuse]") {
+  if (!have_binary()) return;
+  test::TempDir dir;
+  const fs::path text = dir / "text.txt";
+  write_bytes(text, std::string(4000, 'a') + std::string(4000, 'b'));
+  const std::string train = std::string(std::getenv("BRAID_TRAIN")) +
+                            " --n-layer 2 --n-head 4 --n-embd 256 --block-size 64 --batch-size 4 --eval-batches 1 "
+                            "--steps 2 --data " + text.string();
+  auto run_limited = [&](long kib) {
+    const std::string command = "ulimit -v " + std::to_string(kib) + "; OPENBLAS_NUM_THREADS=1 exec timeout 20 " +
+                                train + " >" + (dir / "out").string() + " 2>" + (dir / "err").string();
+    const int status = std::system(("bash -c '" + command + "'").c_str());
+    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  };
+  auto refused_by_check = [&](int rc) { return rc == 2 && read_text(dir / "err").find("needs") != std::string::npos; };
+  constexpr long kStep = 16 * 1024;  // KiB
+  long lowest = 256 * 1024;
+  while (lowest < 8L * 1024 * 1024 && !refused_by_check(run_limited(lowest))) lowest += 2 * kStep;
+  INFO("the lowest limit the memory check refuses: " << lowest << " KiB");
+  int trained = 0;
+  for (long kib = lowest; kib <= lowest + 32 * kStep; kib += kStep) {
+    const int rc = run_limited(kib);
+    INFO("ulimit -v " << kib << ": exit " << rc << "\n" << read_text(dir / "err"));
+    CHECK((rc == 0 || rc == 1 || rc == 2));
+    if (rc == 1) CHECK_THAT(read_text(dir / "err"), Catch::Contains("memory"));
+    trained += rc == 0;
+  }
+  CHECK(trained > 0);  // the sweep reached limits the run fits in
 }
 
 TEST_CASE("abuse: --n-embd at its bound passes validation, past it the message names the bound", "[abuse]") {

@@ -86,12 +86,21 @@ std::optional<MemoryLimit> cgroup_limit() {
   return tightest;
 }
 
-std::optional<MemoryLimit> address_space_limit() {
+// What a run maps beyond its tensors, counted against the address space
+// only (it is reserved, not used): OpenBLAS's work buffer per BLAS thread,
+// and room for thread stacks and malloc's per-thread arenas.
+constexpr double kBlasBufferBytes = 128.0 * (1 << 20);
+constexpr double kThreadsReserveBytes = 32.0 * (1 << 20);
+
+std::optional<MemoryLimit> address_space_limit(int blas_threads) {
   rlimit limit{};
   if (::getrlimit(RLIMIT_AS, &limit) != 0 || limit.rlim_cur == RLIM_INFINITY) return std::nullopt;
   const double mapped = read_number("/proc/self/statm").value_or(0.0) * static_cast<double>(::sysconf(_SC_PAGESIZE));
-  return MemoryLimit{static_cast<double>(limit.rlim_cur) - mapped,
-                     "the address-space limit (ulimit -v) less what this process maps", false};
+  const double reserved = kBlasBufferBytes * std::max(blas_threads, 1) + kThreadsReserveBytes;
+  return MemoryLimit{static_cast<double>(limit.rlim_cur) - mapped - reserved,
+                     "the address-space limit (ulimit -v) less what this process maps and " + format_bytes(reserved) +
+                         " for OpenBLAS's buffers and threads",
+                     false};
 }
 
 }  // namespace
@@ -116,9 +125,9 @@ MemoryNeed memory_need(const TrainOptions& o, int world_size) {
   return worst;
 }
 
-std::vector<MemoryLimit> memory_limits() {
+std::vector<MemoryLimit> memory_limits(int blas_threads) {
   std::vector<MemoryLimit> limits;
-  for (auto limit : {mem_available(), cgroup_limit(), address_space_limit()}) {
+  for (auto limit : {mem_available(), cgroup_limit(), address_space_limit(blas_threads)}) {
     if (limit) limits.push_back(*limit);
   }
   return limits;
@@ -144,7 +153,7 @@ void check_memory(const MemoryNeed& need, const std::vector<MemoryLimit>& limits
 
 void check_memory(const TrainOptions& o, int world_size, int local_ranks) {
   if (parse_device(o.device) != Device::kCpu) return;
-  check_memory(memory_need(o, world_size), memory_limits(), local_ranks);
+  check_memory(memory_need(o, world_size), memory_limits(o.threads), local_ranks);
 }
 
 }  // namespace braid::trainer

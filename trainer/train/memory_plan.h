@@ -49,8 +49,9 @@ struct MemoryLimit {
   bool per_host = true;      // shared by the host's ranks (else per process)
 };
 
-// Every limit that applies to this process (empty where none can be read).
-std::vector<MemoryLimit> memory_limits();
+// Every limit that applies to this process (empty where none can be read),
+// for a run of `blas_threads` BLAS threads.
+std::vector<MemoryLimit> memory_limits(int blas_threads);
 
 // Throws InvalidUsage with the need, its parts and the limit when the need
 // of the `local_ranks` ranks of this host exceeds a limit; "2.3 TiB".
