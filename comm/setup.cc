@@ -17,7 +17,10 @@
 #include <map>
 #include <mutex>
 #include <optional>
+#include <sstream>
+#include <string>
 #include <system_error>
+#include <vector>
 
 #include "comm/communicator_impl.h"
 #include "comm/resources.h"
@@ -474,18 +477,27 @@ static void exchange_hosts(Communicator::Impl& impl, int size, const runtime::Co
   };
   if (impl.store->add(impl.key_prefix + "/claims/" + me, 1) > 1)
     throw refuse("two processes of this job were given rank " + me + where());
+  // BRAID_TRANSPORT as well: ranks told different ones planned different
+  // transports for one pair and waited for each other's keys until
+  // BRAID_TIMEOUT, naming neither the variable nor the peer.
   const std::string key = impl.key_prefix + "/host/";
-  impl.store->set(key + me, host + "\n" + cpus + "\n" + ranks);
+  impl.store->set(key + me, host + "\n" + cpus + "\n" + ranks + "\n" + config.transport);
   for (int r = 0; r < size; ++r) {
     if (r == impl.rank) continue;
-    const std::string value = host_of_peer(impl, key + std::to_string(r));
-    const auto first = value.find('\n'), second = value.find('\n', first == std::string::npos ? first : first + 1);
-    impl.hosts[r] = value.substr(0, first);
-    impl.cpus[r] = first == std::string::npos ? "" : value.substr(first + 1, second - std::min(second, first + 1));
-    const std::string theirs = second == std::string::npos ? ranks : value.substr(second + 1);
-    if (theirs != ranks)
-      throw refuse("rank " + std::to_string(r) + " of this job was started in a world of " + theirs +
+    std::vector<std::string> lines;  // host, cpus, world size, transport
+    std::istringstream value(host_of_peer(impl, key + std::to_string(r)));
+    for (std::string line; std::getline(value, line);) lines.push_back(line);
+    lines.resize(4);
+    impl.hosts[r] = lines[0];
+    impl.cpus[r] = lines[1];
+    if (lines[2] != ranks)
+      throw refuse("rank " + std::to_string(r) + " of this job was started in a world of " + lines[2] +
                    " ranks, this one in a world of " + ranks + where());
+    if (lines[3] != config.transport)
+      throw refuse("rank " + std::to_string(r) + " was started with BRAID_TRANSPORT=" + lines[3] +
+                   ", this one (rank " + me + ") with BRAID_TRANSPORT=" + config.transport +
+                   "; ranks that pick different transports for one pair wait for each other: set it alike on "
+                   "every node (auto picks shm within a host and ibverbs or tcp across hosts by itself)");
   }
 }
 

@@ -85,7 +85,7 @@ std::string header_mismatch(const WireHeader& expected, const WireHeader& got, i
            " segment " + std::to_string(got.segment) + ", " + std::to_string(got.payload_bytes) +
            " bytes; expected step " + std::to_string(expected.step) + " segment " +
            std::to_string(expected.segment) + ", " + std::to_string(expected.payload_bytes) +
-           " bytes): the peers disagree on the algorithm or its settings (BRAID_SEGMENT_BYTES, BRAID_ALGO)";
+           " bytes): the peers disagree on the algorithm or its settings (BRAID_SEGMENT_BYTES, BRAID_CHUNK_BYTES, BRAID_ALGO)";
   return {};
 }
 

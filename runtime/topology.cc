@@ -2,6 +2,7 @@
 
 #include <hwloc.h>
 #include <sched.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -16,7 +17,11 @@ std::string local_host_id(const Config& config) {
   gethostname(host, sizeof host - 1);
   std::string boot_id;
   std::ifstream("/proc/sys/kernel/random/boot_id") >> boot_id;
-  return std::string(host) + "/" + boot_id;
+  struct stat shm {};
+  const std::string memory = ::stat("/dev/shm", &shm) == 0
+                                 ? "/shm" + std::to_string(shm.st_dev) + ":" + std::to_string(shm.st_ino)
+                                 : "";
+  return std::string(host) + "/" + boot_id + memory;
 }
 
 int available_cores() {

@@ -10,8 +10,11 @@
 
 namespace braid::runtime {
 
-// BRAID_HOST_ID if set, else "<hostname>/<boot id>" (two containers with the
-// same hostname on different machines still differ by boot id).
+// BRAID_HOST_ID if set, else "<hostname>/<boot id>/shm<device>:<inode>"
+// (two containers with the same hostname on different machines still
+// differ by boot id; two on one machine with /dev/shm each, as Docker gives
+// them, by /dev/shm: ranks there cannot share memory, and tried to, failing
+// with "opening a peer's shared memory ...: No such file or directory").
 std::string local_host_id(const Config& config);
 
 // "NUMA node 0, cores 0-1" from hwloc, or a note that it could not tell.

@@ -780,6 +780,26 @@ TEST_CASE("failures: ranks told different BRAID_TCP_NSOCKS fail at once, naming 
   CHECK(result.elapsed < seconds(10));  // not the 20 s of BRAID_TIMEOUT
 }
 
+// Ranks told different BRAID_TRANSPORT planned different transports for
+// one pair (here shm against tcp) and waited for each other's keys until
+// BRAID_TIMEOUT, blaming a key; every rank now fails at once, naming it.
+TEST_CASE("failures: ranks told different BRAID_TRANSPORT fail at once, naming it", "[failures]") {
+  auto options = options_with(seconds(20), seconds(60), "auto");
+  options.configure = [](int rank, runtime::Config& config) { config.transport = rank == 2 ? "tcp" : "auto"; };
+  auto result = test::run_ranks(3, [](Communicator& comm) {
+    std::int64_t x = 1;
+    comm.all_reduce(&x, &x, 1, DataType::i64, ReduceOp::sum).wait();
+  }, options);
+  INFO(result.summary());
+  REQUIRE_FALSE(result.timed_out);
+  for (const auto& r : result.ranks) {
+    CHECK(r.exit_code == 1);
+    CHECK(contains(r.message, "BRAID_TRANSPORT=tcp"));
+    CHECK(contains(r.message, "BRAID_TRANSPORT=auto"));
+  }
+  CHECK(result.elapsed < seconds(10));  // not the 20 s of BRAID_TIMEOUT
+}
+
 // A store that accepts and never answers must fail create_world after the
 // configured timeout, not the environment's default of minutes.
 TEST_CASE("failures: a store that never answers fails create_world within the configured timeout",
