@@ -193,6 +193,22 @@ TEST_CASE("each rank gets the braid and torchrun environment", "[launch]") {
   }
 }
 
+// Node 0 serves the store at --master-addr and its ranks connect there: an
+// address of another machine left every node waiting until BRAID_TIMEOUT.
+// (192.0.2.1 is TEST-NET-1: only bound, never sent to.)
+TEST_CASE("node 0 refuses a --master-addr that is not its own and warns of a loopback one", "[launch]") {
+  JobDir dir;
+  auto foreign = run_launch(dir, shell_job(1, "true", dir, {"--nnodes", "2", "--master-addr", "192.0.2.1",
+                                                            "--master-port", "29519"}),
+                            {{"BRAID_JOB_TOKEN", "shared-secret"}});
+  CHECK(foreign.status == 2);
+  CHECK_THAT(foreign.err, Catch::Contains("--master-addr 192.0.2.1 is not an address of this machine"));
+  auto loopback = run_launch(dir, shell_job(1, "true", dir, {"--nnodes", "2", "--master-port", "29519"}),
+                             {{"BRAID_JOB_TOKEN", "shared-secret"}});
+  CHECK(loopback.status == 0);
+  CHECK_THAT(loopback.err, Catch::Contains("which only this machine reaches"));
+}
+
 TEST_CASE("a non-zero node numbers its ranks globally and shares the token", "[launch]") {
   std::vector<std::string> node1{"--nnodes", "2", "--node-rank", "1", "--master-addr",
                                  "127.0.0.1", "--master-port", "29517"};

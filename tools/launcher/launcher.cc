@@ -12,6 +12,8 @@
 
 #include <fcntl.h>
 #include <netdb.h>
+#include <sys/socket.h>
+#include <unistd.h>
 #include <spdlog/spdlog.h>
 
 #include <cerrno>
@@ -59,6 +61,21 @@ std::string numeric_address(const std::string& host) {
   freeaddrinfo(found);
   if (err != 0) throw SystemError("cannot format address of '" + host + "': " + gai_strerror(err));
   return text;
+}
+
+// Whether `addr` is an address of this machine (one a socket can bind).
+bool is_own_address(const std::string& addr) {
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_NUMERICHOST;
+  addrinfo* found = nullptr;
+  if (getaddrinfo(numeric_address(addr).c_str(), "0", &hints, &found) != 0) return true;  // said elsewhere
+  const int fd = ::socket(found->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  const bool own = fd < 0 || ::bind(fd, found->ai_addr, found->ai_addrlen) == 0 || errno != EADDRNOTAVAIL;
+  if (fd >= 0) ::close(fd);
+  freeaddrinfo(found);
+  return own;
 }
 
 void create_log_dir(const std::string& dir) {
@@ -263,6 +280,12 @@ std::unique_ptr<runtime::StoreServer> serve_store(const LaunchOptions& options, 
 
 int launch(const LaunchOptions& options) {
   validate(options);
+  // Node 0 serves the store where --master-addr says, and its ranks connect
+  // there: another machine's address left this node's ranks and the others
+  // waiting for a store that was not there until BRAID_TIMEOUT.
+  require(options.node_rank != 0 || options.nnodes == 1 || is_own_address(options.master_addr),
+          "--master-addr " + options.master_addr + " is not an address of this machine, and node 0 (this "
+          "launcher) serves the store there: give node 0 one of its own addresses that the other nodes reach");
   const runtime::Config& config = runtime::config();
   check_fd_limit(options, config);
   std::string bind_addr = bind_address(options, config.bind_addr);
@@ -280,6 +303,10 @@ int launch(const LaunchOptions& options) {
   for (;; ++job.restart) {
     std::unique_ptr<runtime::StoreServer> server;
     if (options.node_rank == 0) server = serve_store(options, endpoints, job);
+    if (options.node_rank == 0 && options.nnodes > 1 && job.restart == 0 && is_loopback(endpoints.listen_addr))
+      spdlog::warn("braid-launch: --nnodes {} with the store on {}, which only this machine reaches: other nodes "
+                   "need --master-addr set to an address of this node that they reach, here and on them",
+                   options.nnodes, endpoints.listen_addr);
     job.torch_port = torch_store_port(numeric_address(endpoints.listen_addr), options.nnodes,
                                       options.nnodes > 1 ? options.master_port : job.store_port);
     Outcome outcome;
