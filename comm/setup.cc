@@ -450,6 +450,16 @@ static std::string host_of_peer(Communicator::Impl& impl, const std::string& key
                            "; it may have failed, not started, or been told another --nproc-per-node");
     }
     if (auto failure = published_failure(impl, Stage::connect)) throw peer_failed(impl, *failure);
+    // A rank of another node that failed before it joined (its launcher
+    // says so; runtime::kJobFailedKey).
+    std::optional<runtime::Bytes> failed;
+    try {
+      failed = impl.store->try_get(runtime::kJobFailedKey);
+    } catch (const Error&) {
+    }
+    if (failed)
+      throw RemoteError("rank " + std::to_string(impl.rank) + " cannot create communicator " + impl.key_prefix +
+                        ": braid-launch reports " + std::string(failed->begin(), failed->end()));
   }
 }
 

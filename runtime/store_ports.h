@@ -35,6 +35,11 @@
 
 namespace braid::runtime {
 
+// Where a launcher says that a rank of its node failed ("<launcher's line>
+// on node N"): ranks of other nodes still waiting for that rank to join a
+// communicator fail at once with it, instead of at BRAID_TIMEOUT.
+inline constexpr const char* kJobFailedKey = "braid/job/failed";
+
 inline constexpr std::size_t kStorePortCandidates = 8;
 inline constexpr std::uint16_t kDerivedStorePortLo = 20000;
 inline constexpr std::uint16_t kDerivedStorePortHi = 29000;

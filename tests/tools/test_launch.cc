@@ -266,6 +266,32 @@ TEST_CASE("nodes started with different --nproc-per-node are told so at once", "
   CHECK(node0_took < std::chrono::seconds(6));
 }
 
+// A rank that fails before it joins (a bad flag, an address it cannot
+// bind) left the other nodes' ranks waiting for it until BRAID_TIMEOUT; its
+// launcher now says so through the store and they fail at once with that.
+TEST_CASE("a rank of one node that fails before joining fails the other nodes at once", "[launch]") {
+  const char* bench = std::getenv("BRAID_BENCH");
+  REQUIRE(bench != nullptr);
+  const EnvChanges env{{"BRAID_JOB_TOKEN", "early-exit"}, {"BRAID_TIMEOUT", "20"}};
+  auto node = [&](const char* node_rank, std::vector<std::string> program) {
+    std::vector<std::string> args{"-n", "1", "--nnodes", "2", "--node-rank", node_rank, "--master-addr",
+                                  "127.0.0.1", "--master-port", "29535", "--"};
+    args.insert(args.end(), program.begin(), program.end());
+    return args;
+  };
+  JobDir dir0, dir1;
+  const auto started = std::chrono::steady_clock::now();
+  LaunchedJob node0(dir0, node("0", {bench, "-b", "8", "-e", "8", "-n", "1", "-w", "0"}), env);
+  auto node1 = run_launch(dir1, node("1", {"sh", "-c", "sleep 0.5; exit 3"}), env);
+  CHECK(node1.status == 3);
+  CHECK(node0.wait(std::chrono::seconds(60)) != 0);
+  const auto took = std::chrono::steady_clock::now() - started;
+  INFO(node0.out() << node0.err());
+  CHECK_THAT(node0.err(), Catch::Contains("cannot create communicator braid/world: braid-launch reports rank 1") &&
+                              Catch::Contains("exited with status 3") && Catch::Contains("on node 1"));
+  CHECK(took < std::chrono::seconds(10));  // not the 20 s of BRAID_TIMEOUT
+}
+
 TEST_CASE("rank output is relayed line by line with a rank prefix", "[launch]") {
   JobDir dir;
   std::string script = "echo \"out $BRAID_RANK\"; echo \"err $BRAID_RANK\" >&2; "

@@ -161,11 +161,29 @@ struct Outcome {
   bool rank_failed = false;  // restartable (Supervisor::rank_failed)
 };
 
+// Tells the ranks of the other nodes that one of this node's failed
+// (runtime::kJobFailedKey): a rank that failed before joining (a bad flag,
+// an address it cannot bind) left them waiting for it until BRAID_TIMEOUT.
+// Best effort, bounded: the store may be gone with node 0.
+void tell_other_nodes(const LaunchOptions& options, const JobIdentity& job, const std::string& line) {
+  constexpr std::chrono::milliseconds kBound{2000};
+  try {
+    auto store = runtime::Store::find(job.store_host, runtime::store_port_candidates(job.store_port, job.token),
+                                      job.token, kBound, "node 0's braid-launch");
+    store->set(runtime::kJobFailedKey, line + " on node " + std::to_string(options.node_rank),
+               std::chrono::steady_clock::now() + kBound);
+  } catch (const std::exception& e) {
+    spdlog::debug("braid-launch: could not tell the other nodes: {}", e.what());
+  }
+}
+
 // Whatever throws, the Supervisor's destructor kills and reaps the ranks
 // started so far.
 Outcome start_and_supervise(const LaunchOptions& options, const JobIdentity& job, SignalCatcher& signals,
                             GroupWatcher& guardian, Supervisor::Clock::time_point job_start) {
   Supervisor supervisor(signals, options.timeout, options.grace_period, job_start, &guardian);
+  if (options.nnodes > 1)
+    supervisor.on_first_failure = [&](const std::string& line) { tell_other_nodes(options, job, line); };
   int started = 0;
   try {
     for (; started < options.nproc_per_node; ++started)

@@ -161,6 +161,7 @@ void Supervisor::on_rank_exit(const Rank& rank, const ExitStatus& status) {
   if (others == 1) line += "; stopping the other rank";
   if (others > 1) line += "; stopping the other " + count_of_ranks(others);
   say(line);
+  if (on_first_failure && !rank_failed_) on_first_failure(line);
   exit_status_ = status.shell_status();
   rank_failed_ = true;
   stop(SIGTERM);

@@ -27,6 +27,7 @@
 #include <sys/types.h>
 
 #include <chrono>
+#include <functional>
 #include <optional>
 #include <vector>
 
@@ -75,6 +76,9 @@ class Supervisor {
   // was signalled, timed out or aborted the start: what --max-restarts
   // restarts.
   bool rank_failed() const { return rank_failed_ && !interrupted_; }
+  // Called once, with the launcher's line about it, when the first rank
+  // fails (before the others are stopped).
+  std::function<void(const std::string& line)> on_first_failure;
 
  private:
   struct Stream {
