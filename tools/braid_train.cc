@@ -384,6 +384,7 @@ int main(int argc, char** argv) {
   }
   try {
     const braid::runtime::RankInfo info = braid::runtime::rank_info_from_env();
+    braid::runtime::setup_logging(info.rank);  // rank 1's first warnings said [rank 0]
     apply_saved_options(explicit_keys(app), info, options);
     const auto hold = guard_checkpoint_dir(info, options);
     return run(options, info, hold.get());

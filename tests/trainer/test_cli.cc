@@ -265,6 +265,24 @@ TEST_CASE("a fresh run into an earlier run's --checkpoint-dir is refused and cha
 // both, which then loaded without a word. The first run now holds the
 // directory (here the test process holds it, as a live run would); another
 // run is refused, naming the holder, and runs once it is let go.
+// "writing the metrics file ... failed" did not say why; an empty `latest`
+// was called unreadable.
+TEST_CASE("a metrics file that cannot be written and an empty latest are refused with the cause",
+          "[cli][checkpoint]") {
+  if (!have_binary()) return;
+  test::TempDir dir;
+  const fs::path text = write_text(dir, 4000);
+  const Run full = braid_train(dir, kTiny + "--data " + text.string() + " --steps 2 --metrics /dev/full");
+  CHECK(full.rc == 1);
+  CHECK_THAT(full.err, Catch::Contains("writing the metrics file /dev/full failed: No space left on device"));
+  const fs::path ckpt = dir / "ckpt";
+  REQUIRE(braid_train(dir, kTiny + "--data " + text.string() + " --steps 2 --checkpoint-dir " + ckpt.string()).rc == 0);
+  std::ofstream(ckpt / "latest", std::ios::trunc).flush();
+  const Run empty = braid_train(dir, "--resume " + ckpt.string() + " --steps 4");
+  CHECK(empty.rc == 2);
+  CHECK_THAT(empty.err, Catch::Contains(ckpt.string() + "/latest does not name a step (it is empty)"));
+}
+
 TEST_CASE("a run into a --checkpoint-dir that a live run holds is refused, naming the holder", "[cli][checkpoint]") {
   if (!have_binary()) return;
   test::TempDir dir;

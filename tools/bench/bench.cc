@@ -45,7 +45,7 @@ struct HugeBuffer {
     constexpr std::size_t kHuge = 2u << 20;
     std::size_t rounded = (std::max<std::size_t>(n, 1) + kHuge - 1) / kHuge * kHuge;
     data = static_cast<std::byte*>(shared ? Communicator::allocate(rounded) : std::aligned_alloc(kHuge, rounded));
-    if (!data) throw SystemError("braid-bench: out of memory allocating " + std::to_string(n) + " bytes");
+    if (!data) throw SystemError("out of memory allocating " + std::to_string(n) + " bytes");
     if (!shared) madvise(data, rounded, MADV_HUGEPAGE);
     std::memset(data, static_cast<int>(fill), rounded);
   }

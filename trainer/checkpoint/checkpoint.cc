@@ -145,11 +145,15 @@ fs::path resolve_checkpoint(const fs::path& path) {
   if (layout::is_complete(path)) return path;
   std::ifstream in(path / layout::kLatest);
   std::string name;
-  if (!in || !(in >> name) || name.find('/') != std::string::npos) {
+  if (!in) {
     throw InvalidUsage(path.string() + " is not a braid-train checkpoint: it has neither " + layout::kStateFile +
                        ", " + layout::kManifestFile + " nor a readable '" + layout::kLatest +
                        "' file; pass --checkpoint-dir's directory");
   }
+  if (!(in >> name) || name.find('/') != std::string::npos)
+    throw InvalidUsage(path.string() + "/" + layout::kLatest + " does not name a step (" +
+                       (name.empty() ? std::string("it is empty") : "it says '" + name + "'") +
+                       "); pass one of the step directories in " + path.string() + " instead");
   // A `latest` whose step is gone (removed by hand, or a copy without it):
   // "cannot open .../state.json" did not say which file was stale.
   if (!layout::is_complete(path / name))

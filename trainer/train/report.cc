@@ -3,7 +3,9 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <ctime>
 #include <fstream>
 #include <utility>
@@ -163,9 +165,12 @@ void MetricsWriter::on_step(const StepReport& r) {
                     {"tp_comm_ms", r.tp_comm_ms},
                     {"pp_comm_ms", r.pp_comm_ms}};
   }
+  errno = 0;
   out_ << line.dump() << '\n';
   out_.flush();
-  if (!out_) throw SystemError("writing the metrics file " + path_ + " failed");
+  if (!out_)
+    throw SystemError("writing the metrics file " + path_ + " failed" +
+                      (errno != 0 ? std::string(": ") + std::strerror(errno) : std::string()));
 }
 
 std::string metrics_path(const std::string& path, int rank) {

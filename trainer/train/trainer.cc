@@ -16,6 +16,7 @@
 #include "trainer/strategy/compose.h"
 #include "trainer/strategy/traffic_theory.h"
 #include "trainer/train/peak.h"
+#include "trainer/train/resume.h"
 #include "trainer/train/state_io.h"
 
 namespace braid::trainer {
@@ -53,15 +54,22 @@ int pipeline_eval_group(const TrainOptions& o) { return std::max(o.grad_accum, s
 // A --checkpoint-dir that cannot hold checkpoints (a file, a directory
 // that cannot be created or written) is refused before the first step: at
 // the first save it cost the training it was there to keep.
-void check_checkpoint_dir(const std::string& dir) {
+// A resumed run not given --checkpoint-dir writes beside the checkpoint it
+// resumes (resume.h), and the refusal said "--checkpoint-dir" all the same.
+void check_checkpoint_dir(const TrainOptions& o) {
+  const std::string& dir = o.checkpoint_dir;
   std::error_code ec;
+  const bool beside = !o.resume.empty() && fs::equivalent(checkpoint_home(resolve_checkpoint(o.resume)), dir, ec);
+  const std::string what = beside ? "the directory of the checkpoint this run resumes, " + dir +
+                                        ", where it writes its own unless given --checkpoint-dir,"
+                                  : "--checkpoint-dir " + dir;
   fs::create_directories(dir, ec);
   if (ec || !fs::is_directory(dir)) {
-    throw InvalidUsage("--checkpoint-dir " + dir + " cannot hold checkpoints: " +
+    throw InvalidUsage(what + " cannot hold checkpoints: " +
                        (ec ? ec.message() : std::string("it is not a directory")));
   }
   if (::access(dir.c_str(), W_OK | X_OK) != 0)
-    throw InvalidUsage("--checkpoint-dir " + dir + " cannot hold checkpoints: " + std::strerror(errno));
+    throw InvalidUsage(what + " cannot hold checkpoints: " + std::strerror(errno));
 }
 
 const TrainOptions& checked(const TrainOptions& o, const TextCorpus& corpus, int world_size) {
@@ -72,7 +80,7 @@ const TrainOptions& checked(const TrainOptions& o, const TextCorpus& corpus, int
     validate_world(o, world_size);
     Split s = split(corpus);
     validate_data(o, s.train.size(), s.val.size());
-    if (!o.checkpoint_dir.empty()) check_checkpoint_dir(o.checkpoint_dir);
+    if (!o.checkpoint_dir.empty()) check_checkpoint_dir(o);
   }
   return o;
 }
