@@ -24,6 +24,7 @@
 #include "comm/algorithms/algorithms.h"
 #include "comm/communicator_impl.h"
 #include "runtime/errors.h"
+#include "runtime/topology.h"
 
 namespace braid::comm {
 namespace {
@@ -324,6 +325,7 @@ bool Communicator::Impl::refuse_after_failure(const Op& op, WorkState& state) {
 std::string Communicator::Impl::describe_wait(const Op& op, int peer) {
   if (!status) return "is unknown";
   std::string text = status->describe_peer(peer), holder = status->holder(op, size);
+  if (!one_host) text = "runs on " + runtime::host_name(hosts[static_cast<std::size_t>(peer)]) + " and " + text;
   return holder.empty() ? text : text + "; holding this call up: " + holder;
 }
 

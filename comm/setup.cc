@@ -401,6 +401,11 @@ void connect_planned(Communicator::Impl& impl, const Plan& plan) {
     add_routes(impl, plan.use_ib);
   }
   impl.status = std::make_unique<StatusBoard>(impl.store, impl.key_prefix, impl.rank);
+  if (!impl.one_host) {
+    std::vector<std::string> names;
+    for (const std::string& host : impl.hosts) names.push_back(runtime::host_name(host));
+    impl.status->set_hosts(std::move(names));
+  }
   spdlog::info("comm {:08x} ({}): rank {}/{} on host {}; shm to ranks {}; tcp to ranks {} ({} socket(s) each); "
                "ibverbs to ranks {}; BRAID_TRANSPORT={} ({}); ring order {}; {} rank(s) of this host on {} CPU(s) "
                "({}): waits {}",

@@ -164,8 +164,9 @@ std::string StatusBoard::holder(const Op& op, int size) {
   try {
     auto before = read_all(size, deadline);
     std::string list, behind;
-    auto add = [](std::string& to, int peer, const std::string& why) {
-      to += (to.empty() ? "rank " : ", rank ") + std::to_string(peer) + " (" + why + ")";
+    auto add = [&](std::string& to, int peer, const std::string& why) {
+      const std::string host = hosts_.empty() ? "" : "on " + hosts_[static_cast<std::size_t>(peer)] + ", ";
+      to += (to.empty() ? "rank " : ", rank ") + std::to_string(peer) + " (" + host + why + ")";
     };
     // A peer that has not reached this call holds it up, unless it is
     // inside an earlier one and beating: then it waits there for another
@@ -195,10 +196,10 @@ std::string StatusBoard::holder(const Op& op, int size) {
       const std::string where = r1->seq < op.seq ? " #" + std::to_string(r1->seq) + " (its last report) or a later call "
                                                        "up to #" + std::to_string(op.seq)
                                                  : " #" + std::to_string(r1->seq);
-      add(list, peer, "inside " + r1->kind + where + " but silent for " +
+      add(list, peer, "inside " + r1->kind + where + " but its heartbeat stood still for the " +
                           std::to_string(kSilence.count()) +
-                          " ms, where a running rank reports every 100: stopped (SIGSTOP, a debugger), frozen or "
-                          "starved of CPU");
+                          " ms watched, where a running rank beats every 100: stopped (SIGSTOP, a debugger), frozen, "
+                          "starved of CPU, or cut off from the store (a network fault)");
     }
     return list.empty() ? behind : list;
   } catch (const Error&) {

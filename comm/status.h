@@ -67,11 +67,14 @@ class StatusBoard {
   // asked: the store did not answer within 1000 ms ...".
   std::string describe_peer(int peer);
   // Which rank holds up `op` for a rank that timed out in it, e.g.
-  // "rank 2 (inside all_reduce #5 but silent for 600 ms: ...)" or
+  // "rank 2 (inside all_reduce #5 but its heartbeat stood still ...)" or
   // "rank 2 (last entered barrier #3)". Takes up to 600 ms (it watches the
   // heartbeats) plus the budget. Empty when no rank stands out, the store
   // did not answer, or `op` is point-to-point.
   std::string holder(const Op& op, int size);
+  // The host names of a communicator across hosts, by rank: holder() then
+  // names each rank's ("rank 2 (on node1, inside ...)").
+  void set_hosts(std::vector<std::string> hosts) { hosts_ = std::move(hosts); }
   void publish_abort(const std::string& reason);
   // The reason a peer published when it aborted, or empty.
   std::string abort_reason(int peer);
@@ -102,6 +105,7 @@ class StatusBoard {
   std::shared_ptr<runtime::Store> store_;
   std::string prefix_;
   int rank_;
+  std::vector<std::string> hosts_;  // set_hosts; empty on one host
   std::atomic<std::uint64_t> seq_{0}, left_seq_{0};
   std::atomic<std::uint8_t> kind_{0};
   std::atomic<const std::atomic<int>*> waiting_for_{nullptr};

@@ -24,6 +24,8 @@ std::string local_host_id(const Config& config) {
   return std::string(host) + "/" + boot_id + memory;
 }
 
+std::string host_name(const std::string& host_id) { return host_id.substr(0, host_id.find('/')); }
+
 int available_cores() {
   cpu_set_t set;
   CPU_ZERO(&set);

@@ -16,6 +16,9 @@ namespace braid::runtime {
 // them, by /dev/shm: ranks there cannot share memory, and tried to, failing
 // with "opening a peer's shared memory ...: No such file or directory").
 std::string local_host_id(const Config& config);
+// What messages call a host: a host identity up to its first '/' (the
+// hostname of the default identity).
+std::string host_name(const std::string& host_id);
 
 // "NUMA node 0, cores 0-1" from hwloc, or a note that it could not tell.
 std::string describe_placement();

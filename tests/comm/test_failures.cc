@@ -305,7 +305,7 @@ TEST_CASE("abuse: a rank frozen among many small calls is placed in a range endi
       const Outcome o = outcome_of(result.ranks[r]);
       INFO("rank " << r << ": " << o.text);
       const std::regex waits("rank " + std::to_string(r) + " waits in all_reduce #([0-9]+)");
-      const std::regex holder("holding this call up: rank 2 \\(inside all_reduce #([0-9]+)(.*) but silent for");
+      const std::regex holder("holding this call up: rank 2 \\(inside all_reduce #([0-9]+)(.*) but its heartbeat stood still");
       std::smatch w, h;
       if (o.type != "TimeoutError" || !std::regex_search(o.text, w, waits) || !std::regex_search(o.text, h, holder))
         continue;  // the other survivor's abort, or a report taken between calls ("last entered")
@@ -316,6 +316,50 @@ TEST_CASE("abuse: a rank frozen among many small calls is placed in a range endi
     }
   }
   CHECK(named_inside > 0);
+}
+
+// Across hosts a timeout names the hosts of the ranks it names, as NCCL
+// names a peer's address: which machine to look at.
+TEST_CASE("abuse: across hosts a timeout places the waited-for and the holding rank on their hosts",
+          "[failures][abuse]") {
+  const milliseconds timeout = seconds(2);
+  auto options = options_with(timeout, seconds(40), "auto");
+  options.host_of = [](int rank) { return std::string(rank < 2 ? "alpha" : "beta"); };
+  auto result = test::run_ranks(
+      4,
+      [&](Communicator& comm) {
+        std::int64_t pid = getpid();
+        std::vector<std::int64_t> pids(4);
+        comm.all_gather(&pid, pids.data(), 1, DataType::i64).wait();
+        std::vector<float> data(1u << 16, 1.0f);
+        if (comm.rank() == 2)
+          std::thread([] {
+            std::this_thread::sleep_for(milliseconds(300));
+            raise(SIGSTOP);
+          }).detach();
+        try {
+          for (int i = 0; i < 100000; ++i)
+            tagged([&] { comm.all_reduce(data.data(), data.data(), data.size(), DataType::f32, ReduceOp::max).wait(); });
+        } catch (...) {
+          if (comm.rank() == 0) kill(static_cast<pid_t>(pids[2]), SIGKILL);
+          throw;
+        }
+        throw std::runtime_error("every all_reduce completed although rank 2 should have frozen");
+      },
+      options);
+  INFO(result.summary());
+  REQUIRE_FALSE(result.timed_out);
+  int placed = 0;
+  for (int r : {0, 1, 3}) {
+    const Outcome o = outcome_of(result.ranks[r]);
+    INFO("rank " << r << ": " << o.text);
+    CHECK(result.ranks[r].exit_code == 1);
+    if (o.type != "TimeoutError") continue;  // the others fail on the first one's abort
+    CHECK(contains(o.text, "which runs on "));
+    CHECK(contains(o.text, "holding this call up: rank 2 (on beta, "));
+    ++placed;
+  }
+  CHECK(placed > 0);
 }
 
 // Writes junk into every connected TCP socket of this process (its peers and
