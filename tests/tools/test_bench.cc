@@ -175,6 +175,24 @@ TEST_CASE("braid-bench stops with a named error when --json or --csv cannot be w
   CHECK_THAT(job.err(), Catch::Contains("rank 0") && Catch::Contains("exited with status 1"));
 }
 
+// The --json file failed to write and the --csv file was never tried: it
+// was left behind empty, and only the first was named.
+TEST_CASE("braid-bench writes --csv when --json cannot be written, and names the one that failed", "[bench][abuse]") {
+  JobDir dir;
+  const std::string csv = (dir.path() / "rows.csv").string();
+  LaunchedJob job(dir, {"--nproc-per-node", "2", "--", bench_path(), "-b", "8", "-e", "64", "-n", "1", "-w", "0",
+                        "--json", "/dev/full", "--csv", csv});
+  int status = job.wait(std::chrono::seconds(30));
+  INFO(job.out() << job.err());
+  CHECK(status == 1);
+  CHECK_THAT(job.err(), Catch::Contains("--json file '/dev/full'") && Catch::Contains("No space left on device"));
+  std::ifstream in(csv);
+  std::string header;
+  CHECK(std::getline(in, header));
+  CHECK_THAT(header, Catch::StartsWith("collective,bytes,count"));
+  CHECK(std::filesystem::exists("/dev/full"));  // a failed file is removed only when it is a regular one
+}
+
 // nccl-tests' flags and output, as its users read them (issue 17).
 TEST_CASE("braid-bench: -d all -o all run every dtype and op, and the JSON holds the run", "[bench]") {
   JobDir dir;

@@ -350,8 +350,12 @@ TEST_CASE("a rank that ignores SIGTERM is killed after the grace period", "[laun
 
 TEST_CASE("a rank killed by a signal gives 128 + signal", "[launch]") {
   JobDir dir;
+  // Rank 1 dies once rank 0 has recorded its pid (under load it was
+  // stopped before it did, and the check saw one rank).
   std::string script = recording(
-      "if [ \"$BRAID_RANK\" = 1 ]; then kill -KILL $$; fi; exec sleep 60");
+      "if [ \"$BRAID_RANK\" = 1 ]; then "
+      "  while [ ! -s \"$0/pid_0\" ]; do sleep 0.02; done; kill -KILL $$; "
+      "fi; exec sleep 60");
   auto result = run_launch(dir, shell_job(2, script, dir));
   CHECK(result.status == 137);
   CHECK_THAT(result.err, Catch::Contains("rank 1 (pid ") &&

@@ -485,6 +485,8 @@ TEST_CASE("a failed save over an existing step leaves that step whole", "[cli][c
   const int status = std::system(("bash -c \"" + limited + "\"").c_str());
   INFO(read_text(dir / "full.err"));
   CHECK((WIFEXITED(status) && WEXITSTATUS(status) == 1));
+  CHECK_THAT(read_text(dir / "full.err"), Catch::Contains("saving the checkpoint of step 4 failed; " +
+                                                          (ckpt / "latest").string() + " names the last step written whole"));
   std::map<std::string, std::string> after;
   for (const auto& e : fs::directory_iterator(step4)) after[e.path().filename().string()] = read_text(e.path());
   CHECK(after == before);

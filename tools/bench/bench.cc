@@ -3,6 +3,7 @@
 #include <nlohmann/json.hpp>
 
 #include <sys/mman.h>
+#include <sys/stat.h>
 
 #include <unistd.h>
 
@@ -321,7 +322,13 @@ class OutputFile {
       written = false;
       err = errno;
     }
-    if (!written) fail("could not write", err);
+    if (!written) {
+      // Not an empty or cut-off file that reads as a result (a regular file
+      // only: never /dev/full or a pipe).
+      struct stat st {};
+      if (::stat(path_.c_str(), &st) == 0 && S_ISREG(st.st_mode)) std::remove(path_.c_str());
+      fail("could not write", err);
+    }
   }
 
  private:
@@ -552,8 +559,18 @@ int run_bench(const BenchOptions& options) {
     std::printf("# Out of bounds values : %llu %s\n", (unsigned long long)totals.wrong, totals.wrong ? "FAILED" : "OK");
     const double average = totals.rows ? totals.busbw_sum / totals.rows : 0.0;
     std::printf("# Avg bus bandwidth    : %.3f GB/s (%.3f x memcpy)\n", average, average / memcpy_gbps);
-    json_file->write_and_close(run_json(*comm, options, memcpy_gbps, totals, rows).dump(2) + "\n");
-    csv_file->write_and_close(csv_text(rows));
+    // Both files are tried; a failure of the first did not leave the
+    // second empty and unnamed.
+    std::string failed;
+    for (auto [file, text] : {std::pair{&*json_file, run_json(*comm, options, memcpy_gbps, totals, rows).dump(2) + "\n"},
+                              std::pair{&*csv_file, csv_text(rows)}}) {
+      try {
+        file->write_and_close(text);
+      } catch (const SystemError& e) {
+        failed += (failed.empty() ? "" : "; ") + std::string(e.what());
+      }
+    }
+    if (!failed.empty()) throw SystemError(failed);
   }
   return totals.wrong ? 1 : 0;
 }

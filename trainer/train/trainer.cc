@@ -424,7 +424,17 @@ void Trainer::maybe_checkpoint(TrainObserver& observer, bool final_step) {
   if (options_.checkpoint_dir.empty() || last_checkpoint_ == step_) return;
   if (!checkpoint_due() && !final_step) return;
   observer.before_checkpoint(step_);
-  observer.on_checkpoint(save_checkpoint(), step_);
+  fs::path dir;
+  try {
+    dir = save_checkpoint();
+  } catch (const std::exception&) {
+    // The error names the cause (a full disk, a peer that stopped); this
+    // says what it cost: a timeout in a save read like one in training.
+    spdlog::error("saving the checkpoint of step {} failed; {} names the last step written whole", step_,
+                  (fs::path(options_.checkpoint_dir) / "latest").string());
+    throw;
+  }
+  observer.on_checkpoint(dir, step_);
 }
 
 MeshSummary Trainer::mesh_summary() {
