@@ -267,6 +267,28 @@ TEST_CASE("abuse: a rank frozen inside a ring all_reduce is named by every survi
   }
 }
 
+// Every rank all_reduces `count` floats (max) until one fails; rank 2 stops
+// itself (SIGSTOP) after `delay`, and rank 0 kills it once it has failed.
+void all_reduce_until_rank_2_freezes(Communicator& comm, std::size_t count, milliseconds delay) {
+  std::int64_t pid = getpid();
+  std::vector<std::int64_t> pids(static_cast<std::size_t>(comm.size()));
+  comm.all_gather(&pid, pids.data(), 1, DataType::i64).wait();
+  std::vector<float> data(count, 1.0f);
+  if (comm.rank() == 2)
+    std::thread([delay] {
+      std::this_thread::sleep_for(delay);
+      raise(SIGSTOP);
+    }).detach();
+  try {
+    for (long i = 0; i < 100000000; ++i)
+      tagged([&] { comm.all_reduce(data.data(), data.data(), data.size(), DataType::f32, ReduceOp::max).wait(); });
+  } catch (...) {
+    if (comm.rank() == 0) kill(static_cast<pid_t>(pids[2]), SIGKILL);
+    throw;
+  }
+  throw std::runtime_error("every all_reduce completed although rank 2 should have frozen");
+}
+
 // A rank's report of where it is may be up to 100 ms older than its stop,
 // and a rank making small calls makes thousands in that time: the holder
 // named "inside all_reduce #N" had gone on to later calls. The message now
@@ -279,25 +301,7 @@ TEST_CASE("abuse: a rank frozen among many small calls is placed in a range endi
   for (int attempt = 0; attempt < 3 && named_inside == 0; ++attempt) {
     auto result = test::run_ranks(
         3,
-        [&](Communicator& comm) {
-          std::int64_t pid = getpid();
-          std::vector<std::int64_t> pids(3);
-          comm.all_gather(&pid, pids.data(), 1, DataType::i64).wait();
-          std::vector<float> data(16, 1.0f);
-          if (comm.rank() == 2)
-            std::thread([] {
-              std::this_thread::sleep_for(milliseconds(700));
-              raise(SIGSTOP);
-            }).detach();
-          try {
-            for (int i = 0; i < 100000000; ++i)
-              tagged([&] { comm.all_reduce(data.data(), data.data(), data.size(), DataType::f32, ReduceOp::max).wait(); });
-          } catch (...) {
-            if (comm.rank() == 0) kill(static_cast<pid_t>(pids[2]), SIGKILL);
-            throw;
-          }
-          throw std::runtime_error("every all_reduce completed although rank 2 should have frozen");
-        },
+        [](Communicator& comm) { all_reduce_until_rank_2_freezes(comm, 16, milliseconds(700)); },
         options);
     INFO(result.summary());
     REQUIRE_FALSE(result.timed_out);
@@ -327,25 +331,7 @@ TEST_CASE("abuse: across hosts a timeout places the waited-for and the holding r
   options.host_of = [](int rank) { return std::string(rank < 2 ? "alpha" : "beta"); };
   auto result = test::run_ranks(
       4,
-      [&](Communicator& comm) {
-        std::int64_t pid = getpid();
-        std::vector<std::int64_t> pids(4);
-        comm.all_gather(&pid, pids.data(), 1, DataType::i64).wait();
-        std::vector<float> data(1u << 16, 1.0f);
-        if (comm.rank() == 2)
-          std::thread([] {
-            std::this_thread::sleep_for(milliseconds(300));
-            raise(SIGSTOP);
-          }).detach();
-        try {
-          for (int i = 0; i < 100000; ++i)
-            tagged([&] { comm.all_reduce(data.data(), data.data(), data.size(), DataType::f32, ReduceOp::max).wait(); });
-        } catch (...) {
-          if (comm.rank() == 0) kill(static_cast<pid_t>(pids[2]), SIGKILL);
-          throw;
-        }
-        throw std::runtime_error("every all_reduce completed although rank 2 should have frozen");
-      },
+      [](Communicator& comm) { all_reduce_until_rank_2_freezes(comm, 1u << 16, milliseconds(300)); },
       options);
   INFO(result.summary());
   REQUIRE_FALSE(result.timed_out);
