@@ -38,9 +38,14 @@ using namespace store_wire;
 
 // Added to a get or wait's own timeout, for the server's answer to arrive.
 constexpr milliseconds kAnswerMargin{1000};
-// A get or wait asks the server in slices of at most this long, handing the
-// connection to the requests queued behind it between slices.
-constexpr milliseconds kWaitSlice{200};
+// A get or wait asks the server in slices, handing the connection to the
+// requests queued behind it between slices: of 200 ms while another thread
+// has used the connection in the last 2 s (threads that wait for each
+// other's keys, splits of sibling communicators, or heartbeats that must
+// not stall), else doubling up to 2 s, so that a rank waiting alone for a
+// slow peer asks about once every 2 s.
+constexpr milliseconds kFirstWaitSlice{200};
+constexpr milliseconds kLongestWaitSlice{2000};
 constexpr milliseconds kConnectRetry{25};
 // Store::find: how long one port may take to answer the handshake, how soon
 // a port that refused us or did not answer is tried again, and when a search
@@ -123,10 +128,14 @@ bool is_hang_up(const error_code& ec) {
          ec == asio::error::broken_pipe || ec == asio::error::connection_aborted;
 }
 
-// How long the next slice of a wait until `deadline` asks the server to wait.
-milliseconds next_slice(Clock::time_point deadline) {
+// How long the next slice of a wait until `deadline` asks the server to
+// wait, after `previous` (zero for the first); `shared`: another thread uses
+// the connection too.
+milliseconds next_slice(Clock::time_point deadline, milliseconds previous, bool shared) {
   const auto left = std::chrono::duration_cast<milliseconds>(deadline - Clock::now());
-  return std::clamp(left, milliseconds(0), kWaitSlice);
+  const milliseconds slice =
+      previous.count() == 0 || shared ? kFirstWaitSlice : std::min(previous * 2, kLongestWaitSlice);
+  return std::clamp(left, milliseconds(0), slice);
 }
 
 // The connection's lock, granted in the order asked for. Communicators
@@ -135,7 +144,7 @@ milliseconds next_slice(Clock::time_point deadline) {
 // threads splitting sibling communicators at once each waited for a key
 // that the peer's other thread could not set, queued behind its own
 // sibling's wait (a deadlock across processes until the timeout). Waits now
-// go in slices (kWaitSlice), and between slices every request queued
+// go in slices (kFirstWaitSlice), and between slices every request queued
 // meanwhile goes first, which a plain mutex, free to hand the lock straight
 // back to the waiting thread, does not promise.
 class TurnLock {
@@ -190,6 +199,12 @@ struct Store::Impl {
   void set_request_timeout(milliseconds timeout);
   milliseconds request_timeout() const { return request_timeout_.load(std::memory_order_relaxed); }
   std::string where() const { return host_ + ":" + std::to_string(port_); }
+  // Whether a thread other than this one made a request in the last
+  // kLongestWaitSlice (next_slice).
+  bool shared_lately() const {
+    return last_caller_.load(std::memory_order_relaxed) != std::this_thread::get_id() ||
+           Clock::now() - other_called_at_.load(std::memory_order_relaxed) < kLongestWaitSlice;
+  }
 
  private:
   template <class Start>
@@ -217,6 +232,10 @@ struct Store::Impl {
   asio::io_context io_{1};
   tcp::socket socket_{io_};
   std::string broken_;  // why the connection is unusable; empty while it is fine
+  // The thread of the latest request, and when a thread other than the one
+  // before it last made one (shared_lately).
+  std::atomic<std::thread::id> last_caller_{};
+  std::atomic<Clock::time_point> other_called_at_{};
 };
 
 Store::Impl::Impl(std::string host, std::uint16_t port, std::string token, milliseconds connect_timeout)
@@ -385,6 +404,8 @@ ProbeResult Store::Impl::greet(Clock::time_point deadline) {
 Reply Store::Impl::call(Command command, const Bytes& body, const std::string& what,
                         std::optional<milliseconds> wait, std::optional<Clock::time_point> bound) {
   const auto start = Clock::now();
+  if (last_caller_.exchange(std::this_thread::get_id(), std::memory_order_relaxed) != std::this_thread::get_id())
+    other_called_at_.store(start, std::memory_order_relaxed);
   std::unique_lock lock(mutex_, std::defer_lock);
   if (!bound) lock.lock();
   auto gave_up = [&] {
@@ -493,8 +514,8 @@ void Store::set(const std::string& key, const std::string& value, Clock::time_po
 
 Bytes Store::get(const std::string& key, milliseconds timeout) {
   const auto deadline = Clock::now() + timeout;
-  for (;;) {
-    const milliseconds slice = next_slice(deadline);
+  for (milliseconds slice{0};;) {
+    slice = next_slice(deadline, slice, impl_->shared_lately());
     Bytes body;
     put_u32(body, wire_ms(slice));
     put_key(body, key);
@@ -528,8 +549,8 @@ std::optional<Bytes> Store::try_get_until(const std::string& key, std::optional<
 void Store::wait(const std::vector<std::string>& keys, milliseconds timeout) {
   const auto deadline = Clock::now() + timeout;
   Reply reply{Status::timeout, {}};
-  for (;;) {
-    const milliseconds slice = next_slice(deadline);
+  for (milliseconds slice{0};;) {
+    slice = next_slice(deadline, slice, impl_->shared_lately());
     Bytes body;
     put_u32(body, wire_ms(slice));
     put_keys(body, keys);

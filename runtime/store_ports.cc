@@ -44,7 +44,7 @@ std::string store_port_remedy(const RankInfo& info) {
   if (info.launcher == "braid-launch")
     return "the store is braid-launch's (on node 0 of a job across nodes, started with the same --master-port "
            "and BRAID_JOB_TOKEN): check that it is running, and that node 0 was given this --master-addr too "
-           "(its store listens only there; without one, on 127.0.0.1)";
+           "(without one it serves the store on 127.0.0.1, which other machines do not reach)";
   if (info.launcher == "torchrun")
     return "set BRAID_STORE_ADDR=host:port to a free port on rank 0's host (torchrun's MASTER_PORT is its own "
            "store's) on every rank, and check that rank 0 is running";

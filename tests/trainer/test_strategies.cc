@@ -249,6 +249,7 @@ TEST_CASE("ranks told other settings are refused before training, naming each di
         }
         mine.threads = 1 + comm.rank() % 2;  // may differ
         mine.metrics = "m" + std::to_string(comm.rank());
+        mine.prompt = "\xe9t\xe9";  // bytes that are not UTF-8 (JSON's), alike on every rank
         Trainer trainer(mine, corpus, &comm);
         trainer.start();
         trainer.train_step();

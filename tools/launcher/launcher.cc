@@ -20,6 +20,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <memory>
+#include <thread>
 
 #include "runtime/config.h"
 #include "runtime/errors.h"
@@ -161,6 +162,11 @@ struct Outcome {
   bool rank_failed = false;  // restartable (Supervisor::rank_failed)
 };
 
+// How long node 0 keeps serving the store after its ranks of a failed job
+// across nodes have ended: the other nodes' ranks look for the failure at
+// least every 2 s (comm/setup.cc, host_of_peer).
+constexpr std::chrono::milliseconds kStoreLinger{2500};
+
 // Tells the ranks of the other nodes that one of this node's failed
 // (runtime::kJobFailedKey): a rank that failed before joining (a bad flag,
 // an address it cannot bind) left them waiting for it until BRAID_TIMEOUT.
@@ -170,8 +176,10 @@ void tell_other_nodes(const LaunchOptions& options, const JobIdentity& job, cons
   try {
     auto store = runtime::Store::find(job.store_host, runtime::store_port_candidates(job.store_port, job.token),
                                       job.token, kBound, "node 0's braid-launch");
-    store->set(runtime::kJobFailedKey, line + " on node " + std::to_string(options.node_rank),
-               std::chrono::steady_clock::now() + kBound);
+    // The first failure stays: a later one is mostly its consequence.
+    const auto deadline = std::chrono::steady_clock::now() + kBound;
+    if (!store->try_get(runtime::kJobFailedKey, deadline))
+      store->set(runtime::kJobFailedKey, line + " on node " + std::to_string(options.node_rank), deadline);
   } catch (const std::exception& e) {
     spdlog::debug("braid-launch: could not tell the other nodes: {}", e.what());
   }
@@ -181,9 +189,20 @@ void tell_other_nodes(const LaunchOptions& options, const JobIdentity& job, cons
 // started so far.
 Outcome start_and_supervise(const LaunchOptions& options, const JobIdentity& job, SignalCatcher& signals,
                             GroupWatcher& guardian, Supervisor::Clock::time_point job_start) {
+  // Told from a thread of its own: the supervisor stops this node's other
+  // ranks meanwhile (a store that is gone with node 0 takes seconds to say so).
+  std::thread telling;
+  struct JoinAtEnd {
+    std::thread& thread;
+    ~JoinAtEnd() {
+      if (thread.joinable()) thread.join();
+    }
+  } join_telling{telling};
   Supervisor supervisor(signals, options.timeout, options.grace_period, job_start, &guardian);
   if (options.nnodes > 1)
-    supervisor.on_first_failure = [&](const std::string& line) { tell_other_nodes(options, job, line); };
+    supervisor.on_first_failure = [&](const std::string& line) {
+      telling = std::thread(tell_other_nodes, std::cref(options), std::cref(job), line);
+    };
   int started = 0;
   try {
     for (; started < options.nproc_per_node; ++started)
@@ -298,12 +317,15 @@ std::unique_ptr<runtime::StoreServer> serve_store(const LaunchOptions& options, 
 
 int launch(const LaunchOptions& options) {
   validate(options);
-  // Node 0 serves the store where --master-addr says, and its ranks connect
-  // there: another machine's address left this node's ranks and the others
-  // waiting for a store that was not there until BRAID_TIMEOUT.
-  require(options.node_rank != 0 || options.nnodes == 1 || is_own_address(options.master_addr),
-          "--master-addr " + options.master_addr + " is not an address of this machine, and node 0 (this "
-          "launcher) serves the store there: give node 0 one of its own addresses that the other nodes reach");
+  // Every rank, this node's too, connects to the store at --master-addr. An
+  // address of another machine is right only when it forwards to this one
+  // (a Kubernetes service, a cloud NAT or floating address); a mistyped one
+  // left every node waiting until BRAID_TIMEOUT. Said, not refused.
+  if (options.node_rank == 0 && options.nnodes > 1 && !is_own_address(options.master_addr))
+    spdlog::warn("braid-launch: --master-addr {} is not an address of this machine (node 0, which serves the "
+                 "store); every rank connects there, so it must forward to this machine (a service or NAT "
+                 "address), or the ranks wait until BRAID_TIMEOUT",
+                 options.master_addr);
   const runtime::Config& config = runtime::config();
   check_fd_limit(options, config);
   std::string bind_addr = bind_address(options, config.bind_addr);
@@ -321,7 +343,8 @@ int launch(const LaunchOptions& options) {
   for (;; ++job.restart) {
     std::unique_ptr<runtime::StoreServer> server;
     if (options.node_rank == 0) server = serve_store(options, endpoints, job);
-    if (options.node_rank == 0 && options.nnodes > 1 && job.restart == 0 && is_loopback(endpoints.listen_addr))
+    if (options.node_rank == 0 && options.nnodes > 1 && job.restart == 0 &&
+        is_loopback(numeric_address(endpoints.listen_addr)))
       spdlog::warn("braid-launch: --nnodes {} with the store on {}, which only this machine reaches: other nodes "
                    "need --master-addr set to an address of this node that they reach, here and on them",
                    options.nnodes, endpoints.listen_addr);
@@ -332,6 +355,10 @@ int launch(const LaunchOptions& options) {
       const JobSegments segments(job.token);
       outcome = start_and_supervise(options, job, signals, guardian, started);
     }
+    // Node 0's ranks end at once on a failure, and its store went with
+    // them while other nodes' ranks had yet to read why (they look every
+    // 2 s at most): it serves a little longer.
+    if (server && options.nnodes > 1 && outcome.rank_failed) std::this_thread::sleep_for(kStoreLinger);
     if (!outcome.rank_failed || job.restart >= options.max_restarts) return outcome.status;
     say("restarting all " + std::to_string(options.nproc_per_node) + " ranks (restart " +
         std::to_string(job.restart + 1) + " of at most " + std::to_string(options.max_restarts) + ")");

@@ -177,16 +177,17 @@ DirectoryLock::~DirectoryLock() {
 }
 
 void DirectoryLock::reclaim() {
+  if (fd_ < 0) return;  // taking it again failed once, and said so
   struct stat held {}, named {};
   const fs::path path = dir_ / ".braid-train.lock";
-  if (fd_ >= 0 && ::fstat(fd_, &held) == 0 && ::stat(path.c_str(), &named) == 0 && held.st_dev == named.st_dev &&
+  if (::fstat(fd_, &held) == 0 && ::stat(path.c_str(), &named) == 0 && held.st_dev == named.st_dev &&
       held.st_ino == named.st_ino)
     return;
   std::unique_ptr<DirectoryLock> again = take(dir_, holder_);  // throws when another run holds it
-  spdlog::warn("--checkpoint-dir {} (or its lock file) was removed while this run held it, with the steps saved "
-               "there; holding it again{}",
-               dir_.string(), again ? "" : " failed (see above): it goes on unguarded");
-  if (fd_ >= 0) ::close(fd_);
+  spdlog::warn("--checkpoint-dir {} lost this run's hold: the directory or its lock file was removed (steps saved "
+               "there before may be gone with it); {}",
+               dir_.string(), again ? "holding it again" : "it goes on unguarded (see above)");
+  ::close(fd_);
   fd_ = -1;
   if (again) std::swap(fd_, again->fd_);
 }

@@ -157,7 +157,11 @@ nlohmann::json shared_settings(const TrainOptions& o) {
   j["init_from"] = !o.init_from.empty();
   j["sample"] = o.sample_bytes;
   j["temperature"] = o.temperature;
-  j["prompt"] = o.prompt;
+  // Any bytes make a prompt (the model is byte-level), and JSON holds only
+  // UTF-8: as hex (a prompt such as $'\xe9' failed every run of 2 ranks).
+  std::string hex;
+  for (unsigned char c : o.prompt) hex += "0123456789abcdef"[c >> 4], hex += "0123456789abcdef"[c & 15];
+  j["prompt_hex"] = hex;
   return j;
 }
 
