@@ -206,6 +206,19 @@ TEST_CASE("a global batch that does not split across the ranks is refused", "[st
   CHECK_NOTHROW(validate_world(o, 5));
 }
 
+// Builds each rank's trainer with `make`, starts it and runs one step, on 3
+// ranks: for the checks that refuse ranks before training.
+braid::test::RunResult first_step_on_3_ranks(const std::function<Trainer(comm::Communicator&)>& make) {
+  return braid::test::run_ranks(
+      3,
+      [&](comm::Communicator& comm) {
+        Trainer trainer = make(comm);
+        trainer.start();
+        trainer.train_step();
+      },
+      braid::test::run_options(std::chrono::seconds(60), braid::test::test_config(std::chrono::seconds(20))));
+}
+
 // Every rank reads --data itself (on its own node, from its own working
 // directory). Ranks that read different bytes would each sample their own
 // corpus and train, silently, a model no single process trains.
@@ -216,14 +229,9 @@ TEST_CASE("ranks that read different data are refused before training", "[strate
   TextCorpus other = same;
   other.source = "other";
   other.bytes[100] ^= 1;  // one bit, same size
-  const auto result = braid::test::run_ranks(
-      3,
-      [&](comm::Communicator& comm) {
-        Trainer trainer(o, comm.rank() == 2 ? other : same, &comm);
-        trainer.start();
-        trainer.train_step();
-      },
-      braid::test::run_options(std::chrono::seconds(60), braid::test::test_config(std::chrono::seconds(20))));
+  const auto result = first_step_on_3_ranks([&](comm::Communicator& comm) {
+    return Trainer(o, comm.rank() == 2 ? other : same, &comm);
+  });
   INFO(result.summary());
   REQUIRE(!result.timed_out);
   for (const auto& rank : result.ranks) {
@@ -239,22 +247,17 @@ TEST_CASE("ranks told other settings are refused before training, naming each di
   TrainOptions o = grid_options();
   o.strategy = "ddp";
   const TextCorpus corpus = test::synthetic_corpus();
-  const auto result = braid::test::run_ranks(
-      3,
-      [&](comm::Communicator& comm) {
-        TrainOptions mine = o;
-        if (comm.rank() == 2) {
-          mine.seed = 7;
-          mine.lr = 0.02f;
-        }
-        mine.threads = 1 + comm.rank() % 2;  // may differ
-        mine.metrics = "m" + std::to_string(comm.rank());
-        mine.prompt = "\xe9t\xe9";  // bytes that are not UTF-8 (JSON's), alike on every rank
-        Trainer trainer(mine, corpus, &comm);
-        trainer.start();
-        trainer.train_step();
-      },
-      braid::test::run_options(std::chrono::seconds(60), braid::test::test_config(std::chrono::seconds(20))));
+  const auto result = first_step_on_3_ranks([&](comm::Communicator& comm) {
+    TrainOptions mine = o;
+    if (comm.rank() == 2) {
+      mine.seed = 7;
+      mine.lr = 0.02f;
+    }
+    mine.threads = 1 + comm.rank() % 2;  // may differ
+    mine.metrics = "m" + std::to_string(comm.rank());
+    mine.prompt = "\xe9t\xe9";  // bytes that are not UTF-8 (JSON's), alike on every rank
+    return Trainer(mine, corpus, &comm);
+  });
   INFO(result.summary());
   REQUIRE(!result.timed_out);
   for (const auto& rank : result.ranks) {

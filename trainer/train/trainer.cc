@@ -13,6 +13,7 @@
 #include "kernels/cpu/gpt_ops.h"
 #include "runtime/errors.h"
 #include "trainer/checkpoint/checkpoint.h"
+#include "trainer/checkpoint/safetensors.h"
 #include "trainer/strategy/compose.h"
 #include "trainer/strategy/traffic_theory.h"
 #include "trainer/train/peak.h"
@@ -158,10 +159,8 @@ nlohmann::json shared_settings(const TrainOptions& o) {
   j["sample"] = o.sample_bytes;
   j["temperature"] = o.temperature;
   // Any bytes make a prompt (the model is byte-level), and JSON holds only
-  // UTF-8: as hex (a prompt such as $'\xe9' failed every run of 2 ranks).
-  std::string hex;
-  for (unsigned char c : o.prompt) hex += "0123456789abcdef"[c >> 4], hex += "0123456789abcdef"[c & 15];
-  j["prompt_hex"] = hex;
+  // UTF-8: its checksum (a prompt such as $'\xe9' failed every run of 2 ranks).
+  j["prompt_xxh3"] = xxh3_hex(o.prompt.data(), o.prompt.size());
   return j;
 }
 
