@@ -70,6 +70,7 @@ std::vector<std::string> program_arguments(std::vector<std::string> rest) {
 // beside braid's, with the same meanings.
 struct CliExtras {
   std::string nproc = "";
+  std::string stdin_rank = "0";
   bool standalone = false;
 };
 
@@ -93,6 +94,10 @@ void add_options(CLI::App& app, LaunchOptions& options, CliExtras& extras, doubl
   app.add_option("--log-dir", options.log_dir,
                  "write each rank's output to DIR/rank_<r>.out and .err (rank_<r>.restart<k>.* after the k-th "
                  "restart) instead of relaying it");
+  app.add_option("--stdin", extras.stdin_rank,
+                 "the rank that reads braid-launch's stdin (through a pipe; the others read /dev/null), or "
+                 "'none'")
+      ->capture_default_str();
   app.add_option("--timeout", timeout_s,
                  "stop the job after this many seconds (exit 124); 0: no limit; beyond 1e9 (or inf): 1e9");
   app.add_option("--grace-period", grace_s,
@@ -111,6 +116,17 @@ void apply_extras(const CliExtras& extras, LaunchOptions& options) {
       if (used != extras.nproc.size()) throw std::invalid_argument("trailing text");
     } catch (const std::exception&) {
       throw braid::InvalidUsage("--nproc-per-node '" + extras.nproc + "' must be a number of ranks or 'auto'");
+    }
+  }
+  if (extras.stdin_rank == "none") {
+    options.stdin_rank = braid::launcher::kNoStdinRank;
+  } else {
+    try {
+      std::size_t used = 0;
+      options.stdin_rank = std::stoi(extras.stdin_rank, &used);
+      if (used != extras.stdin_rank.size() || options.stdin_rank < 0) throw std::invalid_argument("not a rank");
+    } catch (const std::exception&) {
+      throw braid::InvalidUsage("--stdin '" + extras.stdin_rank + "' must be a rank or 'none'");
     }
   }
   if (extras.standalone) {

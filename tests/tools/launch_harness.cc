@@ -90,14 +90,14 @@ std::map<int, pid_t> JobDir::recorded_pids() const {
 }
 
 LaunchedJob::LaunchedJob(const JobDir& dir, const std::vector<std::string>& args,
-                         const EnvChanges& env, const ChildLimits& limits)
+                         const EnvChanges& env, const ChildSetup& setup)
     : LaunchedJob(dir.path() / "launcher.out", dir.path() / "launcher.err",
                   [&] {
                     std::vector<std::string> argv{launcher_path()};
                     argv.insert(argv.end(), args.begin(), args.end());
                     return argv;
                   }(),
-                  env, limits) {}
+                  env, setup) {}
 
 std::unique_ptr<LaunchedJob> LaunchedJob::program(const JobDir& dir, const std::string& name,
                                                   const std::vector<std::string>& argv, const EnvChanges& env) {
@@ -106,7 +106,7 @@ std::unique_ptr<LaunchedJob> LaunchedJob::program(const JobDir& dir, const std::
 }
 
 LaunchedJob::LaunchedJob(std::filesystem::path out_path, std::filesystem::path err_path,
-                         std::vector<std::string> argv, const EnvChanges& env, const ChildLimits& limits)
+                         std::vector<std::string> argv, const EnvChanges& env, const ChildSetup& setup)
     : out_path_(std::move(out_path)), err_path_(std::move(err_path)) {
   std::vector<std::string> envp = launcher_environment(env);
   std::vector<char*> argv_c = c_strings(argv);
@@ -115,16 +115,20 @@ LaunchedJob::LaunchedJob(std::filesystem::path out_path, std::filesystem::path e
   int err_fd = ::open(err_path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   REQUIRE(out_fd >= 0);
   REQUIRE(err_fd >= 0);
+  int in_fd = setup.stdin_fd >= 0 ? setup.stdin_fd : ::open("/dev/null", O_RDONLY | O_CLOEXEC);
+  REQUIRE(in_fd >= 0);
   pid_ = fork();
   if (pid_ == 0) {
+    dup2(in_fd, 0);
     dup2(out_fd, 1);
     dup2(err_fd, 2);
-    if (limits.nofile && setrlimit(RLIMIT_NOFILE, &*limits.nofile) != 0) _exit(125);
+    if (setup.nofile && setrlimit(RLIMIT_NOFILE, &*setup.nofile) != 0) _exit(125);
     execve(argv_c[0], argv_c.data(), envp_c.data());
     _exit(126);
   }
   ::close(out_fd);
   ::close(err_fd);
+  if (setup.stdin_fd < 0) ::close(in_fd);
   REQUIRE(pid_ > 0);
 }
 
@@ -154,8 +158,8 @@ std::string LaunchedJob::out() const { return read_file(out_path_); }
 std::string LaunchedJob::err() const { return read_file(err_path_); }
 
 LaunchResult run_launch(const JobDir& dir, const std::vector<std::string>& args,
-                        const EnvChanges& env, const ChildLimits& limits) {
-  LaunchedJob job(dir, args, env, limits);
+                        const EnvChanges& env, const ChildSetup& setup) {
+  LaunchedJob job(dir, args, env, setup);
   LaunchResult result;
   result.status = job.wait();
   result.out = job.out();

@@ -45,9 +45,11 @@ class JobDir {
 // Environment changes for the launcher: a value sets, nullopt unsets.
 using EnvChanges = std::map<std::string, std::optional<std::string>>;
 
-// Resource limits set in the launcher's process before it execs.
-struct ChildLimits {
+// What the launcher's process gets before it execs: resource limits and
+// its stdin.
+struct ChildSetup {
   std::optional<rlimit> nofile;  // RLIMIT_NOFILE: {soft, hard}
+  int stdin_fd = -1;             // -1: /dev/null, never the test's own stdin
 };
 
 // braid-launch running as a child of the test; stdout and stderr go to
@@ -56,7 +58,7 @@ struct ChildLimits {
 class LaunchedJob {
  public:
   LaunchedJob(const JobDir& dir, const std::vector<std::string>& args, const EnvChanges& env = {},
-              const ChildLimits& limits = {});
+              const ChildSetup& setup = {});
   // Any program (argv[0] a path) as a child of the test, its output in
   // <dir>/<name>.out and .err: a rank started by hand, as srun or mpirun
   // would start it.
@@ -76,7 +78,7 @@ class LaunchedJob {
 
  private:
   LaunchedJob(std::filesystem::path out_path, std::filesystem::path err_path, std::vector<std::string> argv,
-              const EnvChanges& env, const ChildLimits& limits);
+              const EnvChanges& env, const ChildSetup& setup);
 
   std::filesystem::path out_path_;
   std::filesystem::path err_path_;
@@ -91,7 +93,7 @@ struct LaunchResult {
 };
 
 LaunchResult run_launch(const JobDir& dir, const std::vector<std::string>& args,
-                        const EnvChanges& env = {}, const ChildLimits& limits = {});
+                        const EnvChanges& env = {}, const ChildSetup& setup = {});
 
 // braid-launch -n <nproc> [extra...] -- sh -c <script> <dir>
 std::vector<std::string> shell_job(int nproc, const std::string& script, const JobDir& dir,

@@ -320,6 +320,77 @@ TEST_CASE("rank output is relayed line by line with a rank prefix", "[launch]") 
   CHECK(sorted_lines(result.err) == std::vector<std::string>{"[rank 0] err 0", "[rank 1] err 1"});
 }
 
+// Waits until the launcher's stdout holds `text`; fails past the limit.
+void wait_for_output(const LaunchedJob& job, const std::string& text, std::chrono::milliseconds limit = 10s) {
+  const auto deadline = std::chrono::steady_clock::now() + limit;
+  while (job.out().find(text) == std::string::npos) {
+    if (std::chrono::steady_clock::now() >= deadline)
+      FAIL("no '" << text << "' on stdout within " << limit.count() << " ms; stdout:\n" << job.out());
+    std::this_thread::sleep_for(20ms);
+  }
+}
+
+TEST_CASE("rank 0 reads the launcher's stdin, and its prompt shows before the line ends", "[launch]") {
+  JobDir dir;
+  braid::launcher::Pipe input = braid::launcher::make_pipe();
+  // Rank 0 asks, as input() does, and waits for the answer; rank 1 finds
+  // its stdin at its end.
+  std::string script =
+      "if [ \"$BRAID_RANK\" = 0 ]; then printf 'name? '; read name; echo \"hello $name\"; "
+      "else if read line; then echo \"read $line\"; else echo 'end of input'; fi; fi";
+  ChildSetup setup;
+  setup.stdin_fd = input.read_end.get();
+  LaunchedJob job(dir, shell_job(2, script, dir), {}, setup);
+  input.read_end.reset();
+  // The prompt has no newline: it shows once rank 0 has written no more
+  // for a moment, while the rank still waits for its answer.
+  wait_for_output(job, "[rank 0] name? ");
+  CHECK_THAT(job.out(), !Catch::Contains("hello"));
+  const std::string answer = "bob\n";
+  // A launcher that never read its stdin may have closed it already.
+  struct sigaction ignore {}, old {};
+  ignore.sa_handler = SIG_IGN;
+  sigaction(SIGPIPE, &ignore, &old);
+  const ssize_t written = ::write(input.write_end.get(), answer.data(), answer.size());
+  sigaction(SIGPIPE, &old, nullptr);
+  REQUIRE(written == static_cast<ssize_t>(answer.size()));
+  input.write_end.reset();
+  REQUIRE(job.wait() == 0);
+  CHECK(sorted_lines(job.out()) == std::vector<std::string>{"[rank 0] name? hello bob", "[rank 1] end of input"});
+}
+
+TEST_CASE("--stdin picks the rank that reads stdin, or none", "[launch]") {
+  JobDir dir;
+  auto file = dir.path() / "input.txt";
+  std::ofstream(file) << "first\nsecond\n";
+  std::string script = "if read line; then echo \"read $line\"; else echo 'end of input'; fi";
+  auto run_with = [&](const std::vector<std::string>& extra) {
+    braid::launcher::UniqueFd in(::open(file.c_str(), O_RDONLY | O_CLOEXEC));
+    REQUIRE(in.valid());
+    ChildSetup setup;
+    setup.stdin_fd = in.get();
+    LaunchedJob job(dir, shell_job(3, script, dir, extra), {}, setup);
+    REQUIRE(job.wait() == 0);
+    return sorted_lines(job.out());
+  };
+  CHECK(run_with({"--stdin", "2"}) ==
+        std::vector<std::string>{"[rank 0] end of input", "[rank 1] end of input", "[rank 2] read first"});
+  CHECK(run_with({"--stdin", "none"}) ==
+        std::vector<std::string>{"[rank 0] end of input", "[rank 1] end of input", "[rank 2] end of input"});
+}
+
+TEST_CASE("a progress bar redrawn with a carriage return is relayed as it is drawn", "[launch]") {
+  JobDir dir;
+  // Each step waits for the test's go-ahead, so only the launcher's
+  // flush of the unfinished line can show it.
+  std::string script = "printf '\\r 10%%'; while [ ! -e \"$0/go\" ]; do sleep 0.02; done; printf '\\r 20%%\\n'";
+  LaunchedJob job(dir, shell_job(1, script, dir));
+  wait_for_output(job, "[rank 0]  10%");
+  std::ofstream(dir.path() / "go").flush();
+  REQUIRE(job.wait() == 0);
+  CHECK(job.out() == "[rank 0]  10%\r[rank 0]  20%\n");
+}
+
 TEST_CASE("--log-dir writes each rank's output to its own files", "[launch]") {
   JobDir dir;
   auto logs = dir.path() / "logs" / "nested";
@@ -553,6 +624,9 @@ TEST_CASE("bad arguments exit 2 and start nothing", "[launch]") {
                        std::vector<std::string>{"-n", "2", "--timeout", "-1"},
                        std::vector<std::string>{"-n", "2", "--timeout", "nan"},
                        std::vector<std::string>{"-n", "2", "--grace-period", "-inf"},
+                       std::vector<std::string>{"-n", "2", "--stdin", "2"},
+                       std::vector<std::string>{"-n", "2", "--stdin", "-1"},
+                       std::vector<std::string>{"-n", "2", "--stdin", "x"},
                        std::vector<std::string>{"-n", "2", "--bogus"});
   JobDir dir;
   std::vector<std::string> full = args;

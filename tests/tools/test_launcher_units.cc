@@ -2,6 +2,8 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
+#include <stdlib.h>
+#include <termios.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -9,6 +11,7 @@
 #include <cerrno>
 #include <chrono>
 #include <climits>
+#include <optional>
 #include <string>
 #include <thread>
 
@@ -86,11 +89,111 @@ LaunchOptions options_with(const std::string& master_addr, int nnodes = 1) {
 TEST_CASE("LineRelay prefixes whole lines however the bytes arrive", "[launcher]") {
   CHECK(relayed({"a\nb", "c\n", "\n", "tail"}) == "[rank 7] a\n[rank 7] bc\n[rank 7] \n[rank 7] tail\n");
   CHECK(relayed({}).empty());
-  // Text without a newline is written out once it passes the limit.
+  // Text without a newline is written out once it passes the limit, and
+  // the line goes on without a second prefix.
   std::string half(LineRelay::kMaxLineBytes / 2 + 1, 'x');
   std::string out = relayed({half, half, "y\n"});
-  bool cut_at_limit = out == "[rank 7] " + half + half + "\n[rank 7] y\n";
+  bool cut_at_limit = out == "[rank 7] " + half + half + "y\n";
   CHECK(cut_at_limit);
+  // "\r\n" ends a line (its '\r' kept), also split across reads; a lone
+  // '\r' ends a piece, and the next is prefixed again (a progress bar).
+  CHECK(relayed({"dos\r\n", "split\r", "\nnext\n"}) == "[rank 7] dos\r\n[rank 7] split\r\n[rank 7] next\n");
+  CHECK(relayed({"\r10%", "\r20%\r", "30%\n"}) == "[rank 7] 10%\r[rank 7] 20%\r[rank 7] 30%\n");
+}
+
+// Two relays (a rank's stdout and another rank's) on one sink, read back
+// through a pipe; flush_partial is called as the supervisor would at the
+// relay's deadline.
+struct SharedSink {
+  Pipe pipe = make_pipe();
+  std::optional<OutputSink> sink;
+  SharedSink() {
+    REQUIRE(fcntl(pipe.read_end.get(), F_SETFL, O_NONBLOCK) == 0);
+    sink.emplace(pipe.write_end.get());
+  }
+  std::string take() { return read_available(pipe.read_end.get()); }
+};
+
+TEST_CASE("LineRelay writes an unfinished line once it waited, and keeps lines apart", "[launcher]") {
+  SharedSink shared;
+  LineRelay a("[rank 0] ", *shared.sink);
+  LineRelay b("[rank 1] ", *shared.sink);
+  const auto start = Clock::now();
+  a.feed("name? ", start);
+  CHECK(shared.take().empty());
+  REQUIRE(a.partial_deadline() == start + LineRelay::kPartialLineWait);
+  a.flush_partial();
+  CHECK_FALSE(a.partial_deadline());
+  CHECK(shared.take() == "[rank 0] name? ");
+  // Its rest follows on the same line.
+  a.feed("bob\n");
+  CHECK(shared.take() == "bob\n");
+  // Another writer's line comes between: it starts a line of its own, and
+  // the first rank's rest is prefixed again.
+  a.feed("step 1 ");
+  a.flush_partial();
+  b.feed("hello\n");
+  a.feed("done\n");
+  CHECK(shared.take() == "[rank 0] step 1 \n[rank 1] hello\n[rank 0] done\n");
+  // A bare newline after such a break adds no empty line; the launcher's
+  // own message also starts on a line of its own.
+  a.feed("progress");
+  a.flush_partial();
+  shared.sink->write("braid-launch: note\n");
+  a.feed("\n");
+  CHECK(shared.take() == "[rank 0] progress\nbraid-launch: note\n");
+  // A progress bar: each '\r' ends a piece at once; finish ends the line.
+  b.feed("\r 10%");
+  b.flush_partial();
+  b.feed("\r 20%");
+  b.finish();
+  CHECK(shared.take() == "[rank 1]  10%\r[rank 1]  20%\n");
+  // A flush never ends inside a UTF-8 character, but holds it back once only.
+  a.feed("caf\xC3");
+  a.flush_partial();
+  CHECK(shared.take() == "[rank 0] caf");
+  a.feed("\xA9!\n");
+  CHECK(shared.take() == "\xC3\xA9!\n");
+  a.feed("\xE2\x82");
+  a.flush_partial();
+  CHECK(shared.take() == "[rank 0] \xE2\x82");
+  a.finish();
+  CHECK(shared.take() == "\n");
+}
+
+TEST_CASE("a terminal's echo of a typed line ends the open line", "[launcher]") {
+  // A pipe saw no echo: the rank's rest goes on the same line.
+  SharedSink shared;
+  LineRelay piped("[rank 0] ", *shared.sink);
+  piped.feed("name? ");
+  piped.flush_partial();
+  shared.sink->terminal_line_ended();
+  piped.feed("hello\n");
+  CHECK(shared.take() == "[rank 0] name? hello\n");
+  // On a terminal the echo moved the cursor to a new line.
+  UniqueFd master(posix_openpt(O_RDWR | O_NOCTTY | O_CLOEXEC));
+  REQUIRE(master.valid());
+  REQUIRE(grantpt(master.get()) == 0);
+  REQUIRE(unlockpt(master.get()) == 0);
+  UniqueFd terminal(::open(ptsname(master.get()), O_RDWR | O_NOCTTY | O_CLOEXEC));
+  REQUIRE(terminal.valid());
+  termios raw{};
+  REQUIRE(tcgetattr(terminal.get(), &raw) == 0);
+  cfmakeraw(&raw);
+  REQUIRE(tcsetattr(terminal.get(), TCSANOW, &raw) == 0);
+  REQUIRE(fcntl(master.get(), F_SETFL, O_NONBLOCK) == 0);
+  OutputSink sink(terminal.get());
+  LineRelay relay("[rank 0] ", sink);
+  relay.feed("name? ");
+  relay.flush_partial();
+  sink.terminal_line_ended();
+  relay.feed("hello\n");
+  std::string shown;
+  for (int i = 0; i < 200 && shown.find('\n') == std::string::npos; ++i) {
+    shown += read_available(master.get());
+    std::this_thread::sleep_for(10ms);
+  }
+  CHECK(shown == "[rank 0] name? [rank 0] hello\n");
 }
 
 TEST_CASE("store endpoints follow --master-addr and BRAID_BIND_ADDR", "[launcher]") {

@@ -20,6 +20,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <memory>
+#include <optional>
 #include <thread>
 
 #include "runtime/config.h"
@@ -31,6 +32,7 @@
 #include "tools/launcher/environment.h"
 #include "tools/launcher/fd_limit.h"
 #include "tools/launcher/guardian.h"
+#include "tools/launcher/input.h"
 #include "tools/launcher/output.h"
 #include "tools/launcher/supervisor.h"
 
@@ -122,10 +124,12 @@ RankStdio make_stdio(const std::string& log_dir, int rank, int restart) {
 // The rank's ends of its pipes close when this returns, so that end-of-file
 // on the launcher's ends means the rank (and its group) closed them.
 void start_rank(const LaunchOptions& options, const JobIdentity& job, int local_rank,
-                Supervisor& supervisor, GroupWatcher& guardian) {
+                Supervisor& supervisor, GroupWatcher& guardian, InputRelay* input) {
   int rank = job.node_rank * job.nproc_per_node + local_rank;
   RankStdio stdio = make_stdio(options.log_dir, rank, job.restart);
-  ProcessSpec spec{options.command, rank_environment(job, local_rank), stdio.rank_out.get(),
+  UniqueFd rank_in;
+  if (input != nullptr && rank == options.stdin_rank) rank_in = input->connect();
+  ProcessSpec spec{options.command, rank_environment(job, local_rank), rank_in.get(), stdio.rank_out.get(),
                    stdio.rank_err.get(), &guardian};
   pid_t pid = spawn(spec);
   spdlog::debug("braid-launch: started rank {} as pid {}", rank, pid);
@@ -188,7 +192,7 @@ void tell_other_nodes(const LaunchOptions& options, const JobIdentity& job, cons
 // Whatever throws, the Supervisor's destructor kills and reaps the ranks
 // started so far.
 Outcome start_and_supervise(const LaunchOptions& options, const JobIdentity& job, SignalCatcher& signals,
-                            GroupWatcher& guardian, Supervisor::Clock::time_point job_start) {
+                            GroupWatcher& guardian, InputRelay* input, Supervisor::Clock::time_point job_start) {
   // Told from a thread of its own: the supervisor stops this node's other
   // ranks meanwhile (a store that is gone with node 0 takes seconds to say so).
   std::thread telling;
@@ -198,7 +202,7 @@ Outcome start_and_supervise(const LaunchOptions& options, const JobIdentity& job
       if (thread.joinable()) thread.join();
     }
   } join_telling{telling};
-  Supervisor supervisor(signals, options.timeout, options.grace_period, job_start, &guardian);
+  Supervisor supervisor(signals, options.timeout, options.grace_period, job_start, &guardian, input);
   if (options.nnodes > 1)
     supervisor.on_first_failure = [&](const std::string& line) {
       telling = std::thread(tell_other_nodes, std::cref(options), std::cref(job), line);
@@ -206,7 +210,7 @@ Outcome start_and_supervise(const LaunchOptions& options, const JobIdentity& job
   int started = 0;
   try {
     for (; started < options.nproc_per_node; ++started)
-      start_rank(options, job, started, supervisor, guardian);
+      start_rank(options, job, started, supervisor, guardian, input);
   } catch (const CannotExecute& e) {
     std::string line = e.what();
     if (started > 0) line += "; killing the " + std::to_string(started) + " ranks already started";
@@ -247,6 +251,10 @@ void validate(const LaunchOptions& options) {
   require(options.grace_period.count() >= 0, "--grace-period must not be negative");
   require(options.timeout <= kMaxDuration, "--timeout must be at most 1e9 s (about 31 years)");
   require(options.grace_period <= kMaxDuration, "--grace-period must be at most 1e9 s (about 31 years)");
+  const long long world = static_cast<long long>(options.nnodes) * options.nproc_per_node;
+  require(options.stdin_rank == kNoStdinRank || (options.stdin_rank >= 0 && options.stdin_rank < world),
+          "--stdin " + std::to_string(options.stdin_rank) + " is not a rank of this job (0.." +
+              std::to_string(world - 1) + ") nor 'none'");
 }
 
 StoreEndpoints store_endpoints(const LaunchOptions& options, const std::string& bind_addr) {
@@ -338,6 +346,11 @@ int launch(const LaunchOptions& options) {
   // one attempt's groups, and room for those a restart could not reap.
   Guardian guardian(2 * static_cast<std::size_t>(options.nproc_per_node) + 16, options.grace_period);
   const auto started = std::chrono::steady_clock::now();
+  // Only the node that holds the reading rank touches its stdin.
+  std::optional<InputRelay> input;
+  const int first_rank = options.node_rank * options.nproc_per_node;
+  if (options.stdin_rank >= first_rank && options.stdin_rank < first_rank + options.nproc_per_node)
+    input.emplace(STDIN_FILENO);
   // Each attempt gets a store and a token of its own, so that no rank of a
   // restarted job reads what the failed one left in the store.
   for (;; ++job.restart) {
@@ -353,8 +366,9 @@ int launch(const LaunchOptions& options) {
     Outcome outcome;
     {
       const JobSegments segments(job.token);
-      outcome = start_and_supervise(options, job, signals, guardian, started);
+      outcome = start_and_supervise(options, job, signals, guardian, input ? &*input : nullptr, started);
     }
+    if (input) input->disconnect();
     // Node 0's ranks end at once on a failure, and its store went with
     // them while other nodes' ranks had yet to read why (they look every
     // 2 s at most): it serves a little longer.

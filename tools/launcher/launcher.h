@@ -19,6 +19,8 @@ inline constexpr int kExitUsage = 2;        // bad arguments; nothing started
 inline constexpr int kExitTimeout = 124;    // --timeout expired (as timeout(1))
 inline constexpr int kExitCannotExec = 127; // program missing or not executable
 
+inline constexpr int kNoStdinRank = -1;  // --stdin none
+
 // The longest --timeout and --grace-period: about 31 years, in effect no
 // limit, and far enough from the ends of std::chrono's clocks (some 292
 // years of nanoseconds) that no deadline computed from it overflows.
@@ -45,6 +47,9 @@ struct LaunchOptions {
   // On a rank's failure, stop every rank and start them all again, this many
   // times at most (torchrun's --max-restarts); one node only.
   int max_restarts = 0;
+  // The rank whose stdin is the launcher's (input.h), among all nodes'
+  // ranks; kNoStdinRank: none, every rank's stdin is /dev/null.
+  int stdin_rank = 0;
   std::vector<std::string> command;
 };
 

@@ -28,6 +28,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <optional>
 #include <vector>
@@ -75,7 +76,7 @@ int poll_timeout_ms(std::optional<Clock::time_point> deadline, Clock::time_point
   return static_cast<int>(std::min<long long>(left, INT_MAX));
 }
 
-OutputSink::OutputSink(int fd) : fd_(fd) {
+OutputSink::OutputSink(int fd) : fd_(fd), is_terminal_(isatty(fd) == 1) {
   struct stat info {};
   if (fstat(fd, &info) != 0 || is_file(info)) return;  // kPlain (a bad fd fails as it did)
   if (S_ISSOCK(info.st_mode)) {
@@ -90,6 +91,58 @@ OutputSink::OutputSink(int fd) : fd_(fd) {
 void OutputSink::write(std::string text) {
   if (text.empty()) return;
   std::lock_guard lock(mu_);
+  if (open_writer_ != 0) {
+    text.insert(text.begin(), '\n');
+    open_writer_ = 0;
+  }
+  queue_locked(std::move(text));
+}
+
+void OutputSink::write_piece(std::uint64_t writer, std::string_view prefix, std::string_view body, LineEnd end) {
+  std::lock_guard lock(mu_);
+  const bool continuing = open_writer_ == writer;
+  // Nothing to say: a '\r' at the start of a line, or a second one.
+  if (body.empty() && end == LineEnd::kReturn && (!continuing || open_at_start_)) return;
+  if (body.empty() && end == LineEnd::kOpen) return;
+  std::string text;
+  text.reserve(1 + prefix.size() + body.size() + 1);
+  if (open_writer_ != 0 && !continuing) text.push_back('\n');
+  // After a '\r' the prefix was gone over; the newline that follows one
+  // ("\r\n" split across reads) needs none.
+  const bool prefixed = !continuing || (open_at_start_ && !(body.empty() && end == LineEnd::kNewline));
+  if (prefixed) text.append(prefix);
+  text.append(body);
+  switch (end) {
+    case LineEnd::kNewline:
+      text.push_back('\n');
+      open_writer_ = 0;
+      break;
+    case LineEnd::kReturn:
+      text.push_back('\r');
+      open_writer_ = writer;
+      open_at_start_ = true;
+      break;
+    case LineEnd::kOpen:
+      open_writer_ = writer;
+      open_at_start_ = false;
+      break;
+  }
+  queue_locked(std::move(text));
+}
+
+void OutputSink::close_line(std::uint64_t writer) {
+  std::lock_guard lock(mu_);
+  if (open_writer_ != writer || writer == 0) return;
+  open_writer_ = 0;
+  queue_locked("\n");
+}
+
+void OutputSink::terminal_line_ended() {
+  std::lock_guard lock(mu_);
+  if (is_terminal_) open_writer_ = 0;
+}
+
+void OutputSink::queue_locked(std::string text) {
   bool was_idle = pending_.empty();
   pending_bytes_ += text.size();
   pending_.push_back(std::move(text));
@@ -192,34 +245,99 @@ void drain_output(std::chrono::milliseconds limit) {
   for (OutputSink* sink : sinks) sink->discard();
 }
 
-LineRelay::LineRelay(std::string prefix, OutputSink& sink) : prefix_(std::move(prefix)), sink_(&sink) {}
+namespace {
 
-void LineRelay::feed(std::string_view text) {
+// The bytes at the end of text that begin a UTF-8 character not yet
+// complete: held back from a partial flush, so that the piece never ends
+// inside a character (another writer's newline could land there).
+std::size_t incomplete_utf8_tail(std::string_view text) {
+  for (std::size_t back = 1; back <= 3 && back <= text.size(); ++back) {
+    const auto byte = static_cast<unsigned char>(text[text.size() - back]);
+    if ((byte & 0xC0) == 0x80) continue;  // a continuation byte: look further back
+    std::size_t length = byte >= 0xF0 ? 4 : byte >= 0xE0 ? 3 : byte >= 0xC0 ? 2 : 1;
+    return length > back ? back : 0;
+  }
+  return 0;
+}
+
+std::atomic<std::uint64_t> next_relay_id{1};
+
+}  // namespace
+
+LineRelay::LineRelay(std::string prefix, OutputSink& sink)
+    : id_(next_relay_id.fetch_add(1)), prefix_(std::move(prefix)), sink_(&sink) {}
+
+void LineRelay::feed(std::string_view text, Clock::time_point now) {
+  if (text.empty()) return;
+  // A '\r' that ended the last read: a line end of its own ("\r\n"), or
+  // a return to the line's start.
+  if (!pending_.empty() && pending_.back() == '\r' && text.front() != '\n') {
+    pending_.pop_back();
+    emit(pending_, OutputSink::LineEnd::kReturn);
+    pending_.clear();
+  }
   while (!text.empty()) {
-    std::size_t newline = text.find('\n');
-    if (newline == std::string_view::npos) {
+    std::size_t end = text.find_first_of("\r\n");
+    if (end == std::string_view::npos || (text[end] == '\r' && end + 1 == text.size())) {
+      if (pending_.empty()) pending_since_ = now;
       pending_.append(text);
-      if (pending_.size() >= kMaxLineBytes) finish();
+      if (pending_.size() >= kMaxLineBytes) flush_partial();
       return;
     }
+    if (text[end] == '\r' && text[end + 1] != '\n') {
+      pending_.append(text.substr(0, end));
+      emit(pending_, OutputSink::LineEnd::kReturn);
+      pending_.clear();
+      text.remove_prefix(end + 1);
+      continue;
+    }
+    // '\n', or "\r\n" (its '\r' stays in the line, as the rank wrote it).
+    std::size_t newline = text[end] == '\n' ? end : end + 1;
     pending_.append(text.substr(0, newline));
-    emit(pending_);
+    emit(pending_, OutputSink::LineEnd::kNewline);
     pending_.clear();
     text.remove_prefix(newline + 1);
   }
 }
 
-void LineRelay::finish() {
+std::optional<Clock::time_point> LineRelay::partial_deadline() const {
+  if (pending_.empty()) return std::nullopt;
+  return pending_since_ + kPartialLineWait;
+}
+
+void LineRelay::flush_partial() {
   if (pending_.empty()) return;
-  emit(pending_);
+  if (pending_.back() == '\r') {
+    pending_.pop_back();
+    emit(pending_, OutputSink::LineEnd::kReturn);
+    pending_.clear();
+    return;
+  }
+  // The start of a character is held back once, not for ever: a rank
+  // may never write its rest.
+  std::size_t held = incomplete_utf8_tail(pending_);
+  if (held == pending_.size()) held = 0;
+  emit(std::string_view(pending_).substr(0, pending_.size() - held), OutputSink::LineEnd::kOpen);
+  pending_.erase(0, pending_.size() - held);
+  pending_since_ = Clock::now();
+}
+
+void LineRelay::finish() {
+  if (pending_.empty() && !line_begun_) return;
+  emit(pending_, OutputSink::LineEnd::kNewline);
   pending_.clear();
 }
 
-void LineRelay::emit(std::string_view line) {
-  std::string out;
-  out.reserve(prefix_.size() + line.size() + 1);
-  out.append(prefix_).append(line).push_back('\n');
-  sink_->write(std::move(out));
+void LineRelay::emit(std::string_view body, OutputSink::LineEnd end) {
+  // The bare end of a line already begun: no line of its own (just a
+  // prefix) when another writer has ended it meanwhile.
+  if (body.empty() && end == OutputSink::LineEnd::kNewline && line_begun_) {
+    sink_->close_line(id_);
+    line_begun_ = false;
+    return;
+  }
+  sink_->write_piece(id_, prefix_, body, end);
+  line_begun_ = end != OutputSink::LineEnd::kNewline;
 }
 
 }  // namespace braid::launcher

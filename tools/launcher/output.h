@@ -1,6 +1,14 @@
 // What braid-launch prints: its own messages, and the ranks' output relayed
 // line by line with a "[rank r] " prefix.
 //
+// A line a rank has not finished is not held back for ever: a prompt
+// (`input("name? ")`) or a progress bar redrawn with '\r' (tqdm) shows
+// once the rank has written nothing more for kPartialLineWait. The rest of
+// that line follows without a second prefix, unless another writer comes
+// between: its text then starts on a line of its own, and the rank's rest
+// gets its prefix again. A '\r' ends a piece at once, and the piece after it
+// is prefixed again, since the terminal's cursor went back over the prefix.
+//
 // The launcher never blocks on its own stdout or stderr: a reader that
 // stalls (`braid-launch ... | less`, a terminal paused with Ctrl-S, a stuck
 // log pipe) must not freeze the supervisor, whose timers and signals would
@@ -22,6 +30,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstddef>
+#include <cstdint>
 #include <deque>
 #include <mutex>
 #include <optional>
@@ -58,8 +67,23 @@ class OutputSink {
   OutputSink& operator=(const OutputSink&) = delete;
 
   // Queues text as one piece (written in one write(2) when the destination
-  // has room) and writes what the destination takes now.
+  // has room) and writes what the destination takes now. Text that is not
+  // a rank's goes on a line of its own.
   void write(std::string text);
+
+  // How a piece of a rank's line ends: with the line, with a '\r', or open
+  // (the rank has written no more of the line yet).
+  enum class LineEnd { kNewline, kReturn, kOpen };
+  // Queues a piece of the current line of `writer` (a LineRelay's id, not
+  // 0): prefixed when it starts the line or follows a '\r', and put on a
+  // line of its own when another writer's line is open.
+  void write_piece(std::uint64_t writer, std::string_view prefix, std::string_view body, LineEnd end);
+  // Ends the writer's open line, if it is the open one, with a newline.
+  void close_line(std::uint64_t writer);
+  // The user ended a line typed on the terminal: when this sink writes to
+  // that terminal, its echo ended the open line, and what follows starts
+  // a line of its own.
+  void terminal_line_ended();
   // Writes pending pieces while the destination takes them.
   void flush();
   // Drops the pending output; returns how many bytes that was.
@@ -74,10 +98,12 @@ class OutputSink {
  private:
   enum class Mode { kPlain, kSocket, kPrivateNonblocking, kPollFirst };
   ssize_t write_some(std::string_view text);
+  void queue_locked(std::string text);
   void flush_locked();
   std::size_t discard_locked();
 
   int fd_;
+  bool is_terminal_;
   Mode mode_ = Mode::kPlain;
   UniqueFd private_fd_;  // kPrivateNonblocking: our own open of fd_'s file
   // Any thread may write (the launcher's log lines come from its store's
@@ -86,6 +112,10 @@ class OutputSink {
   std::deque<std::string> pending_;
   std::size_t front_written_ = 0;  // bytes of pending_.front() already written
   std::atomic<std::size_t> pending_bytes_{0};
+  // The writer whose line was left open (a piece without its newline), and
+  // whether its last piece ended with '\r' (the cursor at the line's start).
+  std::uint64_t open_writer_ = 0;
+  bool open_at_start_ = false;
 };
 
 // The sink for the launcher's stdout (fd 1) or stderr (fd 2). Both are one
@@ -109,25 +139,41 @@ void drain_output(std::chrono::milliseconds limit);
 // the destination sink.
 class LineRelay {
  public:
-  // Beyond this many bytes without a newline the pending text is written as
-  // a line of its own, so a rank that never prints '\n' cannot grow the
+  // Beyond this many bytes without a newline the pending text is written
+  // out as an open piece, so a rank that never prints '\n' cannot grow the
   // launcher's memory without bound.
   static constexpr std::size_t kMaxLineBytes = 64u << 10;
+  // How long an unfinished line waits for more before it is written out
+  // (flush_partial): long enough that a line written in a few pieces stays
+  // whole, short enough that a prompt seems to appear at once.
+  static constexpr std::chrono::milliseconds kPartialLineWait{100};
 
   LineRelay(std::string prefix, OutputSink& sink);
 
-  // Writes every complete line in the text; keeps the unterminated rest.
-  void feed(std::string_view text);
-  // Writes the unterminated rest, if any, with a newline added.
+  // Writes every complete line, and every piece ended by '\r', in the
+  // text; keeps the unterminated rest.
+  void feed(std::string_view text, Clock::time_point now = Clock::now());
+  // When the unterminated rest is due to be written (kPartialLineWait after
+  // its first byte came); none without one.
+  std::optional<Clock::time_point> partial_deadline() const;
+  // Writes the unterminated rest as an open piece, but for the bytes of a
+  // UTF-8 character not yet complete.
+  void flush_partial();
+  // Puts the unterminated rest's deadline kPartialLineWait after now.
+  void wait_longer(Clock::time_point now) { pending_since_ = now; }
+  // Writes the unterminated rest, if any, and ends the line.
   void finish();
   OutputSink& sink() const { return *sink_; }
 
  private:
-  void emit(std::string_view line);
+  void emit(std::string_view body, OutputSink::LineEnd end);
 
+  std::uint64_t id_;  // the sink's name for this relay's lines
   std::string prefix_;
   OutputSink* sink_;
   std::string pending_;
+  Clock::time_point pending_since_{};
+  bool line_begun_ = false;  // a piece of the current line went out
 };
 
 }  // namespace braid::launcher

@@ -32,11 +32,13 @@ std::vector<char*> c_strings(const std::vector<std::string>& strings) {
 }
 
 // The child inherits the launcher's blocked signals (they feed its
-// signalfd) and its ignored SIGPIPE; both survive exec, so undo them.
+// signalfd) and its ignored SIGPIPE and SIGTTIN; all survive exec, so undo
+// them.
 void restore_default_signals() {
   struct sigaction default_action {};
   default_action.sa_handler = SIG_DFL;
   sigaction(SIGPIPE, &default_action, nullptr);
+  sigaction(SIGTTIN, &default_action, nullptr);
   sigset_t none;
   sigemptyset(&none);
   sigprocmask(SIG_SETMASK, &none, nullptr);
@@ -110,10 +112,13 @@ CannotExecute::CannotExecute(const std::string& program, int err)
 pid_t spawn(const ProcessSpec& spec) {
   std::vector<char*> argv = c_strings(spec.argv);
   std::vector<char*> envp = c_strings(spec.env);
-  UniqueFd dev_null(::open("/dev/null", O_RDONLY | O_CLOEXEC));
-  if (!dev_null.valid()) throw SystemError(errno_message("open /dev/null", errno));
+  UniqueFd dev_null;
+  if (spec.stdin_fd < 0) {
+    dev_null.reset(::open("/dev/null", O_RDONLY | O_CLOEXEC));
+    if (!dev_null.valid()) throw SystemError(errno_message("open /dev/null", errno));
+  }
   Pipe report = make_pipe();
-  ChildSetup setup{argv.data(), envp.data(), dev_null.get(), spec.stdout_fd,
+  ChildSetup setup{argv.data(), envp.data(), spec.stdin_fd < 0 ? dev_null.get() : spec.stdin_fd, spec.stdout_fd,
                    spec.stderr_fd, report.write_end.get(), getpid()};
   pid_t pid = fork();
   if (pid < 0) throw SystemError(errno_message("fork", errno));

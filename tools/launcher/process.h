@@ -74,10 +74,11 @@ class GroupWatcher {
 
 // What a rank's process receives: argv (argv[0] is looked up in PATH), the
 // complete environment as "NAME=value" strings, and the descriptors that
-// become its stdout and stderr. Its stdin is /dev/null.
+// become its stdin (-1: /dev/null), stdout and stderr.
 struct ProcessSpec {
   std::vector<std::string> argv;
   std::vector<std::string> env;
+  int stdin_fd = -1;
   int stdout_fd = 1;
   int stderr_fd = 2;
   GroupWatcher* watcher = nullptr;  // told of the rank's group, if set

@@ -23,9 +23,11 @@ SignalCatcher::SignalCatcher() {
   struct sigaction ignore {};
   ignore.sa_handler = SIG_IGN;
   sigaction(SIGPIPE, &ignore, &old_sigpipe_);
+  sigaction(SIGTTIN, &ignore, &old_sigttin_);
 }
 
 SignalCatcher::~SignalCatcher() {
+  sigaction(SIGTTIN, &old_sigttin_, nullptr);
   sigaction(SIGPIPE, &old_sigpipe_, nullptr);
   fd_.reset();
   pthread_sigmask(SIG_SETMASK, &old_mask_, nullptr);

@@ -19,7 +19,8 @@ namespace braid::launcher {
 class SignalCatcher {
  public:
   // Blocks SIGCHLD, SIGINT, SIGTERM, SIGHUP and SIGQUIT in this thread, opens a
-  // signalfd for them and ignores SIGPIPE; the destructor restores all.
+  // signalfd for them and ignores SIGPIPE and SIGTTIN (input.h); the
+  // destructor restores all.
   SignalCatcher();
   ~SignalCatcher();
   SignalCatcher(const SignalCatcher&) = delete;
@@ -33,6 +34,7 @@ class SignalCatcher {
  private:
   sigset_t old_mask_;
   struct sigaction old_sigpipe_;
+  struct sigaction old_sigttin_;
   UniqueFd fd_;
 };
 

@@ -1,6 +1,7 @@
 #include "tools/launcher/supervisor.h"
 
 #include <poll.h>
+#include <sys/ioctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -39,8 +40,8 @@ std::string seconds_text(std::chrono::milliseconds duration) {
 
 Supervisor::Supervisor(SignalCatcher& signals, std::chrono::milliseconds timeout,
                        std::chrono::milliseconds grace_period, Clock::time_point started,
-                       GroupWatcher* watcher)
-    : signals_(signals), watcher_(watcher), timeout_(timeout), grace_period_(grace_period) {
+                       GroupWatcher* watcher, InputRelay* input)
+    : signals_(signals), watcher_(watcher), input_(input), timeout_(timeout), grace_period_(grace_period) {
   if (timeout.count() > 0) job_deadline_ = deadline_after(started, timeout);
   sinks_.push_back(&standard_sink(1));
   if (&standard_sink(2) != sinks_.front()) sinks_.push_back(&standard_sink(2));
@@ -90,6 +91,10 @@ void Supervisor::wait_for_events() {
       streams.push_back(stream);
     }
   }
+  // The input's two ends go last, -1 (ignored by poll) when not wanted.
+  const bool serving_input = input_ != nullptr && running_count() > 0;
+  fds.push_back({serving_input ? input_->source_poll_fd() : -1, POLLIN, 0});
+  fds.push_back({serving_input ? input_->target_poll_fd() : -1, POLLOUT, 0});
   if (::poll(fds.data(), fds.size(), next_poll_timeout_ms()) < 0) {
     if (errno == EINTR) return;
     throw SystemError(errno_message("poll", errno));
@@ -100,6 +105,11 @@ void Supervisor::wait_for_events() {
   // SIGCHLD arrives, and reaping does not lose them either way.
   for (std::size_t i = 0; i < streams.size(); ++i)
     if (fds[1 + sinks.size() + i].revents != 0) read_stream(*streams[i]);
+  if (serving_input) {
+    if (fds[fds.size() - 2].revents != 0 && input_->read_source())
+      for (OutputSink* sink : sinks_) sink->terminal_line_ended();
+    if (fds[fds.size() - 1].revents != 0) input_->write_target();
+  }
   if (fds[0].revents != 0) handle_signals();
 }
 
@@ -110,6 +120,9 @@ int Supervisor::next_poll_timeout_ms() const {
   };
   consider(job_deadline_);
   consider(kill_deadline_);
+  for (const Rank& rank : ranks_)
+    for (const Stream* stream : {&rank.out, &rank.err}) consider(stream->relay.partial_deadline());
+  if (input_ != nullptr && running_count() > 0) consider(input_->recheck_deadline(Clock::now()));
   // These two matter only once every rank has ended (done(),
   // handle_deadlines()); before, one that has passed would make poll spin.
   if (running_count() == 0) {
@@ -195,6 +208,9 @@ void Supervisor::on_launcher_signal(int signo) {
 
 void Supervisor::handle_deadlines() {
   auto now = Clock::now();
+  for (Rank& rank : ranks_)
+    for (Stream* stream : {&rank.out, &rank.err})
+      if (auto due = stream->relay.partial_deadline(); due && now >= *due) flush_partial_line(*stream, now);
   if (job_deadline_ && now >= *job_deadline_) {
     job_deadline_.reset();
     on_timeout();
@@ -305,6 +321,18 @@ void Supervisor::read_stream(Stream& stream) {
     return;
   }
   stream.relay.feed(std::string_view(buffer, static_cast<std::size_t>(n)));
+}
+
+// An unfinished line is written out only when its rank has written no
+// more: not while the rest may wait unread in the pipe, held back by a full
+// sink or not yet read, which would cut a line of a fast writer in two.
+void Supervisor::flush_partial_line(Stream& stream, Clock::time_point now) {
+  int unread = 0;
+  if (stream.relay.sink().full() ||
+      (stream.fd.valid() && ::ioctl(stream.fd.get(), FIONREAD, &unread) == 0 && unread > 0))
+    stream.relay.wait_longer(now);
+  else
+    stream.relay.flush_partial();
 }
 
 void Supervisor::finish_streams() {

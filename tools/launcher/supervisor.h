@@ -2,8 +2,9 @@
 // output, reaps them, and stops the job when one fails, when the launcher is
 // told to stop, or when the job runs past its timeout.
 //
-// One thread, one poll(2) over the signalfd, the ranks' pipes and (while
-// output waits to be written) the launcher's stdout and stderr, with a
+// One thread, one poll(2) over the signalfd, the ranks' pipes, (while
+// output waits to be written) the launcher's stdout and stderr, and (while
+// one rank reads it) the launcher's stdin and that rank's pipe, with a
 // timeout computed from the nearest deadline (job timeout, SIGKILL after
 // the grace period, output drain). Nothing spins, and nothing blocks: output
 // goes through OutputSinks (output.h), and a rank's pipe is left unread
@@ -31,6 +32,7 @@
 #include <optional>
 #include <vector>
 
+#include "tools/launcher/input.h"
 #include "tools/launcher/output.h"
 #include "tools/launcher/process.h"
 #include "tools/launcher/signals.h"
@@ -53,10 +55,11 @@ class Supervisor {
   // The job's timeout (zero: none) counts from `started`: construction, or
   // for a restarted job the first start (--timeout covers the restarts).
   // The watcher, if given, is told when a rank's group is gone (its leader
-  // reaped); it was told of the group by spawn().
+  // reaped); it was told of the group by spawn(). The input relay, if
+  // given, is served while ranks run.
   Supervisor(SignalCatcher& signals, std::chrono::milliseconds timeout,
              std::chrono::milliseconds grace_period, Clock::time_point started = Clock::now(),
-             GroupWatcher* watcher = nullptr);
+             GroupWatcher* watcher = nullptr, InputRelay* input = nullptr);
   // Kills (SIGKILL to its group) and reaps every rank still running: the
   // way out when run() was never called or threw.
   ~Supervisor();
@@ -112,11 +115,13 @@ class Supervisor {
   bool output_pending() const;
   bool done() const;
   static void read_stream(Stream& stream);
+  static void flush_partial_line(Stream& stream, Clock::time_point now);
   void finish_streams();
   void drop_unwritten_output();
 
   SignalCatcher& signals_;
   GroupWatcher* watcher_;
+  InputRelay* input_;
   std::chrono::milliseconds timeout_;
   std::chrono::milliseconds grace_period_;
   std::vector<Rank> ranks_;
