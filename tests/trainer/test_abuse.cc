@@ -5,7 +5,10 @@
 // user said, configurations that cannot fit or cannot train are refused at
 // once with the numbers, and bound messages are right at the bound.
 #include <catch2/catch.hpp>
+#include <sys/stat.h>
+#include <sys/sysmacros.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <cstring>
 #include <map>
@@ -326,6 +329,38 @@ TEST_CASE("abuse: values that cannot train are refused, with the rule", "[abuse]
     const Run r = braid_train(dir, kTiny + "--steps 1 " + args);
     CHECK(r.rc == 2);
     CHECK_THAT(r.err, Catch::Contains(message));
+  }
+}
+
+// A file written by renaming a new one over it replaced a device node or
+// FIFO named as --out or --init-out (as root, /dev/null itself), after
+// training. Refused before anything runs, the node left as it was.
+TEST_CASE("abuse: --out and --init-out refuse a device, a FIFO or a directory", "[abuse]") {
+  if (!have_binary()) return;
+  test::TempDir dir;
+  const fs::path fifo = dir.path() / "fifo";
+  REQUIRE(::mkfifo(fifo.c_str(), 0600) == 0);
+  const bool root = ::geteuid() == 0;
+  const fs::path device = dir.path() / "null";
+  if (root) REQUIRE(::mknod(device.c_str(), S_IFCHR | 0666, ::makedev(1, 3)) == 0);
+  std::vector<std::pair<std::string, std::string>> cases = {
+      {"--steps 1 --init-out " + fifo.string(), "is a FIFO"},
+      {"--steps 1 --init-out " + dir.path().string(), "is a directory"},
+      {"--consolidate " + dir.path().string() + " --out " + fifo.string(), "is a FIFO"},
+  };
+  if (root) cases.push_back({"--consolidate " + dir.path().string() + " --out " + device.string(), "is a character device"});
+  for (const auto& [args, message] : cases) {
+    INFO("braid-train " << args);
+    const Run r = braid_train(dir, kTiny + args);
+    CHECK(r.rc == 2);
+    CHECK_THAT(r.err, Catch::Contains(message));
+  }
+  struct stat info {};
+  REQUIRE(::stat(fifo.c_str(), &info) == 0);
+  CHECK(S_ISFIFO(info.st_mode));
+  if (root) {
+    REQUIRE(::stat(device.c_str(), &info) == 0);
+    CHECK(S_ISCHR(info.st_mode));
   }
 }
 

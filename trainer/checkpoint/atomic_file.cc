@@ -36,7 +36,21 @@ mode_t current_umask() {
 
 }  // namespace
 
+void require_file_target(const fs::path& target, const std::string& what) {
+  struct stat info {};
+  if (::stat(target.c_str(), &info) != 0 || S_ISREG(info.st_mode)) return;
+  const char* kind = S_ISDIR(info.st_mode)    ? "a directory"
+                     : S_ISCHR(info.st_mode)  ? "a character device"
+                     : S_ISBLK(info.st_mode)  ? "a block device"
+                     : S_ISFIFO(info.st_mode) ? "a FIFO"
+                     : S_ISSOCK(info.st_mode) ? "a socket"
+                                              : "not a regular file";
+  throw InvalidUsage(what + " " + target.string() + " is " + kind +
+                     "; it is written as a new file put in its place, so name a regular file (or a new one)");
+}
+
 AtomicFile::AtomicFile(fs::path target, WriteProgress* progress) : target_(std::move(target)), progress_(progress) {
+  require_file_target(target_, "the file to write,");
   fs::path dir = target_.parent_path().empty() ? fs::path(".") : target_.parent_path();
   std::string pattern = (dir / ("." + target_.filename().string() + ".tmp.XXXXXX")).string();
   std::vector<char> name(pattern.begin(), pattern.end());

@@ -50,6 +50,12 @@ class AtomicFile {
   bool committed_ = false;
 };
 
+// Throws InvalidUsage when `target` exists and is not a regular file (a
+// directory, a device such as /dev/null, a FIFO, a socket): renaming over
+// it would replace the node itself, which as root broke the machine's
+// /dev/null. `what` names the target in the message ("--out").
+void require_file_target(const std::filesystem::path& target, const std::string& what);
+
 // Writes `bytes` to `target` atomically (AtomicFile).
 void write_file_atomically(const std::filesystem::path& target, std::string_view bytes);
 

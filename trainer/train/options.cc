@@ -12,6 +12,7 @@
 #include <type_traits>
 
 #include "runtime/errors.h"
+#include "trainer/checkpoint/atomic_file.h"
 #include "trainer/strategy/pp_schedule.h"
 #include "trainer/strategy/strategy.h"
 
@@ -240,6 +241,8 @@ void validate_modes(const TrainOptions& o) {
   if (!o.strategy.empty()) parse_strategy(o.strategy);
   parse_device(o.device);
   require(o.consolidate.empty() == o.out.empty(), "--consolidate DIR and --out FILE go together");
+  if (!o.out.empty()) require_file_target(o.out, "--out");
+  if (!o.init_out.empty()) require_file_target(o.init_out, "--init-out");
   require(o.dp >= 0 && o.tp >= 1 && o.pp >= 1, "--dp must be 0 (world / (tp x pp)) or more, --tp and --pp at least 1");
   parse_pp_schedule(o.schedule);
   require(!o.model_parallel() || (!o.eval_only && o.sample_bytes == 0 && o.init_out.empty()),
