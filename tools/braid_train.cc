@@ -25,6 +25,8 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <fstream>
+#include <iterator>
 #include <memory>
 #include <optional>
 #include <set>
@@ -329,6 +331,39 @@ class HoldCheckpointDir : public braid::trainer::TrainObserver {
   braid::trainer::DirectoryLock* lock_;
 };
 
+// Every rank writes a shard of each step into its --checkpoint-dir, which
+// rank 0 publishes: ranks given other directories (a disk of their own
+// node, a relative path from another working directory) trained the whole
+// run and lost it at the first save. Each rank looks for the lock file rank
+// 0 holds, with rank 0's text in it, before training; all refuse alike,
+// naming the first rank that does not see it. Not checked where rank 0
+// could not take the lock (a file system without flock).
+void check_same_checkpoint_dir(braid::comm::Communicator* world, const TrainOptions& o,
+                               const braid::trainer::DirectoryLock* hold) {
+  using braid::comm::DataType;
+  if (world == nullptr || world->size() == 1 || o.checkpoint_dir.empty() || o.eval_only) return;
+  std::string expected = world->rank() == 0 && hold != nullptr ? hold->text() : std::string();
+  std::int64_t length = static_cast<std::int64_t>(expected.size());
+  world->broadcast(&length, &length, 1, DataType::i64, 0).wait();
+  if (length == 0) return;
+  expected.resize(static_cast<std::size_t>(length));
+  world->broadcast(expected.data(), expected.data(), expected.size(), DataType::u8, 0).wait();
+  std::string seen;
+  if (std::ifstream file{braid::trainer::DirectoryLock::path_in(o.checkpoint_dir), std::ios::binary})
+    seen.assign(std::istreambuf_iterator<char>(file), {});
+  const std::uint8_t mine = seen == expected ? 1 : 0;
+  std::vector<std::uint8_t> all(static_cast<std::size_t>(world->size()));
+  world->all_gather(&mine, all.data(), 1, DataType::u8).wait();
+  const auto blind = std::find(all.begin(), all.end(), std::uint8_t{0});
+  if (blind == all.end()) return;
+  const int rank = static_cast<int>(blind - all.begin());
+  throw braid::InvalidUsage(
+      "rank " + std::to_string(rank) + " does not see rank 0's --checkpoint-dir" +
+      (rank == world->rank() ? " (" + o.checkpoint_dir + " here)" : std::string()) +
+      ": every rank writes its shard of each step there, so it must be one directory, on a file system every "
+      "rank shares (a relative path needs the same working directory on every rank)");
+}
+
 int run(const TrainOptions& o, const braid::runtime::RankInfo& info, braid::trainer::DirectoryLock* hold) {
   namespace t = braid::trainer;
   t::validate(o);
@@ -342,6 +377,7 @@ int run(const TrainOptions& o, const braid::runtime::RankInfo& info, braid::trai
   const std::unique_ptr<braid::comm::Communicator> comm = connect(o, info);
   const t::TextCorpus corpus = o.data.empty() ? t::load_default_corpus() : t::load_text_file(o.data);
   t::Trainer trainer(o, corpus, comm.get());
+  check_same_checkpoint_dir(trainer.world(), o, hold);
   trainer.start();
   if (o.eval_only) return eval_only(trainer, corpus, o);
   print_start(trainer, info, corpus);

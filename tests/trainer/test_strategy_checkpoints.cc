@@ -192,6 +192,42 @@ TEST_CASE("a rank killed mid-run stops the job, naming it; the last checkpoint r
   CHECK(read_weights_config(job.path() / "full.safetensors").n_embd == 16);
 }
 
+// braid-train checks before it trains: ranks given other directories, or
+// a --checkpoint-dir on some ranks only, trained the whole run and then
+// lost it at the first save.
+TEST_CASE("braid-train refuses ranks that do not share rank 0's checkpoint directory before training",
+          "[strategy][launch]") {
+  const char* train = launched_train();
+  if (train == nullptr) return;
+  braid::test::JobDir job;
+  const std::string args = std::string(train) +
+                           " --strategy zero1 --n-layer 1 --n-head 2 --n-embd 16 --block-size 16 --batch-size 4"
+                           " --eval-interval 0 --eval-batches 1 --steps 3";
+  const auto elsewhere = braid::test::run_launch(
+      job, braid::test::shell_job(2, "exec " + args + " --checkpoint-dir \"$0/node$BRAID_RANK\"", job));
+  INFO(elsewhere.out << elsewhere.err);
+  CHECK(elsewhere.status == 2);
+  CHECK_THAT(elsewhere.err, Catch::Contains("[rank 0] braid-train: error: rank 1 does not see rank 0's "
+                                            "--checkpoint-dir: every rank writes its shard"));
+  CHECK_THAT(elsewhere.out, !Catch::Contains("step 1"));
+  CHECK_FALSE(fs::exists(job.path() / "node0" / "latest"));
+  const auto one_only = braid::test::run_launch(
+      job, braid::test::shell_job(2,
+                                  "if [ \"$BRAID_RANK\" = 1 ]; then exec " + args + " --checkpoint-dir \"$0/ck\"; "
+                                  "else exec " + args + "; fi",
+                                  job));
+  INFO(one_only.out << one_only.err);
+  CHECK(one_only.status == 2);
+  CHECK_THAT(one_only.err, Catch::Contains("rank 1 was started with other settings than rank 0: "
+                                           "checkpoint_dir_given true (rank 0: false)"));
+  // One directory, as every rank sees it: trains and publishes.
+  const auto shared =
+      braid::test::run_launch(job, braid::test::shell_job(2, "exec " + args + " --checkpoint-dir \"$0/shared\"", job));
+  INFO(shared.out << shared.err);
+  CHECK(shared.status == 0);
+  CHECK(latest_step(job.path() / "shared") == 3);
+}
+
 // A job started with --resume and restarted by --max-restarts goes on from
 // the checkpoints its own attempts wrote (they record the job's run id), not
 // from where it started, and never from an earlier job's checkpoints in the

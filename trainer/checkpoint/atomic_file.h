@@ -85,6 +85,10 @@ class DirectoryLock {
   // as take() does, warning that the steps saved there before are gone, or
   // throws InvalidUsage naming the run that holds it now.
   void reclaim();
+  // What DIR/.braid-train.lock says while this run holds it (a line
+  // naming the run), and its path.
+  std::string text() const { return holder_ + "\n"; }
+  static std::filesystem::path path_in(const std::filesystem::path& dir) { return dir / ".braid-train.lock"; }
 
  private:
   DirectoryLock(int fd, std::filesystem::path dir, std::string holder)

@@ -161,6 +161,9 @@ nlohmann::json shared_settings(const TrainOptions& o) {
   // Any bytes make a prompt (the model is byte-level), and JSON holds only
   // UTF-8: its checksum (a prompt such as $'\xe9' failed every run of 2 ranks).
   j["prompt_xxh3"] = xxh3_hex(o.prompt.data(), o.prompt.size());
+  // Where a rank writes may differ (a mount point of each node's own), but
+  // not whether it does: every rank writes a shard of each step.
+  j["checkpoint_dir_given"] = !o.checkpoint_dir.empty();
   return j;
 }
 
