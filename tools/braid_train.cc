@@ -83,7 +83,7 @@ void add_run_flags(CLI::App& app, TrainOptions& o) {
       ->capture_default_str();
   app.add_option("--data", o.data, "text file (default: the fortunes in /usr/share/games/fortunes)");
   app.add_option("--eval-interval,--eval_interval", o.eval_interval, "steps between val evaluations (0: at the end)")->capture_default_str();
-  app.add_option("--eval-batches,--eval_iters", o.eval_batches, "micro-batches per evaluation")->capture_default_str();
+  app.add_option("--eval-batches,--eval_iters", o.eval_batches, "batches per evaluation, each of --batch-size sequences (the same ones on any layout)")->capture_default_str();
   app.add_option("--checkpoint-interval", o.checkpoint_interval, "steps between checkpoints (0: at the end)")
       ->capture_default_str();
 }

@@ -37,7 +37,7 @@ struct TrainOptions {
   std::uint64_t seed = 1337;
   std::string data;                // empty: the default corpus
   std::int64_t eval_interval = 100;  // steps between val evaluations; 0: only at the end
-  int eval_batches = 8;            // micro-batches per evaluation
+  int eval_batches = 8;            // batches (of batch_size sequences) per evaluation
   std::int64_t checkpoint_interval = 0;  // steps between checkpoints; 0: only at the end
 
   // Per invocation.

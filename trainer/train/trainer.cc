@@ -371,17 +371,19 @@ StepReport Trainer::train_step() {
 }
 
 double Trainer::pipeline_loss_sum(const BatchSampler& sampler) {
-  const int T = sampler.T();
+  const int A = options_.grad_accum, T = sampler.T();
   const std::size_t N = static_cast<std::size_t>(B_) * T;
-  const std::int64_t first = static_cast<std::int64_t>(mesh_->groups().coord.dp) * B_;
+  const std::int64_t first = static_cast<std::int64_t>(mesh_->groups().coord.dp) * A * B_;
   const int group = pipeline_eval_group(options_);
+  const int total = options_.eval_batches * A;  // micro-batches: A of each batch
   double sum = 0.0;
   std::vector<MicroBatch> micro_batches;
-  for (int start = 0; start < options_.eval_batches; start += group) {
+  for (int start = 0; start < total; start += group) {
     micro_batches.clear();
-    for (int b = start; b < std::min(start + group, options_.eval_batches); ++b) {
-      const std::size_t at = static_cast<std::size_t>(b - start) * N;
-      sampler.fill(b, first, B_, inputs_.data() + at, targets_.data() + at);
+    for (int k = start; k < std::min(start + group, total); ++k) {
+      const std::size_t at = static_cast<std::size_t>(k - start) * N;
+      sampler.fill(k / A, first + static_cast<std::int64_t>(k % A) * B_, B_, inputs_.data() + at,
+                   targets_.data() + at);
       micro_batches.push_back({inputs_.data() + at, targets_.data() + at, B_, T});
     }
     sum += mesh_->forward_loss_sum(micro_batches);
@@ -389,14 +391,24 @@ double Trainer::pipeline_loss_sum(const BatchSampler& sampler) {
   return sum;
 }
 
+// --eval-batches whole batches of --batch-size sequences, the same ones
+// whatever the layout: each rank takes its part of each batch as a training
+// step does (its data-parallel share, in --grad-accum micro-batches). It
+// took one micro-batch of each, so that the loss of the same weights moved
+// with --grad-accum (and so with a pipeline's --micro-batches).
 double Trainer::evaluate(const BatchSampler& sampler) {
   strategy().begin_forward_only();
-  const int N = strategy().world_size();
-  double sum = mesh_ ? pipeline_loss_sum(sampler)
-                     : sampled_loss_sum(model(), *acts_, sampler, options_.eval_batches,
-                                        static_cast<std::int64_t>(strategy().rank()) * B_);
+  const int N = strategy().world_size(), A = options_.grad_accum;
+  double sum = 0.0;
+  if (mesh_) {
+    sum = pipeline_loss_sum(sampler);
+  } else {
+    const std::int64_t first = static_cast<std::int64_t>(strategy().rank()) * A * B_;
+    for (int a = 0; a < A; ++a)
+      sum += sampled_loss_sum(model(), *acts_, sampler, options_.eval_batches, first + static_cast<std::int64_t>(a) * B_);
+  }
   strategy().sum_over_ranks({&sum, 1});
-  return sum / (static_cast<double>(options_.eval_batches) * B_ * N * sampler.T());
+  return sum / (static_cast<double>(options_.eval_batches) * A * B_ * N * sampler.T());
 }
 
 fs::path Trainer::save_checkpoint() {
