@@ -354,5 +354,32 @@ TEST_CASE("a sharded save publishes only its own files", "[checkpoint]") {
   CHECK(a.loads_from(resolve_checkpoint(dir.path())));
 }
 
+// A shard of the same step copied in from another run (or another save of
+// the step) loaded without a word, mixing two models: every shard carries
+// its save's name, which the manifest records.
+TEST_CASE("a shard from another save of the same step is refused by name", "[checkpoint]") {
+  const Saved a(1);
+  std::vector<TensorPiece> pieces;
+  for (const char* prefix : {"", "m.", "v."}) {
+    const FlatBuffer& values = *prefix == 0 ? a.model.params() : *prefix == 'm' ? a.opt.m() : a.opt.v();
+    for (const ParamView& v : a.model.table().views())
+      pieces.push_back({prefix + v.name, 0, v.count(), values.data() + v.offset});
+  }
+  test::TempDir first, second;
+  for (const auto& [dir, save] : {std::pair{first.path(), "0123456789abcdef"}, std::pair{second.path(), "fedcba9876543210"}}) {
+    const fs::path staging = prepare_step_directory(dir, 5);
+    write_shard(staging, 0, 2, pieces, a.config, 5, nullptr, save);
+    write_shard(staging, 1, 2, {}, a.config, 5, nullptr, save);
+    commit_sharded_checkpoint(dir, TrainState{5, json::object(), "x", 1, 2}, 2, "ddp", {}, 2, save);
+  }
+  CHECK(a.loads_from(resolve_checkpoint(first.path())));
+  const std::string shard = "shard_00001_of_00002.safetensors";
+  fs::copy_file(second.path() / "step_00000005" / shard, first.path() / "step_00000005" / shard,
+                fs::copy_options::overwrite_existing);
+  CHECK_THROWS_WITH(CheckpointReader::open(first.path() / "step_00000005"),
+                    Catch::Contains(shard + " was written by another save than its manifest (save 'fedcba9876543210', "
+                                    "the manifest's '0123456789abcdef')"));
+}
+
 }  // namespace
 }  // namespace braid::trainer

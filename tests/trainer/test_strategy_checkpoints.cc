@@ -228,6 +228,30 @@ TEST_CASE("braid-train refuses ranks that do not share rank 0's checkpoint direc
   CHECK(latest_step(job.path() / "shared") == 3);
 }
 
+// A full disk on one rank (a file-size limit, as in test_cli.cc; over TCP,
+// since the limit also stops shared-memory set-up): the save
+// fails every rank, and the shards the others wrote do not stay in
+// step_N.partial, holding the space the disk lacked.
+TEST_CASE("a sharded save that fails on one rank leaves no partial step behind", "[strategy][launch]") {
+  const char* train = launched_train();
+  if (train == nullptr) return;
+  braid::test::JobDir job;
+  const fs::path ckpt = job.path() / "ckpt";
+  const std::string args = std::string(train) +
+                           " --strategy zero2 --n-layer 1 --n-head 2 --n-embd 16 --block-size 16 --batch-size 4"
+                           " --eval-interval 0 --eval-batches 1 --steps 2 --checkpoint-interval 2 --checkpoint-dir " +
+                           ckpt.string();
+  const auto full = braid::test::run_launch(
+      job, braid::test::shell_job(2, "export BRAID_TRANSPORT=tcp; trap '' XFSZ; [ \"$BRAID_RANK\" = 1 ] && ulimit -f 8; exec " + args, job));
+  INFO(full.out << full.err);
+  CHECK(full.status == 1);
+  CHECK_THAT(full.err, Catch::Contains("step_00000002.partial/shard_00001_of_00002.safetensors") &&
+                           Catch::Contains("File too large"));
+  CHECK_FALSE(fs::exists(ckpt / "latest"));
+  CHECK_FALSE(fs::exists(ckpt / "step_00000002"));
+  CHECK_FALSE(fs::exists(ckpt / "step_00000002.partial"));
+}
+
 // A job started with --resume and restarted by --max-restarts goes on from
 // the checkpoints its own attempts wrote (they record the job's run id), not
 // from where it started, and never from an earlier job's checkpoints in the

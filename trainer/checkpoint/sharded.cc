@@ -44,7 +44,7 @@ fs::path prepare_step_directory(const fs::path& dir, std::int64_t step) {
 }
 
 void write_shard(const fs::path& staging, int rank, int world_size, const std::vector<TensorPiece>& pieces,
-                 const GptConfig& config, std::int64_t step, WriteProgress* progress) {
+                 const GptConfig& config, std::int64_t step, WriteProgress* progress, const std::string& save) {
   const std::map<std::string, std::vector<std::int64_t>> shapes = full_shapes(config);
   std::vector<TensorToWrite> tensors;
   for (const TensorPiece& p : pieces) {
@@ -61,6 +61,7 @@ void write_shard(const fs::path& staging, int rank, int world_size, const std::v
   Metadata metadata = config_metadata(config, step);
   metadata["rank"] = std::to_string(rank);
   metadata["world_size"] = std::to_string(world_size);
+  if (!save.empty()) metadata["save"] = save;
   write_safetensors(staging / shard_name(rank, world_size), tensors, metadata, progress);
 }
 
@@ -72,7 +73,8 @@ std::vector<int> missing_shards(const fs::path& staging, int world_size) {
 }
 
 fs::path commit_sharded_checkpoint(const fs::path& dir, const TrainState& state, int world_size,
-                                   const std::string& strategy, const StepFiles& extra, int keep) {
+                                   const std::string& strategy, const StepFiles& extra, int keep,
+                                   const std::string& save) {
   const fs::path staging = layout::staging_dir(dir, state.step);
   if (const std::vector<int> missing = missing_shards(staging, world_size); !missing.empty()) {
     throw SystemError("the checkpoint of step " + std::to_string(state.step) + " is not published: " +
@@ -85,6 +87,7 @@ fs::path commit_sharded_checkpoint(const fs::path& dir, const TrainState& state,
   for (int r = 0; r < world_size; ++r) shards.push_back(shard_name(r, world_size));
   for (const std::string& name : shards) files.push_back(name);
   manifest["shards"] = {{"world_size", world_size}, {"strategy", strategy}, {"files", files}};
+  if (!save.empty()) manifest["shards"]["save"] = save;
   layout::tidy_staging(staging, shards);
   layout::write_files(staging, extra);
   write_file_atomically(staging / layout::kManifestFile, layout::sealed_text(manifest));
@@ -123,6 +126,7 @@ CheckpointReader CheckpointReader::open(const fs::path& step_dir) {
     try {
       r.world_size_ = m.at("shards").at("world_size").get<int>();
       r.strategy_ = m.at("shards").at("strategy").get<std::string>();
+      r.save_ = m.at("shards").value("save", std::string());
       for (const auto& name : m.at("shards").at("files")) {
         const std::string file = name.get<std::string>();
         if (file.find('/') != std::string::npos) throw InvalidUsage("shard file '" + file + "' is not a plain name");
@@ -151,6 +155,13 @@ void CheckpointReader::check_file(const SafetensorsFile& f) const {
   if (!(got == config_)) {
     fail(f.path().filename().string() + " holds a model with " + describe(got) + ", but " +
          files_.front()->path().filename().string() + " one with " + describe(config_));
+  }
+  // Checkpoints written before saves were named carry none.
+  const auto save = f.metadata().find("save");
+  if (!save_.empty() && (save == f.metadata().end() || save->second != save_)) {
+    fail(f.path().filename().string() + " was written by another save than its manifest (save '" +
+         (save == f.metadata().end() ? std::string("none") : save->second) + "', the manifest's '" + save_ +
+         "'): a shard copied in from another run or another save of this step would mix two models");
   }
   if (layout::metadata_int(f, "step") != state_.step) {
     throw InvalidUsage("checkpoint " + f.path().string() + " is refused: it is from step " +

@@ -47,10 +47,13 @@ struct TensorPiece {
 // checkpoint of `step` under `dir`.
 std::filesystem::path prepare_step_directory(const std::filesystem::path& dir, std::int64_t step);
 // This rank's shard file in the staging directory, written atomically
-// (reporting to `progress` when given one).
+// (reporting to `progress` when given one). `save` names this save, the
+// same on every rank; the manifest records it too, so a
+// shard copied in from another run or another save of the step is refused
+// when the checkpoint is read (one of the same step loaded without a word).
 void write_shard(const std::filesystem::path& staging, int rank, int world_size,
                  const std::vector<TensorPiece>& pieces, const GptConfig& config, std::int64_t step,
-                 WriteProgress* progress = nullptr);
+                 WriteProgress* progress = nullptr, const std::string& save = "");
 // The ranks whose shard of a world of `world_size` is not in `staging`:
 // those that wrote it elsewhere (a node-local disk, a relative directory
 // from another working directory).
@@ -60,7 +63,8 @@ std::vector<int> missing_shards(const std::filesystem::path& staging, int world_
 // step directory. Refuses, publishing nothing, when a shard is missing.
 std::filesystem::path commit_sharded_checkpoint(const std::filesystem::path& dir, const TrainState& state,
                                                 int world_size, const std::string& strategy,
-                                                const StepFiles& extra = {}, int keep = 2);
+                                                const StepFiles& extra = {}, int keep = 2,
+                                                const std::string& save = "");
 
 // Reads a training checkpoint of either layout (single-process or sharded)
 // or a bare weights file. Opening reads and validates every file: the model
@@ -98,6 +102,7 @@ class CheckpointReader {
   void check_file(const SafetensorsFile& file) const;
   [[noreturn]] void fail(const std::string& problem) const;
 
+  std::string save_;  // the save that wrote a sharded checkpoint, if it says
   std::filesystem::path where_;
   TrainState state_;
   GptConfig config_;

@@ -1,6 +1,8 @@
 #include "trainer/train/state_io.h"
 
+#include <cstdio>
 #include <functional>
+#include <random>
 #include <string>
 
 #include "runtime/errors.h"
@@ -51,6 +53,40 @@ void check_shards_seen(comm::Communicator* comm, const std::filesystem::path& st
                      (comm->rank() == 0 ? staging.string() : "its staging directory") +
                      ": every rank must write to the same directory, on a file system they all share, and a "
                      "relative --checkpoint-dir needs the same working directory on every rank");
+}
+
+// A random name for one save, rank 0's, sent to every rank (a broadcast):
+// its shards and its manifest carry it (write_shard).
+std::string agree_save_id(comm::Communicator& comm) {
+  std::int64_t id = 0;
+  if (comm.rank() == 0) {
+    std::random_device random;
+    id = static_cast<std::int64_t>((std::uint64_t{random()} << 32) | random());
+  }
+  comm.broadcast(&id, &id, 1, DataType::i64, 0).wait();
+  char text[17];
+  std::snprintf(text, sizeof text, "%016llx", static_cast<unsigned long long>(id));
+  return text;
+}
+
+// Every rank's shard of a step into its staging directory, which rank 0
+// then sees whole. A save that failed (a full disk, a rank that wrote
+// elsewhere) left the shards written so far in DIR/step_N.partial, holding
+// on to the space a full disk lacked: rank 0 removes the staging directory
+// before the error goes on (best effort: a rank's writer still stuck in
+// the kernel may hold its file open a while).
+void write_shards(comm::Communicator* comm, const std::filesystem::path& staging, int world_size, std::int64_t step,
+                  const std::function<void(WriteProgress*)>& write) {
+  try {
+    write_all(comm, shards_of(step), write);
+    check_shards_seen(comm, staging, world_size, step);
+  } catch (...) {
+    if (comm == nullptr || comm->rank() == 0) {
+      std::error_code ignored;
+      std::filesystem::remove_all(staging, ignored);
+    }
+    throw;
+  }
 }
 
 }  // namespace
@@ -109,15 +145,15 @@ std::filesystem::path save_sharded_checkpoint(Strategy& strategy, const std::fil
   const std::filesystem::path staging = prepare_step_directory(dir, state.step);
   std::vector<std::vector<float>> copies;
   const std::vector<TensorPiece> pieces = owned_pieces(strategy, copies);
+  const std::string save = strategy.comm() != nullptr ? agree_save_id(*strategy.comm()) : std::string();
   // The manifest goes last, once every shard is durable.
-  write_all(strategy.comm(), shards_of(state.step), [&](WriteProgress* progress) {
+  write_shards(strategy.comm(), staging, strategy.world_size(), state.step, [&](WriteProgress* progress) {
     write_shard(staging, strategy.rank(), strategy.world_size(), pieces, strategy.model().config(), state.step,
-                progress);
+                progress, save);
   });
-  check_shards_seen(strategy.comm(), staging, strategy.world_size(), state.step);
   if (strategy.rank() != 0) return step_directory(dir, state.step);
   return commit_sharded_checkpoint(dir, state, strategy.world_size(), std::string(strategy_name(strategy.kind())),
-                                   extra);
+                                   extra, 2, save);
 }
 
 std::filesystem::path save_mesh_checkpoint(Mesh& mesh, comm::Communicator& world, const std::filesystem::path& dir,
@@ -137,16 +173,16 @@ std::filesystem::path save_mesh_checkpoint(Mesh& mesh, comm::Communicator& world
       pieces.push_back({s.prefix + v.name, 0, values.back().size(), values.back().data()});
     }
   }
-  write_all(&world, shards_of(state.step), [&](WriteProgress* progress) {
-    write_shard(staging, world.rank(), world.size(), pieces, model.config(), state.step, progress);
+  const std::string save = agree_save_id(world);
+  write_shards(&world, staging, world.size(), state.step, [&](WriteProgress* progress) {
+    write_shard(staging, world.rank(), world.size(), pieces, model.config(), state.step, progress, save);
   });
-  check_shards_seen(&world, staging, world.size(), state.step);
   if (world.rank() != 0) return step_directory(dir, state.step);
   const MeshShape& shape = mesh.groups().shape;
   const std::string layout = std::string(strategy_name(mesh.strategy().kind())) + " on dp " +
                              std::to_string(shape.dp) + " x tp " + std::to_string(shape.tp) + " x pp " +
                              std::to_string(shape.pp);
-  return commit_sharded_checkpoint(dir, state, world.size(), layout, extra);
+  return commit_sharded_checkpoint(dir, state, world.size(), layout, extra, 2, save);
 }
 
 void save_strategy_weights(Strategy& strategy, const std::filesystem::path& path, std::int64_t step) {
