@@ -145,6 +145,36 @@ TEST_CASE("the pipeline evaluates in groups of micro-batches: 130 give the singl
     CHECK(r.contains("steps"));
 }
 
+// The validation loss of the same weights is one number whatever the
+// layout: evaluation took one micro-batch of each batch, so it moved with
+// --grad-accum and with a pipeline's --micro-batches.
+TEST_CASE("the val loss of the same weights does not move with --grad-accum, --micro-batches or dp", "[mesh]") {
+  const TextCorpus corpus = test::synthetic_corpus();
+  TrainOptions o = mesh_options();
+  o.eval_batches = 2;
+  o.strategy = "none";
+  o.grad_accum = 1;
+  Trainer whole(o, corpus);
+  whole.start();
+  const double want = whole.evaluate_val();
+  for (int accum : {2, 4, 8}) {
+    o.grad_accum = accum;
+    Trainer t(o, corpus);
+    t.start();
+    CHECK(std::abs(t.evaluate_val() - want) < 1e-6);
+  }
+  o.strategy = "";
+  o.pp = 2;
+  o.grad_accum = 4;
+  for (const json& r : test::run_trainers(2, o, corpus, [](Trainer& t, json& out) { out["val"] = t.evaluate_val(); }))
+    CHECK(std::abs(r["val"].get<double>() - want) < 1e-5);
+  o.pp = 1;
+  o.strategy = "ddp";
+  o.grad_accum = 2;
+  for (const json& r : test::run_trainers(2, o, corpus, [](Trainer& t, json& out) { out["val"] = t.evaluate_val(); }))
+    CHECK(std::abs(r["val"].get<double>() - want) < 1e-5);
+}
+
 TEST_CASE("a tp 2 x pp 2 checkpoint consolidates, loads at dp 4, tp 4 and on one process, and resumes", "[mesh][checkpoint]") {
   test::TempDir dir;
   const TextCorpus corpus = test::synthetic_corpus();
