@@ -241,6 +241,24 @@ TEST_CASE("a checkpoint that cannot be written fails the run and loses nothing",
   CHECK(fs::exists(fs::path(ckpt) / "step_00000004" / "model.safetensors"));
 }
 
+// A run killed while it wrote `latest` left `.latest.tmp.XXXXXX`, which no
+// later save removed: the run that takes the directory does.
+TEST_CASE("the run that takes a checkpoint directory removes the temporary files of killed writes", "[cli][checkpoint]") {
+  if (!have_binary()) return;
+  test::TempDir dir;
+  const fs::path text = write_text(dir, 4000);
+  const fs::path ckpt = dir / "ckpt";
+  const std::string common = kTiny + "--data " + text.string() + " --checkpoint-dir " + ckpt.string() + " ";
+  REQUIRE(braid_train(dir, common + "--steps 2").rc == 0);
+  for (const char* name : {".latest.tmp.Ab12Cd", ".shard_00000_of_00002.safetensors.tmp.x9Y8z7", ".keep", "a.tmp.Ab12Cd"})
+    std::ofstream(ckpt / name) << "left";
+  REQUIRE(braid_train(dir, common + "--steps 3 --resume " + ckpt.string()).rc == 0);
+  CHECK_FALSE(fs::exists(ckpt / ".latest.tmp.Ab12Cd"));
+  CHECK_FALSE(fs::exists(ckpt / ".shard_00000_of_00002.safetensors.tmp.x9Y8z7"));
+  CHECK(fs::exists(ckpt / ".keep"));
+  CHECK(fs::exists(ckpt / "a.tmp.Ab12Cd"));
+}
+
 // A fresh run into a --checkpoint-dir that holds an earlier run's steps
 // replaced the steps of the same numbers and pruned the others (a model of
 // another shape among them), so it is refused; --resume continues it.

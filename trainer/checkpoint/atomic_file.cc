@@ -34,6 +34,22 @@ mode_t current_umask() {
   return 022;
 }
 
+// The temporary files of AtomicFiles (".NAME.tmp.XXXXXX") in the top of a
+// checkpoint directory, left by a run killed mid-write (`.latest.tmp.*`):
+// the run that now holds the directory writes no other, so they are stale.
+void remove_stale_temporaries(const fs::path& dir) {
+  std::error_code ec;
+  for (const auto& entry : fs::directory_iterator(dir, ec)) {
+    const std::string name = entry.path().filename().string();
+    const std::size_t mark = name.rfind(".tmp.");
+    if (name.size() < 2 || name[0] != '.' || mark == std::string::npos || mark == 0 || name.size() - mark != 11 ||
+        !entry.is_regular_file(ec))
+      continue;
+    std::error_code ignored;
+    if (fs::remove(entry.path(), ignored)) spdlog::debug("removed {}, left by a write that never finished", name);
+  }
+}
+
 }  // namespace
 
 void require_file_target(const fs::path& target, const std::string& what) {
@@ -180,6 +196,7 @@ std::unique_ptr<DirectoryLock> DirectoryLock::take(const fs::path& dir, const st
                  path.string(), std::strerror(err), dir.string());
     return nullptr;
   }
+  remove_stale_temporaries(dir);
   const std::string text = holder + "\n";
   if (::ftruncate(fd, 0) != 0 || ::pwrite(fd, text.data(), text.size(), 0) != static_cast<ssize_t>(text.size()))
     spdlog::debug("cannot record the holder in {}: {}", path.string(), std::strerror(errno));
