@@ -9,6 +9,8 @@
 // <utility>; GCC 12 in C++20 mode needs it included first.
 #include <utility>
 
+#include <sys/resource.h>
+
 #include <boost/asio.hpp>
 #include <spdlog/spdlog.h>
 
@@ -53,6 +55,21 @@ constexpr milliseconds kConnectRetry{25};
 constexpr milliseconds kProbeAnswer{2000};
 constexpr milliseconds kProbeRetry{1000};
 constexpr milliseconds kProbeWarning{5000};
+
+// Out of file descriptors is this process's own limit, not a store that is
+// not up yet: retried like one, it left a process that opens many
+// communicators (torch's new_group) waiting for the whole timeout, 30 min
+// under torch, with a warning at most.
+void fail_if_out_of_descriptors(const error_code& ec, const std::string& where) {
+  if (ec != asio::error::no_descriptors && ec != boost::system::errc::too_many_files_open_in_system) return;
+  rlimit nofile{};
+  const std::string limit = getrlimit(RLIMIT_NOFILE, &nofile) == 0 && nofile.rlim_cur != RLIM_INFINITY
+                                ? " of its " + std::to_string(nofile.rlim_cur)
+                                : std::string();
+  throw SystemError("cannot open a socket to reach the store at " + where + ": " + ec.message() +
+                    " (this process holds all" + limit + " descriptors it may open, ulimit -n): raise the limit, "
+                    "or create fewer communicators or process groups (each takes descriptors for its peers)");
+}
 
 // What greeting a store on one port found.
 enum class Probe { accepted, nothing_listening, hung_up, no_answer, io_error, wrong_token, refused, not_a_store };
@@ -353,6 +370,7 @@ bool Store::Impl::try_connect(Clock::time_point deadline, error_code& last) {
   for (const auto& entry : endpoints) {
     last = run_until([&](auto handler) { socket_.async_connect(entry.endpoint(), handler); }, deadline);
     if (!last) return true;
+    fail_if_out_of_descriptors(last, where());
     error_code ignored;
     socket_.close(ignored);
   }
@@ -484,14 +502,33 @@ void Store::Impl::fail_with(const std::string& why, const Exchange& exchange) {
 
 // ---- Store ---------------------------------------------------------------
 
+namespace {
+
+// A client's own io_context takes descriptors (an epoll and an eventfd)
+// before any socket: asio's bare "eventfd_select_interrupter: Too many open
+// files" said nothing of the store or the remedy.
+template <class Make>
+auto make_impl(const std::string& where, Make make) {
+  try {
+    return make();
+  } catch (const boost::system::system_error& e) {
+    fail_if_out_of_descriptors(e.code(), where);
+    throw;
+  }
+}
+
+}  // namespace
+
 Store::Store(const std::string& host, std::uint16_t port, std::string token, milliseconds connect_timeout)
-    : impl_(std::make_unique<Impl>(host, port, std::move(token), connect_timeout)) {}
+    : impl_(make_impl(host + ":" + std::to_string(port), [&] {
+        return std::make_unique<Impl>(host, port, std::move(token), connect_timeout);
+      })) {}
 
 Store::Store(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 
 std::unique_ptr<Store> Store::find(const std::string& host, const std::vector<std::uint16_t>& ports,
                                    std::string token, milliseconds timeout, const std::string& remedy) {
-  auto impl = std::make_unique<Impl>(host, std::move(token), timeout);
+  auto impl = make_impl(host, [&] { return std::make_unique<Impl>(host, std::move(token), timeout); });
   impl->find(ports, timeout, remedy);
   return std::unique_ptr<Store>(new Store(std::move(impl)));
 }

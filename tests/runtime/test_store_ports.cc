@@ -4,6 +4,7 @@
 // on 127.0.0.1; the first port of each sequence is kernel-chosen and then
 // taken on purpose.
 #include <catch2/catch.hpp>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -133,6 +134,38 @@ TEST_CASE("store ports: no store of the job means a bounded error naming the por
     CHECK_THROWS_WITH(Store::find("127.0.0.1", ports, kToken, 1s, "set MASTER_PORT"),
                       Contains("wrong job token") && Contains("set MASTER_PORT"));
   }
+}
+
+// A process out of file descriptors (torch's new_group, called a hundred
+// times) retried as if the store were not up yet, for the whole timeout.
+TEST_CASE("store ports: a client out of file descriptors fails at once, naming the limit", "[store_ports]") {
+  StoreServer server("127.0.0.1", 0, kToken);
+  rlimit before{};
+  REQUIRE(getrlimit(RLIMIT_NOFILE, &before) == 0);
+  // The lowest free descriptor becomes the limit: the next socket() fails.
+  const int lowest = ::dup(0);
+  REQUIRE(lowest >= 0);
+  ::close(lowest);
+  rlimit tight = before;
+  tight.rlim_cur = static_cast<rlim_t>(lowest);
+  REQUIRE(setrlimit(RLIMIT_NOFILE, &tight) == 0);
+  struct Restore {
+    rlimit limit;
+    ~Restore() { setrlimit(RLIMIT_NOFILE, &limit); }
+  } restore{before};
+  const auto start = std::chrono::steady_clock::now();
+  CHECK_THROWS_WITH(Store::find("127.0.0.1", {server.port()}, kToken, 20s, ""),
+                    Contains("cannot open a socket to reach the store") && Contains("Too many open files") &&
+                        Contains("of its " + std::to_string(lowest) + " descriptors") && Contains("ulimit -n"));
+  CHECK_THROWS_WITH(Store("127.0.0.1", server.port(), kToken, 20s), Contains("Too many open files"));
+  // Room for the client's own io_context (an epoll, an eventfd), none for
+  // its socket.
+  tight.rlim_cur = static_cast<rlim_t>(lowest + 2);
+  REQUIRE(setrlimit(RLIMIT_NOFILE, &tight) == 0);
+  CHECK_THROWS_WITH(Store::find("127.0.0.1", {server.port()}, kToken, 20s, ""),
+                    Contains("cannot open a socket to reach the store at 127.0.0.1:") &&
+                        Contains("Too many open files") && Contains("ulimit -n"));
+  CHECK(seconds_since(start) < 5);
 }
 
 TEST_CASE("store ports: serve_job_store and connect_job_store under srun's variables", "[store_ports]") {
