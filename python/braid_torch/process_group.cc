@@ -86,17 +86,122 @@ std::vector<int64_t> element_splits(const at::Tensor& tensor, const std::vector<
 // two groups be issued in opposite orders on two ranks (gloo completes
 // them), and a call run in the caller's thread returns only once its peers
 // have joined it, which the peer does only after its own first call, on the
-// other group. One group alone keeps the faster inline path.
+// other group. One group alone keeps the faster inline path, for the calls
+// its caller waits for at once (Issuer, below).
 namespace {
 
 std::mutex groups_mutex;
-std::vector<comm::Communicator*> groups;
+std::vector<Issuer*> groups;
 
 void inline_while_alone() {
-  for (comm::Communicator* comm : groups) comm->set_inline(groups.size() == 1);
+  for (Issuer* group : groups) group->set_alone(groups.size() == 1);
 }
 
 }  // namespace
+
+// A call that runs in the caller's thread (the group alone, a small call)
+// returns only once every peer has joined it. torch's async_op=True then
+// did not return at once, and a rank that waited for a peer through another
+// channel (the store, a gloo group) before waiting for the call deadlocked
+// with that peer until the group's timeout; gloo returns at once. So while
+// the group is alone, a collective on host tensors is held back when torch
+// asks for it, and issued
+//   - in the caller's thread when the caller waits for it without a
+//     deadline: a synchronous call (no async_op) waits at once, and keeps
+//     the inline path's latency;
+//   - on the progress thread kHoldTime later, or at once when anything else
+//     happens on the group: its next call, is_completed(), a wait with a
+//     deadline, get_future() (DDP's hooks), the group's end.
+// At most one call is held, so calls keep their issue order. Device calls
+// are not held (their stream order is taken at issue), nor sends and
+// receives (an inline one that must wait for its peer goes to the progress
+// thread anyway).
+Issuer::Issuer(comm::Communicator& comm, Completer& completer)
+    : comm_(comm), completer_(completer), thread_([this] { hold_loop(); }) {}
+
+void Issuer::set_alone(bool alone) {
+  alone_.store(alone, std::memory_order_relaxed);
+  comm_.set_inline(alone);
+}
+
+void Issuer::issue(std::function<comm::Work()> issue, Pending pending, bool holdable) {
+  std::unique_lock lock(mutex_);
+  release_locked();
+  if (holdable && alone_.load(std::memory_order_relaxed) && !stopping_) {
+    held_.emplace(Held{std::move(issue), std::move(pending), Clock::now() + kHoldTime});
+    // A holding thread already timing an earlier call wakes by this one's
+    // due time anyway: waking it for each call cost a thread switch per
+    // synchronous call (a third of a small call's time on two cores).
+    const bool wake = hold_thread_idle_;
+    lock.unlock();
+    if (wake) hold_cv_.notify_one();
+    return;
+  }
+  // Not held: runs here or on the progress thread, as braid decides.
+  pending.work = issue();
+  completer_.push(std::move(pending));
+}
+
+void Issuer::run_here(const std::shared_ptr<Completion>& completion) {
+  std::lock_guard lock(mutex_);
+  if (!held_ || held_->pending.completion != completion) return;
+  Held held = std::move(*held_);
+  held_.reset();
+  try {
+    held.pending.work = held.issue();
+  } catch (...) {
+    return fail_pending(held.pending, std::current_exception());
+  }
+  completer_.push(std::move(held.pending));
+}
+
+void Issuer::release(const std::shared_ptr<Completion>& completion) {
+  std::lock_guard lock(mutex_);
+  if (held_ && held_->pending.completion == completion) release_locked();
+}
+
+// On the progress thread: inline off for this one call. groups_mutex keeps
+// set_alone (another group made or ended) from turning it back meanwhile.
+void Issuer::release_locked() {
+  if (!held_) return;
+  Held held = std::move(*held_);
+  held_.reset();
+  try {
+    std::lock_guard groups_lock(groups_mutex);
+    comm_.set_inline(false);
+    struct Restore {
+      Issuer& issuer;
+      ~Restore() { issuer.comm_.set_inline(issuer.alone_.load(std::memory_order_relaxed)); }
+    } restore{*this};
+    held.pending.work = held.issue();
+  } catch (...) {
+    return fail_pending(held.pending, std::current_exception());
+  }
+  completer_.push(std::move(held.pending));
+}
+
+void Issuer::hold_loop() {
+  std::unique_lock lock(mutex_);
+  for (;;) {
+    hold_thread_idle_ = true;
+    hold_cv_.wait(lock, [this] { return stopping_ || held_.has_value(); });
+    hold_thread_idle_ = false;
+    if (stopping_) return release_locked();
+    if (Clock::now() >= held_->due)
+      release_locked();
+    else
+      hold_cv_.wait_until(lock, held_->due);  // then look again: it may be another call by now
+  }
+}
+
+void Issuer::stop() {
+  {
+    std::lock_guard lock(mutex_);
+    stopping_ = true;
+  }
+  hold_cv_.notify_one();
+  if (thread_.joinable()) thread_.join();
+}
 
 ProcessGroupBraid::ProcessGroupBraid(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
                                      std::chrono::milliseconds timeout)
@@ -106,15 +211,19 @@ ProcessGroupBraid::ProcessGroupBraid(const c10::intrusive_ptr<c10d::Store>& stor
   store_server_ = std::move(found.server);
   comm_ = comm::Communicator::create_world(found.info, config);
   completer_ = std::make_unique<Completer>();
+  issuer_ = std::make_shared<Issuer>(*comm_, *completer_);
   std::lock_guard lock(groups_mutex);
-  groups.push_back(comm_.get());
+  groups.push_back(issuer_.get());
   inline_while_alone();
 }
 
 ProcessGroupBraid::~ProcessGroupBraid() {
-  std::lock_guard lock(groups_mutex);
-  groups.erase(std::find(groups.begin(), groups.end(), comm_.get()));
-  inline_while_alone();
+  {
+    std::lock_guard lock(groups_mutex);
+    groups.erase(std::find(groups.begin(), groups.end(), issuer_.get()));
+    inline_while_alone();
+  }
+  issuer_->stop();  // issues the held call, if any, before the completer drains
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::enqueue(Call call) {
@@ -124,10 +233,11 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::enqueue(Call call) {
   pending.outputs = std::move(call.outputs);
   pending.future = make_future();
   pending.completion = std::make_shared<Completion>();
-  auto work = c10::make_intrusive<BraidWork>(getRank(), call.type, pending, completer_->queue());
-  std::lock_guard lock(issue_mutex_);
-  pending.work = call.issue();
-  completer_->push(std::move(pending));
+  auto work = c10::make_intrusive<BraidWork>(getRank(), call.type, pending, completer_->queue(), issuer_);
+  const bool on_host = std::all_of(pending.outputs.begin(), pending.outputs.end(), [](const at::Tensor& t) { return !t.is_cuda(); }) &&
+                       std::all_of(pending.keep_alive.begin(), pending.keep_alive.end(), [](const at::Tensor& t) { return !t.is_cuda(); });
+  const bool holdable = on_host && call.type != c10d::OpType::SEND && call.type != c10d::OpType::RECV;
+  issuer_->issue(std::move(call.issue), std::move(pending), holdable);
   return work;
 }
 

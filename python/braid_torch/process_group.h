@@ -3,7 +3,8 @@
 //
 // Each process group owns one braid Communicator, created at construction
 // through torch's store (rendezvous.h). Every operation validates its
-// tensors, issues one braid call (in the caller's thread, in issue order) and
+// tensors, issues one braid call (in issue order; a collective may be held
+// back a moment, process_group.cc: Issuer) and
 // returns a Work whose future completes when braid's call has (work.h).
 // Where torch's layout differs from braid's (a list of per-rank tensors, a
 // coalesced list, unequal all-to-all splits) the call goes through one
@@ -25,13 +26,59 @@
 #include <chrono>
 #include <functional>
 #include <memory>
+#include <atomic>
+#include <condition_variable>
 #include <mutex>
+#include <optional>
+#include <thread>
 
 #include "braid/communicator.h"
 #include "rendezvous.h"
 #include "work.h"
 
 namespace braid::torch_backend {
+
+// Issues a group's calls in order, holding back a collective for a moment
+// while the group is the process's only one (process_group.cc says why).
+class Issuer final : public CallRelease {
+ public:
+  using Clock = std::chrono::steady_clock;
+  static constexpr std::chrono::milliseconds kHoldTime{1};
+
+  Issuer(comm::Communicator& comm, Completer& completer);
+  Issuer(const Issuer&) = delete;
+  Issuer& operator=(const Issuer&) = delete;
+
+  // Whether this is the process's only group: calls may then run in the
+  // caller's thread, and collectives are held.
+  void set_alone(bool alone);
+  // Issues the call (after the held one); holds it instead when it may be.
+  void issue(std::function<comm::Work()> issue, Pending pending, bool holdable);
+  void run_here(const std::shared_ptr<Completion>& completion) override;
+  void release(const std::shared_ptr<Completion>& completion) override;
+  // Issues the held call and ends the holding thread; later calls are
+  // issued at once.
+  void stop();
+
+ private:
+  struct Held {
+    std::function<comm::Work()> issue;
+    Pending pending;
+    Clock::time_point due;
+  };
+  void release_locked();
+  void hold_loop();
+
+  comm::Communicator& comm_;
+  Completer& completer_;
+  std::atomic<bool> alone_{false};
+  std::mutex mutex_;  // the issue lock: calls reach braid and the completer in order
+  std::condition_variable hold_cv_;
+  std::optional<Held> held_;
+  bool stopping_ = false;
+  bool hold_thread_idle_ = false;  // in its untimed wait: a held call must wake it
+  std::thread thread_;  // last: started once the rest is made
+};
 
 class ProcessGroupBraid : public c10d::ProcessGroup {
  public:
@@ -100,8 +147,8 @@ class ProcessGroupBraid : public c10d::ProcessGroup {
   // communicator closes, then rank 0's store stops.
   std::unique_ptr<runtime::StoreServer> store_server_;
   std::unique_ptr<comm::Communicator> comm_;
-  std::mutex issue_mutex_;
   std::unique_ptr<Completer> completer_;
+  std::shared_ptr<Issuer> issuer_;  // Works keep it; stopped by the destructor
 };
 
 c10::intrusive_ptr<c10d::ProcessGroup> create_process_group(const c10::intrusive_ptr<c10d::Store>& store, int rank,

@@ -82,16 +82,21 @@ void CompletionQueue::finish_until(const std::shared_ptr<Completion>& target) {
   }
 }
 
+namespace {
+
 // braid's exception becomes a plain std::runtime_error with its message, so
 // that torch and pybind11 raise it as RuntimeError wherever it surfaces.
-void CompletionQueue::complete(Pending& pending) {
-  std::exception_ptr error;
+std::exception_ptr as_runtime_error(std::exception_ptr error) {
   try {
-    pending.work.wait();
-    if (pending.finish) pending.finish();
+    std::rethrow_exception(error);
   } catch (const std::exception& failure) {
-    error = std::make_exception_ptr(std::runtime_error(failure.what()));
+    return std::make_exception_ptr(std::runtime_error(failure.what()));
+  } catch (...) {
+    return std::make_exception_ptr(std::runtime_error("braid: the call failed"));
   }
+}
+
+void settle(Pending& pending, std::exception_ptr error) {
   pending.keep_alive.clear();
   {
     std::lock_guard lock(pending.completion->mutex);
@@ -111,11 +116,30 @@ void CompletionQueue::complete(Pending& pending) {
   pending.completion->done_cv.notify_all();
 }
 
-BraidWork::BraidWork(int rank, c10d::OpType type, const Pending& pending, std::shared_ptr<CompletionQueue> queue)
-    : c10d::Work(rank, type), outputs_(pending.outputs), future_(pending.future),
-      completion_(pending.completion), queue_(std::move(queue)) {}
+}  // namespace
 
-bool BraidWork::isCompleted() { return future_->completed(); }
+void fail_pending(Pending& pending, std::exception_ptr error) { settle(pending, as_runtime_error(error)); }
+
+void CompletionQueue::complete(Pending& pending) {
+  std::exception_ptr error;
+  try {
+    pending.work.wait();
+    if (pending.finish) pending.finish();
+  } catch (...) {
+    error = as_runtime_error(std::current_exception());
+  }
+  settle(pending, error);
+}
+
+BraidWork::BraidWork(int rank, c10d::OpType type, const Pending& pending, std::shared_ptr<CompletionQueue> queue,
+                     std::shared_ptr<CallRelease> release)
+    : c10d::Work(rank, type), outputs_(pending.outputs), future_(pending.future),
+      completion_(pending.completion), queue_(std::move(queue)), release_(std::move(release)) {}
+
+bool BraidWork::isCompleted() {
+  release_->release(completion_);
+  return future_->completed();
+}
 
 bool BraidWork::isSuccess() const { return future_->completed() && !future_->hasError(); }
 
@@ -126,6 +150,12 @@ std::exception_ptr BraidWork::exception() const {
 std::vector<at::Tensor> BraidWork::result() { return outputs_; }
 
 bool BraidWork::wait(std::chrono::milliseconds timeout) {
+  // Only a wait without a deadline may run the call here: it returns once
+  // every peer has joined it.
+  if (timeout == kNoTimeout && !queue_->on_completion_thread())
+    release_->run_here(completion_);
+  else
+    release_->release(completion_);
   if (queue_->on_completion_thread()) {
     // In a future callback of this group: nothing else would finish the call.
     queue_->finish_until(completion_);
@@ -145,6 +175,10 @@ bool BraidWork::wait(std::chrono::milliseconds timeout) {
   return true;
 }
 
-c10::intrusive_ptr<c10::ivalue::Future> BraidWork::getFuture() { return future_; }
+// Whoever chains on the future (DDP's comm hooks) waits for it elsewhere.
+c10::intrusive_ptr<c10::ivalue::Future> BraidWork::getFuture() {
+  release_->release(completion_);
+  return future_;
+}
 
 }  // namespace braid::torch_backend

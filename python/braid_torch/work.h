@@ -20,6 +20,7 @@
 #include <condition_variable>
 #include <deque>
 #include <functional>
+#include <memory>
 #include <mutex>
 #include <thread>
 #include <vector>
@@ -47,6 +48,25 @@ struct Pending {
   std::vector<at::Tensor> outputs;     // the future's value
   c10::intrusive_ptr<c10::ivalue::Future> future;
   std::shared_ptr<Completion> completion;
+};
+
+// Fails a call that could not be issued: its future gets the error, as
+// CompletionQueue would have given it.
+void fail_pending(Pending& pending, std::exception_ptr error);
+
+// What a Work asks of its group before it waits or is asked about: that its
+// call, if the group still holds it back (process_group.cc, Issuer), be
+// issued. Neither throws: a call that cannot be issued fails its future.
+class CallRelease {
+ public:
+  // The caller waits for the call, with no timeout: it may run in the
+  // caller's thread.
+  virtual void run_here(const std::shared_ptr<Completion>& completion) = 0;
+  // On the progress thread; the caller does not wait for it here.
+  virtual void release(const std::shared_ptr<Completion>& completion) = 0;
+
+ protected:
+  ~CallRelease() = default;
 };
 
 // The queue of one group's issued calls, shared with its Works so that a
@@ -91,7 +111,8 @@ class Completer {
 
 class BraidWork : public c10d::Work {
  public:
-  BraidWork(int rank, c10d::OpType type, const Pending& pending, std::shared_ptr<CompletionQueue> queue);
+  BraidWork(int rank, c10d::OpType type, const Pending& pending, std::shared_ptr<CompletionQueue> queue,
+            std::shared_ptr<CallRelease> release);
 
   bool isCompleted() override;
   bool isSuccess() const override;
@@ -109,6 +130,7 @@ class BraidWork : public c10d::Work {
   c10::intrusive_ptr<c10::ivalue::Future> future_;
   std::shared_ptr<Completion> completion_;
   std::shared_ptr<CompletionQueue> queue_;
+  std::shared_ptr<CallRelease> release_;
 };
 
 // A future for a call's list of output tensors.

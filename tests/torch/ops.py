@@ -12,6 +12,7 @@ dtypes gloo cannot move (bool, int16, complex) go to gloo as their bytes.
 """
 import os
 import threading
+import time
 import warnings
 
 import torch
@@ -261,6 +262,46 @@ def check_async(c, rank, size):
     dist.barrier()
 
 
+def check_async_returns(c, rank, size):
+    """An async call returns before its peers join it, as under gloo. A small
+    call ran in the caller's thread until every peer had joined it, so rank 0,
+    which then told the others through the store and a gloo barrier to go
+    on, deadlocked with them until the group's timeout (30 min)."""
+    store = dist.distributed_c10d._get_default_store()
+    for count in (4, 100000):
+        t = values(count, rank, torch.float32)
+        want = gloo_all_reduce(t, dist.ReduceOp.SUM)
+
+        def run(t=t, count=count):
+            if rank == 0:
+                work = dist.all_reduce(t, async_op=True)
+                store.set(f"braid-test/async-go/{count}", "1")
+                dist.barrier(group=gloo_group())
+                work.wait()
+            else:
+                store.wait([f"braid-test/async-go/{count}"])
+                dist.barrier(group=gloo_group())
+                dist.all_reduce(t)
+        waiter = threading.Thread(target=run, daemon=True)
+        waiter.start()
+        waiter.join(timeout=30)
+        if waiter.is_alive():
+            print(f"rank {rank}: FAIL async all_reduce x{count} then a handshake through the store: hangs (30 s)",
+                  flush=True)
+            os._exit(1)
+        c.equal(f"async all_reduce x{count} then a handshake through the store", t, want)
+    # Not waited for at all: it still runs, and is_completed() turns true.
+    t = values(4, rank, torch.float32)
+    want = gloo_all_reduce(t, dist.ReduceOp.SUM)
+    work = dist.all_reduce(t, async_op=True)
+    deadline = time.monotonic() + 30
+    while not work.is_completed() and time.monotonic() < deadline:
+        time.sleep(0.001)
+    c.true("an async call never waited for completes", work.is_completed())
+    c.equal("an async call never waited for", t, want)
+    dist.barrier()
+
+
 def check_two_groups(c, rank, size):
     """Async calls on two braid groups (the default one and a new one),
     issued in opposite orders on even and odd ranks, complete as under gloo.
@@ -318,7 +359,7 @@ def main():
     c = Checks(rank)
     for check in (check_all_reduce, check_coalesced, check_broadcast_reduce, check_all_gather,
                   check_gather_scatter, check_reduce_scatter, check_all_to_all, check_memory_formats,
-                  check_send_recv, check_async, check_two_groups):
+                  check_send_recv, check_async, check_async_returns, check_two_groups):
         check(c, rank, size)
     if rank == 0:
         print(f"braid transports: {braid_torch.transport_summary()}", flush=True)
