@@ -55,6 +55,7 @@
 #include <type_traits>
 
 #include "comm/algorithms/exchange.h"
+#include "comm/algorithms/oneshot.h"
 #include "comm/transport/transport.h"
 #include "comm/wire.h"
 #include "runtime/errors.h"
@@ -155,8 +156,14 @@ void copy_head(std::byte* to, const std::byte* from, std::size_t bytes) {
 
 }  // namespace
 
+// Past kMaxOneshotRanks no one-shot algorithm runs (select.cc), and the
+// slots' agreement (agree_through_slots) cannot gather that many views
+// either: with slots, every collective of 17 or more ranks on one host
+// failed at its agreement ("does not fit the shared slots"). Such a
+// communicator agrees through messages, as one across hosts does.
 void find_slots(ExchangeContext& context) {
-  context.slots = context.distinct.size() == 1 ? context.distinct.front()->shared_slots() : nullptr;
+  const bool slots_fit = context.distinct.size() == 1 && context.size <= kMaxOneshotRanks;
+  context.slots = slots_fit ? context.distinct.front()->shared_slots() : nullptr;
   context.slot_payload = context.slots ? context.slots->large_bytes() : 0;
   context.slot_depth = context.slots ? context.slots->depth() : 0;
   context.entry_payload = context.slots ? context.slots->entry_bytes() - sizeof(SlotHeader) : 0;

@@ -130,6 +130,26 @@ TEST_CASE("every collective x dtype x op x count x placement on 1 to 8 ranks", "
   CHECK(result.leftover_shm == 0);
 }
 
+// Past 16 ranks on one host no one-shot algorithm runs, and the shared
+// slots could not carry the signature agreement either: every collective
+// of 17 or more ranks over shm failed its first call ("does not fit the
+// shared slots"), so braid-launch -n auto failed on any host of 17 cores.
+TEST_CASE("every collective on 17 ranks of one host", "[collectives]") {
+  test::RunOptions options = test::run_options(std::chrono::seconds(240), test::test_config());
+  options.config.transport = "shm";
+  auto result = test::run_ranks(17, [](Communicator& comm) {
+    comm.barrier().wait();
+    for (std::size_t count : {std::size_t{0}, std::size_t{1}, std::size_t{1009}})
+      for (bool in_place : {false, true})
+        for (OpKind kind : {OpKind::all_reduce, OpKind::reduce_scatter, OpKind::reduce, OpKind::all_gather,
+                            OpKind::broadcast, OpKind::all_to_all})
+          run_case(comm, {kind, DataType::f32, ReduceOp::sum, count, in_place, 16});
+  }, options);
+  INFO(result.summary());
+  REQUIRE(result.all_ok());
+  CHECK(result.leftover_shm == 0);
+}
+
 TEST_CASE("64 MiB collectives with default segments", "[collectives][large]") {
   int size = GENERATE(2, 3);
   std::string transport = GENERATE(std::string("tcp"), std::string("shm"));
