@@ -5,9 +5,11 @@
 // swaps its whole vector with rank r XOR 2^k and reduces, so after log2 P
 // rounds each holds the full reduction; finally the folded ranks get the
 // result back. That is log2 P + 2 message latencies instead of the ring's
-// 2(N-1). Partners reduce the same two operands (in swapped order, which IEEE
-// addition and multiplication do not notice), so every rank ends with
-// bit-identical results.
+// 2(N-1). Partners reduce the same two operands in the same order, the
+// lower rank's first, so every rank ends with bit-identical results: IEEE
+// addition and multiplication give the same value either way, but of two
+// NaNs x86 keeps the first operand's sign and payload, so in swapped orders
+// the partners of a -NaN and a +NaN ended with different bits.
 //
 // The vector is reduced in scratch and copied to the output only at the
 // end. By then a rank has checked the header of its partner in every round,
@@ -49,7 +51,11 @@ void all_reduce_recursive_doubling(Exchange& x) {
     Request in = x.recv_view(partner, 1 + k, 0, bytes);
     x.wait(in);
     x.wait(sent);  // `acc` is rewritten below
-    kernels::cpu::reduce(acc, acc, x.view(in).data(), op.count, op.dtype, op.reduce_op);
+    const std::byte* theirs = x.view(in).data();
+    if (r < partner)
+      kernels::cpu::reduce(acc, acc, theirs, op.count, op.dtype, op.reduce_op);
+    else
+      kernels::cpu::reduce(acc, theirs, acc, op.count, op.dtype, op.reduce_op);
     x.release(in);
   }
   if (op.reduce_op == ReduceOp::avg) kernels::cpu::divide(acc, op.count, op.dtype, n);
