@@ -15,6 +15,7 @@
 #include <CLI/CLI.hpp>
 
 #include <cstdio>
+#include <limits>
 
 #include "runtime/config.h"
 #include "runtime/errors.h"
@@ -30,6 +31,11 @@ struct Flags {
   int null_stream = 0;
 };
 
+// CLI11's PositiveNumber and NonNegativeNumber said "Value 0 not in range
+// 0.000000 to 1797693134862315708...", the largest double in 310 digits.
+const CLI::Range kAtLeastOne(1, std::numeric_limits<int>::max());
+const CLI::Range kAtLeastZero(0, std::numeric_limits<int>::max());
+
 void add_flags(CLI::App& app, comm::BenchOptions& o, Flags& f) {
   app.add_option("-b,--minbytes", f.min_bytes, "smallest message (bytes, K/M/G suffixes)")->capture_default_str();
   app.add_option("-e,--maxbytes", f.max_bytes, "largest message")->capture_default_str();
@@ -37,17 +43,17 @@ void add_flags(CLI::App& app, comm::BenchOptions& o, Flags& f) {
       ->capture_default_str();
   app.add_option("-f,--stepfactor", o.factor, "size multiplier between rows")->check(CLI::Range(2, 1024))
       ->capture_default_str();
-  app.add_option("-n,--iters", o.iters, "timed iterations per size")->check(CLI::PositiveNumber)->capture_default_str();
-  app.add_option("-w,--warmup_iters", o.warmup, "untimed iterations per size")->check(CLI::NonNegativeNumber)
+  app.add_option("-n,--iters", o.iters, "timed iterations per size")->check(kAtLeastOne)->capture_default_str();
+  app.add_option("-w,--warmup_iters", o.warmup, "untimed iterations per size")->check(kAtLeastZero)
       ->capture_default_str();
   app.add_option("-m,--agg_iters", o.agg_iters, "calls issued back to back in each timed iteration")
-      ->check(CLI::PositiveNumber)->capture_default_str();
+      ->check(kAtLeastOne)->capture_default_str();
   app.add_option("-N,--run_cycles", o.cycles, "run the whole sweep this many times (0: until stopped)")
-      ->check(CLI::NonNegativeNumber)->capture_default_str();
+      ->check(kAtLeastZero)->capture_default_str();
   app.add_option("-c,--check", o.check, "verify results (0 or 1)")->check(CLI::Range(0, 1))->capture_default_str();
   app.add_option("-o,--op", f.op, "sum|prod|min|max|avg|all")->capture_default_str();
   app.add_option("-d,--datatype", f.dtype, "f32|f64|f16|bf16|i8|u8|i32|i64|all")->capture_default_str();
-  app.add_option("-r,--root", o.root, "root of broadcast and reduce")->check(CLI::NonNegativeNumber)
+  app.add_option("-r,--root", o.root, "root of broadcast and reduce")->check(kAtLeastZero)
       ->capture_default_str();
   app.add_option("-a,--average", o.average, "time over ranks: 0 rank 0, 1 mean, 2 min, 3 max")
       ->check(CLI::Range(0, 3))->capture_default_str();

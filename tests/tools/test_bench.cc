@@ -293,7 +293,26 @@ TEST_CASE("braid-bench: nccl-tests flags with no meaning here are refused by nam
   JobDir dir;
   LaunchedJob help(dir, {"--nproc-per-node", "1", "--", bench_path(), "--help"});
   REQUIRE(help.wait(std::chrono::seconds(20)) == 0);
-  CHECK_THAT(squeezed(help.out()), Catch::Contains("-n,--iters INT:POSITIVE=20"));  // defaults shown
+  CHECK_THAT(squeezed(help.out()), Catch::Contains("-n,--iters INT:INT in [1 - 2147483647]=20"));  // defaults shown
+}
+
+// CLI11's own positive-number check said "Value 0 not in range 0.000000 to
+// 1797693134862315708...", the largest double in 310 digits.
+TEST_CASE("braid-bench: a count out of range names its range plainly", "[bench]") {
+  const std::vector<std::pair<std::vector<std::string>, std::string>> cases = {
+      {{"-n", "0"}, "--iters: Value 0 not in range 1 to 2147483647"},
+      {{"-m", "0"}, "--agg_iters: Value 0 not in range 1 to 2147483647"},
+      {{"-w", "-1"}, "--warmup_iters: Value -1 not in range 0 to 2147483647"}};
+  for (const auto& [flags, words] : cases) {
+    JobDir dir;
+    std::vector<std::string> args{"--nproc-per-node", "1", "--", bench_path()};
+    args.insert(args.end(), flags.begin(), flags.end());
+    LaunchedJob job(dir, args);
+    int status = job.wait(std::chrono::seconds(20));
+    INFO(flags[0] << ": " << job.out() << job.err());
+    CHECK(status == 2);
+    CHECK_THAT(job.err() + job.out(), Catch::Contains(words) && !Catch::Contains("179769"));
+  }
 }
 
 // Whether the ranks of a host may spin is decided on the CPUs their
