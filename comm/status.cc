@@ -147,7 +147,9 @@ std::string StatusBoard::describe_peer(int peer) {
   if (!store_) return "is unknown";
   try {
     auto r = read(peer, Clock::now() + budget());
-    if (!r) return "has not entered any operation on this communicator (or entered one < 100 ms ago)";
+    // Reports start 100 ms after the communicator is made: a rank that
+    // stopped sooner has none, however many calls it ran.
+    if (!r) return "has reported no call on this communicator (reports start 100 ms after it is made)";
     std::string text = "last entered " + r->kind + " #" + std::to_string(r->seq);
     if (r->inside && r->waiting_for >= 0) text += " and waits there for rank " + std::to_string(r->waiting_for);
     return text;
@@ -177,7 +179,7 @@ std::string StatusBoard::holder(const Op& op, int size) {
     for (int peer = 0; peer < size; ++peer) {
       const auto& r = before[static_cast<std::size_t>(peer)];
       if (peer == rank_ || (r && point_to_point(r->kind))) continue;
-      if (!r) add(list, peer, "entered nothing yet");
+      if (!r) add(list, peer, "no call reported yet");
       else if (r->seq < op.seq && !r->inside) add(list, peer, "last entered " + r->kind + " #" + std::to_string(r->seq));
       else if (r->seq < op.seq) {
         add(behind, peer, "last entered " + r->kind + " #" + std::to_string(r->seq));

@@ -63,7 +63,7 @@ class StatusBoard {
   void entered(const Op& op, const std::atomic<int>* waiting_for = nullptr);
   void left(const Op& op);
   // "last entered all_gather #811", "last entered all_reduce #5 and waits
-  // there for rank 3", "has not entered any operation ...", "could not be
+  // there for rank 3", "has reported no call ...", "could not be
   // asked: the store did not answer within 1000 ms ...".
   std::string describe_peer(int peer);
   // Which rank holds up `op` for a rank that timed out in it, e.g.
