@@ -297,7 +297,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::allgather(std::vector<std::vec
   at::Tensor& input = single_tensor(inputs, "allgather");
   if (outputs.size() != 1 || outputs[0].size() != static_cast<std::size_t>(getSize()))
     refuse("allgather", "needs one list of " + std::to_string(getSize()) + " output tensors");
-  check_same(outputs[0], input, "allgather");
+  check_same(outputs[0], input, "allgather", true);
   at::Tensor flat = at::empty({getSize() * input.numel()}, input.options());
   at::Tensor sent = input.contiguous();  // in the order unflatten reads it back
   Buffer send = movable(sent, "allgather");
@@ -333,7 +333,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::gather(std::vector<std::vector
   if (!root && !(outputs.empty() || (outputs.size() == 1 && outputs[0].empty())))
     refuse("gather", "only the root passes output tensors");
   std::vector<at::Tensor> results = root ? outputs[0] : std::vector<at::Tensor>{};
-  check_same(results, input, "gather");
+  check_same(results, input, "gather", true);
   at::Tensor flat = at::empty({getSize() * input.numel()}, input.options());
   at::Tensor sent = input.contiguous();  // in the order unflatten reads it back
   Buffer send = movable(sent, "gather");

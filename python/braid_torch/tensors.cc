@@ -1,6 +1,8 @@
 // Tensor checks and conversions for the ProcessGroup (tensors.h).
 #include "tensors.h"
 
+#include <ATen/MemoryOverlap.h>
+
 #include <optional>
 #include <string>
 
@@ -51,9 +53,13 @@ void check_contiguous(const at::Tensor& tensor, const char* op) {
   if (!tensor.is_contiguous()) refuse(op, "the tensor is not contiguous: pass tensor.contiguous()");
 }
 
-void check_same(const std::vector<at::Tensor>& tensors, const at::Tensor& like, const char* op) {
+void check_same(const std::vector<at::Tensor>& tensors, const at::Tensor& like, const char* op, bool written) {
   for (const auto& tensor : tensors) {
-    check_dense(tensor, op);
+    // Read through a flat copy or written by copy_: any strided view will
+    // do (gloo takes them too), but one written must not overlap itself.
+    if (tensor.layout() != at::kStrided) refuse(op, "sparse tensors are not supported");
+    if (written && at::has_internal_overlap(tensor) == at::MemOverlap::Yes)
+      refuse(op, "an output tensor overlaps itself (an expanded view): pass one with its own memory");
     if (tensor.scalar_type() != like.scalar_type() || tensor.device() != like.device() ||
         tensor.numel() != like.numel())
       refuse(op, "every tensor of the list must match the input's dtype, device and element count (" +

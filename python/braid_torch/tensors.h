@@ -36,8 +36,11 @@ void check_dense(const at::Tensor& tensor, const char* op);
 // check_dense, and contiguous: the flat calls (_allgather_base,
 // _reduce_scatter_base, alltoall_base), whose tensors are their buffers.
 void check_contiguous(const at::Tensor& tensor, const char* op);
-// Every tensor dense and of `like`'s dtype, device and element count.
-void check_same(const std::vector<at::Tensor>& tensors, const at::Tensor& like, const char* op);
+// Every tensor of a list (which goes through a flat copy) strided, and of
+// `like`'s dtype, device and element count; views with gaps are fine, and
+// `written` (outputs) refuses one that overlaps itself.
+void check_same(const std::vector<at::Tensor>& tensors, const at::Tensor& like, const char* op,
+                bool written = false);
 
 // For reductions: the tensor with its braid dtype, or InvalidUsage naming
 // the dtypes braid reduces.

@@ -164,7 +164,10 @@ def check_all_to_all(c, rank, size):
 
 def check_memory_formats(c, rank, size):
     """channels_last tensors (dense in another memory order), which gloo
-    takes too, give gloo's results; a view with gaps is refused by name."""
+    takes too, give gloo's results; so do the lists of all_gather, gather and
+    reduce_scatter made of views with gaps (they go through a flat copy);
+    a single tensor with gaps, and an output list's tensor that overlaps
+    itself, are refused by name."""
     def image(salt=0):
         return values(2 * 3 * 4 * 5, rank, torch.float32, salt=salt).reshape(2, 3, 4, 5).contiguous(
             memory_format=torch.channels_last)
@@ -182,12 +185,31 @@ def check_memory_formats(c, rank, size):
     got = [torch.empty(2, 3, 4, 5).contiguous(memory_format=torch.channels_last) for _ in range(size)]
     dist.all_gather(got, t)
     c.equal("all_gather channels_last", got, want)
+    backing = [torch.zeros(2, 3, 4, 10) for _ in range(size)]
+    got = [b[..., ::2] for b in backing]  # every other element: a view with gaps
+    dist.all_gather(got, t)
+    c.equal("all_gather into views with gaps", got, want)
+    c.true("all_gather left the gaps alone", all(float(b[..., 1::2].abs().sum()) == 0 for b in backing))
+    root = size - 1
+    got = [torch.zeros(2, 3, 4, 10)[..., ::2] for _ in range(size)] if rank == root else None
+    dist.gather(t, got, dst=root)
+    if rank == root:
+        c.equal("gather into views with gaps", got, want)
+    try:
+        dist.all_gather([torch.zeros(1).expand(2, 3, 4, 5) for _ in range(size)], t)
+        c.true("an output that overlaps itself is refused", False, "it was accepted")
+    except RuntimeError as e:
+        c.true("an output that overlaps itself is refused", "overlaps itself" in str(e), str(e))
     parts = [image(salt=p) for p in range(size)]  # gloo has no reduce_scatter: an all_reduce, sliced
     whole = torch.cat([p.contiguous().reshape(-1) for p in parts])
     want = gloo_all_reduce(whole, dist.ReduceOp.SUM).narrow(0, rank * 120, 120).reshape(2, 3, 4, 5)
     got = torch.empty(2, 3, 4, 5).contiguous(memory_format=torch.channels_last)
     dist.reduce_scatter(got, parts)
     c.equal("reduce_scatter channels_last", got, want)
+    gapped = [torch.stack([p, p], dim=-1)[..., 0] for p in parts]  # the same values, with gaps
+    got = torch.empty(2, 3, 4, 5)
+    dist.reduce_scatter(got, gapped)
+    c.equal("reduce_scatter of views with gaps", got, want)
     if size >= 2 and rank < 2:
         t = image() if rank == 0 else torch.empty(2, 3, 4, 5).contiguous(memory_format=torch.channels_last)
         if rank == 0:
