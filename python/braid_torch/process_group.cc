@@ -231,6 +231,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::enqueue(Call call) {
   pending.finish = std::move(call.finish);
   pending.keep_alive = std::move(call.keep_alive);
   pending.outputs = std::move(call.outputs);
+  pending.runs_as = std::move(call.runs_as);
   pending.future = make_future();
   pending.completion = std::make_shared<Completion>();
   auto work = c10::make_intrusive<BraidWork>(getRank(), call.type, pending, completer_->queue(), issuer_);
@@ -341,7 +342,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::gather(std::vector<std::vector
   int64_t count = input.numel();
   return enqueue({c10d::OpType::GATHER,
                   [this, send, recv] { return comm_->all_gather(send.data, recv.data, send.count, send.dtype); },
-                  results, {sent, flat}, [flat, results, count]() mutable { unflatten(flat, results, count); }});
+                  results, {sent, flat}, [flat, results, count]() mutable { unflatten(flat, results, count); },
+                  "braid: gather runs as an all_gather of every rank's tensor (count: its elements)"});
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::scatter(std::vector<at::Tensor>& outputs,
@@ -360,7 +362,9 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::scatter(std::vector<at::Tensor
   at::Tensor mine = flat.narrow(0, getRank() * output.numel(), output.numel());
   return enqueue({c10d::OpType::SCATTER,
                   [this, whole, root] { return comm_->broadcast(whole.data, whole.data, whole.count, whole.dtype, root); },
-                  {output}, {flat}, [output, mine]() mutable { output.copy_(mine.view(output.sizes())); }});
+                  {output}, {flat}, [output, mine]() mutable { output.copy_(mine.view(output.sizes())); },
+                  "braid: scatter runs as a broadcast of the root's whole list (count: the world size times each "
+                  "tensor's elements)"});
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::reduce_scatter(std::vector<at::Tensor>& outputs,

@@ -137,6 +137,9 @@ class ProcessGroupBraid : public c10d::ProcessGroup {
     std::vector<at::Tensor> outputs;
     std::vector<at::Tensor> keep_alive;
     std::function<void()> finish;
+    // For a call braid runs as another (gather as an all_gather): said in
+    // front of its errors, which name braid's call and its counts.
+    std::string runs_as;
   };
   c10::intrusive_ptr<c10d::Work> enqueue(Call call);
   c10::intrusive_ptr<c10d::Work> alltoall_unequal(at::Tensor& output, at::Tensor& input,

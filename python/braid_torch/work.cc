@@ -98,6 +98,13 @@ std::exception_ptr as_runtime_error(std::exception_ptr error) {
 
 void settle(Pending& pending, std::exception_ptr error) {
   pending.keep_alive.clear();
+  if (error && !pending.runs_as.empty()) {
+    try {
+      std::rethrow_exception(error);
+    } catch (const std::exception& e) {
+      error = std::make_exception_ptr(std::runtime_error(pending.runs_as + ": " + e.what()));
+    }
+  }
   {
     std::lock_guard lock(pending.completion->mutex);
     pending.completion->finished = true;

@@ -48,6 +48,7 @@ struct Pending {
   std::vector<at::Tensor> outputs;     // the future's value
   c10::intrusive_ptr<c10::ivalue::Future> future;
   std::shared_ptr<Completion> completion;
+  std::string runs_as;  // put in front of an error's message (ProcessGroupBraid::Call)
 };
 
 // Fails a call that could not be issued: its future gets the error, as

@@ -54,6 +54,26 @@ def check_mismatch(c, rank):
            message)
 
 
+def check_gather_sizes(c, rank):
+    """gather and scatter of tensors whose sizes differ across ranks fail,
+    saying which braid call they ran as: the message named only braid's
+    all_gather and broadcast, with counts the user never passed."""
+    group = dist.new_group(backend="braid")
+    got = [torch.empty(8) for _ in range(2)] if rank == 0 else None
+    message = raises(lambda: dist.gather(torch.ones(8 + rank), got, dst=0, group=group))
+    c.true("gather of unequal sizes says it ran as an all_gather",
+           message is not None and "gather runs as an all_gather" in message and "count 9" in message, message)
+    group = dist.new_group(backend="braid")
+    parts = [torch.ones(8) for _ in range(2)] if rank == 0 else None
+    message = raises(lambda: dist.scatter(torch.empty(8 + rank), parts, src=0, group=group))
+    if rank == 0:  # the root of a one-shot broadcast may leave first: its next call fails
+        message = message or raises(lambda: dist.barrier(group=group))
+        c.true("scatter of unequal sizes fails the root", message is not None, "no error")
+    else:
+        c.true("scatter of unequal sizes says it ran as a broadcast of the whole list",
+               message is not None and "scatter runs as a broadcast of the root's whole list" in message, message)
+
+
 def check_unequal_splits(c, rank):
     """all_to_all_single whose split sizes disagree across ranks (rank 0
     sends rank 1 three rows, rank 1 expects one) fails on the receiver,
@@ -109,6 +129,7 @@ def main():
     c = Checks(rank)
     check_invalid_usage(c, rank)
     check_mismatch(c, rank)
+    check_gather_sizes(c, rank)
     check_unequal_splits(c, rank)
     check_group_timeout(c, rank)
     check_dead_peer(c, rank)  # rank 1 exits here
