@@ -336,6 +336,20 @@ TEST_CASE("forced algorithms give the same results", "[collectives]") {
   REQUIRE(result.all_ok());
 }
 
+namespace {
+
+// Every rank's `data` holds the same bits as this rank's (an all_gather).
+void expect_same_bits_on_every_rank(Communicator& comm, const std::vector<float>& data, const std::string& what) {
+  const std::size_t count = data.size();
+  std::vector<float> all(count * static_cast<std::size_t>(comm.size()));
+  comm.all_gather(data.data(), all.data(), count, DataType::f32).wait();
+  for (int r = 0; r < comm.size(); ++r)
+    expect(std::memcmp(all.data() + r * count, data.data(), count * sizeof(float)) == 0,
+           what + ": rank " + std::to_string(r) + " holds other bits than rank " + std::to_string(comm.rank()));
+}
+
+}  // namespace
+
 // min/max kept whichever operand came first for NaN and for +0 against -0:
 // under recursive doubling, whose partners reduce in opposite orders, rank 0
 // ended with NaN and +0 where rank 1 had 1.0 and -0, and a NaN was lost or
@@ -359,11 +373,7 @@ TEST_CASE("min and max over NaN and signed zeros give every rank the same bits o
         const std::string what = std::string(op == ReduceOp::min ? "min" : "max") + " of " + std::to_string(count);
         expect(std::isnan(data[0]) && std::isnan(data[count - 1]), what + ": a NaN was lost");
         expect(std::signbit(data[1]) == (op == ReduceOp::min), what + ": the wrong zero");
-        std::vector<float> all(count * static_cast<std::size_t>(comm.size()));
-        comm.all_gather(data.data(), all.data(), count, DataType::f32).wait();
-        for (int r = 0; r < comm.size(); ++r)
-          expect(std::memcmp(all.data() + r * count, data.data(), count * sizeof(float)) == 0,
-                 what + ": rank " + std::to_string(r) + " holds other bits than rank " + std::to_string(comm.rank()));
+        expect_same_bits_on_every_rank(comm, data, what);
       }
     }
   }, test::run_options(std::chrono::seconds(120), config));
@@ -392,11 +402,7 @@ TEST_CASE("sum and prod over NaNs of either sign give every rank the same bits o
         comm.all_reduce(data.data(), data.data(), count, DataType::f32, op).wait();
         const std::string what = "op " + std::to_string(static_cast<int>(op)) + " of " + std::to_string(count);
         expect(std::isnan(data[0]) && std::isnan(data[count - 1]), what + ": a NaN was lost");
-        std::vector<float> all(count * static_cast<std::size_t>(comm.size()));
-        comm.all_gather(data.data(), all.data(), count, DataType::f32).wait();
-        for (int r = 0; r < comm.size(); ++r)
-          expect(std::memcmp(all.data() + r * count, data.data(), count * sizeof(float)) == 0,
-                 what + ": rank " + std::to_string(r) + " holds other bits than rank " + std::to_string(comm.rank()));
+        expect_same_bits_on_every_rank(comm, data, what);
       }
     }
   }, test::run_options(std::chrono::seconds(120), config));

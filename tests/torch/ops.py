@@ -52,6 +52,19 @@ def gloo_all_reduce(t, op):
     return ref.to(t.dtype)
 
 
+def within(seconds, rank, what, fn):
+    """Runs fn in a thread; a hang fails the rank with `what` (os._exit,
+    since a stuck thread cannot be stopped). Returns fn's result."""
+    result = []
+    waiter = threading.Thread(target=lambda: result.append(fn()), daemon=True)
+    waiter.start()
+    waiter.join(timeout=seconds)
+    if waiter.is_alive():
+        print(f"rank {rank}: FAIL {what}: hangs ({seconds} s)", flush=True)
+        os._exit(1)
+    return result[0] if result else None
+
+
 def check_all_reduce(c, rank, size):
     for dtype in REDUCED:
         for name, op in OPS.items():
@@ -272,15 +285,9 @@ def check_async(c, rank, size):
         def then(fut, b=b):
             dist.all_reduce(b)
             return fut.value()[0] + b
-        result = []
-        waiter = threading.Thread(target=lambda: result.append(
-            dist.all_reduce(a, async_op=True).get_future().then(then).wait()), daemon=True)
-        waiter.start()
-        waiter.join(timeout=30)
-        if waiter.is_alive():
-            print(f"rank {rank}: FAIL collective in a future callback x{count}: hangs (30 s)", flush=True)
-            os._exit(1)
-        c.equal(f"collective in a future callback x{count}", result[0], want)
+        result = within(30, rank, f"collective in a future callback x{count}",
+                        lambda: dist.all_reduce(a, async_op=True).get_future().then(then).wait())
+        c.equal(f"collective in a future callback x{count}", result, want)
     dist.barrier()
 
 
@@ -304,13 +311,7 @@ def check_async_returns(c, rank, size):
                 store.wait([f"braid-test/async-go/{count}"])
                 dist.barrier(group=gloo_group())
                 dist.all_reduce(t)
-        waiter = threading.Thread(target=run, daemon=True)
-        waiter.start()
-        waiter.join(timeout=30)
-        if waiter.is_alive():
-            print(f"rank {rank}: FAIL async all_reduce x{count} then a handshake through the store: hangs (30 s)",
-                  flush=True)
-            os._exit(1)
+        within(30, rank, f"async all_reduce x{count} then a handshake through the store", run)
         c.equal(f"async all_reduce x{count} then a handshake through the store", t, want)
     # Not waited for at all: it still runs, and is_completed() turns true.
     t = values(4, rank, torch.float32)
@@ -339,13 +340,7 @@ def check_two_groups(c, rank, size):
         def issue_and_wait():
             for work in [dist.all_reduce(t, group=g, async_op=True) for t, g in calls]:
                 work.wait()
-        waiter = threading.Thread(target=issue_and_wait, daemon=True)
-        waiter.start()
-        waiter.join(timeout=30)
-        if waiter.is_alive():
-            print(f"rank {rank}: FAIL async calls on two groups in opposite orders x{count}: hang (30 s)",
-                  flush=True)
-            os._exit(1)
+        within(30, rank, f"async calls on two groups in opposite orders x{count}", issue_and_wait)
         c.equal(f"async calls on two groups in opposite orders x{count}, default group", a, want_a)
         c.equal(f"async calls on two groups in opposite orders x{count}, new group", b, want_b)
     # The same with all_to_all_single of unequal splits, whose issue agreed
@@ -363,12 +358,7 @@ def check_two_groups(c, rank, size):
         works = [dist.all_to_all_single(out, t, recvs, sends, group=g, async_op=True) for out, t, g in calls]
         for work in works:
             work.wait()
-    waiter = threading.Thread(target=issue_and_wait_unequal, daemon=True)
-    waiter.start()
-    waiter.join(timeout=30)
-    if waiter.is_alive():
-        print(f"rank {rank}: FAIL unequal all_to_all_single on two groups in opposite orders: hang (30 s)", flush=True)
-        os._exit(1)
+    within(30, rank, "unequal all_to_all_single on two groups in opposite orders", issue_and_wait_unequal)
     c.equal("unequal all_to_all_single on two groups in opposite orders, default group", got_a, want_a)
     c.equal("unequal all_to_all_single on two groups in opposite orders, new group", got_b, want_b)
     dist.barrier()
