@@ -10,6 +10,7 @@
 
 #include <chrono>
 #include <cmath>
+#include <cstdlib>
 #include <exception>
 #include <string>
 #include <vector>
@@ -70,15 +71,21 @@ std::vector<std::string> program_arguments(std::vector<std::string> rest) {
 // beside braid's, with the same meanings.
 struct CliExtras {
   std::string nproc = "";
+  std::string nnodes = "1";
   std::string stdin_rank = "0";
   bool standalone = false;
+  // torchrun's rendezvous and Python options.
+  std::string rdzv_endpoint, rdzv_backend, rdzv_id;
+  bool module = false;
+  bool no_python = false;
 };
 
 void add_options(CLI::App& app, LaunchOptions& options, CliExtras& extras, double& timeout_s, double& grace_s) {
   app.add_option("-n,--nproc-per-node,--nproc_per_node", extras.nproc,
                  "ranks to start on this node; auto: one per core")
       ->required();
-  app.add_option("--nnodes", options.nnodes, "nodes in the job")->capture_default_str();
+  app.add_option("--nnodes", extras.nnodes, "nodes in the job (torchrun's MIN:MAX only as N or N:N)")
+      ->capture_default_str();
   app.add_option("--node-rank,--node_rank", options.node_rank, "this node's index in [0, nnodes)")
       ->capture_default_str();
   app.add_option("--master-addr,--master_addr", options.master_addr, "address where ranks reach the store")
@@ -87,6 +94,16 @@ void add_options(CLI::App& app, LaunchOptions& options, CliExtras& extras, doubl
                  "store port; default on one node: a free port (required with --nnodes > 1)");
   app.add_flag("--standalone", extras.standalone,
                "one node, its store on a free port of 127.0.0.1 (torchrun's --standalone)");
+  app.add_option("--rdzv-endpoint,--rdzv_endpoint", extras.rdzv_endpoint,
+                 "torchrun's HOST[:PORT] of the rendezvous: --master-addr HOST --master-port PORT (29400 unless "
+                 "given)");
+  app.add_option("--rdzv-backend,--rdzv_backend", extras.rdzv_backend,
+                 "torchrun's c10d or static: node 0 serves the store either way");
+  app.add_option("--rdzv-id,--rdzv_id", extras.rdzv_id, "torchrun's job id: BRAID_RUN_ID unless that is set");
+  app.add_flag("-m,--module", extras.module, "run PROGRAM as a Python module (python3 -u -m PROGRAM), as torchrun -m");
+  app.add_flag("--no-python,--no_python", extras.no_python,
+               "never run PROGRAM with Python (a .py PROGRAM that is not executable otherwise runs as "
+               "python3 -u PROGRAM, as torchrun runs its script)");
   app.add_option("--max-restarts,--max_restarts", options.max_restarts,
                  "on a rank's failure stop every rank and start them all again, at most this many times "
                  "(ranks see BRAID_RESTART_COUNT / TORCHELASTIC_RESTART_COUNT)")
@@ -106,7 +123,85 @@ void add_options(CLI::App& app, LaunchOptions& options, CliExtras& extras, doubl
       ->capture_default_str();
 }
 
+// torchrun's --nnodes takes MIN:MAX for elastic jobs; one size only here.
+int parse_nnodes(const std::string& text) {
+  const std::size_t colon = text.find(':');
+  auto number = [&](const std::string& part) {
+    std::size_t used = 0;
+    int value = 0;
+    try {
+      value = std::stoi(part, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    if (used == 0 || used != part.size())
+      throw braid::InvalidUsage("--nnodes '" + text + "' must be a number of nodes (or N:N)");
+    return value;
+  };
+  if (colon == std::string::npos) return number(text);
+  const int low = number(text.substr(0, colon)), high = number(text.substr(colon + 1));
+  if (low != high)
+    throw braid::InvalidUsage("--nnodes " + text + " asks for an elastic job of " + std::to_string(low) + " to " +
+                              std::to_string(high) + " nodes; braid-launch runs a fixed number: pass one");
+  return low;
+}
+
+// torchrun's --rdzv-endpoint HOST[:PORT] ([V6]:PORT too) names node 0's
+// store, as --master-addr and --master-port do here; its default port.
+void apply_rendezvous(const CliExtras& extras, LaunchOptions& options, bool master_given) {
+  if (!extras.rdzv_backend.empty() && extras.rdzv_backend != "c10d" && extras.rdzv_backend != "static")
+    throw braid::InvalidUsage("--rdzv-backend " + extras.rdzv_backend +
+                              " is not supported: node 0's braid-launch serves the store (as c10d or static do)");
+  if (!extras.rdzv_id.empty()) setenv("BRAID_RUN_ID", extras.rdzv_id.c_str(), 0);
+  if (extras.rdzv_endpoint.empty()) return;
+  if (master_given)
+    throw braid::InvalidUsage("--rdzv-endpoint and --master-addr/--master-port both name node 0's store: pass one");
+  std::string host = extras.rdzv_endpoint, port = "29400";
+  if (host.front() == '[') {
+    const std::size_t close = host.find(']');
+    if (close == std::string::npos) throw braid::InvalidUsage("--rdzv-endpoint " + host + " lacks its ']'");
+    if (close + 1 < host.size()) {
+      if (host[close + 1] != ':') throw braid::InvalidUsage("--rdzv-endpoint " + host + " is not [HOST]:PORT");
+      port = host.substr(close + 2);
+    }
+    host = host.substr(1, close - 1);
+  } else if (const std::size_t colon = host.rfind(':');
+             colon != std::string::npos && host.find(':') == colon) {  // one colon: HOST:PORT
+    port = host.substr(colon + 1);
+    host = host.substr(0, colon);
+  }
+  std::size_t used = 0;
+  try {
+    options.master_port = std::stoi(port, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  if (used == 0 || used != port.size())
+    throw braid::InvalidUsage("--rdzv-endpoint " + extras.rdzv_endpoint + ": '" + port + "' is not a port");
+  options.master_addr = host;
+}
+
+// torchrun runs its script with Python, unbuffered; braid-launch runs any
+// program. A .py file it cannot execute itself (no x bit) runs as torchrun
+// runs it, with BRAID_PYTHON or python3 from PATH; -m runs a module.
+std::vector<std::string> with_python(std::vector<std::string> command, const CliExtras& extras) {
+  if (extras.module && extras.no_python)
+    throw braid::InvalidUsage("-m runs a Python module and --no-python runs no Python: pass one");
+  const char* chosen = std::getenv("BRAID_PYTHON");
+  const std::string python = chosen && *chosen ? chosen : "python3";
+  if (command.empty() || extras.no_python) return command;
+  const std::string& program = command.front();
+  const bool script = program.size() > 3 && program.ends_with(".py") && access(program.c_str(), F_OK) == 0 &&
+                      access(program.c_str(), X_OK) != 0;
+  if (!extras.module && !script) return command;
+  std::vector<std::string> prefix{python, "-u"};
+  if (extras.module) prefix.push_back("-m");
+  command.insert(command.begin(), prefix.begin(), prefix.end());
+  return command;
+}
+
 void apply_extras(const CliExtras& extras, LaunchOptions& options) {
+  options.nnodes = parse_nnodes(extras.nnodes);
   if (extras.nproc == "auto") {
     options.nproc_per_node = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   } else {
@@ -172,8 +267,9 @@ int main(int argc, char** argv) {
   }
   int status = 1;
   try {
-    options.command = program_arguments(app.remaining());
-    apply_extras(extras, options);
+    options.command = with_python(program_arguments(app.remaining()), extras);
+    apply_rendezvous(extras, options, app.count("--master-addr") + app.count("--master-port") > 0);
+    apply_extras(extras, options);  // --standalone last: it overrides the rendezvous, as torchrun's does
     options.timeout = from_seconds(timeout_s, "--timeout");
     options.grace_period = from_seconds(grace_s, "--grace-period");
     braid::runtime::setup_logging(-1);

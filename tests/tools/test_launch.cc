@@ -696,6 +696,50 @@ TEST_CASE("braid-launch takes torchrun's spellings, --standalone and --nproc-per
   CHECK(two_nodes.status == 2);
 }
 
+// torchrun's usual lines: a script it runs with Python (`torchrun
+// --nproc_per_node 2 train.py`), a module (-m), and its rendezvous flags.
+// braid-launch refused the script ("cannot execute 'train.py': Permission
+// denied") and every rendezvous flag ("unknown option").
+TEST_CASE("braid-launch runs torchrun's command lines: a script, -m, --rdzv-*", "[launch]") {
+  JobDir dir;
+  const auto script = dir.path() / "train.py";
+  std::ofstream(script) << "import os, sys\nprint('rank', os.environ['RANK'], 'with', sys.orig_argv[1])\n";
+  ::chmod(script.c_str(), 0644);  // as a script usually is: not executable
+  auto ran = run_launch(dir, {"--nproc_per_node", "2", script.string()});
+  INFO(ran.out << ran.err);
+  CHECK(ran.status == 0);
+  CHECK(sorted_lines(ran.out) == std::vector<std::string>{"[rank 0] rank 0 with -u", "[rank 1] rank 1 with -u"});
+  std::filesystem::create_directories(dir.path() / "pkg");
+  std::ofstream(dir.path() / "pkg" / "__init__.py").flush();
+  std::ofstream(dir.path() / "pkg" / "job.py") << "import os\nprint('module on', os.environ['LOCAL_RANK'])\n";
+  auto module = run_launch(dir, {"--nproc_per_node", "1", "-m", "pkg.job"}, {{"PYTHONPATH", dir.str()}});
+  INFO(module.out << module.err);
+  CHECK(module.status == 0);
+  CHECK(module.out == "[rank 0] module on 0\n");
+  auto plain = run_launch(dir, {"--nproc_per_node", "1", "--no-python", script.string()});
+  CHECK(plain.status == 127);  // as asked: run as a program, which it is not
+  auto rdzv = run_launch(dir, {"--nproc_per_node", "1", "--nnodes", "1:1", "--rdzv-backend", "c10d", "--rdzv-endpoint",
+                               "127.0.0.1:29431", "--rdzv-id", "job7", "--", "/bin/sh", "-c",
+                               "echo \"$MASTER_ADDR $TORCHELASTIC_RUN_ID\""});
+  INFO(rdzv.out << rdzv.err);
+  CHECK(rdzv.status == 0);
+  CHECK(rdzv.out == "[rank 0] 127.0.0.1 job7\n");
+  const std::vector<std::pair<std::vector<std::string>, std::string>> refused = {
+      {{"--nnodes", "1:4"}, "elastic job of 1 to 4 nodes"},
+      {{"--rdzv-backend", "etcd"}, "--rdzv-backend etcd is not supported"},
+      {{"--rdzv-endpoint", "127.0.0.1:29431", "--master-port", "29432"}, "pass one"},
+      {{"-m", "--no-python"}, "pass one"}};
+  for (const auto& [flags, words] : refused) {
+    std::vector<std::string> args{"--nproc_per_node", "1"};
+    args.insert(args.end(), flags.begin(), flags.end());
+    args.push_back("true");
+    auto result = run_launch(dir, args);
+    INFO(Catch::Detail::stringify(flags) << ": " << result.err);
+    CHECK(result.status == 2);
+    CHECK_THAT(result.err, Catch::Contains(words));
+  }
+}
+
 TEST_CASE("--max-restarts stops every rank on a failure and starts them all again", "[launch]") {
   JobDir dir;
   // Attempt 0: rank 1 fails once both ranks run; attempt 1 succeeds. Each
