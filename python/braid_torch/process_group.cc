@@ -126,6 +126,7 @@ void Issuer::set_alone(bool alone) {
 
 void Issuer::issue(std::function<comm::Work()> issue, Pending pending, bool holdable) {
   std::unique_lock lock(mutex_);
+  issued_cv_.wait(lock, [this] { return !issuing_; });
   release_locked();
   if (holdable && alone_.load(std::memory_order_relaxed) && !stopping_) {
     held_.emplace(Held{std::move(issue), std::move(pending), Clock::now() + kHoldTime});
@@ -137,22 +138,42 @@ void Issuer::issue(std::function<comm::Work()> issue, Pending pending, bool hold
     if (wake) hold_cv_.notify_one();
     return;
   }
-  // Not held: runs here or on the progress thread, as braid decides.
-  pending.work = issue();
-  completer_.push(std::move(pending));
+  // Not held: runs here or on the progress thread, as braid decides; its
+  // refusal (bad arguments) reaches the caller, as before it was issued.
+  if (std::exception_ptr error = issue_unlocked(lock, issue, pending)) std::rethrow_exception(error);
 }
 
 void Issuer::run_here(const std::shared_ptr<Completion>& completion) {
-  std::lock_guard lock(mutex_);
+  std::unique_lock lock(mutex_);
   if (!held_ || held_->pending.completion != completion) return;
   Held held = std::move(*held_);
   held_.reset();
-  try {
-    held.pending.work = held.issue();
-  } catch (...) {
-    return fail_pending(held.pending, std::current_exception());
+  if (std::exception_ptr error = issue_unlocked(lock, held.issue, held.pending)) {
+    lock.unlock();
+    fail_pending(held.pending, error);
   }
-  completer_.push(std::move(held.pending));
+}
+
+// A call run in the caller's thread returns only once every peer has joined
+// it: meanwhile other threads asking about their Works (is_completed, a
+// wait with a timeout, get_future; torch holds the GIL through the first)
+// must not wait for it, so the lock is let go. `issuing` holds later issues
+// back until this call has reached braid and the completer, in order.
+std::exception_ptr Issuer::issue_unlocked(std::unique_lock<std::mutex>& lock,
+                                          const std::function<comm::Work()>& issue, Pending& pending) {
+  issuing_ = true;
+  lock.unlock();
+  std::exception_ptr error;
+  try {
+    pending.work = issue();
+  } catch (...) {
+    error = std::current_exception();
+  }
+  lock.lock();
+  issuing_ = false;
+  if (!error) completer_.push(std::move(pending));
+  issued_cv_.notify_all();
+  return error;
 }
 
 void Issuer::release(const std::shared_ptr<Completion>& completion) {

@@ -28,6 +28,7 @@
 #include <memory>
 #include <atomic>
 #include <condition_variable>
+#include <exception>
 #include <mutex>
 #include <optional>
 #include <thread>
@@ -67,14 +68,18 @@ class Issuer final : public CallRelease {
     Clock::time_point due;
   };
   void release_locked();
+  std::exception_ptr issue_unlocked(std::unique_lock<std::mutex>& lock, const std::function<comm::Work()>& issue,
+                                    Pending& pending);
   void hold_loop();
 
   comm::Communicator& comm_;
   Completer& completer_;
   std::atomic<bool> alone_{false};
-  std::mutex mutex_;  // the issue lock: calls reach braid and the completer in order
+  std::mutex mutex_;  // with issuing_, the issue lock: calls reach braid and the completer in order
   std::condition_variable hold_cv_;
+  std::condition_variable issued_cv_;  // issuing_ went false
   std::optional<Held> held_;
+  bool issuing_ = false;  // a call is being issued with mutex_ let go (issue_unlocked)
   bool stopping_ = false;
   bool hold_thread_idle_ = false;  // in its untimed wait: a held call must wake it
   std::thread thread_;  // last: started once the rest is made

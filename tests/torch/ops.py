@@ -313,6 +313,26 @@ def check_async_returns(c, rank, size):
                 dist.all_reduce(t)
         within(30, rank, f"async all_reduce x{count} then a handshake through the store", run)
         c.equal(f"async all_reduce x{count} then a handshake through the store", t, want)
+    # While one thread waits in a call run in its own thread, another asking
+    # about a finished Work is answered at once: it waited for the call (with
+    # the GIL held, as torch's is_completed keeps it), so rank 0 never gave
+    # the others their go-ahead.
+    done = dist.all_reduce(torch.ones(4), async_op=True)
+    done.wait()
+    t = values(4, rank, torch.float32)
+    want = gloo_all_reduce(t, dist.ReduceOp.SUM)
+    if rank == 0:
+        inside = threading.Thread(target=lambda: dist.all_reduce(t), daemon=True)
+        inside.start()
+        time.sleep(0.3)  # inside its call, waiting for the others
+        c.true("is_completed() while another thread waits in a call", within(30, rank, "is_completed() while "
+               "another thread waits in a call", done.is_completed), "False")
+        store.set("braid-test/async-go/other-thread", "1")
+        within(30, rank, "a call in another thread", inside.join)
+    else:
+        store.wait(["braid-test/async-go/other-thread"])
+        dist.all_reduce(t)
+    c.equal("a call while another thread asked about its Work", t, want)
     # Not waited for at all: it still runs, and is_completed() turns true.
     t = values(4, rank, torch.float32)
     want = gloo_all_reduce(t, dist.ReduceOp.SUM)
