@@ -161,6 +161,25 @@ TEST_CASE("LineRelay writes an unfinished line once it waited, and keeps lines a
   CHECK(shared.take() == "\n");
 }
 
+TEST_CASE("an unfinished line waits 100 ms after its last byte, 1 s after its first at most", "[launcher]") {
+  SharedSink shared;
+  LineRelay relay("[rank 0] ", *shared.sink);
+  const auto start = Clock::now();
+  relay.feed("a", start);
+  relay.feed("b", start + 80ms);
+  CHECK(relay.partial_deadline() == start + 180ms);
+  for (int i = 2; i < 20; ++i) relay.feed(".", start + i * 80ms);
+  CHECK(relay.partial_deadline() == start + LineRelay::kLongestPartialWait);
+  // A '\r' flushed at the start of a line, then its '\n': a blank line, kept.
+  relay.flush_partial();
+  relay.feed("\n");
+  CHECK(shared.take() == "[rank 0] ab" + std::string(18, '.') + "\n");
+  relay.feed("\r");
+  relay.flush_partial();
+  relay.feed("\n");
+  CHECK(shared.take() == "[rank 0] \n");
+}
+
 TEST_CASE("a terminal's echo of a typed line ends the open line", "[launcher]") {
   // A pipe saw no echo: the rank's rest goes on the same line.
   SharedSink shared;

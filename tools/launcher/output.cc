@@ -98,12 +98,12 @@ void OutputSink::write(std::string text) {
   queue_locked(std::move(text));
 }
 
-void OutputSink::write_piece(std::uint64_t writer, std::string_view prefix, std::string_view body, LineEnd end) {
+bool OutputSink::write_piece(std::uint64_t writer, std::string_view prefix, std::string_view body, LineEnd end) {
   std::lock_guard lock(mu_);
   const bool continuing = open_writer_ == writer;
   // Nothing to say: a '\r' at the start of a line, or a second one.
-  if (body.empty() && end == LineEnd::kReturn && (!continuing || open_at_start_)) return;
-  if (body.empty() && end == LineEnd::kOpen) return;
+  if (body.empty() && end == LineEnd::kReturn && (!continuing || open_at_start_)) return false;
+  if (body.empty() && end == LineEnd::kOpen) return false;
   std::string text;
   text.reserve(1 + prefix.size() + body.size() + 1);
   if (open_writer_ != 0 && !continuing) text.push_back('\n');
@@ -128,6 +128,7 @@ void OutputSink::write_piece(std::uint64_t writer, std::string_view prefix, std:
       break;
   }
   queue_locked(std::move(text));
+  return true;
 }
 
 void OutputSink::close_line(std::uint64_t writer) {
@@ -279,7 +280,8 @@ void LineRelay::feed(std::string_view text, Clock::time_point now) {
   while (!text.empty()) {
     std::size_t end = text.find_first_of("\r\n");
     if (end == std::string_view::npos || (text[end] == '\r' && end + 1 == text.size())) {
-      if (pending_.empty()) pending_since_ = now;
+      if (pending_.empty()) pending_began_ = now;
+      pending_last_ = now;
       pending_.append(text);
       if (pending_.size() >= kMaxLineBytes) flush_partial();
       return;
@@ -302,7 +304,7 @@ void LineRelay::feed(std::string_view text, Clock::time_point now) {
 
 std::optional<Clock::time_point> LineRelay::partial_deadline() const {
   if (pending_.empty()) return std::nullopt;
-  return pending_since_ + kPartialLineWait;
+  return std::min(pending_last_ + kPartialLineWait, pending_began_ + kLongestPartialWait);
 }
 
 void LineRelay::flush_partial() {
@@ -319,7 +321,7 @@ void LineRelay::flush_partial() {
   if (held == pending_.size()) held = 0;
   emit(std::string_view(pending_).substr(0, pending_.size() - held), OutputSink::LineEnd::kOpen);
   pending_.erase(0, pending_.size() - held);
-  pending_since_ = Clock::now();
+  pending_began_ = pending_last_ = Clock::now();
 }
 
 void LineRelay::finish() {
@@ -336,8 +338,8 @@ void LineRelay::emit(std::string_view body, OutputSink::LineEnd end) {
     line_begun_ = false;
     return;
   }
-  sink_->write_piece(id_, prefix_, body, end);
-  line_begun_ = end != OutputSink::LineEnd::kNewline;
+  // A piece that wrote nothing (a '\r' at a line's start) begins no line.
+  if (sink_->write_piece(id_, prefix_, body, end)) line_begun_ = end != OutputSink::LineEnd::kNewline;
 }
 
 }  // namespace braid::launcher

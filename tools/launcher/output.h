@@ -3,7 +3,8 @@
 //
 // A line a rank has not finished is not held back for ever: a prompt
 // (`input("name? ")`) or a progress bar redrawn with '\r' (tqdm) shows
-// once the rank has written nothing more for kPartialLineWait. The rest of
+// once the rank has written nothing more for kPartialLineWait (or
+// kLongestPartialWait after the line began). The rest of
 // that line follows without a second prefix, unless another writer comes
 // between: its text then starts on a line of its own, and the rank's rest
 // gets its prefix again. A '\r' ends a piece at once, and the piece after it
@@ -76,8 +77,9 @@ class OutputSink {
   enum class LineEnd { kNewline, kReturn, kOpen };
   // Queues a piece of the current line of `writer` (a LineRelay's id, not
   // 0): prefixed when it starts the line or follows a '\r', and put on a
-  // line of its own when another writer's line is open.
-  void write_piece(std::uint64_t writer, std::string_view prefix, std::string_view body, LineEnd end);
+  // line of its own when another writer's line is open. False when there
+  // was nothing to write (an empty piece, a '\r' at a line's start).
+  bool write_piece(std::uint64_t writer, std::string_view prefix, std::string_view body, LineEnd end);
   // Ends the writer's open line, if it is the open one, with a newline.
   void close_line(std::uint64_t writer);
   // The user ended a line typed on the terminal: when this sink writes to
@@ -144,9 +146,12 @@ class LineRelay {
   // launcher's memory without bound.
   static constexpr std::size_t kMaxLineBytes = 64u << 10;
   // How long an unfinished line waits for more before it is written out
-  // (flush_partial): long enough that a line written in a few pieces stays
-  // whole, short enough that a prompt seems to appear at once.
+  // (flush_partial): kPartialLineWait after its last byte, long enough that
+  // a line written in a few pieces stays whole, short enough that a prompt
+  // seems to appear at once; and at most kLongestPartialWait after its
+  // first, so that a rank printing a dot now and then shows them.
   static constexpr std::chrono::milliseconds kPartialLineWait{100};
+  static constexpr std::chrono::milliseconds kLongestPartialWait{1000};
 
   LineRelay(std::string prefix, OutputSink& sink);
 
@@ -154,13 +159,13 @@ class LineRelay {
   // text; keeps the unterminated rest.
   void feed(std::string_view text, Clock::time_point now = Clock::now());
   // When the unterminated rest is due to be written (kPartialLineWait after
-  // its first byte came); none without one.
+  // its last byte, kLongestPartialWait after its first); none without one.
   std::optional<Clock::time_point> partial_deadline() const;
   // Writes the unterminated rest as an open piece, but for the bytes of a
   // UTF-8 character not yet complete.
   void flush_partial();
   // Puts the unterminated rest's deadline kPartialLineWait after now.
-  void wait_longer(Clock::time_point now) { pending_since_ = now; }
+  void wait_longer(Clock::time_point now) { pending_began_ = pending_last_ = now; }
   // Writes the unterminated rest, if any, and ends the line.
   void finish();
   OutputSink& sink() const { return *sink_; }
@@ -172,7 +177,7 @@ class LineRelay {
   std::string prefix_;
   OutputSink* sink_;
   std::string pending_;
-  Clock::time_point pending_since_{};
+  Clock::time_point pending_began_{}, pending_last_{};  // the rest's first and last bytes came
   bool line_begun_ = false;  // a piece of the current line went out
 };
 

@@ -198,7 +198,11 @@ std::unique_ptr<DirectoryLock> DirectoryLock::take(const fs::path& dir, const st
   }
   remove_stale_temporaries(dir);
   const std::string text = holder + "\n";
-  if (::ftruncate(fd, 0) != 0 || ::pwrite(fd, text.data(), text.size(), 0) != static_cast<ssize_t>(text.size()))
+  // Synced: the other ranks read it before training (braid-train's check
+  // that they share the directory), and on NFS the text would stay in this
+  // node's cache until written back, leaving them an empty file.
+  if (::ftruncate(fd, 0) != 0 || ::pwrite(fd, text.data(), text.size(), 0) != static_cast<ssize_t>(text.size()) ||
+      ::fsync(fd) != 0)
     spdlog::debug("cannot record the holder in {}: {}", path.string(), std::strerror(errno));
   return std::unique_ptr<DirectoryLock>(new DirectoryLock(fd, dir, holder));
 }
