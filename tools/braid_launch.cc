@@ -86,8 +86,9 @@ void add_options(CLI::App& app, LaunchOptions& options, CliExtras& extras, doubl
       ->required();
   app.add_option("--nnodes", extras.nnodes, "nodes in the job (torchrun's MIN:MAX only as N or N:N)")
       ->capture_default_str();
-  app.add_option("--node-rank,--node_rank", options.node_rank, "this node's index in [0, nnodes)")
-      ->capture_default_str();
+  app.add_option("--node-rank,--node_rank", options.node_rank,
+                 "this node's index in [0, nnodes); without it, nodes are numbered as they reach node 0's store "
+                 "(node 0: the one at --master-addr; needs BRAID_JOB_TOKEN on every node)");
   app.add_option("--master-addr,--master_addr", options.master_addr, "address where ranks reach the store")
       ->capture_default_str();
   app.add_option("--master-port,--master_port", options.master_port,
@@ -270,6 +271,7 @@ int main(int argc, char** argv) {
     options.command = with_python(program_arguments(app.remaining()), extras);
     apply_rendezvous(extras, options, app.count("--master-addr") + app.count("--master-port") > 0);
     apply_extras(extras, options);  // --standalone last: it overrides the rendezvous, as torchrun's does
+    if (options.nnodes > 1 && app.count("--node-rank") == 0) options.node_rank = braid::launcher::kJoinOrderNodeRank;
     options.timeout = from_seconds(timeout_s, "--timeout");
     options.grace_period = from_seconds(grace_s, "--grace-period");
     braid::runtime::setup_logging(-1);

@@ -11,6 +11,7 @@
 #include <fstream>
 #include <map>
 #include <optional>
+#include <set>
 #include <sstream>
 #include <algorithm>
 #include <string>
@@ -200,22 +201,50 @@ TEST_CASE("each rank gets the braid and torchrun environment", "[launch]") {
 // TEST-NET-1: only bound, never sent to (the program connects nowhere).
 TEST_CASE("node 0 warns of a --master-addr that is not its own and of a loopback one", "[launch]") {
   JobDir dir;
-  auto foreign = run_launch(dir, shell_job(1, "true", dir, {"--nnodes", "2", "--master-addr", "192.0.2.1",
-                                                            "--master-port", "29519"}),
+  auto foreign = run_launch(dir, shell_job(1, "true", dir, {"--nnodes", "2", "--node-rank", "0", "--master-addr",
+                                                            "192.0.2.1", "--master-port", "29519"}),
                             {{"BRAID_JOB_TOKEN", "shared-secret"}});
   // Its status depends on this machine's routes (a node without one to the
   // address stops, saying to set BRAID_BIND_ADDR); the warning comes first.
   CHECK_THAT(foreign.err, Catch::Contains("--master-addr 192.0.2.1 is not an address of this machine"));
-  auto loopback = run_launch(dir, shell_job(1, "true", dir, {"--nnodes", "2", "--master-port", "29519"}),
+  auto loopback = run_launch(dir, shell_job(1, "true", dir, {"--nnodes", "2", "--node-rank", "0", "--master-port", "29519"}),
                              {{"BRAID_JOB_TOKEN", "shared-secret"}});
   CHECK(loopback.status == 0);
   CHECK_THAT(loopback.err, Catch::Contains("which only this machine reaches"));
   // A name that resolves to loopback too.
-  auto named = run_launch(dir, shell_job(1, "true", dir, {"--nnodes", "2", "--master-addr", "localhost",
-                                                          "--master-port", "29519"}),
+  auto named = run_launch(dir, shell_job(1, "true", dir, {"--nnodes", "2", "--node-rank", "0", "--master-addr",
+                                                          "localhost", "--master-port", "29519"}),
                           {{"BRAID_JOB_TOKEN", "shared-secret"}});
   CHECK(named.status == 0);
   CHECK_THAT(named.err, Catch::Contains("which only this machine reaches"));
+}
+
+// torchrun's c10d rendezvous numbers the nodes itself: the same command on
+// every node. Without --node-rank every launcher here took node 0, and
+// their ranks met as duplicates.
+TEST_CASE("nodes started without --node-rank are numbered as they join, node 0 at --master-addr", "[launch]") {
+  JobDir dir;
+  const char* bench = std::getenv("BRAID_BENCH");
+  REQUIRE(bench != nullptr);
+  const std::string script = recording("echo \"$GROUP_RANK $LOCAL_RANK\" > \"$0/node_of_$RANK\"; exec " +
+                                       std::string(bench) + " -b 8 -e 8 -n 1 -w 0");
+  const std::vector<std::string> same{"--nnodes", "3", "--master-port", std::to_string(29600 + ::getpid() % 200)};
+  std::vector<std::unique_ptr<LaunchedJob>> nodes;
+  for (int n = 0; n < 3; ++n)
+    nodes.push_back(std::make_unique<LaunchedJob>(dir, shell_job(2, script, dir, same),
+                                                  EnvChanges{{"BRAID_JOB_TOKEN", "join-order-secret"}}));
+  for (auto& node : nodes) CHECK(node->wait(60s) == 0);
+  std::set<std::string> seen;
+  for (int rank = 0; rank < 6; ++rank) {
+    const std::string text = read_file(dir.path() / ("node_of_" + std::to_string(rank)));
+    CHECK(text == std::to_string(rank / 2) + " " + std::to_string(rank % 2) + "\n");
+    seen.insert(text);
+  }
+  CHECK(seen.size() == 6);
+  // Without a shared token no node can know it is node 0 before it binds.
+  auto tokenless = run_launch(dir, shell_job(1, "true", dir, same), {{"BRAID_JOB_TOKEN", std::nullopt}});
+  CHECK(tokenless.status == 2);
+  CHECK_THAT(tokenless.err, Catch::Contains("needs the same BRAID_JOB_TOKEN") && Catch::Contains("--node-rank"));
 }
 
 TEST_CASE("a non-zero node numbers its ranks globally and shares the token", "[launch]") {
@@ -357,6 +386,42 @@ TEST_CASE("rank 0 reads the launcher's stdin, and its prompt shows before the li
   input.write_end.reset();
   REQUIRE(job.wait() == 0);
   CHECK(sorted_lines(job.out()) == std::vector<std::string>{"[rank 0] name? hello bob", "[rank 1] end of input"});
+}
+
+// A terminal that is not the launcher's controlling one (setsid, a daemon
+// handed a pty) has no foreground for it to wait for: it was never read.
+TEST_CASE("stdin on a terminal that is not the launcher's own is forwarded", "[launch]") {
+  JobDir dir;
+  braid::launcher::UniqueFd master(::posix_openpt(O_RDWR | O_NOCTTY | O_CLOEXEC));
+  REQUIRE(master.valid());
+  REQUIRE(::grantpt(master.get()) == 0);
+  REQUIRE(::unlockpt(master.get()) == 0);
+  braid::launcher::UniqueFd terminal(::open(::ptsname(master.get()), O_RDWR | O_NOCTTY | O_CLOEXEC));
+  REQUIRE(terminal.valid());
+  ChildSetup setup;
+  setup.stdin_fd = terminal.get();
+  LaunchedJob job(dir, shell_job(1, "read name; echo \"hello $name\"", dir), {}, setup);
+  const std::string typed = "bob\n";
+  REQUIRE(::write(master.get(), typed.data(), typed.size()) == static_cast<ssize_t>(typed.size()));
+  REQUIRE(job.wait(20s) == 0);
+  CHECK(job.out() == "[rank 0] hello bob\n");
+}
+
+// `> log 2>&1`: stdout and stderr are one open file, which had a sink each,
+// so rank 1's line landed inside rank 0's unfinished one on stderr.
+TEST_CASE("into one file (> log 2>&1) another rank's line starts a line of its own", "[launch]") {
+  JobDir dir;
+  const auto log = dir.path() / "log";
+  const std::string script =
+      "if [ \"$BRAID_RANK\" = 0 ]; then printf 'loading...' >&2; "
+      "while [ ! -e \"$0/said\" ]; do sleep 0.02; done; sleep 0.3; echo ' done'; "
+      "else while ! grep -q loading \"$0/log\"; do sleep 0.02; done; echo hello; sleep 0.3; touch \"$0/said\"; fi";
+  std::vector<std::string> argv{"/bin/sh", "-c", "exec \"$@\" > \"$0\" 2>&1", log.string(),
+                                std::getenv("BRAID_LAUNCH")};
+  for (const std::string& arg : shell_job(2, script, dir)) argv.push_back(arg);
+  auto job = LaunchedJob::program(dir, "launcher", argv);
+  REQUIRE(job->wait(30s) == 0);
+  CHECK(read_file(log) == "[rank 0] loading...\n[rank 1] hello\n[rank 0]  done\n");
 }
 
 TEST_CASE("--stdin picks the rank that reads stdin, or none", "[launch]") {

@@ -148,17 +148,20 @@ TEST_CASE("LineRelay writes an unfinished line once it waited, and keeps lines a
   b.feed("\r 20%");
   b.finish();
   CHECK(shared.take() == "[rank 1]  10%\r[rank 1]  20%\n");
-  // A flush never ends inside a UTF-8 character, but holds it back once only.
+  // A flush never ends inside a UTF-8 character: its start waits for the
+  // rest, or for the stream's end, with no deadline meanwhile.
   a.feed("caf\xC3");
   a.flush_partial();
   CHECK(shared.take() == "[rank 0] caf");
+  CHECK_FALSE(a.partial_deadline());
   a.feed("\xA9!\n");
   CHECK(shared.take() == "\xC3\xA9!\n");
   a.feed("\xE2\x82");
   a.flush_partial();
-  CHECK(shared.take() == "[rank 0] \xE2\x82");
+  CHECK(shared.take().empty());
+  CHECK_FALSE(a.partial_deadline());
   a.finish();
-  CHECK(shared.take() == "\n");
+  CHECK(shared.take() == "[rank 0] \xE2\x82\n");
 }
 
 TEST_CASE("an unfinished line waits 100 ms after its last byte, 1 s after its first at most", "[launcher]") {

@@ -26,7 +26,14 @@ UniqueFd InputRelay::connect() {
   return std::move(pipe.read_end);
 }
 
-bool InputRelay::in_background() const { return source_is_terminal_ && tcgetpgrp(source_) != getpgrp(); }
+// A terminal that is not the launcher's controlling one (under setsid)
+// has no foreground for it: tcgetpgrp fails with ENOTTY, and reading it
+// stops no one, so it is read.
+bool InputRelay::in_background() const {
+  if (!source_is_terminal_) return false;
+  const pid_t foreground = tcgetpgrp(source_);
+  return foreground != -1 && foreground != getpgrp();
+}
 
 int InputRelay::source_poll_fd() const {
   if (source_ended_ || !target_.valid() || pending_.size() >= kMaxPendingBytes || in_background()) return -1;

@@ -238,7 +238,8 @@ void validate(const LaunchOptions& options) {
   require(options.nproc_per_node >= 1, "--nproc-per-node must be at least 1, got " +
                                            std::to_string(options.nproc_per_node));
   require(options.nnodes >= 1, "--nnodes must be at least 1, got " + std::to_string(options.nnodes));
-  require(options.node_rank >= 0 && options.node_rank < options.nnodes,
+  require((options.node_rank == kJoinOrderNodeRank && options.nnodes > 1) ||
+              (options.node_rank >= 0 && options.node_rank < options.nnodes),
           "--node-rank " + std::to_string(options.node_rank) + " must be in [0, " +
               std::to_string(options.nnodes) + ") for --nnodes " + std::to_string(options.nnodes));
   require(options.master_port >= 0 && options.master_port <= 65535,
@@ -321,10 +322,60 @@ std::unique_ptr<runtime::StoreServer> serve_store(const LaunchOptions& options, 
   return server;
 }
 
+// Node ranks in join order, for nodes not given --node-rank (torchrun's
+// c10d rendezvous needs none): node 0 is the launcher that serves the store
+// on --master-port of --master-addr, which only one on that address's
+// machine can bind; every other node finds that store, by the token, and
+// takes the next number from a counter in it. Every node must share
+// BRAID_JOB_TOKEN, since none knows it is node 0 before it binds.
+constexpr const char* kJoinCounterKey = "braid/launch/nodes_joined";
+
+int join_order_node_rank(const LaunchOptions& options, const StoreEndpoints& endpoints,
+                         std::unique_ptr<runtime::StoreServer>& served) {
+  const char* shared = std::getenv("BRAID_JOB_TOKEN");
+  if (!shared || !*shared)
+    throw InvalidUsage("--nnodes " + std::to_string(options.nnodes) + " without --node-rank numbers the nodes as "
+                       "they reach node 0's store, so every node needs the same BRAID_JOB_TOKEN (e.g. from `openssl "
+                       "rand -hex 16`); or pass --node-rank (0 on the node at --master-addr)");
+  const std::string token = shared;
+  const auto port = static_cast<std::uint16_t>(options.master_port);
+  std::exception_ptr bind_failure;
+  if (is_own_address(options.master_addr)) {
+    try {
+      served = std::make_unique<runtime::StoreServer>(numeric_address(endpoints.listen_addr),
+                                                      std::vector<std::uint16_t>{port}, token, "");
+      spdlog::info("braid-launch: node 0 of {} (it serves the store on {}:{})", options.nnodes,
+                   endpoints.listen_addr, port);
+      return 0;
+    } catch (const SystemError&) {
+      bind_failure = std::current_exception();  // another launcher of this job may hold it
+    }
+  }
+  // From this machine, another launcher of the job has the port by now, or
+  // the port is taken by something else; from elsewhere, node 0 may start
+  // later, as under torchrun, so wait as long as ranks wait for each other.
+  const auto wait = bind_failure ? std::chrono::milliseconds(3000) : runtime::config().timeout;
+  std::unique_ptr<runtime::Store> store;
+  try {
+    store = runtime::Store::find(options.master_addr, runtime::store_port_candidates(port, token), token, wait,
+                                 "start the node at --master-addr, or pass --node-rank");
+  } catch (const Error&) {
+    if (bind_failure) std::rethrow_exception(bind_failure);
+    throw;
+  }
+  const std::int64_t rank = store->add(kJoinCounterKey, 1);
+  if (rank >= options.nnodes)
+    throw InvalidUsage("node " + std::to_string(rank) + " joined a job of --nnodes " + std::to_string(options.nnodes) +
+                       ": more launchers than nodes reached node 0's store (one node started twice?)");
+  spdlog::info("braid-launch: node {} of {} (numbered as the nodes reached node 0's store)", rank, options.nnodes);
+  return static_cast<int>(rank);
+}
+
 }  // namespace
 
-int launch(const LaunchOptions& options) {
-  validate(options);
+int launch(const LaunchOptions& given) {
+  validate(given);
+  LaunchOptions options = given;
   // Every rank, this node's too, connects to the store at --master-addr. An
   // address of another machine is right only when it forwards to this one
   // (a Kubernetes service, a cloud NAT or floating address); a mistyped one
@@ -338,9 +389,12 @@ int launch(const LaunchOptions& options) {
   check_fd_limit(options, config);
   std::string bind_addr = bind_address(options, config.bind_addr);
   StoreEndpoints endpoints = store_endpoints(options, bind_addr);
+  SignalCatcher signals;  // before the store's thread starts (signals.h)
+  std::unique_ptr<runtime::StoreServer> joined_server;  // node 0's in join order: its first attempt's store
+  if (options.node_rank == kJoinOrderNodeRank)
+    options.node_rank = join_order_node_rank(options, endpoints, joined_server);
   JobIdentity job = settle_identity(options, endpoints, bind_addr);
   if (!options.log_dir.empty()) create_log_dir(options.log_dir);
-  SignalCatcher signals;  // before the store's thread starts (signals.h)
   // After the SignalCatcher, which ignores SIGPIPE for the guardian's pipe
   // too, and before the first rank. It holds twice the ranks of this node:
   // one attempt's groups, and room for those a restart could not reap.
@@ -354,8 +408,9 @@ int launch(const LaunchOptions& options) {
   // Each attempt gets a store and a token of its own, so that no rank of a
   // restarted job reads what the failed one left in the store.
   for (;; ++job.restart) {
-    std::unique_ptr<runtime::StoreServer> server;
-    if (options.node_rank == 0) server = serve_store(options, endpoints, job);
+    std::unique_ptr<runtime::StoreServer> server = std::move(joined_server);
+    if (server) job.store_port = server->port();
+    else if (options.node_rank == 0) server = serve_store(options, endpoints, job);
     if (options.node_rank == 0 && options.nnodes > 1 && job.restart == 0 &&
         is_loopback(numeric_address(endpoints.listen_addr)))
       spdlog::warn("braid-launch: --nnodes {} with the store on {}, which only this machine reaches: other nodes "

@@ -20,6 +20,9 @@ inline constexpr int kExitTimeout = 124;    // --timeout expired (as timeout(1))
 inline constexpr int kExitCannotExec = 127; // program missing or not executable
 
 inline constexpr int kNoStdinRank = -1;  // --stdin none
+// --node-rank not given to a node of a job across nodes: it takes its rank
+// in the order the nodes reach node 0's store (torchrun's c10d rendezvous).
+inline constexpr int kJoinOrderNodeRank = -1;
 
 // The longest --timeout and --grace-period: about 31 years, in effect no
 // limit, and far enough from the ends of std::chrono's clocks (some 292
@@ -29,7 +32,7 @@ inline constexpr std::chrono::seconds kMaxDuration{1'000'000'000};
 struct LaunchOptions {
   int nproc_per_node = 1;                 // ranks on this node, >= 1
   int nnodes = 1;                         // nodes in the job, >= 1
-  int node_rank = 0;                      // this node, in [0, nnodes)
+  int node_rank = 0;                      // this node, in [0, nnodes), or kJoinOrderNodeRank
   std::string master_addr = "127.0.0.1";  // where ranks reach the store
   // Store port, 1..65535. 0 on a single node: pick a free one. Required
   // with nnodes > 1, since every node must know it in advance.

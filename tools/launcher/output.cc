@@ -22,9 +22,11 @@
 
 #include <fcntl.h>
 #include <limits.h>
+#include <linux/kcmp.h>
 #include <poll.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -40,12 +42,17 @@ namespace {
 
 bool is_file(const struct stat& info) { return S_ISREG(info.st_mode) || S_ISBLK(info.st_mode); }
 
-// One pipe or terminal behind both descriptors. Two opens of one regular
+// Both descriptors write to one place, so one sink must order their lines:
+// one pipe or terminal, or one open file description (`> log 2>&1`: one
+// offset, asked of the kernel with kcmp). Two separate opens of one regular
 // file are left apart: each has its own offset, which one sink would mix.
-bool same_pipe_or_terminal(int a, int b) {
+bool same_destination(int a, int b) {
   struct stat info_a {}, info_b {};
-  if (fstat(a, &info_a) != 0 || fstat(b, &info_b) != 0 || is_file(info_a)) return false;
-  return info_a.st_dev == info_b.st_dev && info_a.st_ino == info_b.st_ino;
+  if (fstat(a, &info_a) != 0 || fstat(b, &info_b) != 0) return false;
+  if (info_a.st_dev != info_b.st_dev || info_a.st_ino != info_b.st_ino) return false;
+  if (!is_file(info_a)) return true;
+  const pid_t self = getpid();
+  return ::syscall(SYS_kcmp, self, self, KCMP_FILE, a, b) == 0;
 }
 
 struct StandardSinks {
@@ -53,7 +60,7 @@ struct StandardSinks {
   std::optional<OutputSink> err;  // empty when stderr shares stdout's sink
 
   StandardSinks() {
-    if (!same_pipe_or_terminal(STDOUT_FILENO, STDERR_FILENO)) err.emplace(STDERR_FILENO);
+    if (!same_destination(STDOUT_FILENO, STDERR_FILENO)) err.emplace(STDERR_FILENO);
   }
 };
 
@@ -270,6 +277,7 @@ LineRelay::LineRelay(std::string prefix, OutputSink& sink)
 
 void LineRelay::feed(std::string_view text, Clock::time_point now) {
   if (text.empty()) return;
+  only_held_tail_ = false;
   // A '\r' that ended the last read: a line end of its own ("\r\n"), or
   // a return to the line's start.
   if (!pending_.empty() && pending_.back() == '\r' && text.front() != '\n') {
@@ -303,7 +311,7 @@ void LineRelay::feed(std::string_view text, Clock::time_point now) {
 }
 
 std::optional<Clock::time_point> LineRelay::partial_deadline() const {
-  if (pending_.empty()) return std::nullopt;
+  if (pending_.empty() || only_held_tail_) return std::nullopt;
   return std::min(pending_last_ + kPartialLineWait, pending_began_ + kLongestPartialWait);
 }
 
@@ -315,13 +323,12 @@ void LineRelay::flush_partial() {
     pending_.clear();
     return;
   }
-  // The start of a character is held back once, not for ever: a rank
-  // may never write its rest.
-  std::size_t held = incomplete_utf8_tail(pending_);
-  if (held == pending_.size()) held = 0;
+  // The start of a character waits for its rest (or the stream's end,
+  // finish): written alone, another rank's line could land inside it.
+  const std::size_t held = incomplete_utf8_tail(pending_);
   emit(std::string_view(pending_).substr(0, pending_.size() - held), OutputSink::LineEnd::kOpen);
   pending_.erase(0, pending_.size() - held);
-  pending_began_ = pending_last_ = Clock::now();
+  only_held_tail_ = !pending_.empty();
 }
 
 void LineRelay::finish() {

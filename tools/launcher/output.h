@@ -162,7 +162,7 @@ class LineRelay {
   // its last byte, kLongestPartialWait after its first); none without one.
   std::optional<Clock::time_point> partial_deadline() const;
   // Writes the unterminated rest as an open piece, but for the bytes of a
-  // UTF-8 character not yet complete.
+  // UTF-8 character not yet complete, which wait for the rest (or finish).
   void flush_partial();
   // Puts the unterminated rest's deadline kPartialLineWait after now.
   void wait_longer(Clock::time_point now) { pending_began_ = pending_last_ = now; }
@@ -178,7 +178,8 @@ class LineRelay {
   OutputSink* sink_;
   std::string pending_;
   Clock::time_point pending_began_{}, pending_last_{};  // the rest's first and last bytes came
-  bool line_begun_ = false;  // a piece of the current line went out
+  bool line_begun_ = false;      // a piece of the current line went out
+  bool only_held_tail_ = false;  // pending_ is the start of a UTF-8 character, flushed up to it
 };
 
 }  // namespace braid::launcher
