@@ -17,6 +17,7 @@
 #include <spdlog/spdlog.h>
 
 #include <cerrno>
+#include <csignal>
 #include <cstdlib>
 #include <filesystem>
 #include <memory>
@@ -330,7 +331,12 @@ std::unique_ptr<runtime::StoreServer> serve_store(const LaunchOptions& options, 
 // BRAID_JOB_TOKEN, since none knows it is node 0 before it binds.
 constexpr const char* kJoinCounterKey = "braid/launch/nodes_joined";
 
-int join_order_node_rank(const LaunchOptions& options, const StoreEndpoints& endpoints,
+// A signal that stopped the wait for node 0 (join_order_node_rank).
+struct StoppedWaiting {
+  int signo;
+};
+
+int join_order_node_rank(const LaunchOptions& options, const StoreEndpoints& endpoints, SignalCatcher& signals,
                          std::unique_ptr<runtime::StoreServer>& served) {
   const char* shared = std::getenv("BRAID_JOB_TOKEN");
   if (!shared || !*shared)
@@ -354,14 +360,33 @@ int join_order_node_rank(const LaunchOptions& options, const StoreEndpoints& end
   // From this machine, another launcher of the job has the port by now, or
   // the port is taken by something else; from elsewhere, node 0 may start
   // later, as under torchrun, so wait as long as ranks wait for each other.
-  const auto wait = bind_failure ? std::chrono::milliseconds(3000) : runtime::config().timeout;
+  // Asked in slices of 1 s, between which a signal (Ctrl-C) ends the wait:
+  // the SignalCatcher holds them back.
+  const std::chrono::milliseconds wait = bind_failure ? std::chrono::milliseconds(3000) : runtime::config().timeout;
+  const auto start = std::chrono::steady_clock::now();
+  const auto deadline = start + wait;
+  bool said = false;
   std::unique_ptr<runtime::Store> store;
-  try {
-    store = runtime::Store::find(options.master_addr, runtime::store_port_candidates(port, token), token, wait,
-                                 "start the node at --master-addr, or pass --node-rank");
-  } catch (const Error&) {
-    if (bind_failure) std::rethrow_exception(bind_failure);
-    throw;
+  while (!store) {
+    const auto now = std::chrono::steady_clock::now();
+    const auto slice = std::min<std::chrono::steady_clock::duration>(std::chrono::seconds(1), deadline - now);
+    try {
+      store = runtime::Store::find(options.master_addr, runtime::store_port_candidates(port, token), token,
+                                   std::chrono::ceil<std::chrono::milliseconds>(slice),
+                                   "start the node at --master-addr, or pass --node-rank");
+    } catch (const Error&) {
+      if (std::chrono::steady_clock::now() >= deadline) {
+        if (bind_failure) std::rethrow_exception(bind_failure);
+        throw;
+      }
+    }
+    for (int signo : signals.take())
+      if (signo != SIGCHLD) throw StoppedWaiting{signo};
+    if (!store && !said && std::chrono::steady_clock::now() - start >= std::chrono::seconds(5)) {
+      said = true;
+      say("waiting for node 0's store at " + options.master_addr + ":" + std::to_string(port) + " (up to " +
+          std::to_string(wait.count() / 1000) + " s): start the node at --master-addr, or pass --node-rank");
+    }
   }
   const std::int64_t rank = store->add(kJoinCounterKey, 1);
   if (rank >= options.nnodes)
@@ -391,8 +416,14 @@ int launch(const LaunchOptions& given) {
   StoreEndpoints endpoints = store_endpoints(options, bind_addr);
   SignalCatcher signals;  // before the store's thread starts (signals.h)
   std::unique_ptr<runtime::StoreServer> joined_server;  // node 0's in join order: its first attempt's store
-  if (options.node_rank == kJoinOrderNodeRank)
-    options.node_rank = join_order_node_rank(options, endpoints, joined_server);
+  if (options.node_rank == kJoinOrderNodeRank) {
+    try {
+      options.node_rank = join_order_node_rank(options, endpoints, signals, joined_server);
+    } catch (const StoppedWaiting& stopped) {
+      say("received " + signal_name(stopped.signo) + " while waiting for node 0's store");
+      return 128 + stopped.signo;
+    }
+  }
   JobIdentity job = settle_identity(options, endpoints, bind_addr);
   if (!options.log_dir.empty()) create_log_dir(options.log_dir);
   // After the SignalCatcher, which ignores SIGPIPE for the guardian's pipe
