@@ -182,9 +182,25 @@ void apply_rendezvous(const CliExtras& extras, LaunchOptions& options, bool mast
   options.master_addr = host;
 }
 
+// Whether exec would run `program` as the user means it: a path with its x
+// bit and a "#!" line. torchrun takes its script as a path and runs it with
+// Python whatever its bits; exec looked a bare name up in PATH ("No such
+// file" for train.py beside the user) and ran an x-bit file without "#!"
+// with /bin/sh.
+bool runs_by_itself(const std::string& program) {
+  if (program.find('/') == std::string::npos || access(program.c_str(), X_OK) != 0) return false;
+  char head[2] = {};
+  const int fd = open(program.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return true;  // exec says why
+  const bool shebang = read(fd, head, 2) == 2 && head[0] == '#' && head[1] == '!';
+  close(fd);
+  return shebang;
+}
+
 // torchrun runs its script with Python, unbuffered; braid-launch runs any
-// program. A .py file it cannot execute itself (no x bit) runs as torchrun
-// runs it, with BRAID_PYTHON or python3 from PATH; -m runs a module.
+// program. A .py file that exec would not run as meant (runs_by_itself)
+// runs as torchrun runs it, with BRAID_PYTHON or python3 from PATH; -m runs
+// a module.
 std::vector<std::string> with_python(std::vector<std::string> command, const CliExtras& extras) {
   if (extras.module && extras.no_python)
     throw braid::InvalidUsage("-m runs a Python module and --no-python runs no Python: pass one");
@@ -193,7 +209,7 @@ std::vector<std::string> with_python(std::vector<std::string> command, const Cli
   if (command.empty() || extras.no_python) return command;
   const std::string& program = command.front();
   const bool script = program.size() > 3 && program.ends_with(".py") && access(program.c_str(), F_OK) == 0 &&
-                      access(program.c_str(), X_OK) != 0;
+                      !runs_by_itself(program);
   if (!extras.module && !script) return command;
   std::vector<std::string> prefix{python, "-u"};
   if (extras.module) prefix.push_back("-m");

@@ -337,6 +337,31 @@ TEST_CASE("a rank of one node that fails before joining fails the other nodes at
   CHECK(took < std::chrono::seconds(12));  // not the 20 s of BRAID_TIMEOUT
 }
 
+// A node's launcher stopped by a signal (Ctrl-C, scancel, a pod's SIGTERM)
+// said nothing to the other nodes, whose ranks waited for its ranks until
+// BRAID_TIMEOUT.
+TEST_CASE("a node's launcher stopped by a signal fails the other nodes at once", "[launch]") {
+  const char* bench = std::getenv("BRAID_BENCH");
+  REQUIRE(bench != nullptr);
+  const EnvChanges env{{"BRAID_JOB_TOKEN", "stopped-node"}, {"BRAID_TIMEOUT", "20"}};
+  JobDir dir0, dir1;
+  auto node = [&](const char* node_rank, const std::string& script, const JobDir& dir) {
+    return shell_job(1, script, dir, {"--nnodes", "2", "--node-rank", node_rank, "--master-port", "29537"});
+  };
+  const std::string joins = std::string("exec ") + bench + " -b 8 -e 8 -n 1 -w 0";
+  const auto started = std::chrono::steady_clock::now();
+  LaunchedJob node0(dir0, node("0", joins, dir0), env);
+  LaunchedJob node1(dir1, node("1", recording("sleep 30"), dir1), env);
+  wait_for_file(dir1.path() / "pid_1");
+  REQUIRE(::kill(node1.pid(), SIGTERM) == 0);
+  CHECK(node1.wait(20s) == 128 + SIGTERM);
+  CHECK(node0.wait(60s) != 0);
+  INFO(node0.err());
+  CHECK_THAT(node0.err(), Catch::Contains("braid-launch reports its launcher was stopped by SIGTERM") &&
+                              Catch::Contains("on node 1"));
+  CHECK(std::chrono::steady_clock::now() - started < std::chrono::seconds(12));  // not the 20 s of BRAID_TIMEOUT
+}
+
 TEST_CASE("rank output is relayed line by line with a rank prefix", "[launch]") {
   JobDir dir;
   std::string script = "echo \"out $BRAID_RANK\"; echo \"err $BRAID_RANK\" >&2; "
@@ -783,6 +808,15 @@ TEST_CASE("braid-launch runs torchrun's command lines: a script, -m, --rdzv-*", 
   CHECK(module.out == "[rank 0] module on 0\n");
   auto plain = run_launch(dir, {"--nproc_per_node", "1", "--no-python", script.string()});
   CHECK(plain.status == 127);  // as asked: run as a program, which it is not
+  // Executable without "#!" (exec ran it with /bin/sh), or named without a
+  // path (exec looked it up in PATH): Python too, as under torchrun.
+  ::chmod(script.c_str(), 0755);
+  auto executable = run_launch(dir, {"--nproc_per_node", "1", script.string()});
+  CHECK(executable.out == "[rank 0] rank 0 with -u\n");
+  auto bare = LaunchedJob::program(dir, "bare", {"/bin/sh", "-c", "cd \"$0\" && exec \"$1\" --nproc_per_node 1 train.py",
+                                                 dir.str(), std::getenv("BRAID_LAUNCH")});
+  CHECK(bare->wait(20s) == 0);
+  CHECK(bare->out() == "[rank 0] rank 0 with -u\n");
   auto rdzv = run_launch(dir, {"--nproc_per_node", "1", "--nnodes", "1:1", "--rdzv-backend", "c10d", "--rdzv-endpoint",
                                "127.0.0.1:29431", "--rdzv-id", "job7", "--", "/bin/sh", "-c",
                                "echo \"$MASTER_ADDR $TORCHELASTIC_RUN_ID\""});

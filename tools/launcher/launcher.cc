@@ -331,7 +331,8 @@ std::unique_ptr<runtime::StoreServer> serve_store(const LaunchOptions& options, 
 // BRAID_JOB_TOKEN, since none knows it is node 0 before it binds.
 constexpr const char* kJoinCounterKey = "braid/launch/nodes_joined";
 
-// A signal that stopped the wait for node 0 (join_order_node_rank).
+// What stopped the wait for node 0 (join_order_node_rank): a signal, or
+// 0 for --timeout.
 struct StoppedWaiting {
   int signo;
 };
@@ -362,7 +363,9 @@ int join_order_node_rank(const LaunchOptions& options, const StoreEndpoints& end
   // later, as under torchrun, so wait as long as ranks wait for each other.
   // Asked in slices of 1 s, between which a signal (Ctrl-C) ends the wait:
   // the SignalCatcher holds them back.
-  const std::chrono::milliseconds wait = bind_failure ? std::chrono::milliseconds(3000) : runtime::config().timeout;
+  std::chrono::milliseconds wait = bind_failure ? std::chrono::milliseconds(3000) : runtime::config().timeout;
+  const bool job_timeout_first = options.timeout.count() > 0 && options.timeout < wait;  // --timeout covers it
+  if (job_timeout_first) wait = options.timeout;
   const auto start = std::chrono::steady_clock::now();
   const auto deadline = start + wait;
   bool said = false;
@@ -374,8 +377,13 @@ int join_order_node_rank(const LaunchOptions& options, const StoreEndpoints& end
       store = runtime::Store::find(options.master_addr, runtime::store_port_candidates(port, token), token,
                                    std::chrono::ceil<std::chrono::milliseconds>(slice),
                                    "start the node at --master-addr, or pass --node-rank");
+    } catch (const RemoteError&) {
+      // A store that refused this token: another job's, or node 0's given
+      // another BRAID_JOB_TOKEN; said as it is, not as the bind failure.
+      if (std::chrono::steady_clock::now() >= deadline) throw;
     } catch (const Error&) {
       if (std::chrono::steady_clock::now() >= deadline) {
+        if (job_timeout_first) throw StoppedWaiting{0};
         if (bind_failure) std::rethrow_exception(bind_failure);
         throw;
       }
@@ -388,6 +396,11 @@ int join_order_node_rank(const LaunchOptions& options, const StoreEndpoints& end
           std::to_string(wait.count() / 1000) + " s): start the node at --master-addr, or pass --node-rank");
     }
   }
+  // A store still up for a job that failed (node 0 serves 2.5 s longer for
+  // its other nodes): a node joining it would take part in nothing.
+  if (store->try_get(runtime::kJobFailedKey))
+    throw SystemError("node 0's store at " + options.master_addr + ":" + std::to_string(store->port()) +
+                      " belongs to a job that has failed and is ending; start this node again once it has ended");
   const std::int64_t rank = store->add(kJoinCounterKey, 1);
   if (rank >= options.nnodes)
     throw InvalidUsage("node " + std::to_string(rank) + " joined a job of --nnodes " + std::to_string(options.nnodes) +
@@ -414,18 +427,27 @@ int launch(const LaunchOptions& given) {
   check_fd_limit(options, config);
   std::string bind_addr = bind_address(options, config.bind_addr);
   StoreEndpoints endpoints = store_endpoints(options, bind_addr);
+  // Before a node takes its number (join order), which a later failure
+  // would leave taken.
+  if (!options.log_dir.empty()) create_log_dir(options.log_dir);
   SignalCatcher signals;  // before the store's thread starts (signals.h)
   std::unique_ptr<runtime::StoreServer> joined_server;  // node 0's in join order: its first attempt's store
   if (options.node_rank == kJoinOrderNodeRank) {
     try {
       options.node_rank = join_order_node_rank(options, endpoints, signals, joined_server);
     } catch (const StoppedWaiting& stopped) {
+      if (stopped.signo == 0) {
+        char seconds[32];
+        std::snprintf(seconds, sizeof seconds, "%g", static_cast<double>(options.timeout.count()) / 1000.0);
+        say(std::string("the job ran past its --timeout of ") + seconds +
+            " s while this node waited for node 0's store");
+        return kExitTimeout;
+      }
       say("received " + signal_name(stopped.signo) + " while waiting for node 0's store");
       return 128 + stopped.signo;
     }
   }
   JobIdentity job = settle_identity(options, endpoints, bind_addr);
-  if (!options.log_dir.empty()) create_log_dir(options.log_dir);
   // After the SignalCatcher, which ignores SIGPIPE for the guardian's pipe
   // too, and before the first rank. It holds twice the ranks of this node:
   // one attempt's groups, and room for those a restart could not reap.

@@ -174,7 +174,7 @@ void Supervisor::on_rank_exit(const Rank& rank, const ExitStatus& status) {
   if (others == 1) line += "; stopping the other rank";
   if (others > 1) line += "; stopping the other " + count_of_ranks(others);
   say(line);
-  if (on_first_failure && !rank_failed_) on_first_failure(line);
+  tell_once(line);
   exit_status_ = status.shell_status();
   rank_failed_ = true;
   stop(SIGTERM);
@@ -201,9 +201,17 @@ void Supervisor::on_launcher_signal(int signo) {
     return;
   }
   say("received " + signal_name(signo) + "; forwarding it to " + count_of_ranks(running));
+  // The other nodes' ranks would wait for this node's until BRAID_TIMEOUT.
+  tell_once("its launcher was stopped by " + signal_name(signo) + ", with its ranks");
   exit_status_ = 128 + signo;
   stop(signo);
   drop_output_after(std::max<Clock::duration>(grace_period_, kDrainTime));
+}
+
+void Supervisor::tell_once(const std::string& line) {
+  if (!on_first_failure || told_) return;
+  told_ = true;
+  on_first_failure(line);
 }
 
 void Supervisor::handle_deadlines() {

@@ -80,7 +80,7 @@ class Supervisor {
   // restarts.
   bool rank_failed() const { return rank_failed_ && !interrupted_; }
   // Called once, with the launcher's line about it, when the first rank
-  // fails (before the others are stopped).
+  // fails (before the others are stopped) or the launcher is told to stop.
   std::function<void(const std::string& line)> on_first_failure;
 
  private:
@@ -103,6 +103,7 @@ class Supervisor {
   void forget_group(pid_t pid) noexcept;
   void on_rank_exit(const Rank& rank, const ExitStatus& status);
   void on_launcher_signal(int signo);
+  void tell_once(const std::string& line);
   void handle_deadlines();
   void on_timeout();
   void stop(int signo);
@@ -133,6 +134,7 @@ class Supervisor {
   std::optional<Clock::time_point> output_deadline_;
   bool stopping_ = false;
   bool rank_failed_ = false, interrupted_ = false;
+  bool told_ = false;  // on_first_failure was called
   int exit_status_ = 0;
 };
 
