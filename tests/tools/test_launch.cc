@@ -247,6 +247,25 @@ TEST_CASE("nodes started without --node-rank are numbered as they join, node 0 a
   CHECK_THAT(tokenless.err, Catch::Contains("needs the same BRAID_JOB_TOKEN") && Catch::Contains("--node-rank"));
 }
 
+// A second node 0 of one job served a store of its own on the next port;
+// each half of the job then waited out BRAID_TIMEOUT for the other.
+TEST_CASE("a second node 0 of a job is refused at once", "[launch]") {
+  const EnvChanges env{{"BRAID_JOB_TOKEN", "two-node-zeros"}, {"BRAID_TIMEOUT", "20"}};
+  const std::vector<std::string> zero{"--nnodes", "2", "--node-rank", "0", "--master-port", "29539"};
+  const std::vector<std::string> joining{"--nnodes", "2", "--master-port", "29539"};  // becomes node 0: first
+  for (const auto& first_how : {zero, joining}) {
+    JobDir dir, other;
+    LaunchedJob first(dir, shell_job(1, recording("sleep 30"), dir, first_how), env);
+    wait_for_file(dir.path() / "pid_0");
+    auto second = run_launch(other, shell_job(1, "true", other, zero), env);
+    INFO(second.err);
+    CHECK(second.status == 2);
+    CHECK_THAT(second.err, Catch::Contains("another node 0 of this job already serves the store"));
+    ::kill(first.pid(), SIGTERM);
+    first.wait(20s);
+  }
+}
+
 TEST_CASE("a non-zero node numbers its ranks globally and shares the token", "[launch]") {
   std::vector<std::string> node1{"--nnodes", "2", "--node-rank", "1", "--master-addr",
                                  "127.0.0.1", "--master-port", "29517"};

@@ -319,6 +319,24 @@ std::unique_ptr<runtime::StoreServer> serve_store(const LaunchOptions& options, 
       listen_addr, runtime::store_port_candidates(static_cast<std::uint16_t>(options.master_port), job.token),
       job.token, "pass --master-port a port that is free here, or leave it out to let braid-launch pick one");
   job.store_port = server->port();
+  // --master-port taken by this very job: a second node 0 (two launchers
+  // given --node-rank 0, or one beside a node 0 numbered in join order),
+  // whose ranks and the first's each waited out BRAID_TIMEOUT for the rest.
+  if (options.nnodes > 1 && job.store_port != options.master_port) {
+    bool ours = false;
+    try {
+      runtime::Store::find(listen_addr, {static_cast<std::uint16_t>(options.master_port)}, job.token,
+                           std::chrono::milliseconds(1000), "");
+      ours = true;
+    } catch (const Error&) {
+      // Another program's port, or another job's store: moving on is right.
+    }
+    if (ours)
+      throw InvalidUsage("another node 0 of this job already serves the store at " + listen_addr + ":" +
+                         std::to_string(options.master_port) + " (two launchers given --node-rank 0, or one beside "
+                         "a node 0 numbered as it joined): start each node once, every one with its own "
+                         "--node-rank or none with it");
+  }
   spdlog::info("braid-launch: store listening on {}:{}", listen_addr, job.store_port);
   return server;
 }
