@@ -103,8 +103,8 @@ void add_options(CLI::App& app, LaunchOptions& options, CliExtras& extras, doubl
   app.add_option("--rdzv-id,--rdzv_id", extras.rdzv_id, "torchrun's job id: BRAID_RUN_ID unless that is set");
   app.add_flag("-m,--module", extras.module, "run PROGRAM as a Python module (python3 -u -m PROGRAM), as torchrun -m");
   app.add_flag("--no-python,--no_python", extras.no_python,
-               "never run PROGRAM with Python (a .py PROGRAM that is not executable otherwise runs as "
-               "python3 -u PROGRAM, as torchrun runs its script)");
+               "never run PROGRAM with Python (otherwise a .py PROGRAM runs as python3 -u PROGRAM, as torchrun "
+               "runs its script, unless it is a path with its x bit and a #! line)");
   app.add_option("--max-restarts,--max_restarts", options.max_restarts,
                  "on a rank's failure stop every rank and start them all again, at most this many times "
                  "(ranks see BRAID_RESTART_COUNT / TORCHELASTIC_RESTART_COUNT)")

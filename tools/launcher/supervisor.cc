@@ -249,6 +249,7 @@ void Supervisor::on_timeout() {
                      : "; its ranks have ended but their output is not all written yet"));
     exit_status_ = kExitTimeout;
     interrupted_ = true;
+    tell_once("its launcher's --timeout of " + seconds_text(timeout_) + " ran out");
     stop(SIGTERM);
   }
   drop_output_after(std::max<Clock::duration>(grace_period_, kDrainTime));
