@@ -12,6 +12,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <exception>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -124,20 +125,25 @@ void add_options(CLI::App& app, LaunchOptions& options, CliExtras& extras, doubl
       ->capture_default_str();
 }
 
+// The whole of `text` as an int; none for anything else (trailing text,
+// out of range, empty).
+std::optional<int> whole_number(const std::string& text) {
+  try {
+    std::size_t used = 0;
+    const int value = std::stoi(text, &used);
+    if (used == text.size()) return value;
+  } catch (const std::exception&) {
+  }
+  return std::nullopt;
+}
+
 // torchrun's --nnodes takes MIN:MAX for elastic jobs; one size only here.
 int parse_nnodes(const std::string& text) {
   const std::size_t colon = text.find(':');
   auto number = [&](const std::string& part) {
-    std::size_t used = 0;
-    int value = 0;
-    try {
-      value = std::stoi(part, &used);
-    } catch (const std::exception&) {
-      used = 0;
-    }
-    if (used == 0 || used != part.size())
-      throw braid::InvalidUsage("--nnodes '" + text + "' must be a number of nodes (or N:N)");
-    return value;
+    const std::optional<int> value = whole_number(part);
+    if (!value) throw braid::InvalidUsage("--nnodes '" + text + "' must be a number of nodes (or N:N)");
+    return *value;
   };
   if (colon == std::string::npos) return number(text);
   const int low = number(text.substr(0, colon)), high = number(text.substr(colon + 1));
@@ -171,14 +177,9 @@ void apply_rendezvous(const CliExtras& extras, LaunchOptions& options, bool mast
     port = host.substr(colon + 1);
     host = host.substr(0, colon);
   }
-  std::size_t used = 0;
-  try {
-    options.master_port = std::stoi(port, &used);
-  } catch (const std::exception&) {
-    used = 0;
-  }
-  if (used == 0 || used != port.size())
-    throw braid::InvalidUsage("--rdzv-endpoint " + extras.rdzv_endpoint + ": '" + port + "' is not a port");
+  const std::optional<int> number = whole_number(port);
+  if (!number) throw braid::InvalidUsage("--rdzv-endpoint " + extras.rdzv_endpoint + ": '" + port + "' is not a port");
+  options.master_port = *number;
   options.master_addr = host;
 }
 
@@ -222,24 +223,17 @@ void apply_extras(const CliExtras& extras, LaunchOptions& options) {
   if (extras.nproc == "auto") {
     options.nproc_per_node = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   } else {
-    try {
-      std::size_t used = 0;
-      options.nproc_per_node = std::stoi(extras.nproc, &used);
-      if (used != extras.nproc.size()) throw std::invalid_argument("trailing text");
-    } catch (const std::exception&) {
+    const std::optional<int> nproc = whole_number(extras.nproc);
+    if (!nproc)
       throw braid::InvalidUsage("--nproc-per-node '" + extras.nproc + "' must be a number of ranks or 'auto'");
-    }
+    options.nproc_per_node = *nproc;
   }
   if (extras.stdin_rank == "none") {
     options.stdin_rank = braid::launcher::kNoStdinRank;
   } else {
-    try {
-      std::size_t used = 0;
-      options.stdin_rank = std::stoi(extras.stdin_rank, &used);
-      if (used != extras.stdin_rank.size() || options.stdin_rank < 0) throw std::invalid_argument("not a rank");
-    } catch (const std::exception&) {
-      throw braid::InvalidUsage("--stdin '" + extras.stdin_rank + "' must be a rank or 'none'");
-    }
+    const std::optional<int> rank = whole_number(extras.stdin_rank);
+    if (!rank || *rank < 0) throw braid::InvalidUsage("--stdin '" + extras.stdin_rank + "' must be a rank or 'none'");
+    options.stdin_rank = *rank;
   }
   if (extras.standalone) {
     if (options.nnodes != 1) throw braid::InvalidUsage("--standalone runs one node; drop --nnodes or --standalone");
