@@ -356,6 +356,32 @@ TEST_CASE("a rank of one node that fails before joining fails the other nodes at
   CHECK(took < std::chrono::seconds(12));  // not the 20 s of BRAID_TIMEOUT
 }
 
+// A node whose program cannot be executed (a path missing on that node
+// only) ended at once, but told no one: the other nodes' ranks waited for
+// its ranks until BRAID_TIMEOUT.
+TEST_CASE("a node that cannot execute its program fails the other nodes at once", "[launch]") {
+  const char* bench = std::getenv("BRAID_BENCH");
+  REQUIRE(bench != nullptr);
+  const EnvChanges env{{"BRAID_JOB_TOKEN", "missing-program"}, {"BRAID_TIMEOUT", "20"}};
+  auto node = [&](const char* node_rank, std::vector<std::string> program) {
+    std::vector<std::string> args{"-n", "1", "--nnodes", "2", "--node-rank", node_rank, "--master-addr",
+                                  "127.0.0.1", "--master-port", "29541", "--"};
+    args.insert(args.end(), program.begin(), program.end());
+    return args;
+  };
+  JobDir dir0, dir1;
+  const auto started = std::chrono::steady_clock::now();
+  LaunchedJob node0(dir0, node("0", {bench, "-b", "8", "-e", "8", "-n", "1", "-w", "0"}), env);
+  auto node1 = run_launch(dir1, node("1", {(dir1.path() / "no-such-program").string()}), env);
+  INFO(node1.err);
+  CHECK(node1.status == 127);
+  CHECK(node0.wait(60s) != 0);
+  INFO(node0.err());
+  CHECK_THAT(node0.err(), Catch::Contains("braid-launch reports cannot execute") &&
+                              Catch::Contains("no-such-program") && Catch::Contains("on node 1"));
+  CHECK(std::chrono::steady_clock::now() - started < std::chrono::seconds(12));  // not the 20 s of BRAID_TIMEOUT
+}
+
 // A node's launcher stopped by a signal (Ctrl-C, scancel, a pod's SIGTERM)
 // said nothing to the other nodes, whose ranks waited for its ranks until
 // BRAID_TIMEOUT.

@@ -216,11 +216,13 @@ Outcome start_and_supervise(const LaunchOptions& options, const JobIdentity& job
     std::string line = e.what();
     if (started > 0) line += "; killing the " + std::to_string(started) + " ranks already started";
     say(line);
-    supervisor.abort(kExitCannotExec);
-  } catch (...) {
+    // Told to the other nodes too, whose ranks would wait for this node's
+    // until BRAID_TIMEOUT.
+    supervisor.abort(kExitCannotExec, line);
+  } catch (const std::exception& e) {
     // Stop the started ranks the orderly way, relaying what they printed;
     // should that throw as well, the destructor still kills them.
-    supervisor.abort(1);
+    supervisor.abort(1, std::string("its launcher could not start its ranks: ") + e.what());
     supervisor.run();
     throw;
   }

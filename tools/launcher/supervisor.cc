@@ -56,7 +56,8 @@ void Supervisor::add(RankProcess process) {
                         Stream{std::move(process.stderr_pipe), LineRelay(prefix, standard_sink(2))}});
 }
 
-void Supervisor::abort(int exit_status) {
+void Supervisor::abort(int exit_status, const std::string& why) {
+  tell_once(why);
   exit_status_ = exit_status;
   stopping_ = true;
   signal_running(SIGKILL);

@@ -68,9 +68,10 @@ class Supervisor {
 
   // Takes charge of a started rank.
   void add(RankProcess process);
-  // Kills the ranks started so far at once, because the job cannot start;
-  // run() then reaps them and returns exit_status.
-  void abort(int exit_status);
+  // Kills the ranks started so far at once, because the job cannot start
+  // (told to on_first_failure as `why`); run() then reaps them and returns
+  // exit_status.
+  void abort(int exit_status, const std::string& why);
   // Returns once every rank has been reaped and its output written (or
   // dropped, see above): 0 when all exited 0, otherwise the status of the
   // first reason to stop.
