@@ -58,6 +58,9 @@ std::string call_text(const Op& op, int rank) {
   auto call = [&] { return call_text(op, rank); };
   if (!is_valid(op.dtype)) throw InvalidUsage(call() + "unknown DataType " + std::to_string(int(op.dtype)));
   if (!is_valid(op.reduce_op)) throw InvalidUsage(call() + "unknown ReduceOp " + std::to_string(int(op.reduce_op)));
+  if (!can_reduce(op.dtype, op.reduce_op))
+    throw InvalidUsage(call() + std::string(name(op.reduce_op)) + " is a bitwise operator, for the integer types "
+                       "(i8, u8, i32, i64), not for " + std::string(name(op.dtype)));
   bool rooted = op.kind == OpKind::broadcast || op.kind == OpKind::reduce;
   bool p2p = op.kind == OpKind::send || op.kind == OpKind::recv;
   if ((rooted || p2p) && (op.root < 0 || op.root >= size))
@@ -111,7 +114,7 @@ void validate(const Op& op, int rank, int size) {
   std::size_t most_bytes;
   const bool overflows = __builtin_mul_overflow(op.count, 8 * static_cast<std::size_t>(size), &most_bytes);
   const bool moves_data = buffer_elements(op, size) != 0;
-  const bool bad = !is_valid(op.dtype) | !is_valid(op.reduce_op) |
+  const bool bad = !is_valid(op.dtype) | !is_valid(op.reduce_op) | !can_reduce(op.dtype, op.reduce_op) |
                    ((rooted | p2p) & (static_cast<unsigned>(op.root) >= static_cast<unsigned>(size))) |
                    (p2p & (op.root == rank)) | overflows |
                    (moves_data & ((needs_send_buffer(op, rank) & !op.send) | (needs_recv_buffer(op, rank) & !op.recv)));

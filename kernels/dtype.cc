@@ -8,7 +8,7 @@ std::string_view name(DataType dtype) {
 }
 
 std::string_view name(ReduceOp op) {
-  static constexpr std::string_view kNames[] = {"sum", "prod", "min", "max", "avg"};
+  static constexpr std::string_view kNames[] = {"sum", "prod", "min", "max", "avg", "band", "bor", "bxor"};
   return is_valid(op) ? kNames[static_cast<int>(op)] : "invalid";
 }
 

@@ -51,7 +51,7 @@ void add_flags(CLI::App& app, comm::BenchOptions& o, Flags& f) {
   app.add_option("-N,--run_cycles", o.cycles, "run the whole sweep this many times (0: until stopped)")
       ->check(kAtLeastZero)->capture_default_str();
   app.add_option("-c,--check", o.check, "verify results (0 or 1)")->check(CLI::Range(0, 1))->capture_default_str();
-  app.add_option("-o,--op", f.op, "sum|prod|min|max|avg|all")->capture_default_str();
+  app.add_option("-o,--op", f.op, "sum|prod|min|max|avg|band|bor|bxor|all (band, bor and bxor: integer types only)")->capture_default_str();
   app.add_option("-d,--datatype", f.dtype, "f32|f64|f16|bf16|i8|u8|i32|i64|all")->capture_default_str();
   app.add_option("-r,--root", o.root, "root of broadcast and reduce")->check(kAtLeastZero)
       ->capture_default_str();
@@ -118,7 +118,7 @@ void fill_options(comm::BenchOptions& o, const Flags& f) {
   o.step_bytes = runtime::parse_bytes(f.step_bytes);
   o.dtypes = parse_list<DataType>(f.dtype, {"f32", "f64", "f16", "bf16", "i8", "u8", "i32", "i64"},
                                   [](const std::string& s) { return parse_dtype(s); }, "datatype");
-  o.ops = parse_list<ReduceOp>(f.op, {"sum", "prod", "min", "max", "avg"},
+  o.ops = parse_list<ReduceOp>(f.op, {"sum", "prod", "min", "max", "avg", "band", "bor", "bxor"},
                                [](const std::string& s) { return parse_reduce_op(s); }, "op");
   if (o.min_bytes > o.max_bytes) throw InvalidUsage("-b must not exceed -e");
   o.blocking = f.blocking == 1;

@@ -13,8 +13,10 @@ namespace braid {
 enum class DataType : std::uint8_t { f32, f64, f16, bf16, i8, u8, i32, i64 };
 inline constexpr int kNumDataTypes = 8;
 
-enum class ReduceOp : std::uint8_t { sum, prod, min, max, avg };
-inline constexpr int kNumReduceOps = 5;
+// band, bor and bxor (bitwise and, or, exclusive or, as MPI_BAND and
+// gloo's BAND...) reduce the integer types only.
+enum class ReduceOp : std::uint8_t { sum, prod, min, max, avg, band, bor, bxor };
+inline constexpr int kNumReduceOps = 8;
 
 // Bytes per element; 0 for a value outside the enum. Inline: every call
 // asks them.
@@ -33,6 +35,13 @@ constexpr std::size_t dtype_bytes(DataType dtype) {
 }
 constexpr bool is_valid(DataType dtype) { return dtype_bytes(dtype) != 0; }
 constexpr bool is_valid(ReduceOp op) { return static_cast<unsigned>(op) < kNumReduceOps; }
+constexpr bool is_floating(DataType dtype) {
+  return dtype == DataType::f32 || dtype == DataType::f64 || dtype == DataType::f16 || dtype == DataType::bf16;
+}
+constexpr bool is_bitwise(ReduceOp op) { return op == ReduceOp::band || op == ReduceOp::bor || op == ReduceOp::bxor; }
+// Whether `op` reduces elements of `dtype`: every op but the bitwise ones
+// on floating-point types.
+constexpr bool can_reduce(DataType dtype, ReduceOp op) { return !(is_bitwise(op) && is_floating(dtype)); }
 std::string_view name(DataType dtype);  // "f32", ...; "invalid" outside the enum
 std::string_view name(ReduceOp op);     // "sum", ...
 std::optional<DataType> parse_dtype(std::string_view text);  // also "float", "half", ...

@@ -5,6 +5,8 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <stdexcept>
+#include <string>
 #include <type_traits>
 
 #if defined(__SSE2__)
@@ -45,6 +47,14 @@ struct Max {
     return a < b ? b : a;
   }
 };
+
+// The bitwise operators, for the integer types only (dispatch_bitwise).
+template <typename T>
+struct BitAnd { static T apply(T a, T b) { return static_cast<T>(a & b); } };
+template <typename T>
+struct BitOr { static T apply(T a, T b) { return static_cast<T>(a | b); } };
+template <typename T>
+struct BitXor { static T apply(T a, T b) { return static_cast<T>(a ^ b); } };
 
 // Integer sums and products wrap (as they do in NCCL and MPI), computed in
 // unsigned arithmetic so that overflow is defined.
@@ -106,6 +116,24 @@ void dispatch_ordered(void* d, const void* a, const void* b, std::size_t n, Data
   }
 }
 
+// Bitwise operators on the bits as they lie, of the integer types only: the
+// communicator refuses them on floating-point types before any kernel runs.
+template <template <typename> class Op>
+void dispatch_bitwise(void* d, const void* a, const void* b, std::size_t n, DataType dtype) {
+  using u8 = std::uint8_t;
+  using u32 = std::uint32_t;
+  using u64 = std::uint64_t;
+  switch (dtype) {
+    case DataType::i8:
+    case DataType::u8: return loop<u8, Op>((u8*)d, (const u8*)a, (const u8*)b, n);
+    case DataType::i32: return loop<u32, Op>((u32*)d, (const u32*)a, (const u32*)b, n);
+    case DataType::i64: return loop<u64, Op>((u64*)d, (const u64*)a, (const u64*)b, n);
+    default:
+      throw std::invalid_argument("braid kernels: " + std::string(name(dtype)) +
+                                  " has no bitwise reduction (integer types only)");
+  }
+}
+
 template <typename T>
 void divide_loop(T* data, std::size_t count, int divisor) {
   if constexpr (std::is_integral_v<T>) {
@@ -133,6 +161,9 @@ void reduce(void* dst, const void* a, const void* b, std::size_t count, DataType
     case ReduceOp::prod: return dispatch<Prod>(dst, a, b, count, dtype);
     case ReduceOp::min: return dispatch_ordered<Min>(dst, a, b, count, dtype);
     case ReduceOp::max: return dispatch_ordered<Max>(dst, a, b, count, dtype);
+    case ReduceOp::band: return dispatch_bitwise<BitAnd>(dst, a, b, count, dtype);
+    case ReduceOp::bor: return dispatch_bitwise<BitOr>(dst, a, b, count, dtype);
+    case ReduceOp::bxor: return dispatch_bitwise<BitXor>(dst, a, b, count, dtype);
   }
 }
 

@@ -17,6 +17,8 @@
 
 #include <cmath>
 #include <cstdint>
+#include <stdexcept>
+#include <string>
 #include <type_traits>
 
 #include "kernels/cuda/check.h"
@@ -54,6 +56,13 @@ struct Max {
     return a < b ? b : a;
   }
 };
+// The bitwise operators, for the integer types only (dispatch_bitwise).
+template <typename T>
+struct BitAnd { __device__ static T apply(T a, T b) { return static_cast<T>(a & b); } };
+template <typename T>
+struct BitOr { __device__ static T apply(T a, T b) { return static_cast<T>(a | b); } };
+template <typename T>
+struct BitXor { __device__ static T apply(T a, T b) { return static_cast<T>(a ^ b); } };
 
 // How one element of storage type T is reduced: plain, wrapping through an
 // unsigned type U, or through f32 for the 16-bit floats.
@@ -263,6 +272,43 @@ void dispatch_ordered(void* d, const void* a, const void* b, std::size_t n, Data
   }
 }
 
+// Bitwise operators on the bits as they lie, of the integer types only (the
+// communicator refuses them on floating-point types before any kernel runs).
+[[noreturn]] void refuse_bitwise(DataType dtype) {
+  throw std::invalid_argument("braid kernels: " + std::string(name(dtype)) +
+                              " has no bitwise reduction (integer types only)");
+}
+
+template <template <typename> class Op>
+void dispatch_bitwise(void* d, const void* a, const void* b, std::size_t n, DataType dtype, cudaStream_t s) {
+  using u8 = std::uint8_t;
+  using u32 = std::uint32_t;
+  using u64 = std::uint64_t;
+  switch (dtype) {
+    case DataType::i8:
+    case DataType::u8: return launch<u8, Plain<u8, Op>>(d, a, b, n, s);
+    case DataType::i32: return launch<u32, Plain<u32, Op>>(d, a, b, n, s);
+    case DataType::i64: return launch<u64, Plain<u64, Op>>(d, a, b, n, s);
+    default: refuse_bitwise(dtype);
+  }
+}
+
+// The divisor is 0 here: avg is not bitwise.
+template <template <typename> class Op>
+void dispatch_multi_bitwise(void* const* d, int nd, const void* const* s, int ns, std::size_t n, DataType dtype,
+                            cudaStream_t st) {
+  using u8 = std::uint8_t;
+  using u32 = std::uint32_t;
+  using u64 = std::uint64_t;
+  switch (dtype) {
+    case DataType::i8:
+    case DataType::u8: return launch_multi<u8, Plain<u8, Op>, DivideBy<u8>>(d, nd, s, ns, n, 0, st);
+    case DataType::i32: return launch_multi<u32, Plain<u32, Op>, DivideBy<u32>>(d, nd, s, ns, n, 0, st);
+    case DataType::i64: return launch_multi<u64, Plain<u64, Op>, DivideBy<u64>>(d, nd, s, ns, n, 0, st);
+    default: refuse_bitwise(dtype);
+  }
+}
+
 template <typename T, typename Div>
 __global__ void divide_kernel(T* data, std::size_t count, int divisor) {
   std::size_t stride = std::size_t(gridDim.x) * blockDim.x;
@@ -287,6 +333,9 @@ void reduce(void* dst, const void* a, const void* b, std::size_t count, DataType
     case ReduceOp::prod: return dispatch<Prod>(dst, a, b, count, dtype, stream);
     case ReduceOp::min: return dispatch_ordered<Min>(dst, a, b, count, dtype, stream);
     case ReduceOp::max: return dispatch_ordered<Max>(dst, a, b, count, dtype, stream);
+    case ReduceOp::band: return dispatch_bitwise<BitAnd>(dst, a, b, count, dtype, stream);
+    case ReduceOp::bor: return dispatch_bitwise<BitOr>(dst, a, b, count, dtype, stream);
+    case ReduceOp::bxor: return dispatch_bitwise<BitXor>(dst, a, b, count, dtype, stream);
   }
 }
 
@@ -302,6 +351,9 @@ void reduce_multi(void* const* dsts, int n_dst, const void* const* srcs, int n_s
     case ReduceOp::prod: return dispatch_multi<Prod, false>(dsts, n_dst, srcs, n_src, count, dtype, divisor, stream);
     case ReduceOp::min: return dispatch_multi<Min, true>(dsts, n_dst, srcs, n_src, count, dtype, divisor, stream);
     case ReduceOp::max: return dispatch_multi<Max, true>(dsts, n_dst, srcs, n_src, count, dtype, divisor, stream);
+    case ReduceOp::band: return dispatch_multi_bitwise<BitAnd>(dsts, n_dst, srcs, n_src, count, dtype, stream);
+    case ReduceOp::bor: return dispatch_multi_bitwise<BitOr>(dsts, n_dst, srcs, n_src, count, dtype, stream);
+    case ReduceOp::bxor: return dispatch_multi_bitwise<BitXor>(dsts, n_dst, srcs, n_src, count, dtype, stream);
   }
 }
 
@@ -331,6 +383,7 @@ void preload(cudaStream_t stream) {
       const auto dtype = DataType(t);
       for (int o = 0; o < kNumReduceOps; ++o) {
         const auto op = ReduceOp(o);
+        if (!can_reduce(dtype, op)) continue;
         reduce(dst, src[0], src[1], 1, dtype, op, stream);
         reduce_multi(&dst, 1, src, 2, 1, dtype, op, 0, stream);
       }

@@ -98,9 +98,12 @@ ReduceOp reduce_op(const c10d::ReduceOp& op, const char* name) {
     case c10d::ReduceOp::PRODUCT: return ReduceOp::prod;
     case c10d::ReduceOp::MIN: return ReduceOp::min;
     case c10d::ReduceOp::MAX: return ReduceOp::max;
+    case c10d::ReduceOp::BAND: return ReduceOp::band;  // of integer tensors: braid refuses floats by name
+    case c10d::ReduceOp::BOR: return ReduceOp::bor;
+    case c10d::ReduceOp::BXOR: return ReduceOp::bxor;
     default:
       refuse(name, "reduce op " + std::to_string(static_cast<int>(op.op_)) +
-                       " is not supported (braid reduces with SUM, AVG, PRODUCT, MIN and MAX)");
+                       " is not supported (braid reduces with SUM, AVG, PRODUCT, MIN, MAX, BAND, BOR and BXOR)");
   }
 }
 

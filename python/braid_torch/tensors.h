@@ -52,7 +52,7 @@ Buffer movable(const at::Tensor& tensor, const char* op);
 // counts of all_gather, reduce_scatter and all_to_all.
 Buffer per_rank(Buffer whole, std::size_t ranks, const char* op);
 
-// sum, avg, product, min, max; the bitwise and premultiplied sums are refused.
+// sum, avg, product, min, max, band, bor, bxor; premultiplied sums are refused.
 ReduceOp reduce_op(const c10d::ReduceOp& op, const char* name);
 
 }  // namespace braid::torch_backend

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <cstdint>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -408,6 +409,96 @@ TEST_CASE("sum and prod over NaNs of either sign give every rank the same bits o
   }, test::run_options(std::chrono::seconds(120), config));
   INFO(algo << " on " << size << " ranks over " << transport << "\n" << result.summary());
   REQUIRE(result.all_ok());
+}
+
+namespace {
+
+// Random bits of element `index` of `rank` (splitmix64), the input of the
+// bitwise reductions.
+std::uint64_t random_bits(int rank, std::size_t index) {
+  std::uint64_t z = (static_cast<std::uint64_t>(rank) << 40) + index + 0x9e3779b97f4a7c15ull;
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+
+// One bitwise reduction (all_reduce, reduce_scatter or reduce) of `count`
+// elements of the integer `dtype` per rank, against this test's own &, |
+// and ^ over every rank's input (not the kernels').
+void run_bitwise_case(Communicator& comm, OpKind kind, DataType dtype, ReduceOp op, std::size_t count, bool in_place,
+                      bool registered) {
+  const int n = comm.size(), r = comm.rank(), root = static_cast<int>(count % n);
+  const std::size_t es = dtype_bytes(dtype);
+  const std::size_t in_elems = kind == OpKind::reduce_scatter ? count * n : count;
+  const std::uint64_t mask = es == 8 ? ~0ull : (1ull << (8 * es)) - 1;
+  TestBuffer send(std::max<std::size_t>(1, in_elems) * es, registered);
+  TestBuffer recv(std::max<std::size_t>(1, in_elems) * es, registered);
+  std::byte* in = in_place ? recv.data() : send.data();
+  for (std::size_t i = 0; i < in_elems; ++i) {
+    const std::uint64_t bits = random_bits(r, i);
+    std::memcpy(in + i * es, &bits, es);  // little-endian: the low bytes
+  }
+  std::byte* out = in_place && kind == OpKind::reduce_scatter ? recv.data() + r * count * es : recv.data();
+  switch (kind) {
+    case OpKind::all_reduce: comm.all_reduce(in, out, count, dtype, op).wait(); break;
+    case OpKind::reduce_scatter: comm.reduce_scatter(in, out, count, dtype, op).wait(); break;
+    default: comm.reduce(in, out, count, dtype, op, root).wait(); break;
+  }
+  if (kind == OpKind::reduce && r != root) return;
+  const std::size_t first = kind == OpKind::reduce_scatter ? r * count : 0;
+  for (std::size_t i = 0; i < count; ++i) {
+    std::uint64_t want = random_bits(0, first + i);
+    for (int k = 1; k < n; ++k) {
+      const std::uint64_t x = random_bits(k, first + i);
+      want = op == ReduceOp::band ? want & x : op == ReduceOp::bor ? want | x : want ^ x;
+    }
+    std::uint64_t got = 0;
+    std::memcpy(&got, out + i * es, es);
+    if (got != (want & mask)) {
+      expect(false, std::string(name(kind)) + " " + std::string(name(dtype)) + " " + std::string(name(op)) +
+                        " of " + std::to_string(count) + (in_place ? " in place" : "") + ": element " +
+                        std::to_string(i) + " is wrong");
+      return;
+    }
+  }
+}
+
+}  // namespace
+
+// band, bor and bxor (torch's BAND, BOR, BXOR; MPI's) reduce the integer
+// types on every algorithm and transport, one-shot and registered (direct)
+// too, and are refused by name on the floating-point types.
+TEST_CASE("bitwise and, or and xor reduce the integer types exactly on every algorithm", "[collectives]") {
+  const std::string algo = GENERATE(std::string("auto"), std::string("ring"), std::string("recursive_doubling"),
+                                    std::string("pipelined"), std::string("binomial"));
+  const std::string transport = GENERATE(std::string("shm"), std::string("tcp"));
+  const int size = GENERATE(2, 3, 5);
+  runtime::Config config = test::test_config();
+  config.algo = algo;
+  config.transport = transport;
+  auto result = test::run_ranks(size, [transport](Communicator& comm) {
+    for (DataType dtype : {DataType::i8, DataType::u8, DataType::i32, DataType::i64})
+      for (ReduceOp op : {ReduceOp::band, ReduceOp::bor, ReduceOp::bxor})
+        for (std::size_t count : {std::size_t{1}, std::size_t{1009}, std::size_t{40000}})
+          for (bool in_place : {false, true}) {
+            for (OpKind kind : {OpKind::all_reduce, OpKind::reduce_scatter, OpKind::reduce})
+              run_bitwise_case(comm, kind, dtype, op, count, in_place, false);
+            if (transport == "shm") run_bitwise_case(comm, OpKind::all_reduce, dtype, op, count, in_place, true);
+          }
+    for (DataType dtype : {DataType::f32, DataType::f64, DataType::f16, DataType::bf16}) {
+      float x[4] = {};
+      try {
+        comm.all_reduce(x, x, 1, dtype, ReduceOp::bxor).wait();
+        expect(false, "a bxor of " + std::string(name(dtype)) + " was not refused");
+      } catch (const InvalidUsage& e) {
+        expect(std::string(e.what()).find("bxor is a bitwise operator, for the integer types") != std::string::npos,
+               std::string("unclear refusal: ") + e.what());
+      }
+    }
+  }, test::run_options(std::chrono::seconds(120), config));
+  INFO(algo << " over " << transport << " on " << size << " ranks\n" << result.summary());
+  REQUIRE(result.all_ok());
+  CHECK(result.leftover_shm == 0);
 }
 
 // Out of place, a ring all-reduce of at least BRAID_STREAM_BYTES reduces

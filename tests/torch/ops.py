@@ -154,6 +154,46 @@ def check_reduce_scatter(c, rank, size):
             c.equal(f"reduce_scatter_tensor {name} {dtype}", got, want)
 
 
+BITWISE = {"band": dist.ReduceOp.BAND, "bor": dist.ReduceOp.BOR, "bxor": dist.ReduceOp.BXOR}
+
+
+def bits(count, rank, dtype):
+    """Random bits of every width, the same on every run, different per rank."""
+    g = torch.Generator().manual_seed(1000 + rank)
+    return torch.randint(-2**62, 2**62, (count,), generator=g, dtype=torch.int64).to(dtype)
+
+
+def check_bitwise(c, rank, size):
+    """BAND, BOR and BXOR of the integer dtypes as gloo computes them, through
+    all_reduce, reduce and reduce_scatter; a floating-point tensor is
+    refused naming the operator, as gloo refuses it."""
+    for dtype in (torch.int8, torch.uint8, torch.int32, torch.int64):
+        for name, op in BITWISE.items():
+            for count in COUNTS:
+                t = bits(count, rank, dtype)
+                want = gloo_all_reduce(t, op)
+                dist.all_reduce(t, op=op)
+                c.equal(f"all_reduce {name} {dtype} x{count}", t, want)
+            t = bits(4099, rank, dtype)
+            want = gloo_all_reduce(t, op)
+            dist.reduce(t, dst=size - 1, op=op)
+            if rank == size - 1:
+                c.equal(f"reduce {name} {dtype}", t, want)
+            whole = bits(size * 13, rank, dtype)
+            want = gloo_all_reduce(whole, op).narrow(0, rank * 13, 13)
+            got = torch.empty(13, dtype=dtype)
+            dist.reduce_scatter_tensor(got, whole, op=op)
+            c.equal(f"reduce_scatter_tensor {name} {dtype}", got, want)
+    for dtype in (torch.float32, torch.bfloat16):
+        try:
+            dist.all_reduce(torch.ones(3, dtype=dtype), op=dist.ReduceOp.BXOR)
+            c.true(f"all_reduce bxor {dtype} refused", False, "it ran")
+        except RuntimeError as e:
+            c.true(f"all_reduce bxor {dtype} refused", "bxor is a bitwise operator, for the integer types" in str(e),
+                   str(e))
+    dist.barrier()  # the group still works after the refusals
+
+
 def check_all_to_all(c, rank, size):
     for dtype in (torch.float32, torch.bool):
         t = values(size * 5, rank, dtype).reshape(size * 5, 1)
@@ -389,7 +429,7 @@ def main():
     dist.init_process_group("braid")
     rank, size = dist.get_rank(), dist.get_world_size()
     c = Checks(rank)
-    for check in (check_all_reduce, check_coalesced, check_broadcast_reduce, check_all_gather,
+    for check in (check_all_reduce, check_bitwise, check_coalesced, check_broadcast_reduce, check_all_gather,
                   check_gather_scatter, check_reduce_scatter, check_all_to_all, check_memory_formats,
                   check_send_recv, check_async, check_async_returns, check_two_groups):
         check(c, rank, size)

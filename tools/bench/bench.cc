@@ -544,11 +544,21 @@ int run_bench(const BenchOptions& options) {
   const bool reduces = options.collective == "all_reduce" || options.collective == "reduce_scatter" ||
                        options.collective == "reduce";
   const std::vector<ReduceOp> ops = reduces ? options.ops : std::vector<ReduceOp>{options.ops.front()};
+  // The bitwise operators reduce the integer types only: under -d all or
+  // -o all the other pairs are left out; given alone, refused.
+  auto pair_runs = [&](DataType dtype, ReduceOp op) { return !reduces || can_reduce(dtype, op); };
+  bool any = false;
+  for (DataType dtype : options.dtypes)
+    for (ReduceOp op : ops) any = any || pair_runs(dtype, op);
+  if (!any)
+    throw InvalidUsage("-o " + std::string(name(ops.front())) + " is a bitwise operator, for the integer types (-d i8, "
+                       "u8, i32, i64), not for -d " + std::string(name(options.dtypes.front())));
   nlohmann::json rows = nlohmann::json::array();
   Totals totals;
   for (int cycle = 0; options.cycles == 0 || cycle < options.cycles; ++cycle)
     for (DataType dtype : options.dtypes)
       for (ReduceOp op : ops) {
+        if (!pair_runs(dtype, op)) continue;
         BenchOptions o = options;
         o.dtype = dtype;
         o.op = op;

@@ -12,9 +12,16 @@ namespace braid::verify {
 // product is 2^k for k from 0 to min(size - 1, 6) as index % 7 goes (exact
 // in i8). It was 2 at every index (one rank gave 2 at each), and a result
 // moved by any offset passed the check.
+// band, bor, bxor: one bit per rank, (rank + index) % 7 (bor, bxor), or
+// every bit of 0..6 but that one (band), so that each rank's part shows in
+// the result and a result moved by an offset does not pass.
 double input_value(int rank, std::size_t index, int size, ReduceOp op) {
   (void)size;
   if (op == ReduceOp::prod) return rank < 7 && static_cast<int>(index % 7) < rank ? 2.0 : 1.0;
+  if (is_bitwise(op)) {
+    const int bit = 1 << static_cast<int>((static_cast<std::size_t>(rank) + index) % 7);
+    return op == ReduceOp::band ? 127 ^ bit : bit;
+  }
   return static_cast<double>((rank + index) % 7 + 1);
 }
 
