@@ -146,6 +146,10 @@ std::vector<Case> grid(int size, std::span<const DataType> dtypes) {
         const int root = static_cast<int>(count % size);
         for (OpKind kind : {OpKind::all_reduce, OpKind::reduce_scatter, OpKind::reduce})
           for (ReduceOp op : kOps) cases.push_back({kind, dtype, op, count, in_place, root});
+        if (!is_floating(dtype))  // the bitwise operators, of the integer types (CUDA's BitAnd, ...)
+          for (OpKind kind : {OpKind::all_reduce, OpKind::reduce_scatter, OpKind::reduce})
+            for (ReduceOp op : {ReduceOp::band, ReduceOp::bor, ReduceOp::bxor})
+              cases.push_back({kind, dtype, op, count, in_place, root});
         for (OpKind kind : {OpKind::all_gather, OpKind::broadcast, OpKind::all_to_all})
           cases.push_back({kind, dtype, ReduceOp::sum, count, in_place, root});
       }
