@@ -228,6 +228,44 @@ TEST_CASE("braid-train refuses ranks that do not share rank 0's checkpoint direc
   CHECK(latest_step(job.path() / "shared") == 3);
 }
 
+// Each rank resolved --resume's `latest` on its own, and again when it
+// loaded: ranks that found different steps (another run writing into the
+// directory moved `latest` between them) trained on as diverged replicas,
+// silently, and a rank could take its options from one step and its
+// weights from the next. Each rank now pins the step it resolved and the
+// ranks compare it before training; here rank 1 is handed another step.
+TEST_CASE("ranks that resume from different steps are refused before training", "[strategy][launch]") {
+  const char* train = launched_train();
+  if (train == nullptr) return;
+  braid::test::JobDir job;
+  const std::string args = std::string(train) +
+                           " --strategy ddp --n-layer 1 --n-head 2 --n-embd 16 --block-size 16 --batch-size 4"
+                           " --eval-interval 0 --eval-batches 1";
+  const auto first = braid::test::run_launch(
+      job, braid::test::shell_job(2, "exec " + args + " --steps 4 --checkpoint-interval 2 --checkpoint-dir \"$0/ck\"",
+                                  job));
+  INFO(first.out << first.err);
+  REQUIRE(first.status == 0);
+  REQUIRE(latest_step(job.path() / "ck") == 4);
+  const auto split = braid::test::run_launch(
+      job, braid::test::shell_job(2,
+                                  "if [ \"$BRAID_RANK\" = 1 ]; then R=\"$0/ck/step_00000002\"; else R=\"$0/ck\"; fi; "
+                                  "exec " + args + " --steps 6 --resume \"$R\" --checkpoint-dir \"$0/next\"",
+                                  job));
+  INFO(split.out << split.err);
+  CHECK(split.status == 2);
+  CHECK_THAT(split.err, Catch::Contains("rank 1 resumes from step 2, rank 0 from step 4: the checkpoint's `latest` "
+                                        "moved while the ranks read it"));
+  CHECK_THAT(split.out, !Catch::Contains("step 5"));
+  // The same step on every rank resumes.
+  const auto same = braid::test::run_launch(
+      job, braid::test::shell_job(2, "exec " + args + " --steps 6 --resume \"$0/ck\" --checkpoint-dir \"$0/next\"",
+                                  job));
+  INFO(same.out << same.err);
+  CHECK(same.status == 0);
+  CHECK(latest_step(job.path() / "next") == 6);
+}
+
 // A full disk on one rank (a file-size limit, as in test_cli.cc; over TCP,
 // since the limit also stops shared-memory set-up): the save
 // fails every rank, and the shards the others wrote do not stay in

@@ -43,6 +43,7 @@ struct TrainOptions {
   // Per invocation.
   std::string checkpoint_dir;      // empty: no checkpoints (a resumed run: beside its checkpoint, resume.h)
   std::string resume;              // checkpoint directory to continue from
+  std::int64_t resume_step = -1;   // the step --resume resolved to (apply_resume); not a flag
   std::string init_from;           // safetensors weights, or a checkpoint directory (its latest step), to start from
   std::string init_out;            // write the initial weights here
   std::string metrics;             // JSON lines, one per step

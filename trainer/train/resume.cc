@@ -73,6 +73,13 @@ std::string restore_layout(const SavedLayout& saved, const std::set<std::string>
 std::string apply_resume(const std::set<std::string>& given, int world_size, TrainOptions& o) {
   const fs::path step_dir = resolve_checkpoint(o.resume);
   const TrainState state = read_train_state(step_dir);
+  // Pinned: the trainer loads this step, not the one `latest` names by
+  // then (another run writing into the directory moved it between the
+  // options read here and the weights, which then came from another step),
+  // and the ranks compare it (shared_settings), since each resolved
+  // `latest` on its own.
+  o.resume = step_dir.string();
+  o.resume_step = state.step;
   apply_run_options(state.options, given, o);
   if (given.count("checkpoint_dir") == 0) o.checkpoint_dir = checkpoint_home(step_dir).string();
   const std::string why = restore_layout(state.layout, given, world_size, o);

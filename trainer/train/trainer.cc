@@ -155,6 +155,7 @@ nlohmann::json shared_settings(const TrainOptions& o) {
   j["device"] = o.device;
   j["eval_only"] = o.eval_only;
   j["resume"] = !o.resume.empty();
+  j["resume_step"] = o.resume_step;
   j["init_from"] = !o.init_from.empty();
   j["sample"] = o.sample_bytes;
   j["temperature"] = o.temperature;
@@ -198,6 +199,11 @@ void check_same_settings(comm::Communicator* world, const TrainOptions& options)
                      (theirs.contains(key) ? theirs.at(key).dump() : std::string("(none)")) + " (rank 0: " +
                      value.dump() + ")";
     }
+    if (theirs.value("resume_step", -1) != first.value("resume_step", -1) && theirs.value("resume", false))
+      throw InvalidUsage("rank " + std::to_string(r) + " resumes from step " + theirs["resume_step"].dump() +
+                         ", rank 0 from step " + first["resume_step"].dump() + ": the checkpoint's `latest` "
+                         "moved while the ranks read it (another run writing into that directory?), or the ranks "
+                         "were given different checkpoints; pass one step directory (--resume DIR/step_N)");
     throw InvalidUsage("rank " + std::to_string(r) + " was started with other settings than rank 0: " +
                        differences + "; every rank must be given the same training settings");
   }
