@@ -98,6 +98,12 @@ class ReduceScatterRing {
 
  private:
   int chunk_at(int s) const { return ((r_ - s - 2) % n_ + 2 * n_) % n_; }  // received at step s
+  // Whether `count` elements at dst overlap what step 0 sent from src.
+  bool overlaps_first_step(std::size_t count) const {
+    const int first = (r_ - 1 + n_) % n_;
+    const std::byte* sent = src_ + layout_.offset(first) * es_;
+    return dst_ < sent + layout_.count_of(first) * es_ && sent < dst_ + count * es_;
+  }
   StepReceives receive(int s);
   std::byte* partial(int s, int chunk);
   Request* free_staging_slot(std::size_t g);
@@ -197,6 +203,12 @@ void ReduceScatterRing::recv_reduce_send(int s) {
 void ReduceScatterRing::recv_reduce_copy_send(int s) {
   const int c = chunk_at(s);
   StepReceives in = receive(s);
+  // reduce_scatter into the start of its send buffer on rank 1: dst is the
+  // chunk 0 that step 0 sent from src, and a transport may still be reading
+  // it (TCP copies a send's bytes as the socket takes them): the result
+  // reached rank 0 in place of rank 1's input. Those sends complete as the
+  // right neighbour takes step 0, which waits on nothing of this rank's.
+  if (o_.final_only && !o_.first_sent && overlaps_first_step(layout_.count_of(c))) wait_all(sent_);
   for (std::size_t g = 0; g < in.segments(); ++g) {
     auto received = in.next();
     Request* slot = free_staging_slot(g);

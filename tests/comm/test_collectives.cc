@@ -501,6 +501,48 @@ TEST_CASE("bitwise and, or and xor reduce the integer types exactly on every alg
   CHECK(result.leftover_shm == 0);
 }
 
+// reduce_scatter into the start of its send buffer (a documented in-place
+// form) on rank 1: the ring's final chunk overwrote chunk 0 of the input
+// while step 0's send of that chunk was still being read by TCP, so rank 0
+// got rank 1's result in place of its input (1-25 % of its elements, in
+// about half the calls, with 64 KiB socket buffers). Rank 0 uses NCCL's
+// in-place form (`mixed`) or every rank the start (`start`).
+TEST_CASE("reduce_scatter into the start of its send buffer gives every rank exact results over TCP",
+          "[collectives]") {
+  const std::string form = GENERATE(std::string("mixed"), std::string("start"));
+  const int size = GENERATE(2, 3);
+  runtime::Config config = test::test_config();
+  config.transport = "tcp";
+  config.tcp_nsocks = 16;
+  config.socket_buffer_bytes = 64u << 10;
+  const runtime::Config defaults;  // large segments, each read by TCP as the socket takes it
+  config.segment_bytes = defaults.segment_bytes;
+  config.chunk_bytes = defaults.chunk_bytes;
+  config.stream_bytes = defaults.stream_bytes;
+  auto result = test::run_ranks(size, [form](Communicator& comm) {
+    const int n = comm.size(), r = comm.rank();
+    const std::size_t count = 1u << 18;
+    auto value = [](int rank, std::size_t i) { return static_cast<float>(static_cast<int>((rank * 13 + i * 7) % 23) - 11); };
+    for (int call = 0; call < 12; ++call) {
+      std::vector<float> data(count * n);
+      for (std::size_t i = 0; i < data.size(); ++i) data[i] = value(r, i);
+      float* out = form == "mixed" && r != 1 ? data.data() + r * count : data.data();
+      comm.reduce_scatter(data.data(), out, count, DataType::f32, ReduceOp::sum).wait();
+      for (std::size_t i = 0; i < count; ++i) {
+        float want = 0;
+        for (int k = 0; k < n; ++k) want += value(k, r * count + i);
+        if (out[i] != want) {
+          expect(false, "call " + std::to_string(call) + ": element " + std::to_string(i) + " is " +
+                            std::to_string(out[i]) + ", not " + std::to_string(want));
+          return;
+        }
+      }
+    }
+  }, test::run_options(std::chrono::seconds(120), config));
+  INFO(form << " on " << size << " ranks\n" << result.summary());
+  REQUIRE(result.all_ok());
+}
+
 // Out of place, a ring all-reduce of at least BRAID_STREAM_BYTES reduces
 // its final segments into staging slots and streams them into the output
 // (4 KiB here, so every case below does; a segment whose slot is still being
