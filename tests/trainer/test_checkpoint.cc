@@ -381,5 +381,25 @@ TEST_CASE("a shard from another save of the same step is refused by name", "[che
                                     "the manifest's '0123456789abcdef')"));
 }
 
+// The same for a one-process checkpoint, whose model, optimizer and
+// state files carried no save name: a model.safetensors or a state.json
+// copied in from another run of the same shape loaded silently (another
+// seed's state beside this run's weights).
+TEST_CASE("a file of a one-process checkpoint from another save is refused by name", "[checkpoint]") {
+  const Saved a(1), b(2);
+  for (const char* file : {"model.safetensors", "optimizer.safetensors", "state.json"}) {
+    test::TempDir first, second;
+    a.save(first.path(), 5);
+    b.save(second.path(), 5);
+    CHECK(a.loads_from(resolve_checkpoint(first.path())));
+    fs::copy_file(second.path() / "step_00000005" / file, first.path() / "step_00000005" / file,
+                  fs::copy_options::overwrite_existing);
+    INFO(file);
+    CHECK_THROWS_WITH(CheckpointReader::open(first.path() / "step_00000005"),
+                      Catch::Contains("was written by another save than its state.json") &&
+                          Catch::Contains("would mix two models"));
+  }
+}
+
 }  // namespace
 }  // namespace braid::trainer

@@ -120,13 +120,22 @@ fs::path save_checkpoint(const fs::path& dir, const Gpt& model, const AdamW& opt
   }
   // The step's files go to its staging directory, which is published whole.
   const fs::path staging = layout::open_staging(dir, s.step, true);
+  // Every file carries the save's name, so that one copied in from another
+  // run or save of the step is refused when read (as a shard is).
+  const std::string save = layout::new_save_id();
+  Metadata metadata = config_metadata(model.config(), s.step);
+  metadata["save"] = save;
   try {
-    save_weights(staging / layout::kModelFile, model, s.step);
+    std::vector<float> weights;
+    write_safetensors(staging / layout::kModelFile, named_tensors(model, "", on_host(model.params(), weights)),
+                      metadata);
     std::vector<float> m, v;
     std::vector<TensorToWrite> tensors = named_tensors(model, "m.", on_host(opt.m(), m));
     for (auto& t : named_tensors(model, "v.", on_host(opt.v(), v))) tensors.push_back(std::move(t));
-    write_safetensors(staging / layout::kOptimizerFile, tensors, config_metadata(model.config(), s.step));
-    write_file_atomically(staging / layout::kStateFile, layout::sealed_text(layout::state_json(s)));
+    write_safetensors(staging / layout::kOptimizerFile, tensors, metadata);
+    json state = layout::state_json(s);
+    state["save"] = save;
+    write_file_atomically(staging / layout::kStateFile, layout::sealed_text(state));
     layout::write_files(staging, extra);
   } catch (...) {
     // A save that failed (a full disk, say) leaves nothing half-written

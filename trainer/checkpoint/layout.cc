@@ -1,5 +1,6 @@
 #include "trainer/checkpoint/layout.h"
 
+#include <random>
 #include <fcntl.h>
 #include <stdio.h>  // renameat2
 
@@ -58,6 +59,14 @@ json state_json(const TrainState& s) {
   if (!l.strategy.empty()) j["layout"] = {{"strategy", l.strategy}, {"dp", l.dp}, {"tp", l.tp}, {"pp", l.pp}};
   if (!s.run_id.empty()) j["run_id"] = s.run_id;
   return j;
+}
+
+std::string new_save_id() {
+  std::random_device random;
+  const std::uint64_t id = (std::uint64_t{random()} << 32) | random();
+  char text[17];
+  std::snprintf(text, sizeof text, "%016llx", static_cast<unsigned long long>(id));
+  return text;
 }
 
 namespace {

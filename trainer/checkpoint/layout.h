@@ -63,6 +63,10 @@ TrainState parse_state(const nlohmann::json& j, const std::filesystem::path& pat
 // older braid's, or a deliberate edit with the line removed) loads with a
 // warning.
 std::string sealed_text(nlohmann::json j);
+
+// A random name for one save (16 hex digits): every file of the save
+// carries it, so that a file copied in from another save is refused.
+std::string new_save_id();
 nlohmann::json read_json(const std::filesystem::path& path);
 
 // Once every file in the step's staging directory is durable: rename it to

@@ -117,7 +117,11 @@ CheckpointReader CheckpointReader::open(const fs::path& step_dir) {
   r.where_ = step_dir;
   const fs::path manifest = step_dir / layout::kManifestFile;
   if (!fs::exists(manifest)) {
-    r.state_ = read_train_state(step_dir);
+    const fs::path state = step_dir / layout::kStateFile;
+    const json j = layout::read_json(state);
+    r.state_ = layout::parse_state(j, state);
+    r.save_ = j.contains("save") && j["save"].is_string() ? j["save"].get<std::string>() : std::string();
+    r.save_source_ = layout::kStateFile;
     r.add_file(SafetensorsFile::read(step_dir / layout::kModelFile), "", false);
     r.add_file(SafetensorsFile::read(step_dir / layout::kOptimizerFile), "", false);
   } else {
@@ -159,9 +163,9 @@ void CheckpointReader::check_file(const SafetensorsFile& f) const {
   // Checkpoints written before saves were named carry none.
   const auto save = f.metadata().find("save");
   if (!save_.empty() && (save == f.metadata().end() || save->second != save_)) {
-    fail(f.path().filename().string() + " was written by another save than its manifest (save '" +
-         (save == f.metadata().end() ? std::string("none") : save->second) + "', the manifest's '" + save_ +
-         "'): a shard copied in from another run or another save of this step would mix two models");
+    fail(f.path().filename().string() + " was written by another save than its " + save_source_ + " (save '" +
+         (save == f.metadata().end() ? std::string("none") : save->second) + "', the " + save_source_ + "'s '" +
+         save_ + "'): a file copied in from another run or another save of this step would mix two models");
   }
   if (layout::metadata_int(f, "step") != state_.step) {
     throw InvalidUsage("checkpoint " + f.path().string() + " is refused: it is from step " +

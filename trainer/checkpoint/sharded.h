@@ -102,7 +102,8 @@ class CheckpointReader {
   void check_file(const SafetensorsFile& file) const;
   [[noreturn]] void fail(const std::string& problem) const;
 
-  std::string save_;  // the save that wrote a sharded checkpoint, if it says
+  std::string save_;  // the save that wrote the checkpoint, if it says
+  std::string save_source_ = "manifest";  // where save_ comes from: the manifest or state.json
   std::filesystem::path where_;
   TrainState state_;
   GptConfig config_;

@@ -2,11 +2,11 @@
 
 #include <cstdio>
 #include <functional>
-#include <random>
 #include <string>
 
 #include "runtime/errors.h"
 #include "trainer/checkpoint/atomic_file.h"
+#include "trainer/checkpoint/layout.h"
 #include "trainer/model/param_table.h"
 #include "trainer/train/write_together.h"
 
@@ -58,15 +58,9 @@ void check_shards_seen(comm::Communicator* comm, const std::filesystem::path& st
 // A random name for one save, rank 0's, sent to every rank (a broadcast):
 // its shards and its manifest carry it (write_shard).
 std::string agree_save_id(comm::Communicator& comm) {
-  std::int64_t id = 0;
-  if (comm.rank() == 0) {
-    std::random_device random;
-    id = static_cast<std::int64_t>((std::uint64_t{random()} << 32) | random());
-  }
-  comm.broadcast(&id, &id, 1, DataType::i64, 0).wait();
-  char text[17];
-  std::snprintf(text, sizeof text, "%016llx", static_cast<unsigned long long>(id));
-  return text;
+  std::string id = comm.rank() == 0 ? layout::new_save_id() : std::string(16, '0');
+  comm.broadcast(id.data(), id.data(), id.size(), DataType::u8, 0).wait();
+  return id;
 }
 
 // Every rank's shard of a step into its staging directory, which rank 0
