@@ -135,6 +135,36 @@ TEST_CASE("a sharded save whose shards land in different directories publishes n
   CHECK_FALSE(fs::exists(root / "node0" / "ck" / "step_00000001"));
 }
 
+// Rank 0 publishing the step failed alone (a full disk at its manifest or
+// config.json, `latest` it cannot replace): the other ranks returned from
+// the save as if it had worked, trained on, and failed later on a closed
+// communicator, never saying the save had failed. Every rank now waits for
+// the outcome; here `latest` is a directory rank 0 cannot replace.
+TEST_CASE("a sharded save that rank 0 fails to publish fails every rank", "[strategy][checkpoint]") {
+  const TextCorpus corpus = test::synthetic_corpus();
+  test::TempDir dir;
+  const fs::path ck = dir.path() / "ck";
+  fs::create_directories(ck / "latest");
+  const auto result = braid::test::run_ranks(
+      2,
+      [&](comm::Communicator& comm) {
+        TrainOptions o = checkpoint_options(ck);
+        o.strategy = "zero1";
+        Trainer t(o, corpus, &comm);
+        t.start();
+        t.train_step();
+        t.save_checkpoint();
+      },
+      braid::test::run_options(std::chrono::seconds(60), braid::test::test_config(std::chrono::seconds(30))));
+  INFO(result.summary());
+  REQUIRE(result.ranks.size() == 2);
+  CHECK_FALSE(result.ranks[0].ok());
+  CHECK_THAT(result.ranks[0].message, Catch::Contains("latest"));
+  CHECK_FALSE(result.ranks[1].ok());
+  CHECK_THAT(result.ranks[1].message, Catch::Contains("the checkpoint of step 1: rank 0 could not write its part"));
+  CHECK_FALSE(fs::exists(ck / "step_00000001.partial"));
+}
+
 // braid-train's path when both it and braid-launch are known (meson test
 // sets them); else null, with the test marked skipped.
 const char* launched_train() {

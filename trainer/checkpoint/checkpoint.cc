@@ -145,7 +145,15 @@ fs::path save_checkpoint(const fs::path& dir, const Gpt& model, const AdamW& opt
     fs::remove_all(staging, ignored);
     throw;
   }
-  return layout::publish_step(dir, s.step, keep);
+  try {
+    return layout::publish_step(dir, s.step, keep);
+  } catch (...) {
+    // Failed before the rename (its fsync), or after it (where the step is
+    // whole and this holds nothing, or the step's previous files).
+    std::error_code ignored;
+    fs::remove_all(staging, ignored);
+    throw;
+  }
 }
 
 fs::path step_directory(const fs::path& dir, std::int64_t step) { return dir / layout::step_dir_name(step); }

@@ -83,6 +83,30 @@ void write_shards(comm::Communicator* comm, const std::filesystem::path& staging
   }
 }
 
+// Rank 0 publishes the step (`commit`: its manifest, the rename, `latest`)
+// while the other ranks wait for the outcome (write_all): a commit that
+// failed (a full disk at the manifest, a rename refused) fails every rank,
+// where the others went on training and then failed on a closed
+// communicator, and leaves no staging directory holding the shards' space.
+std::filesystem::path publish(comm::Communicator* comm, const std::filesystem::path& staging,
+                              const std::filesystem::path& dir, std::int64_t step,
+                              const std::function<std::filesystem::path()>& commit) {
+  std::filesystem::path published = step_directory(dir, step);
+  const bool commits = comm == nullptr || comm->rank() == 0;
+  try {
+    write_all(comm, "the checkpoint of step " + std::to_string(step), [&](WriteProgress*) {
+      if (commits) published = commit();
+    });
+  } catch (...) {
+    if (commits) {
+      std::error_code ignored;
+      std::filesystem::remove_all(staging, ignored);
+    }
+    throw;
+  }
+  return published;
+}
+
 }  // namespace
 
 void load_state(const CheckpointReader& reader, const std::filesystem::path& where, Strategy& strategy,
@@ -145,9 +169,10 @@ std::filesystem::path save_sharded_checkpoint(Strategy& strategy, const std::fil
     write_shard(staging, strategy.rank(), strategy.world_size(), pieces, strategy.model().config(), state.step,
                 progress, save);
   });
-  if (strategy.rank() != 0) return step_directory(dir, state.step);
-  return commit_sharded_checkpoint(dir, state, strategy.world_size(), std::string(strategy_name(strategy.kind())),
-                                   extra, 2, save);
+  return publish(strategy.comm(), staging, dir, state.step, [&] {
+    return commit_sharded_checkpoint(dir, state, strategy.world_size(), std::string(strategy_name(strategy.kind())),
+                                     extra, 2, save);
+  });
 }
 
 std::filesystem::path save_mesh_checkpoint(Mesh& mesh, comm::Communicator& world, const std::filesystem::path& dir,
@@ -171,12 +196,12 @@ std::filesystem::path save_mesh_checkpoint(Mesh& mesh, comm::Communicator& world
   write_shards(&world, staging, world.size(), state.step, [&](WriteProgress* progress) {
     write_shard(staging, world.rank(), world.size(), pieces, model.config(), state.step, progress, save);
   });
-  if (world.rank() != 0) return step_directory(dir, state.step);
   const MeshShape& shape = mesh.groups().shape;
   const std::string layout = std::string(strategy_name(mesh.strategy().kind())) + " on dp " +
                              std::to_string(shape.dp) + " x tp " + std::to_string(shape.tp) + " x pp " +
                              std::to_string(shape.pp);
-  return commit_sharded_checkpoint(dir, state, world.size(), layout, extra, 2, save);
+  return publish(&world, staging, dir, state.step,
+                 [&] { return commit_sharded_checkpoint(dir, state, world.size(), layout, extra, 2, save); });
 }
 
 void save_strategy_weights(Strategy& strategy, const std::filesystem::path& path, std::int64_t step) {
