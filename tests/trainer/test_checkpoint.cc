@@ -401,5 +401,24 @@ TEST_CASE("a file of a one-process checkpoint from another save is refused by na
   }
 }
 
+// A save that failed between publishing its step and writing `latest`
+// (the first save of a run, on a full disk) left a whole step but no
+// `latest`; --resume DIR then said DIR was no checkpoint and to pass
+// --checkpoint-dir's directory, which DIR was.
+TEST_CASE("a checkpoint directory without latest names the complete step it holds", "[checkpoint]") {
+  const Saved a(1);
+  test::TempDir dir;
+  a.save(dir.path(), 3);
+  a.save(dir.path(), 12);
+  fs::remove(dir / "latest");
+  fs::create_directories(dir / "step_00000020");  // not complete: no state
+  CHECK_THROWS_WITH(resolve_checkpoint(dir.path()),
+                    Catch::Contains("has no readable 'latest' (a save that failed before naming its step?), but "
+                                    "holds the complete step step_00000012: pass that step directory"));
+  CHECK(a.loads_from(resolve_checkpoint(dir / "step_00000012")));
+  test::TempDir empty;
+  CHECK_THROWS_WITH(resolve_checkpoint(empty.path()), Catch::Contains("is not a braid-train checkpoint"));
+}
+
 }  // namespace
 }  // namespace braid::trainer

@@ -163,6 +163,14 @@ fs::path resolve_checkpoint(const fs::path& path) {
   std::ifstream in(path / layout::kLatest);
   std::string name;
   if (!in) {
+    // A save that failed between publishing its step and naming it in
+    // `latest` (the first save of a run, on a disk that filled up) left a
+    // whole step: "not a checkpoint, pass --checkpoint-dir's directory"
+    // named the very directory given.
+    if (const auto step = layout::newest_complete_step(path))
+      throw InvalidUsage(path.string() + " has no readable '" + layout::kLatest + "' (a save that failed before "
+                         "naming its step?), but holds the complete step " + step->filename().string() +
+                         ": pass that step directory (" + step->string() + ")");
     throw InvalidUsage(path.string() + " is not a braid-train checkpoint: it has neither " + layout::kStateFile +
                        ", " + layout::kManifestFile + " nor a readable '" + layout::kLatest +
                        "' file; pass --checkpoint-dir's directory");

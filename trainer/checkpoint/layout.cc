@@ -222,6 +222,17 @@ void prune_steps(const fs::path& dir, std::int64_t committed, int keep) {
   for (const fs::path& p : doomed) fs::remove_all(p);
 }
 
+std::optional<fs::path> newest_complete_step(const fs::path& dir) {
+  std::optional<std::int64_t> newest;
+  std::error_code ec;
+  for (const auto& entry : fs::directory_iterator(dir, ec)) {
+    const StepEntry e = classify(entry.path().filename().string());
+    if (e.kind == StepEntry::kStep && (!newest || e.step > *newest) && is_complete(entry.path())) newest = e.step;
+  }
+  if (!newest) return std::nullopt;
+  return dir / step_dir_name(*newest);
+}
+
 fs::path publish_step(const fs::path& dir, std::int64_t step, int keep) {
   const fs::path staging = staging_dir(dir, step), target = dir / step_dir_name(step);
   sync_directory(staging);

@@ -16,6 +16,7 @@
 // the two renames leaves DIR/step_N.replaced and no DIR/step_N.
 #pragma once
 
+#include <optional>
 #include <cstdint>
 #include <filesystem>
 #include <map>
@@ -81,5 +82,8 @@ std::filesystem::path publish_step(const std::filesystem::path& dir, std::int64_
 // are another run's (this one went back to an earlier step) and stay: they
 // are not this run's to prune.
 void prune_steps(const std::filesystem::path& dir, std::int64_t committed, int keep);
+// The newest complete step directory in `dir` (whatever `latest` says), if
+// any; for errors about a `latest` that is missing.
+std::optional<std::filesystem::path> newest_complete_step(const std::filesystem::path& dir);
 
 }  // namespace braid::trainer::layout
