@@ -203,7 +203,12 @@ TEST_CASE("a global batch that does not split across the ranks is refused", "[st
   o.batch_size = 10;
   CHECK_THROWS_WITH(validate_world(o, 4), Catch::Contains("--batch-size 10 does not split into 4 rank(s) x 2") &&
                                               Catch::Contains("multiple of 8"));
+  CHECK_THROWS_WITH(validate_world(o, 4), !Catch::Contains("resumed"));
   CHECK_NOTHROW(validate_world(o, 5));
+  // A resumed run took both numbers from its checkpoint: the user gave neither.
+  o.resume = "ck";
+  CHECK_THROWS_WITH(validate_world(o, 4), Catch::Contains("a resumed run keeps its checkpoint's --batch-size and "
+                                                          "--micro-batches (--grad-accum) unless they are given"));
 }
 
 // Builds each rank's trainer with `make`, starts it and runs one step, on 3

@@ -276,7 +276,10 @@ void validate_world(const TrainOptions& o, int world_size) {
           "--batch-size " + std::to_string(o.batch_size) + " does not split into " + std::to_string(D) +
               " rank(s) x " + std::to_string(o.grad_accum) + " micro-batch(es) of equal size; use a multiple of " +
               std::to_string(split) + " (the batch is global: every rank trains on batch-size / ranks sequences" +
-              std::string(o.model_parallel() ? "; with --tp / --pp the ranks are the dp ranks)" : ")"));
+              std::string(o.model_parallel() ? "; with --tp / --pp the ranks are the dp ranks)" : ")") +
+              // Neither may have been given: a resumed run takes both from its checkpoint.
+              (o.resume.empty() ? "" : "; a resumed run keeps its checkpoint's --batch-size and --micro-batches "
+                                       "(--grad-accum) unless they are given"));
 }
 
 void validate_data(const TrainOptions& o, std::size_t train_bytes, std::size_t val_bytes) {
