@@ -141,8 +141,11 @@ void bad_calls(Communicator& comm) {
                  [&] { comm.all_reduce(buf.data(), buf.data(), 8, DataType::f32, static_cast<ReduceOp>(99)); },
                  {rank, "ReduceOp", "99"});
   expect_invalid("invalid ReduceOp on reduce_scatter",
-                 [&] { comm.reduce_scatter(out.data(), buf.data(), 8, DataType::f32, static_cast<ReduceOp>(7)); },
-                 {"reduce_scatter", "ReduceOp", "7"});
+                 [&] { comm.reduce_scatter(out.data(), buf.data(), 8, DataType::f32, static_cast<ReduceOp>(8)); },
+                 {"reduce_scatter", "ReduceOp", "8"});
+  expect_invalid("a bitwise ReduceOp on a floating-point type",
+                 [&] { comm.reduce_scatter(out.data(), buf.data(), 8, DataType::bf16, ReduceOp::band); },
+                 {"reduce_scatter", "band is a bitwise operator", "not for bf16"});
   expect_invalid("count * 8 overflows",
                  [&] { comm.all_reduce(buf.data(), buf.data(), kMax / 4, DataType::f32, ReduceOp::sum); },
                  {rank, "count", "overflow"});

@@ -165,7 +165,8 @@ TEST_CASE("cuda reduce_multi (the fused IPC all-reduce step) matches the cpu bit
     for (int o = 0; o < kNumReduceOps; ++o)
       for (std::size_t count : {std::size_t(1), std::size_t(4099), std::size_t(1) << 18})
         for (std::size_t offset : {0, 1})
-          compare_reduce_multi(DataType(t), ReduceOp(o), count, offset, rng);
+          if (can_reduce(DataType(t), ReduceOp(o)))  // not the bitwise ops on floats
+            compare_reduce_multi(DataType(t), ReduceOp(o), count, offset, rng);
 }
 
 TEST_CASE("cuda reduce matches the cpu bit for bit on every dtype and op") {
@@ -176,7 +177,8 @@ TEST_CASE("cuda reduce matches the cpu bit for bit on every dtype and op") {
       for (std::size_t count : {std::size_t(0), std::size_t(1), std::size_t(13), std::size_t(4099),
                                 std::size_t(1) << 20})
         for (std::size_t offset : {0, 1})
-          compare_reduce(DataType(t), ReduceOp(o), count, offset, rng);
+          if (can_reduce(DataType(t), ReduceOp(o)))  // not the bitwise ops on floats
+            compare_reduce(DataType(t), ReduceOp(o), count, offset, rng);
 }
 
 TEST_CASE("cuda preload launches every reduction kernel once and leaves no error behind") {

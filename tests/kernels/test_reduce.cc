@@ -52,6 +52,21 @@ std::vector<T> reduce_vec(const std::vector<T>& a, const std::vector<T>& b, Data
   return out;
 }
 
+TEST_CASE("bitwise reductions of the integer types follow their definitions, and refuse floats") {
+  std::vector<std::int8_t> a{-1, 0x55, -128, 12}, b{0x0f, 0x33, 1, -13};
+  CHECK(reduce_vec(a, b, DataType::i8, ReduceOp::band) == std::vector<std::int8_t>{0x0f, 0x11, 0, 0});
+  CHECK(reduce_vec(a, b, DataType::i8, ReduceOp::bor) == std::vector<std::int8_t>{-1, 0x77, -127, -1});
+  CHECK(reduce_vec(a, b, DataType::i8, ReduceOp::bxor) == std::vector<std::int8_t>{-16, 0x66, -127, -1});
+  std::vector<std::uint8_t> c{0xf0, 0xaa}, d{0x3c, 0x0f};
+  CHECK(reduce_vec(c, d, DataType::u8, ReduceOp::bxor) == std::vector<std::uint8_t>{0xcc, 0xa5});
+  std::vector<std::int32_t> e{-1, 0x12345678}, f{0x7fff0000, 0x0f0f0f0f};
+  CHECK(reduce_vec(e, f, DataType::i32, ReduceOp::band) == std::vector<std::int32_t>{0x7fff0000, 0x02040608});
+  std::vector<std::int64_t> g{1ll << 62, -2}, h{1, 1};
+  CHECK(reduce_vec(g, h, DataType::i64, ReduceOp::bor) == std::vector<std::int64_t>{(1ll << 62) | 1, -1});
+  std::vector<float> x{1.0f}, y{2.0f};
+  CHECK_THROWS_WITH(reduce_vec(x, y, DataType::f32, ReduceOp::bor), Catch::Contains("f32 has no bitwise reduction"));
+}
+
 TEST_CASE("integer reductions follow their definitions") {
   std::vector<std::int32_t> a{1, -5, 7, 100, -3}, b{2, 3, -7, -100, -4};
   CHECK(reduce_vec(a, b, DataType::i32, ReduceOp::sum) == std::vector<std::int32_t>{3, -2, 0, 0, -7});

@@ -112,6 +112,12 @@ TEST_CASE("braid-bench refuses a bad datatype before any work", "[bench]") {
   INFO(job.out() << job.err());
   CHECK(status == 2);
   CHECK_THAT(job.err(), Catch::Contains("unknown datatype 'f128'"));
+  // A bitwise op of a floating-point type alone is refused; under -d all it
+  // runs on the integer types.
+  LaunchedJob bitwise(dir, {"--nproc-per-node", "1", "--", bench_path(), "-o", "bxor", "-d", "bf16"});
+  CHECK(bitwise.wait(std::chrono::seconds(20)) == 2);
+  INFO(bitwise.err());
+  CHECK_THAT(bitwise.err(), Catch::Contains("-o bxor is a bitwise operator, for the integer types"));
 }
 
 // On a GPU machine the sweep runs on device buffers and checks out; anywhere
@@ -205,11 +211,14 @@ TEST_CASE("braid-bench: -d all -o all run every dtype and op, and the JSON holds
   CHECK_THAT(job.out(), Catch::Contains("out-of-place") && Catch::Contains("in-place"));
   CHECK_THAT(job.out(), Catch::Contains("Out of bounds values : 0 OK"));
   const auto run = nlohmann::json::parse(slurp(json));
-  CHECK(run["rows"].size() == 8 * 5 * 2);  // dtypes x ops x sizes
+  // dtypes x ops x sizes: the 5 arithmetic ops of 8 dtypes, the 3 bitwise
+  // ones of the 4 integer dtypes only
+  constexpr std::size_t kRows = (8 * 5 + 4 * 3) * 2;
+  CHECK(run["rows"].size() == kRows);
   CHECK(run["out_of_bounds"] == 0);
   CHECK(run["ranks"] == 2);
   CHECK(run["parameters"]["datatypes"].size() == 8);
-  CHECK(run["parameters"]["ops"].size() == 5);
+  CHECK(run["parameters"]["ops"].size() == 8);
   CHECK(run["transports_from_rank_0"][1]["transport"] == "shm");
   CHECK(run["transports_from_rank_0"][0]["transport"] == "self");
   CHECK(run.contains("host"));
@@ -219,7 +228,7 @@ TEST_CASE("braid-bench: -d all -o all run every dtype and op, and the JSON holds
   CHECK_THAT(table, Catch::StartsWith("collective,bytes,count"));
   CHECK_THAT(table, Catch::Contains("oop_busbw_per_memcpy") && Catch::Contains("memcpy_gbps") &&
                         Catch::Contains("algorithm_reason"));
-  CHECK(std::count(table.begin(), table.end(), '\n') == 1 + 8 * 5 * 2);
+  CHECK(std::count(table.begin(), table.end(), '\n') == 1 + kRows);
 }
 
 TEST_CASE("braid-bench: -i, -N, -m, -z, -C, -a and -T keep their nccl-tests meanings", "[bench]") {
