@@ -29,6 +29,7 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <functional>
 #include <limits>
 #include <numeric>
@@ -38,7 +39,9 @@
 #include <thread>
 #include <vector>
 
+#include "comm/transport/shm/transport.h"
 #include "runtime/errors.h"
+#include "runtime/shm_names.h"
 #include "runtime/store.h"
 #include "tests/comm/failure_util.h"
 #include "tests/comm/harness.h"
@@ -111,6 +114,86 @@ TEST_CASE("failures: a rank killed between 1 MiB all_reduces fails every other r
       transport, 4096, nsocks);
   INFO("size " << size << ", " << transport << ", " << nsocks << " socket(s) per peer");
   check_survivors(result, 2, timeout);
+}
+
+// Runs connect_shm in a child process as `rank` of ranks 0 .. local - 1 of
+// one host (the set-up a communicator makes), and writes its error, or
+// "ok", to `result`.
+pid_t start_shm_rank(int rank, int local, std::uint16_t port, const std::string& token,
+                     const std::filesystem::path& result) {
+  const pid_t pid = fork();
+  if (pid != 0) return pid;
+  std::string what = "ok";
+  try {
+    runtime::Store store("127.0.0.1", port, token, seconds(10));
+    shm::ShmOptions o;
+    o.rank = rank;
+    o.size = local;
+    o.comm_id = 7;
+    o.job_token = token;
+    o.timeout = seconds(20);
+    o.ring_bytes = 64u << 10;
+    for (int r = 0; r < local; ++r) o.local_ranks.push_back(r);
+    auto transport = shm::connect_shm(store, "setup", o);
+  } catch (const std::exception& e) {
+    what = e.what();
+  }
+  std::ofstream(result) << what;
+  _exit(what == "ok" ? 0 : 1);
+}
+
+// A rank killed while the local ranks set up shared memory (after its peers
+// mapped its segment, before the group was ready) wrote no failure into the
+// store: its peers waited for the group's ready flag until BRAID_TIMEOUT
+// and then named only that key. They now watch the pidfds of the peers they
+// mapped, and name it. Ranks 0 to 2 of 4 set up (rank 3 never comes, so
+// they wait); once ranks 0 and 1 have mapped rank 2's segment (their
+// /proc/PID/maps show it), rank 2 is killed.
+TEST_CASE("failures: a rank killed during shared-memory set-up is named by its peers at once", "[failures]") {
+  const std::string token = "shm-setup-kill-" + std::to_string(::getpid());
+  runtime::StoreServer server("127.0.0.1", 0, token);
+  char dir_template[] = "/tmp/braid-shm-setup-XXXXXX";
+  REQUIRE(::mkdtemp(dir_template) != nullptr);
+  const std::filesystem::path dir = dir_template;
+  auto read_text = [](const std::filesystem::path& path) {
+    std::ifstream in(path);
+    return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  };
+  std::vector<pid_t> pids;
+  for (int rank = 0; rank < 3; ++rank)
+    pids.push_back(start_shm_rank(rank, 4, server.port(), token, dir / ("rank" + std::to_string(rank))));
+  struct Reap {
+    std::vector<pid_t>& pids;
+    std::string token;
+    std::filesystem::path dir;
+    ~Reap() {
+      for (pid_t pid : pids) ::kill(pid, SIGKILL);
+      for (pid_t pid : pids) ::waitpid(pid, nullptr, 0);
+      runtime::remove_job_segments(token);
+      std::error_code ignored;
+      std::filesystem::remove_all(dir, ignored);
+    }
+  } reap{pids, token, dir};
+  const std::string segment = runtime::shm_job_prefix(token).substr(1) + "00000007-2";
+  auto maps_it = [&](pid_t pid) {
+    return read_text("/proc/" + std::to_string(pid) + "/maps").find(segment) != std::string::npos;
+  };
+  const auto give_up = std::chrono::steady_clock::now() + seconds(15);
+  while (!(maps_it(pids[0]) && maps_it(pids[1])) && std::chrono::steady_clock::now() < give_up)
+    std::this_thread::sleep_for(milliseconds(10));
+  REQUIRE((maps_it(pids[0]) && maps_it(pids[1])));
+  REQUIRE(::kill(pids[2], SIGKILL) == 0);
+  const auto killed = std::chrono::steady_clock::now();
+  for (int rank : {0, 1}) {
+    int status = 0;
+    while (::waitpid(pids[rank], &status, WNOHANG) == 0 && std::chrono::steady_clock::now() < killed + seconds(15))
+      std::this_thread::sleep_for(milliseconds(10));
+    const std::string message = read_text(dir / ("rank" + std::to_string(rank)));
+    INFO("rank " << rank << ": " << message);
+    CHECK(message.find("rank " + std::to_string(rank) + " was setting up shared memory with its local peer rank 2 "
+                       "(pid " + std::to_string(pids[2]) + "), which exited or was killed") != std::string::npos);
+  }
+  CHECK(std::chrono::steady_clock::now() - killed < seconds(10));  // not the 20 s of the timeout
 }
 
 TEST_CASE("failures: a rank that leaves between all_reduces fails every other rank fast", "[failures]") {

@@ -13,7 +13,10 @@
 // A rank that fails on the way (no room in /dev/shm, no descriptor left)
 // writes "!<rank>!<reason>" into the keys its local peers wait on (its own
 // name and the group's ready flag), so that every one of them fails at once
-// with that reason instead of waiting for it until the timeout.
+// with that reason instead of waiting for it until the timeout. One killed
+// on the way writes nothing: the waits look at the pidfds of the peers
+// mapped so far between slices (wait_watching), so that its peers name it
+// at once rather than a store key at the timeout.
 //
 // Ring memory grows with the square of the local ranks (each ordered pair
 // has a channel), so the ring size is bounded by the host's budget
@@ -25,7 +28,10 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include <poll.h>
+
 #include <algorithm>
+#include <chrono>
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
@@ -117,12 +123,42 @@ struct UnlinkGuard {
   ~UnlinkGuard() { shm_unlink(name.c_str()); }
 };
 
+using Links = std::vector<std::unique_ptr<ShmTransport::Link>>;
+
+// Waits for `key` as long as store.wait, in slices between which it looks
+// whether a peer of `links` has exited: a rank killed during set-up (a
+// SIGKILL, the OOM killer) left its peers waiting for the group's ready
+// flag until BRAID_TIMEOUT, and then naming only the key.
+void wait_watching(runtime::Store& store, const std::string& key, const ShmOptions& o, const Links& links) {
+  constexpr std::chrono::milliseconds kSlice{250};
+  const auto deadline = std::chrono::steady_clock::now() + o.timeout;
+  for (;;) {
+    const auto left = std::chrono::ceil<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+    if (left <= kSlice) return store.wait({key}, std::max(left, std::chrono::milliseconds(0)));  // its error stands
+    try {
+      return store.wait({key}, kSlice);
+    } catch (const TimeoutError&) {
+    }
+    for (const auto& link : links) {
+      pollfd exited{link->pidfd, POLLIN, 0};
+      if (link->pidfd < 0 || ::poll(&exited, 1, 0) <= 0) continue;
+      if (store.try_get(key)) return;  // it finished set-up (and its work) in the meantime
+      throw RemoteError(rank_text(o.rank) + " was setting up shared memory with its local peer " +
+                            rank_text(link->peer) + " (pid " + std::to_string(link->mapping.header()->owner_pid) +
+                            "), which exited or was killed before every local rank had mapped its peers",
+                        link->peer);
+    }
+  }
+}
+
 std::unique_ptr<ShmTransport::Link> map_peer(runtime::Store& store, const std::string& key_prefix,
                                              const ShmOptions& o, const Mapping& mine, int peer,
-                                             std::size_t bytes) {
+                                             std::size_t bytes, const Links& mapped) {
   auto link = std::make_unique<ShmTransport::Link>();
   link->peer = peer;
-  std::string name = store.get_string(key_prefix + "/shm/" + std::to_string(peer), o.timeout);
+  const std::string key = key_prefix + "/shm/" + std::to_string(peer);
+  wait_watching(store, key, o, mapped);
+  std::string name = store.get_string(key, o.timeout);
   check_not_failed(name, o);
   link->mapping = Mapping::open(name, bytes);
   SegmentHeader* h = link->mapping.header();
@@ -176,13 +212,14 @@ std::unique_ptr<ShmTransport> connect_segments(runtime::Store& store, const std:
   UnlinkGuard guard{segment_name(o, o.rank)};
   Mapping mine = create_segment(o, guard.name, channels, capacity);
   store.set(key_prefix + "/shm/" + std::to_string(o.rank), guard.name);
-  std::vector<std::unique_ptr<ShmTransport::Link>> links;
+  Links links;
   for (int peer : o.local_ranks)
     if (peer != o.rank)
-      links.push_back(map_peer(store, key_prefix, o, mine, peer, segment_bytes(channels, capacity, slot_area(o))));
+      links.push_back(
+          map_peer(store, key_prefix, o, mine, peer, segment_bytes(channels, capacity, slot_area(o)), links));
   if (store.add(group + "/mapped", 1) == static_cast<std::int64_t>(o.local_ranks.size()))
     store.set(group + "/ready", "1");
-  store.wait({group + "/ready"}, o.timeout);
+  wait_watching(store, group + "/ready", o, links);
   check_not_failed(store.get_string(group + "/ready", o.timeout), o);
   return std::make_unique<ShmTransport>(o, std::move(mine), std::move(links));
 }
