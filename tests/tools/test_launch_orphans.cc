@@ -262,3 +262,47 @@ TEST_CASE("Guardian: stops the groups left to it and no others", "[launcher]") {
     CHECK(wait_child(guardian_pid, 10s));
   }
 }
+
+// A launcher killed while its ranks set up shared memory left their
+// segments in /dev/shm (about 12 MiB a rank), since only the launcher
+// removed what dead ranks left: the guardian now removes the names of the
+// attempt it was told, once it has stopped the groups, and no others.
+TEST_CASE("Guardian: removes the job's shared-memory names once it has stopped the groups", "[launcher]") {
+  pid_t group = fork();
+  REQUIRE(group >= 0);
+  if (group == 0) {
+    setpgid(0, 0);
+    execl("/bin/sleep", "sleep", "60", static_cast<char*>(nullptr));
+    _exit(127);
+  }
+  setpgid(group, group);
+  const std::string tag = std::to_string(::getpid());
+  const std::string ours = "braid-guardian-test-" + tag + "-", theirs = "braid-guardian-other-" + tag + "-";
+  std::vector<std::filesystem::path> made;
+  for (const std::string& prefix : {ours, theirs})
+    for (int i = 0; i < 40; ++i) {  // more than one getdents64 listing holds
+      made.push_back(std::filesystem::path("/dev/shm") / (prefix + std::to_string(i)));
+      std::ofstream(made.back()) << "x";
+    }
+  struct Remove {
+    std::vector<std::filesystem::path>& made;
+    ~Remove() {
+      std::error_code ignored;
+      for (const auto& path : made) std::filesystem::remove(path, ignored);
+    }
+  } remove{made};
+  pid_t guardian_pid = -1;
+  {
+    braid::launcher::Guardian guardian(4, 100ms);
+    guardian_pid = guardian.pid();
+    guardian.watch(group);
+    guardian.watch_segments(ours);
+  }  // the launcher's side goes without a goodbye
+  CHECK(wait_child(group, 10s));
+  CHECK(wait_child(guardian_pid, 10s));
+  int left_ours = 0, left_theirs = 0;
+  for (const auto& path : made)
+    if (std::filesystem::exists(path)) ++(path.filename().string().rfind(ours, 0) == 0 ? left_ours : left_theirs);
+  CHECK(left_ours == 0);
+  CHECK(left_theirs == 40);
+}

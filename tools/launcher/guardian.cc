@@ -4,7 +4,8 @@
 // The wire format is a stream of pid_t records on a pipe, each written in
 // one write(2) (smaller than PIPE_BUF, so whole): a positive record is a
 // group to watch, a negative one a group that is gone, kGoodbye the
-// launcher's orderly exit. The launcher's end is non-blocking: a guardian
+// launcher's orderly exit, kSegments followed by kPrefixBytes of the
+// attempt's shared-memory prefix (NUL-padded) in the same write. The launcher's end is non-blocking: a guardian
 // that stopped reading costs the job its safety net, never its progress.
 //
 // After the fork the guardian makes only async-signal-safe calls (the
@@ -22,7 +23,13 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <dirent.h>
+#include <sys/syscall.h>
+
+#include <algorithm>
 #include <cerrno>
+#include <climits>
+#include <cstring>
 #include <thread>
 
 #include "tools/launcher/output.h"
@@ -31,6 +38,8 @@ namespace braid::launcher {
 namespace {
 
 constexpr pid_t kGoodbye = 0;
+constexpr pid_t kSegments = INT_MIN;  // no group's negated id
+constexpr std::size_t kPrefixBytes = 28;  // "braid-" + 16 hex digits + "-", NUL-padded
 // The descriptor the guardian reads its records from.
 constexpr int kChannelFd = 3;
 // How often the guardian checks, during the grace period, whether the
@@ -129,17 +138,48 @@ void detach(const GuardianSetup& setup) {
   [[maybe_unused]] int ignored = chdir("/");
 }
 
-// One whole record; false at end-of-file, when the launcher is gone.
-bool read_record(pid_t& record) {
-  char* bytes = reinterpret_cast<char*>(&record);
+// Exactly `size` bytes; false at end-of-file, when the launcher is gone.
+bool read_exactly(void* into, std::size_t size) {
+  char* bytes = static_cast<char*>(into);
   std::size_t got = 0;
-  while (got < sizeof record) {
-    ssize_t n = ::read(kChannelFd, bytes + got, sizeof record - got);
+  while (got < size) {
+    ssize_t n = ::read(kChannelFd, bytes + got, size - got);
     if (n < 0 && errno == EINTR) continue;
     if (n <= 0) return false;
     got += static_cast<std::size_t>(n);
   }
   return true;
+}
+
+bool read_record(pid_t& record) { return read_exactly(&record, sizeof record); }
+
+// Unlinks the entries of /dev/shm whose names start with `prefix`, by
+// getdents64 and unlinkat (opendir allocates); passes again while a pass
+// removed something, since unlinking during a listing may skip entries.
+// Returns how many it removed.
+long long remove_segments(const char* prefix) {
+  const std::size_t length = ::strnlen(prefix, kPrefixBytes);
+  if (length == 0) return 0;
+  const int dir = ::open("/dev/shm", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dir < 0) return 0;
+  long long removed = 0;
+  for (int pass = 0; pass < 8; ++pass) {
+    long long this_pass = 0;
+    ::lseek(dir, 0, SEEK_SET);
+    alignas(8) char listing[4096];
+    long n;
+    while ((n = ::syscall(SYS_getdents64, dir, listing, sizeof listing)) > 0) {
+      for (long at = 0; at < n;) {
+        const auto* entry = reinterpret_cast<const dirent64*>(listing + at);
+        at += entry->d_reclen;
+        if (std::strncmp(entry->d_name, prefix, length) == 0 && ::unlinkat(dir, entry->d_name, 0) == 0) ++this_pass;
+      }
+    }
+    removed += this_pass;
+    if (this_pass == 0) break;
+  }
+  ::close(dir);
+  return removed;
 }
 
 long long monotonic_ms() {
@@ -190,35 +230,45 @@ class Note {
   std::size_t length_ = 0;
 };
 
-// SIGTERM, the grace period, SIGKILL; the note comes last so that a slow
-// stderr cannot hold up the stopping.
-void stop_groups(GroupTable& groups, const GuardianSetup& setup) {
+// SIGTERM, the grace period, SIGKILL, then the attempt's shared memory;
+// the note comes last so that a slow stderr cannot hold up the stopping.
+void stop_groups(GroupTable& groups, const GuardianSetup& setup, const char* segments) {
   const int terminated = groups.signal_all(SIGTERM);
-  if (terminated == 0) return;
   int killed = 0;
-  if (!wait_for_groups(groups, setup.grace_ms)) killed = groups.signal_all(SIGKILL);
+  if (terminated > 0 && !wait_for_groups(groups, setup.grace_ms)) {
+    killed = groups.signal_all(SIGKILL);
+    wait_for_groups(groups, 1000);  // SIGKILL takes a moment too
+  }
+  const long long removed = remove_segments(segments);
+  if (terminated == 0 && removed == 0) return;
   Note note;
-  note << "braid-launch: the launcher (pid " << static_cast<long long>(setup.launcher)
-       << ") ended without stopping its ranks; its guardian sent SIGTERM to "
-       << static_cast<long long>(terminated) << " process group(s)";
+  note << "braid-launch: the launcher (pid " << static_cast<long long>(setup.launcher) << ") ended without "
+       << "stopping its ranks; its guardian sent SIGTERM to " << static_cast<long long>(terminated)
+       << " process group(s)";
   if (killed > 0)
     note << ", then SIGKILL to the " << static_cast<long long>(killed) << " still not empty after "
          << setup.grace_ms << " ms";
+  if (removed > 0) note << ", and removed " << removed << " shared-memory segment(s)";
   (note << "\n").write_to_stderr();
 }
 
 [[noreturn]] void run_guardian(const GuardianSetup& setup) {
   detach(setup);
   GroupTable groups(setup.groups, setup.capacity);
+  char segments[kPrefixBytes + 1] = {};  // the attempt's, NUL-terminated
   pid_t record = 0;
   while (read_record(record)) {
     if (record == kGoodbye) _exit(0);
-    if (record > 0)
+    if (record == kSegments) {
+      if (!read_exactly(segments, kPrefixBytes)) break;
+      segments[kPrefixBytes] = 0;
+    } else if (record > 0) {
       groups.add(record);
-    else
+    } else {
       groups.remove(-record);
+    }
   }
-  stop_groups(groups, setup);
+  stop_groups(groups, setup, segments);
   _exit(0);
 }
 
@@ -266,6 +316,21 @@ void Guardian::watch(pid_t pgid) noexcept {
 void Guardian::forget(pid_t pgid) noexcept {
   if (watched_ > 0) --watched_;
   send(-pgid);
+}
+
+void Guardian::watch_segments(const std::string& prefix) noexcept {
+  struct {
+    pid_t tag = kSegments;
+    char prefix[kPrefixBytes] = {};
+  } record;
+  static_assert(sizeof record == sizeof(pid_t) + kPrefixBytes, "one write, no padding");
+  std::memcpy(record.prefix, prefix.data(), std::min(prefix.size(), kPrefixBytes));
+  ssize_t n;
+  do {
+    n = ::write(channel_.get(), &record, sizeof record);
+  } while (n < 0 && errno == EINTR);
+  // Like a lost group record (send()): the job goes on without it.
+  if (n != static_cast<ssize_t>(sizeof record)) lost_ = true;
 }
 
 bool Guardian::send(pid_t record) noexcept {

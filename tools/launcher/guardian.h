@@ -30,12 +30,15 @@
 // gone, so the guardian never signals a group that the job did not own.
 // Descendants that leave the rank's group (setsid, a shell with job
 // control) are beyond its reach, as they are beyond the supervisor's.
+// Once the groups are stopped it also unlinks the attempt's shared-memory
+// segments (watch_segments), which the launcher would have removed.
 #pragma once
 
 #include <sys/types.h>
 
 #include <chrono>
 #include <cstddef>
+#include <string>
 #include <vector>
 
 #include "tools/launcher/process.h"
@@ -58,6 +61,11 @@ class Guardian : public GroupWatcher {
   pid_t pid() const { return pid_; }
   void watch(pid_t pgid) noexcept override;
   void forget(pid_t pgid) noexcept override;
+  // The names in /dev/shm of the attempt now running (shm_job_prefix
+  // without its '/'), which the guardian unlinks once it has stopped the
+  // groups: a launcher killed while its ranks set up left their segments
+  // behind (about 12 MiB a rank), since only it removes them.
+  void watch_segments(const std::string& prefix) noexcept;
 
  private:
   // Whether the record went out whole.

@@ -146,7 +146,10 @@ void start_rank(const LaunchOptions& options, const JobIdentity& job, int local_
 // stalled stderr.
 class JobSegments {
  public:
-  explicit JobSegments(std::string token) : token_(std::move(token)) {}
+  // The guardian removes them instead should the launcher be killed.
+  JobSegments(std::string token, Guardian& guardian) : token_(std::move(token)) {
+    guardian.watch_segments(runtime::shm_job_prefix(token_).substr(1));
+  }
   ~JobSegments() {
     try {
       if (int removed = runtime::remove_job_segments(token_))
@@ -493,7 +496,7 @@ int launch(const LaunchOptions& given) {
                                       options.nnodes > 1 ? options.master_port : job.store_port);
     Outcome outcome;
     {
-      const JobSegments segments(job.token);
+      const JobSegments segments(job.token, guardian);
       outcome = start_and_supervise(options, job, signals, guardian, input ? &*input : nullptr, started);
     }
     if (input) input->disconnect();
