@@ -55,6 +55,16 @@ TEST_CASE("braid-train --tp 2 --pp 2 reports the mesh and consolidates its check
   INFO(resumed.out << resumed.err);
   CHECK(resumed.status == 0);
   CHECK_THAT(resumed.err, Catch::Contains("this run uses zero1 on dp=2 tp=2 pp=1"));
+  // --strategy zero3 alone, which runs on data parallelism only: the saved
+  // --tp 2 is not restored beside it (it was, and the run was refused as
+  // "zero3 does not run with --tp 2", a --tp never given).
+  const std::string zero3 =
+      std::string(train) + " --resume " + ckpt + " --steps 4 --strategy zero3 --micro-batches 2";
+  const braid::test::LaunchResult sharded =
+      braid::test::run_launch(job, braid::test::shell_job(4, "exec " + zero3, job));
+  INFO(sharded.out << sharded.err);
+  CHECK(sharded.status == 0);
+  CHECK_THAT(sharded.err, Catch::Contains("this run uses zero3 on dp=4 tp=1 pp=1 (--strategy from the command line)"));
 }
 
 TEST_CASE("braid-train refuses a mesh that does not fit, saying what to change", "[mesh][launch]") {

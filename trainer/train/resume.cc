@@ -59,7 +59,13 @@ std::string restore_layout(const SavedLayout& saved, const std::set<std::string>
   const int model_ranks = o.tp * o.pp;
   const bool fits = model_ranks > 0 && (given.count("dp") != 0 ? o.dp * model_ranks == world_size
                                                                : world_size % model_ranks == 0);
-  if (!fits) {  // bad values given are refused later, naming them
+  // Nor beside a --strategy given that runs on data parallelism alone (dp,
+  // zero2, zero3): a saved --pp 2 beside --strategy zero3 was refused as
+  // "zero3 does not run with --pp 2", a --pp never given.
+  const bool mesh_strategy = o.strategy == "ddp" || o.strategy == "zero1" || o.strategy == "none";
+  const bool leaves_strategy = given.count("strategy") == 0 || mesh_strategy || model_ranks == 1 ||
+                               given.count("tp") != 0 || given.count("pp") != 0;
+  if (!fits || !leaves_strategy) {  // bad values given are refused later, naming them
     o.tp = tp;
     o.pp = pp;
   }
