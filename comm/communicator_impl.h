@@ -92,6 +92,13 @@ struct Communicator::Impl {
   int size = 1;
   std::uint32_t comm_id = 0;
   std::string key_prefix;
+  // A split communicator's ranks in the world, by rank, and a note that
+  // every error of this communicator ends with: "; on communicator
+  // braid/world/split0/color1, whose ranks 0, 1 are world ranks 2, 3". Its
+  // errors number ranks within it, which in a trainer's mesh (tp, dp and
+  // pp groups) was a different process on each group. Empty for a world.
+  std::vector<int> world_ranks;
+  std::string scope_note;
   unsigned born_in = 0;  // fork_generation() when it was made
   runtime::RankInfo info;
 

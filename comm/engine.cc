@@ -30,23 +30,26 @@ namespace braid::comm {
 namespace {
 
 // The same exception type, with this rank and operation in front.
-std::exception_ptr with_context(const Op& op, int rank, std::exception_ptr error, StatusBoard* status) {
+// `scope` ends the message (Impl::scope_note): which processes a split
+// communicator's rank numbers are.
+std::exception_ptr with_context(const Op& op, int rank, std::exception_ptr error, StatusBoard* status,
+                                const std::string& scope) {
   std::string where = "rank " + std::to_string(rank) + ", " + describe(op) + ": ";
   try {
     std::rethrow_exception(error);
   } catch (const TimeoutError& e) {
-    return std::make_exception_ptr(TimeoutError(e.what()));  // already says who waits for whom
+    return std::make_exception_ptr(TimeoutError(e.what() + scope));  // already says who waits for whom
   } catch (const RemoteError& e) {
     std::string why = e.peer() >= 0 && status ? status->abort_reason(e.peer()) : std::string();
     const bool told = why.empty() || std::string_view(e.what()).find(why) != std::string_view::npos;
     std::string text = where + e.what() + (told ? "" : "; it had failed first: " + why);
-    return std::make_exception_ptr(RemoteError(text, e.peer()));
+    return std::make_exception_ptr(RemoteError(text + scope, e.peer()));
   } catch (const InvalidUsage& e) {
-    return std::make_exception_ptr(InvalidUsage(where + e.what()));
+    return std::make_exception_ptr(InvalidUsage(where + e.what() + scope));
   } catch (const AbortedError& e) {
     return std::make_exception_ptr(AbortedError(e.what()));
   } catch (const std::exception& e) {
-    return std::make_exception_ptr(SystemError(where + e.what()));
+    return std::make_exception_ptr(SystemError(where + e.what() + scope));
   }
 }
 
@@ -331,7 +334,7 @@ std::string Communicator::Impl::describe_wait(const Op& op, int peer) {
 
 std::exception_ptr Communicator::Impl::fail(const Op& op, std::exception_ptr raw) {
   if (status) status->left(op);
-  auto error = with_context(op, rank, std::move(raw), status.get());
+  auto error = with_context(op, rank, std::move(raw), status.get(), scope_note);
   abort(message_of(error));
   std::lock_guard lock(mu);
   if (!failure) failure = error;

@@ -598,10 +598,16 @@ std::unique_ptr<Communicator> Communicator::split(int color, int key) {
   // keep it up: the world destroyed first took the store of every child
   // with it, and their next split or status failed.
   impl->store_server = impl_->store_server;
+  std::string ranks, world;
   for (const auto& member : members) {
     impl->hosts.push_back(impl_->hosts[member.second]);
     impl->cpus.push_back(impl_->cpus[member.second]);
+    const int in_world = impl_->world_ranks.empty() ? member.second : impl_->world_ranks[member.second];
+    impl->world_ranks.push_back(in_world);
+    ranks += (ranks.empty() ? "" : ", ") + std::to_string(impl->world_ranks.size() - 1);
+    world += (world.empty() ? "" : ", ") + std::to_string(in_world);
   }
+  impl->scope_note = "; on communicator " + prefix + ", whose ranks " + ranks + " are world ranks " + world;
   connect_transports(*impl);
   impl->set_up = true;
   return std::unique_ptr<Communicator>(new Communicator(std::move(impl)));

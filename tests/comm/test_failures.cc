@@ -196,6 +196,27 @@ TEST_CASE("failures: a rank killed during shared-memory set-up is named by its p
   CHECK(std::chrono::steady_clock::now() - killed < seconds(10));  // not the 20 s of the timeout
 }
 
+// The errors of a split communicator number its ranks within it: in a
+// trainer's mesh "rank 1" of a tp group and of a dp group were different
+// processes, and no message said which. Each now ends with the world ranks.
+TEST_CASE("failures: an error on a split communicator says which world ranks its ranks are", "[failures]") {
+  auto result = test::run_ranks(4, [](Communicator& comm) {
+    auto half = comm.split(comm.rank() % 2, comm.rank());  // world ranks 0, 2 and 1, 3
+    if (comm.rank() == 3) {
+      std::this_thread::sleep_for(seconds(4));  // past rank 1's timeout
+      return;
+    }
+    float x = 1.0f;
+    half->all_reduce(&x, &x, 1, DataType::f32, ReduceOp::sum).wait();
+  }, test::run_options(seconds(60), test::test_config(seconds(2))));
+  INFO(result.summary());
+  CHECK(result.ranks[0].ok());
+  CHECK(result.ranks[2].ok());
+  CHECK(result.ranks[1].exit_code == 1);
+  CHECK(contains(result.ranks[1].message, "; on communicator braid/"));
+  CHECK(contains(result.ranks[1].message, "/color1, whose ranks 0, 1 are world ranks 1, 3"));
+}
+
 TEST_CASE("failures: a rank that leaves between all_reduces fails every other rank fast", "[failures]") {
   // Not a crash: the rank throws, its communicator is destroyed and the
   // process exits, so its peers see orderly closes rather than resets.
