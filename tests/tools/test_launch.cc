@@ -585,6 +585,25 @@ TEST_CASE("a rank killed by a signal gives 128 + signal", "[launch]") {
   check_no_rank_survives(dir, 2);
 }
 
+// A rank killed by SIGKILL closes its sockets before the launcher can see
+// it exit, and a peer that noticed at once and exited 1 was at times reaped
+// first (1 run in 7): named as the failure, with status 1 instead of 137.
+// Here rank 1 exits 1 just before rank 0 is killed: rank 0 is named.
+TEST_CASE("a rank killed by a signal is named before a peer that exited just before it", "[launch]") {
+  JobDir dir;
+  // Rank 0 spins (no sleep: it must be quick even on a loaded machine)
+  // until rank 1 says it exits, then kills itself.
+  std::string script = recording(
+      "while [ ! -s \"$0/pid_0\" ] || [ ! -s \"$0/pid_1\" ]; do sleep 0.02; done; "
+      "if [ \"$BRAID_RANK\" = 1 ]; then : > \"$0/exiting\"; exit 1; fi; "
+      "while [ ! -e \"$0/exiting\" ]; do :; done; kill -KILL $$");
+  auto result = run_launch(dir, shell_job(2, script, dir));
+  INFO(result.err);
+  CHECK(result.status == 137);
+  CHECK_THAT(result.err, Catch::Contains("rank 0 (pid ") && Catch::Contains("was killed by signal 9 (SIGKILL)"));
+  CHECK_THAT(result.err, !Catch::Contains("exited with status 1"));
+}
+
 // SIGQUIT was not caught: the launcher died of it and its ranks were
 // killed with no chance to clean up (torchrun forwards it too).
 TEST_CASE("SIGTERM and SIGQUIT to the launcher are forwarded to every rank", "[launch]") {

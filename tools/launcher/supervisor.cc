@@ -25,6 +25,9 @@ constexpr std::chrono::milliseconds kDrainTime{2000};
 // How long the destructor waits for SIGKILLed ranks to be reaped: a process
 // stuck in the kernel (uninterruptible sleep) dies only when it leaves it.
 constexpr std::chrono::milliseconds kReapTime{2000};
+// How long a rank's failure by exit status waits for another rank to turn
+// out killed by a signal, the likelier cause (reap_exited).
+constexpr std::chrono::milliseconds kKilledPeerWait{100};
 
 std::string count_of_ranks(int count) {
   return std::to_string(count) + (count == 1 ? " rank" : " ranks");
@@ -142,13 +145,41 @@ void Supervisor::handle_signals() {
   }
 }
 
-void Supervisor::reap_exited() {
+// Ranks that have exited and are not yet reaped, as waitid tells (WNOWAIT).
+std::vector<Supervisor::Exited> Supervisor::exited_ranks() {
+  std::vector<Exited> exited;
   for (Rank& rank : ranks_) {
     if (!rank.running) continue;
     siginfo_t info{};
-    if (waitid(P_PID, static_cast<id_t>(rank.pid), &info, WEXITED | WNOHANG | WNOWAIT) != 0 ||
-        info.si_pid == 0)
+    if (waitid(P_PID, static_cast<id_t>(rank.pid), &info, WEXITED | WNOHANG | WNOWAIT) != 0 || info.si_pid == 0)
       continue;
+    const bool killed = info.si_code == CLD_KILLED || info.si_code == CLD_DUMPED;
+    exited.push_back({&rank, killed, killed || info.si_status != 0});
+  }
+  return exited;
+}
+
+// The job's first failure is the first rank reaped. A rank killed by a
+// signal (SIGKILL, the OOM killer) closes its sockets before its parent can
+// see it exit, and a peer that noticed the close at once and exited 1 was
+// at times reaped first: named as the failure, the job's status 1 instead
+// of 137. So a first failure by exit status waits up to kKilledPeerWait for
+// another rank to turn out killed, and ranks killed by a signal go first.
+void Supervisor::reap_exited() {
+  std::vector<Exited> exited = exited_ranks();
+  auto any = [&](bool Exited::*what) {
+    return std::any_of(exited.begin(), exited.end(), [what](const Exited& e) { return e.*what; });
+  };
+  if (!stopping_ && any(&Exited::failed) && !any(&Exited::killed)) {
+    const auto give_up = Clock::now() + kKilledPeerWait;
+    while (!any(&Exited::killed) && Clock::now() < give_up) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+      exited = exited_ranks();
+    }
+  }
+  std::stable_partition(exited.begin(), exited.end(), [](const Exited& e) { return e.killed; });
+  for (const Exited& each : exited) {
+    Rank& rank = *each.rank;
     // While the rank is an unreaped zombie its pid, and so its group id,
     // cannot be reused: kill what it left behind in its group, then reap.
     signal_group(rank.pid, SIGKILL);

@@ -100,7 +100,13 @@ class Supervisor {
   void wait_for_events();
   int next_poll_timeout_ms() const;
   void handle_signals();
+  struct Exited {
+    Rank* rank;
+    bool killed;  // by a signal
+    bool failed;  // killed, or a non-zero status
+  };
   void reap_exited();
+  std::vector<Exited> exited_ranks();
   void forget_group(pid_t pid) noexcept;
   void on_rank_exit(const Rank& rank, const ExitStatus& status);
   void on_launcher_signal(int signo);
