@@ -5,8 +5,9 @@
 // one write(2) (smaller than PIPE_BUF, so whole): a positive record is a
 // group to watch, a negative one a group that is gone, kGoodbye the
 // launcher's orderly exit, kSegments followed by kPrefixBytes of the
-// attempt's shared-memory prefix (NUL-padded) in the same write. The launcher's end is non-blocking: a guardian
-// that stopped reading costs the job its safety net, never its progress.
+// attempt's shared-memory prefix (NUL-padded) in the same write. The
+// launcher's end is non-blocking: a guardian that stopped reading costs the
+// job its safety net, never its progress.
 //
 // After the fork the guardian makes only async-signal-safe calls (the
 // launcher may have threads, whose locks the child would inherit held): its
@@ -14,17 +15,16 @@
 // put together by hand instead of with snprintf.
 #include "tools/launcher/guardian.h"
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <linux/close_range.h>
 #include <poll.h>
 #include <signal.h>
 #include <sys/prctl.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
-
-#include <dirent.h>
-#include <sys/syscall.h>
 
 #include <algorithm>
 #include <cerrno>
