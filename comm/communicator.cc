@@ -311,7 +311,12 @@ std::shared_ptr<void> Communicator::Impl::stage_reduce_scatter_at_start(Op& op) 
 
 Work Communicator::submit(Op&& op) {
   if (impl_->born_in != forks.load(std::memory_order_relaxed)) [[unlikely]] refuse_forked(op, impl_->rank);
-  validate(op, impl_->rank, impl_->size);
+  try {
+    validate(op, impl_->rank, impl_->size);
+  } catch (const InvalidUsage& e) {
+    if (impl_->scope_note.empty()) throw;
+    throw InvalidUsage(e.what() + impl_->scope_note);  // which process "rank 1" of a split is
+  }
   if (op.stream.cuda != nullptr || runtime::device_memory_possible()) locate_buffers(op, impl_->rank, impl_->size);
   auto kept = scale_avg_inputs(op, impl_->rank, impl_->size);
   if (!kept) kept = impl_->stage_in_place_all_to_all(op);

@@ -35,21 +35,23 @@ namespace {
 std::exception_ptr with_context(const Op& op, int rank, std::exception_ptr error, StatusBoard* status,
                                 const std::string& scope) {
   std::string where = "rank " + std::to_string(rank) + ", " + describe(op) + ": ";
+  // Once: a peer's reason quoted in the text may end with it already.
+  auto scoped = [&](std::string text) { return text.find(scope) == std::string::npos ? text + scope : text; };
   try {
     std::rethrow_exception(error);
   } catch (const TimeoutError& e) {
-    return std::make_exception_ptr(TimeoutError(e.what() + scope));  // already says who waits for whom
+    return std::make_exception_ptr(TimeoutError(scoped(e.what())));  // already says who waits for whom
   } catch (const RemoteError& e) {
     std::string why = e.peer() >= 0 && status ? status->abort_reason(e.peer()) : std::string();
     const bool told = why.empty() || std::string_view(e.what()).find(why) != std::string_view::npos;
     std::string text = where + e.what() + (told ? "" : "; it had failed first: " + why);
-    return std::make_exception_ptr(RemoteError(text + scope, e.peer()));
+    return std::make_exception_ptr(RemoteError(scoped(text), e.peer()));
   } catch (const InvalidUsage& e) {
-    return std::make_exception_ptr(InvalidUsage(where + e.what() + scope));
+    return std::make_exception_ptr(InvalidUsage(scoped(where + e.what())));
   } catch (const AbortedError& e) {
     return std::make_exception_ptr(AbortedError(e.what()));
   } catch (const std::exception& e) {
-    return std::make_exception_ptr(SystemError(where + e.what() + scope));
+    return std::make_exception_ptr(SystemError(scoped(where + e.what())));
   }
 }
 

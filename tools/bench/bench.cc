@@ -543,7 +543,11 @@ int run_bench(const BenchOptions& options) {
   if (!open_outputs(*comm, options, json_file, csv_file)) return r == 0 ? 1 : 0;
   const bool reduces = options.collective == "all_reduce" || options.collective == "reduce_scatter" ||
                        options.collective == "reduce";
-  const std::vector<ReduceOp> ops = reduces ? options.ops : std::vector<ReduceOp>{options.ops.front()};
+  // A collective that does not reduce takes the op only for its inputs'
+  // pattern (verify.cc), never a bitwise one: its expected values are
+  // reductions of every dtype.
+  const ReduceOp moving = is_bitwise(options.ops.front()) ? ReduceOp::sum : options.ops.front();
+  const std::vector<ReduceOp> ops = reduces ? options.ops : std::vector<ReduceOp>{moving};
   // The bitwise operators reduce the integer types only: under -d all or
   // -o all the other pairs are left out; given alone, refused.
   auto pair_runs = [&](DataType dtype, ReduceOp op) { return !reduces || can_reduce(dtype, op); };

@@ -228,6 +228,10 @@ Outcome start_and_supervise(const LaunchOptions& options, const JobIdentity& job
     supervisor.abort(1, std::string("its launcher could not start its ranks: ") + e.what());
     supervisor.run();
     throw;
+  } catch (...) {
+    supervisor.abort(1, "its launcher could not start its ranks");
+    supervisor.run();
+    throw;
   }
   const int status = supervisor.run();
   return {status, supervisor.rank_failed()};

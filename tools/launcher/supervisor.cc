@@ -164,18 +164,23 @@ std::vector<Supervisor::Exited> Supervisor::exited_ranks() {
 // see it exit, and a peer that noticed the close at once and exited 1 was
 // at times reaped first: named as the failure, the job's status 1 instead
 // of 137. So a first failure by exit status waits up to kKilledPeerWait for
-// another rank to turn out killed, and ranks killed by a signal go first.
+// another rank to turn out killed, which then goes first; ranks that merely
+// exit meanwhile (the peers of a rank that failed, on their lost
+// connections) go after those seen before the wait.
 void Supervisor::reap_exited() {
   std::vector<Exited> exited = exited_ranks();
-  auto any = [&](bool Exited::*what) {
-    return std::any_of(exited.begin(), exited.end(), [what](const Exited& e) { return e.*what; });
+  auto any = [](const std::vector<Exited>& list, bool Exited::*what) {
+    return std::any_of(list.begin(), list.end(), [what](const Exited& e) { return e.*what; });
   };
-  if (!stopping_ && any(&Exited::failed) && !any(&Exited::killed)) {
+  if (!stopping_ && any(exited, &Exited::failed) && !any(exited, &Exited::killed)) {
     const auto give_up = Clock::now() + kKilledPeerWait;
-    while (!any(&Exited::killed) && Clock::now() < give_up) {
+    std::vector<Exited> later = exited;
+    while (!any(later, &Exited::killed) && Clock::now() < give_up) {
       std::this_thread::sleep_for(std::chrono::milliseconds(5));
-      exited = exited_ranks();
+      later = exited_ranks();
     }
+    for (const Exited& e : later)
+      if (e.killed) exited.insert(exited.begin(), e);
   }
   std::stable_partition(exited.begin(), exited.end(), [](const Exited& e) { return e.killed; });
   for (const Exited& each : exited) {

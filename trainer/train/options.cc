@@ -277,7 +277,7 @@ void validate_world(const TrainOptions& o, int world_size) {
               " rank(s) x " + std::to_string(o.grad_accum) + " micro-batch(es) of equal size; use a multiple of " +
               std::to_string(split) + " (the batch is global: every rank trains on batch-size / ranks sequences" +
               std::string(o.model_parallel() ? "; with --tp / --pp the ranks are the dp ranks)" : ")") +
-              // Neither may have been given: a resumed run takes both from its checkpoint.
+              // Perhaps neither given here: a resumed run takes them from its checkpoint.
               (o.resume.empty() ? "" : "; a resumed run keeps its checkpoint's --batch-size and --micro-batches "
                                        "(--grad-accum) unless they are given"));
 }

@@ -60,8 +60,9 @@ std::string restore_layout(const SavedLayout& saved, const std::set<std::string>
   const bool fits = model_ranks > 0 && (given.count("dp") != 0 ? o.dp * model_ranks == world_size
                                                                : world_size % model_ranks == 0);
   // Nor beside a --strategy given that runs on data parallelism alone (dp,
-  // zero2, zero3): a saved --pp 2 beside --strategy zero3 was refused as
-  // "zero3 does not run with --pp 2", a --pp never given.
+  // zero2, zero3; none runs in a mesh of dp 1, and is refused by name at
+  // more): a saved --pp 2 beside --strategy zero3 was refused as "zero3
+  // does not run with --pp 2", a --pp never given.
   const bool mesh_strategy = o.strategy == "ddp" || o.strategy == "zero1" || o.strategy == "none";
   const bool leaves_strategy = given.count("strategy") == 0 || mesh_strategy || model_ranks == 1 ||
                                given.count("tp") != 0 || given.count("pp") != 0;

@@ -129,15 +129,20 @@ using Links = std::vector<std::unique_ptr<ShmTransport::Link>>;
 // whether a peer of `links` has exited: a rank killed during set-up (a
 // SIGKILL, the OOM killer) left its peers waiting for the group's ready
 // flag until BRAID_TIMEOUT, and then naming only the key.
-void wait_watching(runtime::Store& store, const std::string& key, const ShmOptions& o, const Links& links) {
+// Past the timeout it says what it waited for, and for how long in all.
+void wait_watching(runtime::Store& store, const std::string& key, const ShmOptions& o, const Links& links,
+                   const std::string& what) {
   constexpr std::chrono::milliseconds kSlice{250};
   const auto deadline = std::chrono::steady_clock::now() + o.timeout;
   for (;;) {
     const auto left = std::chrono::ceil<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
-    if (left <= kSlice) return store.wait({key}, std::max(left, std::chrono::milliseconds(0)));  // its error stands
     try {
-      return store.wait({key}, kSlice);
+      return store.wait({key}, std::clamp(left, std::chrono::milliseconds(0), kSlice));
     } catch (const TimeoutError&) {
+      if (left <= kSlice)
+        throw TimeoutError(rank_text(o.rank) + " waited " + std::to_string(o.timeout.count()) +
+                           " ms (BRAID_TIMEOUT) for " + what + " (key '" + key + "' in the store): a rank may have "
+                           "failed, not started, or be stopped");
     }
     for (const auto& link : links) {
       pollfd exited{link->pidfd, POLLIN, 0};
@@ -157,7 +162,7 @@ std::unique_ptr<ShmTransport::Link> map_peer(runtime::Store& store, const std::s
   auto link = std::make_unique<ShmTransport::Link>();
   link->peer = peer;
   const std::string key = key_prefix + "/shm/" + std::to_string(peer);
-  wait_watching(store, key, o, mapped);
+  wait_watching(store, key, o, mapped, rank_text(peer) + " to publish its shared-memory segment");
   std::string name = store.get_string(key, o.timeout);
   check_not_failed(name, o);
   link->mapping = Mapping::open(name, bytes);
@@ -219,7 +224,9 @@ std::unique_ptr<ShmTransport> connect_segments(runtime::Store& store, const std:
           map_peer(store, key_prefix, o, mine, peer, segment_bytes(channels, capacity, slot_area(o)), links));
   if (store.add(group + "/mapped", 1) == static_cast<std::int64_t>(o.local_ranks.size()))
     store.set(group + "/ready", "1");
-  wait_watching(store, group + "/ready", o, links);
+  wait_watching(store, group + "/ready", o, links,
+                "every local rank to map the others' shared-memory segments (" +
+                    std::to_string(o.local_ranks.size()) + " local ranks)");
   check_not_failed(store.get_string(group + "/ready", o.timeout), o);
   return std::make_unique<ShmTransport>(o, std::move(mine), std::move(links));
 }
