@@ -118,6 +118,13 @@ TEST_CASE("braid-bench refuses a bad datatype before any work", "[bench]") {
   CHECK(bitwise.wait(std::chrono::seconds(20)) == 2);
   INFO(bitwise.err());
   CHECK_THAT(bitwise.err(), Catch::Contains("-o bxor is a bitwise operator, for the integer types"));
+  // A collective that reduces nothing ignores the op (it aborted computing
+  // its expected values as bitwise reductions of f32).
+  LaunchedJob moving(dir, {"--nproc-per-node", "2", "--", bench_path(), "-o", "band", "--coll", "broadcast", "-b", "8",
+                           "-e", "64"});
+  CHECK(moving.wait(std::chrono::seconds(30)) == 0);
+  INFO(moving.out() << moving.err());
+  CHECK_THAT(moving.out(), Catch::Contains("Out of bounds values : 0 OK"));
 }
 
 // On a GPU machine the sweep runs on device buffers and checks out; anywhere
