@@ -1,6 +1,8 @@
 // torch.distributed's operations as braid calls (process_group.h).
 #include "process_group.h"
 
+#include <Python.h>
+
 #include <algorithm>
 #include <cstring>
 #include <mutex>
@@ -226,7 +228,7 @@ void Issuer::stop() {
 
 ProcessGroupBraid::ProcessGroupBraid(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
                                      std::chrono::milliseconds timeout)
-    : c10d::ProcessGroup(rank, size) {
+    : c10d::ProcessGroup(rank, size), torch_store_(store) {
   runtime::Config config = group_config(timeout);
   Rendezvous found = rendezvous(*store, rank, size, config);
   store_server_ = std::move(found.server);
@@ -238,13 +240,37 @@ ProcessGroupBraid::ProcessGroupBraid(const c10::intrusive_ptr<c10d::Store>& stor
   inline_while_alone();
 }
 
+namespace {
+
+// Lets the GIL go for its lifetime where the calling thread holds it
+// (destroy_process_group from Python): the completion threads run Python
+// callbacks, which take it, and the group waits for them.
+class GilLetGo {
+ public:
+  GilLetGo() : saved_(Py_IsInitialized() && PyGILState_Check() ? PyEval_SaveThread() : nullptr) {}
+  ~GilLetGo() {
+    if (saved_ != nullptr) PyEval_RestoreThread(saved_);
+  }
+  GilLetGo(const GilLetGo&) = delete;
+  GilLetGo& operator=(const GilLetGo&) = delete;
+
+ private:
+  PyThreadState* saved_;
+};
+
+}  // namespace
+
 ProcessGroupBraid::~ProcessGroupBraid() {
   {
     std::lock_guard lock(groups_mutex);
     groups.erase(std::find(groups.begin(), groups.end(), issuer_.get()));
     inline_while_alone();
   }
+  // Joining the completion threads with the GIL held deadlocked with a
+  // callback (a .then() of Python) waiting for it.
+  GilLetGo let_go;
   issuer_->stop();  // issues the held call, if any, before the completer drains
+  completer_.reset();
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::enqueue(Call call) {

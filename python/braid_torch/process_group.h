@@ -152,7 +152,12 @@ class ProcessGroupBraid : public c10d::ProcessGroup {
                                                   const std::vector<int64_t>& input_splits);
 
   // Destroyed in reverse: the completer drains first, then the
-  // communicator closes, then rank 0's store stops.
+  // communicator closes, then rank 0's store stops, and last torch's store
+  // is let go: held as gloo's group holds it, since the default group's
+  // TCPStore server dies with its last holder, and ranks still in
+  // new_group's store barrier failed with a broken pipe once rank 0 had
+  // destroyed the default group.
+  c10::intrusive_ptr<c10d::Store> torch_store_;
   std::unique_ptr<runtime::StoreServer> store_server_;
   std::unique_ptr<comm::Communicator> comm_;
   std::unique_ptr<Completer> completer_;

@@ -1,6 +1,7 @@
 // The completion thread and torch's Work over braid's (work.h).
 #include "work.h"
 
+#include <algorithm>
 #include <stdexcept>
 #include <string>
 
@@ -8,16 +9,25 @@
 
 namespace braid::torch_backend {
 
+void settle_finished(Pending& pending, std::exception_ptr error);
+
 c10::intrusive_ptr<c10::ivalue::Future> make_future() {
   return c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()));
 }
 
-Completer::Completer()
-    : queue_(std::make_shared<CompletionQueue>()), thread_([queue = queue_] { queue->run(); }) {}
+CompletionQueue::CompletionQueue() {
+  std::lock_guard lock(mutex_);
+  start_thread_locked();
+}
 
-Completer::~Completer() {
-  queue_->stop();
-  thread_.join();
+CompletionQueue::~CompletionQueue() {
+  for (std::thread& thread : threads_)
+    if (thread.joinable()) thread.detach();  // only if stop_and_join() was skipped by an exception
+}
+
+void CompletionQueue::start_thread_locked() {
+  threads_.emplace_back([this] { run(); });
+  ids_.push_back(threads_.back().get_id());
 }
 
 void CompletionQueue::push(Pending pending) {
@@ -28,57 +38,55 @@ void CompletionQueue::push(Pending pending) {
   queued_cv_.notify_one();
 }
 
-void CompletionQueue::stop() {
+void CompletionQueue::stop_and_join() {
+  std::vector<std::thread> threads;
   {
     std::lock_guard lock(mutex_);
     stopping_ = true;
   }
-  queued_cv_.notify_one();
+  queued_cv_.notify_all();
+  // No thread starts once stopping_ is set (run()), so the list is final
+  // once every thread that may start one has ended: join until none is new.
+  for (;;) {
+    {
+      std::lock_guard lock(mutex_);
+      for (std::thread& thread : threads_)
+        if (thread.joinable()) threads.push_back(std::move(thread));
+    }
+    if (threads.empty()) return;
+    for (std::thread& thread : threads) thread.join();
+    threads.clear();
+  }
 }
 
 bool CompletionQueue::on_completion_thread() {
   std::lock_guard lock(mutex_);
-  return thread_id_ == std::this_thread::get_id();
+  return std::find(ids_.begin(), ids_.end(), std::this_thread::get_id()) != ids_.end();
 }
 
+// One thread at a time takes the call at the front and waits for it, so
+// calls finish in issue order; the callbacks run after the turn is let go.
 void CompletionQueue::run() {
-  {
-    std::lock_guard lock(mutex_);
-    thread_id_ = std::this_thread::get_id();
-  }
+  std::unique_lock lock(mutex_);
   for (;;) {
-    Pending pending;
-    {
-      std::unique_lock lock(mutex_);
-      queued_cv_.wait(lock, [this] { return stopping_ || !queue_.empty(); });
-      if (queue_.empty()) {  // stopping, and everything issued is finished
-        thread_id_ = std::thread::id();
-        return;
-      }
-      pending = std::move(queue_.front());
-      queue_.pop_front();
-    }
-    complete(pending);
-  }
-}
-
-// Calls are finished in issue order whichever frame of the completion thread
-// pops them, so a callback's wait keeps braid's order.
-void CompletionQueue::finish_until(const std::shared_ptr<Completion>& target) {
-  for (;;) {
-    Pending pending;
-    {
-      std::lock_guard done_lock(target->mutex);
-      if (target->finished) return;
-    }
-    {
-      std::lock_guard lock(mutex_);
-      if (queue_.empty())
-        throw std::logic_error("braid: Work.wait in a future callback waits for the call whose callback it is");
-      pending = std::move(queue_.front());
-      queue_.pop_front();
-    }
-    complete(pending);
+    ++idle_;
+    queued_cv_.wait(lock, [this] { return (stopping_ && queue_.empty()) || (!queue_.empty() && !turn_taken_); });
+    --idle_;
+    if (queue_.empty()) return;  // stopping, and everything issued is finished
+    turn_taken_ = true;
+    Pending pending = std::move(queue_.front());
+    queue_.pop_front();
+    lock.unlock();
+    std::exception_ptr error = finish(pending);
+    lock.lock();
+    turn_taken_ = false;
+    // Callbacks may wait for a later call: another thread must be free to
+    // take it.
+    if (idle_ == 0 && !stopping_ && threads_.size() < kMaxThreads) start_thread_locked();
+    lock.unlock();
+    queued_cv_.notify_one();
+    settle_finished(pending, error);
+    lock.lock();
   }
 }
 
@@ -96,7 +104,9 @@ std::exception_ptr as_runtime_error(std::exception_ptr error) {
   }
 }
 
-void settle(Pending& pending, std::exception_ptr error) {
+// The call's outcome, before its future completes: a wait on a completion
+// thread (a callback's) needs no more than this.
+std::exception_ptr mark_finished(Pending& pending, std::exception_ptr error) {
   pending.keep_alive.clear();
   if (error && !pending.runs_as.empty()) {
     try {
@@ -110,7 +120,14 @@ void settle(Pending& pending, std::exception_ptr error) {
     pending.completion->finished = true;
     pending.completion->error = error;
   }
-  // Callbacks chained on the future run here.
+  pending.completion->done_cv.notify_all();
+  return error;
+}
+
+}  // namespace
+
+// Completes the future: the callbacks chained on it run here.
+void settle_finished(Pending& pending, std::exception_ptr error) {
   if (error) {
     pending.future->setError(error);
   } else {
@@ -123,11 +140,11 @@ void settle(Pending& pending, std::exception_ptr error) {
   pending.completion->done_cv.notify_all();
 }
 
-}  // namespace
+void fail_pending(Pending& pending, std::exception_ptr error) {
+  settle_finished(pending, mark_finished(pending, as_runtime_error(error)));
+}
 
-void fail_pending(Pending& pending, std::exception_ptr error) { settle(pending, as_runtime_error(error)); }
-
-void CompletionQueue::complete(Pending& pending) {
+std::exception_ptr CompletionQueue::finish(Pending& pending) {
   std::exception_ptr error;
   try {
     pending.work.wait();
@@ -135,7 +152,7 @@ void CompletionQueue::complete(Pending& pending) {
   } catch (...) {
     error = as_runtime_error(std::current_exception());
   }
-  settle(pending, error);
+  return mark_finished(pending, error);
 }
 
 BraidWork::BraidWork(int rank, c10d::OpType type, const Pending& pending, std::shared_ptr<CompletionQueue> queue,
@@ -164,9 +181,11 @@ bool BraidWork::wait(std::chrono::milliseconds timeout) {
   else
     release_->release(completion_);
   if (queue_->on_completion_thread()) {
-    // In a future callback of this group: nothing else would finish the call.
-    queue_->finish_until(completion_);
-    std::lock_guard lock(completion_->mutex);
+    // In a future callback of this group: another completion thread
+    // finishes the call. Until it has finished, not until its own callbacks
+    // have run: they may be this very callback (a wait for its own call).
+    std::unique_lock lock(completion_->mutex);
+    completion_->done_cv.wait(lock, [this] { return completion_->finished; });
     if (completion_->error) std::rethrow_exception(completion_->error);
     return true;
   }

@@ -1,15 +1,18 @@
 // How braid's Work handles become torch's: a Work whose future DDP's comm
 // hooks chain on, completed by one thread per process group.
 //
-// braid completes the operations of a communicator in issue order, so one
-// completion thread waits for them in that order (each wait bounded by
-// BRAID_TIMEOUT), runs the call's finishing step (copying out of a staging
-// buffer where torch's layout differs from braid's), and then completes the
-// torch future with the call's output tensors, or fails it with braid's
-// message. Callbacks chained on the future (DDP's) run on that thread; one
-// that waits for a later call of the same group (a synchronous collective in
-// a callback) finishes the queued calls up to it on that thread itself
-// rather than waiting for the thread it runs on.
+// braid completes the operations of a communicator in issue order, so the
+// completion threads wait for them in that order, one at a time (each wait
+// bounded by BRAID_TIMEOUT), run the call's finishing step (copying out of a
+// staging buffer where torch's layout differs from braid's), and then
+// complete the torch future with the call's output tensors, or fail it with
+// braid's message. Callbacks chained on the future (DDP's) run on the thread
+// that completed it, after it has let the next call's turn go: a callback
+// may wait for a later call of the group (DDP's PowerSGD hook waits on the
+// future of an all_reduce it issues), which another completion thread then
+// finishes. A thread is added whenever one starts callbacks with no other
+// waiting for the queue, so one is always free to take the next call (at
+// most kMaxThreads; two in the common case), as gloo's workers are.
 #pragma once
 
 #include <ATen/ATen.h>
@@ -70,35 +73,45 @@ class CallRelease {
   ~CallRelease() = default;
 };
 
-// The queue of one group's issued calls, shared with its Works so that a
-// wait on the completion thread can finish the calls before its own.
+// The queue of one group's issued calls and the threads that complete them.
 class CompletionQueue {
  public:
+  static constexpr std::size_t kMaxThreads = 32;
+
+  CompletionQueue();  // starts the first thread
+  // stop_and_join() must have run.
+  ~CompletionQueue();
+  CompletionQueue(const CompletionQueue&) = delete;
+  CompletionQueue& operator=(const CompletionQueue&) = delete;
+
   void push(Pending pending);
-  // The completion thread's loop: until stop() and the queue is empty.
-  void run();
-  void stop();
-  // Whether the caller is the completion thread.
+  // Finishes every call still queued (each bounded by its own wait), then
+  // joins the threads.
+  void stop_and_join();
+  // Whether the caller is one of the completion threads (in a callback).
   bool on_completion_thread();
-  // On the completion thread: finishes queued calls, in order, until
-  // `target` has finished.
-  void finish_until(const std::shared_ptr<Completion>& target);
 
  private:
-  static void complete(Pending& pending);
+  void run();
+  void start_thread_locked();
+  static std::exception_ptr finish(Pending& pending);
 
   std::mutex mutex_;
   std::condition_variable queued_cv_;
   std::deque<Pending> queue_;
   bool stopping_ = false;
-  std::thread::id thread_id_;
+  bool turn_taken_ = false;  // a thread is waiting for the call at the front
+  std::size_t idle_ = 0;     // threads waiting for the queue
+  std::vector<std::thread> threads_;
+  std::vector<std::thread::id> ids_;
 };
 
 class Completer {
  public:
-  Completer();
-  // Finishes every call still queued (each bounded by its own wait), then joins.
-  ~Completer();
+  Completer() : queue_(std::make_shared<CompletionQueue>()) {}
+  // Finishes every call still queued (each bounded by its own wait), then
+  // joins the threads.
+  ~Completer() { queue_->stop_and_join(); }
   Completer(const Completer&) = delete;
   Completer& operator=(const Completer&) = delete;
 
@@ -107,7 +120,6 @@ class Completer {
 
  private:
   std::shared_ptr<CompletionQueue> queue_;
-  std::thread thread_;
 };
 
 class BraidWork : public c10d::Work {

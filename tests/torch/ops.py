@@ -328,6 +328,18 @@ def check_async(c, rank, size):
         result = within(30, rank, f"collective in a future callback x{count}",
                         lambda: dist.all_reduce(a, async_op=True).get_future().then(then).wait())
         c.equal(f"collective in a future callback x{count}", result, want)
+        # The same through the inner call's future (DDP's PowerSGD hook):
+        # Future.wait, not Work.wait, so only another completion thread can
+        # finish it (it hung for good before).
+        b = values(count, rank, torch.float32, salt=1)
+
+        def then_future(fut, b=b):
+            inner = dist.all_reduce(b, async_op=True).get_future().wait()[0]
+            return fut.value()[0] + inner
+        a = values(count, rank, torch.float32)
+        result = within(30, rank, f"collective waited through its future in a callback x{count}",
+                        lambda: dist.all_reduce(a, async_op=True).get_future().then(then_future).wait())
+        c.equal(f"collective waited through its future in a callback x{count}", result, want)
     dist.barrier()
 
 

@@ -1,0 +1,43 @@
+"""A braid group's life around torch's own objects, on 2 ranks:
+- destroy_process_group() while a Python .then() callback of a call is still
+  to run returns (it hung for good: the group joined its completion thread
+  while holding the GIL, which the callback needed to run);
+- a group made by new_group() outlives the default group's destruction (the
+  TCPStore server went with the default group, held by nothing of braid's,
+  and a rank still in new_group's store barrier failed with a broken pipe).
+A hang fails the rank (faulthandler) rather than the test's timeout.
+"""
+import faulthandler
+import os
+
+import torch
+import torch.distributed as dist
+
+import braid_torch  # noqa: F401  registers "braid"
+
+
+def main():
+    faulthandler.dump_traceback_later(60, exit=True)
+    dist.init_process_group("braid")
+    rank, size = dist.get_rank(), dist.get_world_size()
+    group = dist.new_group(backend="braid")
+    t = torch.ones(1 << 16) * (rank + 1)
+    summed = dist.all_reduce(t, async_op=True).get_future().then(lambda fut: fut.value()[0].sum().item())
+    dist.destroy_process_group()  # the default group; `group` is still held
+    failures = []
+    want = float(sum(range(1, size + 1)) * (1 << 16))
+    if summed.wait() != want:
+        failures.append(f"the callback's sum is {summed.wait()}, not {want}")
+    u = torch.ones(3) * (rank + 1)
+    dist.all_reduce(u, group=group)
+    if u.tolist() != [float(sum(range(1, size + 1)))] * 3:
+        failures.append(f"all_reduce on the new group after the default group's end gave {u.tolist()}")
+    for failure in failures:
+        print(f"rank {rank}: FAIL {failure}", flush=True)
+    print(f"rank {rank}: {2 - len(failures)} of 2 checks passed", flush=True)
+    faulthandler.cancel_dump_traceback_later()
+    os._exit(1 if failures else 0)
+
+
+if __name__ == "__main__":
+    main()
