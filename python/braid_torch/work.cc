@@ -45,8 +45,8 @@ void CompletionQueue::stop_and_join() {
     stopping_ = true;
   }
   queued_cv_.notify_all();
-  // No thread starts once stopping_ is set (run()), so the list is final
-  // once every thread that may start one has ended: join until none is new.
+  // A thread may start another until it ends (run()): join until none is
+  // new.
   for (;;) {
     {
       std::lock_guard lock(mutex_);
@@ -70,7 +70,11 @@ void CompletionQueue::run() {
   std::unique_lock lock(mutex_);
   for (;;) {
     ++idle_;
-    queued_cv_.wait(lock, [this] { return (stopping_ && queue_.empty()) || (!queue_.empty() && !turn_taken_); });
+    // While callbacks run they may issue more calls (the group's end waits
+    // for them too): a thread leaves only when none runs.
+    queued_cv_.wait(lock, [this] {
+      return (stopping_ && queue_.empty() && in_callbacks_ == 0) || (!queue_.empty() && !turn_taken_);
+    });
     --idle_;
     if (queue_.empty()) return;  // stopping, and everything issued is finished
     turn_taken_ = true;
@@ -82,11 +86,13 @@ void CompletionQueue::run() {
     turn_taken_ = false;
     // Callbacks may wait for a later call: another thread must be free to
     // take it.
-    if (idle_ == 0 && !stopping_ && threads_.size() < kMaxThreads) start_thread_locked();
+    if (idle_ == 0 && threads_.size() < kMaxThreads) start_thread_locked();
+    ++in_callbacks_;
     lock.unlock();
     queued_cv_.notify_one();
     settle_finished(pending, error);
     lock.lock();
+    if (--in_callbacks_ == 0 && stopping_) queued_cv_.notify_all();
   }
 }
 

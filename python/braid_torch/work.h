@@ -102,6 +102,7 @@ class CompletionQueue {
   bool stopping_ = false;
   bool turn_taken_ = false;  // a thread is waiting for the call at the front
   std::size_t idle_ = 0;     // threads waiting for the queue
+  std::size_t in_callbacks_ = 0;  // threads running a future's callbacks
   std::vector<std::thread> threads_;
   std::vector<std::thread::id> ids_;
 };
