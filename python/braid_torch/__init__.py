@@ -7,6 +7,9 @@ works under torchrun and under braid-launch (any init_method: braid meets
 through the store torch passes to the backend, see rendezvous.h). Every
 process group, new_group ones included, is one braid communicator.
 """
+import atexit
+import datetime
+
 import torch.distributed as dist
 
 from . import _C
@@ -25,3 +28,6 @@ def transport_summary(group=None):
 
 if "BRAID" not in dist.Backend._plugins:
     dist.Backend.register_backend("braid", _create_process_group)
+    # Before the interpreter finalizes: a future callback still running on a
+    # group's completion thread then aborted the process (_C.quiesce says why).
+    atexit.register(_C.quiesce, datetime.timedelta(seconds=10))

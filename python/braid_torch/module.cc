@@ -27,4 +27,6 @@ PYBIND11_MODULE(_C, module) {
         return braid_group->transport_summary();
       },
       py::arg("group"), "The transports braid chose for the group's peers: \"shm\", \"tcp\", \"shm+tcp\".");
+  module.def("quiesce", &braid::torch_backend::quiesce, py::arg("limit"), py::call_guard<py::gil_scoped_release>(),
+             "Waits (up to `limit`) until no group has a call in flight or a future callback running.");
 }

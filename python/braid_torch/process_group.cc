@@ -93,10 +93,10 @@ std::vector<int64_t> element_splits(const at::Tensor& tensor, const std::vector<
 namespace {
 
 std::mutex groups_mutex;
-std::vector<Issuer*> groups;
+std::vector<std::shared_ptr<Issuer>> groups;
 
 void inline_while_alone() {
-  for (Issuer* group : groups) group->set_alone(groups.size() == 1);
+  for (const auto& group : groups) group->set_alone(groups.size() == 1);
 }
 
 }  // namespace
@@ -178,6 +178,11 @@ std::exception_ptr Issuer::issue_unlocked(std::unique_lock<std::mutex>& lock,
   return error;
 }
 
+void Issuer::release_held() {
+  std::lock_guard lock(mutex_);
+  release_locked();
+}
+
 void Issuer::release(const std::shared_ptr<Completion>& completion) {
   std::lock_guard lock(mutex_);
   if (held_ && held_->pending.completion == completion) release_locked();
@@ -226,6 +231,23 @@ void Issuer::stop() {
   if (thread_.joinable()) thread_.join();
 }
 
+void quiesce(std::chrono::milliseconds limit) {
+  std::vector<std::shared_ptr<Issuer>> issuers;
+  std::vector<std::shared_ptr<CompletionQueue>> queues;
+  {
+    std::lock_guard lock(groups_mutex);
+    issuers = groups;
+    for (const auto& group : groups) queues.push_back(group->completer().queue());
+  }
+  // So that the held call's callbacks, too, run before the end (a group
+  // ended meanwhile has none: its Issuer stopped).
+  for (const auto& issuer : issuers) issuer->release_held();
+  const auto deadline = std::chrono::steady_clock::now() + limit;
+  for (const auto& queue : queues)
+    queue->wait_quiet(std::chrono::ceil<std::chrono::milliseconds>(
+        std::max(deadline - std::chrono::steady_clock::now(), std::chrono::steady_clock::duration::zero())));
+}
+
 ProcessGroupBraid::ProcessGroupBraid(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
                                      std::chrono::milliseconds timeout)
     : c10d::ProcessGroup(rank, size), torch_store_(store) {
@@ -236,7 +258,7 @@ ProcessGroupBraid::ProcessGroupBraid(const c10::intrusive_ptr<c10d::Store>& stor
   completer_ = std::make_unique<Completer>();
   issuer_ = std::make_shared<Issuer>(*comm_, *completer_);
   std::lock_guard lock(groups_mutex);
-  groups.push_back(issuer_.get());
+  groups.push_back(issuer_);
   inline_while_alone();
 }
 
@@ -263,7 +285,7 @@ class GilLetGo {
 ProcessGroupBraid::~ProcessGroupBraid() {
   {
     std::lock_guard lock(groups_mutex);
-    groups.erase(std::find(groups.begin(), groups.end(), issuer_.get()));
+    groups.erase(std::find(groups.begin(), groups.end(), issuer_));
     inline_while_alone();
   }
   // Joining the completion threads with the GIL held deadlocked with a

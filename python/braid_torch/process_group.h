@@ -53,6 +53,9 @@ class Issuer final : public CallRelease {
   // Whether this is the process's only group: calls may then run in the
   // caller's thread, and collectives are held.
   void set_alone(bool alone);
+  Completer& completer() { return completer_; }
+  // Issues the held call, if any.
+  void release_held();
   // Issues the call (after the held one); holds it instead when it may be.
   void issue(std::function<comm::Work()> issue, Pending pending, bool holdable);
   void run_here(const std::shared_ptr<Completion>& completion) override;
@@ -166,5 +169,14 @@ class ProcessGroupBraid : public c10d::ProcessGroup {
 
 c10::intrusive_ptr<c10d::ProcessGroup> create_process_group(const c10::intrusive_ptr<c10d::Store>& store, int rank,
                                                             int size, std::chrono::milliseconds timeout);
+
+// At the interpreter's exit (atexit, __init__.py), without the GIL: waits,
+// up to `limit` in all, until no group of the process has a call in flight
+// or a future callback running. A callback that still ran (or let go of its
+// Python objects) as the interpreter finalized took the GIL from a thread
+// CPython then ends with pthread_exit, which aborts the process ("terminate
+// called without an active exception", exit 134 after a job that had
+// finished); gloo's worker threads do the same.
+void quiesce(std::chrono::milliseconds limit);
 
 }  // namespace braid::torch_backend

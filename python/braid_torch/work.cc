@@ -59,6 +59,11 @@ void CompletionQueue::stop_and_join() {
   }
 }
 
+bool CompletionQueue::wait_quiet(std::chrono::milliseconds limit) {
+  std::unique_lock lock(mutex_);
+  return quiet_cv_.wait_for(lock, limit, [this] { return queue_.empty() && !turn_taken_ && in_callbacks_ == 0; });
+}
+
 bool CompletionQueue::on_completion_thread() {
   std::lock_guard lock(mutex_);
   return std::find(ids_.begin(), ids_.end(), std::this_thread::get_id()) != ids_.end();
@@ -92,7 +97,10 @@ void CompletionQueue::run() {
     queued_cv_.notify_one();
     settle_finished(pending, error);
     lock.lock();
-    if (--in_callbacks_ == 0 && stopping_) queued_cv_.notify_all();
+    if (--in_callbacks_ == 0) {
+      if (stopping_) queued_cv_.notify_all();
+      quiet_cv_.notify_all();
+    }
   }
 }
 

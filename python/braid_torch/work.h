@@ -90,6 +90,9 @@ class CompletionQueue {
   void stop_and_join();
   // Whether the caller is one of the completion threads (in a callback).
   bool on_completion_thread();
+  // Waits, up to `limit`, until no call is queued or being finished and no
+  // callback runs; whether it got there.
+  bool wait_quiet(std::chrono::milliseconds limit);
 
  private:
   void run();
@@ -103,6 +106,7 @@ class CompletionQueue {
   bool turn_taken_ = false;  // a thread is waiting for the call at the front
   std::size_t idle_ = 0;     // threads waiting for the queue
   std::size_t in_callbacks_ = 0;  // threads running a future's callbacks
+  std::condition_variable quiet_cv_;  // in_callbacks_ or the queue may have come to rest
   std::vector<std::thread> threads_;
   std::vector<std::thread::id> ids_;
 };
