@@ -25,7 +25,16 @@ CompletionQueue::~CompletionQueue() {
     if (thread.joinable()) thread.detach();  // only if stop_and_join() was skipped by an exception
 }
 
+// Joins and forgets the threads that retired (run()) first, so that the
+// list holds live threads only.
 void CompletionQueue::start_thread_locked() {
+  for (std::thread::id id : retired_) {
+    const auto at = std::find(ids_.begin(), ids_.end(), id) - ids_.begin();
+    threads_[at].join();  // it has left run() and holds nothing
+    threads_.erase(threads_.begin() + at);
+    ids_.erase(ids_.begin() + at);
+  }
+  retired_.clear();
   threads_.emplace_back([this] { run(); });
   ids_.push_back(threads_.back().get_id());
 }
@@ -71,31 +80,41 @@ bool CompletionQueue::on_completion_thread() {
 
 // One thread at a time takes the call at the front and waits for it, so
 // calls finish in issue order; the callbacks run after the turn is let go.
+// Threads past kSpareThreads that wait kSpareIdle for work retire.
 void CompletionQueue::run() {
   std::unique_lock lock(mutex_);
   for (;;) {
     ++idle_;
     // While callbacks run they may issue more calls (the group's end waits
     // for them too): a thread leaves only when none runs.
-    queued_cv_.wait(lock, [this] {
+    const bool woke = queued_cv_.wait_for(lock, kSpareIdle, [this] {
       return (stopping_ && queue_.empty() && in_callbacks_ == 0) || (!queue_.empty() && !turn_taken_);
     });
     --idle_;
+    if (!woke) {
+      if (threads_.size() - retired_.size() <= kSpareThreads || stopping_) continue;
+      retired_.push_back(std::this_thread::get_id());
+      return;
+    }
     if (queue_.empty()) return;  // stopping, and everything issued is finished
     turn_taken_ = true;
-    Pending pending = std::move(queue_.front());
-    queue_.pop_front();
-    lock.unlock();
-    std::exception_ptr error = finish(pending);
-    lock.lock();
-    turn_taken_ = false;
-    // Callbacks may wait for a later call: another thread must be free to
-    // take it.
-    if (idle_ == 0 && threads_.size() < kMaxThreads) start_thread_locked();
-    ++in_callbacks_;
-    lock.unlock();
-    queued_cv_.notify_one();
-    settle_finished(pending, error);
+    {
+      Pending pending = std::move(queue_.front());
+      queue_.pop_front();
+      lock.unlock();
+      std::exception_ptr error = finish(pending);
+      lock.lock();
+      turn_taken_ = false;
+      // Callbacks may wait for a later call: another thread must be free
+      // to take it.
+      if (idle_ == 0 && threads_.size() - retired_.size() < kMaxThreads) start_thread_locked();
+      ++in_callbacks_;
+      lock.unlock();
+      queued_cv_.notify_one();
+      settle_finished(pending, error);
+    }  // the call dies here, without mutex_: the last reference to a tensor
+       // Python made takes the GIL, which a thread holding it may hold while
+       // it waits for mutex_ (Work.get_future() issuing a held call)
     lock.lock();
     if (--in_callbacks_ == 0) {
       if (stopping_) queued_cv_.notify_all();
@@ -199,7 +218,13 @@ bool BraidWork::wait(std::chrono::milliseconds timeout) {
     // finishes the call. Until it has finished, not until its own callbacks
     // have run: they may be this very callback (a wait for its own call).
     std::unique_lock lock(completion_->mutex);
-    completion_->done_cv.wait(lock, [this] { return completion_->finished; });
+    auto finished = [this] { return completion_->finished; };
+    if (timeout == kNoTimeout) {
+      completion_->done_cv.wait(lock, finished);
+    } else if (!completion_->done_cv.wait_for(lock, timeout, finished)) {
+      throw TimeoutError("braid: Work.wait timed out after " + std::to_string(timeout.count()) +
+                         " ms; the operation is still queued");
+    }
     if (completion_->error) std::rethrow_exception(completion_->error);
     return true;
   }

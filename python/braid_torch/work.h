@@ -12,7 +12,11 @@
 // future of an all_reduce it issues), which another completion thread then
 // finishes. A thread is added whenever one starts callbacks with no other
 // waiting for the queue, so one is always free to take the next call (at
-// most kMaxThreads; two in the common case), as gloo's workers are.
+// most kMaxThreads; two in the common case, as gloo's workers; past
+// kSpareThreads a thread that idles kSpareIdle retires). A finished call is
+// let go without the queue's lock: its tensors' last reference may take the
+// GIL, which a thread asking for a Work's future holds while it waits for
+// that lock.
 #pragma once
 
 #include <ATen/ATen.h>
@@ -76,7 +80,10 @@ class CallRelease {
 // The queue of one group's issued calls and the threads that complete them.
 class CompletionQueue {
  public:
-  static constexpr std::size_t kMaxThreads = 32;
+  static constexpr std::size_t kMaxThreads = 8;
+  // Threads kept however long they idle; others retire after kSpareIdle.
+  static constexpr std::size_t kSpareThreads = 2;
+  static constexpr std::chrono::seconds kSpareIdle{2};
 
   CompletionQueue();  // starts the first thread
   // stop_and_join() must have run.
@@ -107,8 +114,9 @@ class CompletionQueue {
   std::size_t idle_ = 0;     // threads waiting for the queue
   std::size_t in_callbacks_ = 0;  // threads running a future's callbacks
   std::condition_variable quiet_cv_;  // in_callbacks_ or the queue may have come to rest
-  std::vector<std::thread> threads_;
-  std::vector<std::thread::id> ids_;
+  std::vector<std::thread> threads_;  // started, retired ones not yet joined included
+  std::vector<std::thread::id> ids_;   // of threads_, in its order
+  std::vector<std::thread::id> retired_;  // left run(); joined by the next start
 };
 
 class Completer {

@@ -340,6 +340,16 @@ def check_async(c, rank, size):
         result = within(30, rank, f"collective waited through its future in a callback x{count}",
                         lambda: dist.all_reduce(a, async_op=True).get_future().then(then_future).wait())
         c.equal(f"collective waited through its future in a callback x{count}", result, want)
+    # Async calls on temporaries, each asked for its future: a completion
+    # thread let go of a finished call's tensors (their last owner, which
+    # takes the GIL) while holding its queue's lock, which get_future(),
+    # holding the GIL, waited for: both hung for good within a few thousand.
+    def temporaries():
+        for _ in range(5000):
+            last = dist.all_reduce(torch.ones(4), async_op=True).get_future()
+        return last.wait()[0]
+    result = within(60, rank, "5000 async calls on temporaries asked for their futures", temporaries)
+    c.equal("5000 async calls on temporaries asked for their futures", result, torch.full((4,), float(size)))
     dist.barrier()
 
 
