@@ -225,15 +225,26 @@ TEST_CASE("launch abuse: the guardian stays out of the job's process group and e
   CHECK(job->err().find("guardian") == std::string::npos);
 }
 
-TEST_CASE("Guardian: stops the groups left to it and no others", "[launcher]") {
-  pid_t group = fork();
-  REQUIRE(group >= 0);
+namespace {
+
+// A child sleeping 60 s in a process group of its own (the id returned);
+// -1 when fork failed.
+pid_t sleeping_group() {
+  const pid_t group = fork();
   if (group == 0) {
     setpgid(0, 0);
     execl("/bin/sleep", "sleep", "60", static_cast<char*>(nullptr));
     _exit(127);
   }
-  setpgid(group, group);
+  if (group > 0) setpgid(group, group);
+  return group;
+}
+
+}  // namespace
+
+TEST_CASE("Guardian: stops the groups left to it and no others", "[launcher]") {
+  const pid_t group = sleeping_group();
+  REQUIRE(group > 0);
   SECTION("a goodbye leaves the groups alone, and the guardian is reaped") {
     pid_t guardian_pid = -1;
     {
@@ -268,14 +279,8 @@ TEST_CASE("Guardian: stops the groups left to it and no others", "[launcher]") {
 // removed what dead ranks left: the guardian now removes the names of the
 // attempt it was told, once it has stopped the groups, and no others.
 TEST_CASE("Guardian: removes the job's shared-memory names once it has stopped the groups", "[launcher]") {
-  pid_t group = fork();
-  REQUIRE(group >= 0);
-  if (group == 0) {
-    setpgid(0, 0);
-    execl("/bin/sleep", "sleep", "60", static_cast<char*>(nullptr));
-    _exit(127);
-  }
-  setpgid(group, group);
+  const pid_t group = sleeping_group();
+  REQUIRE(group > 0);
   const std::string tag = std::to_string(::getpid());
   const std::string ours = "braid-guardian-test-" + tag + "-", theirs = "braid-guardian-other-" + tag + "-";
   std::vector<std::filesystem::path> made;

@@ -8,6 +8,7 @@
 
 #include <cstdlib>
 #include <fstream>
+#include <functional>
 #include <regex>
 #include <thread>
 #include <vector>
@@ -108,15 +109,13 @@ TEST_CASE("a sharded checkpoint missing a shard is refused, naming what is missi
 // own node; a relative --checkpoint-dir from different working directories)
 // used to get a published step that rank 0 could not load: it held rank 0's
 // shard only. Now nothing is published and every rank says why.
-TEST_CASE("a sharded save whose shards land in different directories publishes nothing and fails every rank",
-          "[strategy][checkpoint]") {
+// One zero1 step on 2 ranks, then a save into each rank's checkpoint_dir(rank).
+braid::test::RunResult train_and_save(const std::function<fs::path(int rank)>& checkpoint_dir) {
   const TextCorpus corpus = test::synthetic_corpus();
-  test::TempDir dir;
-  const fs::path root = dir.path();
-  const auto result = braid::test::run_ranks(
+  return braid::test::run_ranks(
       2,
       [&](comm::Communicator& comm) {
-        TrainOptions o = checkpoint_options(root / ("node" + std::to_string(comm.rank())) / "ck");
+        TrainOptions o = checkpoint_options(checkpoint_dir(comm.rank()));
         o.strategy = "zero1";
         Trainer t(o, corpus, &comm);
         t.start();
@@ -124,6 +123,13 @@ TEST_CASE("a sharded save whose shards land in different directories publishes n
         t.save_checkpoint();
       },
       braid::test::run_options(std::chrono::seconds(60), braid::test::test_config(std::chrono::seconds(30))));
+}
+
+TEST_CASE("a sharded save whose shards land in different directories publishes nothing and fails every rank",
+          "[strategy][checkpoint]") {
+  test::TempDir dir;
+  const fs::path root = dir.path();
+  const auto result = train_and_save([&](int rank) { return root / ("node" + std::to_string(rank)) / "ck"; });
   INFO(result.summary());
   REQUIRE(result.ranks.size() == 2);
   for (const auto& r : result.ranks) {
@@ -141,21 +147,10 @@ TEST_CASE("a sharded save whose shards land in different directories publishes n
 // communicator, never saying the save had failed. Every rank now waits for
 // the outcome; here `latest` is a directory rank 0 cannot replace.
 TEST_CASE("a sharded save that rank 0 fails to publish fails every rank", "[strategy][checkpoint]") {
-  const TextCorpus corpus = test::synthetic_corpus();
   test::TempDir dir;
   const fs::path ck = dir.path() / "ck";
   fs::create_directories(ck / "latest");
-  const auto result = braid::test::run_ranks(
-      2,
-      [&](comm::Communicator& comm) {
-        TrainOptions o = checkpoint_options(ck);
-        o.strategy = "zero1";
-        Trainer t(o, corpus, &comm);
-        t.start();
-        t.train_step();
-        t.save_checkpoint();
-      },
-      braid::test::run_options(std::chrono::seconds(60), braid::test::test_config(std::chrono::seconds(30))));
+  const auto result = train_and_save([&](int) { return ck; });
   INFO(result.summary());
   REQUIRE(result.ranks.size() == 2);
   CHECK_FALSE(result.ranks[0].ok());
