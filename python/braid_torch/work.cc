@@ -30,7 +30,8 @@ CompletionQueue::~CompletionQueue() {
 void CompletionQueue::start_thread_locked() {
   for (std::thread::id id : retired_) {
     const auto at = std::find(ids_.begin(), ids_.end(), id) - ids_.begin();
-    threads_[at].join();  // it has left run() and holds nothing
+    // It has left run() and holds nothing; stop_and_join() may have taken it.
+    if (threads_[at].joinable()) threads_[at].join();
     threads_.erase(threads_.begin() + at);
     ids_.erase(ids_.begin() + at);
   }
