@@ -323,6 +323,20 @@ TEST_CASE("nodes started with different --nproc-per-node are told so at once", "
   CHECK(node0_took < std::chrono::seconds(6));
 }
 
+namespace {
+
+// braid-launch's arguments for node `node_rank` of `nnodes`, one rank each,
+// with the store at 127.0.0.1:`port`, running `program`.
+std::vector<std::string> one_rank_node(int nnodes, const char* node_rank, int port,
+                                       const std::vector<std::string>& program) {
+  std::vector<std::string> args{"-n", "1", "--nnodes", std::to_string(nnodes), "--node-rank", node_rank,
+                                "--master-addr", "127.0.0.1", "--master-port", std::to_string(port), "--"};
+  args.insert(args.end(), program.begin(), program.end());
+  return args;
+}
+
+}  // namespace
+
 // A rank that fails before it joins (a bad flag, an address it cannot
 // bind) left the other nodes' ranks waiting for it until BRAID_TIMEOUT; its
 // launcher now says so through the store and they fail at once with that.
@@ -332,11 +346,8 @@ TEST_CASE("a rank of one node that fails before joining fails the other nodes at
   const char* bench = std::getenv("BRAID_BENCH");
   REQUIRE(bench != nullptr);
   const EnvChanges env{{"BRAID_JOB_TOKEN", "early-exit"}, {"BRAID_TIMEOUT", "20"}};
-  auto node = [&](const char* node_rank, std::vector<std::string> program) {
-    std::vector<std::string> args{"-n", "1", "--nnodes", "3", "--node-rank", node_rank, "--master-addr",
-                                  "127.0.0.1", "--master-port", "29535", "--"};
-    args.insert(args.end(), program.begin(), program.end());
-    return args;
+  auto node = [](const char* node_rank, const std::vector<std::string>& program) {
+    return one_rank_node(3, node_rank, 29535, program);
   };
   const std::vector<std::string> joins{bench, "-b", "8", "-e", "8", "-n", "1", "-w", "0"};
   JobDir dir0, dir1, dir2;
@@ -363,11 +374,8 @@ TEST_CASE("a node that cannot execute its program fails the other nodes at once"
   const char* bench = std::getenv("BRAID_BENCH");
   REQUIRE(bench != nullptr);
   const EnvChanges env{{"BRAID_JOB_TOKEN", "missing-program"}, {"BRAID_TIMEOUT", "20"}};
-  auto node = [&](const char* node_rank, std::vector<std::string> program) {
-    std::vector<std::string> args{"-n", "1", "--nnodes", "2", "--node-rank", node_rank, "--master-addr",
-                                  "127.0.0.1", "--master-port", "29541", "--"};
-    args.insert(args.end(), program.begin(), program.end());
-    return args;
+  auto node = [](const char* node_rank, const std::vector<std::string>& program) {
+    return one_rank_node(2, node_rank, 29541, program);
   };
   JobDir dir0, dir1;
   const auto started = std::chrono::steady_clock::now();
