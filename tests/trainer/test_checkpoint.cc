@@ -305,6 +305,38 @@ TEST_CASE("a step saved again is replaced whole, and a failed save leaves it as 
   CHECK(names_in(dir.path()) == std::vector<std::string>{"latest", "step_00000004"});
 }
 
+// A run holds its checkpoint directory (DirectoryLock); one renamed away
+// and replaced by another run's between the run's check of its hold and a
+// save had the save publish by name: its step, `latest` and the pruning in
+// the other run's directory.
+TEST_CASE("a save publishes only into the directory the run holds", "[checkpoint]") {
+  test::TempDir dir;
+  const fs::path ckpt = dir / "ckpt", mine = dir / "mine", theirs = dir / "theirs";
+  const Saved a(1), b(2);
+  auto lock = DirectoryLock::take(ckpt, "this run");
+  REQUIRE(lock != nullptr);
+  a.save(ckpt, 1);
+  b.save(theirs, 4);
+  b.save(theirs, 5);
+  fs::rename(ckpt, mine);
+  fs::rename(theirs, ckpt);
+  CHECK_THROWS_WITH(a.save(ckpt, 6, {}), Catch::Contains("the checkpoint of step 6 is not published: " +
+                                                           ckpt.string() + " is no longer the directory this run "
+                                                           "holds"));
+  CHECK(names_in(ckpt) == std::vector<std::string>{"latest", "step_00000004", "step_00000005"});
+  CHECK(read_bytes(ckpt / "latest") == "step_00000005\n");
+  CHECK(names_in(mine) == std::vector<std::string>{".braid-train.lock", "latest", "step_00000001"});
+  // Its name back: saves go on there.
+  fs::rename(ckpt, theirs);
+  fs::rename(mine, ckpt);
+  a.save(ckpt, 6);
+  CHECK(read_bytes(ckpt / "latest") == "step_00000006\n");
+  lock.reset();
+  // Not held: by name, as before.
+  a.save(theirs, 7);
+  CHECK(read_bytes(theirs / "latest") == "step_00000007\n");
+}
+
 // Pruning keeps the step just written whatever else the directory holds:
 // steps after it (another run's, this one went back) stay, the older ones
 // beyond `keep` go, in the order of their numbers, not of their names.

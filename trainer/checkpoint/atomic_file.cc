@@ -10,6 +10,7 @@
 #include <cerrno>
 #include <cstdio>
 #include <fstream>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -168,18 +169,52 @@ void sync_directory(const fs::path& dir) {
   if (rc != 0) throw SystemError(errno_message("fsync of directory " + dir.string(), err));
 }
 
+namespace {
+
+// The locks this process holds (DirectoryLock::held).
+std::mutex held_mutex;
+std::vector<const DirectoryLock*> held_locks;
+
+// "ckpt/" and "ckpt" name one directory.
+std::string directory_key(const fs::path& dir) {
+  std::string key = dir.lexically_normal().string();
+  while (key.size() > 1 && key.back() == '/') key.pop_back();
+  return key;
+}
+
+}  // namespace
+
+DirectoryLock::DirectoryLock(int fd, int dir_fd, fs::path dir, std::string holder)
+    : fd_(fd), dir_fd_(dir_fd), dir_(std::move(dir)), holder_(std::move(holder)) {
+  std::lock_guard<std::mutex> lock(held_mutex);
+  held_locks.push_back(this);
+}
+
+fs::path DirectoryLock::held(const fs::path& dir) {
+  const std::string key = directory_key(dir);
+  std::lock_guard<std::mutex> lock(held_mutex);
+  for (const DirectoryLock* l : held_locks)
+    if (l->dir_fd_ >= 0 && directory_key(l->dir_) == key) return "/proc/self/fd/" + std::to_string(l->dir_fd_);
+  return {};
+}
+
 std::unique_ptr<DirectoryLock> DirectoryLock::take(const fs::path& dir, const std::string& holder) {
   std::error_code ec;
   fs::create_directories(dir, ec);
   const fs::path path = dir / ".braid-train.lock";
-  const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0666);
+  // The lock file is opened in the directory held, so that the two are one
+  // directory whatever renames it meanwhile.
+  const int dir_fd = ::open(dir.c_str(), O_PATH | O_DIRECTORY | O_CLOEXEC);
+  const int fd = dir_fd < 0 ? -1 : ::openat(dir_fd, ".braid-train.lock", O_RDWR | O_CREAT | O_CLOEXEC, 0666);
   if (fd < 0) {
     spdlog::warn("cannot create {} ({}): another run writing checkpoints into {} at the same time goes unnoticed",
                  path.string(), std::strerror(errno), dir.string());
+    if (dir_fd >= 0) ::close(dir_fd);
     return nullptr;
   }
   if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
     const int err = errno;
+    ::close(dir_fd);
     if (err == EWOULDBLOCK) {
       char text[512] = {};
       const ssize_t got = ::pread(fd, text, sizeof text - 1, 0);
@@ -204,11 +239,16 @@ std::unique_ptr<DirectoryLock> DirectoryLock::take(const fs::path& dir, const st
   if (::ftruncate(fd, 0) != 0 || ::pwrite(fd, text.data(), text.size(), 0) != static_cast<ssize_t>(text.size()) ||
       ::fsync(fd) != 0)
     spdlog::debug("cannot record the holder in {}: {}", path.string(), std::strerror(errno));
-  return std::unique_ptr<DirectoryLock>(new DirectoryLock(fd, dir, holder));
+  return std::unique_ptr<DirectoryLock>(new DirectoryLock(fd, dir_fd, dir, holder));
 }
 
 DirectoryLock::~DirectoryLock() {
+  {
+    std::lock_guard<std::mutex> lock(held_mutex);
+    std::erase(held_locks, this);
+  }
   if (fd_ >= 0) ::close(fd_);
+  if (dir_fd_ >= 0) ::close(dir_fd_);
 }
 
 void DirectoryLock::reclaim() {
@@ -222,9 +262,14 @@ void DirectoryLock::reclaim() {
   spdlog::warn("--checkpoint-dir {} lost this run's hold: the directory or its lock file was removed (steps saved "
                "there before may be gone with it); {}",
                dir_.string(), again ? "holding it again" : "it goes on unguarded (see above)");
+  std::lock_guard<std::mutex> lock(held_mutex);
   ::close(fd_);
-  fd_ = -1;
-  if (again) std::swap(fd_, again->fd_);
+  ::close(dir_fd_);
+  fd_ = dir_fd_ = -1;
+  if (again) {
+    std::swap(fd_, again->fd_);
+    std::swap(dir_fd_, again->dir_fd_);
+  }
 }
 
 }  // namespace braid::trainer

@@ -90,10 +90,18 @@ class DirectoryLock {
   std::string text() const { return holder_ + "\n"; }
   static std::filesystem::path path_in(const std::filesystem::path& dir) { return dir / ".braid-train.lock"; }
 
+  // The directory this process holds as `dir`, reached through the hold
+  // itself (/proc/self/fd/N) rather than the name: a step is published
+  // there (layout::publish_step) even where `dir` was renamed away or
+  // replaced meanwhile, where publishing by name put this run's `latest`
+  // into the other run's directory and pruned that run's steps. Empty where
+  // this process holds no lock taken as `dir`.
+  static std::filesystem::path held(const std::filesystem::path& dir);
+
  private:
-  DirectoryLock(int fd, std::filesystem::path dir, std::string holder)
-      : fd_(fd), dir_(std::move(dir)), holder_(std::move(holder)) {}
+  DirectoryLock(int fd, int dir_fd, std::filesystem::path dir, std::string holder);
   int fd_;
+  int dir_fd_;  // O_PATH of the directory the lock file is in
   std::filesystem::path dir_;
   std::string holder_;
 };
