@@ -113,17 +113,24 @@ std::string summarize(const std::vector<std::uint16_t>& ports, const std::vector
 struct Reply {
   Status status;
   Bytes body;
+  bool answered = true;  // false: a slice of a wait the store did not answer in time (Store::Impl::call)
 };
 
 // One exchange with the server: its deadline, and what it was doing, for
-// the error message if it fails ("while setting key 'x'").
+// the error message if it fails ("while setting key 'x'"). `slice`: one
+// slice of a get or wait.
 struct Exchange {
-  Exchange(milliseconds bound, std::string doing)
-      : timeout(bound), deadline(Clock::now() + bound), what(std::move(doing)) {}
+  Exchange(milliseconds bound, std::string doing, bool slice = false)
+      : timeout(bound), deadline(Clock::now() + bound), what(std::move(doing)), slice(slice) {}
   milliseconds timeout;
   Clock::time_point deadline;
   std::string what;
+  bool slice;
 };
+
+// Thrown by Store::Impl::fail for a slice the store did not answer in
+// time; Store::Impl::call turns it into an unanswered Reply.
+struct LateAnswer {};
 
 std::uint32_t wire_ms(milliseconds timeout) {
   return static_cast<std::uint32_t>(std::clamp<std::int64_t>(timeout.count(), 0, UINT32_MAX));
@@ -214,8 +221,17 @@ struct Store::Impl {
   Reply call(Command command, const Bytes& body, const std::string& what,
              std::optional<milliseconds> wait = std::nullopt, std::optional<Clock::time_point> bound = std::nullopt);
   void set_request_timeout(milliseconds timeout);
+  // A get or wait of `timeout` whose last slice the store did not answer.
+  TimeoutError unanswered(milliseconds timeout, const std::string& what) const {
+    return TimeoutError("store at " + where() + " did not answer within " + ms_text(timeout) + " " + what +
+                        " (its last request went unanswered; the process serving it may be stopped, or starved "
+                        "of CPU)");
+  }
   milliseconds request_timeout() const { return request_timeout_.load(std::memory_order_relaxed); }
   std::string where() const { return host_ + ":" + std::to_string(port_); }
+  // The connection a late answer closed (fail), opened again within the
+  // exchange's time; false where the store did not answer that in time.
+  bool reopen(const Exchange& exchange);
   // Whether a thread other than this one made a request in the last
   // kLongestWaitSlice (next_slice).
   bool shared_lately() const {
@@ -249,6 +265,12 @@ struct Store::Impl {
   asio::io_context io_{1};
   tcp::socket socket_{io_};
   std::string broken_;  // why the connection is unusable; empty while it is fine
+  // A slice of a wait went unanswered past its margin (the store's thread
+  // starved of CPU for a second, say): the connection was closed, since its
+  // answer may still come, and the next request opens another (reopen).
+  // Breaking it for good turned a stall of a second into the failure of a
+  // wait that had minutes left.
+  bool reopen_ = false;
   // The thread of the latest request, and when a thread other than the one
   // before it last made one (shared_lately).
   std::atomic<std::thread::id> last_caller_{};
@@ -441,12 +463,18 @@ Reply Store::Impl::call(Command command, const Bytes& body, const std::string& w
     if (left <= milliseconds(0)) throw gave_up();
     timeout = std::min(timeout, left);
   }
-  Exchange exchange(timeout, what);
-  write_all(frame(std::uint8_t(command), body), exchange);
-  Bytes header = read_exact(kFrameHeaderBytes, exchange);
-  std::uint32_t body_bytes = load_u32(header.data());
-  if (body_bytes > kMaxRequestBytes + kMaxMessageBytes) fail_with("it sent a malformed response", exchange);
-  Reply reply{Status(header[4]), read_exact(body_bytes, exchange)};
+  Exchange exchange(timeout, what, wait.has_value());
+  Reply reply{Status::timeout, {}};
+  try {
+    if (reopen_ && !reopen(exchange)) fail(asio::error::timed_out, exchange);  // LateAnswer for a slice
+    write_all(frame(std::uint8_t(command), body), exchange);
+    Bytes header = read_exact(kFrameHeaderBytes, exchange);
+    std::uint32_t body_bytes = load_u32(header.data());
+    if (body_bytes > kMaxRequestBytes + kMaxMessageBytes) fail_with("it sent a malformed response", exchange);
+    reply = Reply{Status(header[4]), read_exact(body_bytes, exchange)};
+  } catch (const LateAnswer&) {
+    return {Status::timeout, {}, false};
+  }
   std::string text(reply.body.begin(), reply.body.end());
   switch (reply.status) {
     case Status::ok:
@@ -455,7 +483,7 @@ Reply Store::Impl::call(Command command, const Bytes& body, const std::string& w
     case Status::bad_value: throw InvalidUsage(text + " (store at " + where() + ", " + exchange.what + ")");
     case Status::bad_request: fail_with("it rejected a request: " + text, exchange);
   }
-  fail_with("it answered with unknown status " + std::to_string(header[4]), exchange);
+  fail_with("it answered with unknown status " + std::to_string(static_cast<int>(reply.status)), exchange);
 }
 
 void Store::Impl::set_request_timeout(milliseconds timeout) {
@@ -476,9 +504,36 @@ Bytes Store::Impl::read_exact(std::size_t bytes, const Exchange& exchange) {
   return out;
 }
 
+bool Store::Impl::reopen(const Exchange& exchange) {
+  for (error_code last; Clock::now() < exchange.deadline;) {
+    if (!try_connect(exchange.deadline, last)) {
+      if (last == asio::error::connection_refused) fail(asio::error::connection_reset, exchange);  // none listens
+      std::this_thread::sleep_until(std::min(Clock::now() + kConnectRetry, exchange.deadline));
+      continue;
+    }
+    error_code ignored;
+    socket_.set_option(tcp::no_delay(true), ignored);
+    const ProbeResult hello = greet(exchange.deadline);
+    switch (hello.kind) {
+      case Probe::accepted: reopen_ = false; return true;
+      case Probe::hung_up: continue;  // a flooded store dropped it before the handshake (store_server.h)
+      case Probe::no_answer: return false;
+      case Probe::wrong_token:
+      case Probe::refused: throw RemoteError(hello.detail + " (store at " + where() + ")");
+      case Probe::not_a_store: fail_with(hello.detail, exchange);
+      default: fail(hello.ec, exchange);
+    }
+  }
+  return false;
+}
+
 void Store::Impl::fail(const error_code& ec, const Exchange& exchange) {
   error_code ignored;
   socket_.close(ignored);
+  if (ec == asio::error::timed_out && exchange.slice) {
+    reopen_ = true;
+    throw LateAnswer{};
+  }
   if (ec == asio::error::timed_out) {
     broken_ = "it did not answer in time";
     throw TimeoutError("store at " + where() + " did not answer within " + ms_text(exchange.timeout) + " " +
@@ -558,6 +613,7 @@ Bytes Store::get(const std::string& key, milliseconds timeout) {
     put_key(body, key);
     Reply reply = impl_->call(Command::get, body, "while waiting for key '" + key + "'", slice);
     if (reply.status == Status::ok) return std::move(reply.body);
+    if (Clock::now() >= deadline && !reply.answered) throw impl_->unanswered(timeout, "while waiting for key '" + key + "'");
     if (Clock::now() >= deadline)
       throw TimeoutError("key '" + key + "' did not appear in the store at " + impl_->where() + " within " +
                          ms_text(timeout) + "; the rank that sets it may have failed or not reached that point");
@@ -595,6 +651,7 @@ void Store::wait(const std::vector<std::string>& keys, milliseconds timeout) {
     if (reply.status == Status::ok) return;
     if (Clock::now() >= deadline) break;
   }
+  if (!reply.answered) throw impl_->unanswered(timeout, "while waiting for keys " + join_keys(keys));
   WireReader in(reply.body);
   throw TimeoutError("keys " + join_keys(in.keys()) + " did not appear in the store at " + impl_->where() +
                      " within " + ms_text(timeout) + " (waited for " + join_keys(keys) +

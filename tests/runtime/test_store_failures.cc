@@ -3,7 +3,11 @@
 // a silent server, and a server destroyed under parked waiters. Time bounds
 // are generous: they catch hangs, not slowness.
 #include <catch2/catch.hpp>
+#include <poll.h>
+#include <signal.h>
 #include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <atomic>
 
@@ -292,4 +296,80 @@ TEST_CASE("store failures: a bounded request gives up behind another thread's an
   CHECK(store->try_get("late", soon) == Bytes{'h', 'e', 'r', 'e'});
   store->set("bounded", std::string("yes"), soon);
   CHECK(store->get_string("bounded", 1s) == "yes");
+}
+
+namespace {
+
+// A store served by a child process, which the test can stop (SIGSTOP) as
+// a starved or frozen rank 0 would be; killed when the test ends.
+class StoreInChild {
+ public:
+  StoreInChild() {
+    int fds[2];
+    REQUIRE(::pipe(fds) == 0);
+    pid_ = ::fork();  // before any thread of this process's own server
+    REQUIRE(pid_ >= 0);
+    if (pid_ == 0) {
+      ::close(fds[0]);
+      try {
+        StoreServer server("127.0.0.1", 0, kToken);
+        const std::uint16_t port = server.port();
+        if (::write(fds[1], &port, sizeof port) == sizeof port) std::this_thread::sleep_for(60s);
+      } catch (...) {
+      }
+      ::_exit(0);
+    }
+    ::close(fds[1]);
+    pollfd readable{fds[0], POLLIN, 0};
+    const bool got = ::poll(&readable, 1, 10'000) == 1 && ::read(fds[0], &port_, sizeof port_) == sizeof port_;
+    ::close(fds[0]);
+    REQUIRE(got);
+  }
+  ~StoreInChild() {
+    ::kill(pid_, SIGKILL);
+    ::waitpid(pid_, nullptr, 0);
+  }
+  std::uint16_t port() const { return port_; }
+  void signal(int sig) const { ::kill(pid_, sig); }
+
+ private:
+  pid_t pid_ = -1;
+  std::uint16_t port_ = 0;
+};
+
+}  // namespace
+
+// A get asks in slices, each answer due a second after its slice: one the
+// store answered later (its thread starved of CPU, under load) broke the
+// connection for good, and the caller's wait, minutes from its end, failed
+// as "unusable after an earlier failure" (seen in the torch tests).
+TEST_CASE("store failures: a get whose slice the store answers late goes on and gets the key", "[store][failure]") {
+  StoreInChild child;
+  auto store = connect_store(child.port());
+  std::string got;
+  TestThread waiter([&] { got = store->get_string("late", 20s); });
+  std::this_thread::sleep_for(300ms);
+  child.signal(SIGSTOP);
+  std::this_thread::sleep_for(3500ms);  // past any slice (2 s at most) and its margin
+  child.signal(SIGCONT);
+  connect_store(child.port())->set("late", std::string("here"));
+  waiter.join();
+  CHECK(got == "here");
+  // The connection serves on.
+  store->set("after", std::string("yes"));
+  CHECK(store->get_string("after", 1s) == "yes");
+}
+
+// Where the store answers nothing for the whole wait, the wait ends at its
+// own time and says the store did not answer (not that the key is missing).
+TEST_CASE("store failures: a get the store never answers ends at its timeout, saying so", "[store][failure]") {
+  StoreInChild child;
+  auto store = connect_store(child.port());
+  child.signal(SIGSTOP);
+  const auto start = std::chrono::steady_clock::now();
+  CHECK_THROWS_WITH(store->get("never", 2s), Contains("did not answer within 2000 ms while waiting for key 'never'") &&
+                                                 Contains("stopped, or starved of CPU"));
+  CHECK(seconds_since(start) >= 1.9);
+  CHECK(seconds_since(start) < 4.5);
+  child.signal(SIGCONT);
 }
