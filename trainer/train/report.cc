@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <ctime>
@@ -241,8 +242,13 @@ std::string format_summary(const TrainSummary& s, const TrainOptions& o) {
                             static_cast<long long>(s.tokens), s.train_seconds);
   text += format("train loss %.4f, val loss %.4f\n", s.train_loss, s.val_loss);
   if (s.steps_run > 0) {
-    text += format("throughput %.0f tokens/s, %.2f GFLOP/s = %.1f%% MFU (peak %.2f GFLOP/s: %s)\n", s.tokens_per_s,
-                   s.gflops, 100.0 * s.mfu, s.peak_gflops, s.peak_source.c_str());
+    // Two significant digits at least: a small model on a many-core peak
+    // printed 0.0% MFU for a rate above zero.
+    const double percent = 100.0 * s.mfu;
+    int decimals = 1;
+    while (decimals < 6 && percent > 0 && percent < std::pow(10.0, 1 - decimals)) ++decimals;
+    text += format("throughput %.0f tokens/s, %.2f GFLOP/s = %.*f%% MFU (peak %.2f GFLOP/s: %s)\n", s.tokens_per_s,
+                   s.gflops, decimals, percent, s.peak_gflops, s.peak_source.c_str());
     text += format("  FLOPs per token = 6 N + 12 n_layer n_embd T = %.4g\n", s.flops_per_token);
   }
   if (s.mesh) text += format_mesh(*s.mesh);
