@@ -35,6 +35,8 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
+#include <optional>
+#include <string>
 
 #include "comm/resources.h"
 #include "comm/transport/shm/link.h"
@@ -130,8 +132,13 @@ using Links = std::vector<std::unique_ptr<ShmTransport::Link>>;
 // SIGKILL, the OOM killer) left its peers waiting for the group's ready
 // flag until BRAID_TIMEOUT, and then naming only the key.
 // Past the timeout it says what it waited for, and for how long in all.
-void wait_watching(runtime::Store& store, const std::string& key, const ShmOptions& o, const Links& links,
-                   const std::string& what) {
+// A peer that exited after publishing its failure (it saw another die, and
+// said so) is not the one to name: with rank 2 killed, rank 0 reported it
+// and exited, and rank 1, looking at its peers in order, named rank 0.
+// The first peer that exited without a word is named; where every one left
+// its failure, the first of those is passed on.
+void wait_watching(runtime::Store& store, const std::string& key_prefix, const std::string& key,
+                   const ShmOptions& o, const Links& links, const std::string& what) {
   constexpr std::chrono::milliseconds kSlice{250};
   const auto deadline = std::chrono::steady_clock::now() + o.timeout;
   for (;;) {
@@ -144,15 +151,22 @@ void wait_watching(runtime::Store& store, const std::string& key, const ShmOptio
                            " ms (BRAID_TIMEOUT) for " + what + " (key '" + key + "' in the store): a rank may have "
                            "failed, not started, or be stopped");
     }
+    std::optional<std::string> relayed;  // the first failure an exited peer published
     for (const auto& link : links) {
       pollfd exited{link->pidfd, POLLIN, 0};
       if (link->pidfd < 0 || ::poll(&exited, 1, 0) <= 0) continue;
       if (store.try_get(key)) return;  // it finished set-up (and its work) in the meantime
+      const std::optional<runtime::Bytes> said = store.try_get(key_prefix + "/shm/" + std::to_string(link->peer));
+      if (said && !said->empty() && said->front() == kFailedMark) {
+        if (!relayed) relayed.emplace(said->begin(), said->end());
+        continue;
+      }
       throw RemoteError(rank_text(o.rank) + " was setting up shared memory with its local peer " +
                             rank_text(link->peer) + " (pid " + std::to_string(link->mapping.header()->owner_pid) +
                             "), which exited or was killed before every local rank had mapped its peers",
                         link->peer);
     }
+    if (relayed) check_not_failed(*relayed, o);
   }
 }
 
@@ -162,7 +176,7 @@ std::unique_ptr<ShmTransport::Link> map_peer(runtime::Store& store, const std::s
   auto link = std::make_unique<ShmTransport::Link>();
   link->peer = peer;
   const std::string key = key_prefix + "/shm/" + std::to_string(peer);
-  wait_watching(store, key, o, mapped, rank_text(peer) + " to publish its shared-memory segment");
+  wait_watching(store, key_prefix, key, o, mapped, rank_text(peer) + " to publish its shared-memory segment");
   std::string name = store.get_string(key, o.timeout);
   check_not_failed(name, o);
   link->mapping = Mapping::open(name, bytes);
@@ -224,7 +238,7 @@ std::unique_ptr<ShmTransport> connect_segments(runtime::Store& store, const std:
           map_peer(store, key_prefix, o, mine, peer, segment_bytes(channels, capacity, slot_area(o)), links));
   if (store.add(group + "/mapped", 1) == static_cast<std::int64_t>(o.local_ranks.size()))
     store.set(group + "/ready", "1");
-  wait_watching(store, group + "/ready", o, links,
+  wait_watching(store, key_prefix, group + "/ready", o, links,
                 "every local rank to map the others' shared-memory segments (" +
                     std::to_string(o.local_ranks.size()) + " local ranks)");
   check_not_failed(store.get_string(group + "/ready", o.timeout), o);
