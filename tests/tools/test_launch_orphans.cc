@@ -104,16 +104,22 @@ std::optional<ProcStat> proc_stat(pid_t pid) {
 }
 
 // The launcher's guardian: its child named braid-guardian.
+// Looks for up to 5 s: the guardian takes its name after the fork, and the
+// launcher does not wait for that (under load a single look missed it).
 std::optional<pid_t> find_guardian(pid_t launcher) {
-  std::unique_ptr<DIR, int (*)(DIR*)> proc(opendir("/proc"), closedir);
-  if (!proc) return std::nullopt;
-  while (dirent* entry = readdir(proc.get())) {
-    char* end = nullptr;
-    long pid = std::strtol(entry->d_name, &end, 10);
-    if (*end != '\0' || pid <= 0) continue;
-    auto stat = proc_stat(static_cast<pid_t>(pid));
-    if (stat && stat->ppid == launcher && stat->comm == "braid-guardian") return static_cast<pid_t>(pid);
-  }
+  const auto give_up = std::chrono::steady_clock::now() + 5s;
+  do {
+    std::unique_ptr<DIR, int (*)(DIR*)> proc(opendir("/proc"), closedir);
+    if (!proc) return std::nullopt;
+    while (dirent* entry = readdir(proc.get())) {
+      char* end = nullptr;
+      long pid = std::strtol(entry->d_name, &end, 10);
+      if (*end != '\0' || pid <= 0) continue;
+      auto stat = proc_stat(static_cast<pid_t>(pid));
+      if (stat && stat->ppid == launcher && stat->comm == "braid-guardian") return static_cast<pid_t>(pid);
+    }
+    std::this_thread::sleep_for(20ms);
+  } while (std::chrono::steady_clock::now() < give_up);
   return std::nullopt;
 }
 
