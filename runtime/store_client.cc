@@ -613,7 +613,8 @@ Bytes Store::get(const std::string& key, milliseconds timeout) {
     put_key(body, key);
     Reply reply = impl_->call(Command::get, body, "while waiting for key '" + key + "'", slice);
     if (reply.status == Status::ok) return std::move(reply.body);
-    if (Clock::now() >= deadline && !reply.answered) throw impl_->unanswered(timeout, "while waiting for key '" + key + "'");
+    if (Clock::now() >= deadline && !reply.answered)
+      throw impl_->unanswered(timeout, "while waiting for key '" + key + "'");
     if (Clock::now() >= deadline)
       throw TimeoutError("key '" + key + "' did not appear in the store at " + impl_->where() + " within " +
                          ms_text(timeout) + "; the rank that sets it may have failed or not reached that point");
