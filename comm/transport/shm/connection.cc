@@ -25,6 +25,7 @@
 // owner's shared slots (memory.h).
 #include <spdlog/spdlog.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -72,6 +73,13 @@ std::string segment_name(const ShmOptions& o, int rank) {
 }
 
 constexpr char kFailedMark = '!';
+
+// This process's PID namespace (SegmentHeader::owner_pid_ns); 0 where
+// /proc does not say.
+std::uint64_t pid_namespace() {
+  struct stat ns {};
+  return ::stat("/proc/self/ns/pid", &ns) == 0 ? static_cast<std::uint64_t>(ns.st_ino) : 0;
+}
 
 // A peer's failure, relayed: this rank reports it but does not publish it
 // again as its own.
@@ -179,7 +187,17 @@ std::unique_ptr<ShmTransport::Link> map_peer(runtime::Store& store, const std::s
   wait_watching(store, key_prefix, key, o, mapped, rank_text(peer) + " to publish its shared-memory segment");
   std::string name = store.get_string(key, o.timeout);
   check_not_failed(name, o);
-  link->mapping = Mapping::open(name, bytes);
+  // A peer that failed meanwhile took its segment away with it: its
+  // failure says more than the missing file.
+  auto passed_on = [&] {
+    if (const std::optional<runtime::Bytes> now = store.try_get(key)) check_not_failed({now->begin(), now->end()}, o);
+  };
+  try {
+    link->mapping = Mapping::open(name, bytes);
+  } catch (const Error&) {
+    passed_on();
+    throw;
+  }
   SegmentHeader* h = link->mapping.header();
   if (h->magic != kSegmentMagic || h->owner_rank != static_cast<std::uint32_t>(peer))
     throw RemoteError("shared memory " + name + " of rank " + std::to_string(peer) + " is not a braid segment", peer);
@@ -189,13 +207,27 @@ std::unique_ptr<ShmTransport::Link> map_peer(runtime::Store& store, const std::s
   link->out_ring = link->mapping.ring(out_index);
   link->in = mine.channel(in_index);
   link->in_ring = mine.ring(in_index);
-  link->pidfd = static_cast<int>(syscall(SYS_pidfd_open, static_cast<pid_t>(h->owner_pid), 0));
+  // A peer in another PID namespace (a container sharing /dev/shm) is not
+  // watched: its pid names another process here, or none.
+  const std::uint64_t here = pid_namespace();
+  const bool same_namespace = h->owner_pid_ns != 0 && h->owner_pid_ns == here;
+  if (h->owner_pid_ns == 0 || here == 0 || same_namespace)
+    link->pidfd = static_cast<int>(syscall(SYS_pidfd_open, static_cast<pid_t>(h->owner_pid), 0));
+  const int err = link->pidfd < 0 ? errno : 0;
   // Without a pidfd (an old kernel) a dead peer is still noticed by its
   // closed flag or the timeout; without descriptors nothing more will work.
-  if (link->pidfd < 0 && (errno == EMFILE || errno == ENFILE)) {
-    int err = errno;
+  if (err == EMFILE || err == ENFILE) {
     std::string what = rank_text(o.rank) + " opening a pidfd on its local peer " + rank_text(peer);
     throw SystemError(errno_message(what, err) + fd_limit_hint(err));
+  }
+  // Gone before this rank mapped it (killed after publishing its segment):
+  // nothing would have noticed before BRAID_TIMEOUT. Unless it said why.
+  if (err == ESRCH && same_namespace) {
+    passed_on();
+    throw RemoteError(rank_text(o.rank) + " was setting up shared memory with its local peer " + rank_text(peer) +
+                          " (pid " + std::to_string(h->owner_pid) +
+                          "), which exited or was killed before this rank had mapped its segment",
+                      peer);
   }
   return link;
 }
@@ -217,6 +249,7 @@ Mapping create_segment(const ShmOptions& o, const std::string& name, std::size_t
   h->channels = static_cast<std::uint32_t>(channels);
   h->capacity = capacity;
   h->owner_pid = getpid();
+  h->owner_pid_ns = pid_namespace();
   h->slot_area = slot_area(o);
   h->magic = kSegmentMagic;
   return mine;

@@ -45,7 +45,7 @@
 
 namespace braid::comm::shm {
 
-inline constexpr std::uint64_t kSegmentMagic = 0x324d485344524242ull;  // "BBRDSHM2"
+inline constexpr std::uint64_t kSegmentMagic = 0x334d485344524242ull;  // "BBRDSHM3"
 inline constexpr std::size_t kSlotBytes = 64;
 inline constexpr std::uint32_t kWrapMagic = 0x50415257;  // "WRAP"
 
@@ -55,6 +55,9 @@ struct alignas(64) SegmentHeader {
   std::uint32_t channels;
   std::uint64_t capacity;
   std::int64_t owner_pid;
+  // The owner's PID namespace (the inode of /proc/self/ns/pid; 0: unknown):
+  // owner_pid names the owner only for a peer in the same one.
+  std::uint64_t owner_pid_ns;
   std::uint64_t slot_area;  // bytes of shared slots after this header (0: none)
   // The owner closed or failed; peers stop waiting on it. In the line that
   // is written rarely, as every publish of a shared slot looks at the words

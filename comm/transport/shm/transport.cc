@@ -217,7 +217,8 @@ std::span<std::byte> ShmTransport::map_region(int peer, const RegionRef& ref) {
   Link& l = link(peer);
   if (l.pidfd < 0)
     throw SystemError("rank " + std::to_string(rank_) + " holds no pidfd on rank " + std::to_string(peer) +
-                      " (a kernel before 5.3?), so it cannot open that rank's registered memory");
+                      " (a kernel before 5.3, or that rank is in another PID namespace), so it cannot open that rank's "
+                      "registered memory");
   return l.regions.map(l.pidfd, peer, ref);
 }
 
