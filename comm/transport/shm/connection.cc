@@ -211,9 +211,11 @@ std::unique_ptr<ShmTransport::Link> map_peer(runtime::Store& store, const std::s
   // watched: its pid names another process here, or none.
   const std::uint64_t here = pid_namespace();
   const bool same_namespace = h->owner_pid_ns != 0 && h->owner_pid_ns == here;
-  if (h->owner_pid_ns == 0 || here == 0 || same_namespace)
+  int err = 0;
+  if (h->owner_pid_ns == 0 || here == 0 || same_namespace) {
     link->pidfd = static_cast<int>(syscall(SYS_pidfd_open, static_cast<pid_t>(h->owner_pid), 0));
-  const int err = link->pidfd < 0 ? errno : 0;
+    if (link->pidfd < 0) err = errno;
+  }
   // Without a pidfd (an old kernel) a dead peer is still noticed by its
   // closed flag or the timeout; without descriptors nothing more will work.
   if (err == EMFILE || err == ENFILE) {
