@@ -318,19 +318,27 @@ TEST_CASE("a save publishes only into the directory the run holds", "[checkpoint
   a.save(ckpt, 1);
   b.save(theirs, 4);
   b.save(theirs, 5);
+  fs::create_directories(theirs / "step_00000006.partial");  // the other run saving the same step
+  write_bytes(theirs / "step_00000006.partial" / "model.safetensors", "theirs");
   fs::rename(ckpt, mine);
   fs::rename(theirs, ckpt);
-  CHECK_THROWS_WITH(a.save(ckpt, 6, {}), Catch::Contains("the checkpoint of step 6 is not published: " +
-                                                           ckpt.string() + " is no longer the directory this run "
-                                                           "holds"));
-  CHECK(names_in(ckpt) == std::vector<std::string>{"latest", "step_00000004", "step_00000005"});
+  CHECK_THROWS_WITH(a.save(ckpt, 6, {}),
+                    Catch::Contains(ckpt.string() + " is no longer the directory this run holds") &&
+                        Catch::Contains("nothing is saved there"));
+  CHECK(names_in(ckpt) == std::vector<std::string>{"latest", "step_00000004", "step_00000005", "step_00000006.partial"});
+  CHECK(read_bytes(ckpt / "step_00000006.partial" / "model.safetensors") == "theirs");
   CHECK(read_bytes(ckpt / "latest") == "step_00000005\n");
   CHECK(names_in(mine) == std::vector<std::string>{".braid-train.lock", "latest", "step_00000001"});
   // Its name back: saves go on there.
   fs::rename(ckpt, theirs);
   fs::rename(mine, ckpt);
-  a.save(ckpt, 6);
+  CHECK(a.save(ckpt, 6) == ckpt / "step_00000006");
   CHECK(read_bytes(ckpt / "latest") == "step_00000006\n");
+  // Errors name the directory, not the way to it (a name too long for the
+  // file system fails in the staging directory).
+  const std::string too_long(300, 'x');
+  CHECK_THROWS_WITH(a.save(ckpt, 7, {{too_long, "x"}}),
+                    Catch::Contains((ckpt / "step_00000007.partial").string()) && !Catch::Contains("/proc/self/fd"));
   lock.reset();
   // Not held: by name, as before.
   a.save(theirs, 7);

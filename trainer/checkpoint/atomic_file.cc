@@ -190,6 +190,64 @@ DirectoryLock::DirectoryLock(int fd, int dir_fd, fs::path dir, std::string holde
   held_locks.push_back(this);
 }
 
+namespace {
+
+// `dir_fd` where /proc/self/fd reaches the directory it holds, else -1
+// (closed): without /proc the run saves by name.
+int reachable(int dir_fd) {
+  struct stat by_fd {}, by_proc {};
+  const std::string path = "/proc/self/fd/" + std::to_string(dir_fd);
+  if (::fstat(dir_fd, &by_fd) == 0 && ::stat(path.c_str(), &by_proc) == 0 && by_fd.st_dev == by_proc.st_dev &&
+      by_fd.st_ino == by_proc.st_ino)
+    return dir_fd;
+  spdlog::debug("{} does not reach the checkpoint directory; it is saved to by name", path);
+  ::close(dir_fd);
+  return -1;
+}
+
+std::string replaced(std::string text, const std::string& from, const std::string& to) {
+  for (std::size_t at = text.find(from); at != std::string::npos; at = text.find(from, at)) {
+    text.replace(at, from.size(), to);
+    at += to.size();
+  }
+  return text;
+}
+
+// The exception in flight, with `from` in its message named `to`, of the
+// same braid type (the exit code and the callers' catches go by it).
+[[noreturn]] void rethrow_renamed(const std::string& from, const std::string& to) {
+  try {
+    throw;
+  } catch (const std::exception& e) {
+    const std::string what = e.what();
+    if (what.find(from) == std::string::npos) throw;
+    const std::string text = replaced(what, from, to);
+    if (const auto* remote = dynamic_cast<const RemoteError*>(&e)) throw RemoteError(text, remote->peer());
+    if (dynamic_cast<const InvalidUsage*>(&e)) throw InvalidUsage(text);
+    if (dynamic_cast<const TimeoutError*>(&e)) throw TimeoutError(text);
+    if (dynamic_cast<const AbortedError*>(&e)) throw AbortedError(text);
+    throw SystemError(text);
+  }
+}
+
+}  // namespace
+
+fs::path through_hold(const fs::path& dir, const std::function<fs::path(const fs::path&)>& save) {
+  const fs::path held = DirectoryLock::held(dir);
+  if (held.empty()) return save(dir);
+  struct stat named {}, holds {};
+  if (::stat(dir.c_str(), &named) != 0 || ::stat(held.c_str(), &holds) != 0 || named.st_dev != holds.st_dev ||
+      named.st_ino != holds.st_ino)
+    throw SystemError(dir.string() + " is no longer the directory this run holds (it was removed, renamed or "
+                      "replaced since the run checked its hold, and may be another run's now); nothing is saved "
+                      "there");
+  try {
+    return dir / save(held).lexically_relative(held);
+  } catch (...) {
+    rethrow_renamed(held.string(), dir.string());
+  }
+}
+
 fs::path DirectoryLock::held(const fs::path& dir) {
   const std::string key = directory_key(dir);
   std::lock_guard<std::mutex> lock(held_mutex);
@@ -239,7 +297,7 @@ std::unique_ptr<DirectoryLock> DirectoryLock::take(const fs::path& dir, const st
   if (::ftruncate(fd, 0) != 0 || ::pwrite(fd, text.data(), text.size(), 0) != static_cast<ssize_t>(text.size()) ||
       ::fsync(fd) != 0)
     spdlog::debug("cannot record the holder in {}: {}", path.string(), std::strerror(errno));
-  return std::unique_ptr<DirectoryLock>(new DirectoryLock(fd, dir_fd, dir, holder));
+  return std::unique_ptr<DirectoryLock>(new DirectoryLock(fd, reachable(dir_fd), dir, holder));
 }
 
 DirectoryLock::~DirectoryLock() {

@@ -10,6 +10,7 @@
 #include <atomic>
 #include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -91,11 +92,9 @@ class DirectoryLock {
   static std::filesystem::path path_in(const std::filesystem::path& dir) { return dir / ".braid-train.lock"; }
 
   // The directory this process holds as `dir`, reached through the hold
-  // itself (/proc/self/fd/N) rather than the name: a step is published
-  // there (layout::publish_step) even where `dir` was renamed away or
-  // replaced meanwhile, where publishing by name put this run's `latest`
-  // into the other run's directory and pruned that run's steps. Empty where
-  // this process holds no lock taken as `dir`.
+  // itself (/proc/self/fd/N) rather than the name (through_hold). Empty
+  // where this process holds no lock taken as `dir`, or /proc does not
+  // reach it.
   static std::filesystem::path held(const std::filesystem::path& dir);
 
  private:
@@ -105,5 +104,16 @@ class DirectoryLock {
   std::filesystem::path dir_;
   std::string holder_;
 };
+
+// Runs a save into `dir` as save(at), `at` being the path through which
+// this process reaches it: the directory it holds (DirectoryLock::held),
+// first checked to be what `dir` still names, or `dir` itself. The save's
+// staging, its publishing and its clean-up after a failure then stay in
+// the run's own directory even where `dir` is renamed away or replaced by
+// another run's during the save: by name they wiped that run's staging of
+// the same step, put this run's `latest` there and pruned its steps. Errors
+// and the path returned name `dir`.
+std::filesystem::path through_hold(const std::filesystem::path& dir,
+                                   const std::function<std::filesystem::path(const std::filesystem::path&)>& save);
 
 }  // namespace braid::trainer

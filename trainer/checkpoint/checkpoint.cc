@@ -113,47 +113,49 @@ void load_weights(const fs::path& path, Gpt& model) {
   copy_tensors(r, model, "", Range{0, model.table().count()}, model.params().data());
 }
 
-fs::path save_checkpoint(const fs::path& dir, const Gpt& model, const AdamW& opt, const TrainState& s,
+fs::path save_checkpoint(const fs::path& checkpoint_dir, const Gpt& model, const AdamW& opt, const TrainState& s,
                          const StepFiles& extra, int keep) {
   if (opt.owned() != std::vector<Range>{Range{0, model.table().count()}}) {
     throw InvalidUsage("saving a sharded optimizer state needs its shards gathered to one rank first");
   }
-  // The step's files go to its staging directory, which is published whole.
-  const fs::path staging = layout::open_staging(dir, s.step, true);
-  // Every file carries the save's name, so that one copied in from another
-  // run or save of the step is refused when read (as a shard is).
-  const std::string save = layout::new_save_id();
-  Metadata metadata = config_metadata(model.config(), s.step);
-  metadata["save"] = save;
-  try {
-    std::vector<float> weights;
-    write_safetensors(staging / layout::kModelFile, named_tensors(model, "", on_host(model.params(), weights)),
-                      metadata);
-    std::vector<float> m, v;
-    std::vector<TensorToWrite> tensors = named_tensors(model, "m.", on_host(opt.m(), m));
-    for (auto& t : named_tensors(model, "v.", on_host(opt.v(), v))) tensors.push_back(std::move(t));
-    write_safetensors(staging / layout::kOptimizerFile, tensors, metadata);
-    json state = layout::state_json(s);
-    state["save"] = save;
-    write_file_atomically(staging / layout::kStateFile, layout::sealed_text(state));
-    layout::write_files(staging, extra);
-  } catch (...) {
-    // A save that failed (a full disk, say) leaves nothing half-written
-    // behind; the step's directory, if it had one, and `latest` are as they
-    // were.
-    std::error_code ignored;
-    fs::remove_all(staging, ignored);
-    throw;
-  }
-  try {
-    return layout::publish_step(dir, s.step, keep);
-  } catch (...) {
-    // Failed before the rename (its fsync), or after it (where the step is
-    // whole and this holds nothing, or the step's previous files).
-    std::error_code ignored;
-    fs::remove_all(staging, ignored);
-    throw;
-  }
+  return through_hold(checkpoint_dir, [&](const fs::path& dir) {
+    // The step's files go to its staging directory, which is published whole.
+    const fs::path staging = layout::open_staging(dir, s.step, true);
+    // Every file carries the save's name, so that one copied in from another
+    // run or save of the step is refused when read (as a shard is).
+    const std::string save = layout::new_save_id();
+    Metadata metadata = config_metadata(model.config(), s.step);
+    metadata["save"] = save;
+    try {
+      std::vector<float> weights;
+      write_safetensors(staging / layout::kModelFile, named_tensors(model, "", on_host(model.params(), weights)),
+                        metadata);
+      std::vector<float> m, v;
+      std::vector<TensorToWrite> tensors = named_tensors(model, "m.", on_host(opt.m(), m));
+      for (auto& t : named_tensors(model, "v.", on_host(opt.v(), v))) tensors.push_back(std::move(t));
+      write_safetensors(staging / layout::kOptimizerFile, tensors, metadata);
+      json state = layout::state_json(s);
+      state["save"] = save;
+      write_file_atomically(staging / layout::kStateFile, layout::sealed_text(state));
+      layout::write_files(staging, extra);
+    } catch (...) {
+      // A save that failed (a full disk, say) leaves nothing half-written
+      // behind; the step's directory, if it had one, and `latest` are as they
+      // were.
+      std::error_code ignored;
+      fs::remove_all(staging, ignored);
+      throw;
+    }
+    try {
+      return layout::publish_step(dir, s.step, keep);
+    } catch (...) {
+      // Failed before the rename (its fsync), or after it (where the step is
+      // whole and this holds nothing, or the step's previous files).
+      std::error_code ignored;
+      fs::remove_all(staging, ignored);
+      throw;
+    }
+  });
 }
 
 fs::path step_directory(const fs::path& dir, std::int64_t step) { return dir / layout::step_dir_name(step); }

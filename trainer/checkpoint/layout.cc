@@ -2,7 +2,6 @@
 
 #include <random>
 #include <fcntl.h>
-#include <sys/stat.h>
 #include <stdio.h>  // renameat2
 
 #include <algorithm>
@@ -234,9 +233,7 @@ std::optional<fs::path> newest_complete_step(const fs::path& dir) {
   return dir / step_dir_name(*newest);
 }
 
-namespace {
-
-void publish_in(const fs::path& dir, std::int64_t step, int keep) {
+fs::path publish_step(const fs::path& dir, std::int64_t step, int keep) {
   const fs::path staging = staging_dir(dir, step), target = dir / step_dir_name(step);
   sync_directory(staging);
   fs::path old;  // where the step's previous directory ends up
@@ -266,39 +263,7 @@ void publish_in(const fs::path& dir, std::int64_t step, int keep) {
   write_file_atomically(dir / kLatest, step_dir_name(step) + "\n");
   if (!old.empty()) fs::remove_all(old);
   prune_steps(dir, step, keep);
-}
-
-}  // namespace
-
-fs::path publish_step(const fs::path& dir, std::int64_t step, int keep) {
-  const fs::path held = DirectoryLock::held(dir);
-  if (held.empty()) {
-    publish_in(dir, step, keep);
-  } else {
-    // Through the hold; errors name the directory as the run was given it.
-    auto named = [&](std::string what) {
-      const std::string from = held.string();
-      for (std::size_t at = what.find(from); at != std::string::npos; at = what.find(from, at)) {
-        what.replace(at, from.size(), dir.string());
-        at += dir.string().size();
-      }
-      return what;
-    };
-    struct stat now {}, holds {};
-    if (::stat(dir.c_str(), &now) != 0 || ::stat(held.c_str(), &holds) != 0 || now.st_dev != holds.st_dev ||
-        now.st_ino != holds.st_ino)
-      throw SystemError("the checkpoint of step " + std::to_string(step) + " is not published: " + dir.string() +
-                        " is no longer the directory this run holds (it was removed, renamed or replaced "
-                        "meanwhile, and may be another run's now)");
-    try {
-      publish_in(held, step, keep);
-    } catch (const InvalidUsage& e) {
-      throw InvalidUsage(named(e.what()));
-    } catch (const std::exception& e) {
-      throw SystemError(named(e.what()));
-    }
-  }
-  return dir / step_dir_name(step);
+  return target;
 }
 
 }  // namespace braid::trainer::layout

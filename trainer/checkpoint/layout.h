@@ -73,8 +73,7 @@ nlohmann::json read_json(const std::filesystem::path& path);
 // Once every file in the step's staging directory is durable: rename it to
 // DIR/step_<step> (the step's previous directory, if any, goes), fsync DIR,
 // point `latest` at the step, then prune (prune_steps). Returns the step's
-// directory. Where this process holds DIR (DirectoryLock), all of it is
-// done in the directory held, whatever DIR names by now.
+// directory. A run's saves reach DIR through its hold (through_hold).
 std::filesystem::path publish_step(const std::filesystem::path& dir, std::int64_t step, int keep);
 
 // Keeps `committed` and the newest keep - 1 complete steps before it, and

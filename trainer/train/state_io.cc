@@ -158,50 +158,56 @@ std::vector<TensorPiece> owned_pieces(Strategy& strategy, std::vector<std::vecto
   return pieces;
 }
 
-std::filesystem::path save_sharded_checkpoint(Strategy& strategy, const std::filesystem::path& dir,
+std::filesystem::path save_sharded_checkpoint(Strategy& strategy, const std::filesystem::path& checkpoint_dir,
                                               const TrainState& state, const StepFiles& extra) {
-  const std::filesystem::path staging = prepare_step_directory(dir, state.step);
-  std::vector<std::vector<float>> copies;
-  const std::vector<TensorPiece> pieces = owned_pieces(strategy, copies);
-  const std::string save = strategy.comm() != nullptr ? agree_save_id(*strategy.comm()) : std::string();
-  // The manifest goes last, once every shard is durable.
-  write_shards(strategy.comm(), staging, strategy.world_size(), state.step, [&](WriteProgress* progress) {
-    write_shard(staging, strategy.rank(), strategy.world_size(), pieces, strategy.model().config(), state.step,
-                progress, save);
-  });
-  return publish(strategy.comm(), staging, dir, state.step, [&] {
-    return commit_sharded_checkpoint(dir, state, strategy.world_size(), std::string(strategy_name(strategy.kind())),
-                                     extra, 2, save);
+  // Rank 0 through its hold on the directory; the other ranks by name.
+  return through_hold(checkpoint_dir, [&](const std::filesystem::path& dir) {
+    const std::filesystem::path staging = prepare_step_directory(dir, state.step);
+    std::vector<std::vector<float>> copies;
+    const std::vector<TensorPiece> pieces = owned_pieces(strategy, copies);
+    const std::string save = strategy.comm() != nullptr ? agree_save_id(*strategy.comm()) : std::string();
+    // The manifest goes last, once every shard is durable.
+    write_shards(strategy.comm(), staging, strategy.world_size(), state.step, [&](WriteProgress* progress) {
+      write_shard(staging, strategy.rank(), strategy.world_size(), pieces, strategy.model().config(), state.step,
+                  progress, save);
+    });
+    return publish(strategy.comm(), staging, dir, state.step, [&] {
+      return commit_sharded_checkpoint(dir, state, strategy.world_size(), std::string(strategy_name(strategy.kind())),
+                                       extra, 2, save);
+    });
   });
 }
 
-std::filesystem::path save_mesh_checkpoint(Mesh& mesh, comm::Communicator& world, const std::filesystem::path& dir,
-                                           const TrainState& state, const StepFiles& extra) {
-  const std::filesystem::path staging = prepare_step_directory(dir, state.step);
-  const Gpt& model = mesh.strategy().model();
-  const bool writer = mesh.groups().coord.dp == 0 && mesh.groups().coord.tp == 0;
-  std::vector<std::vector<float>> values;
-  std::vector<TensorPiece> pieces;
-  values.reserve(std::size(kAllSlots) * model.table().views().size());
-  for (const SlotKey& s : kAllSlots) {
-    for (const ParamView& v : model.table().views()) {
-      std::vector<float> whole = mesh.read_whole(s.slot, v);  // collective over DP and TP
-      // The tied wte is written once, by the first stage.
-      if (!writer || (v.name == "wte.weight" && !model.layout().pp_is_first_stage)) continue;
-      values.push_back(std::move(whole));
-      pieces.push_back({s.prefix + v.name, 0, values.back().size(), values.back().data()});
+std::filesystem::path save_mesh_checkpoint(Mesh& mesh, comm::Communicator& world,
+                                           const std::filesystem::path& checkpoint_dir, const TrainState& state,
+                                           const StepFiles& extra) {
+  return through_hold(checkpoint_dir, [&](const std::filesystem::path& dir) {
+    const std::filesystem::path staging = prepare_step_directory(dir, state.step);
+    const Gpt& model = mesh.strategy().model();
+    const bool writer = mesh.groups().coord.dp == 0 && mesh.groups().coord.tp == 0;
+    std::vector<std::vector<float>> values;
+    std::vector<TensorPiece> pieces;
+    values.reserve(std::size(kAllSlots) * model.table().views().size());
+    for (const SlotKey& s : kAllSlots) {
+      for (const ParamView& v : model.table().views()) {
+        std::vector<float> whole = mesh.read_whole(s.slot, v);  // collective over DP and TP
+        // The tied wte is written once, by the first stage.
+        if (!writer || (v.name == "wte.weight" && !model.layout().pp_is_first_stage)) continue;
+        values.push_back(std::move(whole));
+        pieces.push_back({s.prefix + v.name, 0, values.back().size(), values.back().data()});
+      }
     }
-  }
-  const std::string save = agree_save_id(world);
-  write_shards(&world, staging, world.size(), state.step, [&](WriteProgress* progress) {
-    write_shard(staging, world.rank(), world.size(), pieces, model.config(), state.step, progress, save);
+    const std::string save = agree_save_id(world);
+    write_shards(&world, staging, world.size(), state.step, [&](WriteProgress* progress) {
+      write_shard(staging, world.rank(), world.size(), pieces, model.config(), state.step, progress, save);
+    });
+    const MeshShape& shape = mesh.groups().shape;
+    const std::string layout = std::string(strategy_name(mesh.strategy().kind())) + " on dp " +
+                               std::to_string(shape.dp) + " x tp " + std::to_string(shape.tp) + " x pp " +
+                               std::to_string(shape.pp);
+    return publish(&world, staging, dir, state.step,
+                   [&] { return commit_sharded_checkpoint(dir, state, world.size(), layout, extra, 2, save); });
   });
-  const MeshShape& shape = mesh.groups().shape;
-  const std::string layout = std::string(strategy_name(mesh.strategy().kind())) + " on dp " +
-                             std::to_string(shape.dp) + " x tp " + std::to_string(shape.tp) + " x pp " +
-                             std::to_string(shape.pp);
-  return publish(&world, staging, dir, state.step,
-                 [&] { return commit_sharded_checkpoint(dir, state, world.size(), layout, extra, 2, save); });
 }
 
 void save_strategy_weights(Strategy& strategy, const std::filesystem::path& path, std::int64_t step) {
