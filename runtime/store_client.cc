@@ -466,7 +466,12 @@ Reply Store::Impl::call(Command command, const Bytes& body, const std::string& w
   Exchange exchange(timeout, what, wait.has_value());
   Reply reply{Status::timeout, {}};
   try {
-    if (reopen_ && !reopen(exchange)) fail(asio::error::timed_out, exchange);  // LateAnswer for a slice
+    if (reopen_ && !reopen(exchange)) {
+      // Nothing of this request went out: the next one tries again.
+      if (exchange.slice) throw LateAnswer{};
+      throw TimeoutError("store at " + where() + " did not answer within " + ms_text(exchange.timeout) + " " +
+                         exchange.what + " (a new connection to it went unanswered)");
+    }
     write_all(frame(std::uint8_t(command), body), exchange);
     Bytes header = read_exact(kFrameHeaderBytes, exchange);
     std::uint32_t body_bytes = load_u32(header.data());
@@ -516,7 +521,9 @@ bool Store::Impl::reopen(const Exchange& exchange) {
     const ProbeResult hello = greet(exchange.deadline);
     switch (hello.kind) {
       case Probe::accepted: reopen_ = false; return true;
-      case Probe::hung_up: continue;  // a flooded store dropped it before the handshake (store_server.h)
+      case Probe::hung_up:  // a flooded store dropped it before the handshake (store_server.h)
+        std::this_thread::sleep_until(std::min(Clock::now() + kConnectRetry, exchange.deadline));
+        continue;
       case Probe::no_answer: return false;
       case Probe::wrong_token:
       case Probe::refused: throw RemoteError(hello.detail + " (store at " + where() + ")");

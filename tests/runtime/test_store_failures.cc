@@ -371,5 +371,10 @@ TEST_CASE("store failures: a get the store never answers ends at its timeout, sa
                                                  Contains("stopped, or starved of CPU"));
   CHECK(seconds_since(start) >= 1.9);
   CHECK(seconds_since(start) < 4.5);
+  // A bounded request meanwhile gives up at its deadline, sending nothing,
+  // and leaves the connection to be opened again.
+  CHECK_THROWS_AS(store->set("k", std::string("v"), std::chrono::steady_clock::now() + 300ms), TimeoutError);
   child.signal(SIGCONT);
+  store->set("k", std::string("v"));
+  CHECK(store->get_string("k", 1s) == "v");
 }
