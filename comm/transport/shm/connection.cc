@@ -100,9 +100,11 @@ void check_not_failed(const std::string& value, const ShmOptions& o) {
                         failed);
 }
 
+// The mark names the rank at fault (`culprit`: this one, or a peer it saw
+// die), so that a rank passing it on names that rank too, not the reporter.
 void publish_failure(runtime::Store& store, const std::string& key_prefix, const std::string& group,
-                     const ShmOptions& o, const std::string& why) {
-  std::string mark = kFailedMark + std::to_string(o.rank) + kFailedMark + why;
+                     const ShmOptions& o, const std::string& why, int culprit) {
+  std::string mark = kFailedMark + std::to_string(culprit) + kFailedMark + why;
   try {
     store.set(key_prefix + "/shm/" + std::to_string(o.rank), mark);
     store.set(group + "/ready", mark);
@@ -298,7 +300,8 @@ std::unique_ptr<ShmTransport> connect_shm(runtime::Store& store, const std::stri
   } catch (const PeerSetupFailed&) {
     throw;
   } catch (const std::exception& e) {
-    publish_failure(store, key_prefix, group, o, e.what());
+    const auto* remote = dynamic_cast<const RemoteError*>(&e);
+    publish_failure(store, key_prefix, group, o, e.what(), remote && remote->peer() >= 0 ? remote->peer() : o.rank);
     throw;
   }
 }
