@@ -19,8 +19,21 @@ def free(port):
     return True
 
 
+def ephemeral_range():
+    """The kernel's range for outgoing connections' ports, which may take a
+    port between this check and the launcher's bind: the pick stays out of it."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            low, high = (int(x) for x in f.read().split())
+        return low, high
+    except (OSError, ValueError):
+        return 32768, 60999
+
+
+low, high = ephemeral_range()
+candidates = [p for p in range(20000, 65535) if not (low - 1 <= p <= high)]
 for _ in range(200):
-    port = random.randrange(20000, 60000)
+    port = random.choice(candidates)
     if free(port) and free(port + 1):
         print(port)
         sys.exit(0)
