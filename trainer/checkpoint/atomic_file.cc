@@ -182,24 +182,15 @@ std::string directory_key(const fs::path& dir) {
   return key;
 }
 
-}  // namespace
-
-DirectoryLock::DirectoryLock(int fd, int dir_fd, fs::path dir, std::string holder)
-    : fd_(fd), dir_fd_(dir_fd), dir_(std::move(dir)), holder_(std::move(holder)) {
-  std::lock_guard<std::mutex> lock(held_mutex);
-  held_locks.push_back(this);
-}
-
-namespace {
+// Whether two stat results are of one file or directory.
+bool same_node(const struct stat& a, const struct stat& b) { return a.st_dev == b.st_dev && a.st_ino == b.st_ino; }
 
 // `dir_fd` where /proc/self/fd reaches the directory it holds, else -1
 // (closed): without /proc the run saves by name.
 int reachable(int dir_fd) {
   struct stat by_fd {}, by_proc {};
   const std::string path = "/proc/self/fd/" + std::to_string(dir_fd);
-  if (::fstat(dir_fd, &by_fd) == 0 && ::stat(path.c_str(), &by_proc) == 0 && by_fd.st_dev == by_proc.st_dev &&
-      by_fd.st_ino == by_proc.st_ino)
-    return dir_fd;
+  if (::fstat(dir_fd, &by_fd) == 0 && ::stat(path.c_str(), &by_proc) == 0 && same_node(by_fd, by_proc)) return dir_fd;
   spdlog::debug("{} does not reach the checkpoint directory; it is saved to by name", path);
   ::close(dir_fd);
   return -1;
@@ -232,12 +223,17 @@ std::string replaced(std::string text, const std::string& from, const std::strin
 
 }  // namespace
 
+DirectoryLock::DirectoryLock(int fd, int dir_fd, fs::path dir, std::string holder)
+    : fd_(fd), dir_fd_(dir_fd), dir_(std::move(dir)), holder_(std::move(holder)) {
+  std::lock_guard<std::mutex> lock(held_mutex);
+  held_locks.push_back(this);
+}
+
 fs::path through_hold(const fs::path& dir, const std::function<fs::path(const fs::path&)>& save) {
   const fs::path held = DirectoryLock::held(dir);
   if (held.empty()) return save(dir);
   struct stat named {}, holds {};
-  if (::stat(dir.c_str(), &named) != 0 || ::stat(held.c_str(), &holds) != 0 || named.st_dev != holds.st_dev ||
-      named.st_ino != holds.st_ino)
+  if (::stat(dir.c_str(), &named) != 0 || ::stat(held.c_str(), &holds) != 0 || !same_node(named, holds))
     throw SystemError(dir.string() + " is no longer the directory this run holds (it was removed, renamed or "
                       "replaced since the run checked its hold, and may be another run's now); nothing is saved "
                       "there");
@@ -313,9 +309,7 @@ void DirectoryLock::reclaim() {
   if (fd_ < 0) return;  // taking it again failed once, and said so
   struct stat held {}, named {};
   const fs::path path = dir_ / ".braid-train.lock";
-  if (::fstat(fd_, &held) == 0 && ::stat(path.c_str(), &named) == 0 && held.st_dev == named.st_dev &&
-      held.st_ino == named.st_ino)
-    return;
+  if (::fstat(fd_, &held) == 0 && ::stat(path.c_str(), &named) == 0 && same_node(held, named)) return;
   std::unique_ptr<DirectoryLock> again = take(dir_, holder_);  // throws when another run holds it
   spdlog::warn("--checkpoint-dir {} lost this run's hold: the directory or its lock file was removed (steps saved "
                "there before may be gone with it); {}",
