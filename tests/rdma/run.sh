@@ -29,7 +29,8 @@ if [ "$build_vm" = 1 ]; then
     echo "rdma test: $vm_build is not configured; run scripts/setup.sh (it builds the VM's binaries with -Dnative=false)" >&2
     exit 1
   fi
-  ninja -C "$vm_build" tools/braid-bench tools/braid-launch tools/check/braid-check tests/rdma/programs/rdma-forge-cts >&2
+  ninja -C "$vm_build" tools/braid-bench tools/braid-launch tools/check/braid-check tests/rdma/programs/rdma-forge-cts \
+    tests/rdma/programs/rdma-polled >&2
   args=("$vm_build")
 fi
 

@@ -28,6 +28,9 @@ constexpr int kMaxCreditWrites = 2;
 // peers it waits on (the keepalive of transport.h): well below any sensible
 // BRAID_TIMEOUT, and long enough that a job whose data flows never probes.
 constexpr std::chrono::milliseconds kKeepaliveInterval{200};
+// How often a polled progress() reads the device's event queue (a port that
+// went down): one system call per look.
+constexpr std::chrono::milliseconds kEventLook{10};
 constexpr int kPollsPerClockRead = 8;
 // Bounds of how long a large send waits for its receiver's clear-to-send.
 constexpr std::chrono::microseconds kMinCtsWait{20}, kMaxCtsWait{2000};
@@ -520,6 +523,17 @@ bool IbTransport::progress(Clock::time_point deadline) {
     // a timeout (what a rare rdma_ibverbs_failures failure looks like: every
     // rank of the 2+2 all_gather ending 25-38 s after the break).
     probe_when_due(now);
+    // The device's events were looked at only while blocked here too, so a
+    // polled rank whose own port went down learned it only from a write of
+    // its own failing, and with none to make (no receive waited on here, a
+    // write outstanding) not before the timeout: the same failure again
+    // (the 2+2 all_gather's ranks on the host whose port lost its carrier
+    // ending 24 s after the break). The queue is non-blocking; it is read
+    // at most once per kEventLook to keep the polled turn cheap.
+    if (now >= next_event_look_) {
+      next_event_look_ = now + kEventLook;
+      drain_async_events();
+    }
     return false;
   }
   // Spin, reading the clock once per kPollsPerClockRead polls: a small

@@ -299,6 +299,7 @@ class IbTransport final : public Transport {
   bool shut_down_ = false;
   std::int64_t writes_in_flight_ = 0;  // signaled writes posted and not yet completed (drain)
   Clock::time_point next_keepalive_;  // when progress() probes the peers it waits on, if still blocked
+  Clock::time_point next_event_look_;  // when a polled progress() next reads the device's event queue
   bool active_ = true;                // posted or advanced since progress() last blocked
   std::chrono::nanoseconds cts_wait_{};  // set by prove_paths
   Clock::time_point wake_by_ = Clock::time_point::max();  // a large send stops waiting for its Cts

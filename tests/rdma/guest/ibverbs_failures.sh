@@ -21,7 +21,11 @@
 #    pulled cable; 1+1 all_reduce, 2+2 all_gather), and, with both ports up,
 #    a wire that drops every packet (netem loss 100%: a failed switch; only
 #    the transport's retries can tell). Every rank names the port error or
-#    the peer that stopped answering.
+#    the peer that stopped answering;
+#  - the wire goes down while the transport is only polled (rdma-polled: the
+#    communicator blocked on shared memory to a local peer gives it turns),
+#    with a receive from the other host posted and with none: every rank
+#    names the port error (or, waiting, the silent peer) within the bound.
 # With 3 ranks, the rank that finds a mismatch may have sent nothing to the
 # others yet, and the store that carries its reason may have been its own:
 # its farewell (transport.h) still tells every peer why, and they name the
@@ -30,6 +34,7 @@
 # $1: the build folder holding tools/braid-bench and tools/check/braid-check.
 build=${1:?usage: ibverbs_failures.sh BUILD_VM_DIR}
 bench=$build/tools/braid-bench check=$build/tools/check/braid-check
+polled=$build/tests/rdma/programs/rdma-polled
 
 export BRAID_TRANSPORT=ibverbs BRAID_TIMEOUT=20
 # Every failure below is named in 1-10 s in TCG (set-up ones include
@@ -86,17 +91,38 @@ wrong_gid() { # LAYOUT PROGRAM ARG... (a wrapper that sets BRAID_IB_GID_INDEX)
 # Starts braid-bench looping over LAYOUT, runs BREAK once rank 0 printed its
 # first row, and expects every rank to fail naming the cause.
 break_wire() { # LAYOUT COLLECTIVE PATTERN BREAK... (PATTERN: what every rank's error says)
-  local layout=$1 coll=$2 pattern=$3 logs pid start took status i
+  local layout=$1 coll=$2 pattern=$3
   shift 3
+  run_and_break "$layout" '^ +[0-9]' "braid-bench: rank [0-9]+.*($pattern)" \
+    "$bench" --coll "$coll" -b 1M -e 1M -n 10 -w 1 -c 1 -N 0 -T 20 -- "$@"
+}
+
+# The same with rdma-polled (1+1): the transport only polled, as while the
+# communicator blocks on shared memory to a local peer, when the wire breaks.
+break_polled() { # PATTERN MODE BREAK... (MODE: waiting, or idle: no receive posted)
+  local pattern=$1 mode=$2
+  shift 2
+  run_and_break "h1:1 h2:1" '^polling' "rdma-polled: rank [0-9]+: .*($pattern)" \
+    "$polled" 15 ${mode/waiting/} -- "$@"
+}
+
+# Starts PROGRAM over LAYOUT, runs BREAK once rank 0's output has a line
+# matching READY (ERE), and expects every rank to fail within bound_ms with
+# a line matching SAYS, leaving nothing behind.
+run_and_break() { # LAYOUT READY SAYS PROGRAM ARG... -- BREAK...
+  local layout=$1 ready=$2 says=$3 logs pid start took status i
+  local -a program=()
+  shift 3
+  while [ "$1" != -- ]; do program+=("$1"); shift; done
+  shift
   logs=$(mktemp -d)
-  RDMA_VM_LAUNCH_LOGS=$logs launch_ranks "$layout" 60 -- \
-    "$bench" --coll "$coll" -b 1M -e 1M -n 10 -w 1 -c 1 -N 0 -T 20 >"$logs/all" 2>&1 &
+  RDMA_VM_LAUNCH_LOGS=$logs launch_ranks "$layout" 60 -- "${program[@]}" >"$logs/all" 2>&1 &
   pid=$!
   for ((i = 0; i < 300; i++)); do
-    grep -q '^ \+[0-9]' "$logs/0" 2>/dev/null && break
+    grep -qE "$ready" "$logs/0" 2>/dev/null && break
     sleep 0.1
   done
-  grep -q '^ \+[0-9]' "$logs/0" || { echo "# the job did not start looping"; wait "$pid"; cat "$logs/all"; rm -rf "$logs"; return 1; }
+  grep -qE "$ready" "$logs/0" || { echo "# the job did not start looping"; wait "$pid"; cat "$logs/all"; rm -rf "$logs"; return 1; }
   start=$(now_ms)
   echo "# breaking the wire: $*"
   if ! "$@"; then
@@ -111,7 +137,7 @@ break_wire() { # LAYOUT COLLECTIVE PATTERN BREAK... (PATTERN: what every rank's 
   echo "# every rank ended ${took} ms after the break, status $status"
   [ "$status" -ne 0 ] || return 1
   [ "$took" -lt "$bound_ms" ] || { echo "# not within ${bound_ms} ms"; return 1; }
-  every_rank_says "$layout" "braid-bench: rank [0-9]+.*($pattern)" || return 1
+  every_rank_says "$layout" "$says" || return 1
   no_leftovers
 }
 
@@ -156,6 +182,12 @@ check "wire back up" wire_up
 check "wire down mid all_gather (2+2): every rank fails within the bound naming its device" \
   break_wire "h1:2 h2:2" all_gather "rxe[01]" ip link set rxe-h1 down
 check "... and every rank names the port error or the silent peer" every_rank_says "h1:2 h2:2" "$down"
+check "wire back up" wire_up
+check "wire down while the transport is only polled (1+1): every rank names the port error or the silent peer" \
+  break_polled "$down" waiting ip link set rxe-h1 down
+check "wire back up" wire_up
+check "wire down while the transport is only polled, no receive posted (1+1): every rank names the port error" \
+  break_polled "got RDMA event 'port error' on rxe[01] port 1" idle ip link set rxe-h1 down
 check "wire back up" wire_up
 check "wire drops every packet mid all_reduce (1+1, ports up: a failed switch): every rank names the silent peer" \
   break_wire "h1:1 h2:1" all_reduce "rank [01] did not answer RDMA \(retries exhausted\)" \
