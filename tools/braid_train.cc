@@ -320,15 +320,32 @@ void print_summary(braid::trainer::Trainer& trainer, const braid::trainer::Train
   std::fputs(text.c_str(), stdout);
 }
 
-// Takes the run's --checkpoint-dir again before a save when it was
-// removed meanwhile (DirectoryLock::reclaim).
+// Before each save, rank 0 takes the run's --checkpoint-dir again when it
+// was removed meanwhile (DirectoryLock::reclaim) and tells the other ranks,
+// which then hold the new directory in place of the removed one: they hold
+// the directory rank 0 locked (check_same_checkpoint_dir), so that a
+// directory renamed away or replaced by another run's takes no shard of
+// theirs either.
 class HoldCheckpointDir : public braid::trainer::TrainObserver {
  public:
-  explicit HoldCheckpointDir(braid::trainer::DirectoryLock* lock) : lock_(lock) {}
-  void before_checkpoint(std::int64_t) override { lock_->reclaim(); }
+  HoldCheckpointDir(braid::trainer::DirectoryLock* lock, std::unique_ptr<braid::trainer::DirectoryHold>& hold,
+                    braid::comm::Communicator* world, std::filesystem::path dir)
+      : lock_(lock), hold_(hold), world_(world), dir_(std::move(dir)) {}
+  void before_checkpoint(std::int64_t) override {
+    std::uint8_t taken_again = lock_ != nullptr && lock_->reclaim() ? 1 : 0;
+    if (world_ == nullptr || world_->size() == 1) return;
+    world_->broadcast(&taken_again, &taken_again, 1, braid::comm::DataType::u8, 0).wait();
+    if (taken_again != 0 && world_->rank() != 0) {
+      hold_.reset();
+      hold_ = braid::trainer::DirectoryHold::open(dir_);
+    }
+  }
 
  private:
-  braid::trainer::DirectoryLock* lock_;
+  braid::trainer::DirectoryLock* lock_;  // rank 0's
+  std::unique_ptr<braid::trainer::DirectoryHold>& hold_;  // the other ranks'
+  braid::comm::Communicator* world_;
+  std::filesystem::path dir_;
 };
 
 // Every rank writes a shard of each step into its --checkpoint-dir, which
@@ -336,27 +353,35 @@ class HoldCheckpointDir : public braid::trainer::TrainObserver {
 // node, a relative path from another working directory) trained the whole
 // run and lost it at the first save. Each rank looks for the lock file rank
 // 0 holds, with rank 0's text in it, before training; all refuse alike,
-// naming the first rank that does not see it. Not checked where rank 0
-// could not take the lock (a file system without flock).
-void check_same_checkpoint_dir(braid::comm::Communicator* world, const TrainOptions& o,
-                               const braid::trainer::DirectoryLock* hold) {
+// naming the first rank that does not see it. Each other rank looks through
+// a hold of its own on the directory (`hold`, kept for the run's saves), so
+// that the directory it checked is the one it writes into. Not checked where
+// rank 0 could not take the lock (a file system without flock); returns
+// whether it was.
+bool check_same_checkpoint_dir(braid::comm::Communicator* world, const TrainOptions& o,
+                               const braid::trainer::DirectoryLock* lock,
+                               std::unique_ptr<braid::trainer::DirectoryHold>& hold) {
   using braid::comm::DataType;
-  if (world == nullptr || world->size() == 1 || o.checkpoint_dir.empty() || o.eval_only) return;
-  std::string expected = world->rank() == 0 && hold != nullptr ? hold->text() : std::string();
+  namespace t = braid::trainer;
+  if (world == nullptr || world->size() == 1 || o.checkpoint_dir.empty() || o.eval_only) return false;
+  std::string expected = world->rank() == 0 && lock != nullptr ? lock->text() : std::string();
   std::int64_t length = static_cast<std::int64_t>(expected.size());
   world->broadcast(&length, &length, 1, DataType::i64, 0).wait();
-  if (length == 0) return;
+  if (length == 0) return false;
   expected.resize(static_cast<std::size_t>(length));
   world->broadcast(expected.data(), expected.data(), expected.size(), DataType::u8, 0).wait();
+  if (world->rank() != 0) hold = t::DirectoryHold::open(o.checkpoint_dir);
   std::string seen;
-  if (std::ifstream file{braid::trainer::DirectoryLock::path_in(o.checkpoint_dir), std::ios::binary})
+  if (std::ifstream file{t::DirectoryLock::path_in(hold ? hold->path() : std::filesystem::path(o.checkpoint_dir)),
+                         std::ios::binary})
     seen.assign(std::istreambuf_iterator<char>(file), {});
   const std::uint8_t mine = seen == expected ? 1 : 0;
   std::vector<std::uint8_t> all(static_cast<std::size_t>(world->size()));
   world->all_gather(&mine, all.data(), 1, DataType::u8).wait();
   const auto blind = std::find(all.begin(), all.end(), std::uint8_t{0});
-  if (blind == all.end()) return;
+  if (blind == all.end()) return true;
   const int rank = static_cast<int>(blind - all.begin());
+  hold.reset();
   throw braid::InvalidUsage(
       "rank " + std::to_string(rank) + " does not see rank 0's --checkpoint-dir" +
       (rank == world->rank() ? " (" + o.checkpoint_dir + " here)" : std::string()) +
@@ -364,7 +389,7 @@ void check_same_checkpoint_dir(braid::comm::Communicator* world, const TrainOpti
       "rank shares (a relative path needs the same working directory on every rank)");
 }
 
-int run(const TrainOptions& o, const braid::runtime::RankInfo& info, braid::trainer::DirectoryLock* hold) {
+int run(const TrainOptions& o, const braid::runtime::RankInfo& info, braid::trainer::DirectoryLock* lock) {
   namespace t = braid::trainer;
   t::validate(o);
   if (!o.consolidate.empty()) return consolidate(o);
@@ -377,7 +402,8 @@ int run(const TrainOptions& o, const braid::runtime::RankInfo& info, braid::trai
   const std::unique_ptr<braid::comm::Communicator> comm = connect(o, info);
   const t::TextCorpus corpus = o.data.empty() ? t::load_default_corpus() : t::load_text_file(o.data);
   t::Trainer trainer(o, corpus, comm.get());
-  check_same_checkpoint_dir(trainer.world(), o, hold);
+  std::unique_ptr<t::DirectoryHold> hold;  // ranks other than 0
+  const bool shared_dir = check_same_checkpoint_dir(trainer.world(), o, lock, hold);
   trainer.start();
   if (o.eval_only) return eval_only(trainer, corpus, o);
   print_start(trainer, info, corpus);
@@ -386,7 +412,8 @@ int run(const TrainOptions& o, const braid::runtime::RankInfo& info, braid::trai
   t::Observers observers;
   if (rank0) observers.add(&progress);
   std::optional<HoldCheckpointDir> keep_hold;
-  if (hold != nullptr) observers.add(&keep_hold.emplace(hold));
+  if (lock != nullptr || shared_dir)
+    observers.add(&keep_hold.emplace(lock, hold, shared_dir ? trainer.world() : nullptr, o.checkpoint_dir));
   std::optional<t::MetricsWriter> metrics;
   if (!o.metrics.empty()) observers.add(&metrics.emplace(t::metrics_path(o.metrics, trainer.rank()), trainer.step()));
   const t::TrainSummary summary = trainer.run(observers);

@@ -4,7 +4,9 @@
 // middle of a run through the real braid-launch.
 #include <catch2/catch.hpp>
 
+#include <fcntl.h>
 #include <signal.h>
+#include <stdio.h>
 
 #include <cstdlib>
 #include <fstream>
@@ -16,6 +18,7 @@
 #include "strategy_fixtures.h"
 #include "tests/comm/harness.h"
 #include "tests/tools/launch_harness.h"
+#include "trainer/checkpoint/atomic_file.h"
 #include "trainer/checkpoint/sharded.h"
 
 namespace braid::trainer {
@@ -251,6 +254,78 @@ TEST_CASE("braid-train refuses ranks that do not share rank 0's checkpoint direc
   INFO(shared.out << shared.err);
   CHECK(shared.status == 0);
   CHECK(latest_step(job.path() / "shared") == 3);
+}
+
+// Rank 0 saves through its hold on the --checkpoint-dir it locked; the
+// other ranks wrote their shards by name. With the directory replaced by
+// another run's (RENAME_EXCHANGE) between two saves, rank 0 stopped at the
+// next one, but rank 1 made that step's staging directory in the other
+// run's and wrote its shard there. Each rank now saves through a hold of
+// its own on the directory rank 0 locked.
+TEST_CASE("a job whose --checkpoint-dir another run took meanwhile writes no shard there", "[strategy][launch]") {
+  const char* train = launched_train();
+  if (train == nullptr) return;
+  braid::test::JobDir job;
+  const fs::path ckpt = job.path() / "ckpt", staged = job.path() / "staged";
+  const std::string args = std::string(train) +
+                           " --strategy zero2 --n-layer 1 --n-head 2 --n-embd 16 --block-size 16 --batch-size 4"
+                           " --eval-interval 0 --eval-batches 1 --steps 100000 --checkpoint-interval 2"
+                           " --checkpoint-dir " + ckpt.string();
+  braid::test::LaunchedJob launched(job, braid::test::shell_job(2, "exec " + args, job));
+  braid::test::wait_for_file(ckpt / "latest", std::chrono::seconds(60));
+  auto other = DirectoryLock::take(staged, "the other run");
+  REQUIRE(other != nullptr);
+  REQUIRE(::renameat2(AT_FDCWD, staged.c_str(), AT_FDCWD, ckpt.c_str(), RENAME_EXCHANGE) == 0);
+  const int status = launched.wait(std::chrono::seconds(30));
+  INFO(launched.err());
+  CHECK(status != 0);
+  CHECK_THAT(launched.err(), Catch::Contains("is in use by another run (the other run)") ||
+                                 Catch::Contains("is no longer the directory this run holds"));
+  std::vector<std::string> names;
+  for (const auto& entry : fs::directory_iterator(ckpt)) names.push_back(entry.path().filename().string());
+  CHECK(names == std::vector<std::string>{".braid-train.lock"});
+}
+
+// A --checkpoint-dir renamed away mid-run: rank 0 takes the name again
+// before the next save (DirectoryLock::reclaim) and the other ranks, told
+// so, hold the new directory too; the job saves on there. A rename that
+// lands between rank 0's look and the ranks' own (a few ms on two loaded
+// cores) stops the job instead ("is no longer the directory this run
+// holds"): the rename comes right after a save, with 2000 steps (~0.1-0.5 s)
+// before the next, and up to three jobs run; one must save on.
+TEST_CASE("a job whose --checkpoint-dir was renamed away takes the name again and saves on", "[strategy][launch]") {
+  const char* train = launched_train();
+  if (train == nullptr) return;
+  braid::test::JobDir job;
+  const fs::path ckpt = job.path() / "ckpt";
+  const std::string args = std::string(train) +
+                           " --strategy zero2 --n-layer 1 --n-head 2 --n-embd 16 --block-size 16 --batch-size 4"
+                           " --eval-interval 0 --eval-batches 1 --steps 1000000 --checkpoint-interval 2000"
+                           " --checkpoint-dir " + ckpt.string();
+  bool saved_on = false;
+  for (int attempt = 0; attempt < 3 && !saved_on; ++attempt) {
+    fs::remove_all(ckpt);
+    const fs::path gone = job.path() / ("gone" + std::to_string(attempt));
+    braid::test::LaunchedJob launched(job, braid::test::shell_job(2, "exec " + args, job));
+    braid::test::wait_for_file(ckpt / "latest", std::chrono::seconds(60));
+    fs::rename(ckpt, gone);
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+    bool stopped = false;
+    while (!fs::exists(ckpt / "latest") && std::chrono::steady_clock::now() < deadline) {
+      stopped = launched.err().find("is no longer the directory this run holds") != std::string::npos;
+      if (stopped) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    saved_on = fs::exists(ckpt / "latest");
+    ::kill(launched.pid(), SIGTERM);
+    launched.wait(std::chrono::seconds(30));
+    INFO(launched.err());
+    CHECK((saved_on || stopped));
+    if (!saved_on) continue;
+    CHECK_THAT(launched.err(), Catch::Contains("lost this run's hold") && Catch::Contains("holding it again"));
+    CHECK(latest_step(ckpt) > latest_step(gone));
+  }
+  CHECK(saved_on);
 }
 
 // Each rank resolved --resume's `latest` on its own, and again when it

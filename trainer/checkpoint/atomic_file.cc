@@ -171,9 +171,9 @@ void sync_directory(const fs::path& dir) {
 
 namespace {
 
-// The locks this process holds (DirectoryLock::held).
+// The directories this process holds (DirectoryHold::held).
 std::mutex held_mutex;
-std::vector<const DirectoryLock*> held_locks;
+std::vector<const DirectoryHold*> holds;
 
 // "ckpt/" and "ckpt" name one directory.
 std::string directory_key(const fs::path& dir) {
@@ -184,17 +184,6 @@ std::string directory_key(const fs::path& dir) {
 
 // Whether two stat results are of one file or directory.
 bool same_node(const struct stat& a, const struct stat& b) { return a.st_dev == b.st_dev && a.st_ino == b.st_ino; }
-
-// `dir_fd` where /proc/self/fd reaches the directory it holds, else -1
-// (closed): without /proc the run saves by name.
-int reachable(int dir_fd) {
-  struct stat by_fd {}, by_proc {};
-  const std::string path = "/proc/self/fd/" + std::to_string(dir_fd);
-  if (::fstat(dir_fd, &by_fd) == 0 && ::stat(path.c_str(), &by_proc) == 0 && same_node(by_fd, by_proc)) return dir_fd;
-  spdlog::debug("{} does not reach the checkpoint directory; it is saved to by name", path);
-  ::close(dir_fd);
-  return -1;
-}
 
 std::string replaced(std::string text, const std::string& from, const std::string& to) {
   for (std::size_t at = text.find(from); at != std::string::npos; at = text.find(from, at)) {
@@ -223,14 +212,50 @@ std::string replaced(std::string text, const std::string& from, const std::strin
 
 }  // namespace
 
-DirectoryLock::DirectoryLock(int fd, int dir_fd, fs::path dir, std::string holder)
-    : fd_(fd), dir_fd_(dir_fd), dir_(std::move(dir)), holder_(std::move(holder)) {
+DirectoryHold::DirectoryHold(int fd, fs::path dir) : fd_(fd), dir_(std::move(dir)) {
   std::lock_guard<std::mutex> lock(held_mutex);
-  held_locks.push_back(this);
+  holds.push_back(this);
 }
 
+DirectoryHold::~DirectoryHold() {
+  {
+    std::lock_guard<std::mutex> lock(held_mutex);
+    std::erase(holds, this);
+  }
+  ::close(fd_);
+}
+
+std::unique_ptr<DirectoryHold> DirectoryHold::adopt(int fd, fs::path dir) {
+  struct stat by_fd {}, by_proc {};
+  const std::string path = "/proc/self/fd/" + std::to_string(fd);
+  if (::fstat(fd, &by_fd) == 0 && ::stat(path.c_str(), &by_proc) == 0 && same_node(by_fd, by_proc))
+    return std::unique_ptr<DirectoryHold>(new DirectoryHold(fd, std::move(dir)));
+  spdlog::debug("{} does not reach the checkpoint directory {}; it is saved to by name", path, dir.string());
+  ::close(fd);
+  return nullptr;
+}
+
+std::unique_ptr<DirectoryHold> DirectoryHold::open(const fs::path& dir) {
+  const int fd = ::open(dir.c_str(), O_PATH | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) return nullptr;
+  return adopt(fd, dir);
+}
+
+fs::path DirectoryHold::path() const { return "/proc/self/fd/" + std::to_string(fd_); }
+
+fs::path DirectoryHold::held(const fs::path& dir) {
+  const std::string key = directory_key(dir);
+  std::lock_guard<std::mutex> lock(held_mutex);
+  for (const DirectoryHold* h : holds)
+    if (directory_key(h->dir_) == key) return h->path();
+  return {};
+}
+
+DirectoryLock::DirectoryLock(int fd, std::unique_ptr<DirectoryHold> hold, fs::path dir, std::string holder)
+    : fd_(fd), hold_(std::move(hold)), dir_(std::move(dir)), holder_(std::move(holder)) {}
+
 fs::path through_hold(const fs::path& dir, const std::function<fs::path(const fs::path&)>& save) {
-  const fs::path held = DirectoryLock::held(dir);
+  const fs::path held = DirectoryHold::held(dir);
   if (held.empty()) return save(dir);
   struct stat named {}, holds {};
   if (::stat(dir.c_str(), &named) != 0 || ::stat(held.c_str(), &holds) != 0 || !same_node(named, holds))
@@ -242,14 +267,6 @@ fs::path through_hold(const fs::path& dir, const std::function<fs::path(const fs
   } catch (...) {
     rethrow_renamed(held.string(), dir.string());
   }
-}
-
-fs::path DirectoryLock::held(const fs::path& dir) {
-  const std::string key = directory_key(dir);
-  std::lock_guard<std::mutex> lock(held_mutex);
-  for (const DirectoryLock* l : held_locks)
-    if (l->dir_fd_ >= 0 && directory_key(l->dir_) == key) return "/proc/self/fd/" + std::to_string(l->dir_fd_);
-  return {};
 }
 
 std::unique_ptr<DirectoryLock> DirectoryLock::take(const fs::path& dir, const std::string& holder) {
@@ -293,35 +310,30 @@ std::unique_ptr<DirectoryLock> DirectoryLock::take(const fs::path& dir, const st
   if (::ftruncate(fd, 0) != 0 || ::pwrite(fd, text.data(), text.size(), 0) != static_cast<ssize_t>(text.size()) ||
       ::fsync(fd) != 0)
     spdlog::debug("cannot record the holder in {}: {}", path.string(), std::strerror(errno));
-  return std::unique_ptr<DirectoryLock>(new DirectoryLock(fd, reachable(dir_fd), dir, holder));
+  return std::unique_ptr<DirectoryLock>(new DirectoryLock(fd, DirectoryHold::adopt(dir_fd, dir), dir, holder));
 }
 
 DirectoryLock::~DirectoryLock() {
-  {
-    std::lock_guard<std::mutex> lock(held_mutex);
-    std::erase(held_locks, this);
-  }
   if (fd_ >= 0) ::close(fd_);
-  if (dir_fd_ >= 0) ::close(dir_fd_);
 }
 
-void DirectoryLock::reclaim() {
-  if (fd_ < 0) return;  // taking it again failed once, and said so
+bool DirectoryLock::reclaim() {
+  if (fd_ < 0) return false;  // taking it again failed once, and said so
   struct stat held {}, named {};
   const fs::path path = dir_ / ".braid-train.lock";
-  if (::fstat(fd_, &held) == 0 && ::stat(path.c_str(), &named) == 0 && same_node(held, named)) return;
+  if (::fstat(fd_, &held) == 0 && ::stat(path.c_str(), &named) == 0 && same_node(held, named)) return false;
   std::unique_ptr<DirectoryLock> again = take(dir_, holder_);  // throws when another run holds it
   spdlog::warn("--checkpoint-dir {} lost this run's hold: the directory or its lock file was removed (steps saved "
                "there before may be gone with it); {}",
                dir_.string(), again ? "holding it again" : "it goes on unguarded (see above)");
-  std::lock_guard<std::mutex> lock(held_mutex);
   ::close(fd_);
-  ::close(dir_fd_);
-  fd_ = dir_fd_ = -1;
+  fd_ = -1;
+  hold_.reset();
   if (again) {
     std::swap(fd_, again->fd_);
-    std::swap(dir_fd_, again->dir_fd_);
+    std::swap(hold_, again->hold_);
   }
+  return true;
 }
 
 }  // namespace braid::trainer

@@ -63,6 +63,37 @@ void write_file_atomically(const std::filesystem::path& target, std::string_view
 // fsync of a directory, after renames inside it.
 void sync_directory(const std::filesystem::path& dir);
 
+// A directory this process reaches through a descriptor of its own
+// (O_PATH) rather than by its name, whatever the name comes to mean: rank
+// 0's in its DirectoryLock, each other rank's taken where it checks that it
+// sees rank 0's directory (braid-train). Saves into `dir` go through it while
+// it lives (through_hold).
+class DirectoryHold {
+ public:
+  // Null where `dir` cannot be opened or /proc/self/fd does not reach it:
+  // the run then saves by name.
+  static std::unique_ptr<DirectoryHold> open(const std::filesystem::path& dir);
+  ~DirectoryHold();
+  DirectoryHold(const DirectoryHold&) = delete;
+  DirectoryHold& operator=(const DirectoryHold&) = delete;
+
+  // /proc/self/fd/N: the directory held.
+  std::filesystem::path path() const;
+  const std::filesystem::path& dir() const { return dir_; }
+
+  // The directory this process holds as `dir` (path()), or empty.
+  static std::filesystem::path held(const std::filesystem::path& dir);
+
+ private:
+  friend class DirectoryLock;
+  // Takes `fd` (an O_PATH of `dir`); closes it and returns null where /proc
+  // does not reach it.
+  static std::unique_ptr<DirectoryHold> adopt(int fd, std::filesystem::path dir);
+  DirectoryHold(int fd, std::filesystem::path dir);
+  int fd_;
+  std::filesystem::path dir_;
+};
+
 // A run's hold on its checkpoint directory, for as long as the run lives:
 // an flock on DIR/.braid-train.lock, which names the holder. Two runs
 // writing one directory at once staged a step in one place and published
@@ -71,7 +102,7 @@ void sync_directory(const std::filesystem::path& dir);
 // InvalidUsage naming that holder. Where the file system has no flock (some
 // NFS) or the lock file cannot be made, it warns and returns null: the run
 // goes on unguarded (a directory that cannot be written is refused later,
-// with the reason).
+// with the reason). It holds the directory itself too (DirectoryHold).
 class DirectoryLock {
  public:
   static std::unique_ptr<DirectoryLock> take(const std::filesystem::path& dir, const std::string& holder);
@@ -83,30 +114,24 @@ class DirectoryLock {
   // held it was made again by the next save, unheld: a second run could
   // then take it and both wrote their steps there. When the lock file this
   // run holds is no longer DIR/.braid-train.lock, takes the directory again
-  // as take() does, warning that the steps saved there before are gone, or
-  // throws InvalidUsage naming the run that holds it now.
-  void reclaim();
+  // as take() does, warning that the steps saved there before are gone, and
+  // returns true; or throws InvalidUsage naming the run that holds it now.
+  bool reclaim();
   // What DIR/.braid-train.lock says while this run holds it (a line
   // naming the run), and its path.
   std::string text() const { return holder_ + "\n"; }
   static std::filesystem::path path_in(const std::filesystem::path& dir) { return dir / ".braid-train.lock"; }
 
-  // The directory this process holds as `dir`, reached through the hold
-  // itself (/proc/self/fd/N) rather than the name (through_hold). Empty
-  // where this process holds no lock taken as `dir`, or /proc does not
-  // reach it.
-  static std::filesystem::path held(const std::filesystem::path& dir);
-
  private:
-  DirectoryLock(int fd, int dir_fd, std::filesystem::path dir, std::string holder);
+  DirectoryLock(int fd, std::unique_ptr<DirectoryHold> hold, std::filesystem::path dir, std::string holder);
   int fd_;
-  int dir_fd_;  // O_PATH of the directory the lock file is in
+  std::unique_ptr<DirectoryHold> hold_;  // null where /proc does not reach the directory
   std::filesystem::path dir_;
   std::string holder_;
 };
 
 // Runs a save into `dir` as save(at), `at` being the path through which
-// this process reaches it: the directory it holds (DirectoryLock::held),
+// this process reaches it: the directory it holds (DirectoryHold::held),
 // first checked to be what `dir` still names, or `dir` itself. The save's
 // staging, its publishing and its clean-up after a failure then stay in
 // the run's own directory even where `dir` is renamed away or replaced by
