@@ -481,9 +481,10 @@ static void exchange_hosts(Communicator::Impl& impl, int size, const runtime::Co
   // ranks that never came until BRAID_TIMEOUT, naming a store key. A rank
   // that meets either says so at once.
   const std::string me = std::to_string(impl.rank), ranks = std::to_string(size);
-  const auto where = [&] {
-    return " (this one: rank " + me + " of " + ranks + ", " + runtime::describe(impl.info) +
-           "); every node must be started with the same --nproc-per-node and its own --node-rank";
+  // What to do about it: one --node-rank for two nodes gives two processes
+  // one rank; nodes numbered in join order (no --node-rank) cannot.
+  const auto where = [&](const std::string& remedy) {
+    return " (this one: rank " + me + " of " + ranks + ", " + runtime::describe(impl.info) + "); " + remedy;
   };
   // The cause is published as well: ranks that meet neither wait for it.
   const auto refuse = [&](const std::string& why) {
@@ -491,7 +492,9 @@ static void exchange_hosts(Communicator::Impl& impl, int size, const runtime::Co
     return InvalidUsage(why);
   };
   if (impl.store->add(impl.key_prefix + "/claims/" + me, 1) > 1)
-    throw refuse("two processes of this job were given rank " + me + where());
+    throw refuse("two processes of this job were given rank " + me +
+                 where("every node must be started with a --node-rank of its own (or none: nodes then take "
+                       "their ranks in the order they join) and the same --nproc-per-node"));
   // BRAID_TRANSPORT as well: ranks told different ones planned different
   // transports for one pair and waited for each other's keys until
   // BRAID_TIMEOUT, naming neither the variable nor the peer.
@@ -507,7 +510,8 @@ static void exchange_hosts(Communicator::Impl& impl, int size, const runtime::Co
     impl.cpus[r] = lines[1];
     if (lines[2] != ranks)
       throw refuse("rank " + std::to_string(r) + " of this job was started in a world of " + lines[2] +
-                   " ranks, this one in a world of " + ranks + where());
+                   " ranks, this one in a world of " + ranks +
+                   where("every node must be started with the same --nproc-per-node (and --nnodes)"));
     if (lines[3] != config.transport)
       throw refuse("rank " + std::to_string(r) + " was started with BRAID_TRANSPORT=" + lines[3] +
                    ", this one (rank " + me + ") with BRAID_TRANSPORT=" + config.transport +
