@@ -100,10 +100,11 @@ break_wire() { # LAYOUT COLLECTIVE PATTERN BREAK... (PATTERN: what every rank's 
 # The same with rdma-polled (1+1): the transport only polled, as while the
 # communicator blocks on shared memory to a local peer, when the wire breaks.
 break_polled() { # PATTERN MODE BREAK... (MODE: waiting, or idle: no receive posted)
-  local pattern=$1 mode=$2
+  local pattern=$1
+  local -a program=("$polled" 15)
+  [ "$2" = idle ] && program+=(idle)
   shift 2
-  run_and_break "h1:1 h2:1" '^polling' "rdma-polled: rank [0-9]+: .*($pattern)" \
-    "$polled" 15 ${mode/waiting/} -- "$@"
+  run_and_break "h1:1 h2:1" '^polling' "rdma-polled: rank [0-9]+: .*($pattern)" "${program[@]}" -- "$@"
 }
 
 # Starts PROGRAM over LAYOUT, runs BREAK once rank 0's output has a line
