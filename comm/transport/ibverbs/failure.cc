@@ -23,14 +23,25 @@ constexpr std::chrono::milliseconds kPortSettle{300};
 }  // namespace
 
 // Port down, a fatal queue pair or device error fail the communicator with
-// the event named; the others (port active, GID change, ...) are logged.
+// the event named; the others (port active, GID change, ...) are logged, as
+// are the events of the device's other ports (a dual-port adapter whose
+// other port went down).
 void IbTransport::drain_async_events() {
   ibv_async_event event{};
   while (ibv_get_async_event(verbs_->context, &event) == 0) {
     const ibv_event_type type = event.event_type;
+    const bool port_event = type == IBV_EVENT_PORT_ERR || type == IBV_EVENT_PORT_ACTIVE ||
+                            type == IBV_EVENT_LID_CHANGE || type == IBV_EVENT_PKEY_CHANGE ||
+                            type == IBV_EVENT_SM_CHANGE || type == IBV_EVENT_CLIENT_REREGISTER ||
+                            type == IBV_EVENT_GID_CHANGE;
+    const int port = port_event ? event.element.port_num : verbs_->gid.port;
     ibv_ack_async_event(&event);
     const std::string what = "rank " + std::to_string(rank_) + " got RDMA event '" + ibv_event_type_str(type) +
-                             "' on " + verbs_->gid.device + " port " + std::to_string(verbs_->gid.port);
+                             "' on " + verbs_->gid.device + " port " + std::to_string(port);
+    if (port != verbs_->gid.port) {
+      spdlog::info("{} (this rank uses port {})", what, verbs_->gid.port);
+      continue;
+    }
     switch (type) {
       case IBV_EVENT_QP_FATAL: case IBV_EVENT_QP_REQ_ERR: case IBV_EVENT_QP_ACCESS_ERR:
         throw RemoteError(what + ": a queue pair to a peer failed; the peer died, or sent an invalid request");
