@@ -125,7 +125,7 @@ run_and_break() { # LAYOUT READY SAYS PROGRAM ARG... -- BREAK...
   done
   grep -qE "$ready" "$logs/0" || { echo "# the job did not start looping"; wait "$pid"; cat "$logs/all"; rm -rf "$logs"; return 1; }
   start=$(now_ms)
-  echo "# breaking the wire: $*"
+  echo "# breaking the wire at $(date +%T.%3N) (the ranks' clock): $*"
   if ! "$@"; then
     echo "# could not break the wire; stopping the job"
     pkill -TERM -P "$pid"; wait "$pid"; rm -rf "$logs"; return 1

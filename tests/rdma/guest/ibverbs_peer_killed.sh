@@ -18,9 +18,11 @@ build=${1:?usage: ibverbs_peer_killed.sh BUILD_VM_DIR}
 launch=$build/tools/braid-launch bench=$build/tools/braid-bench
 
 export BRAID_TRANSPORT=ibverbs BRAID_TIMEOUT=20
-# Measured in this VM (TCG): the survivor fails 1.9-3.2 s after the kill.
-# The bound leaves room for a slow emulated CPU and stays far below 20 s.
-bound_ms=8000
+# Measured in this VM (TCG): node 0's launcher ends 2.8-5.1 s after the kill
+# (48 kills; the retries take ~1.9 s, then the keepalive's interval, the
+# transport's drain and the launcher's own exit). The bound leaves room for
+# a slow emulated CPU and stays well below 20 s.
+bound_ms=12000
 log=$RDMA_VM_WORKDIR/peer_killed
 mkdir -p "$log"
 
@@ -55,7 +57,7 @@ peer_killed() { # BENCH_ARG...
     sed 's/^/  node0: /' "$ranks/node0"; sed 's/^/  node1: /' "$ranks/node1"; return 1
   fi
   start=$(now_ms)
-  echo "# killing rank 1 (pid $pid1) with SIGKILL"
+  echo "# killing rank 1 (pid $pid1) with SIGKILL at $(date +%T.%3N) (the ranks' clock)"
   kill -KILL "$pid1"
   wait "$p0"; status0=$?
   took=$(($(now_ms) - start))
