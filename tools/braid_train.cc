@@ -320,74 +320,109 @@ void print_summary(braid::trainer::Trainer& trainer, const braid::trainer::Train
   std::fputs(text.c_str(), stdout);
 }
 
-// Before each save, rank 0 takes the run's --checkpoint-dir again when it
-// was removed meanwhile (DirectoryLock::reclaim) and tells the other ranks,
-// which then hold the new directory in place of the removed one: they hold
-// the directory rank 0 locked (check_same_checkpoint_dir), so that a
-// directory renamed away or replaced by another run's takes no shard of
-// theirs either.
-class HoldCheckpointDir : public braid::trainer::TrainObserver {
+// Every rank writes a shard of each step into its --checkpoint-dir, which
+// rank 0 holds (DirectoryLock) and publishes. Ranks given other
+// directories (a disk of their own node, a relative path from another
+// working directory) trained the whole run and lost it at the first save;
+// and ranks that wrote by name, with the directory replaced by another
+// run's meanwhile, put their shards into that run's. So each rank other
+// than 0 holds the directory too (DirectoryHold, through which its saves
+// go), and the ranks check together, before training and before each save,
+// that each sees rank 0's lock file through its hold and that the name
+// still reaches what it holds; all refuse alike, naming the first rank that
+// does not. Before each save rank 0 first takes the directory again if it
+// was removed (DirectoryLock::reclaim), and the others then hold the new
+// one. Nothing is checked where rank 0 could not take the lock (a file
+// system without flock).
+class SharedCheckpointDir : public braid::trainer::TrainObserver {
  public:
-  HoldCheckpointDir(braid::trainer::DirectoryLock* lock, std::unique_ptr<braid::trainer::DirectoryHold>& hold,
-                    braid::comm::Communicator* world, std::filesystem::path dir)
-      : lock_(lock), hold_(hold), world_(world), dir_(std::move(dir)) {}
-  void before_checkpoint(std::int64_t) override {
-    std::uint8_t taken_again = lock_ != nullptr && lock_->reclaim() ? 1 : 0;
-    if (world_ == nullptr || world_->size() == 1) return;
-    world_->broadcast(&taken_again, &taken_again, 1, braid::comm::DataType::u8, 0).wait();
-    if (taken_again != 0 && world_->rank() != 0) {
-      hold_.reset();
-      hold_ = braid::trainer::DirectoryHold::open(dir_);
+  // Collective over `world` (may be null): the check before training.
+  SharedCheckpointDir(braid::comm::Communicator* world, const TrainOptions& o, braid::trainer::DirectoryLock* lock)
+      : lock_(lock), dir_(o.checkpoint_dir) {
+    using braid::comm::DataType;
+    if (world == nullptr || world->size() == 1 || o.checkpoint_dir.empty() || o.eval_only) return;
+    std::string expected = world->rank() == 0 && lock != nullptr ? lock->text() : std::string();
+    std::int64_t length = static_cast<std::int64_t>(expected.size());
+    world->broadcast(&length, &length, 1, DataType::i64, 0).wait();
+    if (length == 0) return;
+    expected.resize(static_cast<std::size_t>(length));
+    world->broadcast(expected.data(), expected.data(), expected.size(), DataType::u8, 0).wait();
+    world_ = world;
+    expected_ = std::move(expected);
+    if (world->rank() != 0) hold_ = braid::trainer::DirectoryHold::open(dir_);
+    const int blind = first_blind();
+    if (blind < 0) return;
+    hold_.reset();
+    throw braid::InvalidUsage(
+        "rank " + std::to_string(blind) + " does not see rank 0's --checkpoint-dir" +
+        (blind == world->rank() ? " (" + o.checkpoint_dir + " here)" : std::string()) +
+        ": every rank writes its shard of each step there, so it must be one directory, on a file system every "
+        "rank shares (a relative path needs the same working directory on every rank)");
+  }
+
+  // Whether the ranks check together before each save (every rank alike).
+  bool shared() const { return world_ != nullptr; }
+
+  void before_checkpoint(std::int64_t step) override {
+    using braid::comm::DataType;
+    enum : std::uint8_t { kKept, kTakenAgain, kUnguarded, kRefused };
+    std::uint8_t what = kKept;
+    std::string refusal;
+    if (lock_ != nullptr) {
+      try {
+        if (lock_->reclaim()) what = lock_->guarded() ? kTakenAgain : kUnguarded;
+      } catch (const braid::InvalidUsage& e) {
+        if (world_ == nullptr) throw;
+        what = kRefused;
+        refusal = e.what();
+      }
     }
+    if (world_ == nullptr) return;
+    world_->broadcast(&what, &what, 1, DataType::u8, 0).wait();
+    if (what == kRefused) {
+      std::int64_t length = static_cast<std::int64_t>(refusal.size());
+      world_->broadcast(&length, &length, 1, DataType::i64, 0).wait();
+      refusal.resize(static_cast<std::size_t>(length));
+      world_->broadcast(refusal.data(), refusal.data(), refusal.size(), DataType::u8, 0).wait();
+      throw braid::InvalidUsage(refusal);
+    }
+    if (what == kUnguarded) expected_.clear();  // rank 0 saves by name now, and so do the others
+    if (what != kKept && world_->rank() != 0) {
+      hold_.reset();
+      if (!expected_.empty()) hold_ = braid::trainer::DirectoryHold::open(dir_);
+    }
+    if (expected_.empty()) return;
+    const int blind = first_blind();
+    if (blind < 0) return;
+    throw braid::SystemError(dir_.string() + " is no longer the directory this run holds" +
+                             (blind == world_->rank() ? std::string() : " on rank " + std::to_string(blind)) +
+                             " (it was removed, renamed or replaced since the run took it, and may be another "
+                             "run's now); nothing of step " + std::to_string(step) + " is saved there");
   }
 
  private:
-  braid::trainer::DirectoryLock* lock_;  // rank 0's
-  std::unique_ptr<braid::trainer::DirectoryHold>& hold_;  // the other ranks'
-  braid::comm::Communicator* world_;
-  std::filesystem::path dir_;
-};
+  // Collective: the first rank that does not see rank 0's lock file through
+  // its hold (or by name, where it holds none), or whose hold the name no
+  // longer reaches; -1 when every rank does.
+  int first_blind() {
+    namespace t = braid::trainer;
+    const std::filesystem::path held = t::DirectoryHold::held(dir_);
+    std::string seen;
+    if (std::ifstream file{t::DirectoryLock::path_in(held.empty() ? dir_ : held), std::ios::binary})
+      seen.assign(std::istreambuf_iterator<char>(file), {});
+    const std::uint8_t mine = seen == expected_ && t::DirectoryHold::still_named(dir_) ? 1 : 0;
+    std::vector<std::uint8_t> all(static_cast<std::size_t>(world_->size()));
+    world_->all_gather(&mine, all.data(), 1, braid::comm::DataType::u8).wait();
+    const auto blind = std::find(all.begin(), all.end(), std::uint8_t{0});
+    return blind == all.end() ? -1 : static_cast<int>(blind - all.begin());
+  }
 
-// Every rank writes a shard of each step into its --checkpoint-dir, which
-// rank 0 publishes: ranks given other directories (a disk of their own
-// node, a relative path from another working directory) trained the whole
-// run and lost it at the first save. Each rank looks for the lock file rank
-// 0 holds, with rank 0's text in it, before training; all refuse alike,
-// naming the first rank that does not see it. Each other rank looks through
-// a hold of its own on the directory (`hold`, kept for the run's saves), so
-// that the directory it checked is the one it writes into. Not checked where
-// rank 0 could not take the lock (a file system without flock); returns
-// whether it was.
-bool check_same_checkpoint_dir(braid::comm::Communicator* world, const TrainOptions& o,
-                               const braid::trainer::DirectoryLock* lock,
-                               std::unique_ptr<braid::trainer::DirectoryHold>& hold) {
-  using braid::comm::DataType;
-  namespace t = braid::trainer;
-  if (world == nullptr || world->size() == 1 || o.checkpoint_dir.empty() || o.eval_only) return false;
-  std::string expected = world->rank() == 0 && lock != nullptr ? lock->text() : std::string();
-  std::int64_t length = static_cast<std::int64_t>(expected.size());
-  world->broadcast(&length, &length, 1, DataType::i64, 0).wait();
-  if (length == 0) return false;
-  expected.resize(static_cast<std::size_t>(length));
-  world->broadcast(expected.data(), expected.data(), expected.size(), DataType::u8, 0).wait();
-  if (world->rank() != 0) hold = t::DirectoryHold::open(o.checkpoint_dir);
-  std::string seen;
-  if (std::ifstream file{t::DirectoryLock::path_in(hold ? hold->path() : std::filesystem::path(o.checkpoint_dir)),
-                         std::ios::binary})
-    seen.assign(std::istreambuf_iterator<char>(file), {});
-  const std::uint8_t mine = seen == expected ? 1 : 0;
-  std::vector<std::uint8_t> all(static_cast<std::size_t>(world->size()));
-  world->all_gather(&mine, all.data(), 1, DataType::u8).wait();
-  const auto blind = std::find(all.begin(), all.end(), std::uint8_t{0});
-  if (blind == all.end()) return true;
-  const int rank = static_cast<int>(blind - all.begin());
-  hold.reset();
-  throw braid::InvalidUsage(
-      "rank " + std::to_string(rank) + " does not see rank 0's --checkpoint-dir" +
-      (rank == world->rank() ? " (" + o.checkpoint_dir + " here)" : std::string()) +
-      ": every rank writes its shard of each step there, so it must be one directory, on a file system every "
-      "rank shares (a relative path needs the same working directory on every rank)");
-}
+  braid::trainer::DirectoryLock* lock_;  // rank 0's
+  std::filesystem::path dir_;
+  braid::comm::Communicator* world_ = nullptr;  // set where the ranks check together
+  std::string expected_;  // rank 0's lock file; empty once it goes unguarded
+  std::unique_ptr<braid::trainer::DirectoryHold> hold_;  // the other ranks'
+};
 
 int run(const TrainOptions& o, const braid::runtime::RankInfo& info, braid::trainer::DirectoryLock* lock) {
   namespace t = braid::trainer;
@@ -402,8 +437,7 @@ int run(const TrainOptions& o, const braid::runtime::RankInfo& info, braid::trai
   const std::unique_ptr<braid::comm::Communicator> comm = connect(o, info);
   const t::TextCorpus corpus = o.data.empty() ? t::load_default_corpus() : t::load_text_file(o.data);
   t::Trainer trainer(o, corpus, comm.get());
-  std::unique_ptr<t::DirectoryHold> hold;  // ranks other than 0
-  const bool shared_dir = check_same_checkpoint_dir(trainer.world(), o, lock, hold);
+  SharedCheckpointDir checkpoint_dir(trainer.world(), o, lock);
   trainer.start();
   if (o.eval_only) return eval_only(trainer, corpus, o);
   print_start(trainer, info, corpus);
@@ -411,9 +445,7 @@ int run(const TrainOptions& o, const braid::runtime::RankInfo& info, braid::trai
   t::ProgressPrinter progress(::isatty(STDERR_FILENO) != 0, o.log_interval);
   t::Observers observers;
   if (rank0) observers.add(&progress);
-  std::optional<HoldCheckpointDir> keep_hold;
-  if (lock != nullptr || shared_dir)
-    observers.add(&keep_hold.emplace(lock, hold, shared_dir ? trainer.world() : nullptr, o.checkpoint_dir));
+  if (lock != nullptr || checkpoint_dir.shared()) observers.add(&checkpoint_dir);
   std::optional<t::MetricsWriter> metrics;
   if (!o.metrics.empty()) observers.add(&metrics.emplace(t::metrics_path(o.metrics, trainer.rank()), trainer.step()));
   const t::TrainSummary summary = trainer.run(observers);

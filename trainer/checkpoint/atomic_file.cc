@@ -254,11 +254,17 @@ fs::path DirectoryHold::held(const fs::path& dir) {
 DirectoryLock::DirectoryLock(int fd, std::unique_ptr<DirectoryHold> hold, fs::path dir, std::string holder)
     : fd_(fd), hold_(std::move(hold)), dir_(std::move(dir)), holder_(std::move(holder)) {}
 
+bool DirectoryHold::still_named(const fs::path& dir) {
+  const fs::path held = DirectoryHold::held(dir);
+  struct stat named {}, holds {};
+  return held.empty() ||
+         (::stat(dir.c_str(), &named) == 0 && ::stat(held.c_str(), &holds) == 0 && same_node(named, holds));
+}
+
 fs::path through_hold(const fs::path& dir, const std::function<fs::path(const fs::path&)>& save) {
   const fs::path held = DirectoryHold::held(dir);
   if (held.empty()) return save(dir);
-  struct stat named {}, holds {};
-  if (::stat(dir.c_str(), &named) != 0 || ::stat(held.c_str(), &holds) != 0 || !same_node(named, holds))
+  if (!DirectoryHold::still_named(dir))
     throw SystemError(dir.string() + " is no longer the directory this run holds (it was removed, renamed or "
                       "replaced since the run checked its hold, and may be another run's now); nothing is saved "
                       "there");

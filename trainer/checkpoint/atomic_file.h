@@ -83,6 +83,9 @@ class DirectoryHold {
 
   // The directory this process holds as `dir` (path()), or empty.
   static std::filesystem::path held(const std::filesystem::path& dir);
+  // Whether `dir` still names the directory this process holds as `dir`
+  // (true where it holds none).
+  static bool still_named(const std::filesystem::path& dir);
 
  private:
   friend class DirectoryLock;
@@ -117,6 +120,9 @@ class DirectoryLock {
   // as take() does, warning that the steps saved there before are gone, and
   // returns true; or throws InvalidUsage naming the run that holds it now.
   bool reclaim();
+  // False once taking the directory again could not make the lock file:
+  // the run goes on unguarded, saving by name.
+  bool guarded() const { return fd_ >= 0; }
   // What DIR/.braid-train.lock says while this run holds it (a line
   // naming the run), and its path.
   std::string text() const { return holder_ + "\n"; }

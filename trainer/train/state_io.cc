@@ -160,7 +160,8 @@ std::vector<TensorPiece> owned_pieces(Strategy& strategy, std::vector<std::vecto
 
 std::filesystem::path save_sharded_checkpoint(Strategy& strategy, const std::filesystem::path& checkpoint_dir,
                                               const TrainState& state, const StepFiles& extra) {
-  // Rank 0 through its hold on the directory; the other ranks by name.
+  // Each rank through its hold on the directory (braid-train's
+  // SharedCheckpointDir), or by name where it holds none.
   return through_hold(checkpoint_dir, [&](const std::filesystem::path& dir) {
     const std::filesystem::path staging = prepare_step_directory(dir, state.step);
     std::vector<std::vector<float>> copies;

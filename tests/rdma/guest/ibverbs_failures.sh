@@ -20,8 +20,8 @@
 #    `ip link set down` on one end of the veth (both rxe ports go down: a
 #    pulled cable; 1+1 all_reduce, 2+2 all_gather), and, with both ports up,
 #    a wire that drops every packet (netem loss 100%: a failed switch; only
-#    the transport's retries can tell). Every rank names the port error or
-#    the peer that stopped answering;
+#    the transport's retries can tell; 1+1 all_reduce, 2+2 all_gather).
+#    Every rank names the port error or the peer that stopped answering;
 #  - the wire goes down while the transport is only polled (rdma-polled: the
 #    communicator blocked on shared memory to a local peer gives it turns),
 #    with a receive from the other host posted and with none: every rank
@@ -193,4 +193,11 @@ check "wire back up" wire_up
 check "wire drops every packet mid all_reduce (1+1, ports up: a failed switch): every rank names the silent peer" \
   break_wire "h1:1 h2:1" all_reduce "rank [01] did not answer RDMA \(retries exhausted\)" \
   eval 'modprobe sch_netem && tc qdisc add dev rxe-h2 root netem loss 100%'
+check "wire back up" wire_up
+# 2+2: each rank meets the silence on its own RDMA peer (a write of its own
+# or a keepalive, also while it waits on its local peer over shared memory),
+# or is told by a local peer that did ("... told rank N why: ...").
+check "wire drops every packet mid all_gather (2+2, ports up): every rank names the silent peer" \
+  break_wire "h1:2 h2:2" all_gather "rank [0-3] did not answer RDMA \(retries exhausted\)" \
+  eval 'tc qdisc add dev rxe-h2 root netem loss 100%'
 finish
