@@ -36,14 +36,6 @@ using namespace braid::comm;
 
 namespace {
 
-// Runs the transport until `request` completes (a named error past 20 s).
-void finish(Transport& t, RequestId request) {
-  const auto deadline = Clock::now() + std::chrono::seconds(20);
-  while (!t.is_done(request))
-    if (!t.progress(deadline) && Clock::now() >= deadline) throw TimeoutError("rdma-exchange: no progress in 20 s");
-  t.release(request);
-}
-
 // One iteration: both send and then wait (exchange), or rank 0 sends and
 // waits for the answer while rank 1 answers (ping-pong). With `post_time`,
 // the time inside the posting call is added to it.
@@ -60,14 +52,14 @@ void iteration(Transport& t, int rank, bool exchange, const WireHeader& h, doubl
   if (exchange) {
     RequestId s = post();
     RequestId r = t.post_recv(peer, h, in, Placement{});
-    finish(t, r);
-    finish(t, s);
+    ibverbs::finish(t, r);
+    ibverbs::finish(t, s);
   } else if (rank == 0) {
-    finish(t, post());
-    finish(t, t.post_recv(peer, h, in, Placement{}));
+    ibverbs::finish(t, post());
+    ibverbs::finish(t, t.post_recv(peer, h, in, Placement{}));
   } else {
-    finish(t, t.post_recv(peer, h, in, Placement{}));
-    finish(t, post());
+    ibverbs::finish(t, t.post_recv(peer, h, in, Placement{}));
+    ibverbs::finish(t, post());
   }
 }
 

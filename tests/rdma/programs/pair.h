@@ -13,6 +13,7 @@
 
 #include "comm/transport/ibverbs/transport.h"
 #include "braid/config.h"
+#include "runtime/errors.h"
 #include "runtime/rank_info.h"
 #include "runtime/store.h"
 
@@ -39,5 +40,14 @@ struct Pair {
     transport = connect_ibverbs(*store, prefix, options);
   }
 };
+
+// Runs the transport, blocked in it, until `request` completes; a named
+// error after 20 s without it.
+inline void finish(Transport& t, RequestId request) {
+  const auto deadline = Clock::now() + std::chrono::seconds(20);
+  while (!t.is_done(request))
+    if (!t.progress(deadline) && Clock::now() >= deadline) throw TimeoutError("no progress in 20 s");
+  t.release(request);
+}
 
 }  // namespace braid::comm::ibverbs
