@@ -533,7 +533,8 @@ static void exchange_hosts(Communicator::Impl& impl, int size, const runtime::Co
 // never leave, and the store may be what failed: its destructor must not
 // wait for it). Bounded by a short budget so that a store that no longer
 // answers cannot hold up a destructor; a bounded call that gives up waiting
-// for the answer breaks the connection, as any late answer does.
+// for the answer closes the connection, as any late answer does, and the
+// next request (the parent's, sharing it) opens another.
 void forget_store_keys(Communicator::Impl& impl) noexcept {
   constexpr std::chrono::milliseconds kBudget{2000};
   if (!impl.store || !impl.set_up || impl.failure) return;

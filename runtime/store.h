@@ -129,9 +129,9 @@ class Store {
   // which a store that stopped answering does only at that request's
   // timeout. For a failure path that must not add a request timeout of its
   // own to the one that has already passed (comm/status.cc). TimeoutError
-  // when the deadline passes: while waiting for the connection, which stays
-  // usable; or while waiting for the answer, which breaks the connection, as
-  // any request's timeout does.
+  // when the deadline passes: while waiting for the connection; or while
+  // waiting for the answer, which closes the connection, as any request's
+  // timeout does (the next request opens a new one).
   std::optional<Bytes> try_get(const std::string& key, std::chrono::steady_clock::time_point deadline);
   void set(const std::string& key, const std::string& value, std::chrono::steady_clock::time_point deadline);
   // Waits until every key exists; TimeoutError names the keys still missing.

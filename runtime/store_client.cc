@@ -1,9 +1,12 @@
 // The store's client side. Each Store owns a private io_context that only the
 // calling thread drives, and only through run_one_until(deadline): every
 // connect, write and read is bounded, and a deadline that passes closes the
-// socket, which cancels the operation. A request that failed in transport
-// leaves the byte stream in an unknown state, so the connection is then
-// marked broken and later requests fail at once with the first cause.
+// socket, which cancels the operation. A request that the store did not
+// answer in time closes the connection (its answer may still come), and the
+// next request opens a new one: the store may only have been starved of
+// CPU, and communicators split from one parent share its connection. A
+// request that failed otherwise in transport leaves the connection marked
+// broken, and later requests fail at once with the first cause.
 
 // Boost 1.74's asio/awaitable.hpp uses std::exchange without including
 // <utility>; GCC 12 in C++20 mode needs it included first.
@@ -440,7 +443,7 @@ ProbeResult Store::Impl::greet(Clock::time_point deadline) {
 // A bounded call gives up waiting for the mutex at its bound, leaving the
 // connection to the request that holds it; one whose bound has passed by the
 // time it holds the mutex sends nothing, so that only a request the store
-// has left unanswered breaks the connection.
+// has left unanswered closes the connection (and the next opens another).
 Reply Store::Impl::call(Command command, const Bytes& body, const std::string& what,
                         std::optional<milliseconds> wait, std::optional<Clock::time_point> bound) {
   const auto start = Clock::now();
@@ -542,7 +545,11 @@ void Store::Impl::fail(const error_code& ec, const Exchange& exchange) {
     throw LateAnswer{};
   }
   if (ec == asio::error::timed_out) {
-    broken_ = "it did not answer in time";
+    // The request's own effect is unknown (the caller learns so); the
+    // connection is not: a new one serves the next request. A bounded
+    // request on a failure path (a split's clean-up, the status board)
+    // broke the connection of the parent it shares for good.
+    reopen_ = true;
     throw TimeoutError("store at " + where() + " did not answer within " + ms_text(exchange.timeout) + " " +
                        exchange.what);
   }
