@@ -91,11 +91,7 @@ int main(int argc, char** argv) try {
   options.spin = std::chrono::microseconds(runtime::config().spin_us);  // as a communicator
   ibverbs::Pair pair(info, "exchange", 9, options);
   auto& transport = pair.transport;
-  WireHeader h;
-  h.kind = static_cast<std::uint8_t>(OpKind::send);
-  h.comm_id = 9;
-  h.count = 1;
-  h.payload_bytes = sizeof(double);
+  WireHeader h = ibverbs::double_message(9);
   double out = info.rank + 1.0, in = 0;
   for (const bool exchange : {true, false})
     time_calls(exchange ? "exchange" : "pingpong round trip", iters,

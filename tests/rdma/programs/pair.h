@@ -12,6 +12,7 @@
 #include <string>
 
 #include "comm/transport/ibverbs/transport.h"
+#include "comm/wire.h"
 #include "braid/config.h"
 #include "runtime/errors.h"
 #include "runtime/rank_info.h"
@@ -40,6 +41,16 @@ struct Pair {
     transport = connect_ibverbs(*store, prefix, options);
   }
 };
+
+// The header of the programs' one-double messages on communicator `comm_id`.
+inline WireHeader double_message(std::uint32_t comm_id) {
+  WireHeader h;
+  h.kind = static_cast<std::uint8_t>(OpKind::send);
+  h.comm_id = comm_id;
+  h.count = 1;
+  h.payload_bytes = sizeof(double);
+  return h;
+}
 
 // Runs the transport, blocked in it, until `request` completes; a named
 // error after 20 s without it.

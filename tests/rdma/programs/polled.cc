@@ -49,11 +49,7 @@ int main(int argc, char** argv) try {
   ibverbs::Pair pair(info, "polled", 11, options);
   Transport& t = *pair.transport;
   const int peer = 1 - info.rank;
-  WireHeader h;
-  h.kind = static_cast<std::uint8_t>(OpKind::send);
-  h.comm_id = 11;
-  h.count = 1;
-  h.payload_bytes = sizeof(double);
+  WireHeader h = ibverbs::double_message(11);
   double out = info.rank + 1.0, in = 0;
   RequestId s = t.post_send(peer, h, &out);
   ibverbs::finish(t, t.post_recv(peer, h, &in, Placement{}));
