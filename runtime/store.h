@@ -34,7 +34,9 @@
 
 namespace braid::runtime {
 
-inline constexpr std::uint32_t kStoreProtocolVersion = 2;  // 2: remove_prefix
+// 2: remove_prefix; 3: the handshake's acceptance carries the store's
+// instance (store_wire.h)
+inline constexpr std::uint32_t kStoreProtocolVersion = 3;
 inline constexpr std::size_t kMaxRequestBytes = 64u << 20;
 
 using Bytes = std::vector<std::uint8_t>;

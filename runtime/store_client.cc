@@ -4,9 +4,11 @@
 // socket, which cancels the operation. A request that the store did not
 // answer in time closes the connection (its answer may still come), and the
 // next request opens a new one: the store may only have been starved of
-// CPU, and communicators split from one parent share its connection. A
-// request that failed otherwise in transport leaves the connection marked
-// broken, and later requests fail at once with the first cause.
+// CPU, and communicators split from one parent share its connection. The
+// new connection must reach the same store (its instance, drawn when it
+// started, is checked): one restarted on the same port has lost every key.
+// A request that failed otherwise in transport leaves the connection
+// marked broken, and later requests fail at once with the first cause.
 
 // Boost 1.74's asio/awaitable.hpp uses std::exchange without including
 // <utility>; GCC 12 in C++20 mode needs it included first.
@@ -81,6 +83,7 @@ struct ProbeResult {
   Probe kind = Probe::nothing_listening;
   std::string detail = "not tried";
   error_code ec;
+  std::uint64_t instance = 0;  // accepted: the store's (store_wire.h)
 };
 
 // How a port's answer reads in an error message.
@@ -259,6 +262,8 @@ struct Store::Impl {
   Bytes read_exact(std::size_t bytes, const Exchange& exchange);
   [[noreturn]] void fail(const error_code& ec, const Exchange& exchange);
   [[noreturn]] void fail_with(const std::string& why, const Exchange& exchange);
+  // reopen reached a store other than the one this connection had.
+  [[noreturn]] void replaced(const Exchange& exchange);
 
   std::string host_;
   std::uint16_t port_;
@@ -274,6 +279,9 @@ struct Store::Impl {
   // Breaking it for good turned a stall of a second into the failure of a
   // wait that had minutes left.
   bool reopen_ = false;
+  // The store's instance as its first handshake gave it (store_wire.h):
+  // reopen checks that it reaches the same store.
+  std::uint64_t instance_ = 0;
   // The thread of the latest request, and when a thread other than the one
   // before it last made one (shared_lately).
   std::atomic<std::thread::id> last_caller_{};
@@ -347,6 +355,7 @@ ProbeResult Store::Impl::attempt(std::uint16_t port, Clock::time_point deadline)
   }
   socket_.set_option(tcp::no_delay(true), ec);
   ProbeResult result = greet(deadline);
+  if (result.kind == Probe::accepted) instance_ = result.instance;
   if (result.kind != Probe::accepted) {
     error_code ignored;
     socket_.close(ignored);
@@ -406,7 +415,7 @@ bool Store::Impl::handshake() {
   Exchange exchange(request_timeout(), "during the handshake");
   ProbeResult hello = greet(exchange.deadline);
   switch (hello.kind) {
-    case Probe::accepted: return true;
+    case Probe::accepted: instance_ = hello.instance; return true;
     case Probe::hung_up: return false;
     case Probe::wrong_token:
     case Probe::refused: throw RemoteError(hello.detail + " (store at " + where() + ")");
@@ -436,7 +445,9 @@ ProbeResult Store::Impl::greet(Clock::time_point deadline) {
   if (ec == asio::error::timed_out) return {Probe::no_answer, "", ec};
   if (ec) return {Probe::io_error, ec.message(), ec};
   std::string text(message.begin(), message.end());
-  if (header[0] == kHandshakeOk) return {Probe::accepted, "", ec};
+  if (header[0] == kHandshakeOk && message.size() == kInstanceBytes)
+    return {Probe::accepted, "", ec, WireReader(message).u64()};
+  if (header[0] == kHandshakeOk) return {Probe::not_a_store, "it accepted with a malformed handshake reply", ec};
   return {header[0] == kHandshakeWrongToken ? Probe::wrong_token : Probe::refused, text, ec};
 }
 
@@ -522,6 +533,7 @@ bool Store::Impl::reopen(const Exchange& exchange) {
     error_code ignored;
     socket_.set_option(tcp::no_delay(true), ignored);
     const ProbeResult hello = greet(exchange.deadline);
+    if (hello.kind == Probe::accepted && hello.instance != instance_) replaced(exchange);
     switch (hello.kind) {
       case Probe::accepted: reopen_ = false; return true;
       case Probe::hung_up:  // a flooded store dropped it before the handshake (store_server.h)
@@ -529,12 +541,27 @@ bool Store::Impl::reopen(const Exchange& exchange) {
         continue;
       case Probe::no_answer: return false;
       case Probe::wrong_token:
-      case Probe::refused: throw RemoteError(hello.detail + " (store at " + where() + ")");
+      case Probe::refused: {
+        // Another job's store, or one that turns us away: for good.
+        socket_.close(ignored);
+        broken_ = hello.detail;
+        throw RemoteError(hello.detail + " (store at " + where() + ", reconnecting " + exchange.what + ")");
+      }
       case Probe::not_a_store: fail_with(hello.detail, exchange);
       default: fail(hello.ec, exchange);
     }
   }
   return false;
+}
+
+void Store::Impl::replaced(const Exchange& exchange) {
+  error_code ignored;
+  socket_.close(ignored);
+  broken_ = "a store started since answers on its port";
+  throw RemoteError("the store at " + where() + " is not the one this process used " + exchange.what +
+                    ": it was restarted since (the launcher or rank 0 serving it started again on the same port "
+                    "with the same job token) and holds none of the keys this job set, so this process cannot go on "
+                    "with the job it joined");
 }
 
 void Store::Impl::fail(const error_code& ec, const Exchange& exchange) {

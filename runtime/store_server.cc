@@ -11,6 +11,7 @@
 #include <sys/resource.h>
 
 #include <algorithm>
+#include <random>
 
 #include "runtime/errors.h"
 
@@ -21,6 +22,11 @@ namespace {
 // Drops of unauthenticated connections are summed up over this long.
 constexpr std::chrono::seconds kDropLogInterval{5};
 constexpr std::chrono::milliseconds kAcceptRetry{50};
+
+std::uint64_t draw_instance() {
+  std::random_device device;
+  return std::uint64_t{device()} << 32 | device();
+}
 
 bool is_out_of_descriptors(const error_code& ec) {
   return ec == asio::error::no_descriptors || ec == boost::system::errc::too_many_files_open_in_system;
@@ -73,7 +79,7 @@ void DropLog::write(bool first) {
 
 ServerCore::ServerCore(const std::string& bind_addr, const std::vector<std::uint16_t>& ports, std::string token,
                        const std::string& remedy, const StoreLimits& limits)
-    : limits_(limits), token_(std::move(token)), map_(limits.max_bytes) {
+    : limits_(limits), token_(std::move(token)), instance_(draw_instance()), map_(limits.max_bytes) {
   limits_.max_pending_handshakes = std::max<std::size_t>(limits_.max_pending_handshakes, 1);
   open(bind_addr, ports, remedy);
   drops_.set_port(port_);

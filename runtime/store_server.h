@@ -116,6 +116,8 @@ class ServerCore {
 
   std::uint16_t port() const { return port_; }
   const std::string& token() const { return token_; }
+  // Drawn at random when the store starts (store_wire.h's handshake).
+  std::uint64_t instance() const { return instance_; }
   const StoreLimits& limits() const { return limits_; }
   StoreMap& map() { return map_; }
   PendingHandshakes& pending() { return pending_; }
@@ -146,6 +148,7 @@ class ServerCore {
   std::chrono::steady_clock::time_point last_accept_warning_{};
   DropLog drops_{io_, limits_};
   std::string token_;
+  std::uint64_t instance_;
   std::uint16_t port_ = 0;
   StoreMap map_;
   std::unordered_set<std::shared_ptr<Session>> parked_;

@@ -100,8 +100,9 @@ void Session::on_token() {
   leave_pending();
   timer_.cancel();  // the handshake deadline
   body_ = Bytes{};
-  Bytes reply{0};
-  put_u32(reply, 0);
+  Bytes reply{kHandshakeOk};
+  put_u32(reply, kInstanceBytes);
+  put_u64(reply, server_.instance());
   send(std::move(reply), &Session::read_request);
 }
 

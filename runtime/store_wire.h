@@ -1,7 +1,13 @@
 // Private to runtime/: the store's wire format, shared by store_server.cc and
 // store_client.cc. store.h gives the framing; this file fixes the rest.
 //
-// Handshake reply: u8 status, u32 msg_bytes, msg. Status 0 accepts; 2
+// Handshake reply: u8 status, u32 msg_bytes, msg. Status 0 accepts, and
+//                  its msg is the store's instance: eight bytes drawn at
+//                  random when the store started, which a client that
+//                  reconnects checks, so that it never carries on against
+//                  a store started since, which holds none of the keys its
+//                  job set (the launcher or rank 0 restarted on the same
+//                  port, with the same BRAID_JOB_TOKEN). Status 2
 //                  refuses a wrong token (the client belongs to another
 //                  job: one probing a job's ports moves on, store_ports.h);
 //                  any other value refuses for another reason.
@@ -53,6 +59,7 @@ inline constexpr std::size_t kHandshakeReplyHeaderBytes = 5;  // status, msg_byt
 inline constexpr std::size_t kFrameHeaderBytes = 5;  // body_bytes, command or status
 inline constexpr std::size_t kMaxTokenBytes = 4096;
 inline constexpr std::size_t kMaxMessageBytes = 64u << 10;  // refusal texts
+inline constexpr std::size_t kInstanceBytes = 8;
 inline constexpr std::uint8_t kHandshakeOk = 0;
 inline constexpr std::uint8_t kHandshakeRefused = 1;
 inline constexpr std::uint8_t kHandshakeWrongToken = 2;
@@ -64,10 +71,11 @@ inline void put_u32(Bytes& out, std::uint32_t value) {
   for (int i = 0; i < 4; ++i) out.push_back(static_cast<std::uint8_t>(value >> (8 * i)));
 }
 
-inline void put_i64(Bytes& out, std::int64_t value) {
-  auto bits = static_cast<std::uint64_t>(value);
-  for (int i = 0; i < 8; ++i) out.push_back(static_cast<std::uint8_t>(bits >> (8 * i)));
+inline void put_u64(Bytes& out, std::uint64_t value) {
+  for (int i = 0; i < 8; ++i) out.push_back(static_cast<std::uint8_t>(value >> (8 * i)));
 }
+
+inline void put_i64(Bytes& out, std::int64_t value) { put_u64(out, static_cast<std::uint64_t>(value)); }
 
 inline void put_text(Bytes& out, std::string_view text) {
   out.insert(out.end(), text.begin(), text.end());
@@ -107,12 +115,14 @@ class WireReader {
 
   std::uint32_t u32() { return load_u32(take(4)); }
 
-  std::int64_t i64() {
+  std::uint64_t u64() {
     const std::uint8_t* p = take(8);
     std::uint64_t bits = 0;
     for (int i = 7; i >= 0; --i) bits = bits << 8 | p[i];
-    return static_cast<std::int64_t>(bits);
+    return bits;
   }
+
+  std::int64_t i64() { return static_cast<std::int64_t>(u64()); }
 
   std::string key() {
     std::uint32_t key_bytes = u32();

@@ -58,7 +58,7 @@ class SilentServer {
     Bytes hello_bytes = hello();
     Bytes got(hello_bytes.size());
     ::recv(conn_fd_, got.data(), got.size(), MSG_WAITALL);
-    Bytes ok{0, 0, 0, 0, 0};
+    Bytes ok{0, 8, 0, 0, 0, 1, 2, 3, 4, 5, 6, 7, 8};  // accepted: the store's instance
     ::send(conn_fd_, ok.data(), ok.size(), MSG_NOSIGNAL);
   }
 
@@ -307,7 +307,7 @@ namespace {
 // a starved or frozen rank 0 would be; killed when the test ends.
 class StoreInChild {
  public:
-  StoreInChild() {
+  explicit StoreInChild(std::uint16_t port = 0) {
     int fds[2];
     REQUIRE(::pipe(fds) == 0);
     pid_ = ::fork();  // before any thread of this process's own server
@@ -315,9 +315,9 @@ class StoreInChild {
     if (pid_ == 0) {
       ::close(fds[0]);
       try {
-        StoreServer server("127.0.0.1", 0, kToken);
-        const std::uint16_t port = server.port();
-        if (::write(fds[1], &port, sizeof port) == sizeof port) std::this_thread::sleep_for(60s);
+        StoreServer server("127.0.0.1", port, kToken);
+        const std::uint16_t bound = server.port();
+        if (::write(fds[1], &bound, sizeof bound) == sizeof bound) std::this_thread::sleep_for(60s);
       } catch (...) {
       }
       ::_exit(0);
@@ -408,4 +408,24 @@ TEST_CASE("store failures: a bounded request the store answers too late leaves t
   store->set("after", std::string("a"));
   CHECK(store->get_string("after", 1s) == "a");
   CHECK(store->get_string("before", 1s) == "b");
+}
+
+// The next request after an unanswered one opens a new connection: one
+// that reached a store started on that port since (the launcher serving it
+// started again, with the same job token) carried on against a store
+// holding none of the job's keys, and counters started again from zero.
+TEST_CASE("store failures: a reconnect that reaches a store restarted on the same port fails naming it",
+          "[store][failure]") {
+  auto first = std::make_unique<StoreInChild>();
+  const std::uint16_t port = first->port();
+  auto store = connect_store(port);
+  CHECK(store->add("count", 1) == 1);
+  first->stop();
+  CHECK_THROWS_WITH(store->add("count", 1, std::chrono::steady_clock::now() + 300ms),
+                    Contains("did not answer within"));
+  first.reset();
+  StoreInChild second(port);
+  REQUIRE(second.port() == port);
+  CHECK_THROWS_WITH(store->add("count", 1), Contains("restarted since") && Contains("holds none of the keys"));
+  CHECK_THROWS_WITH(store->get_string("count", 1s), Contains("unusable after an earlier failure"));
 }
