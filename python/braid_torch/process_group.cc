@@ -20,11 +20,15 @@ namespace {
 // 30 minutes unless given) is the group's, longer or shorter than
 // BRAID_TIMEOUT, as gloo and NCCL honour it: a job whose rank 0 prepares
 // data for ten minutes while the others wait says so there. (It was capped
-// at BRAID_TIMEOUT, 5 minutes unless set, whatever torch was told.)
+// at BRAID_TIMEOUT, 5 minutes unless set, whatever torch was told.) One
+// longer than BRAID_TIMEOUT's own bound, 1e7 s, counts as that: a
+// timedelta of a thousand years, meant as "never", overflowed every
+// deadline computed from it, and the first wait failed at once.
 runtime::Config group_config(std::chrono::milliseconds timeout) {
+  constexpr std::chrono::milliseconds kLongest = std::chrono::seconds(10'000'000);
   runtime::Config config = runtime::config();
   if (timeout.count() > 0) {
-    config.timeout = timeout;
+    config.timeout = std::min(timeout, kLongest);
     config.timeout_name = "the process group's timeout";
   }
   return config;

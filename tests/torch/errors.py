@@ -108,6 +108,14 @@ def check_group_timeout(c, rank):
                "timed out (the process group's timeout)" in message, message)
 
 
+def check_endless_timeout(c, rank):
+    """A timeout of a thousand years, meant as "never", overflowed every
+    deadline computed from it: the group's set-up failed at once."""
+    message = raises(lambda: dist.all_reduce(
+        torch.ones(4), group=dist.new_group(backend="braid", timeout=datetime.timedelta(days=365 * 1000))))
+    c.true("a group timeout of a thousand years works", message is None, message)
+
+
 def check_dead_peer(c, rank):
     group = dist.new_group(backend="braid")
     dist.barrier(group=group)
@@ -132,6 +140,7 @@ def main():
     check_gather_sizes(c, rank)
     check_unequal_splits(c, rank)
     check_group_timeout(c, rank)
+    check_endless_timeout(c, rank)
     check_dead_peer(c, rank)  # rank 1 exits here
     # Each rank reports for itself: rank 1 is gone, so no collective.
     for failure in c.failures:
