@@ -691,7 +691,34 @@ TEST_CASE("a reader of stdout that stalls holds up neither --timeout nor signals
   }
 }
 
-// The launcher's log lines, its store's among them, went to stderr through
+// `braid-launch ... | head`: once head has exited, the launcher's next
+// write to stdout fails with EPIPE. It went on relaying into nothing, and a
+// job piped into head ran to its end with nothing shown; now the ranks'
+// pipes to stdout are closed, and a rank writing there dies of SIGPIPE as
+// it would under torchrun, which ends the job.
+TEST_CASE("a reader of stdout that goes away ends a job that writes there, as a pipe into head would", "[launch]") {
+  JobDir dir;
+  const auto path = dir.path() / "stdout";
+  REQUIRE(mkfifo(path.c_str(), 0600) == 0);
+  braid::launcher::UniqueFd reader(::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC));
+  REQUIRE(reader.valid());
+  const char* launcher = std::getenv("BRAID_LAUNCH");
+  REQUIRE(launcher);
+  std::vector<std::string> argv{"/bin/sh", "-c", "exec \"$@\" > \"$0\"", path.string(), launcher};
+  for (const auto& arg : shell_job(2, recording("exec yes"), dir, {"--grace-period", "1"})) argv.push_back(arg);
+  auto job = LaunchedJob::program(dir, "launcher", argv);
+  for (int rank = 0; rank < 2; ++rank) wait_for_file(dir.path() / ("pid_" + std::to_string(rank)));
+  pollfd ready{reader.get(), POLLIN, 0};
+  REQUIRE(::poll(&ready, 1, 10'000) == 1);  // the job's output has begun
+  char some[4096];
+  CHECK(::read(reader.get(), some, sizeof some) > 0);
+  reader.reset();  // head has read what it wanted
+  CHECK(job->wait(20s) == 128 + SIGPIPE);
+  CHECK_THAT(job->err(), Catch::Contains("the reader of its output has gone") && Catch::Contains("SIGPIPE"));
+  check_no_rank_survives(dir, 2);
+}
+
+
 // spdlog, which blocks: with stderr on a reader that stalls, the warning
 // about a refused connection held the store's thread in write(2), and every
 // rank's store call waited with it until the reader woke up. They now queue

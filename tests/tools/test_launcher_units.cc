@@ -313,9 +313,11 @@ TEST_CASE("OutputSink drops what it cannot write once the reader is gone", "[lau
   CHECK(sink.discard() > 0);
   CHECK_FALSE(sink.has_pending());
   for (int i = 0; i < 40; ++i) sink.write(chunk);
+  CHECK_FALSE(sink.reader_gone());
   pipe.read_end.reset();
   sink.flush();  // EPIPE: nowhere to report it
   CHECK_FALSE(sink.has_pending());
+  CHECK(sink.reader_gone());  // the supervisor closes the ranks' pipes to it
   sink.write("after\n");
   CHECK_FALSE(sink.has_pending());
 }

@@ -172,6 +172,7 @@ void OutputSink::flush_locked() {
     if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return;
     if (n <= 0) {
       // EPIPE and the like: there is nowhere left to report it.
+      if (n < 0 && errno == EPIPE) reader_gone_.store(true, std::memory_order_relaxed);
       discard_locked();
       return;
     }

@@ -25,7 +25,11 @@
 // that follow each other), so lines of different ranks never mix inside a
 // line. Output to a closed stdout (`braid-launch ... | head`) is dropped
 // rather than killing the launcher: the launcher ignores SIGPIPE and keeps
-// supervising its ranks.
+// supervising its ranks. It closes their pipes to that destination, though
+// (Supervisor), so that a rank's next write there fails as it would
+// without the launcher between (SIGPIPE, or Python's BrokenPipeError):
+// relaying into nothing, it left a job piped into `head` running to its end
+// with nothing shown.
 #pragma once
 
 #include <atomic>
@@ -92,6 +96,8 @@ class OutputSink {
   std::size_t discard();
 
   bool has_pending() const { return pending_bytes() > 0; }
+  // A write failed with EPIPE: nothing reads the destination any more.
+  bool reader_gone() const { return reader_gone_.load(std::memory_order_relaxed); }
   bool full() const { return pending_bytes() >= kMaxPendingBytes; }
   std::size_t pending_bytes() const { return pending_bytes_.load(std::memory_order_relaxed); }
   // The descriptor to poll for POLLOUT while output is pending.
@@ -114,6 +120,7 @@ class OutputSink {
   std::deque<std::string> pending_;
   std::size_t front_written_ = 0;  // bytes of pending_.front() already written
   std::atomic<std::size_t> pending_bytes_{0};
+  std::atomic<bool> reader_gone_{false};
   // The writer whose line was left open (a piece without its newline), and
   // whether its last piece ended with '\r' (the cursor at the line's start).
   std::uint64_t open_writer_ = 0;

@@ -90,6 +90,7 @@ void Supervisor::wait_for_events() {
   std::vector<Stream*> streams;
   for (Rank& rank : ranks_) {
     for (Stream* stream : {&rank.out, &rank.err}) {
+      if (stream->fd.valid() && stream->relay.sink().reader_gone()) close_unread(*stream);
       if (!stream->fd.valid() || stream->relay.sink().full()) continue;
       fds.push_back({stream->fd.get(), POLLIN, 0});
       streams.push_back(stream);
@@ -355,6 +356,19 @@ bool Supervisor::done() const {
   if (running_count() > 0) return false;
   if (output_deadline_ && Clock::now() >= *output_deadline_) return true;
   return !streams_open() && !output_pending();
+}
+
+// Nothing reads where this stream goes (`braid-launch ... | head` after
+// head exited): closing its pipe makes the rank's next write there fail as
+// it would without the launcher between (output.h).
+void Supervisor::close_unread(Stream& stream) {
+  if (!told_reader_gone_) {
+    told_reader_gone_ = true;
+    say("the reader of its output has gone (a write there failed with EPIPE); the ranks' pipes to it are closed, "
+        "so their next write there fails");
+  }
+  stream.relay.finish();
+  stream.fd.reset();
 }
 
 void Supervisor::read_stream(Stream& stream) {

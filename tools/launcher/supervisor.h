@@ -111,6 +111,7 @@ class Supervisor {
   void on_rank_exit(const Rank& rank, const ExitStatus& status);
   void on_launcher_signal(int signo);
   void tell_once(const std::string& line);
+  void close_unread(Stream& stream);
   void handle_deadlines();
   void on_timeout();
   void stop(int signo);
@@ -134,6 +135,7 @@ class Supervisor {
   std::chrono::milliseconds grace_period_;
   std::vector<Rank> ranks_;
   std::vector<OutputSink*> sinks_;  // stdout's and stderr's, once each
+  bool told_reader_gone_ = false;
   std::optional<Clock::time_point> job_deadline_;
   std::optional<Clock::time_point> kill_deadline_;
   std::optional<Clock::time_point> drain_deadline_;
