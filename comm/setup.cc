@@ -371,6 +371,7 @@ void connect_planned(Communicator::Impl& impl, const Plan& plan) {
   common.size = impl.size;
   common.comm_id = impl.comm_id;
   common.job_token = impl.info.job_token;
+  common.run_id = impl.info.run_id;
   common.spin = spin;
   common.timeout = config.timeout;
   if (any(plan.use_shm)) {

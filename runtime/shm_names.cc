@@ -8,23 +8,39 @@
 
 namespace braid::runtime {
 
-std::string shm_job_prefix(const std::string& job_token) {
+namespace {
+
+std::uint64_t fnv1a(const std::string& text) {
   std::uint64_t h = 1469598103934665603ull;  // FNV-1a, stable across processes
-  for (unsigned char c : job_token) h = (h ^ c) * 1099511628211ull;
+  for (unsigned char c : text) h = (h ^ c) * 1099511628211ull;
+  return h;
+}
+
+}  // namespace
+
+std::string shm_job_prefix(const std::string& job_token) {
   char text[40];
-  std::snprintf(text, sizeof text, "/braid-%016llx-", static_cast<unsigned long long>(h));
+  std::snprintf(text, sizeof text, "/braid-%016llx-", static_cast<unsigned long long>(fnv1a(job_token)));
   return text;
 }
 
-int remove_job_segments(const std::string& job_token) {
-  std::string prefix = shm_job_prefix(job_token).substr(1);  // without the leading '/'
+std::string shm_run_prefix(const std::string& job_token, const std::string& run_id) {
+  char text[16];
+  std::snprintf(text, sizeof text, "%08llx-", static_cast<unsigned long long>(fnv1a(run_id) & 0xffffffffull));
+  return shm_job_prefix(job_token) + text;
+}
+
+int remove_segments(const std::string& prefix) {
+  const std::string name = prefix.rfind('/', 0) == 0 ? prefix.substr(1) : prefix;
   int removed = 0;
   std::error_code ec;
   for (const auto& entry : std::filesystem::directory_iterator("/dev/shm", ec)) {
     std::string file = entry.path().filename().string();
-    if (file.rfind(prefix, 0) == 0 && shm_unlink(("/" + file).c_str()) == 0) ++removed;
+    if (file.rfind(name, 0) == 0 && shm_unlink(("/" + file).c_str()) == 0) ++removed;
   }
   return removed;
 }
+
+int remove_job_segments(const std::string& job_token) { return remove_segments(shm_job_prefix(job_token)); }
 
 }  // namespace braid::runtime

@@ -40,6 +40,7 @@ struct ConnectOptions {
   int size = 1;
   std::uint32_t comm_id = 0;
   std::string job_token;  // every connection proves it (transport-specific handshake)
+  std::string run_id;     // RankInfo's: names shared memory (runtime/shm_names.h)
   std::chrono::nanoseconds spin{};  // how long progress() polls before it sleeps
   std::chrono::milliseconds timeout{300'000};
 };

@@ -173,7 +173,8 @@ class ShmSetUp {
   // Waits up to 15 s until every rank of `ranks` has mapped `owner`'s
   // segment (its /proc/PID/maps shows it).
   bool mapped(std::initializer_list<int> ranks, int owner) const {
-    const std::string segment = runtime::shm_job_prefix(token_).substr(1) + "00000007-" + std::to_string(owner);
+    const std::string segment = runtime::shm_run_prefix(token_, "").substr(1) + "00000007-" +
+                                std::to_string(owner);
     auto maps_it = [&](int rank) { return read("/proc/" + std::to_string(pid(rank)) + "/maps").find(segment) !=
                                           std::string::npos; };
     const auto give_up = std::chrono::steady_clock::now() + seconds(15);

@@ -770,7 +770,8 @@ TEST_CASE("output held up by a slow reader is all relayed, in whole lines", "[la
 TEST_CASE("a launcher failure midway stops the started ranks and removes the job's segments", "[launch]") {
   JobDir dir;
   const std::string token = "launch-failure-test-" + std::to_string(::getpid());
-  const std::string segment = "/dev/shm" + braid::runtime::shm_job_prefix(token) + "left-by-rank";
+  const std::string run_id = "launch-failure-run";
+  const std::string segment = "/dev/shm" + braid::runtime::shm_run_prefix(token, run_id) + "left-by-rank";
   auto logs = dir.path() / "logs";
   std::filesystem::create_directories(logs / "rank_1.out");  // a directory: open(2) fails
   struct SegmentCleanup {
@@ -782,7 +783,7 @@ TEST_CASE("a launcher failure midway stops the started ranks and removes the job
   }
   REQUIRE(std::filesystem::exists(segment));
   auto result = run_launch(dir, shell_job(2, recording("exec sleep 60"), dir, {"--log-dir", logs.string()}),
-                           {{"BRAID_JOB_TOKEN", token}});
+                           {{"BRAID_JOB_TOKEN", token}, {"BRAID_RUN_ID", run_id}});
   CHECK(result.status == 1);
   CHECK_THAT(result.err, Catch::Contains("rank_1.out"));
   CHECK_FALSE(std::filesystem::exists(segment));

@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <map>
 #include <memory>
@@ -15,6 +16,7 @@
 #include <thread>
 #include <vector>
 
+#include "runtime/shm_names.h"
 #include "runtime/store_ports.h"
 #include "tests/runtime/store_test_util.h"
 #include "tests/tools/launch_harness.h"
@@ -97,6 +99,33 @@ TEST_CASE("two braid-launch jobs given the same --master-port both run", "[launc
   CHECK(moved != port);
   auto sequence = braid::runtime::store_port_candidates(port, token);
   CHECK(std::find(sequence.begin(), sequence.end(), moved) != sequence.end());
+}
+
+// BRAID_JOB_TOKEN, exported once for jobs across nodes, is inherited by
+// every later job of that shell. Two such jobs on one host named their
+// shared memory alike: one's rank found the other's segment there ("File
+// exists") and failed when their set-ups met, and each launcher's clean-up
+// removed the other's segments by the token's prefix. The run id
+// braid-launch draws for each job now tells them apart: here a segment of
+// another run with the token stands where the job's first communicator
+// puts its own.
+TEST_CASE("a braid-launch job given another job's BRAID_JOB_TOKEN runs and leaves that job's segments alone",
+          "[launch][ports]") {
+  const std::string token = "shared-token-" + std::to_string(::getpid());
+  const std::string other = "/dev/shm" + braid::runtime::shm_run_prefix(token, "other-run") + "00000001-0";
+  struct Cleanup {
+    std::string path;
+    ~Cleanup() { ::unlink(path.c_str()); }
+  } cleanup{other};
+  { std::ofstream(other) << "another job's"; }
+  EnvChanges env{{"BENCH", bench_path()}, {"BRAID_JOB_TOKEN", token}, {"BRAID_RUN_ID", std::nullopt},
+                 {"BRAID_TIMEOUT", "60"}};
+  JobDir dir;
+  auto result = run_launch(dir, shell_job(2, bench_script(false), dir, {"--timeout", "90"}), env);
+  INFO(result.out << result.err);
+  CHECK(result.status == 0);
+  CHECK_THAT(result.out, Contains(kCheckedOk));
+  CHECK(std::filesystem::exists(other));
 }
 
 // Node 1's ranks are told --master-port; node 0's store had to move past

@@ -61,7 +61,7 @@ class Guardian : public GroupWatcher {
   pid_t pid() const { return pid_; }
   void watch(pid_t pgid) noexcept override;
   void forget(pid_t pgid) noexcept override;
-  // The names in /dev/shm of the attempt now running (shm_job_prefix
+  // The names in /dev/shm of the attempt now running (shm_run_prefix
   // without its '/'), which the guardian unlinks once it has stopped the
   // groups: a launcher killed while its ranks set up left their segments
   // behind (about 12 MiB a rank), since only it removes them.

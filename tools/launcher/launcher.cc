@@ -147,12 +147,13 @@ void start_rank(const LaunchOptions& options, const JobIdentity& job, int local_
 class JobSegments {
  public:
   // The guardian removes them instead should the launcher be killed.
-  JobSegments(std::string token, Guardian& guardian) : token_(std::move(token)) {
-    guardian.watch_segments(runtime::shm_job_prefix(token_).substr(1));
+  JobSegments(const std::string& token, const std::string& run_id, Guardian& guardian)
+      : prefix_(runtime::shm_run_prefix(token, run_id).substr(1)) {
+    guardian.watch_segments(prefix_);
   }
   ~JobSegments() {
     try {
-      if (int removed = runtime::remove_job_segments(token_))
+      if (int removed = runtime::remove_segments(prefix_))
         say("removed " + std::to_string(removed) + " shared-memory segment(s) left by failed ranks");
     } catch (...) {
       // A destructor may run while an exception unwinds: never throw.
@@ -162,7 +163,7 @@ class JobSegments {
   JobSegments& operator=(const JobSegments&) = delete;
 
  private:
-  std::string token_;
+  std::string prefix_;  // this run's (runtime/shm_names.h), without its '/'
 };
 
 struct Outcome {
@@ -500,7 +501,7 @@ int launch(const LaunchOptions& given) {
                                       options.nnodes > 1 ? options.master_port : job.store_port);
     Outcome outcome;
     {
-      const JobSegments segments(job.token, guardian);
+      const JobSegments segments(job.token, job.run_id, guardian);
       outcome = start_and_supervise(options, job, signals, guardian, input ? &*input : nullptr, started);
     }
     if (input) input->disconnect();

@@ -69,7 +69,7 @@ std::size_t channel_index(const std::vector<int>& local, int owner, int rank) {
 std::string segment_name(const ShmOptions& o, int rank) {
   char text[32];
   std::snprintf(text, sizeof text, "%08x-%d", o.comm_id, rank);
-  return runtime::shm_job_prefix(o.job_token) + text;
+  return runtime::shm_run_prefix(o.job_token, o.run_id) + text;
 }
 
 constexpr char kFailedMark = '!';

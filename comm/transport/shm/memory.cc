@@ -56,7 +56,11 @@ Mapping Mapping::create(const std::string& name, std::size_t bytes, const std::s
   int fd = shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
   if (fd < 0) {
     int err = errno;
-    throw SystemError(errno_message("creating shared memory " + name, err) + fd_limit_hint(err));
+    const std::string hint = err != EEXIST ? fd_limit_hint(err)
+                                           : " (another job on this host runs with the same BRAID_JOB_TOKEN and "
+                                             "BRAID_RUN_ID, or a process of an earlier run of this job still runs; "
+                                             "give each job its own)";
+    throw SystemError(errno_message("creating shared memory " + name, err) + hint);
   }
   if (int err = posix_fallocate(fd, 0, static_cast<off_t>(bytes)); err != 0) {
     close(fd);
