@@ -226,10 +226,16 @@ void Issuer::hold_loop() {
   }
 }
 
+// A call that another thread is issuing (a wait() running the held call in
+// its own thread, while its peers are late) must reach the completer before
+// the group ends: the group's end freed the completer and the communicator
+// under it, and that thread crashed (SIGSEGV) once its peers came. The
+// wait is bounded by the call's own timeout.
 void Issuer::stop() {
   {
-    std::lock_guard lock(mutex_);
+    std::unique_lock lock(mutex_);
     stopping_ = true;
+    issued_cv_.wait(lock, [this] { return !issuing_; });
   }
   hold_cv_.notify_one();
   if (thread_.joinable()) thread_.join();

@@ -4,11 +4,17 @@
   while holding the GIL, which the callback needed to run);
 - a group made by new_group() outlives the default group's destruction (the
   TCPStore server went with the default group, held by nothing of braid's,
-  and a rank still in new_group's store barrier failed with a broken pipe).
+  and a rank still in new_group's store barrier failed with a broken pipe);
+- a group ended while another thread waits for its call, whose peer is
+  late, ends once that call has (the waiting thread ran the call held back
+  for it, and the group's end freed the communicator under it: SIGSEGV).
 A hang fails the rank (faulthandler) rather than the test's timeout.
 """
 import faulthandler
+import gc
 import os
+import threading
+import time
 
 import torch
 import torch.distributed as dist
@@ -32,9 +38,24 @@ def main():
     dist.all_reduce(u, group=group)
     if u.tolist() != [float(sum(range(1, size + 1)))] * 3:
         failures.append(f"all_reduce on the new group after the default group's end gave {u.tolist()}")
+    v = torch.ones(16) * (rank + 1)
+    if rank == 0:
+        work = dist.all_reduce(v, group=group, async_op=True)
+        waited = []
+        waiter = threading.Thread(target=lambda: waited.append(work.wait()))
+        waiter.start()
+        time.sleep(0.5)  # the waiter runs the call, which waits for rank 1
+        del group  # torch let it go with the default group: this ends it
+        gc.collect()
+        waiter.join(30)
+        if not waited or v.tolist() != [float(sum(range(1, size + 1)))] * 16:
+            failures.append(f"a call waited for in another thread as its group ended gave {v.tolist()}")
+    else:
+        time.sleep(2)
+        dist.all_reduce(v, group=group)
     for failure in failures:
         print(f"rank {rank}: FAIL {failure}", flush=True)
-    print(f"rank {rank}: {2 - len(failures)} of 2 checks passed", flush=True)
+    print(f"rank {rank}: {3 - len(failures)} of 3 checks passed", flush=True)
     faulthandler.cancel_dump_traceback_later()
     os._exit(1 if failures else 0)
 
