@@ -407,6 +407,11 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::gather(std::vector<std::vector
                                                          std::vector<at::Tensor>& inputs,
                                                          const c10d::GatherOptions& opts) {
   at::Tensor& input = single_tensor(inputs, "gather");
+  // It runs as an all_gather, which has no root: one out of range gathered
+  // nowhere, without a word.
+  if (opts.rootRank < 0 || opts.rootRank >= getSize())
+    refuse("gather", "root " + std::to_string(opts.rootRank) + " is out of range for a group of " +
+                         std::to_string(getSize()));
   const bool root = getRank() == opts.rootRank;
   if (root && (outputs.size() != 1 || outputs[0].size() != static_cast<std::size_t>(getSize())))
     refuse("gather", "the root needs one list of " + std::to_string(getSize()) + " output tensors");

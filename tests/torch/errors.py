@@ -39,6 +39,9 @@ def check_invalid_usage(c, rank):
     c.true("bool all_reduce refused", message is not None and "cannot reduce" in message, message)
     message = raises(lambda: dist.send(torch.ones(4), (rank + 1) % 2, tag=3))
     c.true("send tag refused", message is not None and "tag 3" in message, message)
+    message = raises(lambda: dist.gather(torch.ones(4), None, dst=2))
+    c.true("gather to a root out of range refused", message is not None and "root 2 is out of range" in message,
+           message)
     dist.barrier()  # the group still works after refusals made before any byte moved
 
 
