@@ -79,6 +79,11 @@ bool CompletionQueue::on_completion_thread() {
   return std::find(ids_.begin(), ids_.end(), std::this_thread::get_id()) != ids_.end();
 }
 
+void CompletionQueue::lend_thread() {
+  std::lock_guard lock(mutex_);
+  if (idle_ == 0 && !turn_taken_) start_thread_locked();
+}
+
 // One thread at a time takes the call at the front and waits for it, so
 // calls finish in issue order; the callbacks run after the turn is let go.
 // Threads past kSpareThreads that wait kSpareIdle for work retire.
@@ -218,6 +223,7 @@ bool BraidWork::wait(std::chrono::milliseconds timeout) {
     // In a future callback of this group: another completion thread
     // finishes the call. Until it has finished, not until its own callbacks
     // have run: they may be this very callback (a wait for its own call).
+    queue_->lend_thread();
     std::unique_lock lock(completion_->mutex);
     auto finished = [this] { return completion_->finished; };
     if (timeout == kNoTimeout) {

@@ -13,7 +13,8 @@
 // finishes. A thread is added whenever one starts callbacks with no other
 // waiting for the queue, so one is always free to take the next call (at
 // most kMaxThreads; two in the common case, as gloo's workers; past
-// kSpareThreads a thread that idles kSpareIdle retires). A finished call is
+// kSpareThreads a thread that idles kSpareIdle retires), and beyond
+// kMaxThreads whenever a callback waits with none free (lend_thread). A finished call is
 // let go without the queue's lock: its tensors' last reference may take the
 // GIL, which a thread asking for a Work's future holds while it waits for
 // that lock.
@@ -97,6 +98,11 @@ class CompletionQueue {
   void stop_and_join();
   // Whether the caller is one of the completion threads (in a callback).
   bool on_completion_thread();
+  // A callback is about to wait for a later call: where no thread is free
+  // to take the queue's next call, starts one, past kMaxThreads too. Nine
+  // callbacks each waiting for a call of its own held all eight threads,
+  // and the job hung for good, past the group's timeout.
+  void lend_thread();
   // Waits, up to `limit`, until no call is queued or being finished and no
   // callback runs; whether it got there.
   bool wait_quiet(std::chrono::milliseconds limit);

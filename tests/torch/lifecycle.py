@@ -5,6 +5,9 @@
 - a group made by new_group() outlives the default group's destruction (the
   TCPStore server went with the default group, held by nothing of braid's,
   and a rank still in new_group's store barrier failed with a broken pipe);
+- twelve callbacks that each wait for a call they issue all finish (the
+  eight completion threads all waited, none was left to take a call, and
+  the job hung for good, past the group's timeout);
 - a group ended while another thread waits for its call, whose peer is
   late, ends once that call has (the waiting thread ran the call held back
   for it, and the group's end freed the communicator under it: SIGSEGV).
@@ -38,6 +41,17 @@ def main():
     dist.all_reduce(u, group=group)
     if u.tolist() != [float(sum(range(1, size + 1)))] * 3:
         failures.append(f"all_reduce on the new group after the default group's end gave {u.tolist()}")
+
+    def issue_and_wait(_):
+        x = torch.ones(4)
+        dist.all_reduce(x, group=group)
+        return x[0].item()
+
+    chained = [dist.all_reduce(torch.ones(4), group=group, async_op=True).get_future().then(issue_and_wait)
+               for _ in range(12)]
+    values = [f.wait() for f in chained]
+    if values != [float(size)] * 12:
+        failures.append(f"twelve callbacks that each wait for a call gave {values}")
     v = torch.ones(16) * (rank + 1)
     if rank == 0:
         work = dist.all_reduce(v, group=group, async_op=True)
@@ -55,7 +69,7 @@ def main():
         dist.all_reduce(v, group=group)
     for failure in failures:
         print(f"rank {rank}: FAIL {failure}", flush=True)
-    print(f"rank {rank}: {3 - len(failures)} of 3 checks passed", flush=True)
+    print(f"rank {rank}: {4 - len(failures)} of 4 checks passed", flush=True)
     faulthandler.cancel_dump_traceback_later()
     os._exit(1 if failures else 0)
 
