@@ -179,6 +179,10 @@ void apply_rendezvous(const CliExtras& extras, LaunchOptions& options, bool mast
   }
   const std::optional<int> number = whole_number(port);
   if (!number) throw braid::InvalidUsage("--rdzv-endpoint " + extras.rdzv_endpoint + ": '" + port + "' is not a port");
+  // An empty host was refused later as "--master-addr must not be empty",
+  // an option the user never passed.
+  if (host.empty())
+    throw braid::InvalidUsage("--rdzv-endpoint " + extras.rdzv_endpoint + " names no host: give HOST:PORT");
   options.master_port = *number;
   options.master_addr = host;
 }

@@ -928,6 +928,7 @@ TEST_CASE("braid-launch runs torchrun's command lines: a script, -m, --rdzv-*", 
       {{"--nnodes", "1:4"}, "elastic job of 1 to 4 nodes"},
       {{"--rdzv-backend", "etcd"}, "--rdzv-backend etcd is not supported"},
       {{"--rdzv-endpoint", "127.0.0.1:29431", "--master-port", "29432"}, "pass one"},
+      {{"--rdzv-endpoint", ":29431"}, "--rdzv-endpoint :29431 names no host"},
       {{"-m", "--no-python"}, "pass one"}};
   for (const auto& [flags, words] : refused) {
     std::vector<std::string> args{"--nproc_per_node", "1"};
