@@ -4,6 +4,7 @@
 #include <signal.h>
 #include <stdlib.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <catch2/catch.hpp>
@@ -689,6 +690,42 @@ TEST_CASE("a reader of stdout that stalls holds up neither --timeout nor signals
     CHECK(job->wait(20s) == 128 + SIGTERM);
     check_stopped_in_time(*job);
   }
+}
+
+// Ctrl-Z sends SIGTSTP to the terminal's foreground group, the launcher's;
+// each rank runs in a group of its own, so only the launcher stopped and
+// the ranks ran on. It now passes SIGTSTP on, stops, and passes SIGCONT on.
+TEST_CASE("Ctrl-Z (SIGTSTP) to the launcher stops its ranks, and SIGCONT continues them", "[launch]") {
+  JobDir dir;
+  LaunchedJob job(dir, shell_job(2, recording("while :; do sleep 0.05; done"), dir, {"--grace-period", "1"}));
+  for (int rank = 0; rank < 2; ++rank) wait_for_file(dir.path() / ("pid_" + std::to_string(rank)));
+  const auto pids = dir.recorded_pids();
+  auto state = [](pid_t pid) {
+    const std::string stat = read_file("/proc/" + std::to_string(pid) + "/stat");
+    const auto close_paren = stat.rfind(')');
+    return close_paren == std::string::npos ? '?' : stat.at(close_paren + 2);
+  };
+  // Until every rank is in the state, or 10 s.
+  auto all_become = [&](bool stopped) {
+    const auto give_up = std::chrono::steady_clock::now() + 10s;
+    auto done = [&] {
+      return std::all_of(pids.begin(), pids.end(), [&](const auto& p) { return (state(p.second) == 'T') == stopped; });
+    };
+    while (!done() && std::chrono::steady_clock::now() < give_up) std::this_thread::sleep_for(20ms);
+    return done();
+  };
+  REQUIRE(::kill(job.pid(), SIGTSTP) == 0);
+  int status = 0;
+  const auto give_up = std::chrono::steady_clock::now() + 10s;
+  while (::waitpid(job.pid(), &status, WUNTRACED | WNOHANG) == 0 && std::chrono::steady_clock::now() < give_up)
+    std::this_thread::sleep_for(20ms);
+  CHECK(WIFSTOPPED(status));
+  CHECK(all_become(true));
+  REQUIRE(::kill(job.pid(), SIGCONT) == 0);
+  CHECK(all_become(false));
+  REQUIRE(::kill(job.pid(), SIGTERM) == 0);
+  CHECK(job.wait(20s) == 128 + SIGTERM);
+  check_no_rank_survives(dir, 2);
 }
 
 // `braid-launch ... | head`: once head has exited, the launcher's next

@@ -11,7 +11,7 @@ namespace braid::launcher {
 SignalCatcher::SignalCatcher() {
   sigset_t caught;
   sigemptyset(&caught);
-  for (int signo : {SIGCHLD, SIGINT, SIGTERM, SIGHUP, SIGQUIT}) sigaddset(&caught, signo);
+  for (int signo : {SIGCHLD, SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGTSTP, SIGCONT}) sigaddset(&caught, signo);
   if (int err = pthread_sigmask(SIG_BLOCK, &caught, &old_mask_); err != 0)
     throw SystemError(errno_message("pthread_sigmask", err));
   fd_.reset(signalfd(-1, &caught, SFD_CLOEXEC | SFD_NONBLOCK));

@@ -1,6 +1,7 @@
 // The launcher takes its signals through a signalfd so that the one thread
 // that polls the ranks' pipes also sees SIGCHLD, SIGINT, SIGTERM, SIGHUP and SIGQUIT,
-// with no handler code running at arbitrary points.
+// and the job control signals SIGTSTP and SIGCONT, with no handler code
+// running at arbitrary points.
 //
 // Create the SignalCatcher before starting any thread (the store server):
 // a signal mask is per thread and inherited, so threads started afterwards
@@ -18,7 +19,8 @@ namespace braid::launcher {
 
 class SignalCatcher {
  public:
-  // Blocks SIGCHLD, SIGINT, SIGTERM, SIGHUP and SIGQUIT in this thread, opens a
+  // Blocks SIGCHLD, SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGTSTP and SIGCONT
+  // (which still continues the process) in this thread, opens a
   // signalfd for them and ignores SIGPIPE and SIGTTIN (input.h); the
   // destructor restores all.
   SignalCatcher();

@@ -141,6 +141,10 @@ void Supervisor::handle_signals() {
   for (int signo : signals_.take()) {
     if (signo == SIGCHLD)
       reap_exited();
+    else if (signo == SIGTSTP)
+      suspend();
+    else if (signo == SIGCONT)
+      signal_running(SIGCONT);
     else
       on_launcher_signal(signo);
   }
@@ -244,6 +248,16 @@ void Supervisor::on_launcher_signal(int signo) {
   exit_status_ = 128 + signo;
   stop(signo);
   drop_output_after(std::max<Clock::duration>(grace_period_, kDrainTime));
+}
+
+// Ctrl-Z (SIGTSTP) reaches the terminal's foreground group, the
+// launcher's; each rank runs in a group of its own, so only the launcher
+// stopped and the ranks ran on. They are sent SIGTSTP (a rank may handle
+// it, as under a shell), then the launcher stops itself; SIGCONT (fg, bg)
+// continues it, and it passes that on (handle_signals).
+void Supervisor::suspend() {
+  signal_running(SIGTSTP);
+  ::raise(SIGSTOP);
 }
 
 void Supervisor::tell_once(const std::string& line) {

@@ -112,6 +112,7 @@ class Supervisor {
   void on_launcher_signal(int signo);
   void tell_once(const std::string& line);
   void close_unread(Stream& stream);
+  void suspend();
   void handle_deadlines();
   void on_timeout();
   void stop(int signo);
