@@ -692,6 +692,18 @@ TEST_CASE("a reader of stdout that stalls holds up neither --timeout nor signals
   }
 }
 
+// A rank that exits leaving a background job of its own running (an
+// upload) has it killed, as everything a rank starts ends with it: that
+// happened without a word.
+TEST_CASE("a rank that exits 0 leaving a background job running is told it is killed", "[launch]") {
+  JobDir dir;
+  auto result = run_launch(dir, shell_job(2, "if [ \"$BRAID_RANK\" = 0 ]; then sleep 30 & exit 0; fi; sleep 1", dir));
+  CHECK(result.status == 0);
+  CHECK_THAT(result.err, Catch::Contains("rank 0 exited leaving 1 process(es) it started still running") &&
+                             Catch::Contains("wait for them before the rank exits"));
+  CHECK_THAT(result.err, !Catch::Contains("rank 1 exited leaving"));
+}
+
 // Ctrl-Z sends SIGTSTP to the terminal's foreground group, the launcher's;
 // each rank runs in a group of its own, so only the launcher stopped and
 // the ranks ran on. It now passes SIGTSTP on, stops, and passes SIGCONT on.

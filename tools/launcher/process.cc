@@ -19,6 +19,9 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
 
 namespace braid::launcher {
 namespace {
@@ -139,6 +142,24 @@ pid_t spawn(const ProcessSpec& spec) {
 void signal_group(pid_t pid, int signo) {
   if (::kill(-pid, signo) != 0 && errno != ESRCH)
     throw SystemError(errno_message("kill(-" + std::to_string(pid) + ")", errno));
+}
+
+int others_in_group(pid_t pid) {
+  int count = 0;
+  std::error_code ec;
+  for (const auto& entry : std::filesystem::directory_iterator("/proc", ec)) {
+    const std::string name = entry.path().filename().string();
+    if (name.find_first_not_of("0123456789") != std::string::npos || name == std::to_string(pid)) continue;
+    std::ifstream in(entry.path() / "stat");
+    std::string stat((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    const std::size_t close_paren = stat.rfind(')');
+    if (close_paren == std::string::npos) continue;
+    std::istringstream rest(stat.substr(close_paren + 1));
+    char state = 0;
+    long ppid = 0, pgrp = 0;
+    if (rest >> state >> ppid >> pgrp && pgrp == pid && state != 'Z') ++count;
+  }
+  return count;
 }
 
 ExitStatus decode_wait_status(int status) {

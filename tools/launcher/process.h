@@ -93,6 +93,10 @@ pid_t spawn(const ProcessSpec& spec);
 // is not an error.
 void signal_group(pid_t pid, int signo);
 
+// How many live processes other than pid are in the process group pid
+// leads (read from /proc).
+int others_in_group(pid_t pid);
+
 // How a child ended, decoded from a wait status.
 struct ExitStatus {
   bool signaled = false;

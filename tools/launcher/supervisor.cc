@@ -192,6 +192,13 @@ void Supervisor::reap_exited() {
     Rank& rank = *each.rank;
     // While the rank is an unreaped zombie its pid, and so its group id,
     // cannot be reused: kill what it left behind in its group, then reap.
+    // A rank that succeeded may not know that what it left running (a
+    // background upload) ends with it: it was killed without a word.
+    if (!each.failed && !stopping_)
+      if (const int left = others_in_group(rank.pid); left > 0)
+        say("rank " + std::to_string(rank.rank) + " exited leaving " + std::to_string(left) +
+            " process(es) it started still running in its process group (a background job?); they are killed "
+            "now, as everything a rank starts ends with it: wait for them before the rank exits");
     signal_group(rank.pid, SIGKILL);
     int status = 0;
     while (waitpid(rank.pid, &status, 0) < 0 && errno == EINTR) {
