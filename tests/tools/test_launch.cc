@@ -369,6 +369,26 @@ TEST_CASE("a rank of one node that fails before joining fails the other nodes at
   CHECK(took < std::chrono::seconds(12));  // not the 20 s of BRAID_TIMEOUT
 }
 
+// Node 0 serves the store 2.5 s longer after its rank failed, for the other
+// nodes to read why. Ctrl-C meanwhile was blocked, and delivered once the
+// launcher restored its signal mask on the way out: it died by SIGINT
+// (130) instead of returning the rank's status.
+TEST_CASE("Ctrl-C while node 0 serves the store after a failure ends that at once with the rank's status",
+          "[launch]") {
+  JobDir dir;
+  LaunchedJob node0(dir, one_rank_node(2, "0", 29541, {"sh", "-c", "exit 3"}), {{"BRAID_JOB_TOKEN", "linger"}});
+  const auto give_up = std::chrono::steady_clock::now() + 20s;
+  while (node0.err().find("exited with status 3") == std::string::npos && std::chrono::steady_clock::now() < give_up)
+    std::this_thread::sleep_for(20ms);
+  REQUIRE_THAT(node0.err(), Catch::Contains("exited with status 3"));
+  std::this_thread::sleep_for(200ms);  // into the linger
+  const auto signalled = std::chrono::steady_clock::now();
+  REQUIRE(::kill(node0.pid(), SIGINT) == 0);
+  CHECK(node0.wait(20s) == 3);
+  CHECK(std::chrono::steady_clock::now() - signalled < 2s);
+  CHECK_THAT(node0.err(), Catch::Contains("received SIGINT; no longer serving the store"));
+}
+
 // A node whose program cannot be executed (a path missing on that node
 // only) ended at once, but told no one: the other nodes' ranks waited for
 // its ranks until BRAID_TIMEOUT.

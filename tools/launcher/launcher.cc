@@ -12,6 +12,7 @@
 
 #include <fcntl.h>
 #include <netdb.h>
+#include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
 #include <spdlog/spdlog.h>
@@ -175,6 +176,24 @@ struct Outcome {
 // across nodes have ended: the other nodes' ranks look for the failure at
 // least every 2 s (comm/setup.cc, host_of_peer).
 constexpr std::chrono::milliseconds kStoreLinger{2500};
+
+// Serves the store kStoreLinger longer, or until a signal comes (Ctrl-C):
+// it was blocked meanwhile, and delivered only once the launcher restored
+// its signal mask on the way out, which then died by it without its
+// output drained or the rank's status returned.
+void linger(SignalCatcher& signals) {
+  const auto end = std::chrono::steady_clock::now() + kStoreLinger;
+  for (auto now = std::chrono::steady_clock::now(); now < end; now = std::chrono::steady_clock::now()) {
+    pollfd ready{signals.fd(), POLLIN, 0};
+    const auto left = std::chrono::ceil<std::chrono::milliseconds>(end - now);
+    if (::poll(&ready, 1, static_cast<int>(left.count())) <= 0) continue;
+    for (int signo : signals.take()) {
+      if (signo != SIGINT && signo != SIGTERM && signo != SIGHUP && signo != SIGQUIT) continue;
+      say("received " + signal_name(signo) + "; no longer serving the store to the other nodes");
+      return;
+    }
+  }
+}
 
 // Tells the ranks of the other nodes that one of this node's failed
 // (runtime::kJobFailedKey): a rank that failed before joining (a bad flag,
@@ -508,7 +527,7 @@ int launch(const LaunchOptions& given) {
     // Node 0's ranks end at once on a failure, and its store went with
     // them while other nodes' ranks had yet to read why (they look every
     // 2 s at most): it serves a little longer.
-    if (server && options.nnodes > 1 && outcome.rank_failed) std::this_thread::sleep_for(kStoreLinger);
+    if (server && options.nnodes > 1 && outcome.rank_failed) linger(signals);
     if (!outcome.rank_failed || job.restart >= options.max_restarts) return outcome.status;
     say("restarting all " + std::to_string(options.nproc_per_node) + " ranks (restart " +
         std::to_string(job.restart + 1) + " of at most " + std::to_string(options.max_restarts) + ")");
