@@ -228,31 +228,33 @@ int avg_shift(int size) { return std::countr_zero(std::bit_ceil(static_cast<unsi
 
 }  // namespace
 
-std::shared_ptr<void> scale_avg_inputs(Op& op, int rank, int size) {
+StagedInput scale_avg_inputs(Op& op, int rank, int size) {
   if (op.reduce_op != ReduceOp::avg || (op.dtype != DataType::f16 && op.dtype != DataType::bf16) ||
       op.memory.kind != runtime::MemoryKind::host || size == 1)
-    return nullptr;
-  if (op.kind != OpKind::all_reduce && op.kind != OpKind::reduce_scatter && op.kind != OpKind::reduce) return nullptr;
+    return {};
+  if (op.kind != OpKind::all_reduce && op.kind != OpKind::reduce_scatter && op.kind != OpKind::reduce) return {};
   const std::size_t count = send_elements(op, rank, size);
   const std::size_t bytes = count * dtype_bytes(op.dtype);
-  if (bytes == 0) return nullptr;  // the same count on every rank: none scales
+  if (bytes == 0) return {};  // the same count on every rank: none scales
   // A registered input gets a registered copy, so that the call still
   // runs the direct algorithm where every rank's buffers are registered.
+  StagedInput staged{nullptr, op.send, count, op.dtype, -avg_shift(size)};
   RegionRef ref;
-  void* copy = nullptr;
-  std::shared_ptr<void> scaled;
-  if (shm::regions::find(op.send, bytes, ref)) {
-    copy = shm::regions::allocate(bytes);
-    scaled.reset(copy, shm::regions::release);
-  } else {
-    auto plain = std::make_shared_for_overwrite<std::byte[]>(bytes);  // every byte is written below
-    copy = plain.get();
-    scaled = std::move(plain);
-  }
-  kernels::cpu::scale_halves(copy, op.send, count, op.dtype, -avg_shift(size));
-  op.send = copy;
+  if (shm::regions::find(op.send, bytes, ref))
+    staged.memory.reset(shm::regions::allocate(bytes), shm::regions::release);
+  else
+    staged.memory = std::make_shared_for_overwrite<std::byte[]>(bytes);  // every byte is written by fill()
+  op.send = staged.memory.get();
   op.avg_scaled = true;
-  return scaled;
+  return staged;
+}
+
+void StagedInput::fill() const {
+  if (!memory) return;
+  if (shift != 0)
+    kernels::cpu::scale_halves(memory.get(), from, count, dtype, shift);
+  else
+    std::memcpy(memory.get(), from, count * dtype_bytes(dtype));
 }
 
 void finish_scaled_avg(const Op& op, int rank, int size) {
@@ -261,16 +263,17 @@ void finish_scaled_avg(const Op& op, int rank, int size) {
 
 namespace {
 
-// Points `op`'s input at a registered copy of its `bytes` where the input
-// is registered (where a direct collective may read it), and returns the
-// copy for the call to keep; changes nothing and returns null elsewhere.
-std::shared_ptr<void> send_from_registered_copy(Op& op, std::size_t bytes) {
+// Points `op`'s input at a registered copy where the input is registered
+// (where a direct collective may read it), and returns the copy for the
+// call to fill and keep; changes nothing and returns none elsewhere.
+StagedInput send_from_registered_copy(Op& op, std::size_t count) {
+  const std::size_t bytes = count * dtype_bytes(op.dtype);
   RegionRef ref;
-  if (!shm::regions::find(op.send, bytes, ref)) return nullptr;
-  std::shared_ptr<void> copy(shm::regions::allocate(bytes), shm::regions::release);
-  std::memcpy(copy.get(), op.send, bytes);
-  op.send = copy.get();
-  return copy;
+  if (!shm::regions::find(op.send, bytes, ref)) return {};
+  StagedInput staged{std::shared_ptr<void>(shm::regions::allocate(bytes), shm::regions::release), op.send, count,
+                     op.dtype, 0};
+  op.send = staged.memory.get();
+  return staged;
 }
 
 }  // namespace
@@ -283,14 +286,15 @@ std::shared_ptr<void> send_from_registered_copy(Op& op, std::size_t bytes) {
 // input is copied instead into registered memory, which the direct
 // collective reads while it writes the caller's buffer: every rank runs
 // direct. (Unforced, host all_to_all runs pairwise, in place or not.)
-std::shared_ptr<void> Communicator::Impl::stage_in_place_all_to_all(Op& op) const {
+StagedInput Communicator::Impl::stage_in_place_all_to_all(Op& op) const {
   if (op.kind != OpKind::all_to_all || forced_algo != "direct" || op.memory.kind != runtime::MemoryKind::host)
-    return nullptr;
-  const std::size_t bytes = send_elements(op, rank, size) * dtype_bytes(op.dtype);
+    return {};
+  const std::size_t count = send_elements(op, rank, size);
+  const std::size_t bytes = count * dtype_bytes(op.dtype);
   auto* send = static_cast<const std::byte*>(op.send);
   auto* recv = static_cast<const std::byte*>(op.recv);
-  if (bytes == 0 || send >= recv + bytes || recv >= send + bytes) return nullptr;
-  return send_from_registered_copy(op, bytes);
+  if (bytes == 0 || send >= recv + bytes || recv >= send + bytes) return {};
+  return send_from_registered_copy(op, count);
 }
 
 // reduce_scatter into the start of its send buffer on a rank other than 0
@@ -301,12 +305,12 @@ std::shared_ptr<void> Communicator::Impl::stage_in_place_all_to_all(Op& op) cons
 // had read it: wrong results on the other ranks. A registered input is
 // copied into registered memory, which the call then reads; on device
 // memory the form is refused.
-std::shared_ptr<void> Communicator::Impl::stage_reduce_scatter_at_start(Op& op) const {
-  if (op.kind != OpKind::reduce_scatter || rank == 0 || op.send != op.recv || op.count == 0) return nullptr;
+StagedInput Communicator::Impl::stage_reduce_scatter_at_start(Op& op) const {
+  if (op.kind != OpKind::reduce_scatter || rank == 0 || op.send != op.recv || op.count == 0) return {};
   if (op.memory.kind == runtime::MemoryKind::device)
     throw InvalidUsage(call_text(op, rank) + "on device memory the receive buffer must be this rank's slice of the "
                        "send buffer (send + rank x count) or a buffer of its own, not the send buffer's start");
-  return send_from_registered_copy(op, send_elements(op, rank, size) * dtype_bytes(op.dtype));
+  return send_from_registered_copy(op, send_elements(op, rank, size));
 }
 
 Work Communicator::submit(Op&& op) {
@@ -318,13 +322,11 @@ Work Communicator::submit(Op&& op) {
     throw InvalidUsage(e.what() + impl_->scope_note);  // which process "rank 1" of a split is
   }
   if (op.stream.cuda != nullptr || runtime::device_memory_possible()) locate_buffers(op, impl_->rank, impl_->size);
-  auto kept = scale_avg_inputs(op, impl_->rank, impl_->size);
-  if (!kept) kept = impl_->stage_in_place_all_to_all(op);
-  if (!kept) kept = impl_->stage_reduce_scatter_at_start(op);
-  if (auto done = impl_->try_lean(op)) return Work(std::move(done));  // small one-shot calls (engine_lean.cc)
-  std::shared_ptr<WorkState> state = impl_->enqueue(op);
-  if (kept) state->keep = kept;  // until the engine is done with the call, which holds `state`
-  return Work(std::move(state));
+  StagedInput input = scale_avg_inputs(op, impl_->rank, impl_->size);
+  if (!input) input = impl_->stage_in_place_all_to_all(op);
+  if (!input) input = impl_->stage_reduce_scatter_at_start(op);
+  if (auto done = impl_->try_lean(op, input)) return Work(std::move(done));  // small one-shot calls (engine_lean.cc)
+  return Work(impl_->enqueue(op, std::move(input)));  // the state keeps the input until the engine is done
 }
 
 Work Communicator::all_reduce(const void* send, void* recv, std::size_t count, DataType dtype, ReduceOp op,

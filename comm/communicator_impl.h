@@ -32,10 +32,28 @@ class StoreServer;
 
 namespace braid::comm {
 
+// A copy of a call's input that the call reads instead (an avg of halves
+// scaled down, the in-place forms a direct collective cannot read in
+// place: communicator.cc). Its memory is taken, and `op` pointed at it,
+// when the call is issued; it is filled from the caller's input when the
+// call runs (fill(), by the engine), since calls issued before it may still
+// write that input: filled at issue, an all_reduce in place followed by an
+// avg of the same f16 buffer, issued without a wait between, averaged the
+// old values.
+struct StagedInput {
+  std::shared_ptr<void> memory;  // null: none
+  const void* from = nullptr;
+  std::size_t count = 0;  // elements of dtype
+  DataType dtype = DataType::u8;
+  int shift = 0;          // f16/bf16 scaled by 2^shift; 0: copied as it is
+  explicit operator bool() const { return memory != nullptr; }
+  void fill() const;
+};
+
 // The avg of f16 and bf16 on host memory (communicator.cc): each rank's
 // input scaled by a power of two into a copy, which `op` then sends; the
 // result divided after the algorithm (the engine calls finish_scaled_avg).
-std::shared_ptr<void> scale_avg_inputs(Op& op, int rank, int size);
+StagedInput scale_avg_inputs(Op& op, int rank, int size);
 void finish_scaled_avg(const Op& op, int rank, int size);
 
 // How many times this process has been forked into (pthread_atfork, counted
@@ -53,7 +71,7 @@ struct WorkState {
   // A call on device memory: its stream's side (comm/device.h).
   std::shared_ptr<StagedOp> staged;
   std::chrono::milliseconds timeout{0};
-  std::shared_ptr<void> keep;  // memory the call reads, kept while the state lives (scaled avg inputs)
+  StagedInput input;  // filled when the call runs; kept while the state lives
   void complete(std::exception_ptr e);
   // complete() for a state no other thread can see yet (a call run inline
   // before enqueue returns its Work): no lock, no one to notify.
@@ -187,10 +205,10 @@ struct Communicator::Impl {
   const Exchange::PeerState peer_state = [this](const Op& op, int peer) { return describe_wait(op, peer); };
 
   ~Impl();
-  std::shared_ptr<WorkState> enqueue(Op op);
+  std::shared_ptr<WorkState> enqueue(Op op, StagedInput input = {});
   // Runs `op` at once through the lean path and returns its completed
   // state, or null (nothing done) where that path does not apply.
-  std::shared_ptr<WorkState> try_lean(Op& op);
+  std::shared_ptr<WorkState> try_lean(Op& op, const StagedInput& input);
   // Once, with the transports connected: the slots and lean_by_kind.
   void prepare();
   void ensure_prepared() {
@@ -222,11 +240,11 @@ struct Communicator::Impl {
   CallShape shape_of(const Op& op) const;
   bool registered(const Op& op) const;
   // Under BRAID_ALGO=direct, points an in-place all_to_all's input at a
-  // registered copy, returned to be kept for the call (communicator.cc).
-  std::shared_ptr<void> stage_in_place_all_to_all(Op& op) const;
+  // registered copy, returned for the call to fill and keep (communicator.cc).
+  StagedInput stage_in_place_all_to_all(Op& op) const;
   // Likewise a reduce_scatter into the start of its send buffer on a rank
   // other than 0 (refused on device memory).
-  std::shared_ptr<void> stage_reduce_scatter_at_start(Op& op) const;
+  StagedInput stage_reduce_scatter_at_start(Op& op) const;
   void note_choice(OpKind kind, const Algorithm& algorithm);
   void abort(const std::string& reason);
 };

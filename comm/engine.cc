@@ -95,9 +95,10 @@ Communicator::Impl::~Impl() {
   forget_store_keys(*this);
 }
 
-std::shared_ptr<WorkState> Communicator::Impl::enqueue(Op op) {
+std::shared_ptr<WorkState> Communicator::Impl::enqueue(Op op, StagedInput input) {
   ensure_prepared();
   auto state = std::make_shared<WorkState>();
+  state->input = std::move(input);
   // Device memory: the copies and the gate go on the caller's stream now,
   // before the call takes its sequence number, and staging and queueing
   // happen under staging_mu so that gates open in queue order. Not under mu:
@@ -277,6 +278,7 @@ void Communicator::Impl::execute(Op& op, WorkState& state, bool inline_call) {
   if (!inline_call && refuse_after_failure(op, state)) return;
   try {
     if (state.staged) state.staged->wait_inputs(Clock::now() + timeout);
+    state.input.fill();  // now: the calls before it have written what they write (StagedInput)
     if (status) status->entered(op, &exchange.waiting_for);
     CallShape shape = shape_of(op);
     if (state.staged) shape.registered = state.staged->on_device();  // as when it was staged

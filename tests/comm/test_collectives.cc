@@ -585,6 +585,49 @@ TEST_CASE("traffic counters follow the ring's 2(N-1)/N", "[collectives]") {
 // each other's buffers; only descriptors cross the transport, which the
 // traffic counters show), smaller ones the usual algorithms; every dtype
 // and op exact, in and out of place.
+// Some calls read a copy of their input (an avg of halves scaled down, the
+// in-place forms a direct collective cannot read in place). The copy was
+// made when the call was issued, so a call issued right behind another
+// that writes the same buffer, with no wait between, read the old values:
+// every element of a sum-then-avg chain came out as the input, silently.
+TEST_CASE("a call that reads a copy of its input sees the writes of the calls issued before it",
+          "[collectives][registered]") {
+  const int size = GENERATE(2, 3);
+  const std::string algo = GENERATE("", "direct");
+  runtime::Config config = test::test_config(std::chrono::seconds(20));
+  config.algo = algo;
+  auto result = test::run_ranks(size, [](Communicator& comm) {
+    const int n = comm.size();
+    const std::size_t count = 100003;
+    std::vector<std::uint16_t> x(count, kernels::cpu::f32_to_f16(1.0f));
+    Work sum = comm.all_reduce(x.data(), x.data(), count, DataType::f16, ReduceOp::sum);
+    Work avg = comm.all_reduce(x.data(), x.data(), count, DataType::f16, ReduceOp::avg);
+    sum.wait();
+    avg.wait();
+    expect(std::all_of(x.begin(), x.end(), [&](std::uint16_t v) { return kernels::cpu::f16_to_f32(v) == n; }),
+           "an f16 avg issued right after a sum in place gave " + std::to_string(kernels::cpu::f16_to_f32(x[0])));
+    auto* a = static_cast<float*>(Communicator::allocate(count * n * sizeof(float)));
+    std::fill(a, a + count * n, 1.0f);
+    Work first = comm.all_reduce(a, a, count * n, DataType::f32, ReduceOp::sum);
+    Work second = comm.reduce_scatter(a, a, count, DataType::f32, ReduceOp::sum);
+    first.wait();
+    second.wait();
+    expect(std::all_of(a, a + count, [&](float v) { return v == float(n * n); }),
+           "a reduce_scatter into the start of its registered send buffer after an all_reduce gave " +
+               std::to_string(a[0]));
+    std::fill(a, a + count * n, 1.0f);
+    first = comm.all_reduce(a, a, count * n, DataType::f32, ReduceOp::sum);
+    second = comm.all_to_all(a, a, count, DataType::f32);
+    first.wait();
+    second.wait();
+    expect(std::all_of(a, a + count * n, [&](float v) { return v == float(n); }),
+           "an in-place all_to_all of a registered buffer after an all_reduce gave " + std::to_string(a[0]));
+    Communicator::deallocate(a);
+  }, test::run_options(std::chrono::seconds(120), config));
+  INFO(size << " ranks, BRAID_ALGO='" << algo << "'\n" << result.summary());
+  REQUIRE(result.all_ok());
+}
+
 TEST_CASE("all_reduce on registered buffers goes direct and stays exact", "[collectives][registered]") {
   int size = GENERATE(2, 3, 4);
   auto result = test::run_ranks(size, [](Communicator& comm) {
