@@ -32,6 +32,18 @@ namespace {
 // The same exception type, with this rank and operation in front.
 // `scope` ends the message (Impl::scope_note): which processes a split
 // communicator's rank numbers are.
+// A peer's reason may blame this very rank ("rank 3 did not answer RDMA",
+// relayed by a peer's farewell or the status board), which read oddly
+// where rank 3 printed it, alive: say what it means there.
+std::string blamed_note(const std::string& text, int rank) {
+  const std::string me = "rank " + std::to_string(rank);
+  for (const char* blame : {" did not answer RDMA", " exited, crashed, hung or became unreachable"})
+    if (text.find(": " + me + blame) != std::string::npos)
+      return " (" + me + ", this rank, still runs: the network path between the two lost its packets, or a "
+             "port on it went down)";
+  return "";
+}
+
 std::exception_ptr with_context(const Op& op, int rank, std::exception_ptr error, StatusBoard* status,
                                 const std::string& scope) {
   std::string where = "rank " + std::to_string(rank) + ", " + describe(op) + ": ";
@@ -45,6 +57,7 @@ std::exception_ptr with_context(const Op& op, int rank, std::exception_ptr error
     std::string why = e.peer() >= 0 && status ? status->abort_reason(e.peer()) : std::string();
     const bool told = why.empty() || std::string_view(e.what()).find(why) != std::string_view::npos;
     std::string text = where + e.what() + (told ? "" : "; it had failed first: " + why);
+    text += blamed_note(text, rank);
     return std::make_exception_ptr(RemoteError(scoped(text), e.peer()));
   } catch (const InvalidUsage& e) {
     return std::make_exception_ptr(InvalidUsage(scoped(where + e.what())));

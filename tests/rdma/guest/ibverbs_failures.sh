@@ -69,6 +69,19 @@ every_rank_says() { # LAYOUT PATTERN
   done
 }
 
+# A rank that quotes a peer blaming it ("rank N did not answer RDMA", in
+# rank N's own output) says that it still runs, so the network is at fault.
+no_rank_blames_itself_bare() { # LAYOUT
+  local spec ranks=0 r
+  for spec in $1; do ranks=$((ranks + ${spec#*:})); done
+  for ((r = 0; r < ranks; r++)); do
+    if grep -E "\[rank $r\] .*: rank $r did not answer RDMA" <<<"$job_out" | grep -qv "rank $r, this rank, still runs"; then
+      echo "# rank $r quotes its own silence without saying that it still runs"
+      return 1
+    fi
+  done
+}
+
 # Every rank's call fails with one of braid's errors (braid-check exits 0
 # when it names the mismatch, 1 for another error), and the mismatch is
 # named; every_rank_says "$mismatched" then asks it of every rank.
@@ -200,4 +213,5 @@ check "wire back up" wire_up
 check "wire drops every packet mid all_gather (2+2, ports up): every rank names the silent peer" \
   break_wire "h1:2 h2:2" all_gather "rank [0-3] did not answer RDMA \(retries exhausted\)" \
   eval 'tc qdisc add dev rxe-h2 root netem loss 100%'
+check "... and a rank told that it did not answer says that it still runs" no_rank_blames_itself_bare "h1:2 h2:2"
 finish
