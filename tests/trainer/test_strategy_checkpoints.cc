@@ -431,5 +431,34 @@ TEST_CASE("a restarted job resumes from its own checkpoints, not from where it s
   CHECK(latest_step(ft) == 11);
 }
 
+// A run started without a launcher records no run id in its checkpoints. A
+// job given that directory is refused (another run's checkpoints), and its
+// restart took the checkpoints for its own: it resumed the other run's
+// step, with that run's options, and wrote on into its directory.
+TEST_CASE("a restarted job does not take over the checkpoints of a run without a run id", "[strategy][launch]") {
+  const char* train = launched_train();
+  if (train == nullptr) return;
+  braid::test::JobDir job;
+  const std::string model = std::string(train) +
+                            " --n-layer 1 --n-head 2 --n-embd 16 --block-size 16 --batch-size 4"
+                            " --eval-interval 0 --eval-batches 1 ";
+  const fs::path other = job.path() / "other";
+  auto plain = braid::test::LaunchedJob::program(
+      job, "plain", {"/bin/sh", "-c", "exec " + model + "--steps 2 --checkpoint-interval 2 --checkpoint-dir " + other.string()},
+      {{"BRAID_RUN_ID", std::nullopt}, {"TORCHELASTIC_RUN_ID", std::nullopt}, {"BRAID_RANK", std::nullopt},
+       {"RANK", std::nullopt}, {"BRAID_STORE_ADDR", std::nullopt}});
+  INFO(plain->err());
+  REQUIRE(plain->wait(std::chrono::seconds(60)) == 0);
+  REQUIRE(latest_step(other) == 2);
+  const braid::test::LaunchResult r = braid::test::run_launch(
+      job, braid::test::shell_job(1, "exec " + model + "--steps 4 --checkpoint-interval 1 --checkpoint-dir " +
+                                         other.string(), job, {"--max-restarts", "1"}));
+  INFO(r.out << r.err);
+  CHECK(r.status == 2);
+  CHECK_THAT(r.err, !Catch::Contains("resuming from the last checkpoint"));
+  CHECK(latest_step(other) == 2);
+  CHECK_FALSE(fs::exists(other / "step_00000004"));
+}
+
 }  // namespace
 }  // namespace braid::trainer

@@ -104,7 +104,10 @@ std::string restart_checkpoint(const TrainOptions& o, const std::string& run_id)
   if (dir.empty() && !o.resume.empty()) dir = checkpoint_home(resolve_checkpoint(o.resume));
   if (dir.empty() || !fs::exists(dir / "latest")) return {};
   const std::string written_by = read_train_state(resolve_checkpoint(dir)).run_id;
-  const bool own = !written_by.empty() && !run_id.empty() ? written_by == run_id : o.resume.empty();
+  // A job with a run id owns only the steps that record it: one that
+  // records none (a run started without a launcher) is another run's, and a
+  // restarted job took it over silently, its options with it.
+  const bool own = !run_id.empty() ? written_by == run_id : o.resume.empty();
   return own ? dir.string() : std::string();
 }
 

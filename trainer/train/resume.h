@@ -39,9 +39,10 @@ std::string apply_resume(const std::set<std::string>& given, int world_size, Tra
 // Where a job restarted by its launcher (--max-restarts) goes on from: the
 // directory it writes checkpoints to (--checkpoint-dir, else beside the
 // --resume checkpoint), when its latest step is this job's own, which the
-// run id that every attempt shares tells (TrainState::run_id). Where either
-// id is unknown, the directory only when the job was not started with
-// --resume (as before run ids). Empty: start as the first attempt did.
+// run id that every attempt shares tells (TrainState::run_id); a step that
+// records none is not. Where the job has no run id, the directory only when
+// the job was not started with --resume (as before run ids). Empty: start
+// as the first attempt did.
 std::string restart_checkpoint(const TrainOptions& options, const std::string& run_id);
 
 // The directory that holds a step directory (resolve_checkpoint's): where a
