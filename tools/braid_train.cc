@@ -24,9 +24,11 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <charconv>
 #include <cstdio>
 #include <fstream>
 #include <iterator>
+#include <limits>
 #include <memory>
 #include <optional>
 #include <set>
@@ -54,37 +56,67 @@ namespace {
 
 using braid::trainer::TrainOptions;
 
+// CLI11 2.1 reads an integer with strtoll in base 0, so "--steps 010" was 8
+// steps and "--seed 0x10" 16, and it lets a 64-bit value out of range
+// saturate ("--steps 99999999999999999999" ran 2^63 - 1 steps). Integer
+// flags are decimal here: leading zeros are dropped, anything else but
+// digits (after a '-' where the flag may be negative) is refused, and so is
+// a value the flag's type cannot hold.
+template <class T>
+CLI::Validator decimal(const T&) {
+  return CLI::Validator(
+      [](std::string& value) -> std::string {
+        const std::string range = "must be a whole number from " + std::to_string(std::numeric_limits<T>::min()) +
+                                  " to " + std::to_string(std::numeric_limits<T>::max()) + ", not " + value;
+        const std::size_t digits_at = value.rfind('-', 0) == 0 ? 1 : 0;
+        if (value.size() == digits_at || value.find_first_not_of("0123456789", digits_at) != std::string::npos)
+          return range;
+        T parsed{};
+        const auto [end, error] = std::from_chars(value.data(), value.data() + value.size(), parsed);
+        if (error != std::errc() || end != value.data() + value.size()) return range;
+        value = std::to_string(parsed);
+        return {};
+      },
+      "INT");
+}
+
 void add_model_flags(CLI::App& app, TrainOptions& o) {
-  app.add_option("--n-layer,--n_layer", o.model.n_layer, "transformer blocks")->capture_default_str();
-  app.add_option("--n-head,--n_head", o.model.n_head, "attention heads (must divide n_embd)")->capture_default_str();
-  app.add_option("--n-embd,--n_embd", o.model.n_embd, "channels")->capture_default_str();
-  app.add_option("--block-size,--block_size", o.model.block_size, "sequence length T")->capture_default_str();
+  app.add_option("--n-layer,--n_layer", o.model.n_layer, "transformer blocks")
+      ->transform(decimal(o.model.n_layer))->capture_default_str();
+  app.add_option("--n-head,--n_head", o.model.n_head, "attention heads (must divide n_embd)")
+      ->transform(decimal(o.model.n_head))->capture_default_str();
+  app.add_option("--n-embd,--n_embd", o.model.n_embd, "channels")
+      ->transform(decimal(o.model.n_embd))->capture_default_str();
+  app.add_option("--block-size,--block_size", o.model.block_size, "sequence length T")
+      ->transform(decimal(o.model.block_size))->capture_default_str();
 }
 
 void add_run_flags(CLI::App& app, TrainOptions& o) {
-  app.add_option("--batch-size,--batch_size", o.batch_size, "GLOBAL batch, in sequences")->capture_default_str();
+  app.add_option("--batch-size,--batch_size", o.batch_size, "GLOBAL batch, in sequences")
+      ->transform(decimal(o.batch_size))->capture_default_str();
   app.add_option("--grad-accum,--micro-batches", o.grad_accum,
                  "micro-batches per step and DP rank (M of a pipeline schedule; divides batch-size / dp)")
+      ->transform(decimal(o.grad_accum))
       ->capture_default_str();
-  app.add_option("--steps,--max_iters", o.steps, "optimizer steps")->capture_default_str();
+  app.add_option("--steps,--max_iters", o.steps, "optimizer steps")
+      ->transform(decimal(o.steps))->capture_default_str();
   app.add_option("--lr,--learning_rate", o.lr, "peak learning rate")->capture_default_str();
   app.add_option("--min-lr,--min_lr", o.min_lr, "learning rate at the end of the cosine decay")->capture_default_str();
-  app.add_option("--warmup-steps,--warmup_iters", o.warmup_steps, "linear warmup steps")->capture_default_str();
+  app.add_option("--warmup-steps,--warmup_iters", o.warmup_steps, "linear warmup steps")
+      ->transform(decimal(o.warmup_steps))->capture_default_str();
   app.add_option("--weight-decay,--weight_decay", o.weight_decay, "AdamW decoupled weight decay (2-D weights)")->capture_default_str();
   app.add_option("--grad-clip,--grad_clip", o.grad_clip, "max global gradient norm (0: off)")->capture_default_str();
-  // CLI11 reads "-1" into the unsigned seed as 2^64 - 1, without a word.
+  // CLI11 read "-1" into the unsigned seed as 2^64 - 1, without a word.
   app.add_option("--seed", o.seed, "seed of the init, the batches and the sampling")
-      ->check(CLI::Validator(
-          [](std::string& value) {
-            return value.find('-') == std::string::npos ? std::string()
-                                                        : "must be 0 to 18446744073709551615, not " + value;
-          },
-          "SEED"))
+      ->transform(decimal(o.seed))
       ->capture_default_str();
   app.add_option("--data", o.data, "text file (default: the fortunes in /usr/share/games/fortunes)");
-  app.add_option("--eval-interval,--eval_interval", o.eval_interval, "steps between val evaluations (0: at the end)")->capture_default_str();
-  app.add_option("--eval-batches,--eval_iters", o.eval_batches, "batches per evaluation, each of --batch-size sequences (the same ones on any layout)")->capture_default_str();
+  app.add_option("--eval-interval,--eval_interval", o.eval_interval, "steps between val evaluations (0: at the end)")
+      ->transform(decimal(o.eval_interval))->capture_default_str();
+  app.add_option("--eval-batches,--eval_iters", o.eval_batches, "batches per evaluation, each of --batch-size sequences (the same ones on any layout)")
+      ->transform(decimal(o.eval_batches))->capture_default_str();
   app.add_option("--checkpoint-interval", o.checkpoint_interval, "steps between checkpoints (0: at the end)")
+      ->transform(decimal(o.checkpoint_interval))
       ->capture_default_str();
 }
 
@@ -96,21 +128,26 @@ void add_invocation_flags(CLI::App& app, TrainOptions& o) {
   app.add_option("--metrics", o.metrics, "write one JSON object per step to this file");
   app.add_option("--log-interval,--log_interval", o.log_interval,
                  "print a line every N steps (0: about 20 lines, a progress bar on a terminal)")
+                     ->transform(decimal(o.log_interval))
       ->capture_default_str();
   app.add_option("--config", o.config,
                  "JSON file of settings (as a checkpoint's config.json); flags given here override it");
   app.add_flag("--eval-only", o.eval_only, "print the mean loss of the weights over --data's windows and exit");
-  app.add_option("--sample", o.sample_bytes, "generate this many bytes at the end")->capture_default_str();
+  app.add_option("--sample", o.sample_bytes, "generate this many bytes at the end")
+      ->transform(decimal(o.sample_bytes))->capture_default_str();
   app.add_option("--temperature", o.temperature, "sampling temperature (0: greedy)")->capture_default_str();
   app.add_option("--prompt", o.prompt, "text the sample continues");
-  app.add_option("--threads", o.threads, "BLAS threads per rank")->capture_default_str();
+  app.add_option("--threads", o.threads, "BLAS threads per rank")
+      ->transform(decimal(o.threads))->capture_default_str();
   app.add_option("--device", o.device, "cpu or cuda (rank r uses GPU local_rank % GPUs)")->capture_default_str();
   app.add_option("--strategy", o.strategy,
                  "data parallelism: none, dp, ddp, zero1, zero2, zero3 (default: none on one rank, ddp on more)");
   app.add_option("--bucket-mb", o.bucket_mb, "gradient bucket size in MiB (ddp, zero1, zero2)")->capture_default_str();
-  app.add_option("--dp", o.dp, "data-parallel ranks (default: world / (tp x pp))")->capture_default_str();
-  app.add_option("--tp", o.tp, "tensor-parallel ranks (divide n_head)")->capture_default_str();
-  app.add_option("--pp", o.pp, "pipeline stages (at most n_layer)")->capture_default_str();
+  app.add_option("--dp", o.dp, "data-parallel ranks (default: world / (tp x pp))")
+      ->transform(decimal(o.dp))->capture_default_str();
+  app.add_option("--tp", o.tp, "tensor-parallel ranks (divide n_head)")
+      ->transform(decimal(o.tp))->capture_default_str();
+  app.add_option("--pp", o.pp, "pipeline stages (at most n_layer)")->transform(decimal(o.pp))->capture_default_str();
   app.add_option("--schedule", o.schedule, "pipeline schedule: gpipe or 1f1b")->capture_default_str();
   app.add_option("--consolidate", o.consolidate, "write this checkpoint's weights to --out as one file and exit");
   app.add_option("--out", o.out, "the consolidated safetensors file");
@@ -173,6 +210,11 @@ void apply_saved_options(const std::set<std::string>& given_flags, const braid::
   // config.json records the interval but not the directory (a repeat of
   // the run must not write into the run's own): the bare "needs
   // --checkpoint-dir" named a flag the user never gave.
+  // A --lr below the end of the decay that the user did not set (the
+  // default 3e-4, or a resumed run's): the decay ends at a tenth of it, as
+  // the defaults do (3e-3, 3e-4). It was refused over --min-lr, a flag the
+  // user never gave.
+  if (given.count("lr") != 0 && given.count("min_lr") == 0 && o.min_lr > o.lr) o.min_lr = o.lr / 10;
   if (given.count("checkpoint_interval") != 0 && given_flags.count("checkpoint_interval") == 0 &&
       o.checkpoint_interval > 0 && o.checkpoint_dir.empty())
     throw braid::InvalidUsage("--config " + o.config + " sets checkpoint_interval " +

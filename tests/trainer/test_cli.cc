@@ -58,7 +58,13 @@ TEST_CASE("invalid combinations exit 2 before any work, saying what to change", 
     std::string args, message;
   };
   const std::vector<Case> cases = {
-      {"--seed -1", "--seed: must be 0 to 18446744073709551615, not -1"},  // was read as 2^64 - 1
+      {"--seed -1", "--seed: must be a whole number from 0 to 18446744073709551615, not -1"},  // was 2^64 - 1
+      // CLI11 saturated a 64-bit value out of range, and read "0x10" and
+      // "010" in base 16 and 8.
+      {"--seed 18446744073709551616", "--seed: must be a whole number from 0 to 18446744073709551615"},
+      {"--steps 99999999999999999999", "--steps: must be a whole number from -9223372036854775808"},
+      {"--seed 0x10", "--seed: must be a whole number"},
+      {"--batch-size 1e3", "--batch-size: must be a whole number"},
       {"--data ''", "--data is empty"},  // trained on the default corpus
       {"--resume " + stale.string(), "latest names step_00000009, which is not a complete step"},
       {config("float.json", "\"n_layer\": 2.7"), "setting 'n_layer' must be an integer"},
@@ -85,11 +91,34 @@ TEST_CASE("invalid combinations exit 2 before any work, saying what to change", 
     const Run r = braid_train(dir, c.args + " --init-out " + out);
     CHECK(r.rc == 2);
     CHECK_THAT(r.err, Catch::Contains(c.message));
+    CHECK_THAT(r.err, !Catch::Contains("goes unnoticed"));  // a lock warning before the reason
     CHECK_FALSE(fs::exists(out));
   }
   const Run mesh = braid_train(dir, "--tp 2 --steps 1");  // was "--dp 0 x --tp 2 ...", a --dp never given
   CHECK(mesh.rc == 2);
   CHECK_THAT(mesh.err, Catch::Contains("this world has one process; start braid-train under braid-launch -n 2"));
+}
+
+// "--steps 010" trained 8 steps (CLI11 read it in octal), and a --lr below
+// the default end of the decay (3e-4) was refused over --min-lr, a flag
+// never given: the decay now ends at a tenth of such a --lr.
+TEST_CASE("integer flags are decimal, and a small --lr alone trains", "[cli]") {
+  if (!have_binary()) return;
+  test::TempDir dir;
+  const fs::path text = write_text(dir, 1000);
+  const fs::path metrics = dir / "metrics.jsonl";
+  const Run r = braid_train(dir, kTiny + "--steps 010 --warmup-steps 0 --lr 1e-4 --eval-interval 0 --data " +
+                                     text.string() + " --metrics " + metrics.string());
+  INFO(r.out << r.err);
+  REQUIRE(r.rc == 0);
+  std::ifstream in(metrics);
+  std::vector<std::string> lines;
+  for (std::string line; std::getline(in, line);) lines.push_back(line);
+  REQUIRE(lines.size() == 10);
+  CHECK(nlohmann::json::parse(lines.back()).at("step") == 10);
+  const double last_lr = nlohmann::json::parse(lines.back()).at("lr").get<double>();
+  CHECK(last_lr < 1e-4);
+  CHECK(last_lr >= 0.99e-5);  // the decay ends at a tenth of --lr
 }
 
 double eval_loss(const std::string& out) {

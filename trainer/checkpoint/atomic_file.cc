@@ -278,6 +278,10 @@ fs::path through_hold(const fs::path& dir, const std::function<fs::path(const fs
 std::unique_ptr<DirectoryLock> DirectoryLock::take(const fs::path& dir, const std::string& holder) {
   std::error_code ec;
   fs::create_directories(dir, ec);
+  // A file where the directory should be is refused, saying so, by the
+  // trainer's own check: warning here first that a lock file could not be
+  // made only confused that.
+  if (!fs::is_directory(dir, ec)) return nullptr;
   const fs::path path = dir / ".braid-train.lock";
   // The lock file is opened in the directory held, so that the two are one
   // directory whatever renames it meanwhile.

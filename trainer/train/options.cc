@@ -192,7 +192,8 @@ void validate_schedule(const TrainOptions& o) {
   validate_reals(o);
   require(o.steps >= 0, "--steps must be 0 or more");
   require(o.lr > 0.0f, "--lr must be positive");
-  require(o.min_lr >= 0.0f && o.min_lr <= o.lr, "--min-lr must be between 0 and --lr");
+  require(o.min_lr >= 0.0f && o.min_lr <= o.lr,
+          "--min-lr " + json(shortest(o.min_lr)).dump() + " must be between 0 and --lr " + json(shortest(o.lr)).dump());
   require(o.warmup_steps >= 0, "--warmup-steps must be 0 or more");
   require(o.weight_decay >= 0.0f, "--weight-decay must be 0 or more");
   require(o.grad_clip >= 0.0f, "--grad-clip must be 0 (off) or more");
