@@ -30,7 +30,8 @@ if [ "$build_vm" = 1 ]; then
     exit 1
   fi
   ninja -C "$vm_build" tools/braid-bench tools/braid-launch tools/check/braid-check tests/rdma/programs/rdma-forge-cts \
-    tests/rdma/programs/rdma-polled >&2
+    tests/rdma/programs/rdma-polled tests/rdma/programs/librdma-late-qp.so \
+    tests/rdma/programs/rdma-busy >&2
   args=("$vm_build")
 fi
 

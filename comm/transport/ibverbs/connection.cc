@@ -246,15 +246,11 @@ std::unique_ptr<IbTransport> connect_ibverbs(runtime::Store& store, const std::s
 
   std::vector<IbTransport::Peer> peers(ranks.size());
   std::vector<ConnectionData> mine(ranks.size());
-  // Until the transport owns them, a throw destroys the queue pairs here.
+  // Until the transport owns them, a throw destroys the queue pairs here,
+  // also one while they are made (a device out of queue pairs): those made
+  // before it kept the protection domain and completion queue busy, and
+  // the device's descriptor leaked.
   std::vector<ibv_qp*> qps;
-  for (std::size_t i = 0; i < ranks.size(); ++i) {
-    peers[i].rank = ranks[i];
-    for (int q = 0; q < o.qps; ++q) {
-      peers[i].qps.push_back(create_qp(*verbs, o, ranks[i], q));
-      qps.push_back(peers[i].qps.back());
-    }
-  }
   struct QpGuard {
     std::vector<ibv_qp*>* qps;
     ~QpGuard() {
@@ -262,6 +258,13 @@ std::unique_ptr<IbTransport> connect_ibverbs(runtime::Store& store, const std::s
         for (ibv_qp* qp : *qps) ibv_destroy_qp(qp);
     }
   } guard{&qps};
+  for (std::size_t i = 0; i < ranks.size(); ++i) {
+    peers[i].rank = ranks[i];
+    for (int q = 0; q < o.qps; ++q) {
+      peers[i].qps.push_back(create_qp(*verbs, o, ranks[i], q));
+      qps.push_back(peers[i].qps.back());
+    }
+  }
   for (std::size_t i = 0; i < ranks.size(); ++i) {
     for (int q = 0; q < o.qps; ++q)
       for (int k = 0; k < receive_depth(o, q); ++k) {
@@ -280,6 +283,20 @@ std::unique_ptr<IbTransport> connect_ibverbs(runtime::Store& store, const std::s
     ConnectionData theirs = read_remote(store, key_prefix, o, ranks[i]);
     for (int q = 0; q < o.qps; ++q) bring_up(peers[i].qps[q], *verbs, mine[i], theirs, o, q);
     peers[i].remote = {theirs.ring_address, theirs.ring_rkey, theirs.credit_address, theirs.control_rkey};
+  }
+  // The path proof (prove_paths) waits until every peer's queue pairs are
+  // up: a write reaching one still in INIT is dropped, and a peer that
+  // brought its queue pair to this rank up after others (it reads their
+  // data in rank order) or started late failed the proof, named as a GID
+  // that does not route.
+  store.set(key_prefix + "/ibverbs/up/" + std::to_string(o.rank), std::string("1"));
+  std::vector<std::string> up;
+  for (int r : ranks) up.push_back(key_prefix + "/ibverbs/up/" + std::to_string(r));
+  try {
+    store.wait(up, o.timeout);
+  } catch (const TimeoutError& e) {
+    throw TimeoutError("rank " + std::to_string(o.rank) + " waited " + std::to_string(o.timeout.count()) +
+                       " ms for its RDMA peers to bring their queue pairs up: " + e.what());
   }
   guard.qps = nullptr;
   auto result = std::make_unique<IbTransport>(o, std::move(verbs), std::move(peers), std::move(ring),

@@ -103,21 +103,19 @@ void IbTransport::fail_completion(Peer& peer, const ibv_wc& wc) {
 // The keepalive of transport.h: probe each peer this rank waits on (a receive
 // posted, or a send not fully written for want of credits) unless a write to
 // it is outstanding already, whose failure would name a dead peer as well.
-void IbTransport::keep_alive() {
-  for (auto& peer : peers_) {
-    const bool waiting = !peer.recvs.empty() || !peer.sends.empty();
-    const bool outstanding = peer.keepalive_pending || peer.posted != peer.completed || peer.credit_writes > 0 ||
-                             peer.cts_writes > 0 ||
-                             std::any_of(peer.direct_writes.begin(), peer.direct_writes.end(),
-                                         [](const auto& q) { return !q.empty(); });
-    if (!waiting || outstanding) continue;
-    ControlBlock& block = control(peer);
-    ++block.keepalive_out;
-    post_write(peer, wr_id(Work::keepalive, index_of(peer)), &block.keepalive_out, control_.lkey(),
-               sizeof(std::uint64_t), peer.remote.credit_address + offsetof(ControlBlock, keepalive_in),
-               peer.remote.control_rkey, false, 0);
-    peer.keepalive_pending = true;
-  }
+void IbTransport::keep_alive(Peer& peer) {
+  const bool waiting = !peer.recvs.empty() || !peer.sends.empty();
+  const bool outstanding = peer.keepalive_pending || peer.posted != peer.completed || peer.credit_writes > 0 ||
+                           peer.cts_writes > 0 ||
+                           std::any_of(peer.direct_writes.begin(), peer.direct_writes.end(),
+                                       [](const auto& q) { return !q.empty(); });
+  if (!waiting || outstanding) return;
+  ControlBlock& block = control(peer);
+  ++block.keepalive_out;
+  post_write(peer, wr_id(Work::keepalive, index_of(peer)), &block.keepalive_out, control_.lkey(),
+             sizeof(std::uint64_t), peer.remote.credit_address + offsetof(ControlBlock, keepalive_in),
+             peer.remote.control_rkey, false, 0);
+  peer.keepalive_pending = true;
 }
 
 }  // namespace braid::comm::ibverbs

@@ -28,6 +28,10 @@ constexpr int kMaxCreditWrites = 2;
 // peers it waits on (the keepalive of transport.h): well below any sensible
 // BRAID_TIMEOUT, and long enough that a job whose data flows never probes.
 constexpr std::chrono::milliseconds kKeepaliveInterval{200};
+// How many progress() turns that moved something go by between two looks
+// at the peers' keepalive clocks (a clock read each): a turn moves a piece
+// or a completion, microseconds at least.
+constexpr std::uint32_t kTurnsPerProbeLook = 64;
 // How often a polled progress() reads the device's event queue (a port that
 // went down): one system call per look.
 constexpr std::chrono::milliseconds kEventLook{10};
@@ -158,7 +162,7 @@ RequestId IbTransport::post_send(int peer, const WireHeader& header, const void*
   requests_[id].data = static_cast<std::byte*>(const_cast<void*>(data));
   if (header.payload_bytes >= kDirectMinBytes) requests_[id].mode = Mode::large;
   p.sends.push_back(id);
-  active_ = true;  // a new operation: not blocked yet
+  p.active = true;  // a new operation: not blocked yet
   if (p.sends.size() == 1 && requests_[id].mode != Mode::large && !shut_down_) {
     count_freed(p);
     pump_sends(p);
@@ -172,7 +176,7 @@ RequestId IbTransport::post_recv(int peer, const WireHeader& expected, void* dat
   requests_[id].data = static_cast<std::byte*>(data);
   if (expected.payload_bytes >= kDirectMinBytes) requests_[id].mode = Mode::large;
   p.recvs.push_back(id);
-  active_ = true;
+  p.active = true;
   return id;
 }
 
@@ -469,6 +473,7 @@ bool IbTransport::on_completion(const ibv_wc& wc) {
     case Work::receive: on_receive(peer, wc); break;
     case Work::keepalive: peer.keepalive_pending = false; return false;
   }
+  peer.active = true;
   return true;
 }
 
@@ -504,16 +509,23 @@ bool IbTransport::pump_all() {
   // still puts its own on the wire, so the peer names the mismatch too
   // rather than learning only that this rank stopped answering.
   for (auto& peer : peers_) {
-    advanced |= pump_sends(peer);
-    advanced |= pump_recvs(peer);
+    bool moved = pump_sends(peer);
+    moved |= pump_recvs(peer);
+    peer.active |= moved;
+    advanced |= moved;
     if (!peer.failure.empty() && peer.completed == peer.posted) throw RemoteError(peer.failure, peer.rank);
   }
-  active_ |= advanced;
   return advanced;
 }
 
+bool IbTransport::pump_and_probe() {
+  if (!pump_all()) return false;
+  if (++moving_turns_ % kTurnsPerProbeLook == 0) probe_when_due(Clock::now());
+  return true;
+}
+
 bool IbTransport::progress(Clock::time_point deadline) {
-  if (pump_all()) return true;
+  if (pump_and_probe()) return true;
   auto now = Clock::now();
   if (now >= deadline) {
     // Polled (the caller blocks on another transport): the peers waited on
@@ -541,7 +553,7 @@ bool IbTransport::progress(Clock::time_point deadline) {
   // (an emulated HPET) reading it per poll would cost more than the wait.
   for (const auto spin_end = std::min(deadline, now + spin_); now < spin_end; now = Clock::now())
     for (int i = 0; i < kPollsPerClockRead; ++i)
-      if (pump_all()) return true;
+      if (pump_and_probe()) return true;
   // Arm the completion channel, then look once more: a completion that
   // arrived before arming raises no event.
   if (ibv_req_notify_cq(verbs_->cq, 0))
@@ -559,12 +571,16 @@ bool IbTransport::progress(Clock::time_point deadline) {
 }
 
 void IbTransport::probe_when_due(Clock::time_point now) {
-  if (active_) {
-    next_keepalive_ = now + kKeepaliveInterval;
-    active_ = false;
-  } else if (now >= next_keepalive_) {
-    keep_alive();
-    next_keepalive_ = now + kKeepaliveInterval;
+  next_keepalive_ = Clock::time_point::max();
+  for (auto& peer : peers_) {
+    if (peer.active) {
+      peer.active = false;
+      peer.next_keepalive = now + kKeepaliveInterval;
+    } else if (now >= peer.next_keepalive) {
+      keep_alive(peer);
+      peer.next_keepalive = now + kKeepaliveInterval;
+    }
+    next_keepalive_ = std::min(next_keepalive_, peer.next_keepalive);
   }
 }
 

@@ -32,8 +32,11 @@
 // to a destroyed queue pair without a word. A rank blocked on a peer (a
 // receive, or a send out of credits) with no write outstanding to it would
 // therefore wait for a dead peer until BRAID_TIMEOUT. So once progress() has
-// seen nothing posted or advance for kKeepaliveInterval, it posts to each peer it
-// waits on and has no write outstanding to an 8-byte signaled RDMA write
+// seen nothing posted to a peer or advance with it for kKeepaliveInterval
+// (a clock per peer: data flowing to another, read from the clock now and
+// then, held back the probe of a dead one until it stopped), it posts to
+// each such peer it waits on and has no write outstanding to an 8-byte
+// signaled RDMA write
 // (no immediate) into the keepalive word of that peer's control block, at
 // most once per interval. The peer's adapter acknowledges it without its
 // process or a receive; nothing reads the word, so the ring and credit
@@ -182,6 +185,11 @@ class IbTransport final : public Transport {
     std::deque<RequestId> recvs;
     bool proved = false;
     bool keepalive_pending = false;  // a keepalive write not yet completed
+    // The keepalive's clock, per peer: something posted to or advanced
+    // with this peer since probe_when_due last looked, and when it probes
+    // this peer, if it waits on it, next.
+    bool active = true;
+    Clock::time_point next_keepalive{};
     // large messages (direct.cc)
     std::uint64_t cts_sent = 0, large_done = 0;     // receiving: Cts written, large receives completed
     std::uint64_t cts_arrived = 0, large_sent = 0;  // sending: Cts received, large messages started
@@ -255,10 +263,14 @@ class IbTransport final : public Transport {
   bool pump_all();
   int poll_completions();
   bool on_completion(const ibv_wc& wc);
-  void keep_alive();
-  // The keepalive's clock: probes (keep_alive) once kKeepaliveInterval has
-  // passed with nothing posted or advanced, whether progress() blocks or polls.
+  void keep_alive(Peer& peer);
+  // The keepalive's clock: probes (keep_alive) each peer once
+  // kKeepaliveInterval has passed with nothing posted to it or advanced
+  // with it, whether progress() blocks, polls, or moves data for others.
   void probe_when_due(Clock::time_point now);
+  // pump_all() for progress(): every kTurnsPerProbeLook turns that moved
+  // something, the clock is read and the peers due are probed too.
+  bool pump_and_probe();
   void on_receive(Peer& peer, const ibv_wc& wc);
   void post_receive(Peer& peer, int qp);
   bool pump_sends(Peer& peer);
@@ -298,9 +310,9 @@ class IbTransport final : public Transport {
   std::uint64_t direct_sent_ = 0, direct_bytes_ = 0;  // logged at shutdown
   bool shut_down_ = false;
   std::int64_t writes_in_flight_ = 0;  // signaled writes posted and not yet completed (drain)
-  Clock::time_point next_keepalive_;  // when progress() probes the peers it waits on, if still blocked
+  Clock::time_point next_keepalive_;  // the earliest of the peers' next_keepalive (progress() wakes for it)
   Clock::time_point next_event_look_;  // when a polled progress() next reads the device's event queue
-  bool active_ = true;                // posted or advanced since progress() last blocked
+  std::uint32_t moving_turns_ = 0;     // pump_and_probe()'s count
   std::chrono::nanoseconds cts_wait_{};  // set by prove_paths
   Clock::time_point wake_by_ = Clock::time_point::max();  // a large send stops waiting for its Cts
   PollInterrupt interrupt_;  // wait_events watches it

@@ -35,6 +35,8 @@
 build=${1:?usage: ibverbs_failures.sh BUILD_VM_DIR}
 bench=$build/tools/braid-bench check=$build/tools/check/braid-check
 polled=$build/tests/rdma/programs/rdma-polled
+late_qp=$build/tests/rdma/programs/librdma-late-qp.so
+busy=$build/tests/rdma/programs/rdma-busy
 
 export BRAID_TRANSPORT=ibverbs BRAID_TIMEOUT=20
 # Every failure below is named in 1-10 s in TCG (set-up ones include
@@ -80,6 +82,29 @@ no_rank_blames_itself_bare() { # LAYOUT
       return 1
     fi
   done
+}
+
+# A job whose rank 0 creates its queue pairs 4 s after its peers (late_qp.cc,
+# LD_PRELOAD), 2+2 with shared memory inside each host: a peer proved its
+# path to a rank whose queue pair to it was not up yet (that rank brought it
+# up only once it had rank 0's data), and every rank failed, told to set
+# BRAID_IB_GID_INDEX.
+late_queue_pairs() { # LAYOUT
+  job "$1" -- env BRAID_TRANSPORT=auto LD_PRELOAD="$late_qp" BRAID_TEST_LATE_QP_RANK=0 BRAID_TEST_LATE_QP_MS=4000 \
+    "$bench" -b 8 -e 64K -f 64 -n 2 -w 0 -c 1 || return 1
+  [ "$job_status" -eq 0 ] || { echo "# the job failed"; return 1; }
+  grep -q '# Out of bounds values : 0 OK' <<<"$job_out" || { echo "# wrong values"; return 1; }
+}
+
+# rdma-busy (3 ranks on one host): rank 2 dies while rank 0 waits on it
+# and streams to rank 1. The keepalive probing rank 2 ran only while
+# nothing moved with any peer: rank 2 was named once the stream stopped.
+dead_peer_while_busy() { # LAYOUT
+  local took
+  job "$1" -- "$busy" 15 || return 1
+  took=$(grep -oE 'rdma-busy: rank 0 failed after [0-9.]+ s: .*rank 2' <<<"$job_out" | grep -oE '[0-9]+\.[0-9]+' | head -1)
+  [ -n "$took" ] || { echo "# rank 0 did not name rank 2"; return 1; }
+  [ "${took%.*}" -lt 6 ] || { echo "# rank 0 named rank 2 only after ${took} s"; return 1; }
 }
 
 # Every rank's call fails with one of braid's errors (braid-check exits 0
@@ -172,6 +197,10 @@ wire_up() { # brings both ends of the RDMA wire back, without loss
 
 
 check "two hosts h1 and h2" rxe_two_hosts h1 h2
+check "rank 0's queue pairs come up 4 s after its peers' (2+2, shm inside each host): the job sets up and runs" \
+  late_queue_pairs "h1:2 h2:2"
+check "a dead peer waited on while data flows to another (3 ranks, one host): named within 6 s" \
+  dead_peer_while_busy "h1:3"
 for args in "h1:1 h2:1|count|1000" "h1:1 h2:1|count|1048576" "h1:2 h2:1|kind|1000"; do
   IFS='|' read -r layout what count <<<"$args"
   check "mismatched $what (count $count), ranks $layout: every rank fails with a named error, the mismatch named" \
