@@ -35,6 +35,8 @@ void IbTransport::drain_async_events() {
                             type == IBV_EVENT_SM_CHANGE || type == IBV_EVENT_CLIENT_REREGISTER ||
                             type == IBV_EVENT_GID_CHANGE;
     const int port = port_event ? event.element.port_num : verbs_->gid.port;
+    const bool qp_event = type == IBV_EVENT_QP_FATAL || type == IBV_EVENT_QP_REQ_ERR || type == IBV_EVENT_QP_ACCESS_ERR;
+    const ibv_qp* qp = qp_event ? event.element.qp : nullptr;
     ibv_ack_async_event(&event);
     const std::string what = "rank " + std::to_string(rank_) + " got RDMA event '" + ibv_event_type_str(type) +
                              "' on " + verbs_->gid.device + " port " + std::to_string(port);
@@ -43,8 +45,15 @@ void IbTransport::drain_async_events() {
       continue;
     }
     switch (type) {
-      case IBV_EVENT_QP_FATAL: case IBV_EVENT_QP_REQ_ERR: case IBV_EVENT_QP_ACCESS_ERR:
+      case IBV_EVENT_QP_FATAL: case IBV_EVENT_QP_REQ_ERR: case IBV_EVENT_QP_ACCESS_ERR: {
+        // Which peer's queue pair: named, and blamed as the error's peer.
+        for (const auto& peer : peers_)
+          if (std::find(peer.qps.begin(), peer.qps.end(), qp) != peer.qps.end())
+            throw RemoteError(what + ": the queue pair to rank " + std::to_string(peer.rank) + " failed; rank " +
+                                  std::to_string(peer.rank) + " died, or sent an invalid request",
+                              peer.rank);
         throw RemoteError(what + ": a queue pair to a peer failed; the peer died, or sent an invalid request");
+      }
       case IBV_EVENT_PORT_ERR: case IBV_EVENT_DEVICE_FATAL: case IBV_EVENT_CQ_ERR:
         throw SystemError(what + ": the link or device is down; check the cable/switch port or netdev "
                                  "(ip link, ibv_devinfo), or choose another with BRAID_IB_HCA");
