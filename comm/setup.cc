@@ -277,6 +277,22 @@ RemoteError peer_failed(const Communicator::Impl& impl, const std::pair<int, std
                      failure.first);
 }
 
+// Throws where a rank published that it could not set up this
+// communicator, or braid-launch that a rank of another node failed before
+// it joined (runtime::kJobFailedKey): what set-up's waits look at between
+// their slices.
+void throw_if_peer_failed(Communicator::Impl& impl) {
+  if (auto failure = published_failure(impl, Stage::connect)) throw peer_failed(impl, *failure);
+  std::optional<runtime::Bytes> failed;
+  try {
+    failed = impl.store->try_get(runtime::kJobFailedKey);
+  } catch (const Error&) {
+  }
+  if (failed)
+    throw RemoteError("rank " + std::to_string(impl.rank) + " cannot create communicator " + impl.key_prefix +
+                      ": braid-launch reports " + std::string(failed->begin(), failed->end()));
+}
+
 // Every rank checks what this communicator will take before it takes
 // anything, and the ranks agree on the outcome through the store: a rank
 // short of descriptors or threads fails with its reason, every other rank
@@ -374,6 +390,7 @@ void connect_planned(Communicator::Impl& impl, const Plan& plan) {
   common.run_id = impl.info.run_id;
   common.spin = spin;
   common.timeout = config.timeout;
+  common.check_peers = [&impl] { throw_if_peer_failed(impl); };
   if (any(plan.use_shm)) {
     auto options = with_common<shm::ShmOptions>(common);
     options.local_ranks = plan.local;
@@ -455,17 +472,7 @@ static std::string host_of_peer(Communicator::Impl& impl, const std::string& key
                            key.substr(key.rfind('/') + 1) + " has not joined communicator " + impl.key_prefix +
                            "; it may have failed, not started, or been told another --nproc-per-node");
     }
-    if (auto failure = published_failure(impl, Stage::connect)) throw peer_failed(impl, *failure);
-    // A rank of another node that failed before it joined (its launcher
-    // says so; runtime::kJobFailedKey).
-    std::optional<runtime::Bytes> failed;
-    try {
-      failed = impl.store->try_get(runtime::kJobFailedKey);
-    } catch (const Error&) {
-    }
-    if (failed)
-      throw RemoteError("rank " + std::to_string(impl.rank) + " cannot create communicator " + impl.key_prefix +
-                        ": braid-launch reports " + std::string(failed->begin(), failed->end()));
+    throw_if_peer_failed(impl);
   }
 }
 

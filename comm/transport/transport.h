@@ -19,6 +19,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -43,6 +44,10 @@ struct ConnectOptions {
   std::string run_id;     // RankInfo's: names shared memory (runtime/shm_names.h)
   std::chrono::nanoseconds spin{};  // how long progress() polls before it sleeps
   std::chrono::milliseconds timeout{300'000};
+  // Throws where a rank published that its set-up failed, or its launcher
+  // that a rank of the job did (setup.cc); a wait of set-up looks between
+  // its slices. Empty: nothing to look at.
+  std::function<void()> check_peers;
 };
 
 // Shared slots: memory that every rank of a communicator on one host can

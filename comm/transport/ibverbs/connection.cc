@@ -30,6 +30,8 @@
 #include <infiniband/verbs.h>
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
+#include <chrono>
 #include <cstring>
 
 #include "comm/transport/ibverbs/ids.h"
@@ -178,6 +180,40 @@ ConnectionData read_remote(runtime::Store& store, const std::string& prefix, con
   return d;
 }
 
+// A peer's "up" key that says it failed, followed by why.
+constexpr char kFailedUp = '!';
+
+// Waits for every peer's "up" key (connect_ibverbs), in slices between
+// which a failure that a rank or its launcher published ends the wait
+// (o.check_peers): a peer that failed before bringing its queue pairs up
+// would otherwise be waited for until the timeout.
+void wait_until_up(runtime::Store& store, const std::string& key_prefix, const IbOptions& o,
+                   const std::vector<int>& ranks) {
+  using std::chrono::milliseconds;
+  constexpr milliseconds kSlice{250};
+  const auto deadline = Clock::now() + o.timeout;
+  for (int peer : ranks) {
+    const std::string key = key_prefix + "/ibverbs/up/" + std::to_string(peer);
+    for (;;) {
+      const auto left = std::chrono::ceil<milliseconds>(deadline - Clock::now());
+      try {
+        const runtime::Bytes value = store.get(key, std::clamp(left, milliseconds(1), kSlice));
+        if (!value.empty() && value.front() == static_cast<std::uint8_t>(kFailedUp))
+          throw RemoteError(who(o, peer) + ": it could not bring its queue pairs up: " +
+                                std::string(value.begin() + 1, value.end()),
+                            peer);
+        break;
+      } catch (const TimeoutError&) {
+        if (left <= kSlice)
+          throw TimeoutError("rank " + std::to_string(o.rank) + " waited " + std::to_string(o.timeout.count()) +
+                             " ms for rank " + std::to_string(peer) + " to bring its RDMA queue pairs up: it may "
+                             "have failed, not started, or be stopped");
+      }
+      if (o.check_peers) o.check_peers();
+    }
+  }
+}
+
 // RTR then RTS, with the retry settings of the header comment.
 void bring_up(ibv_qp* qp, const Verbs& verbs, const ConnectionData& mine, const ConnectionData& theirs,
               const IbOptions& o, int q) {
@@ -279,25 +315,29 @@ std::unique_ptr<IbTransport> connect_ibverbs(runtime::Store& store, const std::s
     std::memcpy(bytes.data(), &mine[i], sizeof(ConnectionData));
     store.set(key_prefix + "/ibverbs/" + std::to_string(o.rank) + "/" + std::to_string(ranks[i]), bytes);
   }
-  for (std::size_t i = 0; i < ranks.size(); ++i) {
-    ConnectionData theirs = read_remote(store, key_prefix, o, ranks[i]);
-    for (int q = 0; q < o.qps; ++q) bring_up(peers[i].qps[q], *verbs, mine[i], theirs, o, q);
-    peers[i].remote = {theirs.ring_address, theirs.ring_rkey, theirs.credit_address, theirs.control_rkey};
-  }
   // The path proof (prove_paths) waits until every peer's queue pairs are
   // up: a write reaching one still in INIT is dropped, and a peer that
   // brought its queue pair to this rank up after others (it reads their
   // data in rank order) or started late failed the proof, named as a GID
-  // that does not route.
-  store.set(key_prefix + "/ibverbs/up/" + std::to_string(o.rank), std::string("1"));
-  std::vector<std::string> up;
-  for (int r : ranks) up.push_back(key_prefix + "/ibverbs/up/" + std::to_string(r));
+  // that does not route. A rank that cannot bring its own up says so in
+  // its key, so that its peers do not wait for it.
+  const std::string up = key_prefix + "/ibverbs/up/" + std::to_string(o.rank);
   try {
-    store.wait(up, o.timeout);
-  } catch (const TimeoutError& e) {
-    throw TimeoutError("rank " + std::to_string(o.rank) + " waited " + std::to_string(o.timeout.count()) +
-                       " ms for its RDMA peers to bring their queue pairs up: " + e.what());
+    for (std::size_t i = 0; i < ranks.size(); ++i) {
+      ConnectionData theirs = read_remote(store, key_prefix, o, ranks[i]);
+      for (int q = 0; q < o.qps; ++q) bring_up(peers[i].qps[q], *verbs, mine[i], theirs, o, q);
+      peers[i].remote = {theirs.ring_address, theirs.ring_rkey, theirs.credit_address, theirs.control_rkey};
+    }
+  } catch (const std::exception& e) {
+    try {
+      store.set(up, std::string(1, kFailedUp) + e.what());
+    } catch (const std::exception&) {
+      // Best effort: its peers then find its published failure, or time out.
+    }
+    throw;
   }
+  store.set(up, std::string("1"));
+  wait_until_up(store, key_prefix, o, ranks);
   guard.qps = nullptr;
   auto result = std::make_unique<IbTransport>(o, std::move(verbs), std::move(peers), std::move(ring),
                                               std::move(staging), std::move(control));

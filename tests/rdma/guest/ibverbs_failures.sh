@@ -96,6 +96,18 @@ late_queue_pairs() { # LAYOUT
   grep -q '# Out of bounds values : 0 OK' <<<"$job_out" || { echo "# wrong values"; return 1; }
 }
 
+# Rank 3 alone with two queue pairs per peer (2+2, shm inside each host):
+# ranks 0, 1 and 3 refuse each other's connection data, and rank 2, whose
+# peers 0 and 1 fail before their queue pairs come up, must not wait for
+# them until BRAID_TIMEOUT.
+qps_differ() { # LAYOUT
+  # shellcheck disable=SC2016 # expanded by the wrapper, in each rank
+  job "$1" -- bash -c 'export BRAID_IB_QPS_PER_PEER=$([ "$RANK" = 3 ] && echo 2 || echo 1); exec "$@"' wrapper \
+    env BRAID_TRANSPORT=auto "$bench" -b 8 -e 8 -n 1 -w 0 || return 1
+  [ "$job_status" -ne 0 ] || { echo "# the job succeeded"; return 1; }
+  every_rank_says "$1" "braid-bench: rank [0-9]+.*BRAID_IB_QPS_PER_PEER"
+}
+
 # rdma-busy (3 ranks on one host): rank 2 dies while rank 0 waits on it
 # and streams to rank 1. The keepalive probing rank 2 ran only while
 # nothing moved with any peer: rank 2 was named once the stream stopped.
@@ -201,6 +213,8 @@ check "rank 0's queue pairs come up 4 s after its peers' (2+2, shm inside each h
   late_queue_pairs "h1:2 h2:2"
 check "a dead peer waited on while data flows to another (3 ranks, one host): named within 6 s" \
   dead_peer_while_busy "h1:3"
+check "BRAID_IB_QPS_PER_PEER=2 on rank 3 only (2+2): every rank fails at set-up within the bound naming it" \
+  qps_differ "h1:2 h2:2"
 for args in "h1:1 h2:1|count|1000" "h1:1 h2:1|count|1048576" "h1:2 h2:1|kind|1000"; do
   IFS='|' read -r layout what count <<<"$args"
   check "mismatched $what (count $count), ranks $layout: every rank fails with a named error, the mismatch named" \
