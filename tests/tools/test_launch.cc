@@ -1,8 +1,11 @@
 // End-to-end tests of braid-launch: the real binary, shell scripts as ranks.
+#include <arpa/inet.h>
 #include <fcntl.h>
+#include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
 #include <stdlib.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -367,6 +370,37 @@ TEST_CASE("a rank of one node that fails before joining fails the other nodes at
                                Catch::Contains("exited with status 3") && Catch::Contains("on node 1"));
   }
   CHECK(took < std::chrono::seconds(12));  // not the 20 s of BRAID_TIMEOUT
+}
+
+// A node that waits for node 0's store (numbered as it joins) catches its
+// signals to end the wait: it took Ctrl-Z (SIGTSTP), caught since the
+// launcher passes it on to its ranks, as a reason to give up. Here
+// --master-port is held by a program that is not a store, so the node
+// waits 3 s for one to appear there, then fails saying the port is taken.
+TEST_CASE("Ctrl-Z stops a node waiting for node 0's store, and SIGCONT lets it wait on", "[launch]") {
+  braid::launcher::UniqueFd holder(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t addr_bytes = sizeof addr;
+  REQUIRE(::bind(holder.get(), reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0);
+  REQUIRE(::listen(holder.get(), 16) == 0);
+  REQUIRE(::getsockname(holder.get(), reinterpret_cast<sockaddr*>(&addr), &addr_bytes) == 0);
+  const std::string port = std::to_string(ntohs(addr.sin_port));
+  JobDir dir;
+  LaunchedJob node(dir, {"-n", "1", "--nnodes", "2", "--master-addr", "127.0.0.1", "--master-port", port, "--", "true"},
+                   {{"BRAID_JOB_TOKEN", "waits-for-node-0"}});
+  std::this_thread::sleep_for(300ms);  // into the wait
+  REQUIRE(::kill(node.pid(), SIGTSTP) == 0);
+  int status = 0;
+  const auto give_up = std::chrono::steady_clock::now() + 10s;
+  while (::waitpid(node.pid(), &status, WUNTRACED | WNOHANG) == 0 && std::chrono::steady_clock::now() < give_up)
+    std::this_thread::sleep_for(20ms);
+  CHECK(WIFSTOPPED(status));
+  REQUIRE(::kill(node.pid(), SIGCONT) == 0);
+  CHECK(node.wait(20s) != 0);
+  CHECK_THAT(node.err(), !Catch::Contains("SIGTSTP") && !Catch::Contains("SIGCONT"));
+  CHECK_THAT(node.err(), Catch::Contains(port));
 }
 
 // Node 0 serves the store 2.5 s longer after its rank failed, for the other
@@ -766,6 +800,9 @@ TEST_CASE("Ctrl-Z (SIGTSTP) to the launcher stops its ranks, and SIGCONT continu
 // pipes to stdout are closed, and a rank writing there dies of SIGPIPE as
 // it would under torchrun, which ends the job.
 TEST_CASE("a reader of stdout that goes away ends a job that writes there, as a pipe into head would", "[launch]") {
+  // With restarts left, another attempt would die the same way: none is made.
+  const std::string restarts = GENERATE("0", "2");
+  INFO("--max-restarts " << restarts);
   JobDir dir;
   const auto path = dir.path() / "stdout";
   REQUIRE(mkfifo(path.c_str(), 0600) == 0);
@@ -774,7 +811,8 @@ TEST_CASE("a reader of stdout that goes away ends a job that writes there, as a 
   const char* launcher = std::getenv("BRAID_LAUNCH");
   REQUIRE(launcher);
   std::vector<std::string> argv{"/bin/sh", "-c", "exec \"$@\" > \"$0\"", path.string(), launcher};
-  for (const auto& arg : shell_job(2, recording("exec yes"), dir, {"--grace-period", "1"})) argv.push_back(arg);
+  for (const auto& arg : shell_job(2, recording("exec yes"), dir, {"--grace-period", "1", "--max-restarts", restarts}))
+    argv.push_back(arg);
   auto job = LaunchedJob::program(dir, "launcher", argv);
   for (int rank = 0; rank < 2; ++rank) wait_for_file(dir.path() / ("pid_" + std::to_string(rank)));
   pollfd ready{reader.get(), POLLIN, 0};
@@ -784,6 +822,8 @@ TEST_CASE("a reader of stdout that goes away ends a job that writes there, as a 
   reader.reset();  // head has read what it wanted
   CHECK(job->wait(20s) == 128 + SIGPIPE);
   CHECK_THAT(job->err(), Catch::Contains("the reader of its output has gone") && Catch::Contains("SIGPIPE"));
+  CHECK_THAT(job->err(), !Catch::Contains("restarting all"));
+  if (restarts != "0") CHECK_THAT(job->err(), Catch::Contains("not restarting: the reader of its output has gone"));
   check_no_rank_survives(dir, 2);
 }
 

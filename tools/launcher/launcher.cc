@@ -177,22 +177,32 @@ struct Outcome {
 // least every 2 s (comm/setup.cc, host_of_peer).
 constexpr std::chrono::milliseconds kStoreLinger{2500};
 
-// Serves the store kStoreLinger longer, or until a signal comes (Ctrl-C):
-// it was blocked meanwhile, and delivered only once the launcher restored
-// its signal mask on the way out, which then died by it without its
-// output drained or the rank's status returned.
-void linger(SignalCatcher& signals) {
+// Whether a signal taken from the SignalCatcher outside the supervisor
+// (waiting for node 0, serving the store a little longer) ends that wait:
+// SIGINT, SIGTERM, SIGHUP, SIGQUIT. Ctrl-Z (SIGTSTP) stops the launcher
+// there, as it would without the catcher, and SIGCONT and SIGCHLD go by.
+bool ends_the_wait(int signo) {
+  if (signo == SIGTSTP) ::raise(SIGSTOP);
+  return signo == SIGINT || signo == SIGTERM || signo == SIGHUP || signo == SIGQUIT;
+}
+
+// Serves the store kStoreLinger longer, or until a signal ends it (Ctrl-C),
+// and says whether one did: it was blocked meanwhile, and delivered only
+// once the launcher restored its signal mask on the way out, which then
+// died by it without its output drained or the rank's status returned.
+bool linger(SignalCatcher& signals) {
   const auto end = std::chrono::steady_clock::now() + kStoreLinger;
   for (auto now = std::chrono::steady_clock::now(); now < end; now = std::chrono::steady_clock::now()) {
     pollfd ready{signals.fd(), POLLIN, 0};
     const auto left = std::chrono::ceil<std::chrono::milliseconds>(end - now);
     if (::poll(&ready, 1, static_cast<int>(left.count())) <= 0) continue;
     for (int signo : signals.take()) {
-      if (signo != SIGINT && signo != SIGTERM && signo != SIGHUP && signo != SIGQUIT) continue;
+      if (!ends_the_wait(signo)) continue;
       say("received " + signal_name(signo) + "; no longer serving the store to the other nodes");
-      return;
+      return true;
     }
   }
+  return false;
 }
 
 // Tells the ranks of the other nodes that one of this node's failed
@@ -436,7 +446,7 @@ int join_order_node_rank(const LaunchOptions& options, const StoreEndpoints& end
       }
     }
     for (int signo : signals.take())
-      if (signo != SIGCHLD) throw StoppedWaiting{signo};
+      if (ends_the_wait(signo)) throw StoppedWaiting{signo};
     if (!store && !said && std::chrono::steady_clock::now() - start >= std::chrono::seconds(5)) {
       said = true;
       say("waiting for node 0's store at " + options.master_addr + ":" + std::to_string(port) + " (up to " +
@@ -527,8 +537,14 @@ int launch(const LaunchOptions& given) {
     // Node 0's ranks end at once on a failure, and its store went with
     // them while other nodes' ranks had yet to read why (they look every
     // 2 s at most): it serves a little longer.
-    if (server && options.nnodes > 1 && outcome.rank_failed) linger(signals);
+    if (server && options.nnodes > 1 && outcome.rank_failed && linger(signals)) return outcome.status;
     if (!outcome.rank_failed || job.restart >= options.max_restarts) return outcome.status;
+    // A job piped into `head` whose ranks died writing to it once head had
+    // gone: another attempt would die the same way, restart after restart.
+    if (standard_sink(STDOUT_FILENO).reader_gone() || standard_sink(STDERR_FILENO).reader_gone()) {
+      say("not restarting: the reader of its output has gone");
+      return outcome.status;
+    }
     say("restarting all " + std::to_string(options.nproc_per_node) + " ranks (restart " +
         std::to_string(job.restart + 1) + " of at most " + std::to_string(options.max_restarts) + ")");
     job.token = random_token();

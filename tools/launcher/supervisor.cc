@@ -195,7 +195,7 @@ void Supervisor::reap_exited() {
     // A rank that succeeded may not know that what it left running (a
     // background upload) ends with it: it was killed without a word.
     if (!each.failed && !stopping_)
-      if (const int left = others_in_group(rank.pid); left > 0)
+      if (const int left = leftovers_after_a_moment(rank.pid); left > 0)
         say("rank " + std::to_string(rank.rank) + " exited leaving " + std::to_string(left) +
             " process(es) it started still running in its process group (a background job?); they are killed "
             "now, as everything a rank starts ends with it: wait for them before the rank exits");
@@ -207,6 +207,19 @@ void Supervisor::reap_exited() {
     rank.running = false;
     on_rank_exit(rank, decode_wait_status(status));
   }
+}
+
+// What a rank that exited left in its group, looked at for up to 100 ms:
+// helpers that end by themselves once their parent has (Python's
+// multiprocessing resource tracker, a forkserver) are often still there at
+// the first look.
+int Supervisor::leftovers_after_a_moment(pid_t pid) {
+  int left = others_in_group(pid);
+  for (int look = 0; left > 0 && look < 10; ++look) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    left = others_in_group(pid);
+  }
+  return left;
 }
 
 // Once its leader is reaped, a group's id may be reused (once the group

@@ -113,6 +113,7 @@ class Supervisor {
   void tell_once(const std::string& line);
   void close_unread(Stream& stream);
   void suspend();
+  static int leftovers_after_a_moment(pid_t pid);
   void handle_deadlines();
   void on_timeout();
   void stop(int signo);
