@@ -214,7 +214,12 @@ void apply_saved_options(const std::set<std::string>& given_flags, const braid::
   // default 3e-4, or a resumed run's): the decay ends at a tenth of it, as
   // the defaults do (3e-3, 3e-4). It was refused over --min-lr, a flag the
   // user never gave.
-  if (given.count("lr") != 0 && given.count("min_lr") == 0 && o.min_lr > o.lr) o.min_lr = o.lr / 10;
+  if (given.count("lr") != 0 && given.count("min_lr") == 0 && o.min_lr > o.lr) {
+    if (info.rank == 0)
+      std::fprintf(stderr, "--lr %g is below the end of the decay (--min-lr %g, not given): the decay ends at %g\n",
+                   static_cast<double>(o.lr), static_cast<double>(o.min_lr), static_cast<double>(o.lr / 10));
+    o.min_lr = o.lr / 10;
+  }
   if (given.count("checkpoint_interval") != 0 && given_flags.count("checkpoint_interval") == 0 &&
       o.checkpoint_interval > 0 && o.checkpoint_dir.empty())
     throw braid::InvalidUsage("--config " + o.config + " sets checkpoint_interval " +
