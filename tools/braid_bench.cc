@@ -14,6 +14,7 @@
 // by name unless given their neutral value.
 #include <CLI/CLI.hpp>
 
+#include <cstdlib>
 #include <cstdio>
 #include <limits>
 
@@ -61,8 +62,18 @@ void add_flags(CLI::App& app, comm::BenchOptions& o, Flags& f) {
       ->check(CLI::Range(0, 1))->capture_default_str();
   app.add_option("-C,--report_cputime", f.cpu_time, "1: time until the calls are issued, not until they complete")
       ->check(CLI::Range(0, 1))->capture_default_str();
+  // BRAID_TIMEOUT's own range: -T 0.0001 ran with a timeout of 1 ms, without a word.
   app.add_option("-T,--timeout", o.timeout_s, "seconds any wait may take (BRAID_TIMEOUT for this run; 0: as set)")
-      ->check(CLI::Range(0.0, 1e7))->capture_default_str();
+      ->check(CLI::Number)
+      ->check(CLI::Validator(
+          [](std::string& value) {
+            const double seconds = std::strtod(value.c_str(), nullptr);
+            return seconds == 0 || (seconds >= 0.001 && seconds <= 1e7)
+                       ? std::string()
+                       : "must be 0 (BRAID_TIMEOUT as set) or seconds from 0.001 to 1e7, not " + value;
+          },
+          "SECONDS"))
+      ->capture_default_str();
   app.add_option("-y,--stream_null", f.null_stream, "1: --device cuda calls on the default (null) stream")
       ->check(CLI::Range(0, 1))->capture_default_str();
   app.add_option("-t,--nthreads", f.threads, "threads per process (braid: one rank per process, so 1)")

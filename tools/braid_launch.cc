@@ -110,7 +110,7 @@ void add_options(CLI::App& app, LaunchOptions& options, CliExtras& extras, doubl
                  "on a rank's failure stop every rank and start them all again, at most this many times "
                  "(ranks see BRAID_RESTART_COUNT / TORCHELASTIC_RESTART_COUNT)")
       ->capture_default_str();
-  app.add_option("--log-dir", options.log_dir,
+  app.add_option("--log-dir,--log_dir", options.log_dir,
                  "write each rank's output to DIR/rank_<r>.out and .err (rank_<r>.restart<k>.* after the k-th "
                  "restart) instead of relaying it");
   app.add_option("--stdin", extras.stdin_rank,

@@ -160,6 +160,22 @@ void bad_calls(Communicator& comm) {
   bad_device_calls(comm);
 }
 
+// A BRAID_BIND_ADDR that is not this machine's failed set-up as "bind:
+// Cannot assign requested address", naming neither the address nor the
+// setting. 192.0.2.1 is TEST-NET-1: only bound, never sent to.
+TEST_CASE("failures: a bind address of another machine fails set-up naming it", "[failures]") {
+  runtime::Config config = test::test_config(std::chrono::seconds(10));
+  config.transport = "tcp";
+  config.bind_addr = "192.0.2.1";
+  auto result = test::run_ranks(2, [](Communicator&) {}, test::run_options(std::chrono::seconds(60), config));
+  INFO(result.summary());
+  for (const auto& rank : result.ranks) {
+    CHECK_FALSE(rank.ok());
+    CHECK_THAT(rank.message, Catch::Contains("cannot listen for TCP peers on 192.0.2.1") &&
+                                 Catch::Contains("BRAID_BIND_ADDR") && Catch::Contains("not an address of this machine"));
+  }
+}
+
 TEST_CASE("failures: bad arguments throw InvalidUsage at once and the communicator still works",
           "[failures]") {
   auto options = options_with(seconds(5), seconds(30));

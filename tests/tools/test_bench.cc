@@ -125,6 +125,11 @@ TEST_CASE("braid-bench refuses a bad datatype before any work", "[bench]") {
   CHECK(moving.wait(std::chrono::seconds(30)) == 0);
   INFO(moving.out() << moving.err());
   CHECK_THAT(moving.out(), Catch::Contains("Out of bounds values : 0 OK"));
+  // -T below BRAID_TIMEOUT's 1 ms ran as 1 ms, without a word.
+  LaunchedJob short_timeout(dir, {"--nproc-per-node", "1", "--", bench_path(), "-T", "0.0001"});
+  CHECK(short_timeout.wait(std::chrono::seconds(20)) == 2);
+  INFO(short_timeout.err());
+  CHECK_THAT(short_timeout.err(), Catch::Contains("seconds from 0.001 to 1e7, not 0.0001"));
 }
 
 // On a GPU machine the sweep runs on device buffers and checks out; anywhere

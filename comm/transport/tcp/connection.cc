@@ -240,7 +240,13 @@ std::vector<std::vector<int>> connect_mesh(runtime::Store& store, const std::str
   auto bind_address = asio::ip::make_address(o.bind_addr, ec);
   if (ec) throw InvalidUsage("BRAID_BIND_ADDR='" + o.bind_addr + "' is not an IP address");
   mesh.acceptor.open(bind_address.is_v6() ? tcp::v6() : tcp::v4());
-  mesh.acceptor.bind({bind_address, 0});
+  // An address of another machine failed as "bind: Cannot assign requested
+  // address", naming neither the address nor where it came from.
+  if (mesh.acceptor.bind({bind_address, 0}, ec))
+    throw SystemError("rank " + std::to_string(o.rank) + " cannot listen for TCP peers on " + o.bind_addr +
+                      " (BRAID_BIND_ADDR, or the address braid-launch chose): " + ec.message() +
+                      (ec == boost::system::errc::address_not_available ? "; it is not an address of this machine"
+                                                                         : ""));
   mesh.acceptor.listen(asio::socket_base::max_listen_connections);
   auto local = mesh.acceptor.local_endpoint();
   store.set(key_prefix + "/tcp/" + std::to_string(o.rank),
