@@ -121,6 +121,17 @@ std::unique_ptr<LaunchedJob> launch_into(const StalledReader& reader, const JobD
   return LaunchedJob::program(dir, "launcher", argv);
 }
 
+// Sends the launcher (a child of the test) SIGTSTP, as Ctrl-Z does, and
+// says whether it stopped within 10 s.
+bool stops_on_ctrl_z(pid_t launcher) {
+  REQUIRE(::kill(launcher, SIGTSTP) == 0);
+  int status = 0;
+  const auto give_up = std::chrono::steady_clock::now() + 10s;
+  while (::waitpid(launcher, &status, WUNTRACED | WNOHANG) == 0 && std::chrono::steady_clock::now() < give_up)
+    std::this_thread::sleep_for(20ms);
+  return WIFSTOPPED(status);
+}
+
 }  // namespace
 
 TEST_CASE("each rank gets the braid and torchrun environment", "[launch]") {
@@ -391,12 +402,7 @@ TEST_CASE("Ctrl-Z stops a node waiting for node 0's store, and SIGCONT lets it w
   LaunchedJob node(dir, {"-n", "1", "--nnodes", "2", "--master-addr", "127.0.0.1", "--master-port", port, "--", "true"},
                    {{"BRAID_JOB_TOKEN", "waits-for-node-0"}});
   std::this_thread::sleep_for(300ms);  // into the wait
-  REQUIRE(::kill(node.pid(), SIGTSTP) == 0);
-  int status = 0;
-  const auto give_up = std::chrono::steady_clock::now() + 10s;
-  while (::waitpid(node.pid(), &status, WUNTRACED | WNOHANG) == 0 && std::chrono::steady_clock::now() < give_up)
-    std::this_thread::sleep_for(20ms);
-  CHECK(WIFSTOPPED(status));
+  CHECK(stops_on_ctrl_z(node.pid()));
   REQUIRE(::kill(node.pid(), SIGCONT) == 0);
   CHECK(node.wait(20s) != 0);
   CHECK_THAT(node.err(), !Catch::Contains("SIGTSTP") && !Catch::Contains("SIGCONT"));
@@ -780,12 +786,7 @@ TEST_CASE("Ctrl-Z (SIGTSTP) to the launcher stops its ranks, and SIGCONT continu
     while (!done() && std::chrono::steady_clock::now() < give_up) std::this_thread::sleep_for(20ms);
     return done();
   };
-  REQUIRE(::kill(job.pid(), SIGTSTP) == 0);
-  int status = 0;
-  const auto give_up = std::chrono::steady_clock::now() + 10s;
-  while (::waitpid(job.pid(), &status, WUNTRACED | WNOHANG) == 0 && std::chrono::steady_clock::now() < give_up)
-    std::this_thread::sleep_for(20ms);
-  CHECK(WIFSTOPPED(status));
+  CHECK(stops_on_ctrl_z(job.pid()));
   CHECK(all_become(true));
   REQUIRE(::kill(job.pid(), SIGCONT) == 0);
   CHECK(all_become(false));

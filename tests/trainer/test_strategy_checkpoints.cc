@@ -390,6 +390,12 @@ TEST_CASE("a sharded save that fails on one rank leaves no partial step behind",
   CHECK_FALSE(fs::exists(ckpt / "step_00000002.partial"));
 }
 
+// braid-train with a model small enough for a launched job of a few steps.
+std::string tiny_model(const char* train) {
+  return std::string(train) +
+         " --n-layer 1 --n-head 2 --n-embd 16 --block-size 16 --batch-size 4 --eval-interval 0 --eval-batches 1 ";
+}
+
 // A job started with --resume and restarted by --max-restarts goes on from
 // the checkpoints its own attempts wrote (they record the job's run id), not
 // from where it started, and never from an earlier job's checkpoints in the
@@ -399,9 +405,7 @@ TEST_CASE("a restarted job resumes from its own checkpoints, not from where it s
   const char* train = launched_train();
   if (train == nullptr) return;
   braid::test::JobDir job;
-  const std::string model = std::string(train) +
-                            " --n-layer 1 --n-head 2 --n-embd 16 --block-size 16 --batch-size 4"
-                            " --eval-interval 0 --eval-batches 1 ";
+  const std::string model = tiny_model(train);
   const fs::path ft = job.path() / "ft";
   // An earlier job left steps 7 and 8 in ft.
   const std::string earlier = model + "--steps 8 --checkpoint-interval 1 --checkpoint-dir " + ft.string();
@@ -439,9 +443,7 @@ TEST_CASE("a restarted job does not take over the checkpoints of a run without a
   const char* train = launched_train();
   if (train == nullptr) return;
   braid::test::JobDir job;
-  const std::string model = std::string(train) +
-                            " --n-layer 1 --n-head 2 --n-embd 16 --block-size 16 --batch-size 4"
-                            " --eval-interval 0 --eval-batches 1 ";
+  const std::string model = tiny_model(train);
   const fs::path other = job.path() / "other";
   auto plain = braid::test::LaunchedJob::program(
       job, "plain", {"/bin/sh", "-c", "exec " + model + "--steps 2 --checkpoint-interval 2 --checkpoint-dir " + other.string()},
