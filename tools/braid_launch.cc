@@ -10,6 +10,7 @@
 
 #include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <exception>
 #include <optional>
@@ -285,6 +286,9 @@ int main(int argc, char** argv) {
     options.command = with_python(program_arguments(app.remaining()), extras);
     apply_rendezvous(extras, options, app.count("--master-addr") + app.count("--master-port") > 0);
     apply_extras(extras, options);  // --standalone last: it overrides the rendezvous, as torchrun's does
+    if (extras.standalone && app.count("--master-addr") + app.count("--master-port") + app.count("--rdzv-endpoint") > 0)
+      std::fprintf(stderr, "braid-launch: --standalone puts the store on a free port of 127.0.0.1; the --master-addr, "
+                           "--master-port or --rdzv-endpoint given is not used\n");
     if (options.nnodes > 1 && app.count("--node-rank") == 0) options.node_rank = braid::launcher::kJoinOrderNodeRank;
     options.timeout = from_seconds(timeout_s, "--timeout");
     options.grace_period = from_seconds(grace_s, "--grace-period");

@@ -990,6 +990,7 @@ TEST_CASE("braid-launch takes torchrun's spellings, --standalone and --nproc-per
   REQUIRE(result.status == 0);
   const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   CHECK_THAT(result.out, Catch::Contains("world " + std::to_string(cores) + " at 127.0.0.1"));  // standalone wins
+  CHECK_THAT(result.err, Catch::Contains("--standalone puts the store on a free port of 127.0.0.1"));  // said
   auto bad = run_launch(dir, {"--nproc-per-node", "some", "--", "true"});
   CHECK(bad.status == 2);
   CHECK_THAT(bad.err, Catch::Contains("must be a number of ranks or 'auto'"));
