@@ -29,9 +29,6 @@
 namespace braid::comm {
 namespace {
 
-// The same exception type, with this rank and operation in front.
-// `scope` ends the message (Impl::scope_note): which processes a split
-// communicator's rank numbers are.
 // A peer's reason may blame this very rank ("rank 3 did not answer RDMA",
 // relayed by a peer's farewell or the status board), which read oddly
 // where rank 3 printed it, alive: say what it means there.
@@ -44,6 +41,9 @@ std::string blamed_note(const std::string& text, int rank) {
   return "";
 }
 
+// The same exception type, with this rank and operation in front.
+// `scope` ends the message (Impl::scope_note): which processes a split
+// communicator's rank numbers are.
 std::exception_ptr with_context(const Op& op, int rank, std::exception_ptr error, StatusBoard* status,
                                 const std::string& scope) {
   std::string where = "rank " + std::to_string(rank) + ", " + describe(op) + ": ";
