@@ -229,6 +229,11 @@ TEST_CASE("a state file whose contents changed is refused; one without a checksu
                       Catch::Contains(state_file.string()) && Catch::Contains("do not match its checksum") &&
                           Catch::Contains("delete its \"checksum\" line"));
   }
+  // A flipped bit in the checksum's key loaded the file unverified, as if
+  // its line had been removed on purpose.
+  write_bytes(state_file, replaced("\"checksum\"", "\"chec{sum\""));
+  CHECK_THROWS_WITH(read_train_state(step_dir),
+                    Catch::Contains("its checksum is under the key \"chec{sum\"") && Catch::Contains("damaged"));
   // An edit made on purpose, its checksum removed as the message says.
   json edited = json::parse(replaced("0.05", "0.07"));
   edited.erase("checksum");

@@ -133,6 +133,14 @@ json read_json(const fs::path& path) {
   }
   if (!j.is_object()) throw InvalidUsage("checkpoint state " + path.string() + " is refused: not a JSON object");
   if (!j.contains(kSealKey)) {
+    // A flipped bit in the key's name ("chec{sum") left a file loading
+    // unverified, as if its line had been removed on purpose: a value that
+    // reads as a checksum under another key is the seal, damaged.
+    for (const auto& [key, value] : j.items())
+      if (value.is_string() && value.get<std::string>().rfind(kSealAlgorithm, 0) == 0)
+        throw InvalidUsage("checkpoint state " + path.string() + " is refused: its checksum is under the key \"" +
+                           key + "\", not \"" + kSealKey + "\"; the file is damaged. Restore it or use another "
+                           "checkpoint; to load an edit made on purpose, delete that line");
     spdlog::warn("{} carries no checksum (written before braid sealed its state files, or edited); it loads "
                  "unverified", path.string());
     return j;
