@@ -139,6 +139,7 @@ TEST_CASE("each rank gets the braid and torchrun environment", "[launch]") {
   auto result = run_launch(dir, shell_job(3, "env > \"$0/env_$BRAID_RANK\"", dir),
                            {{"OMP_NUM_THREADS", std::nullopt}, {"BRAID_JOB_TOKEN", std::nullopt},
                             {"BRAID_RUN_ID", std::nullopt}});
+  INFO(result.out << result.err);
   REQUIRE(result.status == 0);
   std::string token = rank_env(dir, 0).at("BRAID_JOB_TOKEN");
   CHECK(token.size() == 32);

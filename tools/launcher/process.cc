@@ -147,7 +147,10 @@ void signal_group(pid_t pid, int signo) {
 int others_in_group(pid_t pid) {
   int count = 0;
   std::error_code ec;
-  for (const auto& entry : std::filesystem::directory_iterator("/proc", ec)) {
+  // Incremented with an error code: a range-for's ++ throws on a failed
+  // read of the directory, and nothing here may end the supervisor.
+  for (std::filesystem::directory_iterator it("/proc", ec), end; !ec && it != end; it.increment(ec)) {
+    const auto& entry = *it;
     const std::string name = entry.path().filename().string();
     if (name.find_first_not_of("0123456789") != std::string::npos || name == std::to_string(pid)) continue;
     std::ifstream in(entry.path() / "stat");
