@@ -8,9 +8,11 @@
 #include <catch2/catch.hpp>
 
 #include <cmath>
+#include <filesystem>
 #include <map>
 
 #include "strategy_fixtures.h"
+#include "trainer/checkpoint/checkpoint.h"
 #include "tests/comm/harness.h"
 #include "trainer/strategy/strategy.h"
 
@@ -270,6 +272,45 @@ TEST_CASE("ranks told other settings are refused before training, naming each di
     CHECK_THAT(rank.message, Catch::Contains("rank 2 was started with other settings than rank 0: lr 0.02 (rank 0: 0.01)"));
     CHECK_THAT(rank.message, Catch::Contains("seed 7 (rank 0: " + std::to_string(o.seed) + ")"));
     CHECK_THAT(rank.message, !Catch::Contains("threads") && !Catch::Contains("metrics"));
+  }
+}
+
+
+// The settings check sees only that --init-from or --resume was given, and
+// each node may rightly read its own copy. Ranks handed files that hold
+// other weights each loaded their own, averaged their gradients, and
+// exited 0 (found by a review helper).
+TEST_CASE("ranks that start from other weights are refused before training; copies of one file are not",
+          "[strategy][checkpoint]") {
+  TrainOptions o = grid_options();
+  o.strategy = "zero1";
+  const TextCorpus corpus = test::synthetic_corpus();
+  test::TempDir dir;
+  Gpt first(o.model, ModelLayout::whole(o.model), nullptr), second(o.model, ModelLayout::whole(o.model), nullptr);
+  test::randomize(first, 1);
+  test::randomize(second, 2);
+  save_weights(dir / "a.safetensors", first, 0);
+  save_weights(dir / "b.safetensors", second, 0);
+  std::filesystem::copy_file(dir / "a.safetensors", dir / "copy_of_a.safetensors");
+  auto run = [&](const std::string& rank_2_file) {
+    return first_step_on_3_ranks([&](comm::Communicator& comm) {
+      TrainOptions mine = o;
+      mine.init_from = (dir / (comm.rank() == 2 ? rank_2_file : "a.safetensors")).string();
+      return Trainer(mine, corpus, &comm);
+    });
+  };
+
+  const auto copies = run("copy_of_a.safetensors");
+  INFO(copies.summary());
+  REQUIRE(!copies.timed_out);
+  for (const auto& rank : copies.ranks) CHECK(rank.exit_code == 0);
+
+  const auto other = run("b.safetensors");
+  INFO(other.summary());
+  REQUIRE(!other.timed_out);
+  for (const auto& rank : other.ranks) {
+    CHECK(rank.exit_code == 1);
+    CHECK_THAT(rank.message, Catch::Contains("rank 2 read another --init-from than rank 0"));
   }
 }
 

@@ -87,6 +87,11 @@ std::string build_header(const std::vector<TensorToWrite>& tensors, const Metada
 
 }  // namespace
 
+std::uint64_t SafetensorsFile::fingerprint() const {
+  const std::size_t covered = checksummed_ ? data_start_ : bytes_.size();
+  return XXH3_64bits(bytes_.data(), covered);
+}
+
 std::string xxh3_hex(const void* data, std::size_t bytes) {
   char hex[17];
   std::snprintf(hex, sizeof(hex), "%016llx", static_cast<unsigned long long>(XXH3_64bits(data, bytes)));

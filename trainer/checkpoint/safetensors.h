@@ -80,6 +80,10 @@ class SafetensorsFile {
   void check(const std::string& name, const std::vector<std::int64_t>& shape) const;
   // check(), then copies the tensor's floats to `out`.
   void copy(const std::string& name, const std::vector<std::int64_t>& shape, float* out) const;
+  // XXH3-64 of what the file holds: of its header where it carries
+  // checksums (they cover the data), else of the whole file. Equal for two
+  // copies of one file, wherever they lie.
+  std::uint64_t fingerprint() const;
 
  private:
   struct Entry {

@@ -4,6 +4,7 @@
 #include <cstdio>
 
 #include <spdlog/spdlog.h>
+#include <xxhash.h>
 
 #include "runtime/errors.h"
 #include "trainer/checkpoint/atomic_file.h"
@@ -144,6 +145,12 @@ CheckpointReader CheckpointReader::open(const fs::path& step_dir) {
   r.config_ = config_from_metadata(*r.files_.front());
   for (const auto& f : r.files_) r.check_file(*f);
   return r;
+}
+
+std::uint64_t CheckpointReader::fingerprint() const {
+  std::vector<std::uint64_t> each;
+  for (const auto& f : files_) each.push_back(f->fingerprint());
+  return XXH3_64bits(each.data(), each.size() * sizeof(std::uint64_t));
 }
 
 void CheckpointReader::check_file(const SafetensorsFile& f) const {

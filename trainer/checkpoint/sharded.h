@@ -83,6 +83,9 @@ class CheckpointReader {
   const GptConfig& config() const { return config_; }
   int world_size() const { return world_size_; }
   std::string strategy() const { return strategy_; }
+  // What the checkpoint holds, as one number (SafetensorsFile::fingerprint
+  // of each file in turn): equal on ranks that read copies of it.
+  std::uint64_t fingerprint() const;
 
   // Throws InvalidUsage naming the file unless tensor `key` is stored
   // completely, with this shape.

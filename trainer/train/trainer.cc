@@ -209,6 +209,30 @@ void check_same_settings(comm::Communicator* world, const TrainOptions& options)
   }
 }
 
+// Ranks given checkpoints or weights files that differ (two runs' --resume
+// directories, another --init-from on one node) each loaded their own and
+// trained them as one model, averaging their gradients, and exited 0: the
+// settings check sees only that a file was given, and the paths may
+// rightly differ (each node's own copy). Every rank gathers what every
+// rank's files hold (CheckpointReader::fingerprint), so all refuse alike.
+void check_same_start(comm::Communicator* world, const std::string& flag, std::uint64_t fingerprint) {
+  if (world == nullptr || world->size() == 1) return;
+  std::vector<std::uint64_t> all(static_cast<std::size_t>(world->size()));
+  world->all_gather(&fingerprint, all.data(), 1, DataType::i64).wait();
+  std::string differ;
+  int count = 0;
+  for (int r = 1; r < world->size(); ++r) {
+    if (all[static_cast<std::size_t>(r)] == all[0]) continue;
+    differ += (differ.empty() ? "" : ", ") + std::to_string(r);
+    ++count;
+  }
+  if (count == 0) return;
+  throw InvalidUsage((count == 1 ? "rank " : "ranks ") + differ + " read another " + flag + " than rank 0 (" +
+                     (count == 1 ? "its files hold" : "their files hold") +
+                     " other weights or another step): every rank must start from the same checkpoint; give each "
+                     "one the same directory or file, or copies of it");
+}
+
 double ms(std::chrono::duration<double> d) { return d.count() * 1e3; }
 
 double seconds_since(Clock::time_point start) {
@@ -252,6 +276,7 @@ void Trainer::start() {
   if (!options_.resume.empty()) {
     const fs::path dir = resolve_checkpoint(options_.resume);
     const CheckpointReader reader = CheckpointReader::open(dir);
+    check_same_start(world_, "--resume", reader.fingerprint());
     load_state(reader, dir, strategy(), true);
     const TrainState& s = reader.state();
     step_ = last_checkpoint_ = s.step;
@@ -265,10 +290,14 @@ void Trainer::start() {
     // A checkpoint directory (its latest step) or one step directory, of
     // any layout: the weights only.
     const fs::path dir = resolve_checkpoint(options_.init_from);
-    load_state(CheckpointReader::open(dir), dir, strategy(), false);
+    const CheckpointReader reader = CheckpointReader::open(dir);
+    check_same_start(world_, "--init-from", reader.fingerprint());
+    load_state(reader, dir, strategy(), false);
     spdlog::info("initial weights from the checkpoint {}", dir.string());
   } else if (!options_.init_from.empty()) {
-    load_state(CheckpointReader::weights(options_.init_from), options_.init_from, strategy(), false);
+    const CheckpointReader reader = CheckpointReader::weights(options_.init_from);
+    check_same_start(world_, "--init-from", reader.fingerprint());
+    load_state(reader, options_.init_from, strategy(), false);
     spdlog::info("initial weights from {}", options_.init_from);
   } else {
     strategy().init_params(options_.seed);
