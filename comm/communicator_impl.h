@@ -95,6 +95,11 @@ std::shared_ptr<WorkState> completed_work();
 
 // A send or receive in flight (comm/engine_p2p.cc): its messages are
 // posted, and whoever holds the engine's `running` drives them.
+// A call whose buffer overlaps that of an earlier one in flight, where
+// either of the two writes it (a receive), waits for it (waits_for): a
+// send is posted only once the receives it overlaps have landed, and a
+// receive lands in `staging`, copied into the caller's buffer once the
+// calls it overlaps have landed.
 struct PointToPoint {
   PointToPoint(const Op& o, std::shared_ptr<WorkState> s) : op(o), state(std::move(s)) {}
   Op op;  // before x, which keeps a reference to it
@@ -102,6 +107,12 @@ struct PointToPoint {
   std::optional<Exchange> x;
   std::vector<Request> requests;
   std::size_t done = 0;  // requests[0, done) completed and released
+  Clock::time_point deadline;
+  std::vector<const PointToPoint*> waits_for;  // earlier calls in `p2p`
+  void* caller_buffer = nullptr;               // a staged receive's
+  std::vector<std::byte> staging;
+  bool posted = false;
+  bool landed = false;  // posted, its messages done, a staged receive copied out
 };
 
 struct Communicator::Impl {
@@ -228,6 +239,8 @@ struct Communicator::Impl {
   void run_point_to_point(std::unique_lock<std::mutex>& lock);
   bool run_point_to_point_inline(const Op& op, const std::shared_ptr<WorkState>& state);
   void start_point_to_point(const Op& op, std::shared_ptr<WorkState> state);
+  void post(PointToPoint& call);
+  bool land(PointToPoint& call);
   bool finish_point_to_point(bool inline_call);
   void drive_point_to_point(Clock::time_point until);
   void fail_point_to_point(std::exception_ptr raw, bool inline_call);

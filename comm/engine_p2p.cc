@@ -16,6 +16,10 @@
 // keep issue order (the transports complete them in posting order per peer
 // and direction, and the sequence numbers in their headers are per peer and
 // direction). A call of any other kind still waits for every call before it.
+// Calls that share bytes of a buffer, where one of them receives, keep
+// issue order (must_wait): a send waits, unposted, for the receives into
+// its bytes to land, and a receive lands in staging memory, copied into the
+// caller's buffer once the calls before it on those bytes have landed.
 //
 // A small send or receive issued while the engine is idle runs in the
 // caller's thread, as small collectives do, but for kInlineWait at most:
@@ -23,6 +27,7 @@
 // goes on to the other half of its exchange. Calls on device memory are
 // staged on the caller's stream and keep running one at a time.
 #include <algorithm>
+#include <cstring>
 
 #include "comm/algorithms/algorithms.h"
 #include "comm/communicator_impl.h"
@@ -84,16 +89,75 @@ bool Communicator::Impl::run_point_to_point_inline(const Op& op, const std::shar
   return true;
 }
 
+namespace {
+
+// The caller's bytes the call reads (a send) or writes (a receive).
+std::pair<const std::byte*, const std::byte*> span_of(const Op& op, const void* caller_buffer) {
+  const auto* begin = static_cast<const std::byte*>(op.kind == OpKind::send ? op.send : caller_buffer);
+  return {begin, begin == nullptr ? nullptr : begin + op.count * dtype_bytes(op.dtype)};
+}
+
+// Whether `later` must wait for `earlier`: their buffers overlap and one of
+// them writes. (Posted together, a receive then a send of one buffer, a
+// relay, sent what the buffer held before the receive; a send then a
+// receive into it, an in-place ring shift, sent bytes the receive had
+// overwritten. Issue order says otherwise.)
+bool must_wait(const PointToPoint& earlier, const Op& later, const void* later_buffer) {
+  if (earlier.op.kind == OpKind::send && later.kind == OpKind::send) return false;
+  const auto [a, a_end] = span_of(earlier.op, earlier.caller_buffer);
+  const auto [b, b_end] = span_of(later, later_buffer);
+  return a != a_end && b != b_end && a < b_end && b < a_end;
+}
+
+}  // namespace
+
 // Posts every message of the call; `p2p` holds it from the start, so that
-// a failure while posting fails it too.
+// a failure while posting fails it too. A call that must wait for an
+// earlier one in flight (must_wait) is staged: a receive into memory of
+// its own, a send by not being posted yet (finish_point_to_point posts it).
 void Communicator::Impl::start_point_to_point(const Op& op, std::shared_ptr<WorkState> state) {
+  std::vector<const PointToPoint*> waits_for;
+  for (const auto& earlier : p2p)
+    if (must_wait(*earlier, op, op.recv)) waits_for.push_back(earlier.get());
   PointToPoint& call = *p2p.emplace_back(std::make_unique<PointToPoint>(op, std::move(state)));
+  call.deadline = Clock::now() + timeout;
+  call.caller_buffer = op.recv;
+  call.waits_for = std::move(waits_for);
   if (status) status->entered(call.op, &exchange.waiting_for);
   p2p_entered = call.op;
   note_choice(op.kind, select_algorithm(shape_of(op)));
-  call.x.emplace(call.op, exchange, Clock::now() + timeout, peer_state);
+  if (op.kind == OpKind::recv && !call.waits_for.empty()) {
+    call.staging.resize(op.count * dtype_bytes(op.dtype));
+    call.op.recv = call.staging.data();
+  }
+  if (op.kind == OpKind::recv || call.waits_for.empty()) post(call);
+}
+
+void Communicator::Impl::post(PointToPoint& call) {
+  call.x.emplace(call.op, exchange, call.deadline, peer_state);
   call.requests = post_point_to_point(*call.x);
+  call.posted = true;
   exchange.sends.clear();  // the call's own list waits for them
+}
+
+// Whether the call has landed (see PointToPoint), after posting it or
+// copying it out where the calls it waits for have landed.
+bool Communicator::Impl::land(PointToPoint& call) {
+  if (call.landed) return true;
+  std::erase_if(call.waits_for, [](const PointToPoint* earlier) { return earlier->landed; });
+  if (!call.posted) {
+    if (!call.waits_for.empty()) return false;
+    post(call);
+  }
+  for (; call.done < call.requests.size(); ++call.done) {
+    const Request& request = call.requests[call.done];
+    if (!request.transport->is_done(request.id)) return false;
+    request.transport->release(request.id);
+  }
+  if (!call.waits_for.empty()) return false;
+  if (!call.staging.empty()) std::memcpy(call.caller_buffer, call.staging.data(), call.staging.size());
+  call.landed = true;
+  return true;
 }
 
 // Completes, in issue order, the calls whose messages are all done, as are
@@ -101,13 +165,10 @@ void Communicator::Impl::start_point_to_point(const Op& op, std::shared_ptr<Work
 bool Communicator::Impl::finish_point_to_point(bool inline_call) {
   if (p2p.empty()) return true;
   std::size_t finished = 0;  // p2p[0, finished): done
+  // In issue order, so that a call sees those it waits for land first, and
+  // no call keeps a pointer to one removed below (land drops the landed).
   for (const auto& call : p2p) {  // may throw (a failed transport): nothing is removed before it does
-    for (; call->done < call->requests.size(); ++call->done) {
-      const Request& request = call->requests[call->done];
-      if (!request.transport->is_done(request.id)) break;
-      request.transport->release(request.id);
-    }
-    if (call->done == call->requests.size() && finished == static_cast<std::size_t>(&call - p2p.data())) ++finished;
+    if (land(*call) && finished == static_cast<std::size_t>(&call - p2p.data())) ++finished;
   }
   if (finished == 0) return false;
   if (finished == p2p.size()) {
@@ -127,6 +188,7 @@ bool Communicator::Impl::finish_point_to_point(bool inline_call) {
 void Communicator::Impl::drive_point_to_point(Clock::time_point until) {
   const auto now = Clock::now();
   for (const auto& call : p2p) {
+    if (!call->x) continue;  // a send not posted yet waits for a receive that has a deadline
     if (now >= call->x->deadline()) call->x->timed_out(call->op.root);
     until = std::min(until, call->x->deadline());
   }

@@ -5,6 +5,10 @@
 // small integers (tools/bench/verify.h) so results are exact.
 #include <catch2/catch.hpp>
 
+#include <functional>
+
+#include <thread>
+
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -313,6 +317,84 @@ TEST_CASE("sends and receives issued back to back complete in either order, with
                                                            std::to_string(from) + " of " + std::to_string(count) +
                                                            " elements is wrong at " + std::to_string(e));
           }
+      }
+    }
+  }, options);
+  INFO(transport << "\n" << result.summary());
+  REQUIRE(result.all_ok());
+  CHECK(result.leftover_shm == 0);
+}
+
+// Sends and receives queued back to back run together, but those that
+// share bytes of a buffer, where one of them writes, keep issue order: a
+// relay (a receive, then a send of what arrived), an in-place ring shift (a
+// send, then a receive into the same buffer), two receives into
+// overlapping bytes (the later one's bytes win). All of them ran at once:
+// the relay sent the buffer's old bytes and the ring passed on bytes
+// already overwritten, silently (found by a review helper). Rank 0 issues
+// late, so that the messages of the later calls arrive first.
+TEST_CASE("sends and receives of one buffer issued back to back keep issue order", "[collectives][p2p]") {
+  std::string transport = GENERATE(std::string("tcp"), std::string("shm"));
+  test::RunOptions options = test::run_options(std::chrono::seconds(120), test::test_config(std::chrono::seconds(10)));
+  options.config.transport = transport;
+  auto result = test::run_ranks(3, [](Communicator& comm) {
+    const int n = comm.size(), r = comm.rank();
+    auto value = [](int rank, int round, std::size_t i) {
+      return std::int32_t(rank * 1000003 + round * 10007 + int(i % 997));
+    };
+    auto check = [](const std::vector<std::int32_t>& got, std::size_t begin, std::size_t end,
+                    const std::function<std::int32_t(std::size_t)>& want, const std::string& what) {
+      for (std::size_t e = begin; e < end; ++e)
+        expect(got[e] == want(e), what + ": element " + std::to_string(e) + " is " + std::to_string(got[e]) +
+                                      ", not " + std::to_string(want(e)));
+    };
+    auto late = [&] {
+      if (r == 0) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    };
+    for (std::size_t count : {std::size_t{1}, std::size_t{1000}, std::size_t{(1u << 20) + 3}}) {
+      const std::string size = " (" + std::to_string(count) + " elements)";
+      // The ring shift, in place.
+      std::vector<std::int32_t> x(count);
+      for (std::size_t e = 0; e < count; ++e) x[e] = value(r, 1, e);
+      late();
+      Work sent = comm.send(x.data(), count, DataType::i32, (r + 1) % n);
+      Work received = comm.recv(x.data(), count, DataType::i32, (r - 1 + n) % n);
+      received.wait();
+      sent.wait();
+      const int left = (r - 1 + n) % n;
+      check(x, 0, count, [&](std::size_t e) { return value(left, 1, e); }, "the ring shift" + size);
+
+      // Rank 0 to 1, relayed by 1 to 2 from the buffer it received into.
+      std::vector<std::int32_t> y(count, -1);
+      if (r == 0) {
+        for (std::size_t e = 0; e < count; ++e) y[e] = value(0, 2, e);
+        late();
+        comm.send(y.data(), count, DataType::i32, 1).wait();
+      } else if (r == 1) {
+        Work in = comm.recv(y.data(), count, DataType::i32, 0);
+        Work out = comm.send(y.data(), count, DataType::i32, 2);
+        out.wait();
+        in.wait();
+      } else {
+        comm.recv(y.data(), count, DataType::i32, 1).wait();
+      }
+      check(y, 0, count, [&](std::size_t e) { return value(0, 2, e); }, "the relay" + size);
+
+      // Rank 1 receives from 0, then from 2 into bytes overlapping the first.
+      const std::size_t shift = count / 2;
+      std::vector<std::int32_t> z(count + shift, -1);
+      if (r == 1) {
+        Work first = comm.recv(z.data(), count, DataType::i32, 0);
+        Work second = comm.recv(z.data() + shift, count, DataType::i32, 2);
+        second.wait();
+        first.wait();
+        check(z, 0, shift, [&](std::size_t e) { return value(0, 3, e); }, "the first receive" + size);
+        check(z, shift, shift + count, [&](std::size_t e) { return value(2, 3, e - shift); },
+              "the second receive, over the first" + size);
+      } else {
+        for (std::size_t e = 0; e < count; ++e) z[e] = value(r, 3, e);
+        late();
+        comm.send(z.data(), count, DataType::i32, 1).wait();
       }
     }
   }, options);
