@@ -5,6 +5,7 @@
 #include <fcntl.h>
 #include <signal.h>
 #include <stdio.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -97,6 +98,47 @@ TEST_CASE("invalid combinations exit 2 before any work, saying what to change", 
   const Run mesh = braid_train(dir, "--tp 2 --steps 1");  // was "--dp 0 x --tp 2 ...", a --dp never given
   CHECK(mesh.rc == 2);
   CHECK_THAT(mesh.err, Catch::Contains("this world has one process; start braid-train under braid-launch -n 2"));
+}
+
+// A FIFO given as --init-from or --config was waited on for a writer
+// forever, on every rank, past BRAID_TIMEOUT; /dev/zero was "Inappropriate
+// ioctl for device". An output that is an input or a file of a checkpoint
+// step replaced it without a word: the step could no longer be resumed,
+// the corpus became JSON lines (found by a review helper).
+TEST_CASE("inputs that are not files and outputs that would replace an input are refused", "[cli]") {
+  if (!have_binary()) return;
+  test::TempDir dir;
+  const fs::path text = write_text(dir, 4000);
+  const fs::path fifo = dir / "fifo";
+  REQUIRE(::mkfifo(fifo.c_str(), 0600) == 0);
+  const fs::path ckpt = dir / "ckpt";
+  REQUIRE(braid_train(dir, kTiny + "--data " + text.string() + " --steps 2 --checkpoint-dir " + ckpt.string()).rc == 0);
+  const fs::path step = ckpt / "step_00000002";
+  const std::string weights = read_text(step / "model.safetensors");
+  const std::string corpus = read_text(text);
+  struct Case {
+    std::string args, message;
+  };
+  const std::vector<Case> cases = {
+      {kTiny + "--steps 1 --init-from " + fifo.string(), "checkpoint " + fifo.string() + " is a FIFO, not a file"},
+      {kTiny + "--steps 1 --config " + fifo.string(), "--config " + fifo.string() + " is a FIFO"},
+      {kTiny + "--steps 1 --config " + dir.path().string(), "is a directory; name a JSON file"},
+      {kTiny + "--steps 1 --init-from /dev/zero", "checkpoint /dev/zero is a character device, not a file"},
+      {"--consolidate " + ckpt.string() + " --out " + (step / "model.safetensors").string(),
+       "--out " + (step / "model.safetensors").string() + " lies in the checkpoint step directory"},
+      {kTiny + "--steps 1 --init-out " + (step / "optimizer.safetensors").string(), "lies in the checkpoint step"},
+      {kTiny + "--steps 1 --data " + text.string() + " --metrics " + text.string(),
+       "--metrics " + text.string() + " is the file --data reads"},
+  };
+  for (const Case& c : cases) {
+    INFO("braid-train " << c.args);
+    const Run r = test::run_shell(dir, "timeout 30 " + std::string(std::getenv("BRAID_TRAIN")) + " " + c.args);
+    CHECK(r.rc == 2);
+    CHECK_THAT(r.err, Catch::Contains(c.message));
+  }
+  CHECK(read_text(step / "model.safetensors") == weights);
+  CHECK(read_text(text) == corpus);
+  CHECK(braid_train(dir, "--resume " + ckpt.string() + " --steps 3").rc == 0);
 }
 
 // "--steps 010" trained 8 steps (CLI11 read it in octal), and a --lr below

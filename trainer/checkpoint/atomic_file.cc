@@ -53,16 +53,19 @@ void remove_stale_temporaries(const fs::path& dir) {
 
 }  // namespace
 
+const char* file_kind(unsigned mode) {
+  return S_ISDIR(mode)    ? "a directory"
+         : S_ISCHR(mode)  ? "a character device"
+         : S_ISBLK(mode)  ? "a block device"
+         : S_ISFIFO(mode) ? "a FIFO"
+         : S_ISSOCK(mode) ? "a socket"
+                          : "not a regular file";
+}
+
 void require_file_target(const fs::path& target, const std::string& what) {
   struct stat info {};
   if (::stat(target.c_str(), &info) != 0 || S_ISREG(info.st_mode)) return;
-  const char* kind = S_ISDIR(info.st_mode)    ? "a directory"
-                     : S_ISCHR(info.st_mode)  ? "a character device"
-                     : S_ISBLK(info.st_mode)  ? "a block device"
-                     : S_ISFIFO(info.st_mode) ? "a FIFO"
-                     : S_ISSOCK(info.st_mode) ? "a socket"
-                                              : "not a regular file";
-  throw InvalidUsage(what + " " + target.string() + " is " + kind +
+  throw InvalidUsage(what + " " + target.string() + " is " + file_kind(info.st_mode) +
                      "; it is written as a new file put in its place, so name a regular file (or a new one)");
 }
 

@@ -57,6 +57,9 @@ class AtomicFile {
 // /dev/null. `what` names the target in the message ("--out").
 void require_file_target(const std::filesystem::path& target, const std::string& what);
 
+// "a directory", "a FIFO", ... for a st_mode that is not a regular file's.
+const char* file_kind(unsigned mode);
+
 // Writes `bytes` to `target` atomically (AtomicFile).
 void write_file_atomically(const std::filesystem::path& target, std::string_view bytes);
 

@@ -131,17 +131,22 @@ struct SafetensorsFile::Mapping {
 SafetensorsFile SafetensorsFile::read(const fs::path& path) {
   SafetensorsFile f;
   f.path_ = path;
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  // O_NONBLOCK: a FIFO handed over as a checkpoint is refused below rather
+  // than waited on for a writer forever (it has no effect on a file's reads).
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   if (fd < 0) {
     throw InvalidUsage(errno_message("cannot open checkpoint " + path.string() + " for reading; check the path",
                                      errno));
   }
   struct stat st {};
-  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+  if (::fstat(fd, &st) != 0) {
     const int err = errno;
     ::close(fd);
-    if (S_ISDIR(st.st_mode)) throw InvalidUsage("checkpoint " + path.string() + " is a directory, not a file");
     throw SystemError(errno_message("reading checkpoint " + path.string(), err));
+  }
+  if (!S_ISREG(st.st_mode)) {
+    ::close(fd);
+    throw InvalidUsage("checkpoint " + path.string() + " is " + file_kind(st.st_mode) + ", not a file");
   }
   auto mapping = std::make_shared<Mapping>();
   mapping->size = static_cast<std::size_t>(st.st_size);

@@ -1,10 +1,13 @@
 #include "trainer/train/options.h"
 
+#include <sys/stat.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <limits>
 #include <string>
@@ -13,6 +16,7 @@
 
 #include "runtime/errors.h"
 #include "trainer/checkpoint/atomic_file.h"
+#include "trainer/checkpoint/layout.h"
 #include "trainer/strategy/pp_schedule.h"
 #include "trainer/strategy/strategy.h"
 
@@ -147,6 +151,11 @@ std::string key_list(const json& j) {
 
 std::set<std::string> apply_config_file(const std::string& path, const std::set<std::string>& keep,
                                         TrainOptions& o) {
+  // A FIFO would be waited on for a writer forever, and a directory read
+  // as a stream error: only a file is read.
+  struct stat info {};
+  if (::stat(path.c_str(), &info) == 0 && !S_ISREG(info.st_mode))
+    throw InvalidUsage("--config " + path + " is " + file_kind(info.st_mode) + "; name a JSON file");
   std::ifstream in(path);
   require(in.good(), "cannot read the --config file " + path);
   json j;
@@ -227,6 +236,36 @@ void validate_threads(int threads) {
               " hardware threads of this machine)");
 }
 
+// A file the run writes must not be one it reads, nor a file of a
+// checkpoint step: "--consolidate c --out c/step_4/model.safetensors"
+// replaced the step's weights, which --resume then refused as written by
+// another save, and "--metrics corpus.txt --data corpus.txt" replaced the
+// corpus with JSON lines, each without a word (found by a review helper).
+void validate_outputs(const TrainOptions& o) {
+  namespace fs = std::filesystem;
+  const std::pair<const char*, const std::string*> outputs[] = {
+      {"--out", &o.out}, {"--init-out", &o.init_out}, {"--metrics", &o.metrics}};
+  const std::pair<const char*, const std::string*> inputs[] = {
+      {"--data", &o.data}, {"--config", &o.config}, {"--init-from", &o.init_from}};
+  for (const auto& [flag, path] : outputs) {
+    if (path->empty()) continue;
+    for (const auto& [read_flag, read] : inputs) {
+      std::error_code ec;  // a file that is not there yet is none of them
+      require(read->empty() || !fs::equivalent(*path, *read, ec),
+              std::string(flag) + " " + *path + " is the file " + read_flag + " reads; writing it would replace "
+                  "it: name another file");
+    }
+    const fs::path parent = fs::path(*path).parent_path().empty() ? fs::path(".") : fs::path(*path).parent_path();
+    for (const char* marker : {layout::kStateFile, layout::kManifestFile}) {
+      std::error_code ec;
+      require(!fs::exists(parent / marker, ec),
+              std::string(flag) + " " + *path + " lies in the checkpoint step directory " + parent.string() +
+                  " (it holds " + marker + "): writing there would replace or add to a file of that step; "
+                  "name a file outside it");
+    }
+  }
+}
+
 void validate_modes(const TrainOptions& o) {
   require(o.resume.empty() || o.init_from.empty(), "--resume and --init-from exclude each other; pass one");
   require(!o.eval_only || !o.init_from.empty() || !o.resume.empty(),
@@ -244,6 +283,7 @@ void validate_modes(const TrainOptions& o) {
   require(o.consolidate.empty() == o.out.empty(), "--consolidate DIR and --out FILE go together");
   if (!o.out.empty()) require_file_target(o.out, "--out");
   if (!o.init_out.empty()) require_file_target(o.init_out, "--init-out");
+  validate_outputs(o);
   require(o.dp >= 0 && o.tp >= 1 && o.pp >= 1, "--dp must be 0 (world / (tp x pp)) or more, --tp and --pp at least 1");
   parse_pp_schedule(o.schedule);
   require(!o.model_parallel() || (!o.eval_only && o.sample_bytes == 0 && o.init_out.empty()),
