@@ -512,7 +512,12 @@ int run(const TrainOptions& o, const braid::runtime::RankInfo& info, braid::trai
 }  // namespace
 
 int main(int argc, char** argv) {
-  braid::runtime::setup_logging(0);
+  try {
+    braid::runtime::setup_logging(0);  // reads BRAID_* (a bad value was an uncaught throw: abort, 134)
+  } catch (const braid::InvalidUsage& e) {
+    std::fprintf(stderr, "braid-train: error: %s\n", e.what());
+    return 2;
+  }
   TrainOptions options;
   CLI::App app{"braid-train: trains a byte-level GPT (GPT-2 shape) on one process or data-parallel"};
   add_model_flags(app, options);

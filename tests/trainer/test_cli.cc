@@ -141,6 +141,21 @@ TEST_CASE("inputs that are not files and outputs that would replace an input are
   CHECK(braid_train(dir, "--resume " + ckpt.string() + " --steps 3").rc == 0);
 }
 
+// The logging set-up read BRAID_* before any error was caught: a bad value
+// aborted braid-train (134, a core dump) even for --help, where it ran
+// without braid-launch (torchrun, srun, one process).
+TEST_CASE("a bad BRAID_* variable is an invalid usage of braid-train, named", "[cli]") {
+  if (!have_binary()) return;
+  test::TempDir dir;
+  const std::string bin = std::getenv("BRAID_TRAIN");
+  for (const std::string env : {"BRAID_LOG_LEVEL=INFO", "BRAID_TIMEOUT=abc"}) {
+    INFO(env);
+    const Run r = test::run_shell(dir, env + " " + bin + " --help");
+    CHECK(r.rc == 2);
+    CHECK_THAT(r.err, Catch::Contains("braid-train: error: environment variable " + env.substr(0, env.find('='))));
+  }
+}
+
 // "--steps 010" trained 8 steps (CLI11 read it in octal), and a --lr below
 // the default end of the decay (3e-4) was refused over --min-lr, a flag
 // never given: the decay now ends at a tenth of such a --lr.
