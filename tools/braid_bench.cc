@@ -21,6 +21,7 @@
 #include "runtime/config.h"
 #include "runtime/errors.h"
 #include "tools/bench/bench.h"
+#include "tools/decimal_flag.h"
 
 using namespace braid;
 
@@ -44,23 +45,23 @@ void add_flags(CLI::App& app, comm::BenchOptions& o, Flags& f) {
       ->capture_default_str();
   app.add_option("-f,--stepfactor", o.factor, "size multiplier between rows")->check(CLI::Range(2, 1024))
       ->capture_default_str();
-  app.add_option("-n,--iters", o.iters, "timed iterations per size")->check(kAtLeastOne)->capture_default_str();
-  app.add_option("-w,--warmup_iters", o.warmup, "untimed iterations per size")->check(kAtLeastZero)
+  app.add_option("-n,--iters", o.iters, "timed iterations per size")->transform(braid::tools::decimal(o.iters))->check(kAtLeastOne)->capture_default_str();
+  app.add_option("-w,--warmup_iters", o.warmup, "untimed iterations per size")->transform(braid::tools::decimal(o.warmup))->check(kAtLeastZero)
       ->capture_default_str();
-  app.add_option("-m,--agg_iters", o.agg_iters, "calls issued back to back in each timed iteration")
+  app.add_option("-m,--agg_iters", o.agg_iters, "calls issued back to back in each timed iteration")->transform(braid::tools::decimal(o.agg_iters))
       ->check(kAtLeastOne)->capture_default_str();
-  app.add_option("-N,--run_cycles", o.cycles, "run the whole sweep this many times (0: until stopped)")
+  app.add_option("-N,--run_cycles", o.cycles, "run the whole sweep this many times (0: until stopped)")->transform(braid::tools::decimal(o.cycles))
       ->check(kAtLeastZero)->capture_default_str();
-  app.add_option("-c,--check", o.check, "verify results (0 or 1)")->check(CLI::Range(0, 1))->capture_default_str();
+  app.add_option("-c,--check", o.check, "verify results (0 or 1)")->transform(braid::tools::decimal(o.check))->check(CLI::Range(0, 1))->capture_default_str();
   app.add_option("-o,--op", f.op, "sum|prod|min|max|avg|band|bor|bxor|all (band, bor and bxor: integer types only)")->capture_default_str();
   app.add_option("-d,--datatype", f.dtype, "f32|f64|f16|bf16|i8|u8|i32|i64|all")->capture_default_str();
-  app.add_option("-r,--root", o.root, "root of broadcast and reduce")->check(kAtLeastZero)
+  app.add_option("-r,--root", o.root, "root of broadcast and reduce")->transform(braid::tools::decimal(o.root))->check(kAtLeastZero)
       ->capture_default_str();
-  app.add_option("-a,--average", o.average, "time over ranks: 0 rank 0, 1 mean, 2 min, 3 max")
+  app.add_option("-a,--average", o.average, "time over ranks: 0 rank 0, 1 mean, 2 min, 3 max")->transform(braid::tools::decimal(o.average))
       ->check(CLI::Range(0, 3))->capture_default_str();
-  app.add_option("-z,--blocking", f.blocking, "1: wait for each call before issuing the next")
+  app.add_option("-z,--blocking", f.blocking, "1: wait for each call before issuing the next")->transform(braid::tools::decimal(f.blocking))
       ->check(CLI::Range(0, 1))->capture_default_str();
-  app.add_option("-C,--report_cputime", f.cpu_time, "1: time until the calls are issued, not until they complete")
+  app.add_option("-C,--report_cputime", f.cpu_time, "1: time until the calls are issued, not until they complete")->transform(braid::tools::decimal(f.cpu_time))
       ->check(CLI::Range(0, 1))->capture_default_str();
   // BRAID_TIMEOUT's own range: -T 0.0001 ran with a timeout of 1 ms, without a word.
   app.add_option("-T,--timeout", o.timeout_s, "seconds any wait may take (BRAID_TIMEOUT for this run; 0: as set)")
@@ -74,14 +75,14 @@ void add_flags(CLI::App& app, comm::BenchOptions& o, Flags& f) {
           },
           "SECONDS"))
       ->capture_default_str();
-  app.add_option("-y,--stream_null", f.null_stream, "1: --device cuda calls on the default (null) stream")
+  app.add_option("-y,--stream_null", f.null_stream, "1: --device cuda calls on the default (null) stream")->transform(braid::tools::decimal(f.null_stream))
       ->check(CLI::Range(0, 1))->capture_default_str();
-  app.add_option("-t,--nthreads", f.threads, "threads per process (braid: one rank per process, so 1)")
+  app.add_option("-t,--nthreads", f.threads, "threads per process (braid: one rank per process, so 1)")->transform(braid::tools::decimal(f.threads))
       ->capture_default_str();
-  app.add_option("-g,--ngpus", f.gpus, "GPUs per thread (braid: one device per rank, so 1)")->capture_default_str();
-  app.add_option("-p,--parallel_init", f.parallel_init, "0 (with one rank per process there is nothing to parallelize)")
+  app.add_option("-g,--ngpus", f.gpus, "GPUs per thread (braid: one device per rank, so 1)")->transform(braid::tools::decimal(f.gpus))->capture_default_str();
+  app.add_option("-p,--parallel_init", f.parallel_init, "0 (with one rank per process there is nothing to parallelize)")->transform(braid::tools::decimal(f.parallel_init))
       ->capture_default_str();
-  app.add_option("-G,--cudagraph", f.cuda_graphs, "0 (CUDA graph capture is not built into braid)")
+  app.add_option("-G,--cudagraph", f.cuda_graphs, "0 (CUDA graph capture is not built into braid)")->transform(braid::tools::decimal(f.cuda_graphs))
       ->capture_default_str();
   app.add_option("--coll", o.collective, "all_reduce|reduce_scatter|all_gather|broadcast|reduce|all_to_all|send_recv")
       ->check(CLI::IsMember({"all_reduce", "reduce_scatter", "all_gather", "broadcast", "reduce", "all_to_all",
@@ -90,6 +91,7 @@ void add_flags(CLI::App& app, comm::BenchOptions& o, Flags& f) {
   app.add_option("-R,--registered", f.registered,
                  "1: host buffers from Communicator::allocate, which the local ranks map into each other "
                  "(all_reduce then runs the direct algorithm on one host)")
+      ->transform(braid::tools::decimal(f.registered))
       ->check(CLI::Range(0, 1))->capture_default_str();
   app.add_option("--device", f.device, "cpu: host buffers; cuda: GPU buffers on a CUDA stream (GPU local_rank mod GPUs)")
       ->check(CLI::IsMember({"cpu", "cuda"}))->capture_default_str();
@@ -132,6 +134,11 @@ void fill_options(comm::BenchOptions& o, const Flags& f) {
   o.ops = parse_list<ReduceOp>(f.op, {"sum", "prod", "min", "max", "avg", "band", "bor", "bxor"},
                                [](const std::string& s) { return parse_reduce_op(s); }, "op");
   if (o.min_bytes > o.max_bytes) throw InvalidUsage("-b must not exceed -e");
+  // Sizes whose buffers (up to ranks x -e bytes, rounded up to 2 MiB) would
+  // wrap a 64-bit size: -e 2^64 - 1 allocated 0 bytes and wrote past them.
+  constexpr std::size_t kLargest = std::size_t{1} << 48;
+  if (o.max_bytes > kLargest || o.step_bytes > kLargest)
+    throw InvalidUsage("-e and -i must not exceed 256 TiB (" + std::to_string(kLargest) + " bytes)");
   o.blocking = f.blocking == 1;
   o.cpu_time = f.cpu_time == 1;
   o.null_stream = f.null_stream == 1;

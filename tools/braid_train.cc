@@ -51,34 +51,13 @@
 #include "trainer/train/report.h"
 #include "trainer/train/resume.h"
 #include "trainer/train/trainer.h"
+#include "tools/decimal_flag.h"
 
 namespace {
 
 using braid::trainer::TrainOptions;
 
-// CLI11 2.1 reads an integer with strtoll in base 0, so "--steps 010" was 8
-// steps and "--seed 0x10" 16, and it lets a 64-bit value out of range
-// saturate ("--steps 99999999999999999999" ran 2^63 - 1 steps). Integer
-// flags are decimal here: leading zeros are dropped, anything else but
-// digits (after a '-' where the flag may be negative) is refused, and so is
-// a value the flag's type cannot hold.
-template <class T>
-CLI::Validator decimal(const T&) {
-  return CLI::Validator(
-      [](std::string& value) -> std::string {
-        const std::string range = "must be a whole number from " + std::to_string(std::numeric_limits<T>::min()) +
-                                  " to " + std::to_string(std::numeric_limits<T>::max()) + ", not " + value;
-        const std::size_t digits_at = value.rfind('-', 0) == 0 ? 1 : 0;
-        if (value.size() == digits_at || value.find_first_not_of("0123456789", digits_at) != std::string::npos)
-          return range;
-        T parsed{};
-        const auto [end, error] = std::from_chars(value.data(), value.data() + value.size(), parsed);
-        if (error != std::errc() || end != value.data() + value.size()) return range;
-        value = std::to_string(parsed);
-        return {};
-      },
-      "INT");
-}
+using braid::tools::decimal;
 
 void add_model_flags(CLI::App& app, TrainOptions& o) {
   app.add_option("--n-layer,--n_layer", o.model.n_layer, "transformer blocks")

@@ -92,9 +92,25 @@ TEST_CASE("braid-check: a wrong transport fails the mismatch mode; counts past m
   CHECK(status == 1);
   CHECK_THAT(wrong.out() + wrong.err(), Catch::Contains("WRONG transport to rank"));
 
-  LaunchedJob huge(dir, {"--nproc-per-node", "2", "--", check_path(), "--counts", "99999999999999"});
+  LaunchedJob huge(dir, {"--nproc-per-node", "2", "--", check_path(), "--counts", "9999999999999"});
   const int huge_status = huge.wait(std::chrono::seconds(60));
   INFO(huge.out() << huge.err());
   CHECK(huge_status == 2);
   CHECK_THAT(huge.err(), Catch::Contains("out of memory for the buffers of the grid; lower --counts or --large"));
+
+  // 2^62 elements made buffers of 64 bytes (the size wrapped), written
+  // past: SIGSEGV. "-1" was read as 2^64 - 1, "010" as 8.
+  const std::vector<std::pair<std::vector<std::string>, std::string>> refused = {
+      {{"--large", "4611686018427387904"}, "--large and --mismatch-count must not exceed 2^45"},
+      {{"--counts", "1,-1"}, "--counts: must be a whole number from 0"},
+      {{"--counts", "0x10"}, "--counts: must be a whole number from 0"}};
+  for (const auto& [flags, words] : refused) {
+    std::vector<std::string> args = {"--nproc-per-node", "1", "--", check_path()};
+    args.insert(args.end(), flags.begin(), flags.end());
+    LaunchedJob job(dir, args);
+    const int rc = job.wait(std::chrono::seconds(60));
+    INFO(flags.front() << " " << flags.back() << "\n" << job.out() << job.err());
+    CHECK(rc == 2);
+    CHECK_THAT(job.err(), Catch::Contains(words));
+  }
 }

@@ -27,6 +27,7 @@
 #include "runtime/errors.h"
 #include "tools/check/grid.h"
 #include "tools/check/values.h"
+#include "tools/decimal_flag.h"
 
 using namespace braid;
 
@@ -49,8 +50,10 @@ void add_flags(CLI::App& app, Options& o) {
   app.add_option("--dtypes", o.dtypes, "f32,bf16,i64 (the ones the value model is exact for)")->delimiter(',')
       ->capture_default_str();
   app.add_option("--ops", o.ops, "sum,max,avg")->delimiter(',')->capture_default_str();
-  app.add_option("--counts", o.counts, "element counts of the full grid")->delimiter(',')->capture_default_str();
+  app.add_option("--counts", o.counts, "element counts of the full grid")->delimiter(',')
+      ->transform(braid::tools::decimal(std::size_t{}))->capture_default_str();
   app.add_option("--large", o.large_count, "one large case per collective, in and out of place (0: none)")
+      ->transform(braid::tools::decimal(o.large_count))
       ->capture_default_str();
   app.add_flag("--registered", o.registered, "buffers from Communicator::allocate instead of the heap");
   app.add_option("--barrier-dir", o.barrier_dir, "a folder every rank sees: the barrier's ordering check uses it")
@@ -60,6 +63,7 @@ void add_flags(CLI::App& app, Options& o) {
   app.add_option("--expect-mismatch", o.expect_mismatch, "count | kind: run one mismatched call instead of the grid")
       ->check(CLI::IsMember({"count", "kind"}));
   app.add_option("--mismatch-count", o.mismatch_count, "count of the mismatched call (rank 0; the others +1)")
+      ->transform(braid::tools::decimal(o.mismatch_count))
       ->capture_default_str();
   app.add_flag("-v,--verbose", o.verbose, "print every case, not only the wrong ones");
 }
@@ -87,6 +91,13 @@ check::GridSpec grid_spec(const Options& o, int ranks) {
   for (DataType dtype : spec.dtypes)
     if (dtype == DataType::bf16 && ranks > 10)
       throw InvalidUsage("bf16 sums of " + std::to_string(ranks) + " ranks are not exact; at most 10 ranks with bf16");
+  // Counts whose buffers (ranks x count x 8 bytes) would wrap a 64-bit
+  // size: --large 2^62 allocated 64 bytes and wrote past them.
+  constexpr std::size_t kLargest = std::size_t{1} << 45;
+  for (std::size_t count : o.counts)
+    if (count > kLargest) throw InvalidUsage("--counts must not exceed 2^45 (" + std::to_string(kLargest) + ")");
+  if (o.large_count > kLargest || o.mismatch_count > kLargest)
+    throw InvalidUsage("--large and --mismatch-count must not exceed 2^45 (" + std::to_string(kLargest) + ")");
   spec.counts = o.counts;
   spec.large_count = o.large_count;
   return spec;
