@@ -280,9 +280,13 @@ TEST_CASE("braid-bench: -b 0 -i steps from 0; unchecked and unmeasured columns r
   REQUIRE(unchecked.wait(std::chrono::seconds(30)) == 0);
   INFO(unchecked.out());
   CHECK_THAT(squeezed(unchecked.out()), Catch::Contains(" N/A "));
-  const auto row = nlohmann::json::parse(slurp(json))["rows"][0];
+  const auto unchecked_run = nlohmann::json::parse(slurp(json));
+  const auto row = unchecked_run["rows"][0];
   CHECK(row["out_of_place"]["wrong"].is_null());
   CHECK(row["in_place"]["wrong"].is_null());
+  // The summary said "0 OK" and the JSON 0, of a run that checked nothing.
+  CHECK_THAT(unchecked.out(), Catch::Contains("Out of bounds values : N/A (-c 0)"));
+  CHECK(unchecked_run["out_of_bounds"].is_null());
 
   std::string csv = (dir.path() / "rows.csv").string();
   LaunchedJob ring(dir, {"--nproc-per-node", "2", "--", bench_path(), "--coll", "send_recv", "-b", "64", "-e", "64",
@@ -294,6 +298,13 @@ TEST_CASE("braid-bench: -b 0 -i steps from 0; unchecked and unmeasured columns r
   CHECK(shift["out_of_place"]["wrong"] == 0);
   CHECK(shift["in_place"].is_null());
   CHECK_THAT(slurp(csv), Catch::Contains(",0,,,,,,"));
+
+  // One rank printed the table's header, then failed in its first send to itself.
+  LaunchedJob alone(dir, {"--nproc-per-node", "1", "--", bench_path(), "--coll", "send_recv"});
+  CHECK(alone.wait(std::chrono::seconds(30)) == 2);
+  INFO(alone.out() << alone.err());
+  CHECK_THAT(alone.err(), Catch::Contains("--coll send_recv shifts a ring of ranks: it needs 2 ranks or more"));
+  CHECK_THAT(alone.out(), !Catch::Contains("(elements)"));
 }
 
 namespace {

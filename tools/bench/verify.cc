@@ -8,21 +8,58 @@
 
 namespace braid::verify {
 
-// prod: ranks 1 to 6 give 2 where index % 7 is below their number, so the
-// product is 2^k for k from 0 to min(size - 1, 6) as index % 7 goes (exact
-// in i8). It was 2 at every index (one rank gave 2 at each), and a result
-// moved by any offset passed the check.
-// band, bor, bxor: one bit per rank, (rank + index) % 7 (bor, bxor), or
-// every bit of 0..6 but that one (band), so that each rank's part shows in
-// the result and a result moved by an offset does not pass.
+// Every input is a function of a hash of the rank and of the index within
+// one period (kPeriod, a prime): neighbouring elements, and the slices of
+// a reduce_scatter or all_to_all, hold values that differ, and so do the
+// ranks' values at one index, so an element or a slice put in the wrong
+// place, or a rank's part left out, shows. (The inputs were a function of
+// (rank + index) % 7: at a count that is a multiple of 7 every slice of a
+// reduce_scatter had the same expected values, and a result that swapped
+// them passed; at 7 ranks every sum was 28 at every index. Found by a
+// review helper.)
+//
+// sum, avg: 1 + h % m, with m = min(31, 160 / size), so that a sum of
+// every rank stays at most 160: exact in bf16 whatever the order, and never
+// braid-bench's marker byte (0xa5, 165) in u8 or i8. min, max: 1 + h % 100,
+// whatever the size (no sum to bound), so that the extremes still vary from
+// index to index among many ranks.
+// prod: ranks 1 to 6 give 2 where the index's own hash % 7 is below their
+// number, so the product is 2^k for k up to min(size - 1, 6) (exact in i8).
+// band, bor, bxor: a rank holds one bit, h % 7, at about 4 / (size + 4)
+// of the indices and none elsewhere (band: every bit of 0..6 but that one),
+// so that about 4 bits of the 7 are held at an index, whatever the size.
+// (avg of an integer type of many ranks is near 1 at every index: a sum of
+// values up to 160 / size, divided by the size, truncated.)
+namespace {
+
+constexpr std::size_t kPeriod = 8191;  // 2^13 - 1
+
+std::uint64_t mix(std::uint64_t z) {
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+
+std::uint64_t index_hash(std::size_t index) {
+  return mix(static_cast<std::uint64_t>(index % kPeriod) * 0x9E3779B97F4A7C15ull);
+}
+
+}  // namespace
+
+std::size_t input_period() { return kPeriod; }
+
 double input_value(int rank, std::size_t index, int size, ReduceOp op) {
-  (void)size;
-  if (op == ReduceOp::prod) return rank < 7 && static_cast<int>(index % 7) < rank ? 2.0 : 1.0;
+  const std::uint64_t of_index = index_hash(index);
+  if (op == ReduceOp::prod) return rank < 7 && static_cast<int>(of_index % 7) < rank ? 2.0 : 1.0;
+  const std::uint64_t h = mix(of_index + static_cast<std::uint64_t>(rank + 1) * 0x632BE59BD9B4E019ull);
   if (is_bitwise(op)) {
-    const int bit = 1 << static_cast<int>((static_cast<std::size_t>(rank) + index) % 7);
+    const bool holds = (h / 7) % static_cast<std::uint64_t>(std::max(size, 1) + 4) < 4;
+    const int bit = holds ? 1 << static_cast<int>(h % 7) : 0;
     return op == ReduceOp::band ? 127 ^ bit : bit;
   }
-  return static_cast<double>((rank + index) % 7 + 1);
+  const bool extreme = op == ReduceOp::min || op == ReduceOp::max;
+  const auto m = static_cast<std::uint64_t>(extreme ? 100 : std::clamp(160 / std::max(size, 1), 1, 31));
+  return static_cast<double>(1 + h % m);
 }
 
 void store_value(void* buf, std::size_t i, DataType dtype, double v) {
@@ -64,7 +101,7 @@ std::vector<std::byte> expected_input(int rank, std::size_t index, int size, Dat
 }
 
 ExpectedTable::ExpectedTable(int size, DataType dtype, ReduceOp op)
-    : period_(7 * static_cast<std::size_t>(size)), es_(dtype_bytes(dtype)) {
+    : period_(input_period()), es_(dtype_bytes(dtype)) {
   reduced_.resize(period_ * es_);
   inputs_.resize(period_ * es_ * size);
   for (std::size_t i = 0; i < period_; ++i) {

@@ -1,7 +1,9 @@
 // Verifiable inputs and expected results for collectives, shared by
 // braid-bench's check (-c 1) and the test suite. Inputs are small integers so
 // that every result is exact in every dtype whatever the order of reduction:
-// sums of up to 8 ranks stay below 64 and products use a single factor 2.
+// sums of every rank stay at most 160 up to 160 ranks (bf16 holds every
+// integer to 256; the integer types wrap alike in any order), and products use a
+// single factor 2 from each of at most 6 ranks (verify.cc says how).
 #pragma once
 
 #include <cstddef>
@@ -12,6 +14,8 @@
 namespace braid::verify {
 
 double input_value(int rank, std::size_t index, int size, ReduceOp op);
+// The inputs repeat with this period in the index (a prime: 8191).
+std::size_t input_period();
 // buf[i] = v converted to dtype (f16/bf16 rounded to nearest even).
 void store_value(void* buf, std::size_t i, DataType dtype, double v);
 // Fills count elements of rank's input, element j holding input_value(rank, first + j).
@@ -21,7 +25,7 @@ std::vector<std::byte> expected_reduction(std::size_t index, int size, DataType 
 // The input element `index` of `rank`, as `dtype` bytes.
 std::vector<std::byte> expected_input(int rank, std::size_t index, int size, DataType dtype, ReduceOp op);
 
-// The same values, tabulated: inputs repeat with period 7 * size in the
+// The same values, tabulated: inputs repeat with input_period() in the
 // index, so checking a 256 MiB result costs a table lookup per element.
 class ExpectedTable {
  public:
