@@ -799,6 +799,38 @@ TEST_CASE("failures: ranks told different BRAID_TCP_NSOCKS fail at once, naming 
   CHECK(result.elapsed < seconds(10));  // not the 20 s of BRAID_TIMEOUT
 }
 
+// TCP set-up waited for its peers' addresses and connections in one piece:
+// a rank whose set-up failed early (an address of another machine, here)
+// was waited for until BRAID_TIMEOUT, and the last rank to give up blamed
+// the job token; of three ranks told different BRAID_TCP_NSOCKS, the one
+// whose connection was refused said "Connection reset by peer". Every rank
+// now fails at once with the cause (found by a review helper).
+TEST_CASE("failures: a rank whose TCP set-up fails fails its peers at once, with the cause", "[failures]") {
+  const std::string problem = GENERATE(std::string("address"), std::string("sockets"));
+  auto options = options_with(seconds(20), seconds(60), "tcp");
+  std::string cause;
+  if (problem == "address") {
+    options.configure = [](int rank, runtime::Config& config) {
+      if (rank == 2) config.bind_addr = "192.0.2.1";  // TEST-NET-1: only bound, never sent to
+    };
+    cause = "cannot listen for TCP peers on 192.0.2.1";
+  } else {
+    options.configure = [](int rank, runtime::Config& config) { config.tcp_nsocks = rank == 1 ? 2 : 4; };
+    cause = "BRAID_TCP_NSOCKS";
+  }
+  auto result = test::run_ranks(3, [](Communicator& comm) {
+    std::int64_t x = 1;
+    comm.all_reduce(&x, &x, 1, DataType::i64, ReduceOp::sum).wait();
+  }, options);
+  INFO(problem << "\n" << result.summary());
+  REQUIRE_FALSE(result.timed_out);
+  for (const auto& r : result.ranks) {
+    CHECK(r.exit_code == 1);
+    CHECK(contains(r.message, cause));
+  }
+  CHECK(result.elapsed < seconds(10));  // not the 20 s of BRAID_TIMEOUT
+}
+
 // Ranks told different BRAID_TRANSPORT planned different transports for
 // one pair (here shm against tcp) and waited for each other's keys until
 // BRAID_TIMEOUT, blaming a key; every rank now fails at once, naming it.

@@ -18,9 +18,11 @@
 #include <unistd.h>
 
 #include <boost/asio.hpp>
+#include <algorithm>
 #include <cstring>
 #include <map>
 #include <memory>
+#include <optional>
 
 #include "comm/transport/tcp/transport.h"
 #include "runtime/errors.h"
@@ -36,6 +38,7 @@ constexpr std::uint32_t kHelloMagic = 0x54445242;  // "BRDT"
 constexpr std::uint16_t kHelloVersion = 2;
 constexpr std::uint8_t kAccepted = 0, kRefused = 1, kOtherSockets = 2;
 constexpr std::uint32_t kMaxTokenBytes = 4096;
+constexpr std::chrono::milliseconds kCheckEvery{250};
 
 struct Hello {
   std::uint32_t magic = kHelloMagic;
@@ -252,16 +255,43 @@ std::vector<std::vector<int>> connect_mesh(runtime::Store& store, const std::str
   store.set(key_prefix + "/tcp/" + std::to_string(o.rank),
             local.address().to_string() + ":" + std::to_string(local.port()));
   if (mesh.expected_accepts() > 0) accept_next(mesh);
-  for (int peer = 0; peer < o.rank; ++peer) {
-    if (!mesh.wanted(peer)) continue;
-    auto address = store.get_string(key_prefix + "/tcp/" + std::to_string(peer), o.timeout);
-    auto endpoint = parse_endpoint(address, peer);
-    for (int index = 0; index < o.nsocks; ++index)
-      std::make_shared<Outgoing>(mesh, peer, index)->start(endpoint);
+  // Every wait runs in slices, between which a failure that a peer or its
+  // launcher published ends it (o.check_peers): a rank whose set-up failed
+  // early (its address, its descriptors) was waited for until the timeout,
+  // and the last rank to give up blamed the job token.
+  const auto deadline = Clock::now() + o.timeout;
+  auto next_check = Clock::now() + kCheckEvery;
+  auto check = [&] {
+    if (!o.check_peers || Clock::now() < next_check) return;
+    next_check = Clock::now() + kCheckEvery;
+    o.check_peers();
+  };
+  try {
+    for (int peer = 0; peer < o.rank; ++peer) {
+      if (!mesh.wanted(peer)) continue;
+      const std::string key = key_prefix + "/tcp/" + std::to_string(peer);
+      std::optional<std::string> address;
+      while (!address) {
+        const auto left = std::chrono::ceil<std::chrono::milliseconds>(deadline - Clock::now());
+        try {
+          address = store.get_string(key, std::clamp(left, std::chrono::milliseconds(1), kCheckEvery));
+        } catch (const TimeoutError&) {
+          if (left <= kCheckEvery) throw;
+          mesh.io.poll();  // the higher ranks' handshakes meanwhile
+          check();
+        }
+      }
+      auto endpoint = parse_endpoint(*address, peer);
+      for (int index = 0; index < o.nsocks; ++index)
+        std::make_shared<Outgoing>(mesh, peer, index)->start(endpoint);
+    }
+    while (mesh.pending > 0 && !mesh.error && Clock::now() < deadline) {
+      mesh.io.run_one_until(std::min(deadline, Clock::now() + kCheckEvery));
+      check();
+    }
+  } catch (...) {
+    if (!mesh.error) mesh.error = std::current_exception();
   }
-  auto deadline = Clock::now() + o.timeout;
-  while (mesh.pending > 0 && !mesh.error && Clock::now() < deadline)
-    mesh.io.run_one_until(deadline);
   mesh.acceptor.close();
   if (!mesh.error && mesh.pending > 0)
     mesh.error = std::make_exception_ptr(TimeoutError(
