@@ -242,6 +242,33 @@ TEST_CASE("abuse: a resumed pipeline keeps its --schedule unless given", "[abuse
   CHECK_THAT(given.out + given.err, Catch::Contains("schedule 1f1b") && !Catch::Contains("schedule gpipe"));
 }
 
+// --bucket-mb was not saved: a zero1 or zero2 run resumed without it took
+// the default 25 MiB, another partition and another order of its sums, and
+// was not bit for bit the run it continued (found by a review helper).
+TEST_CASE("abuse: a resumed run keeps its --bucket-mb unless given", "[abuse]") {
+  if (!have_binary() || launcher() == nullptr) return;
+  braid::test::JobDir job;
+  test::TempDir dir;
+  const fs::path ckpt = job.path() / "ckpt";
+  const auto first = launch_train(job, "--n-layer 1 --n-head 2 --n-embd 16 --block-size 32 --batch-size 4 "
+                                       "--eval-batches 1 --strategy zero1 --bucket-mb 0.003 --steps 2 --data " +
+                                           test::write_text(dir, 3000).string() + " --checkpoint-dir " + ckpt.string());
+  INFO(first.out << first.err);
+  REQUIRE(first.status == 0);
+  auto saved = [&](const std::string& step) {
+    return json::parse(read_text(ckpt / step / "config.json")).value("bucket_mb", -1.0);
+  };
+  CHECK(saved("step_00000002") == 0.003);
+  const auto kept = launch_train(job, "--resume " + ckpt.string() + " --steps 3");
+  INFO(kept.out << kept.err);
+  REQUIRE(kept.status == 0);
+  CHECK(saved("step_00000003") == 0.003);
+  const auto given = launch_train(job, "--resume " + ckpt.string() + " --steps 4 --bucket-mb 1");
+  INFO(given.out << given.err);
+  REQUIRE(given.status == 0);
+  CHECK(saved("step_00000004") == 1.0);
+}
+
 TEST_CASE("abuse: a model that cannot fit is refused at once with the numbers", "[abuse]") {
   if (!have_binary()) return;
   test::TempDir dir;

@@ -424,6 +424,18 @@ TEST_CASE("a shard from another save of the same step is refused by name", "[che
   CHECK_THROWS_WITH(CheckpointReader::open(first.path() / "step_00000005"),
                     Catch::Contains(shard + " was written by another save than its manifest (save 'fedcba9876543210', "
                                     "the manifest's '0123456789abcdef')"));
+
+  // A manifest that names no save (edited, its checksum line removed as
+  // README allows) checked the shards against nothing: the shards of two
+  // saves loaded as one model (found by a review helper).
+  test::TempDir third;
+  const fs::path staging = prepare_step_directory(third.path(), 5);
+  write_shard(staging, 0, 2, pieces, a.config, 5, nullptr, "0123456789abcdef");
+  write_shard(staging, 1, 2, {}, a.config, 5, nullptr, "fedcba9876543210");
+  commit_sharded_checkpoint(third.path(), TrainState{5, json::object(), "x", 1, 2}, 2, "ddp", {}, 2, "");
+  CHECK_THROWS_WITH(CheckpointReader::open(third.path() / "step_00000005"),
+                    Catch::Contains(shard + " was written by save 'fedcba9876543210' and "
+                                            "shard_00000_of_00002.safetensors by save '0123456789abcdef'"));
 }
 
 // The same for a one-process checkpoint, whose model, optimizer and

@@ -144,6 +144,23 @@ CheckpointReader CheckpointReader::open(const fs::path& step_dir) {
   }
   r.config_ = config_from_metadata(*r.files_.front());
   for (const auto& f : r.files_) r.check_file(*f);
+  // A manifest or state file that names no save (edited, with its checksum
+  // line removed as README allows) checked the files against nothing: the
+  // files of two saves, each naming its own, loaded as one model.
+  if (r.save_.empty()) {
+    const SafetensorsFile* named = nullptr;
+    for (const auto& f : r.files_) {
+      const auto save = f->metadata().find("save");
+      if (save == f->metadata().end()) continue;
+      if (named == nullptr) {
+        named = f.get();
+      } else if (save->second != named->metadata().at("save")) {
+        r.fail(f->path().filename().string() + " was written by save '" + save->second + "' and " +
+               named->path().filename().string() + " by save '" + named->metadata().at("save") +
+               "': files of two saves would mix two models");
+      }
+    }
+  }
   return r;
 }
 

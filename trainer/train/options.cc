@@ -58,7 +58,11 @@ json run_options_json(const TrainOptions& o) {
               {"eval_interval", o.eval_interval},
               {"eval_batches", o.eval_batches},
               {"checkpoint_interval", o.checkpoint_interval},
-              {"schedule", o.schedule}};
+              {"schedule", o.schedule},
+              // ZeRO's partition follows the buckets, and so does the order
+              // in which its sums are added: a resume at another size was
+              // not bit for bit (found by a review helper).
+              {"bucket_mb", o.bucket_mb}};
 }
 
 namespace {
@@ -128,6 +132,7 @@ void apply_run_options(const json& s, const std::set<std::string>& keep, TrainOp
   take(s, keep, "eval_batches", o.eval_batches);
   take(s, keep, "checkpoint_interval", o.checkpoint_interval);
   take(s, keep, "schedule", o.schedule);
+  take(s, keep, "bucket_mb", o.bucket_mb);
 }
 
 json config_json(const TrainOptions& o) {

@@ -151,7 +151,6 @@ void check_same_data(comm::Communicator* world, const TextCorpus& corpus) {
 nlohmann::json shared_settings(const TrainOptions& o) {
   nlohmann::json j = config_json(o);
   j.erase("data");
-  j["bucket_mb"] = o.bucket_mb;
   j["device"] = o.device;
   j["eval_only"] = o.eval_only;
   j["resume"] = !o.resume.empty();
