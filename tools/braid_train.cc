@@ -260,12 +260,40 @@ int consolidate(const TrainOptions& o) {
   return 0;
 }
 
+// --sample N: every rank generates (ZeRO-3 gathers the units
+// collectively); rank 0 prints.
+void print_sample(braid::trainer::Trainer& trainer, const TrainOptions& o) {
+  if (o.sample_bytes <= 0) return;
+  trainer.strategy().begin_forward_only();
+  const std::string text = braid::trainer::generate(trainer.model(), o.prompt, o.sample_bytes, o.temperature, o.seed);
+  if (trainer.rank() == 0) {
+    std::printf("--- sample (%d bytes, temperature %g) ---\n%s%s\n", o.sample_bytes, o.temperature, o.prompt.c_str(),
+                text.c_str());
+  }
+}
+
 int eval_only(braid::trainer::Trainer& trainer, const braid::trainer::TextCorpus& corpus, const TrainOptions& o) {
   const braid::trainer::WindowLoss r = trainer.evaluate_windows();
   std::printf("eval_loss: %.9g (%lld windows of %d bytes, %lld target bytes of %s)\n", r.loss,
               static_cast<long long>(r.windows), o.model.block_size, static_cast<long long>(r.tokens),
               corpus.source.c_str());
+  print_sample(trainer, o);  // the weights' text too, as nanoGPT's sample.py (it was left out without a word)
   return 0;
+}
+
+// Flags given that the run would ignore, without a word (found by a review
+// helper): they are refused, saying what they need.
+void refuse_ignored(const std::set<std::string>& given, const TrainOptions& o) {
+  if (o.sample_bytes == 0)
+    for (const char* flag : {"prompt", "temperature"})
+      if (given.count(flag) != 0)
+        throw braid::InvalidUsage(std::string("--") + flag + " shapes the text of --sample N, which is not given; "
+                                  "add --sample N (bytes to generate)");
+  if (o.eval_only && !o.metrics.empty())
+    throw braid::InvalidUsage("--metrics records training steps, and --eval-only trains none; leave it out (the "
+                              "loss is printed)");
+  if (o.pp == 1 && given.count("schedule") != 0)
+    throw braid::InvalidUsage("--schedule orders a pipeline's micro-batches; it needs --pp 2 or more");
 }
 
 // This rank's node in the rank map: from the hosts the ranks run on, not
@@ -476,15 +504,7 @@ int run(const TrainOptions& o, const braid::runtime::RankInfo& info, braid::trai
   if (!o.metrics.empty()) observers.add(&metrics.emplace(t::metrics_path(o.metrics, trainer.rank()), trainer.step()));
   const t::TrainSummary summary = trainer.run(observers);
   print_summary(trainer, summary, info);
-  if (o.sample_bytes > 0) {
-    // Every rank generates (ZeRO-3 gathers the units collectively); rank 0 prints.
-    trainer.strategy().begin_forward_only();
-    const std::string text = t::generate(trainer.model(), o.prompt, o.sample_bytes, o.temperature, o.seed);
-    if (rank0) {
-      std::printf("--- sample (%d bytes, temperature %g) ---\n%s%s\n", o.sample_bytes, o.temperature,
-                  o.prompt.c_str(), text.c_str());
-    }
-  }
+  print_sample(trainer, o);
   return 0;
 }
 
@@ -511,7 +531,9 @@ int main(int argc, char** argv) {
   try {
     const braid::runtime::RankInfo info = braid::runtime::rank_info_from_env();
     braid::runtime::setup_logging(info.rank);  // rank 1's first warnings said [rank 0]
-    apply_saved_options(explicit_keys(app), info, options);
+    const std::set<std::string> given = explicit_keys(app);
+    apply_saved_options(given, info, options);
+    refuse_ignored(given, options);
     const auto hold = guard_checkpoint_dir(info, options);
     return run(options, info, hold.get());
   } catch (const braid::InvalidUsage& e) {

@@ -86,6 +86,10 @@ TEST_CASE("invalid combinations exit 2 before any work, saying what to change", 
       {"--threads 0", "--threads"},
       {"--n-layer abc", "n-layer"},
       {"--no-such-flag", "no-such-flag"},
+      // Ignored without a word before.
+      {"--prompt hi", "--prompt shapes the text of --sample N, which is not given"},
+      {"--temperature 0.5", "--temperature shapes the text of --sample N"},
+      {"--schedule gpipe", "--schedule orders a pipeline's micro-batches; it needs --pp 2 or more"},
   };
   for (const Case& c : cases) {
     INFO("braid-train " << c.args);
@@ -213,6 +217,18 @@ TEST_CASE("--eval-only prints the mean loss over every window", "[cli]") {
   const double reference = sum / 31;
   CHECK(eval_loss(r.out) == Approx(reference).epsilon(1e-5));
   CHECK(reference < 5.0);  // trained: not the uniform ln(256)
+
+  // --sample with --eval-only was left out without a word, and so was
+  // --metrics (no file); the sample is the weights' text as a training
+  // run's end prints it, and --metrics is refused.
+  const std::string eval = "--eval-only --batch-size 8 --init-from " + weights.string() + " --data " + text.string();
+  const Run sampled = braid_train(dir, eval + " --sample 20 --prompt braid");
+  REQUIRE(sampled.rc == 0);
+  CHECK_THAT(sampled.out, Catch::Contains("eval_loss") && Catch::Contains("--- sample (20 bytes"));
+  const Run metrics = braid_train(dir, eval + " --metrics " + (dir / "m.jsonl").string());
+  CHECK(metrics.rc == 2);
+  CHECK_THAT(metrics.err, Catch::Contains("--metrics records training steps, and --eval-only trains none"));
+  CHECK_FALSE(fs::exists(dir / "m.jsonl"));
 }
 
 std::vector<nlohmann::json> metrics_lines(const fs::path& p) {
