@@ -42,7 +42,7 @@ std::string describe_buckets(const std::vector<Range>& buckets, std::size_t buck
   std::size_t largest = 0;
   for (const Range& b : buckets) largest = std::max(largest, b.count * sizeof(float));
   return std::to_string(buckets.size()) + " bucket(s), the largest " + std::to_string(largest) +
-         " bytes (--bucket-mb: " + std::to_string(bucket_bytes) + ")";
+         " bytes (--bucket-mb: buckets of " + std::to_string(bucket_bytes) + " bytes)";
 }
 
 BucketTracker::BucketTracker(const ParamTable& table, std::vector<Range> buckets)
