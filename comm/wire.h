@@ -10,10 +10,9 @@
 // another count, dtype, op or root, is reported with both calls named, one
 // that runs the same call with another algorithm with both algorithms
 // named; a header that is not a braid header at all is reported as garbage. A
-// mismatched message always fails the operation, so none of it is ever
-// reported as a result (the TCP transport reads header and payload in one
-// call, so part of such a payload may have landed in the receive buffer of
-// the failed operation).
+// mismatched message always fails the operation before any of its payload
+// reaches the caller's memory (the TCP transport reads a small message
+// whole into staging and a large one's header alone first).
 #pragma once
 
 #include <cstddef>
