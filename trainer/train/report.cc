@@ -11,6 +11,8 @@
 #include <fstream>
 #include <utility>
 
+#include <spdlog/spdlog.h>
+
 #include <nlohmann/json.hpp>
 
 #include "runtime/errors.h"
@@ -166,12 +168,18 @@ void MetricsWriter::on_step(const StepReport& r) {
                     {"tp_comm_ms", r.tp_comm_ms},
                     {"pp_comm_ms", r.pp_comm_ms}};
   }
+  if (given_up_) return;
   errno = 0;
   out_ << line.dump() << '\n';
   out_.flush();
-  if (!out_)
-    throw SystemError("writing the metrics file " + path_ + " failed" +
-                      (errno != 0 ? std::string(": ") + std::strerror(errno) : std::string()));
+  if (out_) return;
+  // A full disk under the metrics file ended the run, and with it the
+  // training done since the last checkpoint (found by a review helper):
+  // the metrics stop, loudly, and the training goes on.
+  given_up_ = true;
+  spdlog::error("writing the metrics file {} failed{}; the metrics of step {} and later are not recorded, and "
+                "training goes on",
+                path_, errno != 0 ? std::string(": ") + std::strerror(errno) : std::string(), r.step);
 }
 
 std::string metrics_path(const std::string& path, int rank) {

@@ -56,11 +56,14 @@ class MetricsWriter : public TrainObserver {
   // step s keeps the file's lines of steps 1..s and appends to them, so that
   // a restarted job's file holds every step once, as if it had not failed.
   MetricsWriter(const std::string& path, std::int64_t resumed_step);
+  // A line that cannot be written (a full disk) ends the metrics with an
+  // error on stderr, not the run.
   void on_step(const StepReport& r) override;
 
  private:
   std::string path_;
   std::ofstream out_;
+  bool given_up_ = false;  // a write failed (a full disk): no more lines
 };
 
 // Forwards every event to each observer in turn.
