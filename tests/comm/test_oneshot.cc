@@ -192,6 +192,41 @@ TEST_CASE("a mismatched one-shot call fails every rank in that call, buffers unt
   check_every_rank_named_the_mismatch(result);
 }
 
+// A send where its peer calls a collective (torch's alltoall_base given
+// split sizes on one rank and none on the other): the collective waited
+// for the peer's slot, the peer's receive for a message, until
+// BRAID_TIMEOUT, and the message then blamed a heartbeat. The unreceived
+// send in the waiting rank's ring is the mismatch, named at once.
+TEST_CASE("a send where its peer calls a collective fails both ranks at once, naming the send",
+          "[oneshot][failures]") {
+  const std::size_t count = GENERATE(std::size_t{8}, std::size_t{100'000});
+  const OpKind kind = GENERATE(OpKind::all_to_all, OpKind::all_reduce, OpKind::barrier);
+  auto result = test::run_ranks(2, [count, kind](Communicator& comm) {
+    std::vector<float> in(2 * count, 1.0f), out(2 * count);
+    comm.barrier().wait();
+    if (comm.rank() == 1) {
+      comm.send(in.data(), count, DataType::f32, 0);
+      comm.recv(out.data(), count, DataType::f32, 0).wait();
+    } else if (kind == OpKind::all_to_all) {
+      comm.all_to_all(in.data(), out.data(), count, DataType::f32).wait();
+    } else if (kind == OpKind::all_reduce) {
+      comm.all_reduce(in.data(), out.data(), count, DataType::f32, ReduceOp::sum).wait();
+    } else {
+      comm.barrier().wait();
+    }
+    throw std::runtime_error("the mismatched calls completed");
+  }, shm_options(std::chrono::seconds(20)));
+  INFO(count << " elements, rank 0 in " << name(kind) << "\n" << result.summary());
+  REQUIRE_FALSE(result.timed_out);
+  for (const auto& r : result.ranks) {
+    CHECK(r.exit_code == 1);
+    CHECK(contains(r.message, "but rank 1 has not entered it and sent rank 0 a message (a send of " +
+                                  std::to_string(count) + " f32) that no receive took"));
+  }
+  CHECK(result.elapsed < std::chrono::seconds(5));  // not the 20 s of BRAID_TIMEOUT
+  CHECK(result.leftover_shm == 0);
+}
+
 TEST_CASE("a rank killed before it publishes its slot is named by every waiting rank", "[oneshot][failures]") {
   const int size = GENERATE(2, 4);
   // Small blocking calls on an idle communicator: the lean path (engine_lean.cc).

@@ -155,10 +155,16 @@ void ShmSlots::check_alive(int peer, const std::atomic<std::uint64_t>* awaited, 
 }
 
 // Between calls every ring is drained (each call receives every message
-// sent to it), so unread bytes from `peer` while it has not published call
-// `seq` are that call's messages, or point-to-point ones (numbered on their
-// own: not evidence). Only a collective's header of this very call counts,
-// and only while the flag, read after it, is still not there.
+// sent to it, and a collective runs only once the calls before it are
+// done), so unread bytes from `peer` while it has not published call `seq`
+// are that call's messages, or a send of the peer's that no receive of
+// this rank came to take: a send where this rank called the collective
+// (torch's alltoall_base with split sizes on one rank, none on the other),
+// or one never received. Either is a mismatch, which waited until
+// BRAID_TIMEOUT and then blamed the peer's heartbeat. A collective's
+// message counts only if it is of this very call (point-to-point ones are
+// numbered on their own), and either only while the flag, read after it,
+// is still not there.
 void ShmSlots::check_stray(int peer, std::uint64_t seq) const {
   const Rank& from = ranks_[peer];
   if (!from.in) return;
@@ -167,11 +173,22 @@ void ShmSlots::check_stray(int peer, std::uint64_t seq) const {
   WireHeader h;
   std::memcpy(&h, from.in_ring + (tail & (ring_capacity_ - 1)), sizeof h);
   const auto kind = static_cast<OpKind>(h.kind);
-  if (h.magic != kWireMagic || h.seq != seq || kind == OpKind::send || kind == OpKind::recv) return;
+  const bool point_to_point = kind == OpKind::send || kind == OpKind::recv;
+  if (h.magic != kWireMagic || (h.seq != seq && !point_to_point)) return;
   // A peer that agreed through the slots publishes before it sends this
-  // call's first message, and stores become visible in order: read after
-  // the message, its flag shows whether it did.
+  // call's first message, or any message of a later call, and stores
+  // become visible in order: read after the message, its flag shows
+  // whether it did.
   if (flag(peer, seq).load(std::memory_order_acquire) >= seq) return;
+  if (point_to_point) {
+    throw RemoteError("mismatched calls: " + rank_text(rank_) + " waits for " + rank_text(peer) +
+                          "'s shared slot of this collective, but " + rank_text(peer) + " has not entered it and "
+                          "sent " + rank_text(rank_) + " a message (a send of " + std::to_string(h.count) + " " +
+                          std::string(name(static_cast<DataType>(h.dtype))) + ") that no receive took: where one rank calls "
+                          "send, its peer must call recv, and every rank must issue the same calls in the same "
+                          "order",
+                      peer);
+  }
   Op theirs;
   theirs.kind = kind;
   theirs.dtype = static_cast<DataType>(h.dtype);
