@@ -97,9 +97,11 @@ std::shared_ptr<WorkState> completed_work();
 // posted, and whoever holds the engine's `running` drives them.
 // A call whose buffer overlaps that of an earlier one in flight, where
 // either of the two writes it (a receive), waits for it (waits_for): a
-// send is posted only once the receives it overlaps have landed, and a
-// receive lands in `staging`, copied into the caller's buffer once the
-// calls it overlaps have landed.
+// send is posted only once the receives it overlaps have landed, a receive
+// only once the receives it overlaps have; one that overlaps sends still
+// in flight lands in `staging`, copied into the caller's buffer once they
+// have landed. A call behind a held one of the same peer and direction is
+// held too (engine_p2p.cc: blockers).
 struct PointToPoint {
   PointToPoint(const Op& o, std::shared_ptr<WorkState> s) : op(o), state(std::move(s)) {}
   Op op;  // before x, which keeps a reference to it
@@ -239,6 +241,8 @@ struct Communicator::Impl {
   void run_point_to_point(std::unique_lock<std::mutex>& lock);
   bool run_point_to_point_inline(const Op& op, const std::shared_ptr<WorkState>& state);
   void start_point_to_point(const Op& op, std::shared_ptr<WorkState> state);
+  std::vector<const PointToPoint*> blockers(const Op& op) const;
+  bool may_post(const PointToPoint& call) const;
   void post(PointToPoint& call);
   bool land(PointToPoint& call);
   bool finish_point_to_point(bool inline_call);

@@ -97,6 +97,18 @@ std::pair<const std::byte*, const std::byte*> span_of(const Op& op, const void* 
   return {begin, begin == nullptr ? nullptr : begin + op.count * dtype_bytes(op.dtype)};
 }
 
+bool overlap(const PointToPoint& earlier, const Op& later, const void* later_buffer) {
+  const auto [a, a_end] = span_of(earlier.op, earlier.caller_buffer);
+  const auto [b, b_end] = span_of(later, later_buffer);
+  return a != a_end && b != b_end && a < b_end && b < a_end;
+}
+
+bool covers(const PointToPoint& earlier, const Op& later, const void* later_buffer) {
+  const auto [a, a_end] = span_of(earlier.op, earlier.caller_buffer);
+  const auto [b, b_end] = span_of(later, later_buffer);
+  return a != a_end && b != b_end && a <= b && b_end <= a_end;
+}
+
 // Whether `later` must wait for `earlier`: their buffers overlap and one of
 // them writes. (Posted together, a receive then a send of one buffer, a
 // relay, sent what the buffer held before the receive; a send then a
@@ -104,21 +116,50 @@ std::pair<const std::byte*, const std::byte*> span_of(const Op& op, const void* 
 // overwritten. Issue order says otherwise.)
 bool must_wait(const PointToPoint& earlier, const Op& later, const void* later_buffer) {
   if (earlier.op.kind == OpKind::send && later.kind == OpKind::send) return false;
-  const auto [a, a_end] = span_of(earlier.op, earlier.caller_buffer);
-  const auto [b, b_end] = span_of(later, later_buffer);
-  return a != a_end && b != b_end && a < b_end && b < a_end;
+  return overlap(earlier, later, later_buffer);
 }
 
 }  // namespace
 
+// The earlier calls in flight that `op` must wait for: those it must_wait
+// for, found from the latest back, up to one whose own waits include the
+// rest (a receive covering op's bytes; for a send, a send covering them
+// too, whose waits are op's): K calls on one buffer cost K steps, not K^2.
+// And the latest earlier call with the same peer and direction, where that
+// one is held unposted: messages between two ranks keep issue order.
+std::vector<const PointToPoint*> Communicator::Impl::blockers(const Op& op) const {
+  std::vector<const PointToPoint*> waits;
+  bool covered = false, same_peer_seen = false;
+  for (auto it = p2p.rbegin(); it != p2p.rend() && !(covered && same_peer_seen); ++it) {
+    const PointToPoint& earlier = **it;
+    if (!same_peer_seen && earlier.op.kind == op.kind && earlier.op.root == op.root) {
+      same_peer_seen = true;
+      if (!earlier.posted) waits.push_back(&earlier);
+    }
+    if (covered) continue;
+    if (must_wait(earlier, op, op.recv)) waits.push_back(&earlier);
+    if (covers(earlier, op, op.recv)) {
+      if (earlier.op.kind == OpKind::recv) {
+        covered = true;
+      } else if (op.kind == OpKind::send) {
+        waits.insert(waits.end(), earlier.waits_for.begin(), earlier.waits_for.end());
+        covered = true;
+      }
+    }
+  }
+  std::sort(waits.begin(), waits.end());
+  waits.erase(std::unique(waits.begin(), waits.end()), waits.end());
+  return waits;
+}
+
 // Posts every message of the call; `p2p` holds it from the start, so that
 // a failure while posting fails it too. A call that must wait for an
-// earlier one in flight (must_wait) is staged: a receive into memory of
-// its own, a send by not being posted yet (finish_point_to_point posts it).
+// earlier one in flight (blockers) is held unposted, a receive only while
+// it waits for an earlier receive (finish_point_to_point posts it): a
+// receive that waits only for sends (an in-place ring shift, which would
+// wait for itself held) lands in memory of its own.
 void Communicator::Impl::start_point_to_point(const Op& op, std::shared_ptr<WorkState> state) {
-  std::vector<const PointToPoint*> waits_for;
-  for (const auto& earlier : p2p)
-    if (must_wait(*earlier, op, op.recv)) waits_for.push_back(earlier.get());
+  std::vector<const PointToPoint*> waits_for = blockers(op);
   PointToPoint& call = *p2p.emplace_back(std::make_unique<PointToPoint>(op, std::move(state)));
   call.deadline = Clock::now() + timeout;
   call.caller_buffer = op.recv;
@@ -126,14 +167,23 @@ void Communicator::Impl::start_point_to_point(const Op& op, std::shared_ptr<Work
   if (status) status->entered(call.op, &exchange.waiting_for);
   p2p_entered = call.op;
   note_choice(op.kind, select_algorithm(shape_of(op)));
-  if (op.kind == OpKind::recv && !call.waits_for.empty()) {
-    call.staging.resize(op.count * dtype_bytes(op.dtype));
-    call.op.recv = call.staging.data();
-  }
-  if (op.kind == OpKind::recv || call.waits_for.empty()) post(call);
+  if (may_post(call)) post(call);
+}
+
+// A send once every call it waits for has landed; a receive once every
+// receive it waits for has (the sends it waits for still read its bytes:
+// it lands in staging memory meanwhile).
+bool Communicator::Impl::may_post(const PointToPoint& call) const {
+  if (call.op.kind == OpKind::send) return call.waits_for.empty();
+  return std::none_of(call.waits_for.begin(), call.waits_for.end(),
+                      [](const PointToPoint* earlier) { return earlier->op.kind == OpKind::recv; });
 }
 
 void Communicator::Impl::post(PointToPoint& call) {
+  if (call.op.kind == OpKind::recv && !call.waits_for.empty()) {
+    call.staging.resize(call.op.count * dtype_bytes(call.op.dtype));
+    call.op.recv = call.staging.data();
+  }
   call.x.emplace(call.op, exchange, call.deadline, peer_state);
   call.requests = post_point_to_point(*call.x);
   call.posted = true;
@@ -146,7 +196,7 @@ bool Communicator::Impl::land(PointToPoint& call) {
   if (call.landed) return true;
   std::erase_if(call.waits_for, [](const PointToPoint* earlier) { return earlier->landed; });
   if (!call.posted) {
-    if (!call.waits_for.empty()) return false;
+    if (!may_post(call)) return false;
     post(call);
   }
   for (; call.done < call.requests.size(); ++call.done) {

@@ -380,6 +380,53 @@ TEST_CASE("sends and receives of one buffer issued back to back keep issue order
       }
       check(y, 0, count, [&](std::size_t e) { return value(0, 2, e); }, "the relay" + size);
 
+      // The relay again, then another send to the same peer: it must not
+      // overtake the held one (messages between two ranks keep issue
+      // order; it went first, and rank 2 failed with a mismatch).
+      std::vector<std::int32_t> w(count);
+      for (std::size_t e = 0; e < count; ++e) w[e] = value(r, 4, e);
+      if (r == 0) {
+        late();
+        comm.send(y.data(), count, DataType::i32, 1).wait();
+      } else if (r == 1) {
+        std::fill(y.begin(), y.end(), -1);
+        Work in = comm.recv(y.data(), count, DataType::i32, 0);
+        Work out = comm.send(y.data(), count, DataType::i32, 2);
+        Work other = comm.send(w.data(), count, DataType::i32, 2);
+        other.wait();
+        out.wait();
+        in.wait();
+      } else {
+        std::vector<std::int32_t> first(count, -1), second(count, -1);
+        Work a = comm.recv(first.data(), count, DataType::i32, 1);
+        Work b = comm.recv(second.data(), count, DataType::i32, 1);
+        b.wait();
+        a.wait();
+        check(first, 0, count, [&](std::size_t e) { return value(0, 2, e); }, "the relay before a send" + size);
+        check(second, 0, count, [&](std::size_t e) { return value(1, 4, e); }, "the send after a relay" + size);
+      }
+
+      // Many receives into one buffer, as a benchmark's back-to-back calls
+      // make them: the last message's bytes are left (each was staged in
+      // memory of its own, all at once).
+      constexpr int kQueued = 16;
+      if (r == 0) {
+        late();
+        std::vector<std::vector<std::int32_t>> messages(kQueued, std::vector<std::int32_t>(count));
+        std::vector<Work> sent_all;
+        for (int m = 0; m < kQueued; ++m) {
+          for (std::size_t e = 0; e < count; ++e) messages[m][e] = value(m, 5, e);
+          sent_all.push_back(comm.send(messages[m].data(), count, DataType::i32, 1));
+        }
+        for (Work& each : sent_all) each.wait();
+      } else if (r == 1) {
+        std::vector<std::int32_t> one(count, -1);
+        std::vector<Work> received_all;
+        for (int m = 0; m < kQueued; ++m) received_all.push_back(comm.recv(one.data(), count, DataType::i32, 0));
+        for (Work& each : received_all) each.wait();
+        check(one, 0, count, [&](std::size_t e) { return value(kQueued - 1, 5, e); }, "the last of many receives" + size);
+      }
+
       // Rank 1 receives from 0, then from 2 into bytes overlapping the first.
       const std::size_t shift = count / 2;
       std::vector<std::int32_t> z(count + shift, -1);
