@@ -119,6 +119,7 @@ TEST_CASE("inputs that are not files and outputs that would replace an input are
   REQUIRE(braid_train(dir, kTiny + "--data " + text.string() + " --steps 2 --checkpoint-dir " + ckpt.string()).rc == 0);
   const fs::path step = ckpt / "step_00000002";
   const std::string weights = read_text(step / "model.safetensors");
+  fs::create_symlink(step / "model.safetensors", dir / "link.jsonl");
   const std::string corpus = read_text(text);
   struct Case {
     std::string args, message;
@@ -133,6 +134,8 @@ TEST_CASE("inputs that are not files and outputs that would replace an input are
       {kTiny + "--steps 1 --init-out " + (step / "optimizer.safetensors").string(), "lies in the checkpoint step"},
       {kTiny + "--steps 1 --data " + text.string() + " --metrics " + text.string(),
        "--metrics " + text.string() + " is the file --data reads"},
+      // A link into a step directory: the write followed it.
+      {kTiny + "--steps 1 --metrics " + (dir / "link.jsonl").string(), "lies in the checkpoint step directory"},
   };
   for (const Case& c : cases) {
     INFO("braid-train " << c.args);

@@ -260,7 +260,12 @@ void validate_outputs(const TrainOptions& o) {
               std::string(flag) + " " + *path + " is the file " + read_flag + " reads; writing it would replace "
                   "it: name another file");
     }
-    const fs::path parent = fs::path(*path).parent_path().empty() ? fs::path(".") : fs::path(*path).parent_path();
+    // Where the file really is: a symlink into a step directory was
+    // followed by the write (found by a review helper).
+    std::error_code resolved;
+    fs::path real = fs::weakly_canonical(*path, resolved);
+    if (resolved) real = *path;
+    const fs::path parent = real.parent_path().empty() ? fs::path(".") : real.parent_path();
     for (const char* marker : {layout::kStateFile, layout::kManifestFile}) {
       std::error_code ec;
       require(!fs::exists(parent / marker, ec),

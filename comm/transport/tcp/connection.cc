@@ -276,7 +276,11 @@ std::vector<std::vector<int>> connect_mesh(runtime::Store& store, const std::str
         try {
           address = store.get_string(key, std::clamp(left, std::chrono::milliseconds(1), kCheckEvery));
         } catch (const TimeoutError&) {
-          if (left <= kCheckEvery) throw;
+          if (left <= kCheckEvery)  // the whole wait's figure, not the last slice's
+            throw TimeoutError("rank " + std::to_string(o.rank) + " waited " + std::to_string(o.timeout.count()) +
+                               " ms (BRAID_TIMEOUT) for rank " + std::to_string(peer) +
+                               " to publish its TCP address (key '" + key + "' in the store): it may have failed, "
+                               "not started, or be stopped");
           mesh.io.poll();  // the higher ranks' handshakes meanwhile
           check();
         }
