@@ -10,6 +10,7 @@
 #include <cstdlib>
 #include <functional>
 #include <string>
+#include <vector>
 #include <string_view>
 
 #include "runtime/errors.h"
@@ -105,6 +106,7 @@ bool read_torchrun(RankInfo& info) {
   info.world_size = required_int("WORLD_SIZE", 1, 1 << 20);
   info.rank = required_int("RANK", 0, info.world_size - 1);
   info.local_world_size = env_int("LOCAL_WORLD_SIZE", info.world_size, 1, info.world_size);
+  info.local_world_known = env("LOCAL_WORLD_SIZE") != nullptr;
   info.local_rank = env_int("LOCAL_RANK", info.rank % info.local_world_size, 0, info.local_world_size - 1);
   info.node_rank = env_int("GROUP_RANK", info.rank / info.local_world_size, 0, 1 << 20);
   read_master(info);  // the agent's port: braid's store moves off it (rank_info_from_env)
@@ -176,6 +178,7 @@ bool read_openmpi(RankInfo& info) {
   info.world_size = required_int("OMPI_COMM_WORLD_SIZE", 1, 1 << 20);
   info.rank = required_int("OMPI_COMM_WORLD_RANK", 0, info.world_size - 1);
   info.local_world_size = env_int("OMPI_COMM_WORLD_LOCAL_SIZE", info.world_size, 1, info.world_size);
+  info.local_world_known = env("OMPI_COMM_WORLD_LOCAL_SIZE") != nullptr;
   info.local_rank = env_int("OMPI_COMM_WORLD_LOCAL_RANK", 0, 0, info.local_world_size - 1);
   // OMPI_COMM_WORLD_NODE_RANK is a rank within the node, not the node's
   // index: the index under mpirun's default mapping (by slot, node after
@@ -185,10 +188,21 @@ bool read_openmpi(RankInfo& info) {
   return true;
 }
 
+// What every rank of the job shares: the store address as the launcher
+// gave it, and the launcher's own job ids. Not the address as this host
+// resolves it (a MASTER_ADDR name that one host's /etc/hosts maps to
+// 127.0.1.1 split the job's token, and with it its store ports), nor
+// another launcher's ids left in the environment (a SLURM_JOB_ID on one
+// node of a torchrun job did the same); found by a review helper.
 std::string derived_token(const RankInfo& info) {
-  std::string shared = info.launcher + "|" + info.store_host + ":" + std::to_string(info.store_port);
+  const char* given = env("BRAID_STORE_ADDR") ? env("BRAID_STORE_ADDR") : env("MASTER_ADDR");
+  std::string shared = info.launcher + "|" + (given ? given : info.store_host) + ":" + std::to_string(info.store_port);
+  std::vector<const char*> ids;
+  if (info.launcher == "torchrun") ids = {"TORCHELASTIC_RUN_ID"};
   // Two srun steps of one allocation share SLURM_JOB_ID, not SLURM_STEP_ID.
-  for (const char* var : {"SLURM_JOB_ID", "SLURM_STEP_ID", "OMPI_MCA_ess_base_jobid", "TORCHELASTIC_RUN_ID"})
+  if (info.launcher == "slurm") ids = {"SLURM_JOB_ID", "SLURM_STEP_ID"};
+  if (info.launcher == "openmpi") ids = {"OMPI_MCA_ess_base_jobid"};
+  for (const char* var : ids)
     if (env(var)) shared += std::string("|") + env(var);
   return "derived-" + std::to_string(std::hash<std::string>{}(shared));
 }
@@ -247,10 +261,21 @@ bool is_loopback_address(const std::string& host) {
 }
 
 std::string peer_bind_address(const RankInfo& info, const Config& config) {
-  bool several_hosts = info.world_size > info.local_world_size;
-  if (!several_hosts || !is_loopback_address(config.bind_addr) || is_loopback_address(info.store_host))
+  if (!is_loopback_address(config.bind_addr) || is_loopback_address(info.store_host)) return config.bind_addr;
+  if (info.world_size > info.local_world_size) return local_address_toward(info.store_host, info.store_port);
+  // One host, if the launcher said so. One that gives no local world size
+  // (RANK, WORLD_SIZE and MASTER_* alone, as Kubeflow's PyTorchJob and
+  // torch.distributed.launch's legacy mode set them) says nothing of the
+  // hosts, and its ranks listened on 127.0.0.1, which other hosts do not
+  // reach (found by a review helper). The store's host is reached from
+  // here by some route: listen on its source address, which this host's
+  // own ranks reach as well, or on loopback where there is none.
+  if (info.local_world_known || info.world_size == 1) return config.bind_addr;
+  try {
+    return local_address_toward(info.store_host, info.store_port);
+  } catch (const InvalidUsage&) {
     return config.bind_addr;
-  return local_address_toward(info.store_host, info.store_port);
+  }
 }
 
 RankInfo rank_info_from_env() {

@@ -40,7 +40,9 @@ std::uint16_t derived_store_port(std::uint16_t seed, const std::string& token) {
   return store_port_candidates(seed, token)[1];
 }
 
-std::string store_port_remedy(const RankInfo& info) {
+namespace {
+
+std::string launcher_remedy(const RankInfo& info) {
   if (info.launcher == "braid-launch")
     return "the store is braid-launch's (on node 0 of a job across nodes, started with the same --master-port "
            "and BRAID_JOB_TOKEN): check that it is running, and that node 0 was given this --master-addr too "
@@ -51,6 +53,21 @@ std::string store_port_remedy(const RankInfo& info) {
   return "set MASTER_PORT (or BRAID_STORE_ADDR=host:port) to a port free on rank 0's host on every rank, check "
          "that rank 0 is running, and give concurrent jobs distinct BRAID_JOB_TOKENs where the launcher sets "
          "no job id";
+}
+
+}  // namespace
+
+std::string store_port_remedy(const RankInfo& info) {
+  // A job across hosts whose store address is loopback here: MASTER_ADDR
+  // unset, or a name that this host's /etc/hosts maps to 127.0.1.1.
+  if (info.launcher != "braid-launch" && info.world_size > info.local_world_size &&
+      is_loopback_address(info.store_host))
+    return "this job's " + std::to_string(info.world_size) + " ranks are not all on this host (" +
+           std::to_string(info.local_world_size) + " are), and its store address " + info.store_host +
+           " is a loopback address here: if they run on other hosts, set MASTER_ADDR on every rank to an "
+           "address of rank 0's host that every host reaches (a hostname that /etc/hosts maps to 127.0.1.1 "
+           "will not do); else " + launcher_remedy(info);
+  return launcher_remedy(info);
 }
 
 std::shared_ptr<StoreServer> serve_job_store(const RankInfo& info) {

@@ -42,6 +42,10 @@ struct RankInfo {
   int world_size = 1;
   int local_rank = 0;
   int local_world_size = 1;
+  // Whether the launcher said how many ranks share this host (torchrun's
+  // LOCAL_WORLD_SIZE, Open MPI's OMPI_COMM_WORLD_LOCAL_SIZE); where it did
+  // not, local_world_size is the world's and says nothing of the hosts.
+  bool local_world_known = true;
   int node_rank = 0;
   // Restarts of the job so far (braid-launch / torchrun --max-restarts:
   // BRAID_RESTART_COUNT or TORCHELASTIC_RESTART_COUNT), 0 on the first run.

@@ -133,6 +133,12 @@ TEST_CASE("rank_info: torchrun variables, store on a port derived from MASTER_PO
   };
   CHECK(port_for(with(with(kTorchrun, "RANK", "0"), "LOCAL_RANK", "0")) == info.store_port);
   CHECK(port_for(with(kTorchrun, "MASTER_PORT", "29401")) != info.store_port);
+  CHECK(info.local_world_known);
+  auto without_local_size = kTorchrun;
+  without_local_size.erase("LOCAL_WORLD_SIZE");
+  without_local_size.erase("LOCAL_RANK");
+  ScopedEnv bare(without_local_size);
+  CHECK_FALSE(rank_info_from_env().local_world_known);  // its local world size says nothing of the hosts
 }
 
 TEST_CASE("rank_info: Slurm variables", "[rank_info]") {
@@ -227,6 +233,17 @@ TEST_CASE("rank_info: the derived token is shared by a job's ranks and differs b
   // Two mpirun jobs with the same MASTER_PORT differ in Open MPI's job id.
   CHECK(token_for(with(kOpenMpi, "OMPI_MCA_ess_base_jobid", "877199361")) !=
         token_for(with(kOpenMpi, "OMPI_MCA_ess_base_jobid", "876412929")));
+  // Another launcher's ids left in one node's environment (a SLURM_JOB_ID
+  // where torchrun was started from an allocation) split a torchrun job's
+  // token, and with it its store ports: the job waited out BRAID_TIMEOUT.
+  const auto torchrun = with(kTorchrun, "TORCHELASTIC_RUN_ID", "abc");
+  CHECK(token_for(torchrun) == token_for(with(with(torchrun, "SLURM_JOB_ID", "4242"), "SLURM_STEP_ID", "3")));
+  CHECK(token_for(torchrun) == token_for(with(torchrun, "OMPI_MCA_ess_base_jobid", "877199361")));
+  CHECK(token_for(torchrun) != token_for(with(kTorchrun, "TORCHELASTIC_RUN_ID", "abd")));
+  // The address as given, not as each host resolves it (one host's
+  // /etc/hosts may map the name to 127.0.1.1).
+  CHECK(token_for(with(kTorchrun, "MASTER_ADDR", "localhost")) !=
+        token_for(with(kTorchrun, "MASTER_ADDR", "127.0.0.1")));
 }
 
 TEST_CASE("rank_info: malformed values are InvalidUsage naming the variable", "[rank_info]") {
@@ -302,9 +319,24 @@ TEST_CASE("rank_info: ranks of a job across hosts listen on the address that rou
     runtime::RankInfo one_host = across_hosts(*mine);
     one_host.local_world_size = one_host.world_size;
     CHECK(runtime::peer_bind_address(one_host, config) == "127.0.0.1");
+    // A launcher that gave no local world size (RANK, WORLD_SIZE and
+    // MASTER_* alone) says nothing of the hosts: its ranks listened on
+    // 127.0.0.1, which other hosts do not reach.
+    one_host.local_world_known = false;
+    CHECK(runtime::peer_bind_address(one_host, config) == *mine);
+    one_host.world_size = one_host.local_world_size = 1;  // alone: nobody to reach it
+    CHECK(runtime::peer_bind_address(one_host, config) == "127.0.0.1");
   } else {
     WARN("no non-loopback IPv4 address here: the route to one is not checked");
   }
+  // The remedy of a store nobody found: a job across hosts with a loopback
+  // store address (MASTER_ADDR unset, or a name /etc/hosts maps to
+  // 127.0.1.1) waited out BRAID_TIMEOUT and never heard of MASTER_ADDR.
+  runtime::RankInfo slurm = across_hosts("127.0.1.1");
+  slurm.launcher = "slurm";
+  CHECK_THAT(runtime::store_port_remedy(slurm),
+             Contains("is a loopback address here: if they run on other hosts, set MASTER_ADDR on every rank"));
+  CHECK_THAT(runtime::store_port_remedy(across_hosts("10.0.0.7")), !Contains("loopback"));
   config.bind_addr = "10.9.8.7";  // a BRAID_BIND_ADDR that is set is kept
   CHECK(runtime::peer_bind_address(across_hosts("127.0.0.1"), config) == "10.9.8.7");
 }
