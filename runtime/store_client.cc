@@ -457,6 +457,13 @@ ProbeResult Store::Impl::greet(Clock::time_point deadline) {
 // has left unanswered closes the connection (and the next opens another).
 Reply Store::Impl::call(Command command, const Bytes& body, const std::string& what,
                         std::optional<milliseconds> wait, std::optional<Clock::time_point> bound) {
+  // A request the store refuses for its size closed the connection for
+  // good, and one of 4 GiB or more would wrap the frame's length: refused
+  // here, sending nothing (found by a review helper).
+  if (body.size() > kMaxRequestBytes)
+    throw InvalidUsage("a store request of " + std::to_string(body.size()) + " bytes (" + what +
+                       ") is larger than any request may be (" + std::to_string(kMaxRequestBytes) +
+                       " bytes, whatever BRAID_STORE_MAX_BYTES): store smaller values");
   const auto start = Clock::now();
   if (last_caller_.exchange(std::this_thread::get_id(), std::memory_order_relaxed) != std::this_thread::get_id())
     other_called_at_.store(start, std::memory_order_relaxed);

@@ -267,3 +267,20 @@ TEST_CASE("store abuse: with the default limit, large values are refused by name
   CHECK_THROWS_WITH(store->set("second", value), Contains("BRAID_STORE_MAX_BYTES"));
   CHECK(store->get("first", 10s).size() == value.size());
 }
+
+// A request past the size any request may have (64 MiB) was answered
+// "bad request" and the connection closed for good, whatever
+// BRAID_STORE_MAX_BYTES: every later call on it failed. It is refused
+// before anything is sent, and the connection goes on (found by a review
+// helper).
+TEST_CASE("store abuse: a request larger than any may be is refused, and the connection goes on", "[abuse][store]") {
+  StoreLimits limits;
+  limits.max_bytes = 256u << 20;
+  StoreServer server("127.0.0.1", 0, kToken, limits);
+  auto store = connect_store(server.port(), kToken, 30s);
+  const Bytes huge(65u << 20, 1);
+  CHECK_THROWS_AS(store->set("huge", huge), InvalidUsage);
+  CHECK_THROWS_WITH(store->set("huge", huge), Contains("is larger than any request may be"));
+  store->set("small", std::string("v"));
+  CHECK(store->get("small", 10s).size() == 1);
+}
