@@ -17,9 +17,11 @@
 // and direction, and the sequence numbers in their headers are per peer and
 // direction). A call of any other kind still waits for every call before it.
 // Calls that share bytes of a buffer, where one of them receives, keep
-// issue order (must_wait): a send waits, unposted, for the receives into
-// its bytes to land, and a receive lands in staging memory, copied into the
-// caller's buffer once the calls before it on those bytes have landed.
+// issue order (must_wait, blockers): a send or a receive waits, unposted,
+// for the receives into its bytes to land, and a receive into bytes that
+// sends still read lands in staging memory, copied into the caller's
+// buffer once they have landed. A call behind a held one of the same peer
+// and direction is held too, so that their messages keep issue order.
 //
 // A small send or receive issued while the engine is idle runs in the
 // caller's thread, as small collectives do, but for kInlineWait at most:
@@ -238,7 +240,7 @@ bool Communicator::Impl::finish_point_to_point(bool inline_call) {
 void Communicator::Impl::drive_point_to_point(Clock::time_point until) {
   const auto now = Clock::now();
   for (const auto& call : p2p) {
-    if (!call->x) continue;  // a send not posted yet waits for a receive that has a deadline
+    if (!call->x) continue;  // held unposted: it waits for a receive, which has a deadline
     if (now >= call->x->deadline()) call->x->timed_out(call->op.root);
     until = std::min(until, call->x->deadline());
   }
