@@ -98,9 +98,9 @@ std::shared_ptr<WorkState> completed_work();
 // A call whose buffer overlaps that of an earlier one in flight, where
 // either of the two writes it (a receive), waits for it (waits_for): a
 // send is posted only once the receives it overlaps have landed, a receive
-// only once the receives it overlaps have; one that overlaps sends still
-// in flight lands in `staging`, copied into the caller's buffer once they
-// have landed. A call behind a held one of the same peer and direction is
+// only once those of them from the same peer have; one that overlaps calls
+// still in flight lands in `staging`, copied into the caller's buffer once
+// they have landed. A call behind a held one of the same peer and direction is
 // held too (engine_p2p.cc: blockers).
 struct PointToPoint {
   PointToPoint(const Op& o, std::shared_ptr<WorkState> s) : op(o), state(std::move(s)) {}

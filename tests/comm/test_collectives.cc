@@ -406,6 +406,54 @@ TEST_CASE("sends and receives of one buffer issued back to back keep issue order
         check(second, 0, count, [&](std::size_t e) { return value(1, 4, e); }, "the send after a relay" + size);
       }
 
+      // A send of bytes nobody writes, covered by a held relay (rank 0:
+      // receive [0, n) from 1, send [0, 2n) to 2, send [n, 2n) to 1): it
+      // waits for nothing (it took the relay's wait, and with it a wait on
+      // rank 1, which waited for it: a hang until BRAID_TIMEOUT).
+      {
+        std::vector<std::int32_t> buf(2 * count), got(2 * count, -1);
+        for (std::size_t e = 0; e < 2 * count; ++e) buf[e] = value(r, 6, e);
+        if (r == 0) {
+          Work in = comm.recv(buf.data(), count, DataType::i32, 1);
+          Work relay = comm.send(buf.data(), 2 * count, DataType::i32, 2);
+          Work other = comm.send(buf.data() + count, count, DataType::i32, 1);
+          other.wait();
+          in.wait();
+          relay.wait();
+        } else if (r == 1) {
+          comm.recv(got.data(), count, DataType::i32, 0).wait();
+          check(got, 0, count, [&](std::size_t e) { return value(0, 6, count + e); }, "the send beside a relay" + size);
+          comm.send(buf.data(), count, DataType::i32, 0).wait();
+        } else {
+          comm.recv(got.data(), 2 * count, DataType::i32, 0).wait();
+          check(got, 0, count, [&](std::size_t e) { return value(1, 6, e); }, "a relay's received part" + size);
+          check(got, count, 2 * count, [&](std::size_t e) { return value(0, 6, e); }, "a relay's own part" + size);
+        }
+      }
+
+      // Two receives into one buffer from different peers, the second of
+      // which sends only after its message to rank 0 went: the first's
+      // sender waits for that. Held behind the first, the second deadlocked
+      // on shared memory; it lands in memory of its own, and its bytes win.
+      {
+        std::vector<std::int32_t> buf(count, -1), mine(count);
+        std::int32_t token = 0;
+        for (std::size_t e = 0; e < count; ++e) mine[e] = value(r, 7, e);
+        if (r == 0) {
+          Work first = comm.recv(buf.data(), count, DataType::i32, 1);
+          Work second = comm.recv(buf.data(), count, DataType::i32, 2);
+          first.wait();
+          second.wait();
+          check(buf, 0, count, [&](std::size_t e) { return value(2, 7, e); }, "the later of two receives" + size);
+        } else if (r == 2) {
+          comm.send(mine.data(), count, DataType::i32, 0).wait();
+          comm.send(&token, 1, DataType::i32, 1).wait();
+        } else {
+          comm.recv(&token, 1, DataType::i32, 2).wait();
+          comm.send(mine.data(), count, DataType::i32, 0).wait();
+        }
+      }
+
       // Many receives into one buffer, as a benchmark's back-to-back calls
       // make them: the last message's bytes are left (each was staged in
       // memory of its own, all at once).

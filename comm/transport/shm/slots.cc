@@ -181,6 +181,11 @@ void ShmSlots::check_stray(int peer, std::uint64_t seq) const {
   // whether it did.
   if (flag(peer, seq).load(std::memory_order_acquire) >= seq) return;
   if (point_to_point) {
+    // A peer rewriting an entry of a later call (begin() zeroes its flag
+    // until it publishes) has published the call before that one: a peer
+    // ahead shows in some flag at or past `seq` (found by a review helper).
+    for (std::uint64_t s = seq; s < seq + depth(); ++s)
+      if (flag(peer, s).load(std::memory_order_acquire) >= seq) return;
     throw RemoteError("mismatched calls: " + rank_text(rank_) + " waits for " + rank_text(peer) +
                           "'s shared slot of this collective, but " + rank_text(peer) + " has not entered it and "
                           "sent " + rank_text(rank_) + " a message (a send of " + std::to_string(h.count) + " " +
