@@ -19,7 +19,8 @@ trap 'rm -rf "$tmp"' EXIT INT TERM
 
 fail() { echo "install test: $*" >&2; exit 1; }
 
-"$meson" install -C "$build" --no-rebuild --quiet --destdir "$tmp/root" >/dev/null
+"$meson" install -C "$build" --no-rebuild --quiet --destdir "$tmp/root" >"$tmp/install.log" 2>&1 ||
+  fail "meson install failed: $(cat "$tmp/install.log")"
 pc=$(find "$tmp/root" -name braid.pc | head -n 1)
 [ -n "$pc" ] || fail "meson install wrote no braid.pc"
 libdir=$(dirname "$(dirname "$pc")")

@@ -38,6 +38,10 @@ bool probe_cuda() {
 
 #define SKIP_WITHOUT_CUDA()                                                                              \
   do {                                                                                                   \
+    if (!runtime::cuda_built()) {                                                                        \
+      WARN("skipped: this braid is built without CUDA (no nvcc at configure time)");                     \
+      return;                                                                                            \
+    }                                                                                                    \
     if (!probe_cuda()) {                                                                                 \
       WARN("skipped: no usable CUDA device (the CUDA trainer is built; the GPU checks run on a machine " \
            "with one)");                                                                                 \
