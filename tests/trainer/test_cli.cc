@@ -120,6 +120,7 @@ TEST_CASE("inputs that are not files and outputs that would replace an input are
   const fs::path step = ckpt / "step_00000002";
   const std::string weights = read_text(step / "model.safetensors");
   fs::create_symlink(step / "model.safetensors", dir / "link.jsonl");
+  fs::create_symlink(step / "new.jsonl", dir / "dangling.jsonl");  // a file the write would create there
   const std::string corpus = read_text(text);
   struct Case {
     std::string args, message;
@@ -136,6 +137,7 @@ TEST_CASE("inputs that are not files and outputs that would replace an input are
        "--metrics " + text.string() + " is the file --data reads"},
       // A link into a step directory: the write followed it.
       {kTiny + "--steps 1 --metrics " + (dir / "link.jsonl").string(), "lies in the checkpoint step directory"},
+      {kTiny + "--steps 1 --metrics " + (dir / "dangling.jsonl").string(), "lies in the checkpoint step directory"},
   };
   for (const Case& c : cases) {
     INFO("braid-train " << c.args);
@@ -144,6 +146,7 @@ TEST_CASE("inputs that are not files and outputs that would replace an input are
     CHECK_THAT(r.err, Catch::Contains(c.message));
   }
   CHECK(read_text(step / "model.safetensors") == weights);
+  CHECK_FALSE(fs::exists(step / "new.jsonl"));
   CHECK(read_text(text) == corpus);
   CHECK(braid_train(dir, "--resume " + ckpt.string() + " --steps 3").rc == 0);
 }

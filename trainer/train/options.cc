@@ -261,10 +261,18 @@ void validate_outputs(const TrainOptions& o) {
                   "it: name another file");
     }
     // Where the file really is: a symlink into a step directory was
-    // followed by the write (found by a review helper).
+    // followed by the write, even one whose target is not there yet (a
+    // review helper found both).
+    fs::path real = *path;
+    for (int links = 0; links < 40; ++links) {
+      std::error_code ec;
+      if (!fs::is_symlink(real, ec)) break;
+      const fs::path target = fs::read_symlink(real, ec);
+      if (ec) break;
+      real = target.is_absolute() ? target : real.parent_path() / target;
+    }
     std::error_code resolved;
-    fs::path real = fs::weakly_canonical(*path, resolved);
-    if (resolved) real = *path;
+    if (const fs::path canonical = fs::weakly_canonical(real, resolved); !resolved) real = canonical;
     const fs::path parent = real.parent_path().empty() ? fs::path(".") : real.parent_path();
     for (const char* marker : {layout::kStateFile, layout::kManifestFile}) {
       std::error_code ec;
