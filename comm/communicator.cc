@@ -228,7 +228,47 @@ int avg_shift(int size) { return std::countr_zero(std::bit_ceil(static_cast<unsi
 
 }  // namespace
 
-StagedInput scale_avg_inputs(Op& op, int rank, int size) {
+std::shared_ptr<void> CopyPool::take(std::size_t bytes) {
+  std::unique_ptr<std::byte[]> block;
+  std::size_t capacity = 0;
+  {
+    std::lock_guard lock(mu_);
+    // The smallest block that holds it, and not one far larger.
+    auto best = free_.end();
+    for (auto it = free_.begin(); it != free_.end(); ++it)
+      if (it->first >= bytes && it->first <= 4 * bytes + 4096 && (best == free_.end() || it->first < best->first))
+        best = it;
+    if (best != free_.end()) {
+      capacity = best->first;
+      block = std::move(best->second);
+      held_ -= capacity;
+      free_.erase(best);
+    }
+  }
+  if (!block) {
+    block = std::make_unique_for_overwrite<std::byte[]>(bytes);  // every byte is written by fill()
+    capacity = bytes;
+  }
+  std::weak_ptr<CopyPool> home = weak_from_this();
+  return std::shared_ptr<void>(block.release(), [home, capacity](void* raw) {
+    std::unique_ptr<std::byte[]> back(static_cast<std::byte*>(raw));
+    const std::shared_ptr<CopyPool> pool = home.lock();
+    if (!pool) return;
+    std::lock_guard lock(pool->mu_);
+    if (pool->held_ + capacity > kHeldBytes) return;
+    if (pool->free_.size() == kHeldBlocks) {  // the smallest goes
+      auto smallest = std::min_element(pool->free_.begin(), pool->free_.end(),
+                                       [](const auto& a, const auto& b) { return a.first < b.first; });
+      if (smallest->first >= capacity) return;
+      pool->held_ -= smallest->first;
+      pool->free_.erase(smallest);
+    }
+    pool->free_.emplace_back(capacity, std::move(back));
+    pool->held_ += capacity;
+  });
+}
+
+StagedInput scale_avg_inputs(Op& op, int rank, int size, const std::shared_ptr<CopyPool>& pool) {
   if (op.reduce_op != ReduceOp::avg || (op.dtype != DataType::f16 && op.dtype != DataType::bf16) ||
       op.memory.kind != runtime::MemoryKind::host || size == 1)
     return {};
@@ -238,19 +278,24 @@ StagedInput scale_avg_inputs(Op& op, int rank, int size) {
   if (bytes == 0) return {};  // the same count on every rank: none scales
   // A registered input gets a registered copy, so that the call still
   // runs the direct algorithm where every rank's buffers are registered.
-  StagedInput staged{nullptr, op.send, count, op.dtype, -avg_shift(size)};
+  StagedInput staged{nullptr, nullptr, op.send, count, op.dtype, -avg_shift(size)};
   RegionRef ref;
-  if (shm::regions::find(op.send, bytes, ref))
+  if (shm::regions::find(op.send, bytes, ref)) {
     staged.memory.reset(shm::regions::allocate(bytes), shm::regions::release);
-  else
-    staged.memory = std::make_shared_for_overwrite<std::byte[]>(bytes);  // every byte is written by fill()
-  op.send = staged.memory.get();
+    op.send = staged.memory.get();
+  } else {
+    staged.pool = pool;  // op.send points at the copy once it is taken (fill)
+  }
   op.avg_scaled = true;
   return staged;
 }
 
-void StagedInput::fill() const {
-  if (!memory) return;
+void StagedInput::fill(Op& op) {
+  if (!memory && !pool) return;
+  if (!memory) {
+    memory = pool->take(count * dtype_bytes(dtype));
+    op.send = memory.get();
+  }
   if (shift != 0)
     kernels::cpu::scale_halves(memory.get(), from, count, dtype, shift);
   else
@@ -270,8 +315,8 @@ StagedInput send_from_registered_copy(Op& op, std::size_t count) {
   const std::size_t bytes = count * dtype_bytes(op.dtype);
   RegionRef ref;
   if (!shm::regions::find(op.send, bytes, ref)) return {};
-  StagedInput staged{std::shared_ptr<void>(shm::regions::allocate(bytes), shm::regions::release), op.send, count,
-                     op.dtype, 0};
+  StagedInput staged{std::shared_ptr<void>(shm::regions::allocate(bytes), shm::regions::release), nullptr, op.send,
+                     count, op.dtype, 0};
   op.send = staged.memory.get();
   return staged;
 }
@@ -322,7 +367,7 @@ Work Communicator::submit(Op&& op) {
     throw InvalidUsage(e.what() + impl_->scope_note);  // which process "rank 1" of a split is
   }
   if (op.stream.cuda != nullptr || runtime::device_memory_possible()) locate_buffers(op, impl_->rank, impl_->size);
-  StagedInput input = scale_avg_inputs(op, impl_->rank, impl_->size);
+  StagedInput input = scale_avg_inputs(op, impl_->rank, impl_->size, impl_->copies);
   if (!input) input = impl_->stage_in_place_all_to_all(op);
   if (!input) input = impl_->stage_reduce_scatter_at_start(op);
   if (auto done = impl_->try_lean(op, input)) return Work(std::move(done));  // small one-shot calls (engine_lean.cc)

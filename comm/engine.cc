@@ -291,7 +291,7 @@ void Communicator::Impl::execute(Op& op, WorkState& state, bool inline_call) {
   if (!inline_call && refuse_after_failure(op, state)) return;
   try {
     if (state.staged) state.staged->wait_inputs(Clock::now() + timeout);
-    state.input.fill();  // now: the calls before it have written what they write (StagedInput)
+    state.input.fill(op);  // now: the calls before it have written what they write (StagedInput)
     if (status) status->entered(op, &exchange.waiting_for);
     CallShape shape = shape_of(op);
     if (state.staged) shape.registered = state.staged->on_device();  // as when it was staged
@@ -308,6 +308,7 @@ void Communicator::Impl::execute(Op& op, WorkState& state, bool inline_call) {
     algorithm.run(x);
     exchange.end_call();
     finish_scaled_avg(op, rank, size);
+    state.input.release();
     if (state.staged) {
       state.staged->wait_on_stream(std::move(exchange.call_waits));
       state.staged->open_gate();

@@ -71,7 +71,7 @@ void Communicator::Impl::prepare_once() {
   prepared.store(true, std::memory_order_release);
 }
 
-std::shared_ptr<WorkState> Communicator::Impl::try_lean(Op& op, const StagedInput& input) {
+std::shared_ptr<WorkState> Communicator::Impl::try_lean(Op& op, StagedInput& input) {
   if (!inline_on.load(std::memory_order_relaxed)) return nullptr;
   ensure_prepared();
   Lean& lean = lean_by_kind[static_cast<std::size_t>(op.kind)];
@@ -88,7 +88,7 @@ std::shared_ptr<WorkState> Communicator::Impl::try_lean(Op& op, const StagedInpu
   op.seq = before / kOneSeq;
   std::exception_ptr error;
   try {
-    input.fill();  // nothing was queued before it: no earlier call writes the input now
+    input.fill(op);  // nothing was queued before it: no earlier call writes the input now
     if (status) status->entered(op, &exchange.waiting_for);
     if (lean.noted_bytes != bytes) {  // only the thread that holds the gate writes it
       Algorithm algorithm = lean.algorithm;

@@ -12,6 +12,9 @@
 #if defined(__SSE2__)
 #include <emmintrin.h>
 #endif
+#if defined(__F16C__) && defined(__AVX__)
+#include <immintrin.h>
+#endif
 
 namespace braid::kernels::cpu {
 namespace {
@@ -69,15 +72,56 @@ void loop_wrapping(T* dst, const T* a, const T* b, std::size_t count) {
     dst[i] = static_cast<T>(Op<U>::apply(static_cast<U>(a[i]), static_cast<U>(b[i])));
 }
 
+// Halves to f32 and back, a block at a time. f16 goes through the CPU's
+// F16C conversions where it has them (built with -march=native): the
+// branchy scalar ones made an f16 sum 13 times slower than a bf16 one (1 MiB
+// all_reduce on 2 ranks: 1006 us against 74). They agree with the scalar
+// ones bit for bit (both round to nearest even, subnormals included), but
+// for the payload of a NaN: a NaN result is made the one quiet NaN the
+// scalar conversion gives, sign kept, so that no result depends on where
+// the vector part of a block ends.
+template <float (*ToF32)(std::uint16_t)>
+void halves_to_f32(const std::uint16_t* in, float* out, std::size_t n) {
+  std::size_t i = 0;
+#if defined(__F16C__) && defined(__AVX__)
+  if constexpr (ToF32 == &f16_to_f32)
+    for (; i + 8 <= n; i += 8)
+      _mm256_storeu_ps(out + i, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(in + i))));
+#endif
+  for (; i < n; ++i) out[i] = ToF32(in[i]);
+}
+
+template <std::uint16_t (*FromF32)(float)>
+void f32_to_halves(const float* in, std::uint16_t* out, std::size_t n) {
+  std::size_t i = 0;
+#if defined(__F16C__) && defined(__AVX__)
+  if constexpr (FromF32 == &f32_to_f16) {
+    const __m128i exponent = _mm_set1_epi16(0x7c00), mantissa = _mm_set1_epi16(0x03ff);
+    const __m128i sign = _mm_set1_epi16(static_cast<short>(0x8000)), quiet = _mm_set1_epi16(0x7e00);
+    for (; i + 8 <= n; i += 8) {
+      __m128i h = _mm256_cvtps_ph(_mm256_loadu_ps(in + i), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+      const __m128i all_ones = _mm_cmpeq_epi16(_mm_and_si128(h, exponent), exponent);
+      const __m128i no_payload = _mm_cmpeq_epi16(_mm_and_si128(h, mantissa), _mm_setzero_si128());
+      const __m128i nan = _mm_andnot_si128(no_payload, all_ones);
+      const __m128i canonical = _mm_or_si128(_mm_and_si128(h, sign), quiet);
+      h = _mm_or_si128(_mm_and_si128(nan, canonical), _mm_andnot_si128(nan, h));
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(out + i), h);
+    }
+  }
+#endif
+  for (; i < n; ++i) out[i] = FromF32(in[i]);
+}
+
 template <float (*ToF32)(std::uint16_t), std::uint16_t (*FromF32)(float), template <typename> class Op>
 void loop_half(std::uint16_t* dst, const std::uint16_t* a, const std::uint16_t* b, std::size_t count) {
   constexpr std::size_t kBlock = 256;
   float fa[kBlock], fb[kBlock];
   for (std::size_t base = 0; base < count; base += kBlock) {
     std::size_t n = std::min(kBlock, count - base);
-    for (std::size_t i = 0; i < n; ++i) fa[i] = ToF32(a[base + i]);
-    for (std::size_t i = 0; i < n; ++i) fb[i] = ToF32(b[base + i]);
-    for (std::size_t i = 0; i < n; ++i) dst[base + i] = FromF32(Op<float>::apply(fa[i], fb[i]));
+    halves_to_f32<ToF32>(a + base, fa, n);
+    halves_to_f32<ToF32>(b + base, fb, n);
+    for (std::size_t i = 0; i < n; ++i) fa[i] = Op<float>::apply(fa[i], fb[i]);
+    f32_to_halves<FromF32>(fa, dst + base, n);
   }
 }
 
@@ -149,7 +193,14 @@ void divide_loop(T* data, std::size_t count, int divisor) {
 
 template <float (*ToF32)(std::uint16_t), std::uint16_t (*FromF32)(float)>
 void divide_half(std::uint16_t* data, std::size_t count, int divisor) {
-  for (std::size_t i = 0; i < count; ++i) data[i] = FromF32(ToF32(data[i]) / static_cast<float>(divisor));
+  constexpr std::size_t kBlock = 256;
+  float f[kBlock];
+  for (std::size_t base = 0; base < count; base += kBlock) {
+    const std::size_t n = std::min(kBlock, count - base);
+    halves_to_f32<ToF32>(data + base, f, n);
+    for (std::size_t i = 0; i < n; ++i) f[i] /= static_cast<float>(divisor);
+    f32_to_halves<FromF32>(f, data + base, n);
+  }
 }
 
 }  // namespace
