@@ -19,7 +19,6 @@
 #include <optional>
 #include <sstream>
 #include <string>
-#include <thread>
 #include <system_error>
 #include <vector>
 
@@ -342,20 +341,6 @@ void agree_on_resources(Communicator::Impl& impl, const Plan& plan) {
   } catch (const TimeoutError& e) {
     if (impl.store)
       if (auto failure = published_failure(impl, Stage::connect)) throw peer_failed(impl, *failure);
-    publish_failure(impl, Stage::connect, e.what());
-    throw;
-  } catch (const RemoteError& e) {
-    // A peer that refused or reset this rank's connection has, as a rule,
-    // published why (another BRAID_TCP_NSOCKS, say) a moment before or
-    // after: that is the cause to report, not "Connection reset by peer".
-    if (impl.store) {
-      const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(1);
-      for (;;) {
-        if (auto failure = published_failure(impl, Stage::connect)) throw peer_failed(impl, *failure);
-        if (std::chrono::steady_clock::now() >= until) break;
-        std::this_thread::sleep_for(std::chrono::milliseconds(50));
-      }
-    }
     publish_failure(impl, Stage::connect, e.what());
     throw;
   } catch (const Error& e) {

@@ -23,6 +23,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <thread>
 
 #include "comm/transport/tcp/transport.h"
 #include "runtime/errors.h"
@@ -305,6 +306,24 @@ std::vector<std::vector<int>> connect_mesh(runtime::Store& store, const std::str
     for (auto& peer_fds : mesh.fds)
       for (int fd : peer_fds)
         if (fd >= 0) ::close(fd);
+    // A peer that refused or reset this rank's connection has, as a rule,
+    // published why (another BRAID_TCP_NSOCKS, say) a moment before or
+    // after: that is the cause to report, not "Connection reset by peer".
+    bool refused = false;
+    try {
+      std::rethrow_exception(mesh.error);
+    } catch (const RemoteError&) {
+      refused = true;
+    } catch (...) {
+    }
+    if (refused && o.check_peers) {
+      const auto until = Clock::now() + std::chrono::seconds(1);
+      for (;;) {
+        o.check_peers();  // throws the published cause
+        if (Clock::now() >= until) break;
+        std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      }
+    }
     std::rethrow_exception(mesh.error);
   }
   return mesh.fds;
