@@ -114,4 +114,11 @@ ExpectedTable::ExpectedTable(int size, DataType dtype, ReduceOp op)
   }
 }
 
+void ExpectedTable::fill_input(void* buf, std::size_t count, int rank) const {
+  const std::byte* period = &inputs_[static_cast<std::size_t>(rank) * period_ * es_];
+  auto* out = static_cast<std::byte*>(buf);
+  for (std::size_t done = 0; done < count; done += period_)
+    std::memcpy(out + done * es_, period, std::min(period_, count - done) * es_);
+}
+
 }  // namespace braid::verify

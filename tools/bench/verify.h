@@ -35,6 +35,8 @@ class ExpectedTable {
     return &inputs_[(static_cast<std::size_t>(rank) * period_ + index % period_) * es_];
   }
   std::size_t element_bytes() const { return es_; }
+  // fill_input(buf, count, 0, rank, ...)'s bytes, a period at a time.
+  void fill_input(void* buf, std::size_t count, int rank) const;
 
  private:
   std::size_t period_, es_;
