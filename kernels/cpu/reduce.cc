@@ -223,31 +223,51 @@ void scale_halves(void* dst, const void* src, std::size_t count, DataType dtype,
   const auto* in = static_cast<const std::uint16_t*>(src);
   const bool f16 = dtype == DataType::f16;
   const int mantissa_bits = f16 ? 10 : 7, max_exponent = f16 ? 30 : 254;  // of a finite value
-  const int exponent_mask = f16 ? 0x7c00 : 0x7f80;
-  const float factor = std::ldexp(1.0f, shift);
-  auto moves = [&](int x) {  // normal to normal: the exponent field moves, exactly
-    const int exponent = (x & exponent_mask) >> mantissa_bits, scaled = exponent + shift;
-    return (exponent != 0) & (exponent <= max_exponent) & (scaled >= 1) & (scaled <= max_exponent);
+  const auto exponent_mask = static_cast<std::uint16_t>(f16 ? 0x7c00 : 0x7f80);
+  // A normal value moves to a normal one, exactly, where its exponent field
+  // e and e + shift both lie in [1, max_exponent]: then the field moves by
+  // adding shift << mantissa_bits to the bits, no carry past it. As bounds
+  // on the field in place, so that the test and the move are 16-bit
+  // compares and an add the compiler vectorises (the shift of each field
+  // down and back up it did not: 74 us for 1 MiB, against 11 for a divide
+  // of f32).
+  const int lowest = std::max(1, 1 - shift), highest = std::min(max_exponent, max_exponent - shift);
+  const bool some_move = lowest <= highest;
+  // Where none moves, a range no field reaches (fields are at most 0x7f80).
+  const auto low = static_cast<std::uint16_t>(some_move ? lowest << mantissa_bits : 0x8000);
+  const auto high = static_cast<std::uint16_t>(some_move ? highest << mantissa_bits : 0x8000);
+  const auto delta = static_cast<std::uint16_t>(static_cast<unsigned>(shift) << mantissa_bits);
+  auto moves = [&](std::uint16_t x) {
+    return static_cast<std::uint16_t>((x & exponent_mask) - low) <= static_cast<std::uint16_t>(high - low);
   };
-  // In blocks, a copy of each first (dst may be src): a branch-free pass the
-  // compiler vectorises, then f32 for the rare values it leaves as they were.
+  auto is_zero = [](std::uint16_t x) { return static_cast<std::uint16_t>(x << 1) == 0; };
+  // In blocks, each looked at first (dst may be src): a block whose nonzero
+  // values all move, nearly every block, takes the branch-free loop (a zero
+  // stays itself); one with others (subnormals, results out of the normal
+  // range, infinities and NaNs) takes them one by one, the others through
+  // f32, rounded to nearest even. The look is a min and a max of the fields,
+  // which vectorises better than a count of the values out of range.
   constexpr std::size_t kBlock = 512;
-  std::uint16_t original[kBlock];
   for (std::size_t start = 0; start < count; start += kBlock) {
     const std::size_t n = std::min(kBlock, count - start);
-    std::memcpy(original, in + start, n * sizeof(std::uint16_t));
+    const std::uint16_t* x = in + start;
     std::uint16_t* y = out + start;
-    int others = 0;
+    std::uint16_t least = 0xffff, most = 0;
     for (std::size_t i = 0; i < n; ++i) {
-      const int x = original[i];
-      const bool ok = moves(x);
-      y[i] = static_cast<std::uint16_t>(ok ? (x & ~exponent_mask) | ((((x & exponent_mask) >> mantissa_bits) + shift) << mantissa_bits) : x);
-      others += !ok;
+      const auto e = static_cast<std::uint16_t>(is_zero(x[i]) ? low : x[i] & exponent_mask);
+      least = std::min(least, e);
+      most = std::max(most, e);
     }
-    if (others == 0) continue;
+    if (some_move && least >= low && most <= high) {
+      for (std::size_t i = 0; i < n; ++i)
+        y[i] = static_cast<std::uint16_t>(x[i] + (moves(x[i]) ? delta : std::uint16_t{0}));
+      continue;
+    }
     for (std::size_t i = 0; i < n; ++i) {
-      if (moves(original[i])) continue;
-      y[i] = f16 ? f32_to_f16(f16_to_f32(original[i]) * factor) : f32_to_bf16(bf16_to_f32(original[i]) * factor);
+      const std::uint16_t v = x[i];
+      if (moves(v)) y[i] = static_cast<std::uint16_t>(v + delta);
+      else if (is_zero(v)) y[i] = v;
+      else y[i] = f16 ? f32_to_f16(std::ldexp(f16_to_f32(v), shift)) : f32_to_bf16(std::ldexp(bf16_to_f32(v), shift));
     }
   }
 }
