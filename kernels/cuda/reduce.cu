@@ -6,8 +6,11 @@
 //
 // The element operators are the CPU's, written for the device:
 //   - Min/Max are IEEE 754-2019's minimum/maximum, as on the CPU: NaN if
-//     either operand is NaN (one quiet NaN), -0 < +0; the order of the
-//     operands never matters;
+//     either operand is NaN (one quiet NaN, the same bits as the CPU's in
+//     every float type), -0 < +0; the order of the operands never matters.
+//     A NaN from arithmetic (a sum with a NaN) is a quiet NaN on both, whose
+//     sign and payload may differ: the GPU's f32 arithmetic gives its one
+//     canonical NaN, x86's keeps an operand's;
 //   - i8, i32 and i64 sum/prod go through uint32/uint32/uint64 so that
 //     overflow wraps with defined behaviour; u8 promotes to int and truncates;
 //   - f16/bf16 convert to f32 (exact), apply the operator in f32 and convert
@@ -76,19 +79,31 @@ struct Wrapping {
     return static_cast<T>(Op<U>::apply(static_cast<U>(a), static_cast<U>(b)));
   }
 };
+// f32 to f16/bf16 bits as the CPU's f32_to_f16/f32_to_bf16 give them: the
+// hardware conversions make every NaN 0x7fff, the CPU's make it the one
+// quiet NaN with the sign kept (0x7e00 / 0x7fc0), so an f16 min with a NaN
+// gave other bits on the direct CUDA path than on a staged call reduced on
+// the CPU.
+__device__ inline std::uint16_t f16_bits(float r) {
+  if (r != r) return signbit(r) ? 0xfe00 : 0x7e00;
+  return __half_as_ushort(__float2half_rn(r));
+}
+__device__ inline std::uint16_t bf16_bits(float r) {
+  if (r != r) return signbit(r) ? 0xffc0 : 0x7fc0;
+  return __bfloat16_as_ushort(__float2bfloat16_rn(r));
+}
+
 template <template <typename> class Op>
 struct Half {
   __device__ static std::uint16_t apply(std::uint16_t a, std::uint16_t b) {
-    float r = Op<float>::apply(__half2float(__ushort_as_half(a)), __half2float(__ushort_as_half(b)));
-    return __half_as_ushort(__float2half_rn(r));
+    return f16_bits(Op<float>::apply(__half2float(__ushort_as_half(a)), __half2float(__ushort_as_half(b))));
   }
 };
 template <template <typename> class Op>
 struct BHalf {
   __device__ static std::uint16_t apply(std::uint16_t a, std::uint16_t b) {
-    float r = Op<float>::apply(__bfloat162float(__ushort_as_bfloat16(a)),
-                               __bfloat162float(__ushort_as_bfloat16(b)));
-    return __bfloat16_as_ushort(__float2bfloat16_rn(r));
+    return bf16_bits(Op<float>::apply(__bfloat162float(__ushort_as_bfloat16(a)),
+                                      __bfloat162float(__ushort_as_bfloat16(b))));
   }
 };
 
@@ -133,14 +148,12 @@ struct DivideBy {
 };
 struct DivideHalf {
   __device__ static std::uint16_t apply(std::uint16_t x, int divisor) {
-    float r = __half2float(__ushort_as_half(x)) / static_cast<float>(divisor);
-    return __half_as_ushort(__float2half_rn(r));
+    return f16_bits(__half2float(__ushort_as_half(x)) / static_cast<float>(divisor));
   }
 };
 struct DivideBHalf {
   __device__ static std::uint16_t apply(std::uint16_t x, int divisor) {
-    float r = __bfloat162float(__ushort_as_bfloat16(x)) / static_cast<float>(divisor);
-    return __bfloat16_as_ushort(__float2bfloat16_rn(r));
+    return bf16_bits(__bfloat162float(__ushort_as_bfloat16(x)) / static_cast<float>(divisor));
   }
 };
 

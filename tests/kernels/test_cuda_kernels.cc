@@ -13,6 +13,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <random>
 #include <stdexcept>
 #include <string>
@@ -179,6 +180,40 @@ TEST_CASE("cuda reduce matches the cpu bit for bit on every dtype and op") {
         for (std::size_t offset : {0, 1})
           if (can_reduce(DataType(t), ReduceOp(o)))  // not the bitwise ops on floats
             compare_reduce(DataType(t), ReduceOp(o), count, offset, rng);
+}
+
+// Min and max with NaNs (of either sign, quiet and signalling payloads) and
+// zeros of both signs: the one quiet NaN and the sign order of zeros, the
+// same bits as the CPU's in every float type. The hardware's f16/bf16
+// conversions made every NaN 0x7fff, the CPU's 0x7e00/0x7fc0.
+TEST_CASE("cuda min and max give the cpu's bits for NaNs and signed zeros") {
+  SKIP_WITHOUT_CUDA_DEVICE();
+  const std::vector<float> specials{0.0f, -0.0f, 1.0f, -2.0f, std::nanf(""), -std::nanf(""),
+                                    std::numeric_limits<float>::signaling_NaN(), INFINITY, -INFINITY};
+  for (DataType dtype : {DataType::f32, DataType::f64, DataType::f16, DataType::bf16}) {
+    const std::size_t width = dtype_bytes(dtype), n = specials.size();
+    std::vector<std::uint8_t> a(n * n * width), b(n * n * width);
+    auto put = [&](std::uint8_t* at, float f) {
+      double d = f;
+      std::uint16_t h = dtype == DataType::f16 ? cpu::f32_to_f16(f) : cpu::f32_to_bf16(f);
+      if (dtype == DataType::f32) std::memcpy(at, &f, 4);
+      else if (dtype == DataType::f64) std::memcpy(at, &d, 8);
+      else std::memcpy(at, &h, 2);
+    };
+    for (std::size_t i = 0; i < n; ++i)
+      for (std::size_t j = 0; j < n; ++j) {
+        put(a.data() + (i * n + j) * width, specials[i]);
+        put(b.data() + (i * n + j) * width, specials[j]);
+      }
+    for (ReduceOp op : {ReduceOp::min, ReduceOp::max}) {
+      std::vector<std::uint8_t> expected(a.size());
+      cpu::reduce(expected.data(), a.data(), b.data(), n * n, dtype, op);
+      DeviceBuffer<std::uint8_t> da(a), db(b), dout(a);
+      gpu::reduce(dout.get(), da.get(), db.get(), n * n, dtype, op);
+      INFO("dtype " << name(dtype) << ", op " << name(op));
+      CHECK(dout.download() == expected);
+    }
+  }
 }
 
 TEST_CASE("cuda preload launches every reduction kernel once and leaves no error behind") {
