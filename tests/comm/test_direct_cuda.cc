@@ -16,6 +16,7 @@
 #include <cstring>
 #include <fstream>
 #include <functional>
+#include <memory>
 #include <optional>
 #include <span>
 #include <thread>
@@ -222,6 +223,57 @@ TEST_CASE("cuda_ipc: every direct collective on device buffers, every dtype, op,
                              test::run_options(std::chrono::seconds(300), config));
   INFO("BRAID_DIRECT_WORKERS=all: " << all.summary());
   CHECK(all.all_ok());
+}
+
+// More allocations than a rank keeps its peers' mappings of (PeerRegions'
+// kMaxOpen, 64), each reduced in place by a call queued behind the one
+// before, with nothing waited on between: under the gates that let the
+// host run ahead of the GPU (event, flag) a mapping evicted by a later
+// call may still be read by an earlier call's queued kernel. A backlog of
+// memsets on each rank's stream keeps those kernels queued while the host
+// issues the rest. Each buffer's sum must be exact, and nothing may fault.
+// Not run on a GPU yet (a helper's reading of the code suspects it fails
+// under event and flag; the driver's documentation does not say whether
+// cudaIpcCloseMemHandle waits for queued work).
+TEST_CASE("cuda_ipc: calls queued on more allocations than stay mapped keep their peers' memory mapped",
+          "[device][cuda_ipc]") {
+  if (probe_gpus() == 0) {
+    WARN(kNoGpu);
+    return;
+  }
+  for (const char* gate : {"event", "flag", "host"}) {
+    runtime::Config config = test::test_config();
+    config.cuda_gate = gate;
+    auto result = test::run_ranks(2, [](Communicator& comm) {
+      cudaStream_t s = rank_stream(comm.rank());
+      constexpr int kBuffers = 160;
+      constexpr std::size_t kCount = 1 << 16;
+      std::vector<std::unique_ptr<DeviceBuffer>> buffers;
+      std::vector<std::vector<float>> host(kBuffers, std::vector<float>(kCount));
+      for (int b = 0; b < kBuffers; ++b) {
+        buffers.push_back(std::make_unique<DeviceBuffer>(kCount * sizeof(float), true));
+        for (std::size_t i = 0; i < kCount; ++i) host[b][i] = float((b * 7 + i) % 1000 + comm.rank());
+        cuda(cudaMemcpy(buffers[b]->data, host[b].data(), kCount * sizeof(float), cudaMemcpyHostToDevice), "upload");
+      }
+      DeviceBuffer backlog(std::size_t(1) << 30, true);
+      for (int k = 0; k < 100; ++k) cuda(cudaMemsetAsync(backlog.data, k, std::size_t(1) << 30, s), "memset");
+      for (int b = 0; b < kBuffers; ++b)
+        comm.all_reduce(buffers[b]->data, buffers[b]->data, kCount, DataType::f32, ReduceOp::sum, Stream{s});
+      cuda(cudaStreamSynchronize(s), "the queued calls");
+      std::vector<float> out(kCount);
+      for (int b = 0; b < kBuffers; ++b) {
+        cuda(cudaMemcpy(out.data(), buffers[b]->data, kCount * sizeof(float), cudaMemcpyDeviceToHost), "download");
+        for (std::size_t i = 0; i < kCount; ++i)
+          if (out[i] != float(2 * ((b * 7 + i) % 1000) + 1))
+            expect(false, "buffer " + std::to_string(b) + " element " + std::to_string(i) + ": " +
+                              std::to_string(out[i]) + " (" + comm.last_algorithm(OpKind::all_reduce).name + ")");
+      }
+      expect(comm.last_algorithm(OpKind::all_reduce).name == "cuda_ipc", "the all_reduce did not run direct");
+      cuda(cudaStreamDestroy(s), "cudaStreamDestroy");
+    }, test::run_options(std::chrono::seconds(120), config));
+    INFO("BRAID_CUDA_GATE=" << gate << ": " << result.summary());
+    CHECK(result.all_ok());
+  }
 }
 
 // The same grid where the direct path must not run, with the same results:
