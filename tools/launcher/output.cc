@@ -151,12 +151,29 @@ void OutputSink::terminal_line_ended() {
 }
 
 void OutputSink::queue_locked(std::string text) {
-  bool was_idle = pending_.empty();
+  bool was_idle = pending_.empty() || holds_ > 0;
   pending_bytes_ += text.size();
-  pending_.push_back(std::move(text));
+  // Short pieces join the last one queued, so that they go out in one
+  // write; up to PIPE_BUF, so that what was one write to a pipe stays one
+  // (all or nothing: never split by another process's write to it).
+  if (!pending_.empty() && pending_.back().size() + text.size() <= PIPE_BUF &&
+      (pending_.size() > 1 || front_written_ == 0))
+    pending_.back().append(text);
+  else
+    pending_.push_back(std::move(text));
   // Behind a backlog the destination has just refused bytes: wait for
   // POLLOUT rather than try (and fail) once per line.
-  if (was_idle) flush_locked();
+  if (was_idle && holds_ == 0) flush_locked();
+}
+
+OutputSink::Hold::Hold(OutputSink& sink) : sink_(sink) {
+  std::lock_guard lock(sink_.mu_);
+  ++sink_.holds_;
+}
+
+OutputSink::Hold::~Hold() {
+  std::lock_guard lock(sink_.mu_);
+  if (--sink_.holds_ == 0) sink_.flush_locked();
 }
 
 void OutputSink::flush() {
@@ -278,6 +295,7 @@ LineRelay::LineRelay(std::string prefix, OutputSink& sink)
 
 void LineRelay::feed(std::string_view text, Clock::time_point now) {
   if (text.empty()) return;
+  OutputSink::Hold hold(*sink_);
   only_held_tail_ = false;
   // A '\r' that ended the last read: a line end of its own ("\r\n"), or
   // a return to the line's start.

@@ -72,7 +72,8 @@ class OutputSink {
   OutputSink& operator=(const OutputSink&) = delete;
 
   // Queues text as one piece (written in one write(2) when the destination
-  // has room) and writes what the destination takes now. Text that is not
+  // has room, with the pieces queued before and after it up to PIPE_BUF
+  // bytes) and writes what the destination takes now. Text that is not
   // a rank's goes on a line of its own.
   void write(std::string text);
 
@@ -92,6 +93,19 @@ class OutputSink {
   void terminal_line_ended();
   // Writes pending pieces while the destination takes them.
   void flush();
+  // While one lives, pieces queued wait for its end to be written: the
+  // lines of one read of a rank's pipe go out in writes of up to PIPE_BUF
+  // bytes, not one write(2) each (2 million short lines took 4 s).
+  class Hold {
+   public:
+    explicit Hold(OutputSink& sink);
+    ~Hold();
+    Hold(const Hold&) = delete;
+    Hold& operator=(const Hold&) = delete;
+
+   private:
+    OutputSink& sink_;
+  };
   // Drops the pending output; returns how many bytes that was.
   std::size_t discard();
 
@@ -125,6 +139,7 @@ class OutputSink {
   // whether its last piece ended with '\r' (the cursor at the line's start).
   std::uint64_t open_writer_ = 0;
   bool open_at_start_ = false;
+  int holds_ = 0;  // Holds alive
 };
 
 // The sink for the launcher's stdout (fd 1) or stderr (fd 2). Both are one
