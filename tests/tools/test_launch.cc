@@ -958,6 +958,25 @@ TEST_CASE("a program that cannot be executed exits 127 and names it", "[launch]"
   CHECK_THAT(result.err, Catch::Contains(program.string()));
 }
 
+// exec's ENOENT for a script that exists is about its #! line: the message
+// said only "No such file or directory" of the script.
+TEST_CASE("a script whose #! interpreter does not exist is told apart from a missing script", "[launch]") {
+  JobDir dir;
+  std::filesystem::path script = dir.path() / "job.sh";
+  std::string interpreter = "/nonexistent/interp", says = "which does not exist";
+  SECTION("a missing interpreter") { std::ofstream(script) << "#!" << interpreter << " -e\necho hi\n"; }
+  SECTION("Windows line ends") {
+    interpreter = "/bin/sh";
+    says = "Windows line ends";
+    std::ofstream(script) << "#!/bin/sh\r\necho hi\r\n";
+  }
+  std::filesystem::permissions(script, std::filesystem::perms::owner_all);
+  auto result = run_launch(dir, {"-n", "2", "--", script.string()});
+  CHECK(result.status == 127);
+  CHECK_THAT(result.err, Catch::Contains(script.string()) && Catch::Contains("'" + interpreter + "'") &&
+                             Catch::Contains(says));
+}
+
 TEST_CASE("the launcher serves the store the ranks are told about", "[launch][store]") {
   JobDir dir;
   std::string script =

@@ -19,6 +19,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -109,8 +110,43 @@ Pipe make_pipe() {
   return Pipe{UniqueFd(fds[0]), UniqueFd(fds[1])};
 }
 
+namespace {
+
+// The file exec ran for `program`: itself where it names a path, else the
+// first of PATH's directories that holds it.
+std::string resolve(const std::string& program) {
+  if (program.find('/') != std::string::npos) return program;
+  const char* path = std::getenv("PATH");
+  std::istringstream dirs(path ? path : "");
+  for (std::string dir; std::getline(dirs, dir, ':');) {
+    std::string candidate = (dir.empty() ? "." : dir) + "/" + program;
+    if (::access(candidate.c_str(), X_OK) == 0) return candidate;
+  }
+  return "";
+}
+
+// ENOENT for a script that exists means its #! names an interpreter that
+// does not: "No such file or directory" alone named the script.
+std::string exec_failure(const std::string& program, int err) {
+  const std::string message = errno_message("cannot execute '" + program + "'", err);
+  if (err != ENOENT) return message;
+  const std::string file = resolve(program);
+  std::ifstream in(file);
+  std::string first;
+  if (file.empty() || !in || !std::getline(in, first) || first.rfind("#!", 0) != 0) return message;
+  const bool crlf = !first.empty() && first.back() == '\r';  // "#!/bin/sh\r" names "/bin/sh\r"
+  if (crlf) first.pop_back();
+  std::istringstream words(first.substr(2));
+  std::string interpreter;
+  words >> interpreter;
+  return message + ": its #! line names the interpreter '" + interpreter + "', which does not exist" +
+         (crlf ? " (the line ends in \"\\r\\n\": the file has Windows line ends)" : "");
+}
+
+}  // namespace
+
 CannotExecute::CannotExecute(const std::string& program, int err)
-    : SystemError(errno_message("cannot execute '" + program + "'", err)), err_(err) {}
+    : SystemError(exec_failure(program, err)), err_(err) {}
 
 pid_t spawn(const ProcessSpec& spec) {
   std::vector<char*> argv = c_strings(spec.argv);
