@@ -4,7 +4,8 @@
 # Each check's log goes into $OUT/logs.tgz (or ./gpu-logs), rewritten after
 # every check so that a run cut short still brings its logs back, and one
 # summary line per check into $OUT/summary.txt and stdout.
-# Groups (default: all but cpuref and hangdump; they run in this script's order):
+# Groups (default: all but comm, torchL, cpuref and hangdump; they run in
+# this script's order):
 #   probe      another process's kernel while a stream is held at a gate
 #   pong       two processes taking turns on the GPU: the least a round of
 #              two context switches costs, with front-end, kernel and host waits,
