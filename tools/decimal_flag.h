@@ -20,11 +20,15 @@ template <class T>
 CLI::Validator decimal(const T&) {
   return CLI::Validator(
       [](std::string& value) -> std::string {
+        // The type's range only for a value the type cannot hold: the
+        // flag's own check (applied after) names the range it takes, and
+        // "-n 0x10" was told "from -2147483648 to 2147483647" of a flag
+        // that takes 1 and up.
         const std::string range = "must be a whole number from " + std::to_string(std::numeric_limits<T>::min()) +
                                   " to " + std::to_string(std::numeric_limits<T>::max()) + ", not " + value;
         const std::size_t digits_at = value.rfind('-', 0) == 0 ? 1 : 0;
         if (value.size() == digits_at || value.find_first_not_of("0123456789", digits_at) != std::string::npos)
-          return range;
+          return "must be a whole number in decimal digits (no sign other than '-', no 0x, no exponent), not " + value;
         T parsed{};
         const auto [end, error] = std::from_chars(value.data(), value.data() + value.size(), parsed);
         if (error != std::errc() || end != value.data() + value.size()) return range;

@@ -346,7 +346,7 @@ TEST_CASE("braid-bench: a count out of range names its range plainly", "[bench]"
       // CLI11 read "010" as 8 and "0x2" as 2 (base 0); braid-train's flags
       // were decimal already.
       {{"-w", "0x2"}, "--warmup_iters: must be a whole number"},
-      {{"-n", "1e3"}, "--iters: must be a whole number"},
+      {{"-n", "1e3"}, "--iters: must be a whole number in decimal digits"},
       // Buffers of 2^64 - 1 bytes, rounded up, wrapped to 0: SIGSEGV.
       {{"-b", "18446744073709551615", "-e", "18446744073709551615"}, "-e and -i must not exceed 256 TiB"}};
   for (const auto& [flags, words] : cases) check_refused(flags, Catch::Contains(words) && !Catch::Contains("179769"));

@@ -103,7 +103,7 @@ TEST_CASE("braid-check: a wrong transport fails the mismatch mode; counts past m
   const std::vector<std::pair<std::vector<std::string>, std::string>> refused = {
       {{"--large", "4611686018427387904"}, "--large and --mismatch-count must not exceed 2^45"},
       {{"--counts", "1,-1"}, "--counts: must be a whole number from 0"},
-      {{"--counts", "0x10"}, "--counts: must be a whole number from 0"}};
+      {{"--counts", "0x10"}, "--counts: must be a whole number in decimal digits"}};
   for (const auto& [flags, words] : refused) {
     std::vector<std::string> args = {"--nproc-per-node", "1", "--", check_path()};
     args.insert(args.end(), flags.begin(), flags.end());

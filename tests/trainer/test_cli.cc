@@ -65,7 +65,7 @@ TEST_CASE("invalid combinations exit 2 before any work, saying what to change", 
       {"--seed 18446744073709551616", "--seed: must be a whole number from 0 to 18446744073709551615"},
       {"--steps 99999999999999999999", "--steps: must be a whole number from -9223372036854775808"},
       {"--seed 0x10", "--seed: must be a whole number"},
-      {"--batch-size 1e3", "--batch-size: must be a whole number"},
+      {"--batch-size 1e3", "--batch-size: must be a whole number in decimal digits"},
       {"--data ''", "--data is empty"},  // trained on the default corpus
       {"--resume " + stale.string(), "latest names step_00000009, which is not a complete step"},
       {config("float.json", "\"n_layer\": 2.7"), "setting 'n_layer' must be an integer"},
