@@ -384,10 +384,17 @@ CallShape Communicator::Impl::shape_of(const Op& op) const {
 
 // Whether every buffer `op` uses on this rank lies in registered memory its
 // peers can map: host memory through the transport to every peer, device
-// memory through cuda_ipc.
+// memory through cuda_ipc. Of a broadcast and a reduce, the buffer a rank
+// does not use is judged too where it was given (a non-root's send buffer of
+// a broadcast, receive buffer of a reduce): judged by the ones used alone,
+// ranks that pass the same kinds of buffers (a malloc'd send buffer, a
+// registered receive buffer) differed, the root's answer against the
+// others', and BRAID_ALGO=direct failed the call as mismatched.
 bool Communicator::Impl::registered(const Op& op) const {
   const std::size_t es = dtype_bytes(op.dtype);
-  const std::size_t send_bytes = send_elements(op, rank, size) * es, recv_bytes = recv_elements(op, rank, size) * es;
+  std::size_t send_bytes = send_elements(op, rank, size) * es, recv_bytes = recv_elements(op, rank, size) * es;
+  if (op.kind == OpKind::broadcast && !send_bytes && op.send) send_bytes = op.count * es;
+  if (op.kind == OpKind::reduce && !recv_bytes && op.recv) recv_bytes = op.count * es;
   RegionRef ref;
   return (send_bytes || recv_bytes) &&
          (!send_bytes || find_region(exchange, op.send, send_bytes, ref, op.memory.kind)) &&

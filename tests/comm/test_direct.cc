@@ -300,6 +300,48 @@ TEST_CASE("direct all_to_all in place on some ranks only: every rank runs direct
   CHECK(result.leftover_shm == 0);
 }
 
+// The same kinds of buffers on every rank, one registered and the other
+// not: a non-root judged registration by the one buffer it uses (a
+// broadcast's receive buffer, a reduce's send buffer), the root by both, so
+// that under BRAID_ALGO=direct the root ran one algorithm and the others
+// direct, and the call failed as mismatched (found by a review helper's
+// fuzzer). Every rank now judges every buffer it was given.
+TEST_CASE("direct broadcast and reduce with one buffer registered on every rank agree and are exact",
+          "[collectives][registered][direct]") {
+  const int size = GENERATE(2, 3);
+  runtime::Config config = test::test_config(std::chrono::seconds(20));
+  config.algo = "direct";
+  auto result = test::run_ranks(size, [](Communicator& comm) {
+    const std::size_t count = 1009;
+    for (OpKind kind : {OpKind::broadcast, OpKind::reduce})
+      for (bool send_registered : {false, true}) {
+        std::vector<std::int32_t> heap(count);
+        Registered mine(count * 4);
+        auto* send = send_registered ? reinterpret_cast<std::int32_t*>(mine.data) : heap.data();
+        std::vector<std::int32_t> heap_out(count, -1);
+        Registered mine_out(count * 4);
+        auto* recv = send_registered ? heap_out.data() : reinterpret_cast<std::int32_t*>(mine_out.data);
+        std::fill(recv, recv + count, -1);
+        for (std::size_t i = 0; i < count; ++i) send[i] = static_cast<std::int32_t>(i) * 10 + comm.rank();
+        const int root = comm.size() - 1;
+        if (kind == OpKind::broadcast) comm.broadcast(send, recv, count, DataType::i32, root).wait();
+        else comm.reduce(send, recv, count, DataType::i32, ReduceOp::sum, root).wait();
+        if (kind == OpKind::reduce && comm.rank() != root) continue;
+        const int n = comm.size();
+        for (std::size_t i = 0; i < count; ++i) {
+          const std::int32_t want = kind == OpKind::broadcast ? static_cast<std::int32_t>(i) * 10 + root
+                                                              : static_cast<std::int32_t>(i) * 10 * n + n * (n - 1) / 2;
+          if (recv[i] != want)
+            expect(false, std::string(kind == OpKind::broadcast ? "broadcast" : "reduce") + " element " +
+                              std::to_string(i) + ": " + std::to_string(recv[i]) + ", not " + std::to_string(want));
+        }
+      }
+  }, test::run_options(std::chrono::seconds(60), config));
+  INFO(size << " ranks: " << result.summary());
+  CHECK(result.all_ok());
+  CHECK(result.leftover_shm == 0);
+}
+
 TEST_CASE("direct broadcast with an unregistered buffer on one rank: every rank fails naming both calls",
           "[collectives][registered][direct]") {
   runtime::Config config = test::test_config(std::chrono::seconds(20));
