@@ -4,7 +4,10 @@
 // takes (send buffer, receive buffer, count, DataType[, ReduceOp][, root]),
 // works in place (same buffer, or for reduce_scatter / all_gather the rank's
 // own slice of the larger buffer, as in NCCL) and out of place, validates its
-// arguments before any byte moves (InvalidUsage), and returns a Work.
+// arguments before any byte moves (InvalidUsage), and returns a Work. In
+// place, a reduce_scatter defines only the rank's own slice: the rest of the
+// buffer (the other ranks' slices of the input) may be left holding partial
+// results, as MPI_IN_PLACE allows; keep a copy of the input to use it again.
 //
 // Calls are queued and run in issue order by the communicator; small ones run
 // directly in the calling thread when the communicator is idle (lower
