@@ -569,6 +569,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::send(std::vector<at::Tensor>& 
   if (tag != 0)
     refuse("send", "tag " + std::to_string(tag) +
                        " is not supported: braid matches messages between two ranks by their order; use tag 0");
+  check_format_contiguous(tensor, "send");
   Buffer buffer = movable(tensor, "send");
   return enqueue({c10d::OpType::SEND,
                   [this, buffer, dst_rank] { return comm_->send(buffer.data, buffer.count, buffer.dtype, dst_rank); },
@@ -580,6 +581,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::recv(std::vector<at::Tensor>& 
   if (tag != 0)
     refuse("recv", "tag " + std::to_string(tag) +
                        " is not supported: braid matches messages between two ranks by their order; use tag 0");
+  check_format_contiguous(tensor, "recv");
   Buffer buffer = movable(tensor, "recv");
   return enqueue({c10d::OpType::RECV,
                   [this, buffer, src_rank] { return comm_->recv(buffer.data, buffer.count, buffer.dtype, src_rank); },

@@ -53,6 +53,13 @@ void check_contiguous(const at::Tensor& tensor, const char* op) {
   if (!tensor.is_contiguous()) refuse(op, "the tensor is not contiguous: pass tensor.contiguous()");
 }
 
+void check_format_contiguous(const at::Tensor& tensor, const char* op) {
+  check_dense(tensor, op);
+  if (!tensor.is_contiguous(tensor.suggest_memory_format()))
+    refuse(op, "the tensor is not contiguous in its memory format (a transposed or permuted view, whose "
+               "elements would reach the peer in memory order): pass tensor.contiguous()");
+}
+
 void check_same(const std::vector<at::Tensor>& tensors, const at::Tensor& like, const char* op, bool written) {
   for (const auto& tensor : tensors) {
     // Read through a flat copy or written by copy_: any strided view will

@@ -28,14 +28,20 @@ at::Tensor& single_tensor(std::vector<at::Tensor>& tensors, const char* op);
 // Refuses sparse tensors, views with gaps or overlaps, and tensors on other
 // devices than CPU and CUDA, by name. A dense tensor in another memory
 // format (channels_last) passes: its elements fill numel() places from
-// data_ptr() on, which an elementwise call (all_reduce, broadcast, reduce,
-// send, recv) moves as they are, given the same format on every rank (as
-// torch's NCCL backend does); the calls that split or join tensors go
-// through contiguous copies.
+// data_ptr() on, which an elementwise call (all_reduce, broadcast, reduce)
+// moves as they are, given the same format on every rank (as torch's NCCL
+// backend does); the calls that split or join tensors go through
+// contiguous copies.
 void check_dense(const at::Tensor& tensor, const char* op);
 // check_dense, and contiguous: the flat calls (_allgather_base,
 // _reduce_scatter_base, alltoall_base), whose tensors are their buffers.
 void check_contiguous(const at::Tensor& tensor, const char* op);
+// check_dense, and contiguous in its memory format (a channels_last tensor
+// passes; a transposed or permuted view does not): send and recv, whose two
+// ends are often different code. A sender's x.t() reached a contiguous
+// receiver in the sender's memory order, permuted, with no error; gloo
+// refuses it the same way.
+void check_format_contiguous(const at::Tensor& tensor, const char* op);
 // Every tensor of a list (which goes through a flat copy) strided, and of
 // `like`'s dtype, device and element count; views with gaps are fine, and
 // `written` (outputs) refuses one that overlaps itself.

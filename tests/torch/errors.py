@@ -42,6 +42,20 @@ def check_invalid_usage(c, rank):
     message = raises(lambda: dist.gather(torch.ones(4), None, dst=2))
     c.true("gather to a root out of range refused", message is not None and "root 2 is out of range" in message,
            message)
+    # A transposed view went in memory order: the peer's contiguous tensor
+    # got it permuted, with no error (gloo refuses it). channels_last, a
+    # memory format of its own, passes.
+    message = raises(lambda: dist.send(torch.arange(6.0).reshape(2, 3).t(), (rank + 1) % 2))
+    c.true("send of a transposed view refused", message is not None and "contiguous" in message, message)
+    message = raises(lambda: dist.recv(torch.empty(2, 3).t(), (rank + 1) % 2))
+    c.true("recv into a transposed view refused", message is not None and "contiguous" in message, message)
+    nhwc = torch.arange(24.0).reshape(1, 2, 3, 4).to(memory_format=torch.channels_last)
+    if rank == 0:
+        dist.send(nhwc, 1)
+    else:
+        got = torch.empty(1, 2, 3, 4).to(memory_format=torch.channels_last)
+        dist.recv(got, 0)
+        c.true("channels_last send and recv", torch.equal(got, nhwc), str(got))
     dist.barrier()  # the group still works after refusals made before any byte moved
 
 
