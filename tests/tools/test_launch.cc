@@ -765,6 +765,43 @@ TEST_CASE("a rank that exits 0 leaving a background job running is told it is ki
   CHECK_THAT(result.err, !Catch::Contains("rank 1 exited leaving"));
 }
 
+// One that leaves its group (setsid; a daemon's double fork) was out of
+// reach of the group's SIGKILL: it ran on after the job, reparented to init
+// (a review helper's find). The launcher is the ranks' subreaper, so it
+// comes to the launcher when its parent exits and is killed with the job.
+TEST_CASE("what a rank starts in a session of its own ends with the job, with a note", "[launch]") {
+  JobDir dir;
+  // A sleep of a length no other process here sleeps, found by its
+  // command line. The rank waits until it has its own session (setsid
+  // runs in the background: exited sooner, the rank's group took it along).
+  const std::string seconds = "3" + std::to_string(100000 + getpid() % 100000);
+  const std::string escape = "setsid sleep " + seconds + " </dev/null >/dev/null 2>&1 & "
+                             "n=0; while [ \"$(cut -d' ' -f6 /proc/$!/stat)\" != \"$!\" ] && [ $n -lt 1000 ]; do "
+                             "n=$((n + 1)); sleep 0.01; done; ";
+  auto escaped_running = [&] {
+    int count = 0;
+    std::error_code ec;
+    for (std::filesystem::directory_iterator it("/proc", ec), end; !ec && it != end; it.increment(ec)) {
+      std::ifstream in(it->path() / "cmdline");
+      std::string cmdline((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+      count += cmdline == std::string("sleep") + '\0' + seconds + '\0';
+    }
+    return count;
+  };
+  SECTION("a rank that fails") {
+    auto result = run_launch(dir, shell_job(2, "if [ \"$BRAID_RANK\" = 1 ]; then " + escape +
+                                                   "exit 4; fi; sleep 30", dir));
+    CHECK(result.status == 4);
+    CHECK_THAT(result.err, Catch::Contains("1 process(es) the ranks started outside their process groups"));
+  }
+  SECTION("ranks that succeed") {
+    auto result = run_launch(dir, shell_job(2, escape, dir));
+    CHECK(result.status == 0);
+    CHECK_THAT(result.err, Catch::Contains("2 process(es) the ranks started outside their process groups"));
+  }
+  CHECK(escaped_running() == 0);
+}
+
 // Ctrl-Z sends SIGTSTP to the terminal's foreground group, the launcher's;
 // each rank runs in a group of its own, so only the launcher stopped and
 // the ranks ran on. It now passes SIGTSTP on, stops, and passes SIGCONT on.

@@ -14,6 +14,7 @@
 #include <netdb.h>
 #include <poll.h>
 #include <sys/socket.h>
+#include <sys/prctl.h>
 #include <unistd.h>
 #include <spdlog/spdlog.h>
 
@@ -226,7 +227,8 @@ void tell_other_nodes(const LaunchOptions& options, const JobIdentity& job, cons
 // Whatever throws, the Supervisor's destructor kills and reaps the ranks
 // started so far.
 Outcome start_and_supervise(const LaunchOptions& options, const JobIdentity& job, SignalCatcher& signals,
-                            GroupWatcher& guardian, InputRelay* input, Supervisor::Clock::time_point job_start) {
+                            GroupWatcher& guardian, pid_t guardian_pid, bool adopts_orphans, InputRelay* input,
+                            Supervisor::Clock::time_point job_start) {
   // Told from a thread of its own: the supervisor stops this node's other
   // ranks meanwhile (a store that is gone with node 0 takes seconds to say so).
   std::thread telling;
@@ -237,6 +239,8 @@ Outcome start_and_supervise(const LaunchOptions& options, const JobIdentity& job
     }
   } join_telling{telling};
   Supervisor supervisor(signals, options.timeout, options.grace_period, job_start, &guardian, input);
+  supervisor.adopts = adopts_orphans;
+  supervisor.keep = {guardian_pid};
   if (options.nnodes > 1)
     supervisor.on_first_failure = [&](const std::string& line) {
       telling = std::thread(tell_other_nodes, std::cref(options), std::cref(job), line);
@@ -509,6 +513,11 @@ int launch(const LaunchOptions& given) {
   // too, and before the first rank. It holds twice the ranks of this node:
   // one attempt's groups, and room for those a restart could not reap.
   Guardian guardian(2 * static_cast<std::size_t>(options.nproc_per_node) + 16, options.grace_period);
+  // What a rank starts outside its process group and leaves orphaned comes
+  // to this process, not to init, so that it ends with the job
+  // (Supervisor::adopts); after the guardian's fork, which does not inherit
+  // it.
+  const bool adopts_orphans = prctl(PR_SET_CHILD_SUBREAPER, 1) == 0;
   const auto started = std::chrono::steady_clock::now();
   // Only the node that holds the reading rank touches its stdin.
   std::optional<InputRelay> input;
@@ -531,7 +540,8 @@ int launch(const LaunchOptions& given) {
     Outcome outcome;
     {
       const JobSegments segments(job.token, job.run_id, guardian);
-      outcome = start_and_supervise(options, job, signals, guardian, input ? &*input : nullptr, started);
+      outcome = start_and_supervise(options, job, signals, guardian, guardian.pid(), adopts_orphans,
+                                    input ? &*input : nullptr, started);
     }
     if (input) input->disconnect();
     // Node 0's ranks end at once on a failure, and its store went with

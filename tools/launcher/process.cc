@@ -180,15 +180,18 @@ void signal_group(pid_t pid, int signo) {
     throw SystemError(errno_message("kill(-" + std::to_string(pid) + ")", errno));
 }
 
-int others_in_group(pid_t pid) {
-  int count = 0;
+namespace {
+
+// Calls fn(pid, state, ppid, pgrp) for every process /proc lists.
+template <typename Fn>
+void each_process(Fn fn) {
   std::error_code ec;
   // Incremented with an error code: a range-for's ++ throws on a failed
   // read of the directory, and nothing here may end the supervisor.
   for (std::filesystem::directory_iterator it("/proc", ec), end; !ec && it != end; it.increment(ec)) {
     const auto& entry = *it;
     const std::string name = entry.path().filename().string();
-    if (name.find_first_not_of("0123456789") != std::string::npos || name == std::to_string(pid)) continue;
+    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
     std::ifstream in(entry.path() / "stat");
     std::string stat((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
     const std::size_t close_paren = stat.rfind(')');
@@ -196,9 +199,24 @@ int others_in_group(pid_t pid) {
     std::istringstream rest(stat.substr(close_paren + 1));
     char state = 0;
     long ppid = 0, pgrp = 0;
-    if (rest >> state >> ppid >> pgrp && pgrp == pid && state != 'Z') ++count;
+    if (rest >> state >> ppid >> pgrp) fn(static_cast<pid_t>(std::stol(name)), state, ppid, pgrp);
   }
+}
+
+}  // namespace
+
+int others_in_group(pid_t pid) {
+  int count = 0;
+  each_process([&](pid_t other, char state, long, long pgrp) { count += other != pid && pgrp == pid && state != 'Z'; });
   return count;
+}
+
+std::vector<ChildProcess> children_of(pid_t parent) {
+  std::vector<ChildProcess> children;
+  each_process([&](pid_t pid, char state, long ppid, long) {
+    if (ppid == parent) children.push_back({pid, state});
+  });
+  return children;
 }
 
 ExitStatus decode_wait_status(int status) {

@@ -97,6 +97,14 @@ void signal_group(pid_t pid, int signo);
 // leads (read from /proc).
 int others_in_group(pid_t pid);
 
+// The children of `parent` and the state /proc gives each ('Z': exited,
+// not yet reaped).
+struct ChildProcess {
+  pid_t pid;
+  char state;
+};
+std::vector<ChildProcess> children_of(pid_t parent);
+
 // How a child ended, decoded from a wait status.
 struct ExitStatus {
   bool signaled = false;

@@ -207,6 +207,37 @@ void Supervisor::reap_exited() {
     rank.running = false;
     on_rank_exit(rank, decode_wait_status(status));
   }
+  if (adopts) reap_adopted(running_count() == 0);
+}
+
+void Supervisor::reap_adopted(bool end_all) {
+  auto adopted = [this](pid_t pid) {
+    if (std::find(keep.begin(), keep.end(), pid) != keep.end()) return false;
+    return std::none_of(ranks_.begin(), ranks_.end(), [pid](const Rank& r) { return r.running && r.pid == pid; });
+  };
+  int killed = 0;
+  // Rounds: one killed may leave children of its own, adopted in turn.
+  for (int round = 0; round < 16; ++round) {
+    bool any = false;
+    for (const ChildProcess& child : children_of(getpid())) {
+      if (!adopted(child.pid) || (!end_all && child.state != 'Z')) continue;
+      any = true;
+      if (child.state != 'Z') {
+        ++killed;
+        if (getpgid(child.pid) == child.pid) ::kill(-child.pid, SIGKILL);
+        ::kill(child.pid, SIGKILL);
+      }
+      // Bounded: a process stuck in the kernel dies only when it leaves it.
+      const auto give_up = Clock::now() + (child.state == 'Z' ? std::chrono::milliseconds(0) : kReapTime);
+      while (waitpid(child.pid, nullptr, WNOHANG) == 0 && Clock::now() < give_up)
+        std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    }
+    if (!any || !end_all) break;
+  }
+  if (killed > 0)
+    say(std::to_string(killed) + " process(es) the ranks started outside their process groups (setsid, setpgid, a "
+        "daemon) were still running once every rank had exited; they are killed now, as everything a rank "
+        "starts ends with it");
 }
 
 // What a rank that exited left in its group, looked at for up to 100 ms:

@@ -83,6 +83,14 @@ class Supervisor {
   // Called once, with the launcher's line about it, when the first rank
   // fails (before the others are stopped) or the launcher is told to stop.
   std::function<void(const std::string& line)> on_first_failure;
+  // Set by a launcher that made itself the subreaper of its ranks'
+  // descendants (PR_SET_CHILD_SUBREAPER): what a rank started outside its
+  // process group (setsid, setpgid, a daemon's double fork) and left
+  // orphaned becomes the launcher's child, and is reaped as it exits and
+  // killed once every rank has exited. `keep` lists the launcher's other
+  // children (the guardian).
+  bool adopts = false;
+  std::vector<pid_t> keep;
 
  private:
   struct Stream {
@@ -106,6 +114,10 @@ class Supervisor {
     bool failed;  // killed, or a non-zero status
   };
   void reap_exited();
+  // Reaps the adopted processes that have exited; with `end_all`, first
+  // kills (SIGKILL, with their groups) those still running, until none is
+  // left, and says how many there were.
+  void reap_adopted(bool end_all);
   std::vector<Exited> exited_ranks();
   void forget_group(pid_t pid) noexcept;
   void on_rank_exit(const Rank& rank, const ExitStatus& status);
