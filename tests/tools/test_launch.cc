@@ -384,6 +384,36 @@ TEST_CASE("a rank of one node that fails before joining fails the other nodes at
   CHECK(took < std::chrono::seconds(12));  // not the 20 s of BRAID_TIMEOUT
 }
 
+// Ranks that are not braid's (a torch job on gloo, here sleeps) learn
+// nothing of another node's failure: node 0's ranks ran to their end (or to
+// their own timeout) while node 1 had failed. Each node's launcher now
+// watches node 0's store for it while its ranks run, and stops them.
+TEST_CASE("a rank that fails on one node stops the running ranks of the others", "[launch]") {
+  const EnvChanges env{{"BRAID_JOB_TOKEN", "running-failure"}};
+  auto node = [](const char* node_rank, const std::vector<std::string>& program) {
+    auto args = one_rank_node(3, node_rank, 29543, program);
+    args.insert(args.begin(), {"--grace-period", "1"});
+    return args;
+  };
+  JobDir dir0, dir1, dir2;
+  const auto started = std::chrono::steady_clock::now();
+  LaunchedJob node0(dir0, node("0", {"sleep", "60"}), env);
+  LaunchedJob node2(dir2, node("2", {"sleep", "60"}), env);
+  auto node1 = run_launch(dir1, node("1", {"sh", "-c", "sleep 1; exit 3"}), env);
+  CHECK(node1.status == 3);
+  const int status0 = node0.wait(std::chrono::seconds(60)), status2 = node2.wait(std::chrono::seconds(60));
+  const auto took = std::chrono::steady_clock::now() - started;
+  for (const LaunchedJob* job : {&node0, &node2}) {
+    INFO(job->out() << job->err());
+    CHECK_THAT(job->err(), Catch::Contains("the job failed on another node (rank 1") &&
+                               Catch::Contains("exited with status 3") && Catch::Contains("on node 1") &&
+                               Catch::Contains("stopping this node's 1 rank"));
+  }
+  CHECK(status0 == 1);
+  CHECK(status2 == 1);
+  CHECK(took < std::chrono::seconds(15));  // not the ranks' 60 s
+}
+
 // A node that waits for node 0's store (numbered as it joins) catches its
 // signals to end the wait: it took Ctrl-Z (SIGTSTP), caught since the
 // launcher passes it on to its ranks, as a reason to give up. Here

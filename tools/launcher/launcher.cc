@@ -19,6 +19,8 @@
 #include <spdlog/spdlog.h>
 
 #include <cerrno>
+#include <mutex>
+#include <condition_variable>
 #include <csignal>
 #include <cstdlib>
 #include <filesystem>
@@ -224,6 +226,57 @@ void tell_other_nodes(const LaunchOptions& options, const JobIdentity& job, cons
   }
 }
 
+// Watches node 0's store for a failure another node told
+// (runtime::kJobFailedKey) while this node's ranks run: ranks that are not
+// braid's (a torch job on gloo) would wait for the failed node's until their
+// own timeout, where torchrun's agents stop every node. Every 500 ms, with a
+// connection of its own; a store that is gone (node 0 ended) is tried again.
+class OtherNodeWatch {
+ public:
+  OtherNodeWatch(const LaunchOptions& options, const JobIdentity& job, Supervisor& supervisor)
+      : thread_([this, &options, &job, &supervisor] { run(options, job, supervisor); }) {}
+  ~OtherNodeWatch() {
+    {
+      std::lock_guard lock(mu_);
+      done_ = true;
+    }
+    wake_.notify_all();
+    thread_.join();
+  }
+  OtherNodeWatch(const OtherNodeWatch&) = delete;
+  OtherNodeWatch& operator=(const OtherNodeWatch&) = delete;
+
+ private:
+  void run(const LaunchOptions& options, const JobIdentity& job, Supervisor& supervisor) {
+    constexpr std::chrono::milliseconds kEvery{500}, kBound{1000};
+    const std::string mine = " on node " + std::to_string(options.node_rank);
+    std::unique_ptr<runtime::Store> store;
+    std::unique_lock lock(mu_);
+    while (!wake_.wait_for(lock, kEvery, [this] { return done_; })) {
+      lock.unlock();
+      try {
+        if (!store)
+          store = runtime::Store::find(job.store_host, runtime::store_port_candidates(job.store_port, job.token),
+                                       job.token, kBound, "node 0's braid-launch");
+        if (auto told = store->try_get(runtime::kJobFailedKey, std::chrono::steady_clock::now() + kBound)) {
+          const std::string line(told->begin(), told->end());
+          const bool ours = line.size() >= mine.size() && line.compare(line.size() - mine.size(), mine.size(), mine) == 0;
+          if (!ours) supervisor.stop_for_other_node(line);
+        }
+      } catch (const std::exception& e) {
+        store.reset();
+        spdlog::debug("braid-launch: watching for other nodes' failures: {}", e.what());
+      }
+      lock.lock();
+    }
+  }
+
+  std::mutex mu_;
+  std::condition_variable wake_;
+  bool done_ = false;
+  std::thread thread_;  // last: run() uses the members above
+};
+
 // Whatever throws, the Supervisor's destructor kills and reaps the ranks
 // started so far.
 Outcome start_and_supervise(const LaunchOptions& options, const JobIdentity& job, SignalCatcher& signals,
@@ -245,6 +298,8 @@ Outcome start_and_supervise(const LaunchOptions& options, const JobIdentity& job
     supervisor.on_first_failure = [&](const std::string& line) {
       telling = std::thread(tell_other_nodes, std::cref(options), std::cref(job), line);
     };
+  std::optional<OtherNodeWatch> watch_others;
+  if (options.nnodes > 1) watch_others.emplace(options, job, supervisor);
   int started = 0;
   try {
     for (; started < options.nproc_per_node; ++started)

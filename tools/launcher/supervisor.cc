@@ -1,6 +1,7 @@
 #include "tools/launcher/supervisor.h"
 
 #include <poll.h>
+#include <sys/eventfd.h>
 #include <sys/ioctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -46,6 +47,8 @@ Supervisor::Supervisor(SignalCatcher& signals, std::chrono::milliseconds timeout
                        GroupWatcher* watcher, InputRelay* input)
     : signals_(signals), watcher_(watcher), input_(input), timeout_(timeout), grace_period_(grace_period) {
   if (timeout.count() > 0) job_deadline_ = deadline_after(started, timeout);
+  other_node_event_.reset(eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
+  if (!other_node_event_.valid()) throw SystemError(errno_message("eventfd", errno));
   sinks_.push_back(&standard_sink(1));
   if (&standard_sink(2) != sinks_.front()) sinks_.push_back(&standard_sink(2));
 }
@@ -96,6 +99,8 @@ void Supervisor::wait_for_events() {
       streams.push_back(stream);
     }
   }
+  const std::size_t other_node_at = fds.size();
+  fds.push_back({other_node_event_.get(), POLLIN, 0});
   // The input's two ends go last, -1 (ignored by poll) when not wanted.
   const bool serving_input = input_ != nullptr && running_count() > 0;
   fds.push_back({serving_input ? input_->source_poll_fd() : -1, POLLIN, 0});
@@ -115,7 +120,36 @@ void Supervisor::wait_for_events() {
       for (OutputSink* sink : sinks_) sink->terminal_line_ended();
     if (fds[fds.size() - 1].revents != 0) input_->write_target();
   }
+  if (fds[other_node_at].revents != 0) take_other_node_stop();
   if (fds[0].revents != 0) handle_signals();
+}
+
+void Supervisor::stop_for_other_node(const std::string& why) {
+  {
+    std::lock_guard lock(other_node_mu_);
+    if (!other_node_why_.empty()) return;
+    other_node_why_ = why;
+  }
+  const std::uint64_t one = 1;
+  (void)!::write(other_node_event_.get(), &one, sizeof one);
+}
+
+void Supervisor::take_other_node_stop() {
+  std::uint64_t count = 0;
+  (void)!::read(other_node_event_.get(), &count, sizeof count);
+  std::string why;
+  {
+    std::lock_guard lock(other_node_mu_);
+    why = other_node_why_;
+  }
+  const int running = running_count();
+  if (why.empty() || stopping_ || running == 0) return;
+  say("the job failed on another node (" + why + "); stopping this node's " + count_of_ranks(running));
+  told_ = true;  // that node told the others
+  rank_failed_ = true;
+  exit_status_ = 1;
+  stop(SIGTERM);
+  drop_output_after(std::max<Clock::duration>(grace_period_, kDrainTime));
 }
 
 int Supervisor::next_poll_timeout_ms() const {

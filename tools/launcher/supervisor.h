@@ -30,6 +30,7 @@
 #include <chrono>
 #include <functional>
 #include <optional>
+#include <mutex>
 #include <vector>
 
 #include "tools/launcher/input.h"
@@ -91,6 +92,11 @@ class Supervisor {
   // children (the guardian).
   bool adopts = false;
   std::vector<pid_t> keep;
+  // From any thread: another node's rank failed (`why`, as that node told
+  // it). The ranks still running here are stopped as for a signal (SIGTERM,
+  // SIGKILL after the grace period) and run() returns 1, where the job is
+  // not stopping already.
+  void stop_for_other_node(const std::string& why);
 
  private:
   struct Stream {
@@ -142,7 +148,12 @@ class Supervisor {
   void finish_streams();
   void drop_unwritten_output();
 
+  void take_other_node_stop();
+
   SignalCatcher& signals_;
+  UniqueFd other_node_event_;  // an eventfd stop_for_other_node writes
+  std::mutex other_node_mu_;
+  std::string other_node_why_;  // under other_node_mu_
   GroupWatcher* watcher_;
   InputRelay* input_;
   std::chrono::milliseconds timeout_;
