@@ -1033,9 +1033,16 @@ TEST_CASE("a script whose #! interpreter does not exist is told apart from a mis
   std::string interpreter = "/nonexistent/interp", says = "which does not exist";
   SECTION("a missing interpreter") { std::ofstream(script) << "#!" << interpreter << " -e\necho hi\n"; }
   SECTION("Windows line ends") {
-    interpreter = "/bin/sh";
+    interpreter = "/bin/sh\\r";
     says = "Windows line ends";
     std::ofstream(script) << "#!/bin/sh\r\necho hi\r\n";
+  }
+  SECTION("an interpreter that is a script of a missing one") {
+    interpreter = (dir.path() / "interp").string();
+    says = "which exists but names in turn something that does not";
+    std::ofstream(interpreter) << "#!/nonexistent/interp\n";
+    std::filesystem::permissions(interpreter, std::filesystem::perms::owner_all);
+    std::ofstream(script) << "#!" << interpreter << "\necho hi\n";
   }
   std::filesystem::permissions(script, std::filesystem::perms::owner_all);
   auto result = run_launch(dir, {"-n", "2", "--", script.string()});

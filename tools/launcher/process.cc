@@ -139,8 +139,13 @@ std::string exec_failure(const std::string& program, int err) {
   std::istringstream words(first.substr(2));
   std::string interpreter;
   words >> interpreter;
-  return message + ": its #! line names the interpreter '" + interpreter + "', which does not exist" +
-         (crlf ? " (the line ends in \"\\r\\n\": the file has Windows line ends)" : "");
+  if (!crlf && ::access(interpreter.c_str(), F_OK) == 0)  // a script of a missing one, or missing its loader
+    return message + ": its #! line names the interpreter '" + interpreter +
+           "', which exists but names in turn something that does not (its own #! line, or its loader)";
+  if (crlf)
+    return message + ": its #! line ends in \"\\r\\n\" (the file has Windows line ends), so it names the "
+                     "interpreter '" + interpreter + "\\r', which does not exist";
+  return message + ": its #! line names the interpreter '" + interpreter + "', which does not exist";
 }
 
 }  // namespace
