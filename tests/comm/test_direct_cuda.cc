@@ -13,6 +13,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cstring>
 #include <fstream>
 #include <functional>
@@ -229,9 +230,8 @@ TEST_CASE("cuda_ipc: every direct collective on device buffers, every dtype, op,
 // kMaxOpen, 64), each reduced in place by a call queued behind the one
 // before, with nothing waited on between: under the gates that let the
 // host run ahead of the GPU (event, flag) a mapping evicted by a later
-// call may still be read by an earlier call's queued kernel. A backlog of
-// memsets on each rank's stream keeps those kernels queued while the host
-// issues the rest. Each buffer's sum must be exact, and nothing may fault.
+// call may still be read by an earlier call's queued kernel. Each rank's
+// stream is held while the host issues them all. Each buffer's sum must be exact, and nothing may fault.
 // Not run on a GPU yet (a helper's reading of the code suspects it fails
 // under event and flag; the driver's documentation does not say whether
 // cudaIpcCloseMemHandle waits for queued work).
@@ -255,10 +255,21 @@ TEST_CASE("cuda_ipc: calls queued on more allocations than stay mapped keep thei
         for (std::size_t i = 0; i < kCount; ++i) host[b][i] = float((b * 7 + i) % 1000 + comm.rank());
         cuda(cudaMemcpy(buffers[b]->data, host[b].data(), kCount * sizeof(float), cudaMemcpyHostToDevice), "upload");
       }
-      DeviceBuffer backlog(std::size_t(1) << 30, true);
-      for (int k = 0; k < 100; ++k) cuda(cudaMemsetAsync(backlog.data, k, std::size_t(1) << 30, s), "memset");
+      // The stream is held for 2 s by a host function, released by a
+      // timer (not by this thread, which a call run inline may block), so
+      // that every call is issued, and every eviction made, before any of
+      // their kernels can run.
+      std::atomic<bool> release{false};
+      cuda(cudaLaunchHostFunc(s, [](void* flag) {
+        while (!static_cast<std::atomic<bool>*>(flag)->load()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      }, &release), "cudaLaunchHostFunc");
+      std::thread releaser([&release] {
+        std::this_thread::sleep_for(std::chrono::seconds(2));
+        release = true;
+      });
       for (int b = 0; b < kBuffers; ++b)
         comm.all_reduce(buffers[b]->data, buffers[b]->data, kCount, DataType::f32, ReduceOp::sum, Stream{s});
+      releaser.join();
       cuda(cudaStreamSynchronize(s), "the queued calls");
       std::vector<float> out(kCount);
       for (int b = 0; b < kBuffers; ++b) {
