@@ -671,6 +671,25 @@ TEST_CASE("a rank that ignores SIGTERM is killed after the grace period", "[laun
   check_no_rank_survives(dir, 2);
 }
 
+// A stopped rank (SIGSTOP; its peers time out on it) holds the SIGTERM
+// pending: the job waited out the whole grace period for it. SIGCONT
+// follows the stop signal.
+TEST_CASE("a stopped rank is stopped with the others at once, not after the grace period", "[launch]") {
+  JobDir dir;
+  std::string script = recording(
+      "if [ \"$BRAID_RANK\" = 0 ]; then "
+      "  while [ \"$(cut -d' ' -f3 /proc/$(cat \"$0/pid_1\" 2>/dev/null || echo 0)/stat 2>/dev/null)\" != T ]; do "
+      "    sleep 0.02; done; exit 5; "
+      "fi; kill -STOP $$; exec sleep 60");
+  const auto started = std::chrono::steady_clock::now();
+  auto result = run_launch(dir, shell_job(2, script, dir, {"--grace-period", "30"}));
+  const auto took = std::chrono::steady_clock::now() - started;
+  CHECK(result.status == 5);
+  CHECK_THAT(result.err, !Catch::Contains("sending SIGKILL"));
+  CHECK(took < std::chrono::seconds(15));  // not the 30 s grace period
+  check_no_rank_survives(dir, 2);
+}
+
 TEST_CASE("a rank killed by a signal gives 128 + signal", "[launch]") {
   JobDir dir;
   // Rank 1 dies once rank 0 has recorded its pid (under load it was

@@ -29,6 +29,9 @@ constexpr std::chrono::milliseconds kReapTime{2000};
 // How long a rank's failure by exit status waits for another rank to turn
 // out killed by a signal, the likelier cause (reap_exited).
 constexpr std::chrono::milliseconds kKilledPeerWait{100};
+// How long ranks get to end by themselves once another node has failed
+// (take_other_node_stop).
+constexpr std::chrono::milliseconds kOtherNodeWait{5000};
 
 std::string count_of_ranks(int count) {
   return std::to_string(count) + (count == 1 ? " rank" : " ranks");
@@ -134,9 +137,17 @@ void Supervisor::stop_for_other_node(const std::string& why) {
   (void)!::write(other_node_event_.get(), &one, sizeof one);
 }
 
+// Braid's ranks learn of a peer's death through their transports, and say
+// more than this launcher can (which call, which device): they get
+// kOtherNodeWait to end by themselves (RDMA's keepalive names a dead peer
+// within about 2 s) before the ranks still running are stopped.
 void Supervisor::take_other_node_stop() {
   std::uint64_t count = 0;
   (void)!::read(other_node_event_.get(), &count, sizeof count);
+  if (!other_node_deadline_) other_node_deadline_ = deadline_after(Clock::now(), kOtherNodeWait);
+}
+
+void Supervisor::stop_for_other_node_now() {
   std::string why;
   {
     std::lock_guard lock(other_node_mu_);
@@ -144,7 +155,9 @@ void Supervisor::take_other_node_stop() {
   }
   const int running = running_count();
   if (why.empty() || stopping_ || running == 0) return;
-  say("the job failed on another node (" + why + "); stopping this node's " + count_of_ranks(running));
+  say("the job failed on another node (" + why + "); stopping this node's " + count_of_ranks(running) + ", " +
+      seconds_text(std::chrono::duration_cast<std::chrono::milliseconds>(kOtherNodeWait)) +
+      " after it was told");
   told_ = true;  // that node told the others
   rank_failed_ = true;
   exit_status_ = 1;
@@ -159,6 +172,7 @@ int Supervisor::next_poll_timeout_ms() const {
   };
   consider(job_deadline_);
   consider(kill_deadline_);
+  if (running_count() > 0) consider(other_node_deadline_);
   for (const Rank& rank : ranks_)
     for (const Stream* stream : {&rank.out, &rank.err}) consider(stream->relay.partial_deadline());
   if (input_ != nullptr && running_count() > 0) consider(input_->recheck_deadline(Clock::now()));
@@ -360,6 +374,10 @@ void Supervisor::handle_deadlines() {
     job_deadline_.reset();
     on_timeout();
   }
+  if (other_node_deadline_ && now >= *other_node_deadline_) {
+    other_node_deadline_.reset();
+    stop_for_other_node_now();
+  }
   if (kill_deadline_ && now >= *kill_deadline_) {
     kill_deadline_.reset();
     if (int running = running_count(); running > 0) {
@@ -395,6 +413,10 @@ void Supervisor::on_timeout() {
 void Supervisor::stop(int signo) {
   stopping_ = true;
   signal_running(signo);
+  // A stopped rank (SIGSTOP, a debugger's, one its peers timed out on)
+  // holds a signal pending until it runs again: without SIGCONT the job
+  // waited out the grace period for it.
+  signal_running(SIGCONT);
   kill_deadline_ = deadline_after(Clock::now(), grace_period_);
 }
 

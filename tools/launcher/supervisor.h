@@ -93,9 +93,10 @@ class Supervisor {
   bool adopts = false;
   std::vector<pid_t> keep;
   // From any thread: another node's rank failed (`why`, as that node told
-  // it). The ranks still running here are stopped as for a signal (SIGTERM,
-  // SIGKILL after the grace period) and run() returns 1, where the job is
-  // not stopping already.
+  // it). The ranks still running here 5 s later (braid's learn of it
+  // themselves, and say more) are stopped as for a signal (SIGTERM, SIGKILL
+  // after the grace period) and run() returns 1, where the job is not
+  // stopping already.
   void stop_for_other_node(const std::string& why);
 
  private:
@@ -149,11 +150,13 @@ class Supervisor {
   void drop_unwritten_output();
 
   void take_other_node_stop();
+  void stop_for_other_node_now();
 
   SignalCatcher& signals_;
   UniqueFd other_node_event_;  // an eventfd stop_for_other_node writes
   std::mutex other_node_mu_;
   std::string other_node_why_;  // under other_node_mu_
+  std::optional<Clock::time_point> other_node_deadline_;
   GroupWatcher* watcher_;
   InputRelay* input_;
   std::chrono::milliseconds timeout_;
