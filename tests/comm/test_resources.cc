@@ -15,8 +15,10 @@
 #include <sched.h>
 #include <signal.h>
 #include <stdlib.h>
+#include <sys/mman.h>
 #include <sys/mount.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
 #include <sys/statvfs.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
@@ -477,4 +479,47 @@ TEST_CASE("abuse: a peer's reference to registered memory is checked against wha
   }
   shm::regions::release(base);
   close(self);
+}
+
+// A rank killed between creating its segment and removing it, with no
+// launcher to clean up, left the segment in /dev/shm: every later run of
+// the job on the same store address (the same derived token and run id,
+// so the same names) failed at once with "File exists", until someone
+// removed it by hand (a review helper's find). Set-up now removes a
+// segment of its name whose owner is a process that no longer exists, and
+// leaves one whose owner runs, or whose header is not written.
+TEST_CASE("shm: a segment whose owner is gone is removed; one whose owner runs is left", "[shm]") {
+  const std::string name = "/braid-stale-test-" + std::to_string(getpid());
+  const pid_t gone = fork();  // a pid that no longer exists: a child's, reaped
+  if (gone == 0) _exit(0);
+  REQUIRE(waitpid(gone, nullptr, 0) == gone);
+  struct stat ns {};
+  REQUIRE(::stat("/proc/self/ns/pid", &ns) == 0);
+  auto make = [&](std::uint64_t magic, pid_t owner) {
+    const int fd = shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
+    REQUIRE(fd >= 0);
+    REQUIRE(ftruncate(fd, 1 << 16) == 0);
+    auto* header = static_cast<shm::SegmentHeader*>(
+        mmap(nullptr, sizeof(shm::SegmentHeader), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0));
+    REQUIRE(header != MAP_FAILED);
+    header->magic = magic;
+    header->owner_rank = 1;
+    header->owner_pid = owner;
+    header->owner_pid_ns = static_cast<std::uint64_t>(ns.st_ino);
+    munmap(header, sizeof(shm::SegmentHeader));
+    close(fd);
+  };
+  auto exists = [&] { return std::filesystem::exists("/dev/shm" + name); };
+  make(shm::kSegmentMagic, gone);
+  shm::remove_stale_segment(name);
+  CHECK_FALSE(exists());
+  shm_unlink(name.c_str());
+  make(shm::kSegmentMagic, getpid());  // its owner runs: another job given this token
+  shm::remove_stale_segment(name);
+  CHECK(exists());
+  shm_unlink(name.c_str());
+  make(0, gone);  // not yet written: nothing says whose it is
+  shm::remove_stale_segment(name);
+  CHECK(exists());
+  shm_unlink(name.c_str());
 }

@@ -23,6 +23,8 @@
 // (ring_capacity()); every rank derives it from the same settings. When every
 // rank of the communicator is on this host, each segment also holds its
 // owner's shared slots (memory.h).
+#include <fcntl.h>
+#include <signal.h>
 #include <spdlog/spdlog.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -33,6 +35,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstddef>
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
@@ -242,6 +245,7 @@ std::size_t slot_area(const ShmOptions& o) {
 }
 
 Mapping create_segment(const ShmOptions& o, const std::string& name, std::size_t channels, std::size_t capacity) {
+  remove_stale_segment(name);
   const std::size_t local = o.local_ranks.size(), bytes = segment_bytes(channels, capacity, slot_area(o));
   std::string purpose = rank_text(o.rank) + "'s shared-memory segment (a ring of " + std::to_string(capacity) +
                         " bytes for each of its " + std::to_string(channels) + " local peer(s); this host's " +
@@ -283,6 +287,40 @@ std::unique_ptr<ShmTransport> connect_segments(runtime::Store& store, const std:
 }
 
 }  // namespace
+
+// A segment of this name left by an earlier run of the job (the same
+// token and run id: rerun on the same MASTER_ADDR:MASTER_PORT without a
+// launcher) whose owner was killed before it could remove it: it made
+// every rerun fail at once ("File exists"), naming a process that no
+// longer ran, until someone deleted it by hand. Removed here where its
+// header names an owner of this PID namespace that is gone; one of an
+// owner still running, or not yet written, is left (creating fails, as it
+// should, for two jobs given one token).
+void remove_stale_segment(const std::string& name) {
+  const int fd = shm_open(name.c_str(), O_RDONLY, 0);
+  if (fd < 0) return;
+  // SegmentHeader's first words, as plain fields (it holds atomics).
+  struct Prefix {
+    std::uint64_t magic;
+    std::uint32_t owner_rank, channels;
+    std::uint64_t capacity;
+    std::int64_t owner_pid;
+    std::uint64_t owner_pid_ns;
+  } header{};
+  static_assert(offsetof(SegmentHeader, owner_pid) == offsetof(Prefix, owner_pid) &&
+                offsetof(SegmentHeader, owner_pid_ns) == offsetof(Prefix, owner_pid_ns));
+  struct stat st {};
+  const bool readable = fstat(fd, &st) == 0 && static_cast<std::size_t>(st.st_size) >= sizeof(SegmentHeader) &&
+                        ::pread(fd, &header, sizeof header, 0) == static_cast<ssize_t>(sizeof header);
+  ::close(fd);
+  if (!readable || header.magic != kSegmentMagic || header.owner_pid <= 0) return;
+  if (header.owner_pid_ns == 0 || header.owner_pid_ns != pid_namespace()) return;
+  if (::kill(static_cast<pid_t>(header.owner_pid), 0) == 0 || errno != ESRCH) return;
+  if (shm_unlink(name.c_str()) == 0)
+    spdlog::warn("removed the shared-memory segment {} (rank {} of an earlier run of this job, pid {}, which was "
+                 "killed before it could remove it)",
+                 name, header.owner_rank, header.owner_pid);
+}
 
 std::size_t ring_capacity(std::size_t local_ranks, std::size_t ring_bytes, std::size_t host_bytes) {
   const std::size_t rings = local_ranks * (local_ranks > 0 ? local_ranks - 1 : 0);

@@ -58,7 +58,8 @@ Mapping Mapping::create(const std::string& name, std::size_t bytes, const std::s
     int err = errno;
     const std::string hint = err != EEXIST ? fd_limit_hint(err)
                                            : " (another job on this host runs with the same BRAID_JOB_TOKEN and "
-                                             "BRAID_RUN_ID, or a process of an earlier run of this job still runs; "
+                                             "BRAID_RUN_ID, or a process of an earlier run of this job still runs "
+                                             "or left it (where none does, remove /dev/shm" + name + "); "
                                              "give each job its own)";
     throw SystemError(errno_message("creating shared memory " + name, err) + hint);
   }

@@ -56,6 +56,12 @@ inline constexpr std::size_t kMinRingBytes = 64u << 10;
 // arguments, so every rank of a host derives the same size.
 std::size_t ring_capacity(std::size_t local_ranks, std::size_t ring_bytes, std::size_t host_bytes);
 
+// Unlinks the segment `name` (shm_open's form, with its '/') where its
+// header names an owner of this PID namespace that no longer exists: one a
+// rank killed in set-up left, with no launcher to remove it. Set-up calls
+// it before creating its own.
+void remove_stale_segment(const std::string& name);
+
 // Creates this rank's segment, maps every local peer's, waits until all have
 // mapped each other, then unlinks its own name so nothing stays in /dev/shm.
 // A rank that fails (e.g. /dev/shm too small: a SystemError naming the bytes
