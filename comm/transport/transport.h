@@ -33,6 +33,14 @@ namespace braid::comm {
 
 using RequestId = std::uint32_t;
 
+// The error a peer's farewell (Transport::farewell) becomes on the rank it
+// reached, alike on every transport that carries one.
+inline RemoteError farewell_error(int peer, int rank, std::string_view why) {
+  return RemoteError("rank " + std::to_string(peer) + " stopped its communicator and told rank " +
+                         std::to_string(rank) + " why: " + std::string(why),
+                     peer);
+}
+
 // What every transport's factory (connect_shm, connect_tcp, open_ibverbs)
 // needs of its communicator; setup.cc fills it once and each transport's
 // options add their own fields.

@@ -672,6 +672,51 @@ TEST_CASE("failures: all_reduce with different reduce ops fails both ranks", "[f
   check_mismatch(result, {"all_reduce #2", "max", "sum"});
 }
 
+// Without a launcher rank 0's communicator serves the store that carries a
+// failed rank's reason to the others, so when rank 0 fails first the reason
+// must travel on the TCP connections themselves (a farewell frame): a rank
+// that only hears of it from a neighbour's closed socket named that
+// neighbour, alive, as the one that "exited, crashed or aborted".
+TEST_CASE("failures: over TCP, where rank 0 served the store, every rank names rank 0's failure", "[failures]") {
+  const std::string what = GENERATE("killed", "mismatch");
+  const int nsocks = GENERATE(1, 3);
+  INFO("rank 0 " << what << ", " << nsocks << " socket(s) per peer");
+  auto options = options_with(seconds(10), seconds(45), "tcp");
+  options.store_by_rank0 = true;
+  options.config.tcp_nsocks = nsocks;
+  const std::size_t count = 1u << 16;  // the ring: ranks 2 and 3 hear from rank 0 only through rank 1
+  auto result = test::run_ranks(
+      4,
+      [&](Communicator& comm) {
+        std::vector<float> send(count, 1.0f), recv(count, 0.0f);
+        for (int i = 0; i < 5; ++i) {
+          if (comm.rank() == 0 && i == 3 && what == "killed") raise(SIGKILL);
+          const ReduceOp op = comm.rank() == 0 && i == 3 ? ReduceOp::max : ReduceOp::sum;
+          tagged([&] { comm.all_reduce(send.data(), recv.data(), count, DataType::f32, op).wait(); });
+        }
+        throw std::runtime_error("the all_reduces completed although rank 0 failed in the fourth");
+      },
+      options);
+  INFO(result.summary());
+  REQUIRE_FALSE(result.timed_out);
+  for (int r = what == "killed" ? 1 : 0; r < 4; ++r) {
+    const Outcome o = outcome_of(result.ranks[r]);
+    INFO("rank " << r << ": " << result.ranks[r].message);
+    CHECK(o.type == "RemoteError");
+    CHECK(o.ms < 5000);
+    CHECK(contains(o.text, "all_reduce #4"));
+    if (what == "killed") {
+      CHECK(contains(o.text, "from rank 0 ("));
+      CHECK(contains(o.text, "rank 0 exited, crashed or aborted"));
+    } else {
+      CHECK(contains(o.text, "mismatched collectives"));
+    }
+    // Nobody alive is blamed as dead.
+    for (int alive = 1; alive < 4; ++alive)
+      CHECK_FALSE(contains(o.text, "rank " + std::to_string(alive) + " exited, crashed or aborted"));
+  }
+}
+
 TEST_CASE("failures: broadcast with different roots never completes with wrong data", "[failures]") {
   // Rank 1 calls broadcast(root 1), the others broadcast(root 0). A rank that
   // believes it is the root would only send; the signature agreement before

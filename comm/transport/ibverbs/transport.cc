@@ -436,9 +436,7 @@ void IbTransport::on_receive(Peer& peer, const ibv_wc& wc) {
   }
   if (imm == kFarewellImm) {
     const char* why = control(peer).farewell_in;
-    throw RemoteError("rank " + std::to_string(peer.rank) + " stopped its communicator and told rank " +
-                          std::to_string(rank_) + " why: " + std::string(why, strnlen(why, kFarewellBytes - 1)),
-                      peer.rank);
+    throw farewell_error(peer.rank, rank_, std::string_view(why, strnlen(why, kFarewellBytes - 1)));
   }
   peer.credits = credits_after(peer.credits, imm, slots_);
   if ((imm & kPieceBytesMask) > slot_bytes_ || peer.arrived - peer.freed >= slots_)

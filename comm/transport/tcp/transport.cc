@@ -18,6 +18,9 @@ constexpr int kMaxIov = 64;
 // Receives into caller memory up to this size go through staging (post_recv).
 constexpr std::size_t kStagedCallerBytes = 64u << 10;
 constexpr std::size_t kHeaderBytes = sizeof(WireHeader);
+// A farewell message (farewell()): the reason, at most kFarewellBytes of it.
+constexpr std::uint32_t kFarewellMagic = 0x46445242;  // "BRDF"
+constexpr std::size_t kFarewellBytes = 2048;
 
 }  // namespace
 
@@ -40,14 +43,40 @@ TcpTransport::TcpTransport(int rank, std::vector<std::vector<int>> fds, std::siz
 
 TcpTransport::~TcpTransport() { shutdown(); }
 
+// Closing a socket with unread bytes in it resets the connection, and a
+// reset throws away what was not yet sent, a farewell with it: the bytes
+// waiting are read and dropped first (a bounded amount: a peer still
+// sending is reset by the closed socket's next answer instead).
 void TcpTransport::shutdown() {
   for (auto& peer_streams : streams_)
     for (auto& stream : peer_streams)
       if (stream.fd >= 0) {
         ::shutdown(stream.fd, SHUT_RDWR);
+        char sink[64 << 10];
+        for (int reads = 0; reads < 64 && ::recv(stream.fd, sink, sizeof sink, MSG_DONTWAIT) > 0; ++reads) {
+        }
         ::close(stream.fd);
         stream.fd = -1;
       }
+}
+
+// Best effort and never blocking: a socket whose send buffer is full, or
+// that is in the middle of a message, gets none (the peer then sees the
+// connection close, as before).
+void TcpTransport::farewell(const std::string& reason) {
+  WireHeader header;
+  header.magic = kFarewellMagic;
+  header.payload_bytes = std::min(reason.size(), kFarewellBytes);
+  for (auto& peer_streams : streams_)
+    for (auto& stream : peer_streams) {
+      if (stream.fd < 0) continue;
+      if (!stream.sends.empty() && requests_[stream.sends.front()].moved > 0) continue;
+      iovec iov[2] = {{&header, kHeaderBytes}, {const_cast<char*>(reason.data()), header.payload_bytes}};
+      msghdr msg{};
+      msg.msg_iov = iov;
+      msg.msg_iovlen = 2;
+      (void)::sendmsg(stream.fd, &msg, MSG_DONTWAIT | MSG_NOSIGNAL);
+    }
 }
 
 RequestId TcpTransport::allocate(int peer, const WireHeader& header) {
@@ -170,7 +199,13 @@ bool TcpTransport::pump_recvs(Stream& stream) {
     advanced = true;
     bool had_header = r.moved >= kHeaderBytes;
     r.moved += io.bytes;
-    if (!had_header && r.moved >= kHeaderBytes) finish_header(r);
+    if (!had_header && r.moved >= kHeaderBytes) {
+      if (r.received.magic == kFarewellMagic) {
+        std::size_t have = std::min<std::size_t>(r.moved - kHeaderBytes, r.received.payload_bytes);
+        throw_farewell(stream, r.received, std::string(reinterpret_cast<const char*>(r.data), r.staging ? have : 0));
+      }
+      finish_header(r);
+    }
     if (r.moved < total) continue;
     quick_ack(stream.fd);
     if (r.copy_to && r.header.payload_bytes) std::memcpy(r.copy_to, r.data, r.header.payload_bytes);
@@ -233,7 +268,41 @@ void TcpTransport::wait_io(Clock::time_point deadline) {
       owners[i]->hung_up = true;  // reported when something is next expected from it
 }
 
+// The rest of a farewell whose header was read (with `why`, the start of
+// its reason, read with it): waits up to a second for it, then throws it.
+void TcpTransport::throw_farewell(const Stream& stream, const WireHeader& header, std::string why) {
+  const std::size_t want = std::min<std::size_t>(header.payload_bytes, kFarewellBytes);
+  const auto deadline = Clock::now() + std::chrono::seconds(1);
+  while (why.size() < want && Clock::now() < deadline) {
+    char buffer[kFarewellBytes];
+    iovec iov{buffer, want - why.size()};
+    IoResult io = read_some(stream.fd, &iov, 1);
+    if (io.closed || io.error) break;
+    why.append(buffer, io.bytes);
+    if (io.bytes == 0) {
+      pollfd ready{stream.fd, POLLIN, 0};
+      ::poll(&ready, 1, 100);
+    }
+  }
+  throw farewell_error(stream.peer, rank_, why);
+}
+
+void TcpTransport::throw_farewell_if_any(int peer) {
+  for (const Stream& stream : streams_.at(static_cast<std::size_t>(peer))) {
+    if (stream.fd < 0) continue;
+    if (!stream.recvs.empty() && requests_[stream.recvs.front()].moved > 0) continue;  // not at a boundary
+    WireHeader header;
+    if (::recv(stream.fd, &header, kHeaderBytes, MSG_PEEK | MSG_DONTWAIT) != static_cast<ssize_t>(kHeaderBytes) ||
+        header.magic != kFarewellMagic)
+      continue;
+    (void)::recv(stream.fd, &header, kHeaderBytes, MSG_DONTWAIT);
+    throw_farewell(stream, header, {});
+  }
+}
+
+// A peer's farewell, when one waits, says more than the closed connection.
 void TcpTransport::fail(const Stream& stream, const char* doing, int error) {
+  throw_farewell_if_any(stream.peer);
   std::string peer = "rank " + std::to_string(stream.peer);
   std::string cause = error ? std::string(std::strerror(error)) : "connection closed";
   throw RemoteError("rank " + std::to_string(rank_) + " lost its TCP connection " + doing + " " + peer +

@@ -8,6 +8,16 @@
 // sides agree on where each segment goes without any extra signalling, and
 // segments of one chunk spread over the sockets.
 //
+// A rank whose communicator fails tells each peer why before it closes
+// (farewell()): a message with kFarewellMagic in place of the header's magic
+// and the reason as payload, on every socket where it would not land
+// inside a message already begun. The receiver reads it where it expected a
+// header, or finds it waiting when its send to that peer fails or another
+// socket to it closed mid-message, and names the reason rather than a closed
+// connection. Without a launcher the store that carries reasons otherwise
+// is rank 0's, so when rank 0 fails this is the only way its reason, or a
+// relaying neighbour's, reaches the others.
+//
 // The data path uses the raw descriptors with readv/sendmsg and ppoll rather
 // than Asio's reactor: one thread owns every socket of a communicator while
 // an operation runs, so a reactor's locking and handler queues buy nothing,
@@ -70,6 +80,7 @@ class TcpTransport final : public Transport {
   bool progress(Clock::time_point deadline) override;
   void interrupt() override { interrupt_.raise(); }
   void shutdown() override;
+  void farewell(const std::string& reason) override;
   std::uint64_t bytes_sent() const override { return bytes_sent_; }
   std::uint64_t bytes_received() const override { return bytes_received_; }
 
@@ -99,6 +110,10 @@ class TcpTransport final : public Transport {
   void finish_header(Request& request);
   void wait_io(Clock::time_point deadline);
   [[noreturn]] void fail(const Stream& stream, const char* doing, int error);
+  [[noreturn]] void throw_farewell(const Stream& stream, const WireHeader& header, std::string why);
+  // A farewell waiting at a message boundary of one of `peer`'s sockets:
+  // throws it; returns when there is none.
+  void throw_farewell_if_any(int peer);
 
   int rank_;
   std::size_t buffer_bytes_;
