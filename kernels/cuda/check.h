@@ -1,10 +1,9 @@
-// Private to kernels/cuda: turns a failed CUDA runtime or cuBLAS call into an
+// Private to kernels/cuda: turns a failed CUDA runtime call into an
 // exception that names the call. kernels/ depends on nothing else of ours, so
 // this is std::runtime_error; comm/ and runtime/ wrap it into their own error
 // hierarchy where they catch it.
 #pragma once
 
-#include <cublas_v2.h>
 #include <cuda_runtime_api.h>
 
 #include <cstddef>
@@ -17,12 +16,6 @@ inline void check(cudaError_t status, const char* what) {
   if (status != cudaSuccess)
     throw std::runtime_error(std::string("braid kernels: ") + what + " failed: " +
                              cudaGetErrorName(status) + ": " + cudaGetErrorString(status));
-}
-
-inline void check(cublasStatus_t status, const char* what) {
-  if (status != CUBLAS_STATUS_SUCCESS)
-    throw std::runtime_error(std::string("braid kernels: ") + what + " failed: " +
-                             cublasGetStatusName(status) + ": " + cublasGetStatusString(status));
 }
 
 // After a kernel launch: reports a bad launch configuration at once (errors

@@ -95,5 +95,9 @@ double measure_sgemm_gflops(cudaStream_t stream = nullptr);
 // two ZeRO-3 ranks sharing an H200 hung at their first matmul (issue 19).
 // A backend calls this before its first collective.
 void load_blas();
+// Opens cuBLAS if it is not open yet (it is opened on first use, not
+// linked: blas.cu) and returns the file it came from; needs no GPU. Throws,
+// naming where it looked, when there is none.
+std::string blas_library();
 
 }  // namespace braid::kernels::cuda

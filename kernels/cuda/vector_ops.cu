@@ -1,7 +1,6 @@
 // Element-wise helpers and a device description for the trainer on the GPU:
 // the CUDA side of the few loops the CPU trainer writes inline (residual
 // adds, gradient clipping, the gradient norm).
-#include <cublas_v2.h>
 
 #include <algorithm>
 #include <chrono>

@@ -13,6 +13,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <fstream>
 #include <limits>
 #include <random>
 #include <stdexcept>
@@ -418,4 +419,26 @@ TEST_CASE("cuda describe_device and the sgemm peak are plausible") {
   WARN(d.name << ": fp32 peak " << d.fp32_peak_gflops << " GFLOP/s, cuBLAS sgemm " << sgemm << " GFLOP/s");
   CHECK(sgemm > 0.0);
   CHECK(sgemm < 1.05 * d.fp32_peak_gflops);  // no TF32: fp32 cannot beat the fp32 peak
+}
+
+namespace {
+bool cublas_mapped() {
+  std::ifstream maps("/proc/self/maps");
+  for (std::string line; std::getline(maps, line);)
+    if (line.find("libcublas") != std::string::npos) return true;
+  return false;
+}
+}  // namespace
+
+// Linking cuBLAS cost every process 0.6-2 s and 200 MB at start where the
+// toolkit is installed (libcublasLt's initialisers), braid-train --help and
+// CPU runs included: it is opened on first use. Needs no GPU.
+TEST_CASE("cuBLAS is opened on first use, not when the process starts") {
+  std::string why;
+  // On a GPU an earlier case may have used it already.
+  if (!gpu::cuda_device_available(&why)) CHECK_FALSE(cublas_mapped());
+  const std::string file = gpu::blas_library();
+  CHECK_THAT(file, Catch::Contains("libcublas.so."));
+  CHECK(cublas_mapped());
+  CHECK(gpu::blas_library() == file);  // once
 }
