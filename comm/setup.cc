@@ -449,6 +449,27 @@ void connect_transports(Communicator::Impl& impl) {
   }
 }
 
+// braid-launch says when a rank exited with status 0 while the job ran on
+// (runtime::kJobExitedPrefix): one that returned before creating this
+// communicator never comes, and its peers waited for it until
+// BRAID_TIMEOUT.
+static void throw_if_exited(Communicator::Impl& impl, int peer) {
+  const int in_world = impl.world_ranks.empty() ? peer : impl.world_ranks.at(static_cast<std::size_t>(peer));
+  std::optional<runtime::Bytes> exited;
+  try {
+    exited = impl.store->try_get(runtime::kJobExitedPrefix + std::to_string(in_world));
+  } catch (const Error&) {
+  }
+  if (!exited) return;
+  const std::string who = in_world == peer ? "rank " + std::to_string(peer)
+                                           : "rank " + std::to_string(peer) + " (world rank " +
+                                                 std::to_string(in_world) + ")";
+  throw RemoteError("rank " + std::to_string(impl.rank) + " cannot create communicator " + impl.key_prefix + ": " +
+                        who + " will not join it: braid-launch reports " + std::string(exited->begin(), exited->end()) +
+                        " while the job ran on (every rank must create each communicator of the job)",
+                    peer);
+}
+
 // A peer's host key, waited for in slices: between them, a failure another
 // rank published (a foreign world size, a duplicate rank) ends the wait.
 // Ranks told a world larger than the job's waited for ranks that never come
@@ -466,6 +487,7 @@ static std::string host_of_peer(Communicator::Impl& impl, const std::string& key
     try {
       return impl.store->get_string(key, std::clamp(left, milliseconds{1}, slice));
     } catch (const TimeoutError&) {
+      throw_if_exited(impl, std::stoi(key.substr(key.rfind('/') + 1)));
       if (left <= slice)
         throw TimeoutError("key '" + key + "' did not appear in the store within " +
                            std::to_string(impl.timeout.count()) + " ms (" + impl.config.timeout_name + "): rank " +

@@ -39,6 +39,10 @@ namespace braid::runtime {
 // on node N"): ranks of other nodes still waiting for that rank to join a
 // communicator fail at once with it, instead of at BRAID_TIMEOUT.
 inline constexpr const char* kJobFailedKey = "braid/job/failed";
+// Where a launcher says that a rank exited with status 0 while the job ran
+// on (key + the rank: "<launcher's line>"): peers still waiting for it to
+// join a communicator fail at once naming it, instead of at BRAID_TIMEOUT.
+inline constexpr const char* kJobExitedPrefix = "braid/job/exited/";
 
 inline constexpr std::size_t kStorePortCandidates = 8;
 inline constexpr std::uint16_t kDerivedStorePortLo = 20000;

@@ -384,6 +384,45 @@ TEST_CASE("a rank of one node that fails before joining fails the other nodes at
   CHECK(took < std::chrono::seconds(12));  // not the 20 s of BRAID_TIMEOUT
 }
 
+// A rank that returns before it creates its communicator (exit 0: not a
+// failure the launcher stops the job for) left its peers waiting for it in
+// set-up until BRAID_TIMEOUT. Its launcher now says so through the store,
+// on one node and across nodes, and they fail at once naming it.
+TEST_CASE("a rank that exits 0 before joining fails its peers' set-up at once, naming it", "[launch]") {
+  const char* bench = std::getenv("BRAID_BENCH");
+  REQUIRE(bench != nullptr);
+  const EnvChanges env{{"BRAID_JOB_TOKEN", "clean-exit"}, {"BRAID_TIMEOUT", "30"}};
+  const auto started = std::chrono::steady_clock::now();
+  SECTION("one node") {
+    JobDir dir;
+    auto job = run_launch(dir, {"-n", "3", "--", "sh", "-c",
+                                "[ \"$RANK\" = 2 ] && exit 0; exec \"$0\" -b 8 -e 8 -n 1 -w 0", bench}, env);
+    INFO(job.out << job.err);
+    CHECK(job.status == 1);
+    CHECK_THAT(job.err, Catch::Contains("cannot create communicator braid/world: rank 2 will not join it: "
+                                        "braid-launch reports rank 2 (pid ") &&
+                            Catch::Contains(") exited with status 0 while the job ran on"));
+  }
+  SECTION("another node") {
+    auto node = [](const char* node_rank, const std::vector<std::string>& program) {
+      return one_rank_node(3, node_rank, 29551, program);
+    };
+    const std::vector<std::string> joins{bench, "-b", "8", "-e", "8", "-n", "1", "-w", "0"};
+    JobDir dir0, dir1, dir2;
+    LaunchedJob node0(dir0, node("0", joins), env);
+    LaunchedJob node2(dir2, node("2", joins), env);
+    auto node1 = run_launch(dir1, node("1", {"true"}), env);
+    CHECK(node1.status == 0);
+    for (LaunchedJob* job : {&node0, &node2}) {
+      CHECK(job->wait(std::chrono::seconds(60)) != 0);
+      INFO(job->out() << job->err());
+      CHECK_THAT(job->err(), Catch::Contains("rank 1 will not join it: braid-launch reports rank 1 (pid ") &&
+                                 Catch::Contains("exited with status 0 on node 1 while the job ran on"));
+    }
+  }
+  CHECK(std::chrono::steady_clock::now() - started < std::chrono::seconds(12));  // not the 30 s of BRAID_TIMEOUT
+}
+
 // Ranks that are not braid's (a torch job on gloo, here sleeps) learn
 // nothing of another node's failure: node 0's ranks ran to their end (or to
 // their own timeout) while node 1 had failed. Each node's launcher now

@@ -19,6 +19,7 @@
 #include <spdlog/spdlog.h>
 
 #include <cerrno>
+#include <deque>
 #include <mutex>
 #include <condition_variable>
 #include <csignal>
@@ -277,6 +278,67 @@ class OtherNodeWatch {
   std::thread thread_;  // last: run() uses the members above
 };
 
+// Tells node 0's store of each rank that exited with status 0 while the job
+// ran on (runtime::kJobExitedPrefix): a rank that returned before creating
+// its communicator left its peers waiting in set-up until BRAID_TIMEOUT.
+// From a thread of its own, in order, each write bounded; what is still
+// queued when the job ends is dropped (nobody sets up then).
+class ExitTeller {
+ public:
+  ExitTeller(const LaunchOptions& options, const JobIdentity& job)
+      : thread_([this, &options, &job] { run(options, job); }) {}
+  ~ExitTeller() {
+    {
+      std::lock_guard lock(mu_);
+      done_ = true;
+    }
+    wake_.notify_all();
+    thread_.join();
+  }
+  ExitTeller(const ExitTeller&) = delete;
+  ExitTeller& operator=(const ExitTeller&) = delete;
+
+  void tell(int rank, std::string line) {
+    {
+      std::lock_guard lock(mu_);
+      queue_.emplace_back(rank, std::move(line));
+    }
+    wake_.notify_all();
+  }
+
+ private:
+  void run(const LaunchOptions& options, const JobIdentity& job) {
+    constexpr std::chrono::milliseconds kBound{500};
+    const std::string where = options.nnodes > 1 ? " on node " + std::to_string(options.node_rank) : "";
+    std::unique_ptr<runtime::Store> store;
+    std::unique_lock lock(mu_);
+    for (;;) {
+      wake_.wait(lock, [this] { return done_ || !queue_.empty(); });
+      if (done_) return;
+      auto [rank, line] = std::move(queue_.front());
+      queue_.pop_front();
+      lock.unlock();
+      try {
+        if (!store)
+          store = runtime::Store::find(job.store_host, runtime::store_port_candidates(job.store_port, job.token),
+                                       job.token, kBound, "node 0's braid-launch");
+        store->set(runtime::kJobExitedPrefix + std::to_string(rank), line + where,
+                   std::chrono::steady_clock::now() + kBound);
+      } catch (const std::exception& e) {
+        store.reset();
+        spdlog::debug("braid-launch: could not tell the store that rank {} exited: {}", rank, e.what());
+      }
+      lock.lock();
+    }
+  }
+
+  std::mutex mu_;
+  std::condition_variable wake_;
+  bool done_ = false;
+  std::deque<std::pair<int, std::string>> queue_;
+  std::thread thread_;  // last: run() uses the members above
+};
+
 // Whatever throws, the Supervisor's destructor kills and reaps the ranks
 // started so far.
 Outcome start_and_supervise(const LaunchOptions& options, const JobIdentity& job, SignalCatcher& signals,
@@ -291,6 +353,7 @@ Outcome start_and_supervise(const LaunchOptions& options, const JobIdentity& job
       if (thread.joinable()) thread.join();
     }
   } join_telling{telling};
+  ExitTeller exits(options, job);  // before the supervisor, which tells it
   Supervisor supervisor(signals, options.timeout, options.grace_period, job_start, &guardian, input);
   supervisor.adopts = adopts_orphans;
   supervisor.keep = {guardian_pid};
@@ -300,6 +363,9 @@ Outcome start_and_supervise(const LaunchOptions& options, const JobIdentity& job
     };
   std::optional<OtherNodeWatch> watch_others;
   if (options.nnodes > 1) watch_others.emplace(options, job, supervisor);
+  supervisor.on_clean_exit = [&](int rank, const std::string& line, bool others_running) {
+    if (others_running || options.nnodes > 1) exits.tell(rank, line);
+  };
   int started = 0;
   try {
     for (; started < options.nproc_per_node; ++started)

@@ -308,7 +308,14 @@ void Supervisor::forget_group(pid_t pid) noexcept {
 }
 
 void Supervisor::on_rank_exit(const Rank& rank, const ExitStatus& status) {
-  if (status.success() || stopping_) return;
+  if (stopping_) return;
+  if (status.success()) {
+    if (on_clean_exit)
+      on_clean_exit(rank.rank, "rank " + std::to_string(rank.rank) + " (pid " + std::to_string(rank.pid) + ") " +
+                                   describe(status),
+                    running_count() > 0);
+    return;
+  }
   int others = running_count();
   std::string line = "rank " + std::to_string(rank.rank) + " (pid " + std::to_string(rank.pid) +
                      ") " + describe(status);

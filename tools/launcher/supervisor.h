@@ -84,6 +84,11 @@ class Supervisor {
   // Called once, with the launcher's line about it, when the first rank
   // fails (before the others are stopped) or the launcher is told to stop.
   std::function<void(const std::string& line)> on_first_failure;
+  // Called when a rank exits with status 0 while the job is not stopping,
+  // with `line` saying so ("rank 2 (pid 123) exited with status 0") and
+  // whether other ranks of this node still run: peers still setting up a
+  // communicator would wait for it until BRAID_TIMEOUT.
+  std::function<void(int rank, const std::string& line, bool others_running)> on_clean_exit;
   // Set by a launcher that made itself the subreaper of its ranks'
   // descendants (PR_SET_CHILD_SUBREAPER): what a rank started outside its
   // process group (setsid, setpgid, a daemon's double fork) and left
