@@ -284,9 +284,11 @@ TEST_CASE("abuse: a model that cannot fit is refused at once with the numbers", 
 // forever at 100% CPU (BRAID_TIMEOUT does not cover compute). Every limit
 // from the lowest the memory check refuses to well past the one it passes
 // must end: refused (2), trained (0) or out of memory (1). With one BLAS
-// thread, as braid-launch starts ranks: below these limits the libraries
-// themselves fail to load (cuBLAS's initialisers, OpenBLAS's own thread
-// pool, started at load by a process told nothing), before braid runs.
+// thread, as braid-launch starts ranks. The sweep starts where the
+// libraries themselves fail to load (OpenBLAS's segments, below ~48 MiB),
+// before braid runs: it started at 256 MiB, where the run, once no longer
+// linked to cuBLAS (or built without CUDA), fits and trains, so the check's
+// refusal lay below the sweep.
 TEST_CASE("abuse: every address-space limit around the memory check's bound ends the run, none spins", "[abuse]") {
   if (!have_binary()) return;
   test::TempDir dir;
@@ -303,7 +305,7 @@ TEST_CASE("abuse: every address-space limit around the memory check's bound ends
   };
   auto refused_by_check = [&](int rc) { return rc == 2 && read_text(dir / "err").find("needs") != std::string::npos; };
   constexpr long kStep = 16 * 1024;  // KiB
-  long lowest = 256 * 1024;
+  long lowest = 16 * 1024;
   for (;; lowest += 2 * kStep) {
     REQUIRE(lowest < 4L * 1024 * 1024);  // the check refuses some limit below 4 GiB
     const int rc = run_limited(lowest);
