@@ -45,6 +45,7 @@
 #include "runtime/rank_info.h"
 #include "trainer/checkpoint/atomic_file.h"
 #include "trainer/checkpoint/checkpoint.h"
+#include "trainer/checkpoint/layout.h"
 #include "trainer/checkpoint/sharded.h"
 #include "trainer/train/generate.h"
 #include "trainer/train/memory_plan.h"
@@ -227,11 +228,21 @@ std::unique_ptr<braid::trainer::DirectoryLock> guard_checkpoint_dir(const braid:
                               (o.run_id.empty() ? std::string() : ", run " + o.run_id));
   }
   const fs::path dir = o.checkpoint_dir;
-  if (!fs::exists(dir / "latest")) return lock;
-  if (o.resume.empty())
+  if (!fs::exists(dir / "latest")) {
+    // A first save that published its step but could not write `latest`
+    // (a full disk) left a whole step a fresh run would replace.
+    const auto step = braid::trainer::layout::newest_complete_step(dir);
+    if (!step) return lock;
+    if (o.resume.empty())
+      throw braid::InvalidUsage("--checkpoint-dir " + o.checkpoint_dir + " holds the complete step " +
+                                step->filename().string() + " of an earlier run, though no 'latest' names it (a " +
+                                "save that failed before naming its step?): continue that run with --resume " +
+                                step->string() + ", or pass another --checkpoint-dir (or remove that one)");
+  } else if (o.resume.empty()) {
     throw braid::InvalidUsage("--checkpoint-dir " + o.checkpoint_dir +
                               " holds the checkpoints of an earlier run: continue it with --resume " +
                               o.checkpoint_dir + ", or pass another --checkpoint-dir (or remove that one)");
+  }
   const fs::path resumed = braid::trainer::checkpoint_home(braid::trainer::resolve_checkpoint(o.resume));
   std::error_code ec;
   if (!fs::equivalent(resumed, dir, ec))

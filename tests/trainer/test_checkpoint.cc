@@ -13,6 +13,7 @@
 #include "runtime/errors.h"
 #include "trainer/checkpoint/atomic_file.h"
 #include "trainer/checkpoint/checkpoint.h"
+#include "trainer/checkpoint/layout.h"
 #include "trainer/checkpoint/sharded.h"
 
 namespace braid::trainer {
@@ -373,6 +374,34 @@ TEST_CASE("pruning never removes the step just written, and orders steps by numb
   test::TempDir wide;  // past eight digits the names no longer sort as the numbers do
   for (std::int64_t step : {99999999, 100000000, 100000001}) a.save(wide.path(), step);
   CHECK(names_in(wide.path()) == std::vector<std::string>{"latest", "step_100000000", "step_100000001"});
+}
+
+// A save may fail after it published its step (writing `latest` on a full
+// disk): the error said "`latest` names the last step written whole" when
+// `latest` named an older step, or did not exist. It says what the
+// directory holds, and where to resume from.
+TEST_CASE("a failed save says what the checkpoint directory holds", "[checkpoint]") {
+  test::TempDir dir;
+  const Saved a(1);
+  const std::string latest = (dir / "latest").string();
+  CHECK(layout::after_failed_save(dir.path(), 2) ==
+        latest + " does not exist or names nothing, and no step in " + dir.path().string() + " was written whole");
+  a.save(dir.path(), 2);
+  CHECK(layout::after_failed_save(dir.path(), 4) == latest + " names step_00000002, the last step written whole");
+  a.save(dir.path(), 4);
+  write_bytes(dir / "latest", "step_00000002\n");
+  CHECK(layout::after_failed_save(dir.path(), 4) ==
+        "step_00000004 was written whole, but " + latest + " names step_00000002 (it could not be moved to it): "
+        "resume from " + (dir / "step_00000004").string());
+  fs::remove(dir / "latest");
+  CHECK(layout::after_failed_save(dir.path(), 4) ==
+        "step_00000004 was written whole, but " + latest + " does not exist or names nothing (it could not be "
+        "moved to it): resume from " + (dir / "step_00000004").string());
+  CHECK(layout::after_failed_save(dir.path(), 6) == latest + " does not exist or names nothing; the newest step "
+                                                     "written whole is " + (dir / "step_00000004").string());
+  // A `latest` with more than a step's name was read as its first word.
+  write_bytes(dir / "latest", "step_00000004 junk\n");
+  CHECK_THROWS_WITH(resolve_checkpoint(dir.path()), Catch::Contains("does not name a step (it says 'step_00000004 junk...')"));
 }
 
 // What a sharded save that died left in the step's staging directory (a

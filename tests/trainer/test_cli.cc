@@ -386,6 +386,30 @@ TEST_CASE("a fresh run into an earlier run's --checkpoint-dir is refused and cha
   CHECK(braid_train(dir, common + "--steps 6 --resume " + ckpt).rc == 0);
 }
 
+// A first save that published its step but could not write `latest` (a
+// disk that filled up just then; here `latest` removed) left a whole step
+// that a fresh run replaced with its own, with other settings, without a
+// word (found by a review helper on a small tmpfs). It is refused as a
+// directory with `latest` is, naming the step to resume from.
+TEST_CASE("a fresh run into a --checkpoint-dir with a complete step but no latest is refused", "[cli][checkpoint]") {
+  if (!have_binary()) return;
+  test::TempDir dir;
+  const fs::path text = write_text(dir, 4000);
+  const fs::path ckpt = dir / "ckpt", step = ckpt / "step_00000002";
+  const std::string common = kTiny + "--data " + text.string() + " --checkpoint-dir " + ckpt.string() + " ";
+  REQUIRE(braid_train(dir, common + "--steps 2").rc == 0);
+  fs::remove(ckpt / "latest");
+  const std::string weights = read_text(step / "model.safetensors");
+  const Run again = braid_train(dir, common + "--steps 2 --seed 7 --lr 0.01");
+  CHECK(again.rc == 2);
+  CHECK_THAT(again.err, Catch::Contains("holds the complete step step_00000002 of an earlier run, though no 'latest' "
+                                        "names it") &&
+                            Catch::Contains("continue that run with --resume " + step.string()));
+  CHECK(read_text(step / "model.safetensors") == weights);
+  CHECK(braid_train(dir, common + "--steps 3 --resume " + step.string()).rc == 0);
+  CHECK(read_text(ckpt / "latest") == "step_00000003\n");
+}
+
 // Two runs started together on one --checkpoint-dir both found it empty,
 // staged their steps in one place and published one step holding shards of
 // both, which then loaded without a word. The first run now holds the
@@ -621,8 +645,9 @@ TEST_CASE("a failed save over an existing step leaves that step whole", "[cli][c
   const int status = std::system(("bash -c \"" + limited + "\"").c_str());
   INFO(read_text(dir / "full.err"));
   CHECK((WIFEXITED(status) && WEXITSTATUS(status) == 1));
-  CHECK_THAT(read_text(dir / "full.err"), Catch::Contains("saving the checkpoint of step 4 failed; " +
-                                                          (ckpt / "latest").string() + " names the last step written whole"));
+  CHECK_THAT(read_text(dir / "full.err"),
+             Catch::Contains("saving the checkpoint of step 4 failed; " + (ckpt / "latest").string() +
+                             " names step_00000004, the last step written whole"));
   std::map<std::string, std::string> after;
   for (const auto& e : fs::directory_iterator(step4)) after[e.path().filename().string()] = read_text(e.path());
   CHECK(after == before);

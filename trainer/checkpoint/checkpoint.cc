@@ -177,9 +177,11 @@ fs::path resolve_checkpoint(const fs::path& path) {
                        ", " + layout::kManifestFile + " nor a readable '" + layout::kLatest +
                        "' file; pass --checkpoint-dir's directory");
   }
-  if (!(in >> name) || name.find('/') != std::string::npos)
+  std::string rest;
+  if (!(in >> name) || name.find('/') != std::string::npos || (in >> rest))
     throw InvalidUsage(path.string() + "/" + layout::kLatest + " does not name a step (" +
-                       (name.empty() ? std::string("it is empty") : "it says '" + name + "'") +
+                       (name.empty() ? std::string("it is empty")
+                                     : "it says '" + name + (rest.empty() ? "" : " " + rest + "...") + "'") +
                        "); pass one of the step directories in " + path.string() + " instead");
   // A `latest` whose step is gone (removed by hand, or a copy without it):
   // "cannot open .../state.json" did not say which file was stale.

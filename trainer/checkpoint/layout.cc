@@ -241,6 +241,22 @@ std::optional<fs::path> newest_complete_step(const fs::path& dir) {
   return dir / step_dir_name(*newest);
 }
 
+std::string after_failed_save(const fs::path& dir, std::int64_t step) {
+  const fs::path latest = dir / kLatest, target = dir / step_dir_name(step);
+  std::string named;
+  if (std::ifstream in(latest); in) in >> named;
+  const bool named_whole = !named.empty() && named.find('/') == std::string::npos && is_complete(dir / named);
+  const std::string says = named.empty() ? latest.string() + " does not exist or names nothing"
+                                         : latest.string() + " names " + named;
+  if (is_complete(target) && named != target.filename().string())
+    return target.filename().string() + " was written whole, but " + says + " (it could not be moved to it): " +
+           "resume from " + target.string();
+  if (named_whole) return says + ", the last step written whole";
+  if (const auto newest = newest_complete_step(dir))
+    return says + "; the newest step written whole is " + newest->string();
+  return says + ", and no step in " + dir.string() + " was written whole";
+}
+
 fs::path publish_step(const fs::path& dir, std::int64_t step, int keep) {
   const fs::path staging = staging_dir(dir, step), target = dir / step_dir_name(step);
   sync_directory(staging);

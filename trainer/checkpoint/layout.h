@@ -85,5 +85,11 @@ void prune_steps(const std::filesystem::path& dir, std::int64_t committed, int k
 // The newest complete step directory in `dir` (whatever `latest` says), if
 // any; for errors about a `latest` that is missing.
 std::optional<std::filesystem::path> newest_complete_step(const std::filesystem::path& dir);
+// After a save of `step` into `dir` failed: what `dir` now holds, as a
+// clause for the error ("<dir>/latest names step_00000002, the last step
+// written whole"; or that the step was written whole but `latest` could not
+// be moved to it, and where to resume from). A save may fail after it
+// published its step (writing `latest` on a full disk).
+std::string after_failed_save(const std::filesystem::path& dir, std::int64_t step);
 
 }  // namespace braid::trainer::layout

@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "trainer/checkpoint/checkpoint.h"
+#include "trainer/checkpoint/layout.h"
 #include "trainer/strategy/compose.h"
 
 namespace braid::trainer {
@@ -102,13 +103,21 @@ std::string apply_resume(const std::set<std::string>& given, int world_size, Tra
 std::string restart_checkpoint(const TrainOptions& o, const std::string& run_id) {
   fs::path dir = o.checkpoint_dir;
   if (dir.empty() && !o.resume.empty()) dir = checkpoint_home(resolve_checkpoint(o.resume));
-  if (dir.empty() || !fs::exists(dir / "latest")) return {};
-  const std::string written_by = read_train_state(resolve_checkpoint(dir)).run_id;
+  if (dir.empty()) return {};
+  // Where no `latest` names a step, a save that failed before naming it (a
+  // full disk) may have left a whole one: the restart resumes from it,
+  // rather than starting again and replacing it.
+  const bool named = fs::exists(dir / "latest");
+  const std::optional<fs::path> step = named ? std::optional<fs::path>(resolve_checkpoint(dir))
+                                             : layout::newest_complete_step(dir);
+  if (!step) return {};
+  const std::string written_by = read_train_state(*step).run_id;
   // A job with a run id owns only the steps that record it: one that
   // records none (a run started without a launcher) is another run's, and a
   // restarted job took it over silently, its options with it.
   const bool own = !run_id.empty() ? written_by == run_id : o.resume.empty();
-  return own ? dir.string() : std::string();
+  if (!own) return {};
+  return named ? dir.string() : step->string();
 }
 
 }  // namespace braid::trainer

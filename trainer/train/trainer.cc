@@ -13,6 +13,7 @@
 #include "kernels/cpu/gpt_ops.h"
 #include "runtime/errors.h"
 #include "trainer/checkpoint/checkpoint.h"
+#include "trainer/checkpoint/layout.h"
 #include "trainer/checkpoint/safetensors.h"
 #include "trainer/strategy/compose.h"
 #include "trainer/strategy/traffic_theory.h"
@@ -482,8 +483,8 @@ void Trainer::maybe_checkpoint(TrainObserver& observer, bool final_step) {
   } catch (const std::exception&) {
     // The error names the cause (a full disk, a peer that stopped); this
     // says what it cost: a timeout in a save read like one in training.
-    spdlog::error("saving the checkpoint of step {} failed; {} names the last step written whole", step_,
-                  (fs::path(options_.checkpoint_dir) / "latest").string());
+    spdlog::error("saving the checkpoint of step {} failed; {}", step_,
+                  layout::after_failed_save(options_.checkpoint_dir, step_));
     throw;
   }
   observer.on_checkpoint(dir, step_);

@@ -99,7 +99,8 @@ void write_together(comm::Communicator& comm, const std::string& what,
     if (!failed.empty()) {
       if (mine.state == kFailed) std::rethrow_exception(error);
       throw SystemError(what + ": " + rank_list(failed) + " could not write " + (failed.size() == 1 ? "its" : "their") +
-                        " part (" + (failed.size() == 1 ? "its" : "their") + " own error says why); nothing was published");
+                        " part (" + (failed.size() == 1 ? "its" : "their") + " own error says why)" +
+                        (failed.front() == 0 ? "" : "; nothing was published"));
     }
     if (writing.empty()) return;
     if (now != seen) {
