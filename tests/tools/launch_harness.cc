@@ -123,6 +123,7 @@ LaunchedJob::LaunchedJob(std::filesystem::path out_path, std::filesystem::path e
     dup2(out_fd, 1);
     dup2(err_fd, 2);
     if (setup.nofile && setrlimit(RLIMIT_NOFILE, &*setup.nofile) != 0) _exit(125);
+    for (int signo : setup.ignored) ::signal(signo, SIG_IGN);
     execve(argv_c[0], argv_c.data(), envp_c.data());
     _exit(126);
   }

@@ -50,6 +50,7 @@ using EnvChanges = std::map<std::string, std::optional<std::string>>;
 struct ChildSetup {
   std::optional<rlimit> nofile;  // RLIMIT_NOFILE: {soft, hard}
   int stdin_fd = -1;             // -1: /dev/null, never the test's own stdin
+  std::vector<int> ignored;      // signals set to SIG_IGN (a shell's background job, nohup)
 };
 
 // braid-launch running as a child of the test; stdout and stderr go to

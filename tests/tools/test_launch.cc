@@ -764,16 +764,23 @@ TEST_CASE("a rank killed by a signal is named before a peer that exited at the s
 }
 
 // SIGQUIT was not caught: the launcher died of it and its ranks were
-// killed with no chance to clean up (torchrun forwards it too).
+// killed with no chance to clean up (torchrun forwards it too). A launcher
+// started in the background by a shell script (SIGINT and SIGQUIT ignored)
+// or under nohup (SIGHUP) still took the signal and forwarded it, but its
+// ranks inherited the ignoring: they ran on until killed after the grace
+// period, their traps never run.
 TEST_CASE("SIGTERM and SIGQUIT to the launcher are forwarded to every rank", "[launch]") {
-  const int signo = GENERATE(SIGTERM, SIGQUIT);
-  const std::string name = signo == SIGTERM ? "TERM" : "QUIT";
-  INFO("SIG" << name);
+  const int signo = GENERATE(SIGTERM, SIGQUIT, SIGHUP);
+  const bool ignored = GENERATE(false, true);
+  const std::string name = signo == SIGTERM ? "TERM" : signo == SIGQUIT ? "QUIT" : "HUP";
+  INFO("SIG" << name << (ignored ? ", ignored where the launcher started" : ""));
   JobDir dir;
   std::string script = recording(
       "trap 'echo term > \"$0/marker_$BRAID_RANK\"; exit 0' " + name + "; "
       "echo > \"$0/ready_$BRAID_RANK\"; sleep 60 & wait");
-  LaunchedJob job(dir, shell_job(3, script, dir));
+  ChildSetup setup;
+  if (ignored) setup.ignored = {SIGINT, SIGQUIT, SIGHUP};
+  LaunchedJob job(dir, shell_job(3, script, dir), {}, setup);
   for (int rank = 0; rank < 3; ++rank)
     wait_for_file(dir.path() / ("ready_" + std::to_string(rank)));
   REQUIRE(::kill(job.pid(), signo) == 0);

@@ -37,12 +37,15 @@ std::vector<char*> c_strings(const std::vector<std::string>& strings) {
 
 // The child inherits the launcher's blocked signals (they feed its
 // signalfd) and its ignored SIGPIPE and SIGTTIN; all survive exec, so undo
-// them.
+// them. So do the stop signals the launcher forwards, which a shell ignores
+// for a command it starts in the background (SIGINT, SIGQUIT) or nohup
+// does (SIGHUP): the launcher still takes them and forwards them, and a
+// rank that ignored them was killed after the grace period instead, its
+// clean-up never run.
 void restore_default_signals() {
   struct sigaction default_action {};
   default_action.sa_handler = SIG_DFL;
-  sigaction(SIGPIPE, &default_action, nullptr);
-  sigaction(SIGTTIN, &default_action, nullptr);
+  for (int signo : {SIGPIPE, SIGTTIN, SIGINT, SIGQUIT, SIGHUP, SIGTERM}) sigaction(signo, &default_action, nullptr);
   sigset_t none;
   sigemptyset(&none);
   sigprocmask(SIG_SETMASK, &none, nullptr);
