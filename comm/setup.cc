@@ -450,22 +450,21 @@ void connect_transports(Communicator::Impl& impl) {
 }
 
 // braid-launch says when a rank exited with status 0 while the job ran on
-// (runtime::kJobExitedPrefix): one that returned before creating this
+// (runtime::job_exited_key): one that returned before creating this
 // communicator never comes, and its peers waited for it until
 // BRAID_TIMEOUT.
+// The keys name the launcher's ranks and its world size: a world a
+// program forms of some of them, numbered its own way, reads none (it
+// would blame a live rank for another that returned).
 static void throw_if_exited(Communicator::Impl& impl, int peer) {
-  const int in_world = impl.world_ranks.empty() ? peer : impl.world_ranks.at(static_cast<std::size_t>(peer));
   std::optional<runtime::Bytes> exited;
   try {
-    exited = impl.store->try_get(runtime::kJobExitedPrefix + std::to_string(in_world));
+    exited = impl.store->try_get(runtime::job_exited_key(impl.info.world_size, peer));
   } catch (const Error&) {
   }
   if (!exited) return;
-  const std::string who = in_world == peer ? "rank " + std::to_string(peer)
-                                           : "rank " + std::to_string(peer) + " (world rank " +
-                                                 std::to_string(in_world) + ")";
-  throw RemoteError("rank " + std::to_string(impl.rank) + " cannot create communicator " + impl.key_prefix + ": " +
-                        who + " will not join it: braid-launch reports " + std::string(exited->begin(), exited->end()) +
+  throw RemoteError("rank " + std::to_string(impl.rank) + " cannot create communicator " + impl.key_prefix + ": rank " +
+                        std::to_string(peer) + " will not join it: braid-launch reports " + std::string(exited->begin(), exited->end()) +
                         " while the job ran on (every rank must create each communicator of the job)",
                     peer);
 }

@@ -39,10 +39,14 @@ namespace braid::runtime {
 // on node N"): ranks of other nodes still waiting for that rank to join a
 // communicator fail at once with it, instead of at BRAID_TIMEOUT.
 inline constexpr const char* kJobFailedKey = "braid/job/failed";
-// Where a launcher says that a rank exited with status 0 while the job ran
-// on (key + the rank: "<launcher's line>"): peers still waiting for it to
-// join a communicator fail at once naming it, instead of at BRAID_TIMEOUT.
-inline constexpr const char* kJobExitedPrefix = "braid/job/exited/";
+// Where a launcher says that a rank of its world of `world_size` ranks
+// exited with status 0 while the job ran on ("<launcher's line>"): peers
+// still waiting for it to join a world of that size fail at once naming it,
+// instead of at BRAID_TIMEOUT. (A world a program forms of some of the
+// ranks, numbered its own way, is of another size and reads none.)
+inline std::string job_exited_key(int world_size, int rank) {
+  return "braid/job/exited/" + std::to_string(world_size) + "/" + std::to_string(rank);
+}
 
 inline constexpr std::size_t kStorePortCandidates = 8;
 inline constexpr std::uint16_t kDerivedStorePortLo = 20000;

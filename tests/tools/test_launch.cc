@@ -403,6 +403,21 @@ TEST_CASE("a rank that exits 0 before joining fails its peers' set-up at once, n
                                         "braid-launch reports rank 2 (pid ") &&
                             Catch::Contains(") exited with status 0 while the job ran on"));
   }
+  SECTION("a world of some of the ranks, numbered its own way, is not told") {
+    // Launcher ranks 0 and 2 form a world of two, numbered 0 and 1; launcher
+    // rank 1 returned. Its key named world rank 1, the late launcher rank 2,
+    // as gone (found by a review helper).
+    JobDir dir;
+    auto job = run_launch(dir, {"-n", "3", "--", "sh", "-c",
+                                "[ \"$RANK\" = 1 ] && exit 0; [ \"$RANK\" = 2 ] && sleep 1; r=$((RANK / 2)); "
+                                "BRAID_RANK=$r RANK=$r BRAID_LOCAL_RANK=$r LOCAL_RANK=$r BRAID_WORLD_SIZE=2 WORLD_SIZE=2 "
+                                "BRAID_LOCAL_WORLD_SIZE=2 LOCAL_WORLD_SIZE=2 exec \"$0\" -b 8 -e 8 -n 1 -w 0",
+                                bench},
+                          env);
+    INFO(job.out << job.err);
+    CHECK(job.status == 0);
+    CHECK_THAT(job.out, Catch::Contains("Out of bounds values : 0 OK"));
+  }
   SECTION("another node") {
     auto node = [](const char* node_rank, const std::vector<std::string>& program) {
       return one_rank_node(3, node_rank, 29551, program);

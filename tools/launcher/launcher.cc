@@ -279,10 +279,12 @@ class OtherNodeWatch {
 };
 
 // Tells node 0's store of each rank that exited with status 0 while the job
-// ran on (runtime::kJobExitedPrefix): a rank that returned before creating
+// ran on (runtime::job_exited_key): a rank that returned before creating
 // its communicator left its peers waiting in set-up until BRAID_TIMEOUT.
-// From a thread of its own, in order, each write bounded; what is still
-// queued when the job ends is dropped (nobody sets up then).
+// From a thread of its own, in order, each write bounded. What is still
+// queued when this node's ranks have all ended is dropped on one node
+// (nobody sets up then) and still told across nodes, where other nodes'
+// ranks may be setting up.
 class ExitTeller {
  public:
   ExitTeller(const LaunchOptions& options, const JobIdentity& job)
@@ -314,7 +316,7 @@ class ExitTeller {
     std::unique_lock lock(mu_);
     for (;;) {
       wake_.wait(lock, [this] { return done_ || !queue_.empty(); });
-      if (done_) return;
+      if (done_ && (options.nnodes == 1 || queue_.empty())) return;
       auto [rank, line] = std::move(queue_.front());
       queue_.pop_front();
       lock.unlock();
@@ -322,7 +324,7 @@ class ExitTeller {
         if (!store)
           store = runtime::Store::find(job.store_host, runtime::store_port_candidates(job.store_port, job.token),
                                        job.token, kBound, "node 0's braid-launch");
-        store->set(runtime::kJobExitedPrefix + std::to_string(rank), line + where,
+        store->set(runtime::job_exited_key(options.nnodes * options.nproc_per_node, rank), line + where,
                    std::chrono::steady_clock::now() + kBound);
       } catch (const std::exception& e) {
         store.reset();
