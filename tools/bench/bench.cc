@@ -26,6 +26,7 @@
 #include "tools/bench/verify.h"
 #include "runtime/config.h"
 #include "runtime/errors.h"
+#include "runtime/memory_limits.h"
 #include "runtime/rank_info.h"
 
 namespace braid::comm {
@@ -317,6 +318,75 @@ std::vector<std::size_t> sweep_sizes(const BenchOptions& o) {
   return sizes;
 }
 
+// What one rank holds at size `bytes` of the sweep: its send and receive
+// buffers (HugeBuffer rounds each to 2 MiB), host ones also under
+// --device cuda.
+double buffer_bytes(const BenchOptions& o, std::size_t bytes, int n) {
+  constexpr double kHuge = 2u << 20;
+  std::size_t es = 1;
+  for (DataType dtype : o.dtypes) es = std::max(es, dtype_bytes(dtype));
+  const Case c = make_case(o.collective, bytes, es, n);
+  auto rounded = [&](std::size_t elems) { return std::ceil(double(std::max<std::size_t>(elems, 1) * es) / kHuge) * kHuge; };
+  return rounded(c.send_elems) + rounded(std::max(c.send_elems, c.recv_elems));
+}
+
+// The largest size of the sweep whose buffers fit in what this rank may
+// take (runtime::memory_limits, shared by the host's ranks); while the
+// next size's are set up, the previous size's are still held. 0 where
+// not even the first size fits. `limit` names the tightest limit.
+std::size_t largest_fitting(const BenchOptions& o, int n, int local_ranks, const runtime::MemoryLimit*& limit,
+                            const std::vector<runtime::MemoryLimit>& limits) {
+  limit = runtime::tightest(limits, local_ranks);
+  const std::vector<std::size_t> sizes = sweep_sizes(o);
+  if (!limit) return sizes.empty() ? 0 : sizes.back();
+  const double room = runtime::per_rank(*limit, local_ranks);
+  std::size_t fits = 0;
+  double held = 0;  // the previous size's buffers
+  for (std::size_t bytes : sizes) {
+    const double need = buffer_bytes(o, bytes, n);
+    if (held + need > room) break;
+    fits = bytes;
+    held = need;
+  }
+  return fits;
+}
+
+// -e past what memory holds ran the sweep into the OOM killer (a rank
+// SIGKILLed after the 256 MiB row of -e 1T; with -R 1 at the first size).
+// As nccl-tests does, the sweep ends at the largest size that fits on
+// every rank, which rank 0 says; where not even -b fits, the run is
+// refused with the numbers.
+std::size_t capped_max_bytes(Communicator& comm, const BenchOptions& o) {
+  const int local_ranks = std::max(1, runtime::rank_info_from_env().local_world_size);
+  const std::vector<runtime::MemoryLimit> limits = runtime::memory_limits();
+  const runtime::MemoryLimit* limit = nullptr;
+  const std::size_t mine = largest_fitting(o, comm.size(), local_ranks, limit, limits);
+  std::int64_t fits = static_cast<std::int64_t>(mine), all = 0;
+  const std::int64_t none = mine == 0 ? 1 : 0;
+  std::int64_t short_ranks = 0;
+  comm.all_reduce(&fits, &all, 1, DataType::i64, ReduceOp::min).wait();
+  comm.all_reduce(&none, &short_ranks, 1, DataType::i64, ReduceOp::sum).wait();
+  const std::size_t largest = sweep_sizes(o).empty() ? 0 : sweep_sizes(o).back();
+  if (static_cast<std::size_t>(all) >= largest) return o.max_bytes;
+  const std::string where =
+      limit ? runtime::format_bytes(runtime::per_rank(*limit, local_ranks)) + " per rank (" + limit->source +
+                  (limit->per_host && local_ranks > 1 ? ", shared by " + std::to_string(local_ranks) + " ranks" : "") + ")"
+            : std::string("what some rank has");
+  if (all == 0 || (o.min_bytes > 0 && static_cast<std::size_t>(all) < o.min_bytes))
+    throw InvalidUsage("-b " + std::to_string(o.min_bytes) + " needs " +
+                       runtime::format_bytes(buffer_bytes(o, std::max<std::size_t>(o.min_bytes, 1), comm.size())) +
+                       " of buffers per rank, more than " + (none ? where : "some rank has") + " (" +
+                       std::to_string(short_ranks) + " rank(s) short); lower -b");
+  if (comm.rank() == 0) {
+    const std::string room = mine == static_cast<std::size_t>(all) ? where : "what another rank has";
+    std::printf("# -e %zu lowered to %lld (as nccl-tests lowers maxBytes): larger sizes' buffers, %s per rank at "
+                "-e, do not fit in %s\n",
+                o.max_bytes, static_cast<long long>(all),
+                runtime::format_bytes(buffer_bytes(o, largest, comm.size())).c_str(), room.c_str());
+  }
+  return static_cast<std::size_t>(all);
+}
+
 // A --json or --csv file of rank 0. Opened before the sweep, so that a path
 // that cannot be written stops the run at once rather than after it;
 // written and closed after it, where a full disk shows. Every failure
@@ -580,13 +650,15 @@ int run_bench(const BenchOptions& options) {
   if (!any)
     throw InvalidUsage("-o " + std::string(name(ops.front())) + " is a bitwise operator, for the integer types (-d i8, "
                        "u8, i32, i64), not for -d " + std::string(name(options.dtypes.front())));
+  BenchOptions capped = options;
+  capped.max_bytes = capped_max_bytes(*comm, options);
   nlohmann::json rows = nlohmann::json::array();
   Totals totals;
   for (int cycle = 0; options.cycles == 0 || cycle < options.cycles; ++cycle)
     for (DataType dtype : options.dtypes)
       for (ReduceOp op : ops) {
         if (!pair_runs(dtype, op)) continue;
-        BenchOptions o = options;
+        BenchOptions o = capped;
         o.dtype = dtype;
         o.op = op;
         if (r == 0) print_header(*comm, o, memcpy_gbps);
@@ -602,7 +674,7 @@ int run_bench(const BenchOptions& options) {
     // Both files are tried; a failure of the first did not leave the
     // second empty and unnamed.
     std::string failed;
-    for (auto [file, text] : {std::pair{&*json_file, run_json(*comm, options, memcpy_gbps, totals, rows).dump(2) + "\n"},
+    for (auto [file, text] : {std::pair{&*json_file, run_json(*comm, capped, memcpy_gbps, totals, rows).dump(2) + "\n"},
                               std::pair{&*csv_file, csv_text(rows)}}) {
       try {
         file->write_and_close(text);

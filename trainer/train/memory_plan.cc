@@ -45,74 +45,13 @@ MemoryNeed stage_need(const TrainOptions& o, StrategyKind kind, int dp, int stag
   return MemoryNeed{t.params, t.grads, t.optimizer, acts * sizeof(float)};
 }
 
-// The first number of a file ("max" and unreadable files: none).
-std::optional<double> read_number(const fs::path& path) {
-  std::ifstream in(path);
-  double value = 0;
-  if (!(in >> value)) return std::nullopt;
-  return value;
-}
-
-std::optional<MemoryLimit> mem_available() {
-  std::ifstream in("/proc/meminfo");
-  std::string key;
-  double kib = 0;
-  while (in >> key >> kib) {
-    if (key == "MemAvailable:") return MemoryLimit{kib * 1024, "MemAvailable in /proc/meminfo", true};
-    in.ignore(256, '\n');
-  }
-  return std::nullopt;
-}
-
-// memory.max - memory.current of this process's cgroup v2 and each
-// ancestor ("0::/path" in /proc/self/cgroup); the tightest.
-std::optional<MemoryLimit> cgroup_limit() {
-  std::ifstream in("/proc/self/cgroup");
-  std::string line, path;
-  while (std::getline(in, line)) {
-    if (line.rfind("0::", 0) == 0) path = line.substr(3);
-  }
-  if (path.empty()) return std::nullopt;
-  std::optional<MemoryLimit> tightest;
-  for (fs::path p = path; !p.empty(); p = p == p.parent_path() ? fs::path() : p.parent_path()) {
-    const fs::path dir = fs::path("/sys/fs/cgroup") / p.relative_path();
-    const auto max = read_number(dir / "memory.max");
-    if (!max) continue;
-    const double left = *max - read_number(dir / "memory.current").value_or(0.0);
-    if (!tightest || left < tightest->bytes) {
-      tightest = MemoryLimit{left, "the cgroup limit " + (dir / "memory.max").string() + " less memory.current", true};
-    }
-  }
-  return tightest;
-}
-
 // What a run maps beyond its tensors, counted against the address space
 // only (it is reserved, not used): OpenBLAS's work buffer per BLAS thread,
 // and room for thread stacks and malloc's per-thread arenas.
 constexpr double kBlasBufferBytes = 128.0 * (1 << 20);
 constexpr double kThreadsReserveBytes = 32.0 * (1 << 20);
 
-std::optional<MemoryLimit> address_space_limit(int blas_threads) {
-  rlimit limit{};
-  if (::getrlimit(RLIMIT_AS, &limit) != 0 || limit.rlim_cur == RLIM_INFINITY) return std::nullopt;
-  const double mapped = read_number("/proc/self/statm").value_or(0.0) * static_cast<double>(::sysconf(_SC_PAGESIZE));
-  const double reserved = kBlasBufferBytes * std::max(blas_threads, 1) + kThreadsReserveBytes;
-  return MemoryLimit{static_cast<double>(limit.rlim_cur) - mapped - reserved,
-                     "the address-space limit (ulimit -v) less what this process maps and " + format_bytes(reserved) +
-                         " for OpenBLAS's buffers and threads",
-                     false};
-}
-
 }  // namespace
-
-std::string format_bytes(double bytes) {
-  const char* units[] = {"bytes", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
-  int u = 0;
-  while (bytes >= 1024 && u < 6) bytes /= 1024, ++u;
-  char text[64];
-  std::snprintf(text, sizeof(text), u == 0 ? "%.0f %s" : "%.3g %s", bytes, units[u]);
-  return text;
-}
 
 MemoryNeed memory_need(const TrainOptions& o, int world_size) {
   const int dp = std::max(1, o.dp_size(world_size));
@@ -126,20 +65,15 @@ MemoryNeed memory_need(const TrainOptions& o, int world_size) {
 }
 
 std::vector<MemoryLimit> memory_limits(int blas_threads) {
-  std::vector<MemoryLimit> limits;
-  for (auto limit : {mem_available(), cgroup_limit(), address_space_limit(blas_threads)}) {
-    if (limit) limits.push_back(*limit);
-  }
-  return limits;
+  return runtime::memory_limits(kBlasBufferBytes * std::max(blas_threads, 1) + kThreadsReserveBytes,
+                                "OpenBLAS's buffers and threads");
 }
 
 void check_memory(const MemoryNeed& need, const std::vector<MemoryLimit>& limits, int local_ranks) {
   auto sharing = [&](const MemoryLimit& l) { return l.per_host ? std::max(1, local_ranks) : 1; };
   // The tightest limit per rank is the one to name.
-  const auto tightest = std::min_element(limits.begin(), limits.end(), [&](const auto& a, const auto& b) {
-    return a.bytes / sharing(a) < b.bytes / sharing(b);
-  });
-  if (tightest == limits.end() || need.total() * sharing(*tightest) <= tightest->bytes) return;
+  const MemoryLimit* tightest = runtime::tightest(limits, local_ranks);
+  if (!tightest || need.total() * sharing(*tightest) <= tightest->bytes) return;
   const MemoryLimit& limit = *tightest;
   throw InvalidUsage(
       "this configuration needs " + format_bytes(need.total()) + " per rank (parameters " +

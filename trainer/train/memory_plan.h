@@ -14,11 +14,9 @@
 // are left out: the check refuses what surely cannot fit; a configuration
 // at the edge may still fail later.
 //
-// Available: the tightest of MemAvailable (/proc/meminfo) and, for this
-// process's cgroup and each ancestor (cgroup v2), memory.max less
-// memory.current, all shared by the ranks of this host; and the
-// address-space limit (RLIMIT_AS, `ulimit -v`) less what the process maps
-// already, which each rank has alone. With --device cuda the buffers live
+// Available: the tightest of runtime::memory_limits (MemAvailable, the
+// cgroup's memory.max less memory.current, shared by the ranks of this host;
+// the address-space limit less what the process maps, per rank). With --device cuda the buffers live
 // in GPU memory, which the check leaves to the device's allocator (its
 // errors name the bytes asked for).
 #pragma once
@@ -27,6 +25,7 @@
 #include <string>
 #include <vector>
 
+#include "runtime/memory_limits.h"
 #include "trainer/train/options.h"
 
 namespace braid::trainer {
@@ -43,20 +42,16 @@ struct MemoryNeed {
 // Per rank in a world of `world_size` ranks (see above).
 MemoryNeed memory_need(const TrainOptions& options, int world_size);
 
-struct MemoryLimit {
-  double bytes = 0.0;
-  std::string source;        // "MemAvailable in /proc/meminfo", ...
-  bool per_host = true;      // shared by the host's ranks (else per process)
-};
+using runtime::format_bytes;
+using runtime::MemoryLimit;
 
-// Every limit that applies to this process (empty where none can be read),
-// for a run of `blas_threads` BLAS threads.
+// Every limit that applies to this process (runtime/memory_limits.h), for a
+// run of `blas_threads` BLAS threads.
 std::vector<MemoryLimit> memory_limits(int blas_threads);
 
 // Throws InvalidUsage with the need, its parts and the limit when the need
 // of the `local_ranks` ranks of this host exceeds a limit; "2.3 TiB".
 void check_memory(const MemoryNeed& need, const std::vector<MemoryLimit>& limits, int local_ranks);
 void check_memory(const TrainOptions& options, int world_size, int local_ranks);
-std::string format_bytes(double bytes);
 
 }  // namespace braid::trainer
