@@ -436,28 +436,34 @@ TEST_CASE("a restarted job resumes from its own checkpoints, not from where it s
 }
 
 // An attempt whose save published its step but could not write `latest`
-// (a full disk; here `latest` removed) left a whole step; the restart found
-// no `latest`, started again from scratch and replaced that step.
+// (a full disk; here `latest` removed, or set back) left a whole step; the
+// restart found no `latest`, started again from scratch and replaced that
+// step, or resumed from the older step `latest` named and did its steps
+// again.
 TEST_CASE("a restarted job resumes from a complete step that no latest names", "[strategy][launch]") {
   const char* train = launched_train();
   if (train == nullptr) return;
+  const bool set_back = GENERATE(false, true);
+  INFO((set_back ? "latest names the older step 2" : "no latest"));
   braid::test::JobDir job;
   const fs::path ck = job.path() / "ck";
   const std::string run = tiny_model(train) + "--checkpoint-interval 2 --checkpoint-dir " + ck.string() +
                           " --metrics \"$0/attempt_$BRAID_RESTART_COUNT.jsonl\"";
-  const std::string script = "case $BRAID_RESTART_COUNT in 0) " + run + " --steps 2 && rm " + (ck / "latest").string() +
-                             "; exit 3;; esac; exec " + run + " --steps 4";
+  const std::string spoil = set_back ? "echo step_00000002 > " + (ck / "latest").string()
+                                     : "rm " + (ck / "latest").string();
+  const std::string script = "case $BRAID_RESTART_COUNT in 0) " + run + " --steps 4 && " + spoil +
+                             "; exit 3;; esac; exec " + run + " --steps 6";
   const braid::test::LaunchResult r =
       braid::test::run_launch(job, braid::test::shell_job(1, script, job, {"--max-restarts", "1"}));
   INFO(r.out << r.err);
   CHECK(r.status == 0);
   CHECK_THAT(r.err, Catch::Contains("restart 1: resuming from the last checkpoint in " +
-                                    (ck / "step_00000002").string()));
+                                    (ck / "step_00000004").string()));
   std::vector<std::int64_t> steps;
   std::ifstream in(job.path() / "attempt_1.jsonl");
   for (std::string line; std::getline(in, line);) steps.push_back(json::parse(line).at("step").get<std::int64_t>());
-  CHECK(steps == std::vector<std::int64_t>{3, 4});
-  CHECK(latest_step(ck) == 4);
+  CHECK(steps == std::vector<std::int64_t>{5, 6});
+  CHECK(latest_step(ck) == 6);
 }
 
 // A run started without a launcher records no run id in its checkpoints. A

@@ -104,20 +104,27 @@ std::string restart_checkpoint(const TrainOptions& o, const std::string& run_id)
   fs::path dir = o.checkpoint_dir;
   if (dir.empty() && !o.resume.empty()) dir = checkpoint_home(resolve_checkpoint(o.resume));
   if (dir.empty()) return {};
-  // Where no `latest` names a step, a save that failed before naming it (a
-  // full disk) may have left a whole one: the restart resumes from it,
-  // rather than starting again and replacing it.
-  const bool named = fs::exists(dir / "latest");
-  const std::optional<fs::path> step = named ? std::optional<fs::path>(resolve_checkpoint(dir))
-                                             : layout::newest_complete_step(dir);
-  if (!step) return {};
-  const std::string written_by = read_train_state(*step).run_id;
   // A job with a run id owns only the steps that record it: one that
   // records none (a run started without a launcher) is another run's, and a
   // restarted job took it over silently, its options with it.
-  const bool own = !run_id.empty() ? written_by == run_id : o.resume.empty();
-  if (!own) return {};
-  return named ? dir.string() : step->string();
+  auto own = [&](const fs::path& step) {
+    const std::string written_by = read_train_state(step).run_id;
+    return !run_id.empty() ? written_by == run_id : o.resume.empty();
+  };
+  // A save that published its step but could not move `latest` to it (a
+  // full disk) left a whole step newer than the one `latest` names, or
+  // than none: the restart resumes from it, rather than doing its steps
+  // again or starting over and replacing it.
+  const bool named = fs::exists(dir / "latest");
+  const std::optional<fs::path> newest = layout::newest_complete_step(dir);
+  if (named) {
+    const fs::path latest = resolve_checkpoint(dir);
+    if (newest && *newest != latest && read_train_state(*newest).step > read_train_state(latest).step &&
+        own(*newest))
+      return newest->string();
+    return own(latest) ? dir.string() : std::string();
+  }
+  return newest && own(*newest) ? newest->string() : std::string();
 }
 
 }  // namespace braid::trainer
