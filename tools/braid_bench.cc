@@ -39,6 +39,9 @@ const CLI::Range kAtLeastOne(1, std::numeric_limits<int>::max());
 const CLI::Range kAtLeastZero(0, std::numeric_limits<int>::max());
 
 void add_flags(CLI::App& app, comm::BenchOptions& o, Flags& f) {
+  // A flag given twice takes the last value, as nccl-tests' getopt does
+  // (scripts append overrides to a base list); CLI11 refused it.
+  app.option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
   app.add_option("-b,--minbytes", f.min_bytes, "smallest message (bytes, K/M/G suffixes)")->capture_default_str();
   app.add_option("-e,--maxbytes", f.max_bytes, "largest message")->capture_default_str();
   app.add_option("-i,--stepbytes", f.step_bytes, "grow sizes by this many bytes instead of by -f (0: use -f)")
@@ -124,7 +127,7 @@ std::vector<T> parse_list(const std::string& text, const std::vector<std::string
   return values;
 }
 
-void fill_options(comm::BenchOptions& o, const Flags& f) {
+void fill_options(comm::BenchOptions& o, const Flags& f, bool factor_given) {
   refuse_meaningless(f);
   o.min_bytes = runtime::parse_bytes(f.min_bytes);
   o.max_bytes = runtime::parse_bytes(f.max_bytes);
@@ -134,6 +137,16 @@ void fill_options(comm::BenchOptions& o, const Flags& f) {
   o.ops = parse_list<ReduceOp>(f.op, {"sum", "prod", "min", "max", "avg", "band", "bor", "bxor"},
                                [](const std::string& s) { return parse_reduce_op(s); }, "op");
   if (o.min_bytes > o.max_bytes) throw InvalidUsage("-b must not exceed -e");
+  // nccl-tests steps by -f where both are given; braid's -f has a default
+  // (2), so -i wins over it, and an -f given beside -i was dropped without
+  // a word.
+  if (o.step_bytes > 0 && factor_given)
+    throw InvalidUsage("-i " + f.step_bytes + " and -f " + std::to_string(o.factor) +
+                       " both set the step between sizes: give one (-i adds bytes, -f multiplies)");
+  // -N 0 runs until stopped, so the files, written at the end, stayed empty.
+  if (o.cycles == 0 && (!o.json_path.empty() || !o.csv_path.empty()))
+    throw InvalidUsage("-N 0 runs the sweep until stopped, and --json and --csv are written at the end: give -N a "
+                       "number of cycles to write them");
   // Sizes whose buffers (up to ranks x -e bytes, rounded up to 2 MiB) would
   // wrap a 64-bit size: -e 2^64 - 1 allocated 0 bytes and wrote past them.
   constexpr std::size_t kLargest = std::size_t{1} << 48;
@@ -160,7 +173,7 @@ int main(int argc, char** argv) {
     return app.exit(e) == 0 ? 0 : 2;  // --help is 0; every argument error is 2, as in the other tools
   }
   try {
-    fill_options(o, f);
+    fill_options(o, f, app.get_option("-f")->count() > 0);
     return comm::run_bench(o);
   } catch (const InvalidUsage& e) {
     std::fprintf(stderr, "braid-bench: %s\n", e.what());

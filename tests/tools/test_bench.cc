@@ -363,6 +363,25 @@ TEST_CASE("braid-bench: nccl-tests flags with no meaning here are refused by nam
   CHECK_THAT(squeezed(help.out()), Catch::Contains("-n,--iters INT:INT in [1 - 2147483647]=20"));  // defaults shown
 }
 
+// Found by a review helper against nccl-tests: -f beside -i was dropped
+// without a word; -N 0 with --json left an empty file and grew rank 0's
+// memory row by row; a flag given twice was refused where nccl-tests takes
+// the last; -C 1's times were labelled as completion times.
+TEST_CASE("braid-bench: -i with -f and -N 0 with --json are refused, a repeated flag takes the last, -C labels cputime",
+          "[bench]") {
+  JobDir dir;
+  const std::string json = (dir.path() / "n0.json").string();
+  check_refused({"-b", "8", "-e", "40", "-i", "8", "-f", "4"}, Catch::Contains("-i 8 and -f 4 both set the step"));
+  check_refused({"-N", "0", "-J", json}, Catch::Contains("-N 0 runs the sweep until stopped"));
+  CHECK_FALSE(std::filesystem::exists(json));
+  LaunchedJob job(dir, {"--nproc-per-node", "1", "--", bench_path(), "-b", "8", "-e", "8", "-n", "4", "-n", "1",
+                        "-w", "0", "-C", "1", "-J", json});
+  REQUIRE(job.wait(std::chrono::seconds(30)) == 0);
+  INFO(job.out() << job.err());
+  CHECK_THAT(job.out(), Catch::Contains(" cputime "));
+  CHECK(nlohmann::json::parse(slurp(json))["parameters"]["iters"] == 1);
+}
+
 // CLI11's own positive-number check said "Value 0 not in range 0.000000 to
 // 1797693134862315708...", the largest double in 310 digits.
 TEST_CASE("braid-bench: a count out of range names its range plainly", "[bench]") {

@@ -475,8 +475,10 @@ void print_header(Communicator& comm, const BenchOptions& o, double memcpy_gbps)
   if (o.registered) std::printf("# buffers from Communicator::allocate (registered, mapped by the local ranks)\n");
   std::printf("#\n#%12s %12s %6s %6s %5s %-26s %-42s %s\n", "", "", "", "", "", "", "                 out-of-place",
               "                in-place");
+  // -C 1: the times are until the calls were issued, labelled as nccl-tests does.
+  const char* time = o.cpu_time ? "cputime" : "time";
   std::printf("#%12s %12s %6s %6s %5s %-26s %10s %8s %8s %6s %7s %10s %8s %8s %6s %7s\n", "size", "count",
-              "type", "redop", "root", "transport:algorithm", "time", "algbw", "busbw", "/mcpy", "#wrong", "time", "algbw",
+              "type", "redop", "root", "transport:algorithm", time, "algbw", "busbw", "/mcpy", "#wrong", time, "algbw",
               "busbw", "/mcpy", "#wrong");
   std::printf("#%12s %12s %6s %6s %5s %-26s %10s %8s %8s %6s %7s %10s %8s %8s %6s %7s\n", "(B)", "(elements)", "",
               "", "", "", "(us)", "(GB/s)", "(GB/s)", "", "", "(us)", "(GB/s)", "(GB/s)", "", "");
@@ -578,6 +580,9 @@ void run_sweep(Communicator& comm, const BenchOptions& o, double memcpy_gbps, nl
       return nlohmann::json{{"time_us", res.seconds * 1e6}, {"algbw_gbps", algbw(res)}, {"busbw_gbps", bus},
                             {"busbw_per_memcpy", bus / memcpy_gbps}, {"wrong", wrong}};
     };
+    // Kept for --json and --csv only: under -N 0 the sweep runs until
+    // stopped, and rank 0's memory grew row by row.
+    if (!o.json_path.empty() || !o.csv_path.empty())
     rows.push_back({{"collective", o.collective}, {"bytes", actual_bytes}, {"count", c.count},
                     {"dtype", name(o.dtype)}, {"op", reduces ? std::string(name(o.op)) : "none"},
                     {"root", rooted ? o.root : -1}, {"ranks", n}, {"transport", comm.transport_summary()},
