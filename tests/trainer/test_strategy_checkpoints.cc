@@ -449,7 +449,10 @@ TEST_CASE("a restarted job resumes from a complete step that no latest names", "
   const fs::path ck = job.path() / "ck";
   const std::string run = tiny_model(train) + "--checkpoint-interval 2 --checkpoint-dir " + ck.string() +
                           " --metrics \"$0/attempt_$BRAID_RESTART_COUNT.jsonl\"";
-  const std::string spoil = set_back ? "echo step_00000002 > " + (ck / "latest").string()
+  // Set back as a failed save leaves it: last written by step 2's save.
+  const std::string spoil = set_back ? "echo step_00000002 > " + (ck / "latest").string() + " && touch -r " +
+                                           (ck / "step_00000002" / "state.json").string() + " " +
+                                           (ck / "latest").string()
                                      : "rm " + (ck / "latest").string();
   const std::string script = "case $BRAID_RESTART_COUNT in 0) " + run + " --steps 4 && " + spoil +
                              "; exit 3;; esac; exec " + run + " --steps 6";
@@ -464,6 +467,37 @@ TEST_CASE("a restarted job resumes from a complete step that no latest names", "
   for (std::string line; std::getline(in, line);) steps.push_back(json::parse(line).at("step").get<std::int64_t>());
   CHECK(steps == std::vector<std::int64_t>{5, 6});
   CHECK(latest_step(ck) == 6);
+}
+
+// A newer complete step that an earlier launch of the same run id left
+// (a fixed --rdzv-id, a requeued job) above the step this launch went back
+// to is not a failed save of this launch: the restart took it, and trained
+// on the branch the user had rolled back from (a review helper's case).
+TEST_CASE("a restart does not take a newer step an earlier launch of its run id left", "[strategy][launch]") {
+  const char* train = launched_train();
+  if (train == nullptr) return;
+  braid::test::JobDir job;
+  const fs::path ck = job.path() / "ck";
+  const std::string model = tiny_model(train);
+  const braid::test::EnvChanges same_id{{"BRAID_RUN_ID", "requeued"}};
+  REQUIRE(braid::test::run_launch(job, {"-n", "1", "--", "sh", "-c", model + "--steps 6 --checkpoint-interval 2 "
+                                                                          "--checkpoint-dir " + ck.string()},
+                                  same_id)
+              .status == 0);
+  REQUIRE(latest_step(ck) == 6);
+  const std::string run = model + "--resume " + (ck / "step_00000004").string() + " --checkpoint-dir " + ck.string() +
+                          " --checkpoint-interval 1 --metrics \"$0/attempt_$BRAID_RESTART_COUNT.jsonl\"";
+  const std::string script = "case $BRAID_RESTART_COUNT in 0) " + run + " --steps 5; exit 3;; esac; exec " + run +
+                             " --steps 7";
+  const braid::test::LaunchResult r =
+      braid::test::run_launch(job, braid::test::shell_job(1, script, job, {"--max-restarts", "1"}), same_id);
+  INFO(r.out << r.err);
+  CHECK(r.status == 0);
+  CHECK_THAT(r.err, Catch::Contains("restart 1: resuming from the last checkpoint in " + ck.string() + "\n"));
+  std::vector<std::int64_t> steps;
+  std::ifstream in(job.path() / "attempt_1.jsonl");
+  for (std::string line; std::getline(in, line);) steps.push_back(json::parse(line).at("step").get<std::int64_t>());
+  CHECK(steps == std::vector<std::int64_t>{6, 7});  // from its own step 5, not the earlier launch's 6
 }
 
 // A run started without a launcher records no run id in its checkpoints. A

@@ -310,7 +310,10 @@ class ExitTeller {
 
  private:
   void run(const LaunchOptions& options, const JobIdentity& job) {
-    constexpr std::chrono::milliseconds kBound{500};
+    // Once this node's ranks have ended (done_), the rest is told within a
+    // shorter bound, and not at all once the store did not answer: node 0's
+    // ends with its job, and each try cost the whole bound at every job's end.
+    constexpr std::chrono::milliseconds kBound{500}, kDrainBound{100};
     const std::string where = options.nnodes > 1 ? " on node " + std::to_string(options.node_rank) : "";
     std::unique_ptr<runtime::Store> store;
     std::unique_lock lock(mu_);
@@ -319,18 +322,22 @@ class ExitTeller {
       if (done_ && (options.nnodes == 1 || queue_.empty())) return;
       auto [rank, line] = std::move(queue_.front());
       queue_.pop_front();
+      const auto bound = done_ ? kDrainBound : kBound;
       lock.unlock();
+      bool told = true;
       try {
         if (!store)
           store = runtime::Store::find(job.store_host, runtime::store_port_candidates(job.store_port, job.token),
-                                       job.token, kBound, "node 0's braid-launch");
+                                       job.token, bound, "node 0's braid-launch");
         store->set(runtime::job_exited_key(options.nnodes * options.nproc_per_node, rank), line + where,
-                   std::chrono::steady_clock::now() + kBound);
+                   std::chrono::steady_clock::now() + bound);
       } catch (const std::exception& e) {
         store.reset();
+        told = false;
         spdlog::debug("braid-launch: could not tell the store that rank {} exited: {}", rank, e.what());
       }
       lock.lock();
+      if (!told && done_) return;
     }
   }
 

@@ -119,7 +119,12 @@ std::string restart_checkpoint(const TrainOptions& o, const std::string& run_id)
   const std::optional<fs::path> newest = layout::newest_complete_step(dir);
   if (named) {
     const fs::path latest = resolve_checkpoint(dir);
-    if (newest && *newest != latest && read_train_state(*newest).step > read_train_state(latest).step &&
+    // Written after `latest` was last moved: a step an earlier launch of
+    // the same run id left above the one this launch went back to is older
+    // than that move, and is not taken (a review helper's case).
+    std::error_code ec;
+    const bool after = newest && fs::last_write_time(*newest, ec) > fs::last_write_time(dir / "latest", ec) && !ec;
+    if (newest && *newest != latest && after && read_train_state(*newest).step > read_train_state(latest).step &&
         own(*newest))
       return newest->string();
     return own(latest) ? dir.string() : std::string();
