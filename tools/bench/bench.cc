@@ -319,34 +319,53 @@ std::vector<std::size_t> sweep_sizes(const BenchOptions& o) {
 }
 
 // What one rank holds at size `bytes` of the sweep: its send and receive
-// buffers (HugeBuffer rounds each to 2 MiB), host ones also under
-// --device cuda.
-double buffer_bytes(const BenchOptions& o, std::size_t bytes, int n) {
+// buffers (HugeBuffer rounds each to 2 MiB; host ones also under --device
+// cuda), the communicator's scratch, which it keeps, and for an f16/bf16 avg the
+// scaled copy of the input. `peers`: the local peers whose registered
+// buffers (-R 1) this rank maps into its address space.
+double buffer_bytes(const BenchOptions& o, std::size_t bytes, int n, int peers = 0) {
   constexpr double kHuge = 2u << 20;
   std::size_t es = 1;
   for (DataType dtype : o.dtypes) es = std::max(es, dtype_bytes(dtype));
   const Case c = make_case(o.collective, bytes, es, n);
   auto rounded = [&](std::size_t elems) { return std::ceil(double(std::max<std::size_t>(elems, 1) * es) / kHuge) * kHuge; };
-  return rounded(c.send_elems) + rounded(std::max(c.send_elems, c.recv_elems));
+  const double send = rounded(c.send_elems), recv = rounded(std::max(c.send_elems, c.recv_elems));
+  bool halves_avg = false;
+  for (DataType dtype : o.dtypes)
+    for (ReduceOp op : o.ops)
+      halves_avg = halves_avg || ((dtype == DataType::f16 || dtype == DataType::bf16) && op == ReduceOp::avg);
+  // reduce (non-root) and all_to_all (in place) use a scratch of the
+  // message's size; all_reduce's recursive doubling too, which runs the
+  // smaller messages (taken as up to 64 MiB; the ring's slots are small).
+  const double whole = std::max(send, recv);
+  const double scratch = o.collective == "reduce" || o.collective == "all_to_all" ? whole
+                         : o.collective == "all_reduce"                         ? std::min(whole, 64.0 * (1 << 20))
+                                                                                : 0.0;
+  return send + recv + scratch + (halves_avg ? send : 0.0) + (o.registered ? peers * (send + recv) : 0.0);
 }
 
 // The largest size of the sweep whose buffers fit in what this rank may
-// take (runtime::memory_limits, shared by the host's ranks); while the
-// next size's are set up, the previous size's are still held. 0 where
-// not even the first size fits. `limit` names the tightest limit.
-std::size_t largest_fitting(const BenchOptions& o, int n, int local_ranks, const runtime::MemoryLimit*& limit,
-                            const std::vector<runtime::MemoryLimit>& limits) {
-  limit = runtime::tightest(limits, local_ranks);
+// take under every limit (runtime::memory_limits; MemAvailable and the
+// cgroup's are shared by the host's ranks, the address space is the
+// rank's own, where -R 1 maps the peers' buffers too); while the next
+// size's are set up, the previous size's are still held. 0 where not even
+// the first size fits, and then `short_of` names the limit.
+std::size_t largest_fitting(const BenchOptions& o, int n, int local_ranks,
+                            const std::vector<runtime::MemoryLimit>& limits, const runtime::MemoryLimit*& short_of) {
   const std::vector<std::size_t> sizes = sweep_sizes(o);
-  if (!limit) return sizes.empty() ? 0 : sizes.back();
-  const double room = runtime::per_rank(*limit, local_ranks);
   std::size_t fits = 0;
-  double held = 0;  // the previous size's buffers
+  std::optional<std::size_t> previous;
   for (std::size_t bytes : sizes) {
-    const double need = buffer_bytes(o, bytes, n);
-    if (held + need > room) break;
+    for (const runtime::MemoryLimit& limit : limits) {
+      const int peers = limit.per_host ? 0 : local_ranks - 1;
+      const double need = buffer_bytes(o, bytes, n, peers) + (previous ? buffer_bytes(o, *previous, n, peers) : 0.0);
+      if (need > runtime::per_rank(limit, local_ranks)) {
+        short_of = &limit;
+        return fits;
+      }
+    }
     fits = bytes;
-    held = need;
+    previous = bytes;
   }
   return fits;
 }
@@ -360,31 +379,37 @@ std::size_t capped_max_bytes(Communicator& comm, const BenchOptions& o) {
   const int local_ranks = std::max(1, runtime::rank_info_from_env().local_world_size);
   const std::vector<runtime::MemoryLimit> limits = runtime::memory_limits();
   const runtime::MemoryLimit* limit = nullptr;
-  const std::size_t mine = largest_fitting(o, comm.size(), local_ranks, limit, limits);
-  std::int64_t fits = static_cast<std::int64_t>(mine), all = 0;
-  const std::int64_t none = mine == 0 ? 1 : 0;
-  std::int64_t short_ranks = 0;
-  comm.all_reduce(&fits, &all, 1, DataType::i64, ReduceOp::min).wait();
-  comm.all_reduce(&none, &short_ranks, 1, DataType::i64, ReduceOp::sum).wait();
-  const std::size_t largest = sweep_sizes(o).empty() ? 0 : sweep_sizes(o).back();
-  if (static_cast<std::size_t>(all) >= largest) return o.max_bytes;
+  const std::vector<std::size_t> sizes = sweep_sizes(o);
+  const std::size_t mine = largest_fitting(o, comm.size(), local_ranks, limits, limit);
+  // Per rank: the index of the largest size that fits, + 1 (0: none).
+  const auto index_of = [&](std::size_t fits) -> std::int64_t {
+    if (!limit) return static_cast<std::int64_t>(sizes.size());
+    const auto at = std::find(sizes.begin(), sizes.end(), fits);
+    return fits == 0 && (sizes.empty() || sizes.front() != 0) ? 0 : at - sizes.begin() + 1;
+  };
+  std::int64_t count = index_of(mine), all = 0;
+  comm.all_reduce(&count, &all, 1, DataType::i64, ReduceOp::min).wait();
+  if (all == static_cast<std::int64_t>(sizes.size())) return o.max_bytes;
   const std::string where =
       limit ? runtime::format_bytes(runtime::per_rank(*limit, local_ranks)) + " per rank (" + limit->source +
                   (limit->per_host && local_ranks > 1 ? ", shared by " + std::to_string(local_ranks) + " ranks" : "") + ")"
-            : std::string("what some rank has");
-  if (all == 0 || (o.min_bytes > 0 && static_cast<std::size_t>(all) < o.min_bytes))
+            : std::string();
+  const bool here = count == all;
+  const int peers = limit && !limit->per_host ? local_ranks - 1 : 0;  // what the address space holds of them
+  if (all == 0)
     throw InvalidUsage("-b " + std::to_string(o.min_bytes) + " needs " +
-                       runtime::format_bytes(buffer_bytes(o, std::max<std::size_t>(o.min_bytes, 1), comm.size())) +
-                       " of buffers per rank, more than " + (none ? where : "some rank has") + " (" +
-                       std::to_string(short_ranks) + " rank(s) short); lower -b");
+                       runtime::format_bytes(buffer_bytes(o, std::max<std::size_t>(o.min_bytes, 1), comm.size(), peers)) +
+                       " of buffers and scratch per rank, more than " + (here ? where : "another rank has") +
+                       "; lower -b");
+  const std::size_t lowered = sizes[static_cast<std::size_t>(all - 1)];
   if (comm.rank() == 0) {
-    const std::string room = mine == static_cast<std::size_t>(all) ? where : "what another rank has";
-    std::printf("# -e %zu lowered to %lld (as nccl-tests lowers maxBytes): larger sizes' buffers, %s per rank at "
-                "-e, do not fit in %s\n",
-                o.max_bytes, static_cast<long long>(all),
-                runtime::format_bytes(buffer_bytes(o, largest, comm.size())).c_str(), room.c_str());
+    const std::string room = here ? where : "what another rank has";
+    std::printf("# -e %zu lowered to %zu (as nccl-tests lowers maxBytes): larger sizes' buffers and scratch, %s per "
+                "rank at -e, do not fit in %s\n",
+                o.max_bytes, lowered, runtime::format_bytes(buffer_bytes(o, sizes.back(), comm.size(), peers)).c_str(),
+                room.c_str());
   }
-  return static_cast<std::size_t>(all);
+  return lowered;
 }
 
 // A --json or --csv file of rank 0. Opened before the sweep, so that a path
@@ -505,8 +530,17 @@ bool open_outputs(Communicator& comm, const BenchOptions& o, std::optional<Outpu
 
 }  // namespace
 
+// Copies of 256 MiB, or of a quarter of what the tightest memory limit
+// leaves this rank where that is less (at least 1 MiB): the baseline took
+// 512 MiB before any check, and a run of 8-byte calls under a small limit
+// failed "out of memory allocating 268435456 bytes".
 double measure_memcpy_gbps() {
-  const std::size_t bytes = 256u << 20;
+  std::size_t bytes = 256u << 20;
+  const int local_ranks = std::max(1, runtime::rank_info_from_env().local_world_size);
+  const std::vector<runtime::MemoryLimit> limits = runtime::memory_limits();
+  if (const runtime::MemoryLimit* limit = runtime::tightest(limits, local_ranks))
+    bytes = std::clamp<std::size_t>(static_cast<std::size_t>(std::max(0.0, runtime::per_rank(*limit, local_ranks)) / 4),
+                                    1u << 20, bytes);
   HugeBuffer a(bytes, std::byte{1}), b(bytes, std::byte{2});
   double best = 0;
   for (int trial = 0; trial < 4; ++trial) {
