@@ -616,7 +616,7 @@ void run_sweep(Communicator& comm, const BenchOptions& o, double memcpy_gbps, nl
     };
     // Kept for --json and --csv only: under -N 0 the sweep runs until
     // stopped, and rank 0's memory grew row by row.
-    if (!o.json_path.empty() || !o.csv_path.empty())
+    if (o.json_path.empty() && o.csv_path.empty()) continue;
     rows.push_back({{"collective", o.collective}, {"bytes", actual_bytes}, {"count", c.count},
                     {"dtype", name(o.dtype)}, {"op", reduces ? std::string(name(o.op)) : "none"},
                     {"root", rooted ? o.root : -1}, {"ranks", n}, {"transport", comm.transport_summary()},
