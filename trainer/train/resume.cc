@@ -124,9 +124,9 @@ std::string restart_checkpoint(const TrainOptions& o, const std::string& run_id)
     // than that move, and is not taken (a review helper's case).
     std::error_code ec;
     const bool after = newest && fs::last_write_time(*newest, ec) > fs::last_write_time(dir / "latest", ec) && !ec;
-    if (newest && *newest != latest && after && read_train_state(*newest).step > read_train_state(latest).step &&
-        own(*newest))
-      return newest->string();
+    // newest_complete_step is the highest-numbered whole step, so one that
+    // is not `latest`'s is newer than it.
+    if (newest && *newest != latest && after && own(*newest)) return newest->string();
     return own(latest) ? dir.string() : std::string();
   }
   return newest && own(*newest) ? newest->string() : std::string();
