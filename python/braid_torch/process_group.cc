@@ -38,13 +38,53 @@ runtime::Config group_config(std::chrono::milliseconds timeout) {
   throw InvalidUsage(std::string("braid: ") + op + ": " + what);
 }
 
-// A flat contiguous copy of `tensors`, in order (coalesced all-reduce,
-// reduce-scatter's list of inputs).
-at::Tensor flatten(const std::vector<at::Tensor>& tensors) {
-  std::vector<at::Tensor> views;
-  views.reserve(tensors.size());
-  for (const auto& tensor : tensors) views.push_back(tensor.reshape({-1}));
-  return at::cat(views);
+// Copies `tensors`, in order, into consecutive parts of `flat` (coalesced
+// all-reduce, reduce-scatter's list of inputs, scatter's).
+void flatten_into(const at::Tensor& flat, const std::vector<at::Tensor>& tensors) {
+  int64_t offset = 0;
+  for (const auto& tensor : tensors) {
+    flat.narrow(0, offset, tensor.numel()).view(tensor.sizes()).copy_(tensor);
+    offset += tensor.numel();
+  }
+}
+
+int64_t total_numel(const std::vector<at::Tensor>& tensors) {
+  int64_t total = 0;
+  for (const auto& tensor : tensors) total += tensor.numel();
+  return total;
+}
+
+// Where the tensors lie one after another in one storage, each contiguous
+// (list(t.chunk(n)), t.split(k), t.unbind(0) of a contiguous t), the block
+// they fill as one flat view, which a braid call reads or writes in place:
+// no staging tensor, no copy. An undefined tensor otherwise.
+at::Tensor one_block(const std::vector<at::Tensor>& tensors) {
+  if (tensors.empty()) return {};
+  const at::Tensor& first = tensors[0];
+  const auto* next = static_cast<const std::byte*>(first.data_ptr());
+  for (const auto& tensor : tensors) {
+    if (tensor.numel() == 0 || !tensor.is_contiguous() || tensor.scalar_type() != first.scalar_type() ||
+        tensor.data_ptr() != next || !tensor.storage().is_alias_of(first.storage()))
+      return {};
+    next += tensor.nbytes();
+  }
+  return first.as_strided({total_numel(tensors)}, {1}, first.storage_offset());
+}
+
+// Whether the contiguous tensors `a` and `b` share any byte.
+bool overlap(const at::Tensor& a, const at::Tensor& b) {
+  const auto* a_begin = static_cast<const std::byte*>(a.data_ptr());
+  const auto* b_begin = static_cast<const std::byte*>(b.data_ptr());
+  return a.nbytes() && b.nbytes() && a_begin < b_begin + b.nbytes() && b_begin < a_begin + a.nbytes();
+}
+
+// `finish`, then the staging block marked reusable: a call's last step on
+// success (a failed call's block is freed, staging.h).
+std::function<void()> then_reusable(std::function<void()> finish, std::function<void()> reusable) {
+  return [finish = std::move(finish), reusable = std::move(reusable)] {
+    if (finish) finish();
+    reusable();
+  };
 }
 
 // Copies consecutive parts of `flat` (of `count` elements each, or each
@@ -349,13 +389,19 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::allreduce_coalesced(std::vecto
     if (tensor.scalar_type() != tensors[0].scalar_type() || tensor.device() != tensors[0].device())
       refuse("allreduce_coalesced", "every tensor must have the first one's dtype and device");
   }
-  at::Tensor flat = flatten(tensors);
-  Buffer buffer = reducible(flat, "allreduce_coalesced");
   ReduceOp op = reduce_op(opts.reduceOp, "allreduce_coalesced");
   std::vector<at::Tensor> outputs = tensors;
-  return enqueue({c10d::OpType::ALLREDUCE_COALESCED,
-                  [this, buffer, op] { return comm_->all_reduce(buffer.data, buffer.data, buffer.count, buffer.dtype, op); },
-                  outputs, {flat}, [flat, outputs]() mutable { unflatten(flat, outputs); }});
+  auto all_reduce = [this, op](Buffer buffer) {
+    return [this, buffer, op] { return comm_->all_reduce(buffer.data, buffer.data, buffer.count, buffer.dtype, op); };
+  };
+  if (at::Tensor block = one_block(tensors); block.defined())
+    return enqueue({c10d::OpType::ALLREDUCE_COALESCED, all_reduce(reducible(block, "allreduce_coalesced")), outputs,
+                    {block}, {}});
+  StagingPool::Lease flat = staging_.take(total_numel(tensors), tensors[0].options());
+  flatten_into(flat.tensor, tensors);
+  return enqueue({c10d::OpType::ALLREDUCE_COALESCED, all_reduce(reducible(flat.tensor, "allreduce_coalesced")),
+                  outputs, {flat.tensor},
+                  then_reusable([flat = flat.tensor, outputs]() mutable { unflatten(flat, outputs); }, flat.reusable)});
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::reduce(std::vector<at::Tensor>& tensors,
@@ -378,15 +424,23 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::allgather(std::vector<std::vec
   if (outputs.size() != 1 || outputs[0].size() != static_cast<std::size_t>(getSize()))
     refuse("allgather", "needs one list of " + std::to_string(getSize()) + " output tensors");
   check_same(outputs[0], input, "allgather", true);
-  at::Tensor flat = at::empty({getSize() * input.numel()}, input.options());
   at::Tensor sent = input.contiguous();  // in the order unflatten reads it back
   Buffer send = movable(sent, "allgather");
-  Buffer recv = movable(flat, "allgather");
   std::vector<at::Tensor> results = outputs[0];
+  auto all_gather = [this, send](Buffer recv) {
+    return [this, send, recv] { return comm_->all_gather(send.data, recv.data, send.count, send.dtype); };
+  };
+  // Into the outputs' own block: apart from the input, or in place (the
+  // input is this rank's part of it).
+  if (at::Tensor block = one_block(results);
+      block.defined() && (!overlap(sent, block) || sent.data_ptr() == results[getRank()].data_ptr()))
+    return enqueue({c10d::OpType::ALLGATHER, all_gather(movable(block, "allgather")), results, {sent, block}, {}});
+  StagingPool::Lease flat = staging_.take(getSize() * input.numel(), input.options());
   int64_t count = input.numel();
-  return enqueue({c10d::OpType::ALLGATHER,
-                  [this, send, recv] { return comm_->all_gather(send.data, recv.data, send.count, send.dtype); },
-                  results, {sent, flat}, [flat, results, count]() mutable { unflatten(flat, results, count); }});
+  return enqueue({c10d::OpType::ALLGATHER, all_gather(movable(flat.tensor, "allgather")), results,
+                  {sent, flat.tensor},
+                  then_reusable([flat = flat.tensor, results, count]() mutable { unflatten(flat, results, count); },
+                                flat.reusable)});
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::_allgather_base(at::Tensor& output, at::Tensor& input,
@@ -419,15 +473,22 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::gather(std::vector<std::vector
     refuse("gather", "only the root passes output tensors");
   std::vector<at::Tensor> results = root ? outputs[0] : std::vector<at::Tensor>{};
   check_same(results, input, "gather", true);
-  at::Tensor flat = at::empty({getSize() * input.numel()}, input.options());
   at::Tensor sent = input.contiguous();  // in the order unflatten reads it back
   Buffer send = movable(sent, "gather");
-  Buffer recv = movable(flat, "gather");
+  auto all_gather = [this, send](Buffer recv) {
+    return [this, send, recv] { return comm_->all_gather(send.data, recv.data, send.count, send.dtype); };
+  };
+  const char* runs_as = "braid: gather runs as an all_gather of every rank's tensor (count: its elements)";
+  // The root's outputs as one block, as allgather's.
+  if (at::Tensor block = one_block(results);
+      block.defined() && (!overlap(sent, block) || sent.data_ptr() == results[getRank()].data_ptr()))
+    return enqueue({c10d::OpType::GATHER, all_gather(movable(block, "gather")), results, {sent, block}, {}, runs_as});
+  StagingPool::Lease flat = staging_.take(getSize() * input.numel(), input.options());
   int64_t count = input.numel();
-  return enqueue({c10d::OpType::GATHER,
-                  [this, send, recv] { return comm_->all_gather(send.data, recv.data, send.count, send.dtype); },
-                  results, {sent, flat}, [flat, results, count]() mutable { unflatten(flat, results, count); },
-                  "braid: gather runs as an all_gather of every rank's tensor (count: its elements)"});
+  return enqueue({c10d::OpType::GATHER, all_gather(movable(flat.tensor, "gather")), results, {sent, flat.tensor},
+                  then_reusable([flat = flat.tensor, results, count]() mutable { unflatten(flat, results, count); },
+                                flat.reusable),
+                  runs_as});
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::scatter(std::vector<at::Tensor>& outputs,
@@ -441,12 +502,22 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::scatter(std::vector<at::Tensor
   if (!is_root && !(inputs.empty() || (inputs.size() == 1 && inputs[0].empty())))
     refuse("scatter", "only the root passes input tensors");
   if (is_root) check_same(inputs[0], output, "scatter");
-  at::Tensor flat = is_root ? flatten(inputs[0]) : at::empty({getSize() * output.numel()}, output.options());
+  // The root broadcasts its inputs' own block where they form one (a
+  // root's buffer is only read).
+  at::Tensor block = is_root ? one_block(inputs[0]) : at::Tensor();
+  StagingPool::Lease staged;
+  if (!block.defined()) {
+    staged = staging_.take(getSize() * output.numel(), output.options());
+    if (is_root) flatten_into(staged.tensor, inputs[0]);
+  }
+  at::Tensor flat = block.defined() ? block : staged.tensor;
   Buffer whole = movable(flat, "scatter");
   at::Tensor mine = flat.narrow(0, getRank() * output.numel(), output.numel());
+  std::function<void()> finish = [output, mine]() mutable { output.copy_(mine.view(output.sizes())); };
+  if (staged.reusable) finish = then_reusable(std::move(finish), staged.reusable);
   return enqueue({c10d::OpType::SCATTER,
                   [this, whole, root] { return comm_->broadcast(whole.data, whole.data, whole.count, whole.dtype, root); },
-                  {output}, {flat}, [output, mine]() mutable { output.copy_(mine.view(output.sizes())); },
+                  {output}, {flat}, finish,
                   "braid: scatter runs as a broadcast of the root's whole list (count: the world size times each "
                   "tensor's elements)"});
 }
@@ -458,15 +529,26 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::reduce_scatter(std::vector<at:
   if (inputs.size() != 1 || inputs[0].size() != static_cast<std::size_t>(getSize()))
     refuse("reduce_scatter", "needs one list of " + std::to_string(getSize()) + " input tensors");
   check_same(inputs[0], output, "reduce_scatter");
-  at::Tensor flat = flatten(inputs[0]);
   // The result arrives in the inputs' logical order: an output in another
   // memory format gets it through a contiguous copy.
   at::Tensor got = output.is_contiguous() ? output : at::empty(output.sizes(), output.options());
+  // The inputs' own block is read in place where the output lies apart from
+  // it (in place, braid's ring would leave partial sums in the other ranks'
+  // parts, which are the caller's inputs).
+  at::Tensor block = one_block(inputs[0]);
+  if (block.defined() && overlap(got, block)) block = at::Tensor();
+  StagingPool::Lease staged;
+  if (!block.defined()) {
+    staged = staging_.take(getSize() * output.numel(), output.options());
+    flatten_into(staged.tensor, inputs[0]);
+  }
+  at::Tensor flat = block.defined() ? block : staged.tensor;
   Buffer send = reducible(flat, "reduce_scatter");
   Buffer recv = reducible(got, "reduce_scatter");
   ReduceOp op = reduce_op(opts.reduceOp, "reduce_scatter");
   std::function<void()> finish;
   if (!got.is_same(output)) finish = [output, got]() mutable { output.copy_(got); };
+  if (staged.reusable) finish = then_reusable(std::move(finish), staged.reusable);
   return enqueue({c10d::OpType::REDUCE_SCATTER,
                   [this, send, recv, op] { return comm_->reduce_scatter(send.data, recv.data, recv.count, recv.dtype, op); },
                   {output}, {flat, got}, finish});

@@ -7,9 +7,11 @@
 // back a moment, process_group.cc: Issuer) and
 // returns a Work whose future completes when braid's call has (work.h).
 // Where torch's layout differs from braid's (a list of per-rank tensors, a
-// coalesced list, unequal all-to-all splits) the call goes through one
-// contiguous staging tensor; gather and scatter are an all-gather and a
-// broadcast. Tensors must be dense, in any memory format for the calls
+// coalesced list) the call goes through one contiguous staging tensor,
+// reused from call to call (staging.h), unless the list's tensors already
+// lie one after another in one tensor's memory (list(t.chunk(n))): braid
+// then reads or writes that memory in place. Gather and scatter are an
+// all-gather and a broadcast. Tensors must be dense, in any memory format for the calls
 // that take one tensor (tensors.h: check_dense), contiguous for the flat
 // _base calls and alltoall_base; CPU tensors of every dtype move,
 // and float32/64, float16, bfloat16, int8, uint8, int32 and int64 reduce
@@ -35,6 +37,7 @@
 
 #include "braid/communicator.h"
 #include "rendezvous.h"
+#include "staging.h"
 #include "work.h"
 
 namespace braid::torch_backend {
@@ -161,6 +164,7 @@ class ProcessGroupBraid : public c10d::ProcessGroup {
   // new_group's store barrier failed with a broken pipe once rank 0 had
   // destroyed the default group.
   c10::intrusive_ptr<c10d::Store> torch_store_;
+  StagingPool staging_;  // its blocks outlive it where a Work does
   std::unique_ptr<runtime::StoreServer> store_server_;
   std::unique_ptr<comm::Communicator> comm_;
   std::unique_ptr<Completer> completer_;

@@ -154,6 +154,81 @@ def check_reduce_scatter(c, rank, size):
             c.equal(f"reduce_scatter_tensor {name} {dtype}", got, want)
 
 
+def check_list_forms(c, rank, size):
+    """The list forms through their two paths: outputs or inputs that lie one
+    after another in one tensor (list(t.chunk(n))) are written or read in
+    place, in place too where the input is this rank's part; other lists go
+    through a staging block (over 64 KiB: from a pool, reused). Eight async
+    calls in flight at once each need their own block, and a second round
+    reuses the first's: a block handed out twice, or back on the shelf while
+    its call still ran, mixes their values. Inputs are left as they were."""
+    big = 20000  # 80 KB of float32 per rank: staged through the pool
+    for count in (13, big):
+        t = values(count, rank, torch.float32)
+        want = [torch.empty_like(t) for _ in range(size)]
+        dist.all_gather(want, t, group=gloo_group())
+        whole = torch.zeros(size * count)
+        dist.all_gather(list(whole.chunk(size)), t)
+        c.equal(f"all_gather into one tensor's chunks x{count}", list(whole.chunk(size)), want)
+        whole = torch.zeros(size * count)
+        whole.chunk(size)[rank].copy_(t)
+        dist.all_gather(list(whole.chunk(size)), whole.chunk(size)[rank])
+        c.equal(f"all_gather in place into one tensor's chunks x{count}", list(whole.chunk(size)), want)
+        if rank == 0:
+            whole = torch.zeros(size * count)
+            dist.gather(t, list(whole.chunk(size)), dst=0)
+            c.equal(f"gather into one tensor's chunks x{count}", list(whole.chunk(size)), want)
+        else:
+            dist.gather(t, None, dst=0)
+        for name, op in (("sum", dist.ReduceOp.SUM), ("max", dist.ReduceOp.MAX)):
+            whole = values(size * count, rank, torch.float32, name)
+            kept = whole.clone()
+            want = gloo_all_reduce(whole, op).narrow(0, rank * count, count)
+            got = torch.empty(count)
+            dist.reduce_scatter(got, list(whole.chunk(size)), op=op)
+            c.equal(f"reduce_scatter {name} from one tensor's chunks x{count}", got, want)
+            c.equal(f"reduce_scatter {name} left its inputs' chunks alone x{count}", whole, kept)
+            dist.reduce_scatter(whole.chunk(size)[rank], list(whole.chunk(size)), op=op)
+            c.equal(f"reduce_scatter {name} in place into one tensor's chunks x{count}",
+                    whole.chunk(size)[rank], want)
+            c.equal(f"reduce_scatter {name} in place left the other chunks alone x{count}",
+                    torch.cat([p for i, p in enumerate(kept.chunk(size)) if i != rank] or [torch.empty(0)]),
+                    torch.cat([p for i, p in enumerate(whole.chunk(size)) if i != rank] or [torch.empty(0)]))
+        parts = list(values(size * count, rank, torch.float32, salt=3).chunk(size))
+        want, got = torch.empty(count), torch.empty(count)
+        dist.scatter(want, parts if rank == 0 else None, src=0, group=gloo_group())
+        dist.scatter(got, parts if rank == 0 else None, src=0)
+        c.equal(f"scatter from one tensor's chunks x{count}", got, want)
+        coalesced = values(3 * count, rank, torch.float32)
+        want = [gloo_all_reduce(p, dist.ReduceOp.SUM) for p in coalesced.chunk(3)]
+        dist.all_reduce_coalesced(list(coalesced.chunk(3)))
+        c.equal(f"all_reduce_coalesced of one tensor's chunks x{count}", list(coalesced.chunk(3)), want)
+    for round_ in range(2):
+        inputs = [values(big, rank, torch.float32, salt=k + 10 * round_) for k in range(8)]
+        want = []
+        for t in inputs:
+            want.append([torch.empty_like(t) for _ in range(size)])
+            dist.all_gather(want[-1], t, group=gloo_group())
+        got = [[torch.full_like(t, -1) for _ in range(size)] for t in inputs]
+        works = [dist.all_gather(g, t, async_op=True) for g, t in zip(got, inputs)]
+        for work in works:
+            work.wait()
+        for k in range(8):
+            c.equal(f"8 async staged all_gathers in flight, round {round_}, call {k}", got[k], want[k])
+        lists = [[values(big, rank, torch.float32, salt=k + p + 10 * round_) for p in range(size)] for k in range(8)]
+        kept = [[p.clone() for p in parts] for parts in lists]
+        want = [gloo_all_reduce(torch.cat(parts), dist.ReduceOp.SUM).narrow(0, rank * big, big) for parts in lists]
+        got = [torch.empty(big) for _ in lists]
+        works = [dist.reduce_scatter(g, parts, async_op=True) for g, parts in zip(got, lists)]
+        for work in works:
+            work.wait()
+        for k in range(8):
+            c.equal(f"8 async staged reduce_scatters in flight, round {round_}, call {k}", got[k], want[k])
+        c.equal(f"staged reduce_scatters left their inputs alone, round {round_}",
+                [p for parts in lists for p in parts], [p for parts in kept for p in parts])
+    dist.barrier()
+
+
 BITWISE = {"band": dist.ReduceOp.BAND, "bor": dist.ReduceOp.BOR, "bxor": dist.ReduceOp.BXOR}
 
 
@@ -452,7 +527,7 @@ def main():
     rank, size = dist.get_rank(), dist.get_world_size()
     c = Checks(rank)
     for check in (check_all_reduce, check_bitwise, check_coalesced, check_broadcast_reduce, check_all_gather,
-                  check_gather_scatter, check_reduce_scatter, check_all_to_all, check_memory_formats,
+                  check_gather_scatter, check_reduce_scatter, check_list_forms, check_all_to_all, check_memory_formats,
                   check_send_recv, check_async, check_async_returns, check_two_groups):
         check(c, rank, size)
     if rank == 0:
