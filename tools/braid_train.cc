@@ -177,6 +177,12 @@ void apply_saved_options(const std::set<std::string>& given_flags, const braid::
   if (!o.resume.empty()) {
     const std::string note = t::apply_resume(given, info.world_size, o);
     if (info.rank == 0) std::fputs(note.c_str(), stderr);
+    // "check --data" named a flag the user never gave.
+    std::error_code ec;
+    if (given.count("data") == 0 && !o.data.empty() && !std::filesystem::exists(o.data, ec))
+      throw braid::InvalidUsage("the corpus " + o.data + " that the checkpoint " + o.resume +
+                                " recorded does not exist (moved or removed?); pass --data FILE with the same "
+                                "contents to read it from elsewhere");
   } else if (!o.init_from.empty()) {
     // A weights file, or a checkpoint directory (its latest step).
     const braid::trainer::GptConfig c =
@@ -200,6 +206,13 @@ void apply_saved_options(const std::set<std::string>& given_flags, const braid::
                    static_cast<double>(o.lr), static_cast<double>(o.min_lr), static_cast<double>(o.lr / 10));
     o.min_lr = o.lr / 10;
   }
+  // "or leave --dp out" named a flag the user never gave.
+  if (given.count("dp") != 0 && given_flags.count("dp") == 0 && o.dp > 0 && o.tp > 0 && o.pp > 0 &&
+      static_cast<long long>(o.dp) * o.tp * o.pp != info.world_size)
+    throw braid::InvalidUsage("--config " + o.config + " sets dp " + std::to_string(o.dp) + ", and dp " +
+                              std::to_string(o.dp) + " x tp " + std::to_string(o.tp) + " x pp " +
+                              std::to_string(o.pp) + " is not the world of " + std::to_string(info.world_size) +
+                              " rank(s): pass --dp 0 (world / (tp x pp)) or start that many ranks");
   if (given.count("checkpoint_interval") != 0 && given_flags.count("checkpoint_interval") == 0 &&
       o.checkpoint_interval > 0 && o.checkpoint_dir.empty())
     throw braid::InvalidUsage("--config " + o.config + " sets checkpoint_interval " +
@@ -364,9 +377,10 @@ void print_start(braid::trainer::Trainer& trainer, const braid::runtime::RankInf
   std::fputs((t::format_rank_map(ranks) + t::format_memory_table(ranks)).c_str(), stderr);
   if (trainer.step() >= o.steps) {
     std::fprintf(stderr,
-                 "braid-train: nothing to train: the run starts at step %lld (its checkpoint's) and --steps is %lld; "
+                 "braid-train: nothing to train: the run starts at step %lld%s and --steps is %lld; "
                  "pass a larger --steps to train on\n",
-                 static_cast<long long>(trainer.step()), static_cast<long long>(o.steps));
+                 static_cast<long long>(trainer.step()), o.resume.empty() ? "" : " (its checkpoint's)",
+                 static_cast<long long>(o.steps));
   }
 }
 

@@ -361,6 +361,67 @@ TEST_CASE("abuse: values that cannot train are refused, with the rule", "[abuse]
   }
 }
 
+// Each once gave another cause's message, or none (a review helper found
+// them): --tp x --pp past int wrapped to 0 and killed the process with
+// SIGFPE; a micro-batch of one sequence too long was told to lower
+// --batch-size; a fresh --steps 0 spoke of "its checkpoint".
+TEST_CASE("abuse: a --tp x --pp past int, a sequence too long and a fresh --steps 0 get their own message", "[abuse]") {
+  if (!have_binary()) return;
+  test::TempDir dir;
+  Run r = braid_train(dir, kTiny + "--steps 1 --tp 65536 --pp 65536");
+  CHECK(r.rc == 2);
+  CHECK_THAT(r.err, Catch::Contains("pp 65536 stages need at least as many blocks"));
+  r = braid_train(dir, " --n-layer 1 --n-head 2 --n-embd 16 --batch-size 1 --block-size 100000 --steps 1");
+  CHECK(r.rc == 2);
+  CHECK_THAT(r.err, Catch::Contains("lower --block-size") && !Catch::Contains("--grad-accum"));
+  r = braid_train(dir, kTiny + "--steps 0 --data " + test::write_text(dir, 4000).string());
+  CHECK(r.rc == 0);
+  CHECK_THAT(r.err, Catch::Contains("nothing to train: the run starts at step 0 and --steps is 0"));
+}
+
+// A checkpoint records --data's path in JSON, which holds only UTF-8: a
+// Latin-1 file name trained the whole run, then every save failed with
+// "[json.exception.type_error.316] invalid UTF-8 byte" and the run was lost.
+TEST_CASE("abuse: a --data path a checkpoint cannot record is refused before training", "[abuse]") {
+  if (!have_binary()) return;
+  test::TempDir dir;
+  const fs::path latin1 = dir / "corp\xe9.txt";
+  fs::copy_file(test::write_text(dir, 4000), latin1);
+  const fs::path ckpt = dir / "ckpt";
+  Run r = braid_train(dir, kTiny + "--steps 1 --data '" + latin1.string() + "' --checkpoint-dir " + ckpt.string());
+  CHECK(r.rc == 2);
+  CHECK_THAT(r.err, Catch::Contains("not valid UTF-8") && Catch::Contains("--data"));
+  CHECK_THAT(r.err, !Catch::Contains("step 1"));
+  CHECK_FALSE(fs::exists(ckpt / "latest"));
+  // Nothing records it without a checkpoint: that run trains.
+  r = braid_train(dir, kTiny + "--steps 1 --data '" + latin1.string() + "'");
+  INFO(r.err);
+  CHECK(r.rc == 0);
+}
+
+// Both named a flag the user never gave: "check --data" for the corpus
+// path a checkpoint recorded, "leave --dp out" for a --config file's dp.
+TEST_CASE("abuse: a resumed corpus that is gone and a --config dp that does not fit name where they came from", "[abuse]") {
+  if (!have_binary()) return;
+  test::TempDir dir;
+  const fs::path text = dir / "gone.txt";
+  fs::rename(test::write_text(dir, 4000), text);
+  const fs::path ckpt = dir / "ckpt";
+  Run r = braid_train(dir, kTiny + "--steps 1 --data " + text.string() + " --checkpoint-dir " + ckpt.string());
+  REQUIRE(r.rc == 0);
+  fs::remove(text);
+  r = braid_train(dir, "--resume " + ckpt.string() + " --steps 2");
+  CHECK(r.rc == 2);
+  CHECK_THAT(r.err, Catch::Contains("the corpus " + text.string() + " that the checkpoint") &&
+                        Catch::Contains("pass --data FILE") && !Catch::Contains("check --data"));
+  const fs::path config = dir / "config.json";
+  std::ofstream(config) << R"({"dp": 2})";
+  r = braid_train(dir, kTiny + "--steps 1 --config " + config.string());
+  CHECK(r.rc == 2);
+  CHECK_THAT(r.err, Catch::Contains("--config " + config.string() + " sets dp 2") && Catch::Contains("--dp 0") &&
+                        !Catch::Contains("leave --dp out"));
+}
+
 // A file written by renaming a new one over it replaced a device node or
 // FIFO named as --out or --init-out (as root, /dev/null itself), after
 // training. Refused before anything runs, the node left as it was.

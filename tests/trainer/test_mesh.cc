@@ -233,6 +233,11 @@ TEST_CASE("bad mesh combinations are refused before any work, saying what to cha
   CHECK_THROWS_WITH(validate_mesh(c, {2, 2, 1}, StrategyKind::kDdp, 8), Catch::Contains("dp 2 x tp 2 x pp 1"));
   CHECK_THROWS_WITH(validate_mesh(c, {2, 1, 2}, StrategyKind::kZero2, 4), Catch::Contains("use --strategy ddp or zero1"));
   CHECK_THROWS_WITH(validate_mesh(c, {1, 2, 1}, StrategyKind::kZero3, 2), Catch::Contains("zero3"));
+  // none at dp 2: its own reason (it gave zero2's and zero3's).
+  CHECK_THROWS_WITH(validate_mesh(c, {2, 2, 1}, StrategyKind::kNone, 4),
+                    Catch::Contains("--strategy none") && Catch::Contains("only at dp 1") &&
+                        !Catch::Contains("zero3"));
+  validate_mesh(c, {1, 2, 2}, StrategyKind::kNone, 4);
   validate_mesh(c, {2, 2, 2}, StrategyKind::kZero1, 8);
 
   TrainOptions o = mesh_options();

@@ -23,12 +23,17 @@ void validate_mesh(const GptConfig& config, const MeshShape& shape, StrategyKind
   for (int pp = 0; pp < shape.pp; ++pp) mesh_model_layout(config, shape, MeshCoord{0, 0, pp});
   const bool supported = kind == StrategyKind::kDdp || kind == StrategyKind::kZero1 ||
                          (kind == StrategyKind::kNone && shape.dp == 1);
+  if (model_parallel(shape) && kind == StrategyKind::kNone && shape.dp > 1) {
+    throw InvalidUsage("--strategy none does not keep data-parallel replicas in step, so with --tp / --pp it runs "
+                       "only at dp 1, and this layout has dp " + std::to_string(shape.dp) + " (--tp " + std::to_string(shape.tp) +
+                       " --pp " + std::to_string(shape.pp) + "): pass --dp 1 with as many ranks as tp x pp, or "
+                       "--strategy ddp or zero1");
+  }
   if (model_parallel(shape) && !supported) {
     throw InvalidUsage("--strategy " + std::string(strategy_name(kind)) + " does not run with --tp " +
                        std::to_string(shape.tp) + " --pp " + std::to_string(shape.pp) +
                        " (dp, zero2 and zero3 shard or reduce in ways the tied embedding and the TP slices do "
-                       "not line up with); use --strategy ddp or zero1" +
-                       (shape.dp == 1 ? ", or none with --dp 1" : ""));
+                       "not line up with); use --strategy ddp or zero1, or none with --dp 1");
   }
 }
 

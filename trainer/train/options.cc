@@ -227,7 +227,9 @@ void validate_batch(const TrainOptions& o) {
   const long long largest = std::max({B * o.model.n_head * T * T, B * T * 4 * o.model.n_embd, B * T * 256});
   require(largest < std::numeric_limits<int>::max(),
           "a micro-batch of " + std::to_string(B) + " sequences of " + std::to_string(T) +
-              " tokens is too large; lower --batch-size or raise --grad-accum");
+              " tokens is too large; " +
+              (B > 1 ? std::string("lower --batch-size or raise --grad-accum, or lower --block-size")
+                     : std::string("lower --block-size (or --n-head)")));
 }
 
 // More BLAS threads than a few per hardware thread only adds switching;
@@ -284,7 +286,24 @@ void validate_outputs(const TrainOptions& o) {
   }
 }
 
+// Whether JSON can hold `text` (only UTF-8).
+bool json_can_hold(const std::string& text) {
+  try {
+    (void)json(text).dump();
+    return true;
+  } catch (const json::type_error&) {
+    return false;
+  }
+}
+
 void validate_modes(const TrainOptions& o) {
+  // A checkpoint records --data's absolute path in JSON: a path in another
+  // encoding trained the whole run, then failed every save with the JSON
+  // library's "invalid UTF-8 byte" (found by a review helper).
+  require(o.checkpoint_dir.empty() || o.data.empty() ||
+              json_can_hold(std::filesystem::absolute(o.data).string()),
+          "--data " + o.data + ": the path is not valid UTF-8, and a checkpoint records it in JSON, which holds "
+          "only UTF-8; give the file (or a link to it) a UTF-8 name");
   require(o.resume.empty() || o.init_from.empty(), "--resume and --init-from exclude each other; pass one");
   require(!o.eval_only || !o.init_from.empty() || !o.resume.empty(),
           "--eval-only needs weights: pass --init-from FILE|DIR or --resume DIR");
@@ -320,13 +339,14 @@ void validate(const TrainOptions& o) {
 
 void validate_world(const TrainOptions& o, int world_size) {
   // One process: "--dp 0 x --tp 2 ..." named a --dp never given.
+  const std::int64_t tp_pp = static_cast<std::int64_t>(o.tp) * o.pp;
   require(world_size > 1 || !o.model_parallel(),
           "--tp " + std::to_string(o.tp) + " x --pp " + std::to_string(o.pp) + " needs " +
-              std::to_string(o.tp * o.pp) + " ranks (or a multiple), and this world has one process; start "
-              "braid-train under braid-launch -n " + std::to_string(o.tp * o.pp));
+              std::to_string(tp_pp) + " ranks (or a multiple), and this world has one process; start "
+              "braid-train under braid-launch -n " + std::to_string(tp_pp));
   const int D = o.dp_size(world_size);
   const std::string dp = o.dp > 0 ? "--dp " + std::to_string(D) : "dp " + std::to_string(D) + " (world / (tp x pp))";
-  require(D >= 1 && D * o.tp * o.pp == world_size,
+  require(D >= 1 && D * tp_pp == world_size,
           dp + " x --tp " + std::to_string(o.tp) + " x --pp " + std::to_string(o.pp) + " is not the world of " +
               std::to_string(world_size) + " rank(s); choose axes whose product is " + std::to_string(world_size) +
               (o.dp > 0 ? " (or leave --dp out: world / (tp x pp))" : ""));

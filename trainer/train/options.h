@@ -77,7 +77,11 @@ struct TrainOptions {
   int rank_micro_batch(int dp_size) const { return batch_size / (grad_accum * dp_size); }
   bool model_parallel() const { return tp > 1 || pp > 1; }
   // The DP size in a world of `world_size` ranks.
-  int dp_size(int world_size) const { return dp > 0 ? dp : world_size / (tp * pp); }
+  // tp x pp in 64 bits: --tp 65536 --pp 65536 wrapped to 0 in int, and
+  // the division by it killed the rank with SIGFPE before any check.
+  int dp_size(int world_size) const {
+    return dp > 0 ? dp : static_cast<int>(world_size / (static_cast<std::int64_t>(tp) * pp));
+  }
   std::int64_t tokens_per_step() const { return static_cast<std::int64_t>(batch_size) * model.block_size; }
 };
 
