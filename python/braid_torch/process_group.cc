@@ -354,6 +354,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::enqueue(Call call) {
   pending.future = make_future();
   pending.completion = std::make_shared<Completion>();
   auto work = c10::make_intrusive<BraidWork>(getRank(), call.type, pending, completer_->queue(), issuer_);
+  work->set_source_rank(call.source_rank);
   const bool on_host = std::all_of(pending.outputs.begin(), pending.outputs.end(), [](const at::Tensor& t) { return !t.is_cuda(); }) &&
                        std::all_of(pending.keep_alive.begin(), pending.keep_alive.end(), [](const at::Tensor& t) { return !t.is_cuda(); });
   const bool holdable = on_host && call.type != c10d::OpType::SEND && call.type != c10d::OpType::RECV;
@@ -384,8 +385,10 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::allreduce(std::vector<at::Tens
 c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::allreduce_coalesced(std::vector<at::Tensor>& tensors,
                                                                       const c10d::AllreduceCoalescedOptions& opts) {
   if (tensors.empty()) refuse("allreduce_coalesced", "no tensors");
+  // Through a flat copy (or in place where they form one block): views with
+  // gaps are fine, as gloo takes them; one that overlaps itself is not.
   for (const auto& tensor : tensors) {
-    check_dense(tensor, "allreduce_coalesced");
+    check_strided(tensor, "allreduce_coalesced", true);
     if (tensor.scalar_type() != tensors[0].scalar_type() || tensor.device() != tensors[0].device())
       refuse("allreduce_coalesced", "every tensor must have the first one's dtype and device");
   }
@@ -579,11 +582,15 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::alltoall_base(at::Tensor& outp
   if (!output_split_sizes.empty() || !input_split_sizes.empty())
     return alltoall_unequal(output, input, output_split_sizes, input_split_sizes);
   if (output.numel() != input.numel()) refuse("alltoall_base", "input and output element counts differ");
-  Buffer send = per_rank(movable(input, "alltoall_base"), getSize(), "alltoall_base");
+  // An input that shares memory with the output, but is not it (braid's
+  // in-place form), is read from a copy, as the unequal splits' is (braid
+  // refused the call in its own API's terms).
+  const at::Tensor from = overlap(input, output) && input.data_ptr() != output.data_ptr() ? input.clone() : input;
+  Buffer send = per_rank(movable(from, "alltoall_base"), getSize(), "alltoall_base");
   Buffer recv = movable(output, "alltoall_base");
   return enqueue({c10d::OpType::ALLTOALL_BASE,
                   [this, send, recv] { return comm_->all_to_all(send.data, recv.data, send.count, send.dtype); },
-                  {output}, {input}, {}});
+                  {output}, {from}, {}});
 }
 
 // Unequal parts travel as point-to-point messages, as NCCL's all-to-allv:
@@ -667,7 +674,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::recv(std::vector<at::Tensor>& 
   Buffer buffer = movable(tensor, "recv");
   return enqueue({c10d::OpType::RECV,
                   [this, buffer, src_rank] { return comm_->recv(buffer.data, buffer.count, buffer.dtype, src_rank); },
-                  {tensor}, {}, {}});
+                  {tensor}, {}, {}, {}, src_rank});
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::barrier(const c10d::BarrierOptions& opts) {

@@ -151,6 +151,7 @@ class ProcessGroupBraid : public c10d::ProcessGroup {
     // For a call braid runs as another (gather as an all_gather): said in
     // front of its errors, which name braid's call and its counts.
     std::string runs_as;
+    int source_rank = -1;  // a receive's peer (Work::sourceRank)
   };
   c10::intrusive_ptr<c10d::Work> enqueue(Call call);
   c10::intrusive_ptr<c10d::Work> alltoall_unequal(at::Tensor& output, at::Tensor& input,

@@ -60,19 +60,25 @@ void check_format_contiguous(const at::Tensor& tensor, const char* op) {
                "elements would reach the peer in memory order): pass tensor.contiguous()");
 }
 
+void check_strided(const at::Tensor& tensor, const char* op, bool written) {
+  // Read through a flat copy or written by copy_: any strided view will
+  // do (gloo takes them too), but one written must not overlap itself.
+  if (tensor.layout() != at::kStrided) refuse(op, "sparse tensors are not supported");
+  if (!tensor.is_cpu() && !tensor.is_cuda())
+    refuse(op, "tensors on " + tensor.device().str() + " are not supported (CPU or CUDA)");
+  if (written && at::has_internal_overlap(tensor) == at::MemOverlap::Yes)
+    refuse(op, "an output tensor overlaps itself (an expanded view): pass one with its own memory");
+}
+
 void check_same(const std::vector<at::Tensor>& tensors, const at::Tensor& like, const char* op, bool written) {
   for (const auto& tensor : tensors) {
-    // Read through a flat copy or written by copy_: any strided view will
-    // do (gloo takes them too), but one written must not overlap itself.
-    if (tensor.layout() != at::kStrided) refuse(op, "sparse tensors are not supported");
-    if (written && at::has_internal_overlap(tensor) == at::MemOverlap::Yes)
-      refuse(op, "an output tensor overlaps itself (an expanded view): pass one with its own memory");
+    check_strided(tensor, op, written);
     if (tensor.scalar_type() != like.scalar_type() || tensor.device() != like.device() ||
-        tensor.numel() != like.numel())
-      refuse(op, "every tensor of the list must match the input's dtype, device and element count (" +
+        tensor.sizes() != like.sizes())
+      refuse(op, "every tensor of the list must match the input's dtype, device and shape (" +
                      std::string(c10::toString(like.scalar_type())) + ", " + like.device().str() + ", " +
-                     std::to_string(like.numel()) + "), got " + c10::toString(tensor.scalar_type()) + ", " +
-                     tensor.device().str() + ", " + std::to_string(tensor.numel()));
+                     c10::str(like.sizes()) + "), got " + c10::toString(tensor.scalar_type()) + ", " +
+                     tensor.device().str() + ", " + c10::str(tensor.sizes()));
   }
 }
 

@@ -42,9 +42,12 @@ void check_contiguous(const at::Tensor& tensor, const char* op);
 // receiver in the sender's memory order, permuted, with no error; gloo
 // refuses it the same way.
 void check_format_contiguous(const at::Tensor& tensor, const char* op);
-// Every tensor of a list (which goes through a flat copy) strided, and of
-// `like`'s dtype, device and element count; views with gaps are fine, and
-// `written` (outputs) refuses one that overlaps itself.
+// A tensor read or written through a flat copy: strided (views with gaps
+// are fine), on CPU or CUDA, and, where `written`, not overlapping itself.
+void check_strided(const at::Tensor& tensor, const char* op, bool written);
+// Every tensor of a list (which goes through a flat copy) check_strided, and
+// of `like`'s dtype, device and shape (gloo's rule: a (3, 2) output for a
+// (2, 3) input took its elements reshaped, without a word).
 void check_same(const std::vector<at::Tensor>& tensors, const at::Tensor& like, const char* op,
                 bool written = false);
 

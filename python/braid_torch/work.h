@@ -156,8 +156,12 @@ class BraidWork : public c10d::Work {
   bool wait(std::chrono::milliseconds timeout) override;
   void synchronize() override {}
   c10::intrusive_ptr<c10::ivalue::Future> getFuture() override;
+  // A receive's peer (gloo's Work answers it; torch's own recv does not ask).
+  int sourceRank() const override;
+  void set_source_rank(int rank) { source_rank_ = rank; }
 
  private:
+  int source_rank_ = -1;  // a receive's peer
   std::vector<at::Tensor> outputs_;
   c10::intrusive_ptr<c10::ivalue::Future> future_;
   std::shared_ptr<Completion> completion_;

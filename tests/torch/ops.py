@@ -87,6 +87,15 @@ def check_coalesced(c, rank, size):
         dist.all_reduce_coalesced(want, group=gloo_group())
         dist.all_reduce_coalesced(tensors)
         c.equal(f"all_reduce_coalesced {dtype}", tensors, want)
+    # Views with gaps and transposed views, as gloo takes them (braid
+    # refused them, though they go through a flat copy); the gaps stay.
+    backing = values(20, rank, torch.float32)
+    views = [backing[::2], values(12, rank, torch.float32, salt=1).reshape(3, 4).t()]
+    want = [gloo_all_reduce(v.contiguous(), dist.ReduceOp.SUM) for v in views]
+    gaps = backing[1::2].clone()
+    dist.all_reduce_coalesced(views)
+    c.equal("all_reduce_coalesced of views with gaps", views, want)
+    c.equal("all_reduce_coalesced left the gaps alone", backing[1::2], gaps)
 
 
 def check_broadcast_reduce(c, rank, size):
@@ -288,6 +297,14 @@ def check_all_to_all(c, rank, size):
     both = t.clone()
     dist.all_to_all_single(both, both, recvs, sends)
     c.equal("all_to_all_single unequal in place", both, want)
+    # Input and output sharing part of one tensor, equal splits: the input
+    # is read from a copy (braid refused it, in its C++ API's terms).
+    for splits in (None, [3] * size):
+        big = values(3 * size + 3, rank, torch.float32)
+        want = torch.empty(3 * size)
+        dist.all_to_all_single(want, big[:3 * size].clone(), group=gloo_group())
+        dist.all_to_all_single(big[3:], big[:3 * size], splits, splits)
+        c.equal(f"all_to_all_single with input and output overlapping, splits {splits}", big[3:], want)
 
 
 def check_memory_formats(c, rank, size):
@@ -323,6 +340,11 @@ def check_memory_formats(c, rank, size):
     dist.gather(t, got, dst=root)
     if rank == root:
         c.equal("gather into views with gaps", got, want)
+    try:  # gloo refuses it too; braid reshaped the elements, without a word
+        dist.all_gather([torch.empty(5, 4, 3, 2) for _ in range(size)], t)
+        c.true("an output of another shape is refused", False, "it was accepted")
+    except RuntimeError as e:
+        c.true("an output of another shape is refused", "shape" in str(e), str(e))
     try:
         dist.all_gather([torch.zeros(1).expand(2, 3, 4, 5) for _ in range(size)], t)
         c.true("an output that overlaps itself is refused", False, "it was accepted")
@@ -367,6 +389,13 @@ def check_send_recv(c, rank, size):
             dist.recv(got, frm)
             dist.send(t, to)
         c.equal(f"send/recv ring {dtype}", got, values(4099, frm, dtype))
+    # A receive's Work names its peer, as gloo's does.
+    t, got = values(5, rank, torch.float32), torch.empty(5)
+    send = dist.isend(t, to)
+    receive = dist.irecv(got, frm)
+    send.wait()
+    receive.wait()
+    c.true("an irecv's Work names its source", receive._source_rank() == frm, str(receive._source_rank()))
     # batch_isend_irecv, sends first or receives first on every rank: the
     # engine runs them together (each waited for its peer's other half until
     # BRAID_TIMEOUT before, large or small).
