@@ -570,7 +570,23 @@ void run_sweep(Communicator& comm, const BenchOptions& o, double memcpy_gbps, nl
   const bool rooted = o.collective == "broadcast" || o.collective == "reduce";
   Runner runner(comm, o);
   AlgorithmChoice last_choice;
-  for (std::size_t bytes : sweep_sizes(o)) {
+  // As nccl-tests does, a warm-up at the sweep's largest size, then its
+  // smallest, before the first row: the first couple of MiB a pair of
+  // ranks moves through shared memory map the ring's pages (minor faults;
+  // 128 KiB calls took 1 ms each for their first 16, 60 us after, so the
+  // first row of a sweep read 20x slow under -w 5; found by a review
+  // helper). At least 8 MiB or 64 calls at the largest size.
+  const std::vector<std::size_t> sizes = sweep_sizes(o);
+  if (o.warmup > 0 && !sizes.empty()) {
+    constexpr std::size_t kWarmBytes = std::size_t{8} << 20;
+    const std::size_t largest = std::max<std::size_t>(sizes.back(), 1);
+    const int calls = std::max(o.warmup, static_cast<int>(std::min<std::size_t>(64, kWarmBytes / largest + 1)));
+    for (std::size_t bytes : {sizes.back(), sizes.front()}) {
+      runner.prepare(make_case(o.collective, bytes, es, n));
+      for (int i = 0; i < (bytes == sizes.back() ? calls : o.warmup); ++i) runner.issue(false).wait();
+    }
+  }
+  for (std::size_t bytes : sizes) {
     Case c = make_case(o.collective, bytes, es, n);
     std::size_t actual_bytes = std::max(c.send_elems, c.recv_elems) * es;
     runner.prepare(c);
