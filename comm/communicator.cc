@@ -429,13 +429,28 @@ TrafficStats Communicator::traffic() const {
   return stats;
 }
 
+namespace {
+
+// std::out_of_range from .at() crossed the API with its library text
+// ("vector::_M_range_check: __n (which is 18446744073709551615)"), where
+// errors.h promises braid's five errors (found by a review helper).
+void check_rank(const char* what, int rank, int size) {
+  if (rank < 0 || rank >= size)
+    throw InvalidUsage(std::string(what) + ": rank " + std::to_string(rank) + " is out of range [0, " +
+                       std::to_string(size) + ")");
+}
+
+}  // namespace
+
 std::string Communicator::transport_of(int peer) const {
+  check_rank("transport_of", peer, impl_->size);
   if (peer == impl_->rank) return "self";
   Transport* t = impl_->exchange.routes.at(static_cast<std::size_t>(peer));
   return t ? std::string(t->name()) : "none";
 }
 
 int Communicator::host_index(int rank) const {
+  check_rank("host_index", rank, impl_->size);
   const auto& hosts = impl_->hosts;
   if (hosts.empty()) return 0;
   const std::string& mine = hosts.at(static_cast<std::size_t>(rank));
@@ -448,6 +463,8 @@ int Communicator::host_index(int rank) const {
 }
 
 AlgorithmChoice Communicator::last_algorithm(OpKind kind) const {
+  if (static_cast<std::size_t>(kind) >= impl_->choices_by_kind.size())
+    throw InvalidUsage("last_algorithm: OpKind " + std::to_string(static_cast<int>(kind)) + " is not a call kind");
   std::lock_guard lock(impl_->choice_mu);
   const Algorithm& last = impl_->choices_by_kind.at(static_cast<std::size_t>(kind)).last;
   if (last.name.empty()) return {};

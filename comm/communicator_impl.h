@@ -100,6 +100,9 @@ struct WorkState {
   std::shared_ptr<StagedOp> staged;
   std::chrono::milliseconds timeout{0};
   StagedInput input;  // filled when the call runs; kept while the state lives
+  // fork_generation() at the call: in a child forked since, no thread will
+  // ever complete it (the parent's progress thread is not there).
+  unsigned born_in = fork_generation();
   void complete(std::exception_ptr e);
   // complete() for a state no other thread can see yet (a call run inline
   // before enqueue returns its Work): no lock, no one to notify.

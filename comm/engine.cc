@@ -442,8 +442,30 @@ void Communicator::Impl::abort(const std::string& reason) {
   for (auto& t : transports) t->shutdown();
 }
 
+namespace {
+
+// A Work of a call issued before a fork(), waited for in the child: its
+// wait() never returned (found by a review helper).
+void refuse_forked_wait(const WorkState& state, const char* what) {
+  if (!state.done.load(std::memory_order_acquire) && state.born_in != fork_generation())
+    throw InvalidUsage(std::string(what) + " in a forked child on a call the parent process issued: the parent "
+                       "runs it, and this process will never see it complete");
+}
+
+// now + timeout, where that is before the clock's end: milliseconds::max()
+// overflowed to a time in the past, and the wait failed at once.
+Clock::time_point deadline_after(std::chrono::milliseconds timeout) {
+  const auto now = Clock::now();
+  if (timeout <= std::chrono::milliseconds::zero()) return now;
+  constexpr auto kCentury = std::chrono::hours(24 * 365 * 100);
+  return timeout >= kCentury ? now + kCentury : now + timeout;
+}
+
+}  // namespace
+
 void Work::wait() {
   if (!state_) throw InvalidUsage("wait() on an empty Work");
+  refuse_forked_wait(*state_, "Work::wait");
   state_->wait_done();
   if (state_->error) std::rethrow_exception(state_->error);
   if (state_->staged) state_->staged->wait_results(Clock::now() + state_->timeout);
@@ -451,7 +473,8 @@ void Work::wait() {
 
 void Work::wait(std::chrono::milliseconds timeout) {
   if (!state_) throw InvalidUsage("wait() on an empty Work");
-  const auto deadline = Clock::now() + timeout;
+  refuse_forked_wait(*state_, "Work::wait");
+  const auto deadline = deadline_after(timeout);
   if (!state_->done.load(std::memory_order_acquire)) {
     std::unique_lock lock(state_->mu);
     if (!state_->cv.wait_until(lock, deadline, [this] { return state_->done.load(); }))
@@ -464,6 +487,7 @@ void Work::wait(std::chrono::milliseconds timeout) {
 
 bool Work::test() {
   if (!state_) throw InvalidUsage("test() on an empty Work");
+  refuse_forked_wait(*state_, "Work::test");
   if (!state_->done.load(std::memory_order_acquire)) return false;
   if (state_->error) std::rethrow_exception(state_->error);
   return !state_->staged || state_->staged->results_ready();

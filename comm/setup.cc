@@ -589,6 +589,8 @@ std::unique_ptr<Communicator> Communicator::create_world(const runtime::RankInfo
 
 std::unique_ptr<Communicator> Communicator::create_world(const runtime::RankInfo& info,
                                                          const runtime::Config& config) {
+  runtime::validate(info);
+  runtime::validate(config);
   runtime::setup_logging(info.rank, config.log_level);
   auto impl = new_impl(info, config, next_world_prefix(info), info.rank, info.world_size);
   if (info.world_size > 1 || info.launcher != "none") {

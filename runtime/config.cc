@@ -18,83 +18,141 @@ const char* env(const char* name) {
                      "' is invalid: expected " + allowed);
 }
 
-std::string one_of(const char* name, const std::string& fallback,
-                   std::initializer_list<const char*> allowed) {
-  const char* value = env(name);
-  if (!value) return fallback;
+// The settings' allowed values, read by read_config() from the
+// environment and checked by validate() on a Config made in code.
+struct Choice {
+  const char* var;
+  const char* field;
+  std::string Config::*member;
+  std::initializer_list<const char*> allowed;
+};
+struct Bytes {
+  const char* var;
+  const char* field;
+  std::size_t Config::*member;
+  std::size_t lo, hi;
+};
+struct Int {
+  const char* var;
+  const char* field;
+  int Config::*member;
+  int lo, hi;
+};
+
+// Below 64 KiB a socket's window cannot hold one loopback segment (MSS
+// 65483): Linux then moves data only on its persist timer, one 256 KiB
+// all_reduce took seconds at 8K, and no wait timed out to say why.
+const Choice kChoices[] = {
+    {"BRAID_LOG_LEVEL", "log_level", &Config::log_level, {"trace", "debug", "info", "warn", "error", "off"}},
+    {"BRAID_TRANSPORT", "transport", &Config::transport, {"auto", "tcp", "shm", "ibverbs"}},
+    {"BRAID_ALGO", "algo", &Config::algo,
+     {"auto", "ring", "recursive_doubling", "binomial", "pipelined", "oneshot", "direct"}},
+    {"BRAID_DIRECT_WORKERS", "direct_workers", &Config::direct_workers, {"auto", "all", "one"}},
+    {"BRAID_CUDA_GATE", "cuda_gate", &Config::cuda_gate, {"auto", "kernel", "wait", "host", "event", "flag"}},
+};
+const Bytes kBytes[] = {
+    {"BRAID_SOCKET_BUFFER_BYTES", "socket_buffer_bytes", &Config::socket_buffer_bytes, 64u << 10, 1u << 30},
+    {"BRAID_SEGMENT_BYTES", "segment_bytes", &Config::segment_bytes, 4096, 1u << 30},
+    {"BRAID_CHUNK_BYTES", "chunk_bytes", &Config::chunk_bytes, 0, std::size_t{1} << 40},
+    {"BRAID_STREAM_BYTES", "stream_bytes", &Config::stream_bytes, 0, std::size_t{1} << 40},
+    {"BRAID_INLINE_BYTES", "inline_bytes", &Config::inline_bytes, 0, 1u << 30},
+    {"BRAID_SHM_RING_BYTES", "shm_ring_bytes", &Config::shm_ring_bytes, 64u << 10, 1u << 30},
+    {"BRAID_SHM_HOST_BYTES", "shm_host_bytes", &Config::shm_host_bytes, 1u << 20, std::size_t{1} << 40},
+    {"BRAID_STORE_MAX_BYTES", "store_max_bytes", &Config::store_max_bytes, 1u << 20, std::size_t{1} << 40},
+};
+const Int kInts[] = {
+    {"BRAID_IB_GID_INDEX", "ib_gid_index", &Config::ib_gid_index, -1, 255},
+    {"BRAID_IB_QPS_PER_PEER", "ib_qps_per_peer", &Config::ib_qps_per_peer, 1, 8},
+    {"BRAID_TCP_NSOCKS", "tcp_nsocks", &Config::tcp_nsocks, 1, 16},
+    {"BRAID_SPIN_US", "spin_us", &Config::spin_us, 0, 10000},
+};
+// BRAID_TIMEOUT, in seconds: at least 1 ms (a smaller positive value
+// rounded down to 0 ms, and every wait failed at once).
+constexpr double kTimeoutLo = 0.001, kTimeoutHi = 1e7;
+const char* const kTimeoutRange = "seconds from 0.001 to 1e7 (about 116 days)";
+
+std::string list_of(std::initializer_list<const char*> allowed) {
   std::string list;
-  for (const char* a : allowed) {
-    if (value == std::string(a)) return value;
-    list += (list.empty() ? "" : "|") + std::string(a);
-  }
-  bad(name, value, list);
+  for (const char* a : allowed) list += (list.empty() ? "" : "|") + std::string(a);
+  return list;
 }
 
-std::size_t bytes_in_range(const char* name, std::size_t fallback, std::size_t lo, std::size_t hi) {
-  const char* value = env(name);
-  if (!value) return fallback;
-  std::size_t parsed = 0;
-  try {
-    parsed = parse_bytes(value);
-  } catch (const InvalidUsage&) {
-    bad(name, value, "a byte count such as 4096, 256K or 4M");
-  }
-  if (parsed < lo || parsed > hi)
-    bad(name, value, "between " + std::to_string(lo) + " and " + std::to_string(hi) + " bytes");
-  return parsed;
-}
-
-int int_in_range(const char* name, int fallback, int lo, int hi) {
-  const char* value = env(name);
-  if (!value) return fallback;
-  char* end = nullptr;
-  long parsed = std::strtol(value, &end, 10);
-  if (*end != '\0' || parsed < lo || parsed > hi)
-    bad(name, value, "an integer from " + std::to_string(lo) + " to " + std::to_string(hi));
-  return static_cast<int>(parsed);
+std::string between(std::size_t lo, std::size_t hi, const char* unit) {
+  return "between " + std::to_string(lo) + " and " + std::to_string(hi) + unit;
 }
 
 }  // namespace
 
 Config read_config() {
   Config c;
-  c.log_level = one_of("BRAID_LOG_LEVEL", c.log_level,
-                       {"trace", "debug", "info", "warn", "error", "off"});
-  // At least 1 ms: a smaller positive value rounded down to 0 ms, and
-  // every wait failed at once.
+  for (const Choice& choice : kChoices) {
+    const char* value = env(choice.var);
+    if (!value) continue;
+    bool known = false;
+    for (const char* a : choice.allowed) known = known || value == std::string(a);
+    if (!known) bad(choice.var, value, list_of(choice.allowed));
+    c.*choice.member = value;
+  }
+  for (const Bytes& b : kBytes) {
+    const char* value = env(b.var);
+    if (!value) continue;
+    std::size_t parsed = 0;
+    try {
+      parsed = parse_bytes(value);
+    } catch (const InvalidUsage&) {
+      bad(b.var, value, "a byte count such as 4096, 256K or 4M");
+    }
+    if (parsed < b.lo || parsed > b.hi) bad(b.var, value, between(b.lo, b.hi, " bytes"));
+    c.*b.member = parsed;
+  }
+  for (const Int& i : kInts) {
+    const char* value = env(i.var);
+    if (!value) continue;
+    char* end = nullptr;
+    long parsed = std::strtol(value, &end, 10);
+    if (*end != '\0' || parsed < i.lo || parsed > i.hi)
+      bad(i.var, value, "an integer from " + std::to_string(i.lo) + " to " + std::to_string(i.hi));
+    c.*i.member = static_cast<int>(parsed);
+  }
   if (const char* t = env("BRAID_TIMEOUT")) {
     char* end = nullptr;
     double seconds = std::strtod(t, &end);
-    if (*end != '\0' || !(seconds >= 0.001) || seconds > 1e7)
-      bad("BRAID_TIMEOUT", t, "seconds from 0.001 to 1e7 (about 116 days)");
+    if (*end != '\0' || !(seconds >= kTimeoutLo) || seconds > kTimeoutHi) bad("BRAID_TIMEOUT", t, kTimeoutRange);
     c.timeout = std::chrono::milliseconds(static_cast<long long>(seconds * 1000));
   }
   if (const char* a = env("BRAID_BIND_ADDR")) c.bind_addr = a;
-  c.transport = one_of("BRAID_TRANSPORT", c.transport, {"auto", "tcp", "shm", "ibverbs"});
   if (const char* h = env("BRAID_IB_HCA")) c.ib_hca = h;
-  c.ib_gid_index = int_in_range("BRAID_IB_GID_INDEX", c.ib_gid_index, -1, 255);
-  c.ib_qps_per_peer = int_in_range("BRAID_IB_QPS_PER_PEER", c.ib_qps_per_peer, 1, 8);
-  c.algo = one_of("BRAID_ALGO", c.algo,
-                  {"auto", "ring", "recursive_doubling", "binomial", "pipelined", "oneshot", "direct"});
-  c.direct_workers = one_of("BRAID_DIRECT_WORKERS", c.direct_workers, {"auto", "all", "one"});
-  c.tcp_nsocks = int_in_range("BRAID_TCP_NSOCKS", c.tcp_nsocks, 1, 16);
-  // Below 64 KiB a socket's window cannot hold one loopback segment (MSS
-  // 65483): Linux then moves data only on its persist timer, one 256 KiB
-  // all_reduce took seconds at 8K, and no wait timed out to say why.
-  c.socket_buffer_bytes =
-      bytes_in_range("BRAID_SOCKET_BUFFER_BYTES", c.socket_buffer_bytes, 64u << 10, 1u << 30);
-  c.segment_bytes = bytes_in_range("BRAID_SEGMENT_BYTES", c.segment_bytes, 4096, 1u << 30);
-  c.chunk_bytes = bytes_in_range("BRAID_CHUNK_BYTES", c.chunk_bytes, 0, std::size_t{1} << 40);
-  c.stream_bytes = bytes_in_range("BRAID_STREAM_BYTES", c.stream_bytes, 0, std::size_t{1} << 40);
-  c.inline_bytes = bytes_in_range("BRAID_INLINE_BYTES", c.inline_bytes, 0, 1u << 30);
   if (const char* h = env("BRAID_HOST_ID")) c.host_id = h;
-  c.shm_ring_bytes = bytes_in_range("BRAID_SHM_RING_BYTES", c.shm_ring_bytes, 64u << 10, 1u << 30);
-  c.shm_host_bytes = bytes_in_range("BRAID_SHM_HOST_BYTES", c.shm_host_bytes, 1u << 20, std::size_t{1} << 40);
-  c.spin_us = int_in_range("BRAID_SPIN_US", 20, 0, 10000);
-  c.cuda_gate = one_of("BRAID_CUDA_GATE", c.cuda_gate, {"auto", "kernel", "wait", "host", "event", "flag"});
-  c.store_max_bytes =
-      bytes_in_range("BRAID_STORE_MAX_BYTES", c.store_max_bytes, 1u << 20, std::size_t{1} << 40);
   return c;
+}
+
+// The ranges read_config() holds the environment to. A Config made in code
+// (create_world(info, config): tests, embedding, the torch backend) was
+// taken as it was: 1-element segments crawled, a 0-byte socket buffer
+// waited out the timeout, -1 sockets asked for a vector of 2^64 (found by
+// a review helper).
+void validate(const Config& c) {
+  auto refuse = [](const char* field, const char* var, const std::string& value, const std::string& allowed) {
+    throw InvalidUsage(std::string("Config::") + field + " (" + var + ") = " + value + " is invalid: expected " +
+                       allowed);
+  };
+  for (const Choice& choice : kChoices) {
+    bool known = false;
+    for (const char* a : choice.allowed) known = known || c.*choice.member == a;
+    if (!known) refuse(choice.field, choice.var, "'" + c.*choice.member + "'", list_of(choice.allowed));
+  }
+  for (const Bytes& b : kBytes)
+    if (c.*b.member < b.lo || c.*b.member > b.hi)
+      refuse(b.field, b.var, std::to_string(c.*b.member), between(b.lo, b.hi, " bytes"));
+  for (const Int& i : kInts)
+    if (c.*i.member < i.lo || c.*i.member > i.hi)
+      refuse(i.field, i.var, std::to_string(c.*i.member),
+             "an integer from " + std::to_string(i.lo) + " to " + std::to_string(i.hi));
+  using Seconds = std::chrono::duration<double>;
+  const double seconds = std::chrono::duration_cast<Seconds>(c.timeout).count();
+  if (!(seconds >= kTimeoutLo) || seconds > kTimeoutHi)
+    refuse("timeout", "BRAID_TIMEOUT", std::to_string(c.timeout.count()) + " ms", kTimeoutRange);
+  if (c.bind_addr.empty()) refuse("bind_addr", "BRAID_BIND_ADDR", "''", "an IP address");
 }
 
 std::size_t parse_bytes(const std::string& text) {

@@ -300,6 +300,25 @@ RankInfo rank_info_from_env() {
   return info;
 }
 
+// create_world(info) took any RankInfo: rank 3 of a world of 1 (or rank
+// -1) crashed with SIGSEGV, a world of 0 "succeeded" (found by a review
+// helper).
+void validate(const RankInfo& info) {
+  auto refuse = [&](const std::string& what) {
+    throw InvalidUsage("RankInfo: " + what + " (rank " + std::to_string(info.rank) + ", world_size " +
+                       std::to_string(info.world_size) + ", local_rank " + std::to_string(info.local_rank) +
+                       ", local_world_size " + std::to_string(info.local_world_size) + ")");
+  };
+  if (info.world_size < 1) refuse("world_size must be at least 1");
+  if (info.rank < 0 || info.rank >= info.world_size) refuse("rank must be in [0, world_size)");
+  if (info.local_world_size < 1 || info.local_world_size > info.world_size)
+    refuse("local_world_size must be in [1, world_size]");
+  if (info.local_rank < 0 || info.local_rank >= info.local_world_size)
+    refuse("local_rank must be in [0, local_world_size)");
+  if (info.node_rank < 0) refuse("node_rank must be 0 or more");
+  if (info.restart_count < 0) refuse("restart_count must be 0 or more");
+}
+
 std::string describe(const RankInfo& info) {
   return "rank " + std::to_string(info.rank) + "/" + std::to_string(info.world_size) +
          " (local " + std::to_string(info.local_rank) + "/" + std::to_string(info.local_world_size) +

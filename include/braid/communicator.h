@@ -72,7 +72,9 @@ class Communicator {
   // is rank 0 and no launcher does) and to every peer.
   static std::unique_ptr<Communicator> create_world();
   static std::unique_ptr<Communicator> create_world(const runtime::RankInfo& info);
-  // With explicit settings instead of the BRAID_* environment (tests, embedding).
+  // With explicit settings instead of the BRAID_* environment (tests,
+  // embedding); both are checked first (runtime::validate), so a value the
+  // environment could not give is refused with InvalidUsage naming it.
   static std::unique_ptr<Communicator> create_world(const runtime::RankInfo& info,
                                                     const runtime::Config& config);
   ~Communicator();

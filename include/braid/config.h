@@ -37,10 +37,12 @@ struct Config {
   // BRAID_IB_QPS_PER_PEER: reliable-connected queue pairs per peer, 1..8;
   // large messages are written directly in stripes over them.
   int ib_qps_per_peer = 1;
-  // BRAID_ALGO: auto|ring|recursive_doubling|binomial|pipelined. Forces the
-  // algorithm where the collective has it (all_reduce: ring or
-  // recursive_doubling; broadcast: binomial or pipelined). Default auto
-  // (comm/algorithms/select.cc).
+  // BRAID_ALGO: auto|ring|recursive_doubling|binomial|pipelined|oneshot|
+  // direct. Forces the algorithm where the collective has it (all_reduce:
+  // ring or recursive_doubling; broadcast: binomial or pipelined; oneshot:
+  // the shared slots of a one-host shm communicator, where the call fits
+  // one; direct: the direct collective on registered host buffers of one
+  // host). Default auto (comm/algorithms/select.cc).
   std::string algo = "auto";
   // BRAID_DIRECT_WORKERS: auto|all|one. Which ranks do a direct
   // collective's work (comm/algorithms/direct.h): `all`, each rank its own
@@ -116,6 +118,10 @@ struct Config {
 const Config& config();
 // Parses the environment now, as config() did on its first call.
 Config read_config();
+// Throws InvalidUsage naming the field (and its variable) that holds a
+// value read_config() would refuse: for a Config made or changed in code
+// (Communicator::create_world(info, config) checks its argument).
+void validate(const Config& config);
 
 // Parses a byte count with an optional K/M/G (binary) suffix: "64M", "4096".
 std::size_t parse_bytes(const std::string& text);

@@ -64,6 +64,11 @@ struct RankInfo {
 // Reads and validates the environment; throws InvalidUsage naming the
 // variable that is missing or malformed.
 RankInfo rank_info_from_env();
+// Throws InvalidUsage naming the field whose value no launcher gives (a
+// rank outside [0, world_size), a world of no ranks, a local rank outside
+// [0, local_world_size)): for a RankInfo made in code
+// (Communicator::create_world(info) checks its argument).
+void validate(const RankInfo& info);
 
 // "rank 1/4 (local 1/2, node 0) via braid-launch, store 127.0.0.1:40123"
 std::string describe(const RankInfo& info);

@@ -707,14 +707,43 @@ TEST_CASE("failures: over TCP, where rank 0 served the store, every rank names r
     CHECK(contains(o.text, "all_reduce #4"));
     if (what == "killed") {
       CHECK(contains(o.text, "from rank 0 ("));
-      CHECK(contains(o.text, "rank 0 exited, crashed or aborted"));
+      CHECK((contains(o.text, "rank 0 exited, crashed or aborted") ||
+             contains(o.text, "rank 0 closed its communicator, or exited, crashed or aborted")));
     } else {
       CHECK(contains(o.text, "mismatched collectives"));
     }
     // Nobody alive is blamed as dead.
-    for (int alive = 1; alive < 4; ++alive)
+    for (int alive = 1; alive < 4; ++alive) {
       CHECK_FALSE(contains(o.text, "rank " + std::to_string(alive) + " exited, crashed or aborted"));
+      CHECK_FALSE(contains(o.text, "rank " + std::to_string(alive) + " closed its communicator"));
+    }
   }
+}
+
+// A rank that only destroyed its communicator (its process running on)
+// closes its sockets in order: its peers were told it "exited, crashed or
+// aborted" (found by a review helper).
+TEST_CASE("failures: over TCP, a peer that closed its communicator is not called crashed", "[failures]") {
+  auto options = options_with(seconds(10), seconds(40), "tcp");
+  options.own_world = [](std::unique_ptr<Communicator> world, const runtime::RankInfo&, const runtime::Config&) {
+    if (world->rank() == 2) {
+      world.reset();
+      std::this_thread::sleep_for(seconds(3));  // alive while the others find out
+      return;
+    }
+    std::vector<float> data(1000, 1.0f);
+    try {
+      world->all_reduce(data.data(), data.data(), data.size(), DataType::f32, ReduceOp::sum).wait();
+    } catch (const RemoteError& e) {
+      expect(contains(e.what(), "rank 2 closed its communicator"), std::string("the error: ") + e.what());
+      return;
+    }
+    throw std::runtime_error("the all_reduce completed without rank 2");
+  };
+  auto result = test::run_ranks(3, {}, options);
+  INFO(result.summary());
+  REQUIRE_FALSE(result.timed_out);
+  CHECK(result.all_ok());
 }
 
 TEST_CASE("failures: broadcast with different roots never completes with wrong data", "[failures]") {

@@ -19,12 +19,14 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <functional>
 #include <limits>
 #include <numeric>
 #include <optional>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #include "runtime/device.h"
@@ -259,6 +261,110 @@ TEST_CASE("failures: wait(timeout) on a late receive throws TimeoutError and a l
   INFO(result.summary());
   REQUIRE_FALSE(result.timed_out);
   CHECK(result.all_ok());
+}
+
+// wait(milliseconds::max()) overflowed its deadline into the past and threw
+// TimeoutError at once; a child forked while a call was pending waited in
+// wait() for ever, no thread of its own ever completing it (both found by a
+// review helper).
+TEST_CASE("failures: wait(milliseconds::max()) waits for the call; a forked child's wait is refused, not hung",
+          "[failures]") {
+  const std::filesystem::path go =
+      std::filesystem::temp_directory_path() / ("braid-test-fork-wait-" + std::to_string(getpid()));
+  std::filesystem::remove(go);
+  auto options = options_with(seconds(10), seconds(40), "shm");
+  auto result = test::run_ranks(
+      2,
+      [go](Communicator& comm) {
+        std::int64_t value = 0;
+        if (comm.rank() == 1) {  // sends once rank 0's child is done, and rank 0 waits again
+          const auto start = SteadyClock::now();
+          while (!std::filesystem::exists(go)) {
+            expect(ms_since(start) < 20000, "rank 0 never said go");
+            std::this_thread::sleep_for(milliseconds(10));
+          }
+          std::this_thread::sleep_for(milliseconds(300));
+          value = 42;
+          comm.send(&value, 1, DataType::i64, 0).wait();
+          return;
+        }
+        Work pending = comm.recv(&value, 1, DataType::i64, 1);
+        std::fflush(nullptr);
+        const pid_t child = fork();
+        if (child == 0) {
+          int code = 0;
+          for (int call = 0; call < 3 && code == 0; ++call) {
+            try {
+              if (call == 0) pending.wait();
+              else if (call == 1) pending.wait(seconds(1));
+              else pending.test();
+              code = 10 + call;  // returned
+            } catch (const InvalidUsage& e) {
+              if (!contains(e.what(), "forked child")) code = 20 + call;
+            } catch (...) {
+              code = 30 + call;
+            }
+          }
+          _exit(code);
+        }
+        int status = 0;
+        waitpid(child, &status, 0);
+        expect(WIFEXITED(status) && WEXITSTATUS(status) == 0,
+               "the forked child's wait, wait(timeout) or test() on the parent's call was not refused naming "
+               "the fork (status " + std::to_string(status) + ")");
+        std::ofstream(go.string()) << "go";
+        const auto start = SteadyClock::now();
+        pending.wait(std::chrono::milliseconds::max());
+        expect(value == 42, "received " + std::to_string(value));
+        expect(ms_since(start) >= 200, "wait(max) returned after " + std::to_string(ms_since(start)) +
+                                           " ms, before the peer sent");
+      },
+      options);
+  std::filesystem::remove(go);
+  INFO(result.summary());
+  REQUIRE_FALSE(result.timed_out);
+  CHECK(result.all_ok());
+}
+
+// create_world(info, config) took any RankInfo and Config (rank 3 of 1
+// crashed with SIGSEGV, tcp_nsocks -1 asked for a vector of 2^64), and the
+// lookups threw std::out_of_range with the library's text; allocate(SIZE_MAX)
+// said "mmap of 0 bytes" (found by a review helper).
+TEST_CASE("failures: create_world refuses a RankInfo or Config no launcher gives; lookups refuse ranks out of range",
+          "[failures]") {
+  const runtime::RankInfo info;  // rank 0 of 1, no launcher
+  const runtime::Config config = test::test_config(seconds(5));
+  for (auto [rank, world, words] : {std::tuple{3, 1, "rank must be in [0, world_size)"},
+                                    std::tuple{-1, 1, "rank must be in [0, world_size)"},
+                                    std::tuple{0, 0, "world_size must be at least 1"}}) {
+    runtime::RankInfo bad = info;
+    bad.rank = rank, bad.world_size = world;
+    expect_invalid("create_world with rank " + std::to_string(rank) + " of " + std::to_string(world),
+                   [&] { (void)Communicator::create_world(bad, config); }, {"RankInfo", words});
+  }
+  runtime::Config bad_config = config;
+  bad_config.tcp_nsocks = -1;
+  expect_invalid("create_world with tcp_nsocks -1", [&] { (void)Communicator::create_world(info, bad_config); },
+                 {"Config::tcp_nsocks", "BRAID_TCP_NSOCKS"});
+  bad_config = config;
+  bad_config.segment_bytes = 0;
+  expect_invalid("create_world with segment_bytes 0", [&] { (void)Communicator::create_world(info, bad_config); },
+                 {"Config::segment_bytes"});
+  const auto world = Communicator::create_world(info, config);
+  expect(world->transport_of(0) == "self", "transport_of(0) on one rank: " + world->transport_of(0));
+  expect_invalid("transport_of(-1)", [&] { (void)world->transport_of(-1); }, {"transport_of", "-1", "out of range"});
+  expect_invalid("transport_of(5)", [&] { (void)world->transport_of(5); }, {"transport_of", "5", "[0, 1)"});
+  expect_invalid("host_index(5)", [&] { (void)world->host_index(5); }, {"host_index", "out of range"});
+  expect_invalid("last_algorithm(99)", [&] { (void)world->last_algorithm(static_cast<OpKind>(99)); },
+                 {"last_algorithm", "99"});
+  bool refused = false;
+  try {
+    (void)world->allocate(std::numeric_limits<std::size_t>::max());
+  } catch (const SystemError& e) {
+    refused = contains(e.what(), std::to_string(std::numeric_limits<std::size_t>::max()) + " bytes");
+    INFO(e.what());
+  }
+  CHECK(refused);
 }
 
 TEST_CASE("failures: 16 all_reduces in flight complete in order with exact results", "[failures]") {

@@ -84,3 +84,38 @@ TEST_CASE("config: timeouts below a millisecond and counts with units are refuse
     CHECK_THAT(verdict("BRAID_TCP_NSOCKS", value), Catch::Contains("an integer from 1 to 16"));
   CHECK(verdict("BRAID_TCP_NSOCKS", "8").empty());
 }
+
+// A Config made in code (create_world(info, config): tests, embedding, the
+// torch backend) was taken as it was: 1-element segments crawled, a 0-byte
+// socket buffer waited out the timeout, -1 sockets asked for a vector of
+// 2^64. validate() holds it to read_config()'s ranges, naming the field and
+// its variable.
+TEST_CASE("config: validate() refuses a Config made in code that the environment could not give", "[config]") {
+  runtime::validate(runtime::Config{});
+  runtime::validate(runtime::read_config());
+  auto refused = [](auto change) {
+    runtime::Config c;
+    change(c);
+    try {
+      runtime::validate(c);
+    } catch (const InvalidUsage& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  CHECK_THAT(refused([](runtime::Config& c) { c.segment_bytes = 0; }),
+             Catch::Contains("Config::segment_bytes (BRAID_SEGMENT_BYTES) = 0") && Catch::Contains("4096"));
+  CHECK_THAT(refused([](runtime::Config& c) { c.socket_buffer_bytes = 0; }), Catch::Contains("socket_buffer_bytes"));
+  CHECK_THAT(refused([](runtime::Config& c) { c.tcp_nsocks = 0; }),
+             Catch::Contains("Config::tcp_nsocks (BRAID_TCP_NSOCKS) = 0") && Catch::Contains("from 1 to 16"));
+  CHECK_THAT(refused([](runtime::Config& c) { c.tcp_nsocks = -1; }), Catch::Contains("tcp_nsocks"));
+  CHECK_THAT(refused([](runtime::Config& c) { c.transport = "garbage"; }),
+             Catch::Contains("Config::transport") && Catch::Contains("auto|tcp|shm|ibverbs"));
+  CHECK_THAT(refused([](runtime::Config& c) { c.algo = "garbage"; }), Catch::Contains("Config::algo"));
+  CHECK_THAT(refused([](runtime::Config& c) { c.timeout = std::chrono::milliseconds(0); }),
+             Catch::Contains("Config::timeout (BRAID_TIMEOUT)"));
+  CHECK_THAT(refused([](runtime::Config& c) { c.timeout = std::chrono::milliseconds(-5); }), Catch::Contains("timeout"));
+  CHECK_THAT(refused([](runtime::Config& c) { c.spin_us = 20000; }), Catch::Contains("spin_us"));
+  CHECK_THAT(refused([](runtime::Config& c) { c.bind_addr.clear(); }), Catch::Contains("bind_addr"));
+  CHECK(refused([](runtime::Config& c) { c.algo = "direct", c.tcp_nsocks = 16; }).empty());
+}

@@ -138,6 +138,23 @@ TEST_CASE("launch abuse: without BRAID_BIND_ADDR a job across nodes listens wher
   }
 }
 
+// Every rank listens on BRAID_BIND_ADDR. A name or a mistyped address
+// failed as "cannot resolve store address" (never given), one of another
+// machine as the store's "cannot listen", "localhost" on every rank after
+// the launch: refused at once, by its name, before any rank starts.
+TEST_CASE("launch abuse: a BRAID_BIND_ADDR that is no IP address of this machine is refused by its name",
+          "[abuse][launch]") {
+  const std::string script = recording("true");
+  for (const char* addr : {"garbage", "localhost", "999.1.1.1", "192.0.2.1"}) {
+    INFO(addr);
+    JobDir dir;
+    auto result = run_launch(dir, shell_job(2, script, dir), {{"BRAID_BIND_ADDR", addr}});
+    CHECK(result.status == 2);
+    CHECK_THAT(result.err, Contains("BRAID_BIND_ADDR") && Contains(addr) && !Contains("store address"));
+    CHECK(dir.recorded_pids().empty());
+  }
+}
+
 TEST_CASE("launch abuse: more ranks than RLIMIT_NOFILE allows", "[abuse][launch]") {
   constexpr int kRanks = 40;  // about 170 descriptors for the launcher
   std::string script = recording("ulimit -n > \"$0/nofile_$BRAID_RANK\"");

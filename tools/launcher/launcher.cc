@@ -11,6 +11,7 @@
 #include "tools/launcher/launcher.h"
 
 #include <fcntl.h>
+#include <arpa/inet.h>
 #include <netdb.h>
 #include <poll.h>
 #include <sys/socket.h>
@@ -85,6 +86,22 @@ bool is_own_address(const std::string& addr) {
   if (fd >= 0) ::close(fd);
   freeaddrinfo(found);
   return own;
+}
+
+// Every rank listens on BRAID_BIND_ADDR, and the ranks refuse a name. A
+// host name or a mistyped address failed as "cannot resolve store address"
+// (which the user never gave), one of another machine as the store's
+// "cannot listen", and "localhost" on every rank after the launch (found by
+// a review helper): checked once here, by its name.
+void check_bind_address(const std::string& addr) {
+  in_addr v4{};
+  in6_addr v6{};
+  if (inet_pton(AF_INET, addr.c_str(), &v4) != 1 && inet_pton(AF_INET6, addr.c_str(), &v6) != 1)
+    throw InvalidUsage("BRAID_BIND_ADDR='" + addr + "' is not an IP address; the ranks listen there: give one of "
+                       "this machine's addresses (127.0.0.1, or the one the other nodes reach)");
+  if (!is_wildcard(addr) && !is_own_address(addr))
+    throw InvalidUsage("BRAID_BIND_ADDR=" + addr + " is not an address of this machine, so the ranks cannot listen "
+                       "there: give one of this machine's addresses");
 }
 
 void create_log_dir(const std::string& dir) {
@@ -615,6 +632,7 @@ int launch(const LaunchOptions& given) {
                  "address), or the ranks wait until BRAID_TIMEOUT",
                  options.master_addr);
   const runtime::Config& config = runtime::config();
+  check_bind_address(config.bind_addr);
   check_fd_limit(options, config);
   std::string bind_addr = bind_address(options, config.bind_addr);
   StoreEndpoints endpoints = store_endpoints(options, bind_addr);

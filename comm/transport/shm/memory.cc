@@ -142,6 +142,10 @@ std::string errno_text(const std::string& what) { return what + ": " + std::stre
 
 void* allocate(std::size_t bytes) {
   constexpr std::size_t kAlign = 2u << 20;
+  // Rounded up past SIZE_MAX it wrapped to 0: "mmap of 0 bytes".
+  if (bytes > std::numeric_limits<std::size_t>::max() - kAlign)
+    throw SystemError("cannot allocate " + std::to_string(bytes) + " bytes of registered memory: more than the "
+                      "address space holds");
   const std::size_t size = (std::max<std::size_t>(bytes, 1) + kAlign - 1) / kAlign * kAlign;
   const int fd = static_cast<int>(syscall(SYS_memfd_create, "braid-region", 1u /* MFD_CLOEXEC */));
   if (fd < 0) throw SystemError(errno_text("memfd_create for registered memory"));

@@ -301,12 +301,16 @@ void TcpTransport::throw_farewell_if_any(int peer) {
 }
 
 // A peer's farewell, when one waits, says more than the closed connection.
+// An orderly close (end of stream, no error) is also what a peer that only
+// destroyed its communicator sends, and it was called "exited, crashed or
+// aborted" while it ran on (found by a review helper); a reset is not.
 void TcpTransport::fail(const Stream& stream, const char* doing, int error) {
   throw_farewell_if_any(stream.peer);
   std::string peer = "rank " + std::to_string(stream.peer);
   std::string cause = error ? std::string(std::strerror(error)) : "connection closed";
   throw RemoteError("rank " + std::to_string(rank_) + " lost its TCP connection " + doing + " " + peer +
-                    " (" + cause + "): " + peer + " exited, crashed or aborted",
+                        " (" + cause + "): " + peer +
+                        (error ? " exited, crashed or aborted" : " closed its communicator, or exited, crashed or aborted"),
                     stream.peer);
 }
 
