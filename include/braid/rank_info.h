@@ -65,8 +65,8 @@ struct RankInfo {
 // variable that is missing or malformed.
 RankInfo rank_info_from_env();
 // Throws InvalidUsage naming the field whose value no launcher gives (a
-// rank outside [0, world_size), a world of no ranks, a local rank outside
-// [0, local_world_size)): for a RankInfo made in code
+// rank outside [0, world_size), a world of no ranks, a negative local rank
+// or node rank): for a RankInfo made in code
 // (Communicator::create_world(info) checks its argument).
 void validate(const RankInfo& info);
 

@@ -544,6 +544,14 @@ def check_two_groups(c, rank, size):
         works = [dist.all_to_all_single(out, t, recvs, sends, group=g, async_op=True) for out, t, g in calls]
         for work in works:
             work.wait()
+    # A group of the last two ranks only: its ranks keep the launcher's
+    # local ranks (up to size - 1) in a world of two.
+    last_two = dist.new_group([size - 2, size - 1], backend="braid")
+    if rank >= size - 2:
+        t = values(7, rank, torch.float32)
+        want = values(7, size - 2, torch.float32) + values(7, size - 1, torch.float32)
+        dist.all_reduce(t, group=last_two)
+        c.equal("all_reduce on a group of the last two ranks", t, want)
     within(30, rank, "unequal all_to_all_single on two groups in opposite orders", issue_and_wait_unequal)
     c.equal("unequal all_to_all_single on two groups in opposite orders, default group", got_a, want_a)
     c.equal("unequal all_to_all_single on two groups in opposite orders, new group", got_b, want_b)
