@@ -374,7 +374,7 @@ void print_start(braid::trainer::Trainer& trainer, const braid::runtime::RankInf
     std::fprintf(stderr, "braid-train: schedule %s\n%s", o.schedule.c_str(),
                  t::describe_rank_map(trainer.mesh()->groups().shape).c_str());
   }
-  std::fputs((t::format_rank_map(ranks) + t::format_memory_table(ranks)).c_str(), stderr);
+  std::fputs((t::format_rank_map(ranks) + t::format_memory_table(ranks, true)).c_str(), stderr);
   if (trainer.step() >= o.steps) {
     std::fprintf(stderr,
                  "braid-train: nothing to train: the run starts at step %lld%s and --steps is %lld; "

@@ -119,7 +119,9 @@ const Config& config();
 // Parses the environment now, as config() did on its first call.
 Config read_config();
 // Throws InvalidUsage naming the field (and its variable) that holds a
-// value read_config() would refuse: for a Config made or changed in code
+// value the code cannot run with: read_config()'s ranges, except that code
+// may leave algo empty (auto, keeping small calls off the shared slots) and
+// make rings down to 4 KiB. For a Config made or changed in code
 // (Communicator::create_world(info, config) checks its argument).
 void validate(const Config& config);
 

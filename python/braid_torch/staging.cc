@@ -19,7 +19,7 @@ constexpr std::size_t kAlign = std::size_t{2} << 20;
 }  // namespace
 
 struct StagingPool::Shelf {
-  mutable std::mutex mutex;
+  std::mutex mutex;
   std::multimap<std::size_t, void*> free;  // by size
   std::size_t kept = 0;
 
@@ -78,11 +78,6 @@ StagingPool::Lease StagingPool::take(int64_t numel, const at::TensorOptions& opt
       },
       options);
   return {tensor, [succeeded] { succeeded->store(true, std::memory_order_release); }};
-}
-
-std::size_t StagingPool::kept_bytes() const {
-  std::lock_guard lock(shelf_->mutex);
-  return shelf_->kept;
 }
 
 }  // namespace braid::torch_backend

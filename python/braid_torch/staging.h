@@ -44,8 +44,6 @@ class StagingPool {
   // A contiguous 1-D tensor of `numel` elements of `options`' dtype and
   // device (CUDA ones from torch's caching allocator).
   Lease take(int64_t numel, const at::TensorOptions& options);
-  // Bytes of free blocks kept now (tests, logs).
-  std::size_t kept_bytes() const;
 
  private:
   struct Shelf;

@@ -118,4 +118,8 @@ TEST_CASE("config: validate() refuses a Config made in code that the environment
   CHECK_THAT(refused([](runtime::Config& c) { c.spin_us = 20000; }), Catch::Contains("spin_us"));
   CHECK_THAT(refused([](runtime::Config& c) { c.bind_addr.clear(); }), Catch::Contains("bind_addr"));
   CHECK(refused([](runtime::Config& c) { c.algo = "direct", c.tcp_nsocks = 16; }).empty());
+  // What code (tests) runs with though the environment may not ask for it.
+  CHECK(refused([](runtime::Config& c) { c.algo.clear(); }).empty());
+  CHECK(refused([](runtime::Config& c) { c.shm_ring_bytes = 4096; }).empty());
+  CHECK_THAT(refused([](runtime::Config& c) { c.shm_ring_bytes = 1024; }), Catch::Contains("between 4096"));
 }

@@ -397,6 +397,12 @@ TEST_CASE("abuse: a --data path a checkpoint cannot record is refused before tra
   r = braid_train(dir, kTiny + "--steps 1 --data '" + latin1.string() + "'");
   INFO(r.err);
   CHECK(r.rc == 0);
+  // The run id goes into each step's state.json too.
+  r = test::run_shell(dir, "BRAID_RUN_ID=\"$(printf 'run\\377')\" " + std::string(std::getenv("BRAID_TRAIN")) +
+                               kTiny + "--steps 1 --checkpoint-dir " + ckpt.string());
+  CHECK(r.rc == 2);
+  CHECK_THAT(r.err, Catch::Contains("BRAID_RUN_ID") && Catch::Contains("not valid UTF-8"));
+  CHECK_FALSE(fs::exists(ckpt / "latest"));
 }
 
 // Both named a flag the user never gave: "check --data" for the corpus

@@ -224,6 +224,11 @@ TEST_CASE("the summary of a --tp 2 run names the mesh, the whole model's paramet
   CHECK_THAT(run.err, Catch::Contains("mesh dp 1 x tp 2 x pp 1; DP axis: none (one DP rank: no DP communication"));
   CHECK_THAT(run.err + run.out, !Catch::Contains("one process, no communication"));
   CHECK_THAT(run.out, Catch::Contains("traffic per rank per step, by group") && Catch::Contains("TP all-reduce wait"));
+  // The table before training is not called a peak (its activations are
+  // not taken yet); the end's is.
+  CHECK_THAT(run.err, Catch::Contains("memory per rank before the first step, MiB") &&
+                          !Catch::Contains("memory per rank, peak MiB"));
+  CHECK_THAT(run.out, Catch::Contains("memory per rank, peak MiB"));
 }
 
 TEST_CASE("a --pp 2 checkpoint's shards hold whole tensors under their names and shapes; --init-from reads it",

@@ -11,7 +11,6 @@
 #include "tools/launcher/launcher.h"
 
 #include <fcntl.h>
-#include <arpa/inet.h>
 #include <netdb.h>
 #include <poll.h>
 #include <sys/socket.h>
@@ -94,9 +93,16 @@ bool is_own_address(const std::string& addr) {
 // "cannot listen", and "localhost" on every rank after the launch (found by
 // a review helper): checked once here, by its name.
 void check_bind_address(const std::string& addr) {
-  in_addr v4{};
-  in6_addr v6{};
-  if (inet_pton(AF_INET, addr.c_str(), &v4) != 1 && inet_pton(AF_INET6, addr.c_str(), &v6) != 1)
+  // As numeric as the ranks take it: a scoped IPv6 link-local address
+  // (fe80::1%eth0) included, which inet_pton refuses.
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_NUMERICHOST;
+  addrinfo* found = nullptr;
+  const bool numeric = getaddrinfo(addr.c_str(), nullptr, &hints, &found) == 0;
+  if (found != nullptr) freeaddrinfo(found);
+  if (!numeric)
     throw InvalidUsage("BRAID_BIND_ADDR='" + addr + "' is not an IP address; the ranks listen there: give one of "
                        "this machine's addresses (127.0.0.1, or the one the other nodes reach)");
   if (!is_wildcard(addr) && !is_own_address(addr))

@@ -300,10 +300,16 @@ void validate_modes(const TrainOptions& o) {
   // A checkpoint records --data's absolute path in JSON: a path in another
   // encoding trained the whole run, then failed every save with the JSON
   // library's "invalid UTF-8 byte" (found by a review helper).
-  require(o.checkpoint_dir.empty() || o.data.empty() ||
-              json_can_hold(std::filesystem::absolute(o.data).string()),
-          "--data " + o.data + ": the path is not valid UTF-8, and a checkpoint records it in JSON, which holds "
-          "only UTF-8; give the file (or a link to it) a UTF-8 name");
+  if (!o.checkpoint_dir.empty() && !o.data.empty()) {
+    const std::string path = std::filesystem::absolute(o.data).string();
+    require(json_can_hold(path), "--data " + o.data + ": its path " + path + " is not valid UTF-8, and a checkpoint "
+                                 "records it in JSON, which holds only UTF-8; reach the file by a path of UTF-8 "
+                                 "names (rename it, or link to it from such a directory)");
+  }
+  // The run id goes into every step's state.json too.
+  require(o.checkpoint_dir.empty() || json_can_hold(o.run_id),
+          "the run id '" + o.run_id + "' (BRAID_RUN_ID or TORCHELASTIC_RUN_ID) is not valid UTF-8, and a checkpoint "
+          "records it in JSON, which holds only UTF-8; give the job an ASCII run id");
   require(o.resume.empty() || o.init_from.empty(), "--resume and --init-from exclude each other; pass one");
   require(!o.eval_only || !o.init_from.empty() || !o.resume.empty(),
           "--eval-only needs weights: pass --init-from FILE|DIR or --resume DIR");

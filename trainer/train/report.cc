@@ -372,9 +372,13 @@ std::string format_rank_map(const std::vector<RankStats>& ranks) {
   return text;
 }
 
-std::string format_memory_table(const std::vector<RankStats>& ranks) {
+std::string format_memory_table(const std::vector<RankStats>& ranks, bool before_training) {
   std::string text =
-      "memory per rank, peak MiB (theory: the ZeRO table; padding and staging not in it):\n"
+      std::string(before_training ? "memory per rank before the first step, MiB (activations and comm buffers grow in "
+                                    "it; the peak comes at the end; theory: the ZeRO table; padding and staging not "
+                                    "in it):\n"
+                                  : "memory per rank, peak MiB (theory: the ZeRO table; padding and staging not in "
+                                    "it):\n") +
       "  rank  parameters (theory)  gradients (theory)  optimizer (theory)  activations  comm buffers\n";
   auto peak = [](const RankStats& s, MemoryCategory c) { return to_mib(s.peak_bytes[static_cast<std::size_t>(c)]); };
   for (const RankStats& s : ranks) {

@@ -115,7 +115,10 @@ std::vector<RankStats> gather_rank_stats(Trainer& trainer, const RankStats& mine
 // "rank 0: node 0, local rank 0, pid 1234, 7760 parameters", one line per rank.
 std::string format_rank_map(const std::vector<RankStats>& ranks);
 // Peak bytes per category, one row per rank, with the ZeRO table beside.
-std::string format_memory_table(const std::vector<RankStats>& ranks);
+// Before the first step (`before_training`) the activations and comm buffers
+// are not taken yet: the heading says so, not "peak" (it read as a peak
+// up to 8x under the end's, found by a review helper).
+std::string format_memory_table(const std::vector<RankStats>& ranks, bool before_training = false);
 // Every group's bytes per rank per step (bus bytes counted at each call and
 // the transports' bytes) against the theory from the model's shape, and the
 // time waited: one row per group of more than one rank and per rank, then
