@@ -72,18 +72,25 @@ std::string numeric_address(const std::string& host) {
   return text;
 }
 
-// Whether `addr` is an address of this machine (one a socket can bind).
-bool is_own_address(const std::string& addr) {
+// `addr` as a numeric address (a scoped IPv6 link-local one, fe80::1%eth0,
+// included, which inet_pton refuses), with port 0; null where it is none.
+std::unique_ptr<addrinfo, decltype(&freeaddrinfo)> numeric_host(const std::string& addr) {
   addrinfo hints{};
   hints.ai_family = AF_UNSPEC;
   hints.ai_socktype = SOCK_STREAM;
   hints.ai_flags = AI_NUMERICHOST;
   addrinfo* found = nullptr;
-  if (getaddrinfo(numeric_address(addr).c_str(), "0", &hints, &found) != 0) return true;  // said elsewhere
+  if (getaddrinfo(addr.c_str(), "0", &hints, &found) != 0) found = nullptr;
+  return {found, &freeaddrinfo};
+}
+
+// Whether `addr` is an address of this machine (one a socket can bind).
+bool is_own_address(const std::string& addr) {
+  const auto found = numeric_host(numeric_address(addr));
+  if (!found) return true;  // said elsewhere
   const int fd = ::socket(found->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
   const bool own = fd < 0 || ::bind(fd, found->ai_addr, found->ai_addrlen) == 0 || errno != EADDRNOTAVAIL;
   if (fd >= 0) ::close(fd);
-  freeaddrinfo(found);
   return own;
 }
 
@@ -91,17 +98,10 @@ bool is_own_address(const std::string& addr) {
 // host name or a mistyped address failed as "cannot resolve store address"
 // (which the user never gave), one of another machine as the store's
 // "cannot listen", and "localhost" on every rank after the launch (found by
-// a review helper): checked once here, by its name.
+// a review helper): checked once here, by its name, as numeric as the
+// ranks take it.
 void check_bind_address(const std::string& addr) {
-  // As numeric as the ranks take it: a scoped IPv6 link-local address
-  // (fe80::1%eth0) included, which inet_pton refuses.
-  addrinfo hints{};
-  hints.ai_family = AF_UNSPEC;
-  hints.ai_socktype = SOCK_STREAM;
-  hints.ai_flags = AI_NUMERICHOST;
-  addrinfo* found = nullptr;
-  const bool numeric = getaddrinfo(addr.c_str(), nullptr, &hints, &found) == 0;
-  if (found != nullptr) freeaddrinfo(found);
+  const bool numeric = numeric_host(addr) != nullptr;
   if (!numeric)
     throw InvalidUsage("BRAID_BIND_ADDR='" + addr + "' is not an IP address; the ranks listen there: give one of "
                        "this machine's addresses (127.0.0.1, or the one the other nodes reach)");
