@@ -427,23 +427,30 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::allgather(std::vector<std::vec
   if (outputs.size() != 1 || outputs[0].size() != static_cast<std::size_t>(getSize()))
     refuse("allgather", "needs one list of " + std::to_string(getSize()) + " output tensors");
   check_same(outputs[0], input, "allgather", true);
+  return gather_list(c10d::OpType::ALLGATHER, "allgather", input, outputs[0], {});
+}
+
+// allgather's and gather's shared part: an all_gather of `input` into
+// `results` (a gather's non-root passes none), through the results' own
+// block where they form one apart from the input, or in place (the input
+// is this rank's part of it), else through a staging block.
+c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::gather_list(c10d::OpType type, const char* op,
+                                                              const at::Tensor& input, std::vector<at::Tensor> results,
+                                                              std::string runs_as) {
   at::Tensor sent = input.contiguous();  // in the order unflatten reads it back
-  Buffer send = movable(sent, "allgather");
-  std::vector<at::Tensor> results = outputs[0];
+  Buffer send = movable(sent, op);
   auto all_gather = [this, send](Buffer recv) {
     return [this, send, recv] { return comm_->all_gather(send.data, recv.data, send.count, send.dtype); };
   };
-  // Into the outputs' own block: apart from the input, or in place (the
-  // input is this rank's part of it).
   if (at::Tensor block = one_block(results);
       block.defined() && (!overlap(sent, block) || sent.data_ptr() == results[getRank()].data_ptr()))
-    return enqueue({c10d::OpType::ALLGATHER, all_gather(movable(block, "allgather")), results, {sent, block}, {}});
+    return enqueue({type, all_gather(movable(block, op)), results, {sent, block}, {}, std::move(runs_as)});
   StagingPool::Lease flat = staging_.take(getSize() * input.numel(), input.options());
   int64_t count = input.numel();
-  return enqueue({c10d::OpType::ALLGATHER, all_gather(movable(flat.tensor, "allgather")), results,
-                  {sent, flat.tensor},
+  return enqueue({type, all_gather(movable(flat.tensor, op)), results, {sent, flat.tensor},
                   then_reusable([flat = flat.tensor, results, count]() mutable { unflatten(flat, results, count); },
-                                flat.reusable)});
+                                flat.reusable),
+                  std::move(runs_as)});
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::_allgather_base(at::Tensor& output, at::Tensor& input,
@@ -476,22 +483,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::gather(std::vector<std::vector
     refuse("gather", "only the root passes output tensors");
   std::vector<at::Tensor> results = root ? outputs[0] : std::vector<at::Tensor>{};
   check_same(results, input, "gather", true);
-  at::Tensor sent = input.contiguous();  // in the order unflatten reads it back
-  Buffer send = movable(sent, "gather");
-  auto all_gather = [this, send](Buffer recv) {
-    return [this, send, recv] { return comm_->all_gather(send.data, recv.data, send.count, send.dtype); };
-  };
-  const char* runs_as = "braid: gather runs as an all_gather of every rank's tensor (count: its elements)";
-  // The root's outputs as one block, as allgather's.
-  if (at::Tensor block = one_block(results);
-      block.defined() && (!overlap(sent, block) || sent.data_ptr() == results[getRank()].data_ptr()))
-    return enqueue({c10d::OpType::GATHER, all_gather(movable(block, "gather")), results, {sent, block}, {}, runs_as});
-  StagingPool::Lease flat = staging_.take(getSize() * input.numel(), input.options());
-  int64_t count = input.numel();
-  return enqueue({c10d::OpType::GATHER, all_gather(movable(flat.tensor, "gather")), results, {sent, flat.tensor},
-                  then_reusable([flat = flat.tensor, results, count]() mutable { unflatten(flat, results, count); },
-                                flat.reusable),
-                  runs_as});
+  return gather_list(c10d::OpType::GATHER, "gather", input, std::move(results),
+                     "braid: gather runs as an all_gather of every rank's tensor (count: its elements)");
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::scatter(std::vector<at::Tensor>& outputs,

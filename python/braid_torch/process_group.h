@@ -154,6 +154,8 @@ class ProcessGroupBraid : public c10d::ProcessGroup {
     int source_rank = -1;  // a receive's peer (Work::sourceRank)
   };
   c10::intrusive_ptr<c10d::Work> enqueue(Call call);
+  c10::intrusive_ptr<c10d::Work> gather_list(c10d::OpType type, const char* op, const at::Tensor& input,
+                                             std::vector<at::Tensor> results, std::string runs_as);
   c10::intrusive_ptr<c10d::Work> alltoall_unequal(at::Tensor& output, at::Tensor& input,
                                                   const std::vector<int64_t>& output_splits,
                                                   const std::vector<int64_t>& input_splits);
