@@ -135,6 +135,36 @@ TEST_CASE("integer reductions follow their definitions") {
   CHECK(i8_avg == std::vector<std::int8_t>{-1, 0, 0});
 }
 
+// avg's integer divide goes through double up to 32 bits: it must truncate
+// toward zero exactly as integer division does, for every i8 and u8 value
+// and i32 values at the ends of the range, by divisors up to past INT_MAX / 2.
+TEST_CASE("integer avg divides exactly as integer division truncates") {
+  const int divisors[] = {1, 2, 3, 7, 127, 128, 255, 256, 1000, 65537, 1 << 30, 2147483647};
+  for (int d : divisors) {
+    INFO("divisor " << d);
+    std::vector<std::int8_t> i8(256);
+    std::vector<std::uint8_t> u8(256);
+    for (int v = 0; v < 256; ++v) i8[v] = static_cast<std::int8_t>(v - 128), u8[v] = static_cast<std::uint8_t>(v);
+    divide(i8.data(), i8.size(), DataType::i8, d);
+    divide(u8.data(), u8.size(), DataType::u8, d);
+    std::size_t wrong = 0;
+    for (int v = 0; v < 256; ++v) wrong += i8[v] != (v - 128) / d, wrong += u8[v] != v / d;
+    std::vector<std::int32_t> i32;
+    for (std::int64_t v : {std::int64_t{INT32_MIN}, std::int64_t{INT32_MAX}, std::int64_t{0}})
+      for (std::int64_t k = -3000; k <= 3000; ++k)
+        if (v + k >= INT32_MIN && v + k <= INT32_MAX) i32.push_back(static_cast<std::int32_t>(v + k));
+    for (std::int64_t k = 1; k < 3000; ++k)  // multiples of d and their neighbours
+      for (int off : {-1, 0, 1})
+        for (int sign : {-1, 1})
+          if (const std::int64_t v = sign * (k * d + off); v >= INT32_MIN && v <= INT32_MAX)
+            i32.push_back(static_cast<std::int32_t>(v));
+    std::vector<std::int32_t> divided = i32;
+    divide(divided.data(), divided.size(), DataType::i32, d);
+    for (std::size_t i = 0; i < i32.size(); ++i) wrong += divided[i] != static_cast<std::int64_t>(i32[i]) / d;
+    CHECK(wrong == 0);
+  }
+}
+
 // The avg of halves scales its inputs down by a power of two and the result
 // back up: through the exponent field where the result stays normal, which
 // must give exactly what f32 arithmetic rounded back gives, for every f16
@@ -205,6 +235,26 @@ void check_min_max_order_free(DataType dtype, Encode encode, Decode decode) {
           CHECK(got == want);
           CHECK(std::signbit(got) == std::signbit(want));
         }
+      }
+    }
+  }
+  // The same pairs in one call, at every lane of the vector loop and in its
+  // tail: each must give what it gives alone.
+  std::vector<T> pairs_a, pairs_b;
+  for (float x : values)
+    for (float y : values) pairs_a.push_back(encode(x)), pairs_b.push_back(encode(y));
+  for (std::size_t lead = 0; lead < 9; ++lead) {
+    std::vector<T> a(lead, encode(1.0f)), b(lead, encode(3.0f));
+    a.insert(a.end(), pairs_a.begin(), pairs_a.end());
+    b.insert(b.end(), pairs_b.begin(), pairs_b.end());
+    for (ReduceOp op : {ReduceOp::min, ReduceOp::max}) {
+      std::vector<T> got(a.size());
+      reduce(got.data(), a.data(), b.data(), a.size(), dtype, op);
+      for (std::size_t i = lead; i < a.size(); ++i) {
+        T alone{};
+        reduce(&alone, &a[i], &b[i], 1, dtype, op);
+        INFO("dtype " << static_cast<int>(dtype) << " op " << static_cast<int>(op) << " element " << i);
+        CHECK(std::memcmp(&got[i], &alone, sizeof(T)) == 0);
       }
     }
   }
