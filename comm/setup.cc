@@ -600,7 +600,10 @@ std::unique_ptr<Communicator> Communicator::create_world(const runtime::RankInfo
     impl->store = runtime::connect_job_store(info, impl->store_server.get(), config.timeout);
     impl->store->set_request_timeout(config.timeout);
   }
-  spdlog::info("{}; {}", runtime::describe(info), runtime::describe_placement());
+  // Only when it is logged: describe_placement() loads hwloc's whole
+  // topology, tens of ms of every torch new_group at the default level.
+  if (spdlog::should_log(spdlog::level::info))
+    spdlog::info("{}; {}", runtime::describe(info), runtime::describe_placement());
   exchange_hosts(*impl, info.world_size, config);
   connect_transports(*impl);
   impl->set_up = true;

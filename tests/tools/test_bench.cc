@@ -435,6 +435,9 @@ TEST_CASE("ranks bound one per core spin, ranks bound to one core yield", "[benc
   INFO(log);
   REQUIRE(status == 0);
   CHECK_THAT(log, Catch::Contains("Out of bounds values : 0 OK"));
+  // The placement each rank starts with, logged at info (and only then
+  // looked up: hwloc's topology takes tens of ms per communicator).
+  CHECK_THAT(log, Catch::Contains(", cores " + std::to_string(cpus[0])) && Catch::Contains("NUMA node(s) "));
   if (apart) {
     CHECK_THAT(log, Catch::Contains("2 rank(s) of this host on 2 CPU(s) (" + std::to_string(cpus[0]) +
                                     "): waits spin up to BRAID_SPIN_US"));
