@@ -105,6 +105,8 @@ class Communicator {
   // communicator skips the transport rings: each rank reduces its chunk
   // straight from every input into every output (all_reduce_direct.cc).
   // Zeroed; throws SystemError when memory runs out. Any communicator.
+  // deallocate(nullptr) does nothing; a pointer allocate did not return
+  // throws InvalidUsage.
   static void* allocate(std::size_t bytes);
   static void deallocate(void* pointer);
 

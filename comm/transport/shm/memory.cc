@@ -168,6 +168,7 @@ void* allocate(std::size_t bytes) {
 }
 
 void release(void* pointer) {
+  if (pointer == nullptr) return;  // as free() and operator delete
   std::lock_guard lock(registry_mu);
   auto it = allocations.find(static_cast<const std::byte*>(pointer));
   if (it == allocations.end()) throw InvalidUsage("deallocate() of a pointer that allocate() did not return");
