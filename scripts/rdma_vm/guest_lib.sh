@@ -81,19 +81,28 @@ ns_exec() { # NS CMD...: CMD in namespace NS, or here when NS is ""
 
 bounded() { local s=$1; shift; timeout -k 2 "$s" "$@"; }
 
+# Seconds since $1 (an $EPOCHREALTIME), to one decimal: each check line
+# ends with the time its command took, so that a slow VM run says where.
+rdma_vm_took() {
+  local now=${EPOCHREALTIME/./} then=${1/./}
+  local tenths=$(( (now - then) / 100000 ))
+  echo "[$((tenths / 10)).$((tenths % 10)) s]"
+}
+
 check() {
-  local name=$1; shift
+  local name=$1 started=$EPOCHREALTIME; shift
   rdma_vm_checks=$((rdma_vm_checks + 1))
-  if "$@"; then echo "ok - $name"; else
-    echo "not ok - $name (status $?: $*)"; rdma_vm_failed=$((rdma_vm_failed + 1)); fi
+  if "$@"; then echo "ok - $name $(rdma_vm_took "$started")"; else
+    echo "not ok - $name (status $?: $*) $(rdma_vm_took "$started")"; rdma_vm_failed=$((rdma_vm_failed + 1)); fi
 }
 
 check_fails() {
-  local name=$1 rc; shift
+  local name=$1 rc started=$EPOCHREALTIME; shift
   rdma_vm_checks=$((rdma_vm_checks + 1))
   "$@"; rc=$?
-  if [ "$rc" -ne 0 ] && [ "$rc" -ne 124 ] && [ "$rc" -ne 137 ]; then echo "ok - $name (failed as expected, status $rc)"
-  else echo "not ok - $name (expected a failure, got status $rc: $*)"; rdma_vm_failed=$((rdma_vm_failed + 1)); fi
+  if [ "$rc" -ne 0 ] && [ "$rc" -ne 124 ] && [ "$rc" -ne 137 ]; then
+    echo "ok - $name (failed as expected, status $rc) $(rdma_vm_took "$started")"
+  else echo "not ok - $name (expected a failure, got status $rc: $*) $(rdma_vm_took "$started")"; rdma_vm_failed=$((rdma_vm_failed + 1)); fi
 }
 
 known_issue() {
