@@ -144,7 +144,7 @@ break_wire() { # LAYOUT COLLECTIVE PATTERN BREAK... (PATTERN: what every rank's 
   local layout=$1 coll=$2 pattern=$3
   shift 3
   run_and_break "$layout" '^ +[0-9]' "braid-bench: rank [0-9]+.*($pattern)" \
-    "$bench" --coll "$coll" -b 1M -e 1M -n 10 -w 1 -c 1 -N 0 -T 20 -- "$@"
+    "$bench" --coll "$coll" -b 1M -e 1M -n 10 -w 0 -c 1 -N 0 -T 20 -- "$@"
 }
 
 # The same with rdma-polled (1+1): the transport only polled, as while the

@@ -77,11 +77,11 @@ peer_killed() { # BENCH_ARG...
 
 check "one rxe host" rxe_one_host
 check "small messages, nonblocking: rank 1 killed, rank 0 names it within ${bound_ms} ms" \
-  peer_killed -b 8 -e 64K -f 8 -n 10 -w 1 -c 1
+  peer_killed -b 8 -e 64K -f 8 -n 10 -w 0 -c 1
 check "1 MiB messages, nonblocking: rank 1 killed, rank 0 names it within ${bound_ms} ms" \
-  peer_killed -b 1M -e 1M -n 10 -w 1 -c 1
+  peer_killed -b 1M -e 1M -n 10 -w 0 -c 1
 check "small messages, blocking: rank 1 killed, rank 0 names it within ${bound_ms} ms" \
-  peer_killed -b 8 -e 64K -f 8 -n 10 -w 1 -c 1 -z 1
+  peer_killed -b 8 -e 64K -f 8 -n 10 -w 0 -c 1 -z 1
 check "1 MiB messages, blocking: rank 1 killed, rank 0 names it within ${bound_ms} ms" \
-  peer_killed -b 1M -e 1M -n 10 -w 1 -c 1 -z 1
+  peer_killed -b 1M -e 1M -n 10 -w 0 -c 1 -z 1
 finish
