@@ -84,7 +84,7 @@ bounded() { local s=$1; shift; timeout -k 2 "$s" "$@"; }
 # Seconds since $1 (an $EPOCHREALTIME), to one decimal: each check line
 # ends with the time its command took, so that a slow VM run says where.
 rdma_vm_took() {
-  local now=${EPOCHREALTIME/./} then=${1/./}
+  local now=${EPOCHREALTIME//[.,]/} then=${1//[.,]/}
   local tenths=$(( (now - then) / 100000 ))
   echo "[$((tenths / 10)).$((tenths % 10)) s]"
 }
