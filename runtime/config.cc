@@ -1,6 +1,7 @@
 #include "runtime/config.h"
 
 #include <cstdlib>
+#include <cstring>
 #include <stdexcept>
 
 #include "runtime/errors.h"
@@ -119,9 +120,13 @@ Config read_config() {
     c.*i.member = static_cast<int>(parsed);
   }
   if (const char* t = env("BRAID_TIMEOUT")) {
+    // Decimal, as every number braid reads: strtod alone took 0x10 for 16 s
+    // and " 5" with its space.
+    const bool decimal = std::strspn(t, "0123456789.eE+-") == std::strlen(t);
     char* end = nullptr;
     double seconds = std::strtod(t, &end);
-    if (*end != '\0' || !(seconds >= kTimeoutLo) || seconds > kTimeoutHi) bad("BRAID_TIMEOUT", t, kTimeoutRange);
+    if (!decimal || *end != '\0' || !(seconds >= kTimeoutLo) || seconds > kTimeoutHi)
+      bad("BRAID_TIMEOUT", t, kTimeoutRange);
     c.timeout = std::chrono::milliseconds(static_cast<long long>(seconds * 1000));
   }
   if (const char* a = env("BRAID_BIND_ADDR")) c.bind_addr = a;

@@ -75,6 +75,9 @@ TEST_CASE("config: timeouts below a millisecond and counts with units are refuse
   CHECK_THAT(verdict("BRAID_TIMEOUT", "0.0001"), Catch::Contains("BRAID_TIMEOUT") && Catch::Contains("0.001 to 1e7"));
   CHECK_THAT(verdict("BRAID_TIMEOUT", "1e99"), Catch::Contains("0.001 to 1e7"));
   CHECK(verdict("BRAID_TIMEOUT", "0.001").empty());
+  CHECK(verdict("BRAID_TIMEOUT", "2.5e1").empty());
+  for (const char* value : {"0x10", " 5", "5 ", "1p4"})  // strtod took hex and spaces
+    CHECK_THAT(verdict("BRAID_TIMEOUT", value), Catch::Contains("BRAID_TIMEOUT") && Catch::Contains("0.001 to 1e7"));
   setenv("BRAID_TIMEOUT", "0.25", 1);
   CHECK(runtime::read_config().timeout == std::chrono::milliseconds(250));
   unsetenv("BRAID_TIMEOUT");
