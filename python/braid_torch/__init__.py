@@ -14,7 +14,7 @@ import torch.distributed as dist
 
 from . import _C
 
-__all__ = ["transport_summary"]
+__all__ = ["transport_summary", "staging_blocks"]
 
 
 def _create_process_group(store, rank, size, timeout):
@@ -24,6 +24,12 @@ def _create_process_group(store, rank, size, timeout):
 def transport_summary(group=None):
     """The transports braid chose for `group` (default: the world): "shm", "tcp", "shm+tcp"."""
     return _C.transport_summary(group if group is not None else dist.distributed_c10d._get_default_group())
+
+
+def staging_blocks(group=None):
+    """Host staging blocks `group` (default: the world) has mapped so far for
+    its list-form and coalesced calls; a block is reused once its call is done."""
+    return _C.staging_blocks(group if group is not None else dist.distributed_c10d._get_default_group())
 
 
 if "BRAID" not in dist.Backend._plugins:

@@ -27,6 +27,15 @@ PYBIND11_MODULE(_C, module) {
         return braid_group->transport_summary();
       },
       py::arg("group"), "The transports braid chose for the group's peers: \"shm\", \"tcp\", \"shm+tcp\".");
+  module.def(
+      "staging_blocks",
+      [](const c10::intrusive_ptr<c10d::ProcessGroup>& group) {
+        auto* braid_group = dynamic_cast<braid::torch_backend::ProcessGroupBraid*>(group.get());
+        if (!braid_group) throw braid::InvalidUsage("braid: staging_blocks: not a braid process group");
+        return braid_group->staging_blocks_mapped();
+      },
+      py::arg("group"),
+      "Host staging blocks (list forms, coalesced calls) the group has mapped so far; kept ones are reused.");
   module.def("quiesce", &braid::torch_backend::quiesce, py::arg("limit"), py::call_guard<py::gil_scoped_release>(),
              "Waits (up to `limit`) until no group has a call in flight or a future callback running.");
 }

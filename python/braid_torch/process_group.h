@@ -137,6 +137,8 @@ class ProcessGroupBraid : public c10d::ProcessGroup {
 
   // braid's view of the group: "shm", "tcp", "shm+tcp".
   std::string transport_summary() const { return comm_->transport_summary(); }
+  // Host staging blocks the group has mapped so far (staging.h).
+  std::size_t staging_blocks_mapped() const { return staging_.blocks_mapped(); }
 
  private:
   // One call: issue() runs braid's call under the issue lock (so the

@@ -22,6 +22,7 @@ struct StagingPool::Shelf {
   std::mutex mutex;
   std::multimap<std::size_t, void*> free;  // by size
   std::size_t kept = 0;
+  std::atomic<std::size_t> mapped{0};
 
   ~Shelf() {
     for (auto& [size, block] : free) std::free(block);
@@ -65,6 +66,7 @@ StagingPool::Lease StagingPool::take(int64_t numel, const at::TensorOptions& opt
     size = rounded;
     block = std::aligned_alloc(kAlign, size);
     if (!block) throw std::bad_alloc();
+    shelf_->mapped.fetch_add(1, std::memory_order_relaxed);
     madvise(block, size, MADV_HUGEPAGE);  // a hint: without it, 4 KiB pages
   }
   auto succeeded = std::make_shared<std::atomic<bool>>(false);
@@ -79,5 +81,7 @@ StagingPool::Lease StagingPool::take(int64_t numel, const at::TensorOptions& opt
       options);
   return {tensor, [succeeded] { succeeded->store(true, std::memory_order_release); }};
 }
+
+std::size_t StagingPool::blocks_mapped() const { return shelf_->mapped.load(std::memory_order_relaxed); }
 
 }  // namespace braid::torch_backend

@@ -44,6 +44,9 @@ class StagingPool {
   // A contiguous 1-D tensor of `numel` elements of `options`' dtype and
   // device (CUDA ones from torch's caching allocator).
   Lease take(int64_t numel, const at::TensorOptions& options);
+  // Host blocks mapped since the pool was made (kept ones are not counted
+  // again when reused): a diagnostic, and what the tests hold reuse to.
+  std::size_t blocks_mapped() const;
 
  private:
   struct Shelf;

@@ -146,7 +146,13 @@ std::exception_ptr as_runtime_error(std::exception_ptr error) {
 // The call's outcome, before its future completes: a wait on a completion
 // thread (a callback's) needs no more than this.
 std::exception_ptr mark_finished(Pending& pending, std::exception_ptr error) {
+  // Before anyone is told: a staging block goes back to its pool when its
+  // tensor's last reference goes, and the finishing step holds one too. Let
+  // go when the call died, a synchronous caller's next call found the block
+  // still out and mapped a second one (another 128 MiB for a 2-rank 64 MiB
+  // list all_gather).
   pending.keep_alive.clear();
+  pending.finish = nullptr;
   if (error && !pending.runs_as.empty()) {
     try {
       std::rethrow_exception(error);

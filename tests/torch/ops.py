@@ -235,6 +235,16 @@ def check_list_forms(c, rank, size):
             c.equal(f"8 async staged reduce_scatters in flight, round {round_}, call {k}", got[k], want[k])
         c.equal(f"staged reduce_scatters left their inputs alone, round {round_}",
                 [p for parts in lists for p in parts], [p for parts in kept for p in parts])
+    # Calls one after another take the block the last one gave back: one
+    # block for six (3 MiB per rank: larger than any kept so far). The
+    # finishing step held its block until after the caller was told, so the
+    # next call could map a second.
+    t = values(3 * 2**18, rank, torch.float32)
+    mapped = braid_torch.staging_blocks()
+    for _ in range(6):
+        dist.all_gather([torch.empty_like(t) for _ in range(size)], t)
+    blocks = braid_torch.staging_blocks() - mapped
+    c.true("six list all_gathers one after another map one staging block", blocks == 1, f"they mapped {blocks}")
     dist.barrier()
 
 
