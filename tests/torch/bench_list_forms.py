@@ -19,9 +19,10 @@ import braid_torch  # noqa: F401  registers "braid"
 
 def ms_per_call(fn, iters=5):
     # Two calls first: the first form timed at a size used to carry that
-    # size's first-use costs (fresh pages; the pool maps a second staging
-    # block on the second call), which read as a 64 MiB list all_gather 4-7x
-    # the flat form, where it costs the flat form plus a copy.
+    # size's first-use costs (fresh pages; until f506162 the pool could map
+    # a second staging block on the second call), which read as a 64 MiB
+    # list all_gather 4-7x the flat form, where it costs the flat form plus
+    # a copy.
     fn()
     fn()
     dist.barrier()
