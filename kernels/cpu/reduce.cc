@@ -293,9 +293,16 @@ void scale_halves(void* dst, const void* src, std::size_t count, DataType dtype,
     // f16). One by one, each through the scalar conversions, a block with
     // a single small value cost 40 times the branch-free loop: gradients in
     // f16 have some in nearly every block, and an f16 avg of them ran 20 to
-    // 40 times slower than the sum. Per element through ldexp only for a
-    // shift whose power of two f32 does not hold.
-    if (shift >= -126 && shift <= 127) {
+    // 40 times slower than the sum. Per element through ldexp for a shift
+    // whose power of two f32 does not hold, and for f16 on a CPU without
+    // F16C, whose scalar conversions of a whole block cost 3-5 times the
+    // few odd values' (a review helper).
+#if defined(__F16C__) && defined(__AVX__)
+    constexpr bool f16_vectors = true;
+#else
+    constexpr bool f16_vectors = false;
+#endif
+    if (shift >= -126 && shift <= 127 && (f16_vectors || !f16)) {
       float f[kBlock];
       const float scale = std::ldexp(1.0f, shift);
       if (f16) halves_to_f32<f16_to_f32>(x, f, n);

@@ -136,7 +136,8 @@ __global__ void reduce_kernel(T* dst, const T* a, const T* b, std::size_t packs,
 // The divisor is converted to T first, as the CPU does (static_cast<T>(divisor)).
 template <typename T>
 struct DivideBy {
-  // Integers in 64 bits, as kernels/cpu/reduce.cc divides them.
+  // Integers in 64 bits: the quotient kernels/cpu/reduce.cc gives (it
+  // divides up to 32 bits through double, which is exact).
   __device__ static T apply(T x, int divisor) {
     if constexpr (std::is_integral_v<T>) {
       using Wide = std::conditional_t<std::is_signed_v<T>, long long, unsigned long long>;
