@@ -8,10 +8,24 @@
 #include <pybind11/pybind11.h>
 #include <torch/csrc/utils/pybind.h>
 
+#include <string>
+
 #include "braid/errors.h"
 #include "process_group.h"
 
 namespace py = pybind11;
+
+namespace {
+
+// `group` as braid's own, for the functions that ask it about itself.
+braid::torch_backend::ProcessGroupBraid& braid_group(const c10::intrusive_ptr<c10d::ProcessGroup>& group,
+                                                     const char* function) {
+  auto* braid_group = dynamic_cast<braid::torch_backend::ProcessGroupBraid*>(group.get());
+  if (!braid_group) throw braid::InvalidUsage(std::string("braid: ") + function + ": not a braid process group");
+  return *braid_group;
+}
+
+}  // namespace
 
 PYBIND11_MODULE(_C, module) {
   module.doc() = "braid as a torch.distributed backend";
@@ -22,17 +36,13 @@ PYBIND11_MODULE(_C, module) {
   module.def(
       "transport_summary",
       [](const c10::intrusive_ptr<c10d::ProcessGroup>& group) {
-        auto* braid_group = dynamic_cast<braid::torch_backend::ProcessGroupBraid*>(group.get());
-        if (!braid_group) throw braid::InvalidUsage("braid: transport_summary: not a braid process group");
-        return braid_group->transport_summary();
+        return braid_group(group, "transport_summary").transport_summary();
       },
       py::arg("group"), "The transports braid chose for the group's peers: \"shm\", \"tcp\", \"shm+tcp\".");
   module.def(
       "staging_blocks",
       [](const c10::intrusive_ptr<c10d::ProcessGroup>& group) {
-        auto* braid_group = dynamic_cast<braid::torch_backend::ProcessGroupBraid*>(group.get());
-        if (!braid_group) throw braid::InvalidUsage("braid: staging_blocks: not a braid process group");
-        return braid_group->staging_blocks_mapped();
+        return braid_group(group, "staging_blocks").staging_blocks_mapped();
       },
       py::arg("group"),
       "Host staging blocks (list forms, coalesced calls) the group has mapped so far; kept ones are reused.");
