@@ -196,8 +196,8 @@ void dispatch_bitwise(void* d, const void* a, const void* b, std::size_t n, Data
 template <typename T>
 void divide_loop(T* data, std::size_t count, int divisor) {
   if constexpr (std::is_integral_v<T>) {
-    // In 64 bits: the communicator's size cast to T would be 0 for u8 at
-    // 256 ranks (a division by zero) and negative for i8 at 128.
+    // The divisor is never cast to T: the communicator's size would be 0
+    // for u8 at 256 ranks (a division by zero) and negative for i8 at 128.
     // Up to 32 bits through double, which vectorises where a division by a
     // divisor known only at run time does not (1% of memcpy's speed): the
     // quotient of two integers below 2^31 is never within double's rounding
@@ -207,6 +207,7 @@ void divide_loop(T* data, std::size_t count, int divisor) {
       for (std::size_t i = 0; i < count; ++i) data[i] = static_cast<T>(static_cast<double>(data[i]) / d);
       return;
     }
+    // i64 in 64 bits.
     using Wide = std::conditional_t<std::is_signed_v<T>, std::int64_t, std::uint64_t>;
     for (std::size_t i = 0; i < count; ++i)
       data[i] = static_cast<T>(static_cast<Wide>(data[i]) / static_cast<Wide>(divisor));
