@@ -41,4 +41,4 @@ ninja -C build
 if [ ! -f build-vm/build.ninja ]; then
   meson setup build-vm -Dnative=false -Dtests=disabled -Dcuda=disabled
 fi
-ninja -C build-vm tools/braid-bench tools/braid-launch
+tests/rdma/run.sh --build-only

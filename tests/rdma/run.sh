@@ -1,5 +1,6 @@
 #!/bin/bash
 # run.sh [--build-vm] GUEST TIMEOUT_S [ARG...]
+# run.sh --build-only
 #
 # One test of the meson suite 'rdma': boots the soft-RoCE VM
 # (scripts/rdma_vm.sh) and runs tests/rdma/guest/GUEST.sh in it with ARGs,
@@ -14,17 +15,9 @@ here=$(cd "$(dirname "$0")" && pwd)
 repo=$(cd "$here/../.." && pwd)
 cd "$repo"
 
-build_vm=0
-[ "${1:-}" = --build-vm ] && { build_vm=1; shift; }
-[ $# -ge 2 ] || { echo "usage: run.sh [--build-vm] GUEST TIMEOUT_S [ARG...]" >&2; exit 2; }
-guest="$here/guest/$1.sh" timeout_s=$2
-shift 2
-
-scripts/rdma_vm.sh --check || exit $?
-
-args=()
-if [ "$build_vm" = 1 ]; then
-  vm_build=${RDMA_VM_BUILD:-$repo/build-vm}
+vm_build=${RDMA_VM_BUILD:-$repo/build-vm}
+# The binaries the guest scripts run, brought up to date in build-vm.
+build_vm_binaries() {
   if [ ! -f "$vm_build/build.ninja" ]; then
     echo "rdma test: $vm_build is not configured; run scripts/setup.sh (it builds the VM's binaries with -Dnative=false)" >&2
     exit 1
@@ -32,6 +25,22 @@ if [ "$build_vm" = 1 ]; then
   ninja -C "$vm_build" tools/braid-bench tools/braid-launch tools/check/braid-check tests/rdma/programs/rdma-forge-cts \
     tests/rdma/programs/rdma-polled tests/rdma/programs/librdma-late-qp.so \
     tests/rdma/programs/rdma-busy >&2
+}
+# scripts/setup.sh builds them up front (--build-only), so that no test's
+# time goes into compiling them.
+if [ "${1:-}" = --build-only ]; then build_vm_binaries; exit 0; fi
+
+build_vm=0
+[ "${1:-}" = --build-vm ] && { build_vm=1; shift; }
+[ $# -ge 2 ] || { echo "usage: run.sh [--build-vm] GUEST TIMEOUT_S [ARG...] | run.sh --build-only" >&2; exit 2; }
+guest="$here/guest/$1.sh" timeout_s=$2
+shift 2
+
+scripts/rdma_vm.sh --check || exit $?
+
+args=()
+if [ "$build_vm" = 1 ]; then
+  build_vm_binaries
   args=("$vm_build")
 fi
 
