@@ -216,16 +216,24 @@ void divide_loop(T* data, std::size_t count, int divisor) {
   }
 }
 
-template <float (*ToF32)(std::uint16_t), std::uint16_t (*FromF32)(float)>
-void divide_half(std::uint16_t* data, std::size_t count, int divisor) {
+// out[i] = fn(in[i]) for halves, computed in f32 a block at a time and
+// rounded back to nearest even; out may be in.
+template <float (*ToF32)(std::uint16_t), std::uint16_t (*FromF32)(float), typename Fn>
+void map_half(const std::uint16_t* in, std::uint16_t* out, std::size_t count, Fn fn) {
   constexpr std::size_t kBlock = 256;
   float f[kBlock];
   for (std::size_t base = 0; base < count; base += kBlock) {
     const std::size_t n = std::min(kBlock, count - base);
-    halves_to_f32<ToF32>(data + base, f, n);
-    for (std::size_t i = 0; i < n; ++i) f[i] /= static_cast<float>(divisor);
-    f32_to_halves<FromF32>(f, data + base, n);
+    halves_to_f32<ToF32>(in + base, f, n);
+    for (std::size_t i = 0; i < n; ++i) f[i] = fn(f[i]);
+    f32_to_halves<FromF32>(f, out + base, n);
   }
+}
+
+template <float (*ToF32)(std::uint16_t), std::uint16_t (*FromF32)(float)>
+void divide_half(std::uint16_t* data, std::size_t count, int divisor) {
+  const float d = static_cast<float>(divisor);
+  map_half<ToF32, FromF32>(data, data, count, [d](float x) { return x / d; });
 }
 
 }  // namespace
@@ -304,13 +312,10 @@ void scale_halves(void* dst, const void* src, std::size_t count, DataType dtype,
     constexpr bool f16_vectors = false;
 #endif
     if (shift >= -126 && shift <= 127 && (f16_vectors || !f16)) {
-      float f[kBlock];
       const float scale = std::ldexp(1.0f, shift);
-      if (f16) halves_to_f32<f16_to_f32>(x, f, n);
-      else halves_to_f32<bf16_to_f32>(x, f, n);
-      for (std::size_t i = 0; i < n; ++i) f[i] *= scale;
-      if (f16) f32_to_halves<f32_to_f16>(f, y, n);
-      else f32_to_halves<f32_to_bf16>(f, y, n);
+      auto times_scale = [scale](float v) { return v * scale; };
+      if (f16) map_half<f16_to_f32, f32_to_f16>(x, y, n, times_scale);
+      else map_half<bf16_to_f32, f32_to_bf16>(x, y, n, times_scale);
       continue;
     }
     for (std::size_t i = 0; i < n; ++i) {
