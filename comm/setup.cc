@@ -29,6 +29,7 @@
 #include "comm/transport/tcp/transport.h"
 #include "runtime/config.h"
 #include "runtime/errors.h"
+#include "runtime/hash.h"
 #include "runtime/log.h"
 #include "runtime/rank_info.h"
 #include "runtime/store.h"
@@ -38,10 +39,12 @@
 namespace braid::comm {
 namespace {
 
-std::uint32_t hash_prefix(const std::string& prefix) {
-  std::uint32_t h = 2166136261u;  // FNV-1a
-  for (unsigned char c : prefix) h = (h ^ c) * 16777619u;
-  return h;
+// The id that names a communicator in the log and in every message header:
+// its store prefix within its job, so that two jobs' (or two torch groups',
+// each of which is a job of its own) communicators of the same prefix, say
+// "braid/world", do not log as one and cannot take each other's messages.
+std::uint32_t communicator_id(const std::string& job_token, const std::string& prefix) {
+  return static_cast<std::uint32_t>(runtime::fnv1a(job_token + "/" + prefix));
 }
 
 // A second world on the job's store (every rank creates its worlds in the
@@ -112,7 +115,7 @@ std::shared_ptr<Communicator::Impl> new_impl(const runtime::RankInfo& info, cons
   impl->size = size;
   impl->key_prefix = std::move(prefix);
   impl->born_in = fork_generation();
-  impl->comm_id = hash_prefix(impl->key_prefix);
+  impl->comm_id = communicator_id(info.job_token, impl->key_prefix);
   impl->exchange.comm_id = impl->comm_id;
   impl->exchange.rank = rank;
   impl->exchange.size = size;

@@ -6,17 +6,9 @@
 #include <cstdio>
 #include <filesystem>
 
+#include "runtime/hash.h"
+
 namespace braid::runtime {
-
-namespace {
-
-std::uint64_t fnv1a(const std::string& text) {
-  std::uint64_t h = 1469598103934665603ull;  // FNV-1a, stable across processes
-  for (unsigned char c : text) h = (h ^ c) * 1099511628211ull;
-  return h;
-}
-
-}  // namespace
 
 std::string shm_job_prefix(const std::string& job_token) {
   char text[40];

@@ -3,20 +3,10 @@
 #include <algorithm>
 
 #include "runtime/errors.h"
+#include "runtime/hash.h"
 
 namespace braid::runtime {
 namespace {
-
-// FNV-1a, 64 bits: a hash every compiler and host computes alike, unlike
-// std::hash, so the ranks of a job across hosts derive the same ports.
-std::uint64_t fnv1a(const std::string& text) {
-  std::uint64_t hash = 0xcbf29ce484222325ull;
-  for (unsigned char c : text) {
-    hash ^= c;
-    hash *= 0x100000001b3ull;
-  }
-  return hash;
-}
 
 std::uint16_t derived_port(std::uint16_t seed, const std::string& token, int index) {
   std::uint64_t hash = fnv1a(token + "|" + std::to_string(seed) + "|" + std::to_string(index));

@@ -448,3 +448,26 @@ TEST_CASE("ranks bound one per core spin, ranks bound to one core yield", "[benc
     CHECK(log.find("waits spin") == std::string::npos);
   }
 }
+
+// A communicator's id (in its log lines and its message headers) is its
+// store prefix within its job: two jobs' worlds, or two torch groups (each
+// its own job), are both "braid/world" and logged as one id before.
+TEST_CASE("two jobs' worlds have different communicator ids, alike on their ranks", "[bench]") {
+  auto ids_of_a_job = [] {
+    JobDir dir;
+    LaunchedJob job(dir, {"--nproc-per-node", "2", "--", bench_path(), "--coll", "all_reduce", "-b", "8", "-e", "8", "-n", "1", "-w", "0"},
+                    {{"BRAID_LOG_LEVEL", "info"}});
+    const int status = job.wait(std::chrono::seconds(60));
+    const std::string log = job.out() + job.err();
+    INFO(log);
+    REQUIRE(status == 0);
+    std::vector<std::string> ids;
+    for (std::size_t at = 0; (at = log.find(" (braid/world): rank ", at)) != std::string::npos; ++at)
+      ids.push_back(log.substr(at - 8, 8));
+    REQUIRE(ids.size() == 2);
+    CHECK(ids[0] == ids[1]);
+    return ids[0];
+  };
+  const std::string first = ids_of_a_job(), second = ids_of_a_job();
+  CHECK(first != second);
+}

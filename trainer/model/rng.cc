@@ -18,14 +18,6 @@ std::uint64_t hash_words(std::initializer_list<std::uint64_t> words) {
   return h;
 }
 
-std::uint64_t fnv1a(std::string_view bytes, std::uint64_t h) {
-  for (unsigned char c : bytes) {
-    h ^= c;
-    h *= 0x100000001b3ULL;
-  }
-  return h;
-}
-
 Rng::Rng(std::uint64_t seed) {
   // Seed xoshiro's four words from a splitmix64 sequence, as Vigna advises.
   for (auto& w : s_) {

@@ -12,6 +12,8 @@
 #include <initializer_list>
 #include <string_view>
 
+#include "runtime/hash.h"
+
 namespace braid::trainer {
 
 // The splitmix64 finalizer: a bijective 64-bit mix, used as a hash.
@@ -23,7 +25,7 @@ std::uint64_t mix64(std::uint64_t x);
 std::uint64_t hash_words(std::initializer_list<std::uint64_t> words);
 
 // FNV-1a, 64-bit: a stable hash of a name or of a file's bytes.
-std::uint64_t fnv1a(std::string_view bytes, std::uint64_t h = 0xcbf29ce484222325ULL);
+using runtime::fnv1a;
 
 class Rng {
  public:

@@ -37,6 +37,7 @@
 #include "comm/transport/ibverbs/ids.h"
 #include "comm/transport/ibverbs/transport.h"
 #include "runtime/errors.h"
+#include "runtime/hash.h"
 #include "runtime/store.h"
 
 namespace braid::comm::ibverbs {
@@ -64,12 +65,6 @@ struct ConnectionData {
   std::uint32_t control_rkey = 0;
   std::uint32_t gid_kind = 0;
 };
-
-std::uint64_t digest(const std::string& token) {
-  std::uint64_t h = 1469598103934665603ull;  // FNV-1a 64
-  for (unsigned char c : token) h = (h ^ c) * 1099511628211ull;
-  return h;
-}
 
 std::string who(const IbOptions& o, int peer) {
   return "rank " + std::to_string(o.rank) + " could not set up RDMA with rank " + std::to_string(peer);
@@ -147,7 +142,7 @@ ConnectionData local_data(const IbOptions& o, const IbTransport::Peer& peer, con
   d.qps = static_cast<std::uint32_t>(peer.qps.size());
   for (std::size_t q = 0; q < peer.qps.size(); ++q) d.qp_nums[q] = peer.qps[q]->qp_num;
   d.mtu = port.active_mtu;
-  d.token_digest = digest(o.job_token);
+  d.token_digest = runtime::fnv1a(o.job_token);
   std::memcpy(d.gid, verbs.gid.gid.data(), 16);
   d.ring_address = ring;
   d.slot_bytes = o.slot_bytes;
@@ -166,7 +161,7 @@ ConnectionData read_remote(runtime::Store& store, const std::string& prefix, con
   std::memcpy(&d, bytes.data(), sizeof d);
   std::string why;
   if (d.magic != kMagic || d.version != kVersion) why = "it speaks another protocol version";
-  else if (d.token_digest != digest(o.job_token)) why = "it presented the wrong job token";
+  else if (d.token_digest != runtime::fnv1a(o.job_token)) why = "it presented the wrong job token";
   else if (d.from != peer || d.to != o.rank || d.comm_id != o.comm_id) why = "it addressed another communicator or rank";
   else if (d.slots != static_cast<std::uint32_t>(o.slots) || d.slot_bytes != o.slot_bytes)
     why = "its receive ring has another shape (a different braid build?)";
