@@ -13,6 +13,16 @@
 // a peer told another BRAID_TCP_NSOCKS is refused (2) and fails both ranks
 // at once, naming the setting (one side waited out the timeout, the other
 // blamed the job token). Everything is bounded by the timeout.
+//
+// Strangers on the listening port cannot starve the real peers (as the
+// store's admission does, store_server.h): a connection has
+// kHandshakeWithin to send its Hello; at most kMaxHandshakes wait for
+// theirs, and one more, or accept() running out of file descriptors, drops
+// the oldest; any other accept error is retried after kAcceptRetry. (The
+// first EMFILE ended the accept loop: the real peer's connection then sat
+// in the backlog until the timeout, blamed on the job token.) A slot is
+// taken when its Hello is accepted, so two Hellos for one rank and socket
+// cannot both be.
 #include <spdlog/spdlog.h>
 
 #include <unistd.h>
@@ -20,10 +30,12 @@
 #include <boost/asio.hpp>
 #include <algorithm>
 #include <cstring>
+#include <list>
 #include <map>
 #include <memory>
 #include <optional>
 #include <thread>
+#include <utility>
 
 #include "comm/transport/tcp/transport.h"
 #include "runtime/errors.h"
@@ -40,6 +52,10 @@ constexpr std::uint16_t kHelloVersion = 2;
 constexpr std::uint8_t kAccepted = 0, kRefused = 1, kOtherSockets = 2;
 constexpr std::uint32_t kMaxTokenBytes = 4096;
 constexpr std::chrono::milliseconds kCheckEvery{250};
+constexpr std::chrono::milliseconds kHandshakeWithin{10000};
+constexpr std::chrono::milliseconds kAcceptRetry{50};
+constexpr std::size_t kMaxHandshakes = 64;
+constexpr int kTaken = -2;  // fds[peer][socket] of a Hello accepted, its answer not yet sent
 
 struct Hello {
   std::uint32_t magic = kHelloMagic;
@@ -59,10 +75,17 @@ std::string other_sockets(int rank, int theirs, int peer, int mine) {
          std::to_string(mine) + "; set it alike on every rank";
 }
 
+struct Incoming;
+
 struct Mesh {
   const TcpOptions& options;
+  // Above io: the Incoming its destructor frees leave this list.
+  std::list<std::weak_ptr<Incoming>> handshaking;  // oldest first
+  std::size_t dropped = 0, refused = 0;
+  bool accept_warned = false;
   asio::io_context io;
   tcp::acceptor acceptor{io};
+  asio::steady_timer accept_retry{io};
   std::vector<std::vector<int>> fds;
   int pending = 0;
   std::exception_ptr error;
@@ -89,20 +112,31 @@ struct Mesh {
     fds[peer][index] = socket.release();
     --pending;
   }
+
+  void drop_oldest();
 };
 
 // One incoming connection: read and check the Hello, answer, hand over the socket.
 struct Incoming : std::enable_shared_from_this<Incoming> {
   Mesh& mesh;
   tcp::socket socket;
+  asio::steady_timer deadline;
+  std::optional<std::list<std::weak_ptr<Incoming>>::iterator> waiting;  // in mesh.handshaking
   Hello hello;
   std::string token;
   std::uint8_t verdict = kRefused;
+  bool dropped = false;
 
-  Incoming(Mesh& m, tcp::socket s) : mesh(m), socket(std::move(s)) {}
+  Incoming(Mesh& m, tcp::socket s) : mesh(m), socket(std::move(s)), deadline(mesh.io) {}
+  ~Incoming() { done_waiting(); }
 
   void start() {
     auto self = shared_from_this();
+    waiting = mesh.handshaking.insert(mesh.handshaking.end(), self);
+    deadline.expires_after(std::min<std::chrono::milliseconds>(kHandshakeWithin, mesh.options.timeout));
+    deadline.async_wait([self](auto ec) {
+      if (!ec && self->waiting) self->drop();
+    });
     asio::async_read(socket, asio::buffer(&hello, sizeof hello), [self](auto ec, std::size_t) {
       if (ec) return self->refuse("the connection closed during the handshake");
       if (self->hello.magic != kHelloMagic) return self->refuse("it is not a braid peer (bad magic)");
@@ -110,9 +144,27 @@ struct Incoming : std::enable_shared_from_this<Incoming> {
       self->token.resize(self->hello.token_bytes);
       asio::async_read(self->socket, asio::buffer(self->token), [self](auto ec2, std::size_t) {
         if (ec2) return self->refuse("the connection closed during the handshake");
+        self->done_waiting();
         self->check();
       });
     });
+  }
+
+  void done_waiting() {
+    if (!waiting) return;
+    mesh.handshaking.erase(*waiting);
+    waiting.reset();
+    boost::system::error_code ignored;
+    deadline.cancel(ignored);
+  }
+
+  // Silent or slow: closed without an answer (its reads end, with it).
+  void drop() {
+    done_waiting();
+    dropped = true;
+    ++mesh.dropped;
+    boost::system::error_code ignored;
+    socket.close(ignored);
   }
 
   void check() {
@@ -134,30 +186,65 @@ struct Incoming : std::enable_shared_from_this<Incoming> {
     if (h.from <= o.rank || h.from >= o.size || !mesh.wanted(h.from) || h.socket_index >= o.nsocks)
       return refuse("it claimed to be rank " + std::to_string(h.from) + " socket " +
                     std::to_string(h.socket_index));
-    if (mesh.fds[h.from][h.socket_index] != -1) return refuse("its rank and socket are already connected");
+    int& slot = mesh.fds[h.from][h.socket_index];
+    if (slot != -1) return refuse("its rank and socket are already connected");
+    slot = kTaken;
     verdict = kAccepted;
     auto self = shared_from_this();
     asio::async_write(socket, asio::buffer(&verdict, 1), [self](auto ec, std::size_t) {
-      if (ec) return;
+      if (ec) {  // free again for the peer's next try
+        self->mesh.fds[self->hello.from][self->hello.socket_index] = -1;
+        return;
+      }
       self->mesh.adopt(self->hello.from, self->hello.socket_index, self->socket);
     });
   }
 
+  // The first few refusals are logged each; the rest are counted, and
+  // summed up when set-up ends (a flood costs a line).
   void refuse(const std::string& why) {
-    boost::system::error_code ec;
-    auto remote = socket.remote_endpoint(ec);
-    spdlog::warn("rank {} refused a TCP connection from {}: {}", mesh.options.rank,
-                 ec ? std::string("an unknown address") : remote.address().to_string(), why);
+    if (dropped) return;  // its reads ended because it was
+    done_waiting();
+    if (++mesh.refused <= 3) {
+      boost::system::error_code ec;
+      auto remote = socket.remote_endpoint(ec);
+      spdlog::warn("rank {} refused a TCP connection from {}: {}{}", mesh.options.rank,
+                   ec ? std::string("an unknown address") : remote.address().to_string(), why,
+                   mesh.refused == 3 ? "; further refusals are counted, not logged" : "");
+    }
     auto self = shared_from_this();
     asio::async_write(socket, asio::buffer(&verdict, 1), [self](auto, std::size_t) {});
   }
 };
 
+void Mesh::drop_oldest() {
+  if (auto oldest = handshaking.front().lock()) oldest->drop();
+  else handshaking.pop_front();
+}
+
+bool out_of_descriptors(const boost::system::error_code& ec) {
+  return ec == asio::error::no_descriptors || ec == boost::system::errc::too_many_files_open_in_system;
+}
+
 void accept_next(Mesh& mesh) {
   mesh.acceptor.async_accept([&mesh](boost::system::error_code ec, tcp::socket socket) {
-    if (ec) return;
+    if (ec == asio::error::operation_aborted || mesh.pending <= 0) return;
+    if (ec && out_of_descriptors(ec) && !mesh.handshaking.empty()) {
+      mesh.drop_oldest();  // frees a descriptor: accept again at once
+      return accept_next(mesh);
+    }
+    if (ec) {
+      if (!std::exchange(mesh.accept_warned, true))
+        spdlog::warn("rank {} could not accept a TCP connection: {}{}; retrying", mesh.options.rank, ec.message(),
+                     out_of_descriptors(ec) ? " (raise the file-descriptor limit, ulimit -n)" : "");
+      mesh.accept_retry.expires_after(kAcceptRetry);
+      return mesh.accept_retry.async_wait([&mesh](auto wait_ec) {
+        if (!wait_ec) accept_next(mesh);
+      });
+    }
+    if (mesh.handshaking.size() >= kMaxHandshakes) mesh.drop_oldest();
     std::make_shared<Incoming>(mesh, std::move(socket))->start();
-    if (mesh.pending > 0) accept_next(mesh);
+    accept_next(mesh);
   });
 }
 
@@ -227,7 +314,7 @@ std::string missing_peers(const Mesh& mesh) {
   std::string list;
   for (std::size_t peer = 0; peer < mesh.fds.size(); ++peer)
     for (int fd : mesh.fds[peer])
-      if (fd == -1) {
+      if (fd < 0) {
         list += (list.empty() ? "" : ", ") + std::to_string(peer);
         break;
       }
@@ -298,6 +385,11 @@ std::vector<std::vector<int>> connect_mesh(runtime::Store& store, const std::str
     if (!mesh.error) mesh.error = std::current_exception();
   }
   mesh.acceptor.close();
+  if (mesh.dropped || mesh.refused > 3)
+    spdlog::warn("rank {} refused {} and dropped {} TCP connection(s) during set-up (dropped: no Hello within {} ms, "
+                 "or past {} waiting for theirs); something other than the job's ranks connects to its port",
+                 o.rank, mesh.refused, mesh.dropped,
+                 std::min<std::chrono::milliseconds>(kHandshakeWithin, o.timeout).count(), kMaxHandshakes);
   if (!mesh.error && mesh.pending > 0)
     mesh.error = std::make_exception_ptr(TimeoutError(
         "rank " + std::to_string(o.rank) + " timed out setting up TCP connections: rank(s) " +
