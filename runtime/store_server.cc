@@ -44,16 +44,33 @@ void DropLog::record(DropReason reason, const std::string& remote) {
   arm();
 }
 
+void DropLog::refused(const std::string& remote, const std::string& why) {
+  if (armed_) {
+    ++refusals_;
+    last_refusal_ = remote + ": " + why;
+    return;
+  }
+  spdlog::warn("store refused connection from {}: {}", remote, why);
+  arm();
+}
+
 void DropLog::arm() {
   armed_ = true;
   timer_.expires_after(kDropLogInterval);
   timer_.async_wait([this](error_code ec) {
     if (ec) return;
     armed_ = false;
-    if (counts_[0] + counts_[1] + counts_[2] == 0) return;
-    write(false);
-    arm();
+    const bool drops = counts_[0] + counts_[1] + counts_[2] > 0, refusals = refusals_ > 0;
+    if (drops) write(false);
+    if (refusals) write_refusals();
+    if (drops || refusals) arm();
   });
+}
+
+void DropLog::write_refusals() {
+  spdlog::warn("store on port {} refused {} more connection(s) in the last {} s (the last from {})", port_, refusals_,
+               kDropLogInterval.count(), last_refusal_);
+  refusals_ = 0;
 }
 
 void DropLog::write(bool first) {

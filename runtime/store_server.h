@@ -80,17 +80,20 @@ class PendingHandshakes {
 
 enum class DropReason { over_cap, no_handshake, no_descriptors };
 
-// Counts the unauthenticated connections the server drops and logs them:
-// the first at once, the rest summed up every kDropLogInterval while they
-// keep coming, so a flood of thousands costs a few lines.
+// Counts the unauthenticated connections the server drops, and those whose
+// handshake it refuses, and logs them: the first at once, the rest summed up
+// every kDropLogInterval while they keep coming, so a flood of thousands
+// (a port scanner, an HTTP client in a loop) costs a few lines.
 class DropLog {
  public:
   DropLog(asio::io_context& io, const StoreLimits& limits) : timer_(io), limits_(limits) {}
   void set_port(std::uint16_t port) { port_ = port; }
   void record(DropReason reason, const std::string& remote);
+  void refused(const std::string& remote, const std::string& why);
 
  private:
   void write(bool first);
+  void write_refusals();
   void arm();
 
   asio::steady_timer timer_;
@@ -98,6 +101,8 @@ class DropLog {
   std::uint16_t port_ = 0;
   std::array<std::size_t, 3> counts_{};
   std::string last_remote_;
+  std::size_t refusals_ = 0;
+  std::string last_refusal_;
   bool armed_ = false;
 };
 

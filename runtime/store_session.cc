@@ -108,7 +108,7 @@ void Session::on_token() {
 
 // A refused Session stays pending (and so can be dropped) until it closes.
 void Session::refuse_handshake(const std::string& why, std::uint8_t status) {
-  spdlog::warn("store refused connection from {}: {}", remote_, why);
+  server_.drops().refused(remote_, why);
   std::string message = "store refused connection: " + why;
   Bytes reply{status};
   put_u32(reply, static_cast<std::uint32_t>(message.size()));

@@ -304,6 +304,37 @@ TEST_CASE("OutputSink never blocks on a pipe nobody reads, and loses nothing onc
   CHECK(read_available(pipe.read_end.get()) == "more\n");
 }
 
+// The launcher's own messages have no pipe to stop reading: something that
+// keeps it talking while nothing reads its stderr (a flood on its store's
+// port, logged per connection) grew its memory without end. Past
+// kMaxOwnPendingBytes they are dropped, and the count told once it drains.
+TEST_CASE("OutputSink bounds the launcher's own messages that nobody reads, and says how many it dropped",
+          "[launcher]") {
+  BlockingGuard guard(20);
+  Pipe pipe = make_pipe();
+  REQUIRE(fcntl(pipe.read_end.get(), F_SETFL, O_NONBLOCK) == 0);
+  OutputSink sink(pipe.write_end.get());
+  const std::string line = "braid-launch: " + std::string(100, 'x') + "\n";
+  const std::size_t lines = 2 * OutputSink::kMaxOwnPendingBytes / line.size();
+  for (std::size_t i = 0; i < lines; ++i) sink.write(line);
+  CHECK(sink.pending_bytes() <= OutputSink::kMaxOwnPendingBytes);
+  std::string got;
+  while (sink.has_pending()) {
+    got += read_available(pipe.read_end.get());
+    pollfd ready{sink.poll_fd(), POLLOUT, 0};
+    REQUIRE(::poll(&ready, 1, 1000) == 1);
+    sink.flush();
+  }
+  got += read_available(pipe.read_end.get());
+  const std::size_t kept = got.rfind(line) / line.size() + 1;
+  INFO(got.substr(got.rfind(line) + line.size()));
+  CHECK(kept < lines);
+  CHECK_THAT(got.substr(kept * line.size()), Catch::Equals("braid-launch: dropped " + std::to_string(lines - kept) +
+                                                          " of its own message(s) (" +
+                                                          std::to_string((lines - kept) * line.size()) +
+                                                          " bytes) while this output was not read\n"));
+}
+
 // Each write(2) to a SOCK_SEQPACKET socket is one record, so the records
 // read back count the writes. One read of a rank's pipe full of short
 // lines went out as one write per line (2 million lines: 4 s, where sed

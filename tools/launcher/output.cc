@@ -98,6 +98,11 @@ OutputSink::OutputSink(int fd) : fd_(fd), is_terminal_(isatty(fd) == 1) {
 void OutputSink::write(std::string text) {
   if (text.empty()) return;
   std::lock_guard lock(mu_);
+  if (pending_bytes_ + text.size() > kMaxOwnPendingBytes) {
+    ++dropped_own_;
+    dropped_own_bytes_ += text.size();
+    return;
+  }
   if (open_writer_ != 0) {
     text.insert(text.begin(), '\n');
     open_writer_ = 0;
@@ -198,6 +203,15 @@ void OutputSink::flush_locked() {
     if (front_written_ == pending_.front().size()) {
       pending_.pop_front();
       front_written_ = 0;
+    }
+    if (pending_.empty() && dropped_own_ > 0) {
+      std::string note = std::string(open_writer_ != 0 ? "\n" : "") + "braid-launch: dropped " +
+                         std::to_string(dropped_own_) + " of its own message(s) (" +
+                         std::to_string(dropped_own_bytes_) + " bytes) while this output was not read\n";
+      open_writer_ = 0;
+      dropped_own_ = dropped_own_bytes_ = 0;
+      pending_bytes_ += note.size();
+      pending_.push_back(std::move(note));
     }
   }
 }

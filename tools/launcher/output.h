@@ -74,7 +74,11 @@ class OutputSink {
   // Queues text as one piece (written in one write(2) when the destination
   // has room, with the pieces queued before and after it up to PIPE_BUF
   // bytes) and writes what the destination takes now. Text that is not
-  // a rank's goes on a line of its own.
+  // a rank's goes on a line of its own. Past kMaxOwnPendingBytes pending
+  // (nothing reads the destination, and something, a flood on the store's
+  // port say, keeps the launcher talking) the text is dropped and counted,
+  // and the count is written once the destination takes output again.
+  static constexpr std::size_t kMaxOwnPendingBytes = 4u << 20;
   void write(std::string text);
 
   // How a piece of a rank's line ends: with the line, with a '\r', or open
@@ -140,6 +144,7 @@ class OutputSink {
   std::uint64_t open_writer_ = 0;
   bool open_at_start_ = false;
   int holds_ = 0;  // Holds alive
+  std::size_t dropped_own_ = 0, dropped_own_bytes_ = 0;  // write()'s texts dropped, not yet told
 };
 
 // The sink for the launcher's stdout (fd 1) or stderr (fd 2). Both are one
