@@ -132,6 +132,11 @@ std::shared_ptr<Communicator::Impl> new_impl(const runtime::RankInfo& info, cons
   return impl;
 }
 
+// "under openmpi", "without a launcher": how the job's ranks were started.
+std::string started(const runtime::RankInfo& info) {
+  return info.launcher == "none" ? "without a launcher" : "under " + info.launcher;
+}
+
 std::string ring_order(int size) {
   std::string order;
   for (int r = 0; r < size; ++r) order += (r ? " " : "") + std::to_string(r);
@@ -494,7 +499,11 @@ static std::string host_of_peer(Communicator::Impl& impl, const std::string& key
         throw TimeoutError("key '" + key + "' did not appear in the store within " +
                            std::to_string(impl.timeout.count()) + " ms (" + impl.config.timeout_name + "): rank " +
                            key.substr(key.rfind('/') + 1) + " has not joined communicator " + impl.key_prefix +
-                           "; it may have failed, not started, or been told another --nproc-per-node");
+                           "; it may have failed, not started, or been told another --nproc-per-node" +
+                           (impl.info.launcher == "braid-launch" || impl.info.launcher.starts_with("torch.distributed")
+                                ? std::string()
+                                : ", or joined another job's store (jobs started on one port " +
+                                      started(impl.info) + " with no job id need a BRAID_JOB_TOKEN each)"));
     }
     throw_if_peer_failed(impl);
   }
@@ -523,10 +532,16 @@ static void exchange_hosts(Communicator::Impl& impl, int size, const runtime::Co
     publish_failure(impl, Stage::connect, why);
     return InvalidUsage(why);
   };
+  // Under other launchers the likelier cause is a second job on the same
+  // port whose token, derived from what the launchers give, is the same.
   if (impl.store->add(impl.key_prefix + "/claims/" + me, 1) > 1)
     throw refuse("two processes of this job were given rank " + me +
-                 where("every node must be started with a --node-rank of its own (or none: nodes then take "
-                       "their ranks in the order they join) and the same --nproc-per-node"));
+                 where(impl.info.launcher == "braid-launch"
+                           ? "every node must be started with a --node-rank of its own (or none: nodes then take "
+                             "their ranks in the order they join) and the same --nproc-per-node"
+                           : "another job started on the same store address " + started(impl.info) +
+                                 " with no job id of its own (so the same job token) may have joined this job's "
+                                 "store: give each job its own BRAID_JOB_TOKEN or port"));
   // BRAID_TRANSPORT as well: ranks told different ones planned different
   // transports for one pair and waited for each other's keys until
   // BRAID_TIMEOUT, naming neither the variable nor the peer.
