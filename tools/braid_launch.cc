@@ -19,6 +19,7 @@
 
 #include "runtime/errors.h"
 #include "runtime/log.h"
+#include "tools/decimal_flag.h"
 #include "tools/launcher/launcher.h"
 #include "tools/launcher/output.h"
 
@@ -90,11 +91,13 @@ void add_options(CLI::App& app, LaunchOptions& options, CliExtras& extras, doubl
       ->capture_default_str();
   app.add_option("--node-rank,--node_rank", options.node_rank,
                  "this node's index in [0, nnodes); without it, nodes are numbered as they reach node 0's store "
-                 "(node 0: the one at --master-addr; needs BRAID_JOB_TOKEN on every node)");
+                 "(node 0: the one at --master-addr; needs BRAID_JOB_TOKEN on every node)")
+      ->transform(braid::tools::decimal(options.node_rank));
   app.add_option("--master-addr,--master_addr", options.master_addr, "address where ranks reach the store")
       ->capture_default_str();
   app.add_option("--master-port,--master_port", options.master_port,
-                 "store port; default on one node: a free port (required with --nnodes > 1)");
+                 "store port; default (or 0) on one node: a free port (required with --nnodes > 1)")
+      ->transform(braid::tools::decimal(options.master_port));
   app.add_flag("--standalone", extras.standalone,
                "one node, its store on a free port of 127.0.0.1 (torchrun's --standalone)");
   app.add_option("--rdzv-endpoint,--rdzv_endpoint", extras.rdzv_endpoint,
@@ -110,6 +113,7 @@ void add_options(CLI::App& app, LaunchOptions& options, CliExtras& extras, doubl
   app.add_option("--max-restarts,--max_restarts", options.max_restarts,
                  "on a rank's failure stop every rank and start them all again, at most this many times "
                  "(ranks see BRAID_RESTART_COUNT / TORCHELASTIC_RESTART_COUNT)")
+      ->transform(braid::tools::decimal(options.max_restarts))
       ->capture_default_str();
   app.add_option("--log-dir,--log_dir", options.log_dir,
                  "write each rank's output to DIR/rank_<r>.out and .err (rank_<r>.restart<k>.* after the k-th "

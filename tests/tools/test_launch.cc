@@ -1067,6 +1067,12 @@ TEST_CASE("bad arguments exit 2 and start nothing", "[launch]") {
                        std::vector<std::string>{"-n", "0"},
                        std::vector<std::string>{"-n", "x"},
                        std::vector<std::string>{"-n", "2", "--master-port", "70000"},
+                       // Decimal only: CLI11 read 0x7000 as port 28672 and 010 as node 8.
+                       std::vector<std::string>{"-n", "2", "--master-port", "0x7000"},
+                       std::vector<std::string>{"-n", "2", "--master-port", ""},
+                       std::vector<std::string>{"-n", "2", "--nnodes", "9", "--node-rank", "010",
+                                                "--master-port", "29517"},
+                       std::vector<std::string>{"-n", "2", "--max-restarts", "1e2"},
                        std::vector<std::string>{"-n", "2", "--nnodes", "2", "--node-rank", "2",
                                                 "--master-port", "29517"},
                        std::vector<std::string>{"-n", "2", "--nnodes", "2", "--node-rank", "1"},

@@ -440,7 +440,7 @@ void validate(const LaunchOptions& options) {
           "--node-rank " + std::to_string(options.node_rank) + " must be in [0, " +
               std::to_string(options.nnodes) + ") for --nnodes " + std::to_string(options.nnodes));
   require(options.master_port >= 0 && options.master_port <= 65535,
-          "--master-port " + std::to_string(options.master_port) + " is not a TCP port (1..65535)");
+          "--master-port " + std::to_string(options.master_port) + " is not a TCP port (1..65535, or 0 for a free one)");
   require(options.nnodes == 1 || options.master_port > 0,
           "--master-port is required with --nnodes > 1: every node must know where node 0 "
           "serves the store");
