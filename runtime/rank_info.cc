@@ -72,10 +72,13 @@ void parse_store_addr(RankInfo& info, const std::string& addr, const char* var) 
   auto colon = addr.rfind(':');
   if (colon == std::string::npos || colon == 0)
     throw InvalidUsage(std::string(var) + "='" + addr + "' must be host:port");
-  info.store_host = numeric_address(addr.substr(0, colon), var, "the environment");
+  std::string host = addr.substr(0, colon);
+  if (host.size() > 2 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);  // [::1]:port
+  info.store_host = numeric_address(host, var, "the environment");
+  const std::string digits = addr.substr(colon + 1);
   char* end = nullptr;
-  long port = std::strtol(addr.c_str() + colon + 1, &end, 10);
-  if (*end != '\0' || port <= 0 || port > 65535)
+  long port = std::strtol(digits.c_str(), &end, 10);
+  if (digits.empty() || digits.find_first_not_of("0123456789") != std::string::npos || port <= 0 || port > 65535)
     throw InvalidUsage(std::string(var) + "='" + addr + "' has an invalid port");
   info.store_port = static_cast<std::uint16_t>(port);
 }

@@ -218,6 +218,13 @@ TEST_CASE("rank_info: BRAID_STORE_ADDR and BRAID_JOB_TOKEN override any launcher
   CHECK(info.store_host == "10.0.0.11");
   CHECK(info.store_port == 5555);
   CHECK(info.job_token == "tok");
+  // IPv6, bare or in brackets as in a URL.
+  for (const char* addr : {"[::1]:5556", "::1:5556"}) {
+    ScopedEnv v6(merged(kTorchrun, {{"BRAID_STORE_ADDR", addr}}));
+    INFO(addr);
+    CHECK(rank_info_from_env().store_host == "::1");
+    CHECK(rank_info_from_env().store_port == 5556);
+  }
 }
 
 TEST_CASE("rank_info: the derived token is shared by a job's ranks and differs between jobs", "[rank_info]") {
@@ -255,6 +262,8 @@ TEST_CASE("rank_info: malformed values are InvalidUsage naming the variable", "[
       {with(kBraid, "BRAID_STORE_ADDR", "no-port"), "BRAID_STORE_ADDR"},
       {with(kBraid, "BRAID_STORE_ADDR", "host:99999"), "BRAID_STORE_ADDR"},
       {with(kBraid, "BRAID_STORE_ADDR", "host:12ab"), "BRAID_STORE_ADDR"},
+      {with(kBraid, "BRAID_STORE_ADDR", "127.0.0.1: 5555"), "BRAID_STORE_ADDR"},  // strtol skipped the space
+      {with(kBraid, "BRAID_STORE_ADDR", "127.0.0.1:"), "BRAID_STORE_ADDR"},
       {with(kTorchrun, "RANK", "-1"), "RANK"},
       {with(kTorchrun, "WORLD_SIZE", "8x"), "WORLD_SIZE"},
       {with(kTorchrun, "MASTER_PORT", "65536"), "MASTER_PORT"},
