@@ -25,10 +25,13 @@ Gpt::Gpt(const GptConfig& config, const ModelLayout& layout, MemoryAccount* acco
       account_(account),
       device_(storage.device),
       k_(&trainer::backend(storage.device)),
-      params_(storage.params ? FlatBuffer(table_.count(), MemoryCategory::kParameters, account, device_)
-                             : FlatBuffer()),
-      grads_(storage.grads ? FlatBuffer(table_.count(), MemoryCategory::kGradients, account, device_)
-                           : FlatBuffer()) {}
+      params_(storage.params ? allocate(storage.params_in, MemoryCategory::kParameters) : FlatBuffer()),
+      grads_(storage.grads ? allocate(storage.grads_in, MemoryCategory::kGradients) : FlatBuffer()) {}
+
+FlatBuffer Gpt::allocate(const ModelStorage::Allocate& in, MemoryCategory category) const {
+  if (in) return in(table_.count(), category, account_);
+  return FlatBuffer(table_.count(), category, account_, device_);
+}
 
 void Gpt::init(std::uint64_t seed) {
   if (params_.count() != table_.count()) {

@@ -21,6 +21,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 
 #include "trainer/model/activations.h"
 #include "trainer/model/flat_buffer.h"
@@ -37,6 +38,11 @@ struct ModelStorage {
   bool params = true;  // false: every unit's parameters come from unit_params()
   bool grads = true;   // false: every unit's gradients go to unit_grads()
   Device device = Device::kCpu;  // of every buffer the model allocates
+  // Where the parameter and gradient buffers are allocated when set (a
+  // strategy's registered memory): moved there after the fact, each was
+  // for a moment in memory twice, the run's peak with ZeRO-1.
+  using Allocate = std::function<FlatBuffer(std::size_t count, MemoryCategory category, MemoryAccount* account)>;
+  Allocate params_in, grads_in;
 };
 
 class Gpt {
@@ -95,6 +101,7 @@ class Gpt {
     float *ln_2_w, *ln_2_b, *fc_w, *fc_b, *mlp_proj_w, *mlp_proj_b;
   };
   enum class Buffer { kParams, kGrads };
+  FlatBuffer allocate(const ModelStorage::Allocate& in, MemoryCategory category) const;
   float* unit_base(Buffer buffer, int unit);
   float* tensor(Buffer buffer, const ParamView& view);
   float* tensor(Buffer buffer, const std::string& name) { return tensor(buffer, table_.find(name)); }

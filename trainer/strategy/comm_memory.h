@@ -25,6 +25,7 @@
 // "direct" such a fallback fails the run by name.
 #pragma once
 
+#include <functional>
 #include <initializer_list>
 
 #include "comm/communicator.h"
@@ -48,6 +49,12 @@ class CommMemory {
   // backend's, with a warning, when that allocation fails), else the
   // backend's.
   FlatBuffer allocate(std::size_t count, MemoryCategory category, MemoryAccount* account) const;
+  // allocate() as a model's ModelStorage takes it (this CommMemory must outlive the model's construction).
+  std::function<FlatBuffer(std::size_t, MemoryCategory, MemoryAccount*)> allocator() const {
+    return [this](std::size_t count, MemoryCategory category, MemoryAccount* account) {
+      return allocate(count, category, account);
+    };
+  }
   // Moves `buffer` (before it is used: from build_model) into registered
   // memory when registers(); the account's charge is unchanged.
   void adopt(FlatBuffer& buffer) const;

@@ -7,8 +7,9 @@
 namespace braid::trainer {
 
 DdpStrategy::DdpStrategy(const StrategySetup& setup) : Strategy(setup) {
-  build_model(ModelStorage{});
-  comm_memory_.adopt(model_->grads());
+  ModelStorage storage;
+  storage.grads_in = comm_memory_.allocator();
+  build_model(std::move(storage));
   comm_memory_.agree({&model_->grads()});
   build_optimizer({Range{0, model_->table().count()}});
   tracker_.emplace(model_->table(), plan_buckets(model_->table(), setup.bucket_bytes));

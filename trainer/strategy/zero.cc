@@ -10,7 +10,9 @@ namespace braid::trainer {
 ZeroStrategy::ZeroStrategy(const StrategySetup& setup, int stage) : Strategy(setup), stage_(stage) {
   if (stage < 1 || stage > 3) throw InvalidUsage("ZeRO stage " + std::to_string(stage) + " does not exist; use 1, 2 or 3");
   const auto N = static_cast<std::size_t>(world_size());
-  build_model(ModelStorage{N, stage < 3, stage < 2});
+  ModelStorage storage{N, stage < 3, stage < 2};
+  storage.params_in = storage.grads_in = comm_memory_.allocator();  // registered from the start
+  build_model(std::move(storage));
   const ParamTable& table = model_->table();
   partition_.emplace(stage == 3 ? unit_buckets(table) : plan_buckets(table, setup.bucket_bytes), world_size(), rank());
   build_optimizer(partition_->chunks());
@@ -21,8 +23,9 @@ ZeroStrategy::ZeroStrategy(const StrategySetup& setup, int stage) : Strategy(set
 }
 
 void ZeroStrategy::register_buffers() {
-  // Whole parameters (stages 1, 2) and gradients (stage 1) are the model's;
-  // the shards are the gatherers'. The same list on every rank.
+  // Whole parameters (stages 1, 2) and gradients (stage 1) are the model's,
+  // allocated there; the shards are the gatherers'. The same list on every
+  // rank.
   FlatBuffer& params = stage_ < 3 ? model_->params() : params_->shard_buffer();
   FlatBuffer& grads = stage_ < 2 ? model_->grads() : grads_->shard_buffer();
   comm_memory_.adopt(params);
