@@ -131,6 +131,7 @@ std::shared_ptr<WorkState> Communicator::Impl::enqueue(Op op, StagedInput input)
   const bool collective = op.kind != OpKind::send && op.kind != OpKind::recv;
   if (op.kind == OpKind::send) op.seq = ++sends_to[op.root];
   else if (op.kind == OpKind::recv) op.seq = ++receives_from[op.root];
+  if (!collective) op.next_collective = gate.load(std::memory_order_relaxed) / kOneSeq;
   // Run here if the engine is idle: small calls (a hand-off would cost more
   // than the call), and calls whose caller waits for them anyway (gate
   // `host`: two hand-offs saved).

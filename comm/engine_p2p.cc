@@ -259,7 +259,11 @@ void Communicator::Impl::drive_point_to_point(Clock::time_point until) {
   const PointToPoint& first = *p2p.front();
   exchange.waiting_for.store(first.op.root, std::memory_order_relaxed);
   if (exchange.distinct.size() == 1) {
-    exchange.distinct.front()->progress(until);
+    if (exchange.distinct.front()->progress(until) || !exchange.slots) return;
+    // Nothing moved: a peer that a receive waits for may have gone into a
+    // collective instead, which over the shared slots sends nothing.
+    for (const auto& call : p2p)
+      if (call->posted && !call->landed && call->op.kind == OpKind::recv) check_receive(exchange, call->op);
     return;
   }
   bool advanced = false;  // several transports: short turns, so that none starves

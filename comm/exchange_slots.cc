@@ -171,6 +171,39 @@ void find_slots(ExchangeContext& context) {
   context.early.assign(context.slot_depth, {});
 }
 
+// The peer cannot have published `recv.next_collective` legitimately while
+// this rank waits in an earlier receive from it: a collective that waits
+// for every rank would wait for this one, and its sends before that call
+// were all in the ring before its slot (a call starts once the calls before
+// it are done), read here after the flag. So with nothing of the peer's
+// unread, it entered that collective instead of sending. (The mirror of
+// the shm slots' check_stray, which finds a send where a collective waits.)
+void check_receive(const ExchangeContext& c, const Op& recv) {
+  const int peer = recv.root;
+  if (!c.slots || recv.kind != OpKind::recv || recv.next_collective == 0 || peer < 0 || peer >= c.size) return;
+  const std::uint64_t next = recv.next_collective;
+  if (c.slots->published(peer, next) < next) return;
+  Transport* route = c.routes.at(static_cast<std::size_t>(peer));
+  if (route->has_unread(peer)) return;
+  SlotHeader header;
+  std::memcpy(&header, c.slots->theirs(peer, next).data(), sizeof header);
+  const WireHeader theirs = as_wire(header, next);
+  Op call;
+  call.kind = static_cast<OpKind>(theirs.kind);
+  call.dtype = static_cast<DataType>(theirs.dtype);
+  call.reduce_op = static_cast<ReduceOp>(theirs.reduce_op);
+  call.count = theirs.count;
+  call.root = theirs.root;
+  call.seq = next;
+  const bool known = c.slots->published(peer, next) == next && header.magic == kSlotMagic;  // not rewritten meanwhile
+  throw RemoteError("mismatched calls: rank " + std::to_string(c.rank) + " waits in " + describe(recv) +
+                        " for a message from rank " + std::to_string(peer) + ", but rank " + std::to_string(peer) +
+                        " has entered " + (known ? describe(call) : "collective #" + std::to_string(next)) +
+                        " without sending it: where one rank calls recv, its peer must call send, and every rank "
+                        "must issue the same calls in the same order",
+                    peer);
+}
+
 namespace {
 
 // The RemoteError naming both calls, where `header` (read from `peer`'s

@@ -47,6 +47,9 @@ struct Op {
   // carries it, so ranks that chose differently (BRAID_ALGO, registered
   // buffers) are told so. 0 for point-to-point calls.
   std::uint8_t algorithm = 0;
+  // A send or receive: the number the first collective issued after it
+  // gets (exchange_slots.cc: check_receive).
+  std::uint64_t next_collective = 0;
 };
 
 // The root of the all_gather by which split() exchanges every rank's color

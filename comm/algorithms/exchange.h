@@ -134,6 +134,12 @@ bool find_region(const ExchangeContext& context, const void* data, std::size_t b
 inline std::size_t slot_capacity(const ExchangeContext& context) { return context.slot_payload; }
 // Looks the slots up (context.slots, slot_payload) once the routes are set.
 void find_slots(ExchangeContext& context);
+// A receive `recv` from a peer on the shared slots finds nothing of the
+// peer's to take: RemoteError naming both calls if the peer has meanwhile
+// published its slot of a collective this rank has not entered (a
+// collective that agrees through the slots sends no message, so the
+// receive alone would wait out the timeout).
+void check_receive(const ExchangeContext& context, const Op& recv);
 
 class Exchange {
  public:

@@ -270,6 +270,9 @@ class Transport {
   // only a transport that reaches every rank of the communicator through
   // shared memory has them.
   virtual SharedSlots* shared_slots() { return nullptr; }
+  // Whether bytes from `peer` have arrived that no receive has taken yet;
+  // true where the transport cannot tell.
+  virtual bool has_unread(int /*peer*/) { return true; }
 
   // Bytes of payload moved, for traffic accounting.
   virtual std::uint64_t bytes_sent() const = 0;

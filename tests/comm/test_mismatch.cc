@@ -220,6 +220,58 @@ TEST_CASE("abuse: a send or receive of count 0 against one of 10 fails in that c
   CHECK_FALSE(result.ranks[0].ok());
 }
 
+// A receive whose peer calls a collective instead. Over TCP the collective's
+// first message reaches the receive and is told apart by its header; over
+// shared memory a collective that agrees through the slots sends no
+// message, and the receive waited out BRAID_TIMEOUT blaming nobody (found
+// by a review helper). Small and large (slots, large slots or the ring),
+// 2 and 3 ranks. Not over TCP where the peer's collective sends this rank
+// nothing before it waits for it (a dissemination barrier of 3 ranks:
+// rank 1 waits for rank 0 first), which waits out the timeout (README).
+TEST_CASE("abuse: a receive whose peer entered a collective instead fails at once, naming both",
+          "[failures][abuse]") {
+  const std::string transport = GENERATE("shm", "tcp");
+  const OpKind kind = GENERATE(OpKind::all_reduce, OpKind::barrier, OpKind::broadcast, OpKind::all_gather);
+  const std::size_t count = GENERATE(16, 300000);
+  const int size = GENERATE(2, 3);
+  if (transport == "tcp" && kind == OpKind::barrier && size == 3) return;
+  INFO(transport << ", " << name(kind) << ", count " << count << ", " << size << " ranks");
+  auto result = test::run_ranks(
+      size,
+      [&](Communicator& comm) {
+        comm.barrier().wait();
+        std::vector<float> data(count * static_cast<std::size_t>(comm.size()), 1.0f);
+        tagged([&] {
+          if (comm.rank() == 0) {
+            comm.recv(data.data(), count, DataType::f32, 1).wait();
+          } else if (kind == OpKind::all_reduce) {
+            comm.all_reduce(data.data(), data.data(), count, DataType::f32, ReduceOp::sum).wait();
+          } else if (kind == OpKind::barrier) {
+            comm.barrier().wait();
+          } else if (kind == OpKind::broadcast) {
+            comm.broadcast(data.data(), data.data(), count, DataType::f32, 1).wait();
+          } else {
+            comm.all_gather(data.data(), data.data() + count, count, DataType::f32).wait();
+          }
+          comm.barrier().wait();
+        });
+        throw std::runtime_error("the receive and the collective completed");
+      },
+      options_with(std::chrono::seconds(10), std::chrono::seconds(60), transport));
+  INFO(result.summary());
+  REQUIRE_FALSE(result.timed_out);
+  const Outcome receiver = outcome_of(result.ranks[0]);
+  CHECK(contains(receiver.text, "mismatched"));
+  CHECK(contains(receiver.text, "recv #1 (count " + std::to_string(count)));
+  CHECK(contains(receiver.text, std::string(name(kind)) + " #"));
+  CHECK(receiver.ms < 5000);
+  for (int r = 1; r < size; ++r) {
+    INFO("rank " << r);
+    CHECK_FALSE(result.ranks[r].ok());
+    CHECK(outcome_of(result.ranks[r]).ms < 5000);
+  }
+}
+
 // The direct all-reduce on registered buffers (Communicator::allocate) swaps
 // descriptors with every rank before it maps or writes anything; a mismatch
 // there must fail the same way.

@@ -275,6 +275,11 @@ bool ShmTransport::pump_recvs(Link& l) {
   return advanced;
 }
 
+bool ShmTransport::has_unread(int peer) {
+  Link& l = link(peer);
+  return l.in->head.load(std::memory_order_acquire) != l.cursor;
+}
+
 bool ShmTransport::pump_all() {
   bool advanced = false;
   for (auto& l : links_) {

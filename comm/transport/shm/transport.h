@@ -93,6 +93,7 @@ class ShmTransport final : public Transport {
   std::span<std::byte> map_region(int peer, const RegionRef& ref) override;
   // Shared slots (slots.h), when every rank of the communicator is local.
   SharedSlots* shared_slots() override { return slots_.get(); }
+  bool has_unread(int peer) override;
 
  private:
   struct Request {
