@@ -12,6 +12,7 @@
 #include <map>
 
 #include "strategy_fixtures.h"
+#include "trainer/train/memory_plan.h"
 #include "trainer/checkpoint/checkpoint.h"
 #include "tests/comm/harness.h"
 #include "trainer/strategy/strategy.h"
@@ -144,6 +145,16 @@ TEST_CASE("invariant 4: ZeRO memory follows the table (N = 2, 3, 4)", "[strategy
         CHECK(optimizer == (name == "dp" && rank != 0 ? 0.0 : 8.0 * full / (zero ? N : 1)));
         CHECK(grads == 4.0 * full / (stage >= 2 ? N : 1));
         CHECK(params == 4.0 * full / (stage == 3 ? N : 1));
+        // The memory check's estimate of ZeRO-2/3's staging holds what the
+        // run staged, and not far more.
+        TrainOptions o = grid_options();
+        o.strategy = name;
+        const double staged = r["peak"][4], estimated = memory_need(o, N).communication;
+        INFO("communication buffers " << staged << " bytes, estimated " << estimated);
+        if (stage >= 2) {
+          CHECK(staged <= estimated);
+          CHECK(estimated <= 1.5 * staged);
+        }
       }
     }
   }

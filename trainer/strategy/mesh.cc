@@ -33,7 +33,8 @@ void validate_mesh(const GptConfig& config, const MeshShape& shape, StrategyKind
     throw InvalidUsage("--strategy " + std::string(strategy_name(kind)) + " does not run with --tp " +
                        std::to_string(shape.tp) + " --pp " + std::to_string(shape.pp) +
                        " (dp, zero2 and zero3 shard or reduce in ways the tied embedding and the TP slices do "
-                       "not line up with); use --strategy ddp or zero1, or none with --dp 1");
+                       "not line up with); use --strategy ddp or zero1" +
+                       std::string(shape.dp == 1 ? ", or none" : ", or none with --dp 1"));
   }
 }
 

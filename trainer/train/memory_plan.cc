@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <functional>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -13,6 +14,7 @@
 #include "trainer/model/gpt.h"
 #include "trainer/model/param_table.h"
 #include "trainer/strategy/compose.h"
+#include "trainer/strategy/dp_comm.h"
 #include "trainer/strategy/pp_schedule.h"
 #include "trainer/strategy/process_groups.h"
 #include "trainer/strategy/strategy.h"
@@ -35,6 +37,41 @@ int micro_batches_in_flight(const TrainOptions& o) {
   return parse_pp_schedule(o.schedule) == PpSchedule::kGpipe ? o.grad_accum : std::min(o.grad_accum, o.pp);
 }
 
+// The sum of the `n` largest of `sizes`.
+double largest(std::vector<double> sizes, std::size_t n) {
+  std::sort(sizes.begin(), sizes.end(), std::greater<>());
+  double sum = 0.0;
+  for (std::size_t i = 0; i < std::min(n, sizes.size()); ++i) sum += sizes[i];
+  return sum;
+}
+
+// ZeRO-2/3's staging (zero_comm.h), in whole groups. Gradients (ZeRO-2's
+// buckets, ZeRO-3's units): the one backward writes and those in flight,
+// at most ShardedGradients::kMaxInFlight, the embedding's open throughout:
+// the embedding's and the two largest others. Parameters (ZeRO-3): the
+// unit gathered, the next one prefetched, and one kept for its next use
+// (the head and the embedding between forward and backward): the three
+// largest units. On a model of few wide blocks this exceeds what sharding
+// saves: 2 layers of 1024 on 4 ranks hold 97 MiB (ZeRO-2) and 194 MiB
+// (ZeRO-3) of it against a 24 MiB parameter shard.
+double staging_floats(const TrainOptions& o, StrategyKind kind, int dp, const ModelLayout& layout) {
+  if (dp <= 1 || (kind != StrategyKind::kZero2 && kind != StrategyKind::kZero3)) return 0.0;
+  const ParamTable table = ParamTable::gpt(o.model, layout, static_cast<std::size_t>(dp));
+  const bool zero3 = kind == StrategyKind::kZero3;
+  const std::vector<Range> groups =
+      zero3 ? unit_buckets(table) : plan_buckets(table, static_cast<std::size_t>(o.bucket_mb * (1 << 20)));
+  std::vector<double> sizes;
+  for (const Range& g : groups) sizes.push_back(static_cast<double>(g.count));
+  if (sizes.empty()) return 0.0;
+  const double gathered = zero3 ? largest(sizes, 3) : 0.0;
+  double embedding = 0.0;
+  if (table.embedding_unit() >= 0) {  // plan_buckets puts its group last
+    embedding = sizes.back();
+    sizes.pop_back();
+  }
+  return gathered + embedding + largest(sizes, 2);
+}
+
 MemoryNeed stage_need(const TrainOptions& o, StrategyKind kind, int dp, int stage) {
   const ModelLayout layout = stage_layout(o, dp, stage);
   const double P = ParamTable::gpt_param_count(o.model, layout);
@@ -42,7 +79,8 @@ MemoryNeed stage_need(const TrainOptions& o, StrategyKind kind, int dp, int stag
   const double B = std::max(1, o.rank_micro_batch(dp)), T = o.model.block_size;
   const double acts = micro_batches_in_flight(o) * Activations::float_count(o.model, layout, B, T) +
                       Gpt::scratch_float_count(o.model, layout, B * T);
-  return MemoryNeed{t.params, t.grads, t.optimizer, acts * sizeof(float)};
+  return MemoryNeed{t.params, t.grads, t.optimizer, acts * sizeof(float),
+                    staging_floats(o, kind, dp, layout) * sizeof(float)};
 }
 
 // What a run maps beyond its tensors, counted against the address space
@@ -78,7 +116,8 @@ void check_memory(const MemoryNeed& need, const std::vector<MemoryLimit>& limits
   throw InvalidUsage(
       "this configuration needs " + format_bytes(need.total()) + " per rank (parameters " +
       format_bytes(need.params) + ", gradients " + format_bytes(need.grads) + ", AdamW state " +
-      format_bytes(need.optimizer) + ", activations " + format_bytes(need.activations) + ")" +
+      format_bytes(need.optimizer) + ", activations " + format_bytes(need.activations) +
+      (need.communication > 0 ? ", communication buffers " + format_bytes(need.communication) : "") + ")" +
       (sharing(limit) > 1 ? " x " + std::to_string(sharing(limit)) + " ranks on this host" : "") + "; " +
       format_bytes(std::max(0.0, limit.bytes)) + " available (" + limit.source +
       "); lower --n-layer, --n-embd, --block-size or the micro-batch (--batch-size, --grad-accum), "

@@ -10,9 +10,13 @@
 // (ParamTable::gpt_param_count), and activations: one Activations per
 // micro-batch the rank holds at once (one; under --pp all M for gpipe, up
 // to P for 1f1b) plus backward's scratch (Activations::float_count,
-// Gpt::scratch_float_count). Padding, communication buffers and the corpus
-// are left out: the check refuses what surely cannot fit; a configuration
-// at the edge may still fail later.
+// Gpt::scratch_float_count), and ZeRO-2/3's communication buffers, which
+// hold whole units (a transformer block): ZeRO-2 stages the two largest
+// gradient buckets in flight and the embedding's, ZeRO-3 gathers a unit
+// and prefetches the next while two units' gradients are staged. Padding,
+// the mappings of peers' registered memory and the corpus are left out: the
+// check refuses what surely cannot fit; a configuration at the edge may
+// still fail later.
 //
 // Available: the tightest of runtime::memory_limits (MemAvailable, the
 // cgroup's memory.max less memory.current, shared by the ranks of this host;
@@ -35,8 +39,9 @@ struct MemoryNeed {
   double grads = 0.0;
   double optimizer = 0.0;
   double activations = 0.0;
+  double communication = 0.0;
 
-  double total() const { return params + grads + optimizer + activations; }
+  double total() const { return params + grads + optimizer + activations + communication; }
 };
 
 // Per rank in a world of `world_size` ranks (see above).

@@ -217,9 +217,10 @@ void validate_schedule(const TrainOptions& o) {
 
 void validate_batch(const TrainOptions& o) {
   require(o.batch_size >= 1, "--batch-size must be at least 1 (it is the global batch in sequences)");
-  require(o.grad_accum >= 1, "--grad-accum must be at least 1");
+  // One option, two names: --micro-batches is the pipeline's word for it.
+  require(o.grad_accum >= 1, "--grad-accum (--micro-batches) must be at least 1");
   require(o.batch_size % o.grad_accum == 0,
-          "--batch-size " + std::to_string(o.batch_size) + " is not divisible by --grad-accum " +
+          "--batch-size " + std::to_string(o.batch_size) + " is not divisible by --grad-accum (--micro-batches) " +
               std::to_string(o.grad_accum) + "; choose a batch that splits into equal micro-batches");
   // The kernels index activations with int: the largest are [B, NH, T, T]
   // and [B, T, 4C].
