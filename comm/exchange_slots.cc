@@ -187,14 +187,7 @@ void check_receive(const ExchangeContext& c, const Op& recv) {
   if (route->has_unread(peer)) return;
   SlotHeader header;
   std::memcpy(&header, c.slots->theirs(peer, next).data(), sizeof header);
-  const WireHeader theirs = as_wire(header, next);
-  Op call;
-  call.kind = static_cast<OpKind>(theirs.kind);
-  call.dtype = static_cast<DataType>(theirs.dtype);
-  call.reduce_op = static_cast<ReduceOp>(theirs.reduce_op);
-  call.count = theirs.count;
-  call.root = theirs.root;
-  call.seq = next;
+  const Op call = op_of(as_wire(header, next));
   const bool known = c.slots->published(peer, next) == next && header.magic == kSlotMagic;  // not rewritten meanwhile
   throw RemoteError("mismatched calls: rank " + std::to_string(c.rank) + " waits in " + describe(recv) +
                         " for a message from rank " + std::to_string(peer) + ", but rank " + std::to_string(peer) +

@@ -1,7 +1,6 @@
 #include "comm/wire.h"
 
 namespace braid::comm {
-namespace {
 
 Op op_of(const WireHeader& h) {
   Op op;
@@ -13,6 +12,8 @@ Op op_of(const WireHeader& h) {
   op.seq = h.seq;
   return op;
 }
+
+namespace {
 
 bool same_call(const WireHeader& a, const WireHeader& b) {
   return a.kind == b.kind && a.dtype == b.dtype && a.reduce_op == b.reduce_op &&

@@ -56,5 +56,7 @@ WireHeader expected_header(std::uint32_t comm_id, const Op& op, int my_rank, int
 // Empty when `got` matches `expected`; otherwise a full sentence naming both
 // ranks and both calls, or calling the bytes garbage.
 std::string header_mismatch(const WireHeader& expected, const WireHeader& got, int my_rank, int peer);
+// The call a header names (kind, dtype, op, count, root, seq), for messages.
+Op op_of(const WireHeader& header);
 
 }  // namespace braid::comm

@@ -273,6 +273,19 @@ TEST_CASE("validate names the bad option", "[launcher]") {
   CHECK_THROWS_WITH(validate(options), Catch::Contains("no program"));
 }
 
+// Reads the pipe and flushes the sink whenever the pipe has room, until
+// the sink has nothing pending; what was read.
+std::string drain(OutputSink& sink, int read_end) {
+  std::string got;
+  while (sink.has_pending()) {
+    got += read_available(read_end);
+    pollfd ready{sink.poll_fd(), POLLOUT, 0};
+    REQUIRE(::poll(&ready, 1, 1000) == 1);
+    sink.flush();
+  }
+  return got + read_available(read_end);
+}
+
 TEST_CASE("OutputSink never blocks on a pipe nobody reads, and loses nothing once it is read", "[launcher]") {
   BlockingGuard guard(20);
   Pipe pipe = make_pipe();
@@ -290,14 +303,7 @@ TEST_CASE("OutputSink never blocks on a pipe nobody reads, and loses nothing onc
   CHECK(sink.pending_bytes() > expected.size() - (1u << 20));  // the pipe took at most its capacity
   // The reader catches up: flushing whenever the pipe has room gets
   // everything through, in order.
-  std::string got;
-  while (sink.has_pending()) {
-    got += read_available(pipe.read_end.get());
-    pollfd ready{sink.poll_fd(), POLLOUT, 0};
-    REQUIRE(::poll(&ready, 1, 1000) == 1);
-    sink.flush();
-  }
-  got += read_available(pipe.read_end.get());
+  std::string got = drain(sink, pipe.read_end.get());
   CHECK(got.size() == expected.size());
   CHECK(got == expected);
   sink.write("more\n");
@@ -318,14 +324,7 @@ TEST_CASE("OutputSink bounds the launcher's own messages that nobody reads, and 
   const std::size_t lines = 2 * OutputSink::kMaxOwnPendingBytes / line.size();
   for (std::size_t i = 0; i < lines; ++i) sink.write(line);
   CHECK(sink.pending_bytes() <= OutputSink::kMaxOwnPendingBytes);
-  std::string got;
-  while (sink.has_pending()) {
-    got += read_available(pipe.read_end.get());
-    pollfd ready{sink.poll_fd(), POLLOUT, 0};
-    REQUIRE(::poll(&ready, 1, 1000) == 1);
-    sink.flush();
-  }
-  got += read_available(pipe.read_end.get());
+  std::string got = drain(sink, pipe.read_end.get());
   const std::size_t kept = got.rfind(line) / line.size() + 1;
   INFO(got.substr(got.rfind(line) + line.size()));
   CHECK(kept < lines);
