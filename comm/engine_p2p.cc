@@ -261,9 +261,18 @@ void Communicator::Impl::drive_point_to_point(Clock::time_point until) {
   if (exchange.distinct.size() == 1) {
     if (exchange.distinct.front()->progress(until) || !exchange.slots) return;
     // Nothing moved: a peer that a receive waits for may have gone into a
-    // collective instead, which over the shared slots sends nothing.
+    // collective instead, which over the shared slots sends nothing. Only a
+    // receive whose message has not all arrived waits for its peer: one
+    // that has (held in staging behind an earlier call) lets its peer go
+    // on to the next collective, rightly (found by a review helper).
+    const auto arrived = [](const PointToPoint& call) {
+      for (std::size_t i = call.done; i < call.requests.size(); ++i)
+        if (!call.requests[i].transport->is_done(call.requests[i].id)) return false;
+      return true;
+    };
     for (const auto& call : p2p)
-      if (call->posted && !call->landed && call->op.kind == OpKind::recv) check_receive(exchange, call->op);
+      if (call->posted && !call->landed && call->op.kind == OpKind::recv && !arrived(*call))
+        check_receive(exchange, call->op);
     return;
   }
   bool advanced = false;  // several transports: short turns, so that none starves

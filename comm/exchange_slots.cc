@@ -172,12 +172,15 @@ void find_slots(ExchangeContext& context) {
 }
 
 // The peer cannot have published `recv.next_collective` legitimately while
-// this rank waits in an earlier receive from it: a collective that waits
-// for every rank would wait for this one, and its sends before that call
-// were all in the ring before its slot (a call starts once the calls before
-// it are done), read here after the flag. So with nothing of the peer's
-// unread, it entered that collective instead of sending. (The mirror of
-// the shm slots' check_stray, which finds a send where a collective waits.)
+// this rank waits in an earlier receive from it whose message has not all
+// arrived (the caller's part): a collective that waits for every rank
+// would wait for this one, and its sends before that call were all in the
+// ring before its slot (a call starts once the calls before it are done),
+// read here after the flag. So with nothing of the peer's unread, it
+// entered that collective instead of sending. (The mirror of the shm
+// slots' check_stray, which finds a send where a collective waits.) The
+// caller must call it only after a look at the rings that moved nothing,
+// in the thread that moves them.
 void check_receive(const ExchangeContext& c, const Op& recv) {
   const int peer = recv.root;
   if (!c.slots || recv.kind != OpKind::recv || recv.next_collective == 0 || peer < 0 || peer >= c.size) return;

@@ -19,6 +19,7 @@
 #include <cstdint>
 #include <cstring>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "tests/comm/failure_util.h"
@@ -270,6 +271,53 @@ TEST_CASE("abuse: a receive whose peer entered a collective instead fails at onc
     CHECK_FALSE(result.ranks[r].ok());
     CHECK(outcome_of(result.ranks[r]).ms < 5000);
   }
+}
+
+// The other side of the check above: a receive whose message has arrived
+// lets its peer go on to the next collective, rightly. Found by a review
+// helper, both failed with a false "mismatched calls":
+// - a receive held in staging behind an earlier call on the same bytes
+//   (its message in, the earlier call still waiting for a late rank 2),
+//   every time;
+// - a receive completed by the look before the transport's sleep, which
+//   the transport did not count as headway, between 6k and 87k iterations
+//   of a send/recv + all_reduce loop.
+TEST_CASE("a receive whose message has arrived is not a mismatch when its peer goes on to a collective",
+          "[failures]") {
+  const bool staged = GENERATE(true, false);
+  INFO((staged ? "a receive staged behind another into the same buffer" : "send/recv + all_reduce, 5000 times"));
+  auto result = test::run_ranks(
+      staged ? 3 : 2,
+      [&](Communicator& comm) {
+        comm.barrier().wait();
+        std::vector<float> x(16, static_cast<float>(comm.rank()));
+        if (staged) {
+          if (comm.rank() == 0) {
+            Work late = comm.recv(x.data(), x.size(), DataType::f32, 2);
+            Work early = comm.recv(x.data(), x.size(), DataType::f32, 1);
+            late.wait();
+            early.wait();
+            expect(x[0] == 1.0f, "the later receive into the buffer should land last");
+          } else {
+            if (comm.rank() == 2) std::this_thread::sleep_for(std::chrono::milliseconds(500));
+            comm.send(x.data(), x.size(), DataType::f32, 0).wait();
+          }
+          float one = 1.0f;
+          comm.all_reduce(&one, &one, 1, DataType::f32, ReduceOp::sum).wait();
+          expect(one == 3.0f, "all_reduce after the receives");
+          return;
+        }
+        for (int i = 0; i < 5000; ++i) {
+          if (comm.rank() == 0) comm.recv(x.data(), 4, DataType::f32, 1).wait();
+          else comm.send(x.data(), 4, DataType::f32, 0).wait();
+          float one = 1.0f;
+          comm.all_reduce(&one, &one, 1, DataType::f32, ReduceOp::sum).wait();
+        }
+      },
+      options_with(std::chrono::seconds(20), std::chrono::seconds(90), "shm"));
+  INFO(result.summary());
+  REQUIRE_FALSE(result.timed_out);
+  CHECK(result.all_ok());
 }
 
 // The direct all-reduce on registered buffers (Communicator::allocate) swaps

@@ -292,8 +292,9 @@ bool ShmTransport::pump_all() {
 bool ShmTransport::progress(Clock::time_point deadline) {
   if (pump_all()) return true;
   if (Clock::now() >= deadline) return false;
-  sleep_until(deadline);
-  if (pump_all()) return true;
+  // What the look before sleeping moved counts: a receive it completed
+  // made headway (the caller's check_receive relies on it).
+  if (sleep_until(deadline) || pump_all()) return true;
   return check_peers();  // only now: a peer may have written everything and then exited
 }
 
@@ -306,29 +307,30 @@ bool ShmTransport::progress(Clock::time_point deadline) {
 // waits for. The seq_cst store of `sleeping` before re-reading the doorbell
 // pairs with the peers' seq_cst increment before reading `sleeping`, so a
 // wake-up is never lost.
-void ShmTransport::sleep_until(Clock::time_point deadline) {
+bool ShmTransport::sleep_until(Clock::time_point deadline) {
   SegmentHeader* me = mine_.header();
   // interrupt() raises the flag before it rings: either it is seen here,
   // or `seen` predates the ring and the doorbell no longer matches it.
   std::uint32_t seen = me->doorbell.load(std::memory_order_seq_cst);
-  if (interrupted_.exchange(false, std::memory_order_seq_cst)) return;
+  if (interrupted_.exchange(false, std::memory_order_seq_cst)) return false;
   const auto start = Clock::now();
   const auto poll_end = start + std::min<std::chrono::nanoseconds>(spin_, kPollOnly), spin_end = start + spin_;
   while (Clock::now() < poll_end) {
     for (int i = 0; i < 64; ++i) cpu_relax();
-    if (me->doorbell.load(std::memory_order_acquire) != seen) return;
+    if (me->doorbell.load(std::memory_order_acquire) != seen) return false;
   }
   for (int i = 0; i < yields_ || Clock::now() < spin_end; ++i) {
     sched_yield();
-    if (me->doorbell.load(std::memory_order_acquire) != seen) return;
+    if (me->doorbell.load(std::memory_order_acquire) != seen) return false;
   }
-  if (pump_all()) return;
+  if (pump_all()) return true;
   me->sleeping.store(1, std::memory_order_seq_cst);
   if (me->doorbell.load(std::memory_order_seq_cst) == seen) {
     auto slice = std::min<Clock::duration>(deadline - Clock::now(), std::chrono::milliseconds(50));
     if (slice > Clock::duration::zero()) futex_wait(me->doorbell, seen, slice);
   }
   me->sleeping.store(0, std::memory_order_relaxed);
+  return false;
 }
 
 void ShmTransport::interrupt() {

@@ -117,7 +117,8 @@ class ShmTransport final : public Transport {
   bool pump_all();
   void free_consumed(Link& link);
   void ring_doorbell(SegmentHeader* owner);
-  void sleep_until(Clock::time_point deadline);
+  // Whether its own look at the rings moved anything.
+  bool sleep_until(Clock::time_point deadline);
   bool check_peers();
 
   int rank_;
