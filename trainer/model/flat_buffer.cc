@@ -87,18 +87,6 @@ FlatBuffer::FlatBuffer(std::size_t count, MemoryCategory category, MemoryAccount
   if (account_ != nullptr) account_->allocate(category_, count_ * sizeof(float));
 }
 
-void FlatBuffer::move_to_registered(RegisteredMemory memory) {
-  if (device_ != Device::kCpu) {
-    throw InvalidUsage("FlatBuffer: only a CPU buffer can move into registered memory, this one is on " +
-                       std::string(device_name(device_)));
-  }
-  if (data_.get_deleter().deallocate == memory.deallocate) return;
-  std::unique_ptr<float[], Free> moved(allocate_registered(memory, count_, category_),
-                                       Free{Device::kCpu, memory.deallocate});
-  if (count_ > 0) std::memcpy(moved.get(), data_.get(), count_ * sizeof(float));
-  data_ = std::move(moved);
-}
-
 void FlatBuffer::move_to_backend() {
   if (!registered()) return;
   std::unique_ptr<float[], Free> moved(

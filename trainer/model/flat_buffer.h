@@ -104,11 +104,8 @@ class FlatBuffer {
   const Backend& backend() const { return trainer::backend(device_); }
   // Whether the memory came from RegisteredMemory.
   bool registered() const { return data_.get_deleter().deallocate != nullptr; }
-  // Move the contents into memory from `memory` (a CPU buffer only), or
-  // back into the backend's, and free the old memory; the count and the
-  // account's charge stay. Throws what memory.allocate throws, leaving the
-  // buffer as it was. A no-op when the memory already comes from there.
-  void move_to_registered(RegisteredMemory memory);
+  // Move the contents of registered memory into the backend's and free it;
+  // the count and the account's charge stay. A no-op for backend memory.
   void move_to_backend();
 
  private:

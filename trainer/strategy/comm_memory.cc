@@ -40,16 +40,6 @@ FlatBuffer CommMemory::allocate(std::size_t count, MemoryCategory category, Memo
   return FlatBuffer(count, category, account, device_);
 }
 
-void CommMemory::adopt(FlatBuffer& buffer) const {
-  if (!registers_) return;
-  try {
-    buffer.move_to_registered(memory_);
-  } catch (const SystemError& e) {
-    spdlog::warn("rank {}: {} of {} bytes stay in ordinary memory, collectives on it run through the transport: {}",
-                 comm_->rank(), category_name(buffer.category()), buffer.count() * sizeof(float), e.what());
-  }
-}
-
 bool CommMemory::agree(std::initializer_list<FlatBuffer*> buffers) {
   if (!registers_) return false;
   std::int32_t all = 1;

@@ -55,9 +55,6 @@ class CommMemory {
       return allocate(count, category, account);
     };
   }
-  // Moves `buffer` (before it is used: from build_model) into registered
-  // memory when registers(); the account's charge is unchanged.
-  void adopt(FlatBuffer& buffer) const;
   // Collective over the communicator when registers(), after every rank
   // has allocated the same persistent buffers: keeps them registered only
   // when every rank's are, else moves this rank's into backend memory.

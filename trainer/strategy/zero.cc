@@ -10,7 +10,10 @@ namespace braid::trainer {
 ZeroStrategy::ZeroStrategy(const StrategySetup& setup, int stage) : Strategy(setup), stage_(stage) {
   if (stage < 1 || stage > 3) throw InvalidUsage("ZeRO stage " + std::to_string(stage) + " does not exist; use 1, 2 or 3");
   const auto N = static_cast<std::size_t>(world_size());
-  ModelStorage storage{N, stage < 3, stage < 2};
+  ModelStorage storage;
+  storage.unit_multiple = N;
+  storage.params = stage < 3;
+  storage.grads = stage < 2;
   storage.params_in = storage.grads_in = comm_memory_.allocator();  // registered from the start
   build_model(std::move(storage));
   const ParamTable& table = model_->table();
@@ -24,12 +27,10 @@ ZeroStrategy::ZeroStrategy(const StrategySetup& setup, int stage) : Strategy(set
 
 void ZeroStrategy::register_buffers() {
   // Whole parameters (stages 1, 2) and gradients (stage 1) are the model's,
-  // allocated there; the shards are the gatherers'. The same list on every
-  // rank.
+  // the shards the gatherers'; all came from comm_memory_. The same list on
+  // every rank.
   FlatBuffer& params = stage_ < 3 ? model_->params() : params_->shard_buffer();
   FlatBuffer& grads = stage_ < 2 ? model_->grads() : grads_->shard_buffer();
-  comm_memory_.adopt(params);
-  comm_memory_.adopt(grads);
   comm_memory_.agree({&params, &grads});
 }
 
