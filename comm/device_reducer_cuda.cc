@@ -78,6 +78,7 @@ class CudaReducer final : public Reducer {
 
   void finish(Clock::time_point deadline) override {
     flagged_ = false;  // only after a flag-ordered call that failed midway
+    queued_ = false;
     if (!pending_) return;
     DeviceScope scope(device_);
     check_cuda(cudaEventRecord(done_, stream_), "cudaEventRecord");
@@ -111,7 +112,8 @@ class CudaReducer final : public Reducer {
   void finish_flagged() override {
     if (!std::exchange(flagged_, false)) return;
     DeviceScope scope(device_);
-    pending_ = false;
+    queued_ = std::exchange(pending_, false);
+    queued_on_ = call_stream_;
     check_cuda(launch_flag_end(call_stream_, blocks_, call_, flags_.timeout_ns, flags_.timed_out),
                "launching the flag wait after a collective's kernels");
   }
@@ -126,7 +128,14 @@ class CudaReducer final : public Reducer {
     }
     DeviceScope scope(device_);
     check_cuda(cudaEventRecord(done_, stream_), "cudaEventRecord");
-    pending_ = false;
+    queued_ = std::exchange(pending_, false);
+    queued_on_ = stream_;
+    return true;
+  }
+
+  bool take_queued(Stream& stream) override {
+    if (!std::exchange(queued_, false)) return false;
+    stream.cuda = queued_on_;
     return true;
   }
 
@@ -138,6 +147,10 @@ class CudaReducer final : public Reducer {
   cudaEvent_t done_ = nullptr;  // with events_, done_own_'s: peers may wait for it
   EventBook::Own done_own_;
   bool pending_ = false;  // kernels issued since the last finish()
+  // Kernels the last call left queued (finish_queued, finish_flagged), on
+  // queued_on_, until take_queued.
+  bool queued_ = false;
+  cudaStream_t queued_on_ = nullptr;
   // Gate `flag`: whether a flag-ordered call is running (its steps go on
   // its caller's stream, which may be the legacy default stream, null),
   // its stream, its number and every rank's block.

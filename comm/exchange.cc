@@ -141,6 +141,13 @@ std::span<std::byte> Exchange::peer_region(int peer, const RegionRef& ref, std::
   return c_.routes.at(static_cast<std::size_t>(peer))->map_region(peer, ref);
 }
 
+void Exchange::peer_regions_used() {
+  if (op_.memory.kind != runtime::MemoryKind::device || !c_.device_regions) return;
+  Stream stream;
+  const bool queued = c_.device_reducer && c_.device_reducer->take_queued(stream);
+  c_.device_regions->regions_used(queued ? &stream : nullptr);
+}
+
 Reducer& Exchange::reducer() {
   if (op_.memory.kind != runtime::MemoryKind::device) return host_reducer();
   if (!c_.device_reducer) throw InvalidUsage(describe(op_) + ": device memory, but no device path to reduce it");

@@ -126,6 +126,7 @@ void close_direct(Exchange& x, const DirectBuffers& b) {
   std::uint8_t token = 1;
   if (b.flag_ordered) {
     x.reducer().finish_flagged();
+    x.peer_regions_used();
     token = 3;
     std::vector<std::uint8_t> tokens(static_cast<std::size_t>(x.size()));
     x.swap_with_all(kDirectStep + 1, &token, tokens.data(), 1);
@@ -133,6 +134,7 @@ void close_direct(Exchange& x, const DirectBuffers& b) {
   }
   if (!b.stream_ordered) x.reducer().finish(x.deadline());
   else if (!b.shares.empty() && x.reducer().finish_queued(x.deadline())) token = 2;
+  x.peer_regions_used();
   std::vector<std::uint8_t> tokens(static_cast<std::size_t>(x.size()));
   x.swap_with_all(kDirectStep + 1, &token, tokens.data(), 1);
   tokens[static_cast<std::size_t>(x.rank())] = token;

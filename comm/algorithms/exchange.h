@@ -195,6 +195,11 @@ class Exchange {
   // are opaque: pass them on, read nothing in them.
   bool find_region(const void* data, std::size_t bytes, RegionRef& ref) const;
   std::span<std::byte> peer_region(int peer, const RegionRef& ref, std::size_t bytes);
+  // Once the call's steps are done or queued (close_direct): tells the
+  // transport that mapped the peers' device buffers where the steps that
+  // use them are queued, so that it unmaps none of them before they are
+  // done (Transport::regions_used).
+  void peer_regions_used();
 
   // The arithmetic of the direct collectives on the memory the call's
   // buffers are in (comm/algorithms/reducer.h); finish() it by deadline().

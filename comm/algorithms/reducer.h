@@ -69,6 +69,16 @@ class Reducer {
     (void)flags, (void)me, (void)stream;
   }
   virtual void finish_flagged() {}
+
+  // Whether the steps of the call just closed were left queued on the
+  // device (finish_queued returned true, or finish_flagged queued them),
+  // and the stream they are on; once per call (a device Reducer alone
+  // leaves any). The peers' buffers they use stay mapped until they are
+  // done (Transport::regions_used).
+  virtual bool take_queued(Stream& stream) {
+    (void)stream;
+    return false;
+  }
 };
 
 // kernels::cpu, in blocks that stay in L1/L2 between the reduction and the

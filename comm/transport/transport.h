@@ -265,6 +265,11 @@ class Transport {
   // reach a peer's memory (the defaults).
   virtual bool find_region(const void* data, std::size_t bytes, RegionRef& ref);
   virtual std::span<std::byte> map_region(int peer, const RegionRef& ref);
+  // After each direct collective that mapped peers' regions: where the
+  // work that reads and writes them is still queued on a device, the
+  // stream it is queued on (`queued_on`; null: it is done). A transport
+  // that unmaps a region it evicts (cuda_ipc) waits for that work first.
+  virtual void regions_used(const Stream* queued_on) { (void)queued_on; }
 
   // The shared slots of this communicator's ranks (SharedSlots), or null:
   // only a transport that reaches every rank of the communicator through

@@ -232,9 +232,10 @@ TEST_CASE("cuda_ipc: every direct collective on device buffers, every dtype, op,
 // host run ahead of the GPU (event, flag) a mapping evicted by a later
 // call may still be read by an earlier call's queued kernel. Each rank's
 // stream is held while the host issues them all. Each buffer's sum must be exact, and nothing may fault.
-// Not run on a GPU yet (a helper's reading of the code suspects it fails
-// under event and flag; the driver's documentation does not say whether
-// cudaIpcCloseMemHandle waits for queued work).
+// A helper's reading of the code found that eviction closed a mapping
+// under queued kernels (the driver's documentation does not say whether
+// cudaIpcCloseMemHandle waits for them); PeerRegions now waits for an event
+// recorded after them (cuda_ipc/memory.h). Not run on a GPU yet.
 TEST_CASE("cuda_ipc: calls queued on more allocations than stay mapped keep their peers' memory mapped",
           "[device][cuda_ipc]") {
   if (probe_gpus() == 0) {

@@ -2,6 +2,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <cstring>
 
 #include "comm/device_cuda.h"
@@ -66,7 +67,14 @@ bool Exports::export_entry(const void* base, std::size_t bytes, int device, Entr
 }
 
 PeerRegions::~PeerRegions() {
-  for (auto& [key, open] : open_) cudaIpcCloseMemHandle(open.base);
+  for (auto& [key, open] : open_) {
+    if (open.used_until) {
+      if (cudaEventQuery(open.used_until) != cudaSuccess) continue;  // still queued: left mapped (class comment)
+      cudaEventDestroy(open.used_until);
+    }
+    cudaIpcCloseMemHandle(open.base);
+  }
+  for (cudaEvent_t event : spare_events_) cudaEventDestroy(event);
 }
 
 std::span<std::byte> PeerRegions::map(int peer, const RegionRef& ref, int device) {
@@ -74,12 +82,36 @@ std::span<std::byte> PeerRegions::map(int peer, const RegionRef& ref, int device
     throw RemoteError("rank " + std::to_string(peer) + " named a device memory region with an impossible key", peer);
   Open& region = open(peer, ref.key[0], device);
   region.last_use = ++uses_;
+  const Key key{peer, ref.key[0]};
+  if (std::find(unfenced_.begin(), unfenced_.end(), key) == unfenced_.end()) unfenced_.push_back(key);
   if (ref.offset > region.bytes || ref.bytes > region.bytes - ref.offset)
     throw RemoteError("rank " + std::to_string(peer) + " named bytes [" + std::to_string(ref.offset) + ", +" +
                           std::to_string(ref.bytes) + ") of a device allocation of " + std::to_string(region.bytes) +
                           " bytes; a peer's offsets are checked against what it registered",
                       peer);
   return {region.base + ref.offset, static_cast<std::size_t>(ref.bytes)};
+}
+
+void PeerRegions::used(cudaStream_t* queued_on) {
+  const std::vector<Key> keys = std::exchange(unfenced_, {});
+  if (!queued_on) return;
+  for (const Key& key : keys) {
+    auto it = open_.find(key);
+    if (it == open_.end()) continue;  // mapped by a call that failed, and closed since
+    Open& region = it->second;
+    DeviceScope scope(region.device);
+    if (!region.used_until) {
+      if (!spare_events_.empty()) {
+        region.used_until = spare_events_.back();
+        spare_events_.pop_back();
+      } else {
+        check_cuda(cudaEventCreateWithFlags(&region.used_until, cudaEventDisableTiming),
+                   "cudaEventCreate (the end of the kernels that use a peer's device memory)");
+      }
+    }
+    check_cuda(cudaEventRecord(region.used_until, *queued_on),
+               "cudaEventRecord (the end of the kernels that use a peer's device memory)");
+  }
 }
 
 PeerRegions::Open& PeerRegions::open(int peer, std::uint64_t id, int device) {
@@ -95,14 +127,25 @@ PeerRegions::Open& PeerRegions::open(int peer, std::uint64_t id, int device) {
                       std::to_string(record.device) + ") on device " + std::to_string(device) + ": " +
                       cudaGetErrorString(status) + "; can this GPU reach the peer's (peer access, same host)?");
   }
-  return open_[{peer, id}] = Open{static_cast<std::byte*>(base), static_cast<std::size_t>(record.bytes), 0};
+  return open_[{peer, id}] = Open{static_cast<std::byte*>(base), static_cast<std::size_t>(record.bytes), device, 0};
 }
 
+// Waits for the kernels queued on the mapping before it unmaps it (class
+// comment); at the timeout it stays open and the call fails.
 void PeerRegions::close_least_recent() {
   auto oldest = open_.begin();
   for (auto it = open_.begin(); it != open_.end(); ++it)
     if (it->second.last_use < oldest->second.last_use) oldest = it;
-  cudaIpcCloseMemHandle(oldest->second.base);
+  Open& victim = oldest->second;
+  if (victim.used_until) {
+    const std::string what = "the kernels of an earlier collective that use rank " +
+                             std::to_string(oldest->first.first) +
+                             "'s device memory, which this rank must unmap to map another allocation, did not finish";
+    DeviceScope scope(victim.device);
+    wait_for_event(victim.used_until, Clock::now() + timeout_, what.c_str());
+    spare_events_.push_back(victim.used_until);
+  }
+  cudaIpcCloseMemHandle(victim.base);
   open_.erase(oldest);
 }
 

@@ -15,6 +15,7 @@
 #include <span>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "comm/types.h"
 
@@ -92,11 +93,23 @@ class Exports {
 // only), by (peer, id). At most kMaxOpen stay open; past that the least
 // recently used is closed, never one the current collective uses (it maps
 // at most 2 x kMaxDirectRanks).
+//
+// A mapping is closed only once the kernels that use it are done. Under
+// the gates that leave a direct collective's steps queued (event, flag:
+// comm/device.h) the host runs ahead of the GPU, and a call many calls
+// later may evict a mapping that an earlier call's kernels, still queued
+// behind work on the caller's stream, have yet to read: CUDA's documentation
+// does not say that cudaIpcCloseMemHandle waits for them. So after each
+// direct collective (used) the mappings it touched get an event recorded
+// on the stream its steps are queued on, and closing one waits for its
+// event (bounded by the communicator's timeout; a TimeoutError leaves it
+// open). The destructor closes only the mappings whose event has completed
+// and leaves the rest to the process's end.
 class PeerRegions {
  public:
   static constexpr std::size_t kMaxOpen = 64;
 
-  explicit PeerRegions(Directory& directory) : directory_(directory) {}
+  PeerRegions(Directory& directory, std::chrono::milliseconds timeout) : directory_(directory), timeout_(timeout) {}
   ~PeerRegions();
   PeerRegions(const PeerRegions&) = delete;
   PeerRegions& operator=(const PeerRegions&) = delete;
@@ -104,18 +117,27 @@ class PeerRegions {
   // The bytes `ref` names in `peer`'s memory, opened on `device`;
   // RemoteError naming the peer when ref lies outside what it registered.
   std::span<std::byte> map(int peer, const RegionRef& ref, int device);
+  // The mappings handed out since the last call are used by kernels queued
+  // on `queued_on` (null: by none still queued).
+  void used(cudaStream_t* queued_on);
 
  private:
+  using Key = std::pair<int, std::uint64_t>;  // (peer, id)
   struct Open {
     std::byte* base = nullptr;
     std::size_t bytes = 0;
+    int device = 0;
     std::uint64_t last_use = 0;
+    cudaEvent_t used_until = nullptr;  // after the last kernels queued on it; null: none queued yet
   };
   Open& open(int peer, std::uint64_t id, int device);
   void close_least_recent();
 
   Directory& directory_;
-  std::map<std::pair<int, std::uint64_t>, Open> open_;
+  std::chrono::milliseconds timeout_;
+  std::map<Key, Open> open_;
+  std::vector<Key> unfenced_;             // mapped since the last used()
+  std::vector<cudaEvent_t> spare_events_;  // of closed mappings, for the next
   std::uint64_t uses_ = 0;
 };
 

@@ -21,7 +21,7 @@ CudaIpcTransport::CudaIpcTransport(std::shared_ptr<runtime::Store> store, std::s
     : rank_(options.rank), local_(local_mask(options)) {
   directory_ = std::make_unique<Directory>(std::move(store), std::move(key_prefix));
   exports_ = std::make_unique<Exports>(rank_, *directory_);
-  peers_ = std::make_unique<PeerRegions>(*directory_);
+  peers_ = std::make_unique<PeerRegions>(*directory_, options.timeout);
 }
 
 CudaIpcTransport::~CudaIpcTransport() = default;
@@ -50,6 +50,11 @@ std::span<std::byte> CudaIpcTransport::map_region(int peer, const RegionRef& ref
     throw InvalidUsage("rank " + std::to_string(rank_) + " maps device memory of rank " + std::to_string(peer) +
                        " before sharing any of its own: a direct collective shares its buffers first");
   return peers_->map(peer, ref, device);
+}
+
+void CudaIpcTransport::regions_used(const Stream* queued_on) {
+  cudaStream_t stream = queued_on ? static_cast<cudaStream_t>(queued_on->cuda) : nullptr;
+  peers_->used(queued_on ? &stream : nullptr);
 }
 
 }  // namespace braid::comm::cuda_ipc

@@ -18,9 +18,10 @@
 //                bytes); the handle never reaches an algorithm.
 //   map_region   a peer's (id, offset, bytes): the record read from the
 //                store, checked (its owner, its id), the handle opened
-//                with cudaIpcOpenMemHandle (cached, least recently used
-//                closed past kMaxOpen), and offset + bytes checked against
-//                the extent the owner registered: a reference outside it,
+//                with cudaIpcOpenMemHandle (cached; past kMaxOpen the
+//                least recently used is closed, once the kernels that use
+//                it are done), and offset + bytes checked against the
+//                extent the owner registered: a reference outside it,
 //                or one naming an id the peer never published, is a
 //                RemoteError naming the peer.
 //
@@ -81,6 +82,9 @@ class CudaIpcTransport final : public Transport {
 
   bool find_region(const void* data, std::size_t bytes, RegionRef& ref) override;
   std::span<std::byte> map_region(int peer, const RegionRef& ref) override;
+  // Mappings are closed only once the kernels that use them are done
+  // (memory.h, PeerRegions).
+  void regions_used(const Stream* queued_on) override;
 
  private:
   [[noreturn]] void no_messages() const;
