@@ -315,6 +315,14 @@ bool IbTransport::pump_recvs(Peer& peer) {
       if (!take_stripes(peer, r)) break;
     } else {
       if (peer.taken == peer.arrived) break;
+      // A large receive about to be taken that offer_cts above skipped (its
+      // window was full, and the receives ahead of it completed in this
+      // loop) is offered now, though its message comes through the ring:
+      // the sender numbered it among its large messages, and a Cts number
+      // left out put every later Cts one behind the sender's count, so
+      // that no large message to this rank was written directly again (a
+      // review helper's case).
+      if (r.mode == Mode::large && !r.offered) offer_cts(peer);
       take_piece(peer, r);
     }
     advanced = true;
