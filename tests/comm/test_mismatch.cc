@@ -188,6 +188,89 @@ TEST_CASE("abuse: mismatched arguments fail every rank before any user buffer is
   }
 }
 
+// At the default segment size a TCP receive larger than the staging
+// threshold reads its payload straight into the caller's buffer, a path the
+// 4 KiB segments of the other cases never take: its header must still be
+// checked before a byte lands (a review helper's mutation went unnoticed).
+// 1 MiB sent as f32, received as i32 (the same bytes) or as one element
+// more, point to point and in an all_reduce: the receiver fails naming the
+// mismatch, its buffer as it was.
+TEST_CASE("abuse: at the default segment size, a large TCP receive checks its header before the payload lands",
+          "[failures][abuse]") {
+  const bool p2p = GENERATE(true, false);
+  const Field field = GENERATE(Field::dtype, Field::count);
+  INFO((p2p ? "send/recv" : "all_reduce") << ", another " << field_name(field) << " on rank 1");
+  auto options = options_with(std::chrono::seconds(10), std::chrono::seconds(60), "tcp");
+  options.config.segment_bytes = runtime::Config{}.segment_bytes;
+  options.config.chunk_bytes = runtime::Config{}.chunk_bytes;
+  constexpr std::size_t kCount = 1u << 18;  // 1 MiB of 4-byte elements
+  const Call base{OpKind::all_reduce, kCount, DataType::f32, ReduceOp::sum, 0};
+  const Call odd = changed(base, field, 2);
+  auto result = test::run_ranks(
+      2,
+      [&](Communicator& comm) {
+        comm.barrier().wait();  // #1
+        const Call& mine = comm.rank() == 1 ? odd : base;
+        if (!p2p) return run_call(comm, mine, false);
+        std::vector<std::int32_t> data(mine.count, comm.rank() == 0 ? 5 : -7777);
+        const auto before = data;
+        try {
+          tagged([&] {
+            if (comm.rank() == 0) comm.send(data.data(), mine.count, mine.dtype, 1).wait();
+            else comm.recv(data.data(), mine.count, mine.dtype, 0).wait();
+            comm.barrier().wait();
+          });
+        } catch (...) {
+          expect(data == before, "rank " + std::to_string(comm.rank()) + " failed but its buffer changed");
+          throw;
+        }
+        throw std::runtime_error("the mismatched send and receive completed");
+      },
+      options);
+  INFO(result.summary());
+  REQUIRE_FALSE(result.timed_out);
+  const Outcome receiver = outcome_of(result.ranks[1]);
+  CHECK(result.ranks[1].exit_code == 1);
+  CHECK(receiver.type == "RemoteError");
+  CHECK(contains(receiver.text, "mismatched collectives"));
+  CHECK(receiver.ms < 5000);
+  CHECK_FALSE(result.ranks[0].ok());
+  if (!p2p) check_case(result);
+}
+
+// Ranks that cut messages into segments of different sizes (rank 0 4 KiB,
+// rank 1 8 KiB: BRAID_SEGMENT_BYTES set by rank) agree on every call but
+// not on its messages: the first message of another length is named as
+// out of order with the settings to look at, on shm and tcp, before the
+// timeout; not as garbage, nor as a silent stream out of step.
+TEST_CASE("abuse: ranks with different segment sizes fail naming the settings, not garbage", "[failures][abuse]") {
+  const std::string transport = GENERATE("shm", "tcp");
+  INFO(transport);
+  auto options = options_with(std::chrono::seconds(10), std::chrono::seconds(60), transport);
+  options.configure = [](int rank, runtime::Config& config) { config.segment_bytes = 4096u * (rank + 1); };
+  auto result = test::run_ranks(
+      2,
+      [](Communicator& comm) {
+        comm.barrier().wait();
+        std::vector<float> data(1u << 18, 1.0f);
+        tagged([&] { comm.all_reduce(data.data(), data.data(), data.size(), DataType::f32, ReduceOp::sum).wait(); });
+        throw std::runtime_error("the all_reduce completed");
+      },
+      options);
+  INFO(result.summary());
+  REQUIRE_FALSE(result.timed_out);
+  bool named = false;
+  for (const auto& rank : result.ranks) {
+    const Outcome o = outcome_of(rank);
+    CHECK(rank.exit_code == 1);
+    CHECK(o.tagged);
+    CHECK(o.ms < 5000);
+    CHECK_FALSE(contains(o.text, "not a braid message header"));
+    named = named || (contains(o.text, "out-of-order message") && contains(o.text, "BRAID_SEGMENT_BYTES"));
+  }
+  CHECK(named);
+}
+
 // A send or receive of count 0 sends an empty message whose header names
 // the call: a count of 0 against 10 fails in that call on the receiving
 // rank, naming both. Before, a send of 0 left its receiver waiting until

@@ -171,10 +171,16 @@ int RegistrationCache::add(const std::byte* base, std::size_t bytes, std::uint64
   // zero page, and the program's first write would move the buffer away.
   e.mr = ibv_reg_mr(pd_, const_cast<std::byte*>(base), bytes, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
   if (!e.mr) {
-    if (!refused_logged_)
-      spdlog::info("ibverbs: registering {} bytes failed ({}); such buffers are copied through the rings "
-                   "(raise ulimit -l for direct writes)", bytes, std::strerror(errno));
-    refused_logged_ = true;
+    // Logged once per cause: a read-only buffer (EFAULT, EACCES) says
+    // nothing of the locked-memory limit, which a later failure may.
+    const int error = errno;
+    const bool limit = error == ENOMEM || error == EPERM || error == EAGAIN;
+    bool& logged = limit ? refused_logged_ : other_refusal_logged_;
+    if (!logged)
+      spdlog::info("ibverbs: registering {} bytes failed ({}); such buffers are copied through the rings{}", bytes,
+                   std::strerror(error),
+                   limit ? " (raise ulimit -l for direct writes)" : " (a buffer the process may not write: read-only memory?)");
+    logged = true;
     return -1;
   }
   if (inode == 0 && !read_frames(base, bytes / page_size(), e.frames)) {

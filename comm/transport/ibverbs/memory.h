@@ -105,7 +105,8 @@ class RegistrationCache {
   std::vector<std::uint64_t> frames_now_;  // still_valid's read, kept: no allocation per message
   int pagemap_ = -1;        // /proc/self/pagemap, or -1
   bool frames_readable_ = false;
-  bool refused_logged_ = false;
+  bool refused_logged_ = false;        // a registration refused for the locked-memory limit was logged
+  bool other_refusal_logged_ = false;  // one refused for another cause
 };
 
 }  // namespace braid::comm::ibverbs
