@@ -15,7 +15,15 @@
 //
 // Under gate `flag` a call's steps run on the caller's stream instead,
 // between the flag kernels (Reducer::order_by_flags): nothing waits on the
-// host, and no event passes between the two streams.
+// host, and no event passes between the two streams. A call on another
+// stream than the one before waits on the device for that one's end (the
+// `chain_` event): the flags say only "this rank's stream has reached call
+// N or later", so a later call that ran ahead on a stream of its own would
+// tell the peers this rank's input for N was written while N still waited
+// on its stream. So each rank's flag-ordered calls run one after another
+// on the GPU, in issue order, whatever streams they come on (as a NCCL
+// communicator's kernels do), and the work that uses a peer's mapping is
+// done once the last call's is (cuda_ipc's PeerRegions relies on it).
 #include <cuda_runtime.h>
 
 #include <stdexcept>
@@ -51,6 +59,7 @@ class CudaReducer final : public Reducer {
     } else {
       check_cuda(cudaEventCreateWithFlags(&done_, cudaEventDisableTiming), "cudaEventCreate");
     }
+    if (flags_.book) check_cuda(cudaEventCreateWithFlags(&chain_, cudaEventDisableTiming), "cudaEventCreate");
     if (!wake_) return;
     StreamWake first;
     first.queue(stream_);
@@ -59,6 +68,7 @@ class CudaReducer final : public Reducer {
 
   ~CudaReducer() override {
     if (done_ && !events_) cudaEventDestroy(done_);
+    if (chain_) cudaEventDestroy(chain_);
     if (stream_) cudaStreamDestroy(stream_);
   }
 
@@ -104,6 +114,8 @@ class CudaReducer final : public Reducer {
     blocks_ = flags_.book->blocks(flags, me);
     call_ = flags[static_cast<std::size_t>(me)].call;
     call_stream_ = static_cast<cudaStream_t>(stream.cuda);
+    if (chained_ && chain_stream_ != call_stream_)
+      check_cuda(cudaStreamWaitEvent(call_stream_, chain_, 0), "queueing the wait for this rank's previous call");
     flagged_ = true;
     check_cuda(launch_flag_begin(call_stream_, blocks_, call_, flags_.timeout_ns, flags_.timed_out),
                "launching the flag wait before a collective's kernels");
@@ -116,6 +128,9 @@ class CudaReducer final : public Reducer {
     queued_on_ = call_stream_;
     check_cuda(launch_flag_end(call_stream_, blocks_, call_, flags_.timeout_ns, flags_.timed_out),
                "launching the flag wait after a collective's kernels");
+    check_cuda(cudaEventRecord(chain_, call_stream_), "cudaEventRecord (the end of a flag-ordered call)");
+    chained_ = true;
+    chain_stream_ = call_stream_;
   }
 
   DeviceEventRef done_event() override { return events_ ? done_own_.ref : DeviceEventRef{}; }
@@ -159,6 +174,11 @@ class CudaReducer final : public Reducer {
   cudaStream_t call_stream_ = nullptr;
   std::uint64_t call_ = 0;
   FlagBlocks blocks_;
+  // After the last flag-ordered call's end kernel, on its stream: the next
+  // call on another stream waits for it (the header comment).
+  cudaEvent_t chain_ = nullptr;
+  bool chained_ = false;
+  cudaStream_t chain_stream_ = nullptr;
 };
 
 }  // namespace

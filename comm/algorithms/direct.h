@@ -57,7 +57,10 @@
 // call follows the last kernel. A call's number is its collective sequence
 // number (Op::seq, the same on every rank), and a kernel waits for at least
 // its call's number, so a rank ahead never confuses one behind, and calls
-// that some rank did not flag-order only leave gaps. Where some ranks'
+// that some rank did not flag-order only leave gaps. A rank's numbers only
+// grow on the GPU too: a call on another stream than the one before waits
+// there for that one's end (device_reducer_cuda.cc), so no later call of
+// this rank announces its input while an earlier one still waits. Where some ranks'
 // swaps carry flags and others' do not (gates that differ by rank), the
 // ranks with flags wait for their input on the host and every rank waits
 // for that at a barrier before any step reads a peer's buffer; the call

@@ -13,6 +13,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstring>
 #include <fstream>
@@ -21,6 +22,7 @@
 #include <optional>
 #include <span>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #include "comm/device.h"
@@ -282,6 +284,65 @@ TEST_CASE("cuda_ipc: calls queued on more allocations than stay mapped keep thei
       }
       expect(comm.last_algorithm(OpKind::all_reduce).name == "cuda_ipc", "the all_reduce did not run direct");
       cuda(cudaStreamDestroy(s), "cudaStreamDestroy");
+    }, test::run_options(std::chrono::seconds(120), config));
+    INFO("BRAID_CUDA_GATE=" << gate << ": " << result.summary());
+    CHECK(result.all_ok());
+  }
+}
+
+// A rank's calls on two streams: all_reduce N on stream X, whose input is
+// written on X behind a hold (rank 1's longer than rank 0's), then N+1 on
+// stream Y, ready at once. The flag gate's flags say only "this rank's
+// stream has reached call N or later": had N+1 run ahead on Y, its flag
+// would have let rank 0's N read rank 1's input before it was written. A
+// rank's calls run in issue order on the GPU under every gate, so both sums
+// are exact. Not run on a GPU yet (a review helper's reading of the code).
+TEST_CASE("cuda_ipc: a rank's calls on two streams run in issue order under every gate", "[device][cuda_ipc]") {
+  if (probe_gpus() == 0) {
+    WARN(kNoGpu);
+    return;
+  }
+  for (const char* gate : {"event", "flag", "host"}) {
+    runtime::Config config = test::test_config();
+    config.cuda_gate = gate;
+    auto result = test::run_ranks(2, [](Communicator& comm) {
+      constexpr std::size_t kCount = 1 << 18;
+      cudaStream_t x = rank_stream(comm.rank()), y = rank_stream(comm.rank());
+      DeviceBuffer a(kCount * sizeof(float), true), b(kCount * sizeof(float), true);
+      const std::vector<float> garbage(kCount, -1e6f), b_in(kCount, float(10 + comm.rank()));
+      cuda(cudaMemcpy(a.data, garbage.data(), kCount * sizeof(float), cudaMemcpyHostToDevice), "upload");
+      cuda(cudaMemcpy(b.data, b_in.data(), kCount * sizeof(float), cudaMemcpyHostToDevice), "upload");
+      float* a_in = nullptr;  // pinned, so that the copy on x is queued, not done now
+      cuda(cudaMallocHost(&a_in, kCount * sizeof(float)), "cudaMallocHost");
+      std::fill(a_in, a_in + kCount, float(1 + comm.rank()));
+      std::atomic<bool> release{false};
+      cuda(cudaLaunchHostFunc(x, [](void* flag) {
+        while (!static_cast<std::atomic<bool>*>(flag)->load()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      }, &release), "cudaLaunchHostFunc");
+      std::thread releaser([&release, rank = comm.rank()] {
+        std::this_thread::sleep_for(std::chrono::milliseconds(rank == 0 ? 500 : 2000));
+        release = true;
+      });
+      cuda(cudaMemcpyAsync(a.data, a_in, kCount * sizeof(float), cudaMemcpyHostToDevice, x), "the held upload");
+      comm.all_reduce(a.data, a.data, kCount, DataType::f32, ReduceOp::sum, Stream{x});
+      comm.all_reduce(b.data, b.data, kCount, DataType::f32, ReduceOp::sum, Stream{y});
+      releaser.join();
+      cuda(cudaStreamSynchronize(x), "stream x");
+      cuda(cudaStreamSynchronize(y), "stream y");
+      std::vector<float> out(kCount);
+      for (auto [buffer, want, what] : {std::tuple{&a, 3.0f, "call N on x"}, std::tuple{&b, 21.0f, "call N+1 on y"}}) {
+        cuda(cudaMemcpy(out.data(), buffer->data, kCount * sizeof(float), cudaMemcpyDeviceToHost), "download");
+        for (std::size_t i = 0; i < kCount; ++i)
+          if (out[i] != want) {
+            expect(false, std::string(what) + ": element " + std::to_string(i) + " is " + std::to_string(out[i]) +
+                              ", not " + std::to_string(want) + " (" + comm.last_algorithm(OpKind::all_reduce).name +
+                              ")");
+            break;
+          }
+      }
+      cudaFreeHost(a_in);
+      cuda(cudaStreamDestroy(x), "cudaStreamDestroy");
+      cuda(cudaStreamDestroy(y), "cudaStreamDestroy");
     }, test::run_options(std::chrono::seconds(120), config));
     INFO("BRAID_CUDA_GATE=" << gate << ": " << result.summary());
     CHECK(result.all_ok());

@@ -103,8 +103,13 @@ class Exports {
 // direct collective (used) the mappings it touched get an event recorded
 // on the stream its steps are queued on, and closing one waits for its
 // event (bounded by the communicator's timeout; a TimeoutError leaves it
-// open). The destructor closes only the mappings whose event has completed
-// and leaves the rest to the process's end.
+// open). One event per mapping is enough: its last record comes after
+// every earlier use, since the steps of gate `event` all go on the
+// Reducer's one stream, and each call of gate `flag`, whatever its stream,
+// waits on the device for the end of the one before (device_reducer_cuda.cc).
+// So the host runs at most about kMaxOpen of the peers' allocations ahead
+// of the GPU. The destructor closes only the mappings whose event has
+// completed and leaves the rest to the process's end.
 class PeerRegions {
  public:
   static constexpr std::size_t kMaxOpen = 64;
