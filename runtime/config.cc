@@ -36,6 +36,8 @@ struct Bytes {
   // less than the environment is allowed to ask (tests' 4 KiB rings wrap
   // every few messages); lo where 0.
   std::size_t code_lo = 0;
+  // 0 is allowed besides [lo, hi]: it turns the setting off.
+  bool zero_off = false;
 };
 struct Int {
   const char* var;
@@ -58,7 +60,11 @@ const Choice kChoices[] = {
 const Bytes kBytes[] = {
     {"BRAID_SOCKET_BUFFER_BYTES", "socket_buffer_bytes", &Config::socket_buffer_bytes, 64u << 10, 1u << 30},
     {"BRAID_SEGMENT_BYTES", "segment_bytes", &Config::segment_bytes, 4096, 1u << 30},
-    {"BRAID_CHUNK_BYTES", "chunk_bytes", &Config::chunk_bytes, 0, std::size_t{1} << 40},
+    // 0: one round. Under a segment's least, chunks of a few elements made
+    // a 4 MiB all_reduce take seconds (4 bytes: past a 20 s timeout that
+    // did not name the setting), and one under the element size meant one
+    // round for some types only (a review helper's cases).
+    {"BRAID_CHUNK_BYTES", "chunk_bytes", &Config::chunk_bytes, 4096, std::size_t{1} << 40, 0, true},
     {"BRAID_STREAM_BYTES", "stream_bytes", &Config::stream_bytes, 0, std::size_t{1} << 40},
     {"BRAID_INLINE_BYTES", "inline_bytes", &Config::inline_bytes, 0, 1u << 30},
     {"BRAID_SHM_RING_BYTES", "shm_ring_bytes", &Config::shm_ring_bytes, 64u << 10, 1u << 30, 4096},
@@ -86,6 +92,14 @@ std::string between(std::size_t lo, std::size_t hi, const char* unit) {
   return "between " + std::to_string(lo) + " and " + std::to_string(hi) + unit;
 }
 
+bool in_range(const Bytes& b, std::size_t value, std::size_t lo) {
+  return (b.zero_off && value == 0) || (value >= lo && value <= b.hi);
+}
+
+std::string range_of(const Bytes& b, std::size_t lo) {
+  return (b.zero_off ? "0 (off) or " : "") + between(lo, b.hi, " bytes");
+}
+
 }  // namespace
 
 Config read_config() {
@@ -107,7 +121,7 @@ Config read_config() {
     } catch (const InvalidUsage&) {
       bad(b.var, value, "a byte count such as 4096, 256K or 4M");
     }
-    if (parsed < b.lo || parsed > b.hi) bad(b.var, value, between(b.lo, b.hi, " bytes"));
+    if (!in_range(b, parsed, b.lo)) bad(b.var, value, range_of(b, b.lo));
     c.*b.member = parsed;
   }
   for (const Int& i : kInts) {
@@ -154,8 +168,7 @@ void validate(const Config& c) {
   }
   for (const Bytes& b : kBytes) {
     const std::size_t lo = b.code_lo ? b.code_lo : b.lo;
-    if (c.*b.member < lo || c.*b.member > b.hi)
-      refuse(b.field, b.var, std::to_string(c.*b.member), between(lo, b.hi, " bytes"));
+    if (!in_range(b, c.*b.member, lo)) refuse(b.field, b.var, std::to_string(c.*b.member), range_of(b, lo));
   }
   for (const Int& i : kInts)
     if (c.*i.member < i.lo || c.*i.member > i.hi)

@@ -88,7 +88,12 @@ AllReduceRing::AllReduceRing(Exchange& x)
   // in cache and plain stores are cheaper.
   const std::size_t stream_bytes = x.tuning().stream_bytes;
   stage_ = op_.send != op_.recv && stream_bytes != 0 && op_.count * es_ >= stream_bytes;
-  if (stage_) staging_ = {x.scratch(FinalStaging::kSlots * seg_ * es_), seg_ * es_};
+  // A slot holds the largest segment the call sends: a segment, or a whole
+  // chunk where chunks are smaller (the first round's chunk 0 is the
+  // largest). Sized by BRAID_SEGMENT_BYTES alone, a segment of 1 GiB had a
+  // 4 MiB call fault in and keep 2 GiB of scratch (a review helper's case).
+  const std::size_t slot = std::min(seg_, layout_at(0).count_of(0)) * es_;
+  if (stage_) staging_ = {x.scratch(FinalStaging::kSlots * slot), slot};
 }
 
 // One round over the elements from `first`, on the wire steps from `step`.

@@ -137,7 +137,7 @@ ReduceScatterRing::ReduceScatterRing(Exchange& x, const std::byte* src, std::byt
   // only has room for the final chunk.
   slot_bytes_ = layout.count_of(0) * es_;
   if (o_.final_only) slots_ = x.scratch(2 * slot_bytes_);
-  if (!o_.on_final || (staging_ && staging_->slot_bytes < seg_ * es_)) staging_ = nullptr;
+  if (!o_.on_final || (staging_ && staging_->slot_bytes < std::min(seg_, layout.count_of(0)) * es_)) staging_ = nullptr;
 }
 
 // Starts step s. With final_only, step s reduces into scratch slot s % 2,

@@ -5,6 +5,8 @@
 // small integers (tools/bench/verify.h) so results are exact.
 #include <catch2/catch.hpp>
 
+#include <sys/resource.h>
+
 #include <functional>
 
 #include <thread>
@@ -233,6 +235,39 @@ TEST_CASE("shm segments larger than half the ring give exact results", "[collect
       for (bool in_place : {false, true}) run_case(comm, {kind, DataType::f32, ReduceOp::sum, count, in_place, 0});
   }, test::run_options(std::chrono::seconds(120), config));
   INFO(size << " ranks\n" << result.summary());
+  REQUIRE(result.all_ok());
+}
+
+// An out-of-place ring all_reduce stages its final segments in two slots of
+// scratch that the communicator keeps. They were sized by
+// BRAID_SEGMENT_BYTES alone: with 1 GiB segments a 4 MiB call faulted in
+// and kept 2 GiB per rank (a review helper's case). Now a slot holds the
+// call's largest segment, at most a chunk: with 64 MiB segments, 1 MiB
+// calls (and 4 MiB of chunks) must stay exact and grow no rank by more than
+// 32 MiB, where the two slots alone were 128 MiB.
+TEST_CASE("a ring all_reduce with segments larger than its chunks stages them in slots of its size",
+          "[collectives]") {
+  const int size = GENERATE(2, 3);
+  const std::string transport = GENERATE("shm", "tcp");
+  runtime::Config config = test::test_config(std::chrono::seconds(20));
+  config.transport = transport;
+  config.algo = "ring";
+  config.segment_bytes = 64u << 20;
+  config.chunk_bytes = runtime::Config{}.chunk_bytes;
+  auto result = test::run_ranks(size, [](Communicator& comm) {
+    auto peak_kb = [] {
+      rusage usage{};
+      getrusage(RUSAGE_SELF, &usage);
+      return usage.ru_maxrss;
+    };
+    const long before = peak_kb();
+    const std::size_t count = (1u << 18) + 3;
+    for (DataType dtype : {DataType::f32, DataType::bf16})
+      for (ReduceOp op : {ReduceOp::sum, ReduceOp::avg}) run_case(comm, {OpKind::all_reduce, dtype, op, count, false, 0});
+    const long grew_mb = (peak_kb() - before) / 1024;
+    expect(grew_mb < 32, "rank " + std::to_string(comm.rank()) + " grew by " + std::to_string(grew_mb) + " MiB");
+  }, test::run_options(std::chrono::seconds(120), config));
+  INFO(transport << ", " << size << " ranks\n" << result.summary());
   REQUIRE(result.all_ok());
 }
 

@@ -88,6 +88,21 @@ TEST_CASE("config: timeouts below a millisecond and counts with units are refuse
   CHECK(verdict("BRAID_TCP_NSOCKS", "8").empty());
 }
 
+// BRAID_CHUNK_BYTES of a few bytes made a 4 MiB all_reduce take seconds (4
+// bytes: past a 20 s timeout naming nothing), and one under the element
+// size meant one round for some types only: 0 (one round) or 4K and more.
+TEST_CASE("config: BRAID_CHUNK_BYTES is 0 or at least 4K, in the environment and in code", "[config]") {
+  for (const char* value : {"1", "4", "7", "4095"})
+    CHECK_THAT(verdict("BRAID_CHUNK_BYTES", value),
+               Catch::Contains("BRAID_CHUNK_BYTES") && Catch::Contains("0 (off) or between 4096 and"));
+  for (const char* value : {"0", "4K", "1M", "1T"}) CHECK(verdict("BRAID_CHUNK_BYTES", value).empty());
+  runtime::Config c;
+  c.chunk_bytes = 64;
+  CHECK_THROWS_WITH(runtime::validate(c), Catch::Contains("Config::chunk_bytes (BRAID_CHUNK_BYTES) = 64"));
+  c.chunk_bytes = 0;
+  runtime::validate(c);
+}
+
 // A Config made in code (create_world(info, config): tests, embedding, the
 // torch backend) was taken as it was: 1-element segments crawled, a 0-byte
 // socket buffer waited out the timeout, -1 sockets asked for a vector of
