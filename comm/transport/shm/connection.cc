@@ -263,15 +263,16 @@ Mapping create_segment(const ShmOptions& o, const std::string& name, std::size_t
   return mine;
 }
 
-// Steps 1 to 3 of the set-up (see the top of this file).
+// Steps 1 to 3 of the set-up (see the top of this file), with this rank's
+// segment under `name` (unlinked by the caller).
 std::unique_ptr<ShmTransport> connect_segments(runtime::Store& store, const std::string& key_prefix,
-                                               const std::string& group, const ShmOptions& o) {
+                                               const std::string& group, const ShmOptions& o,
+                                               const std::string& name) {
   const std::size_t channels = o.local_ranks.size() - 1;
   const std::size_t capacity = ring_capacity(o.local_ranks.size(), o.ring_bytes, o.host_bytes);
   log_ring_size(o, capacity);
-  UnlinkGuard guard{segment_name(o, o.rank)};
-  Mapping mine = create_segment(o, guard.name, channels, capacity);
-  store.set(key_prefix + "/shm/" + std::to_string(o.rank), guard.name);
+  Mapping mine = create_segment(o, name, channels, capacity);
+  store.set(key_prefix + "/shm/" + std::to_string(o.rank), name);
   Links links;
   for (int peer : o.local_ranks)
     if (peer != o.rank)
@@ -333,8 +334,12 @@ std::unique_ptr<ShmTransport> connect_shm(runtime::Store& store, const std::stri
                                           const ShmOptions& o) {
   // One counter and ready flag per host: the group is named by its lowest rank.
   const std::string group = key_prefix + "/shm_group" + std::to_string(o.local_ranks.front());
+  // This rank's segment goes only after a failure is published: a peer
+  // that found it gone between the two (ENOENT) had no failure to name and
+  // said only "No such file or directory" (a review helper's case).
+  UnlinkGuard guard{segment_name(o, o.rank)};
   try {
-    return connect_segments(store, key_prefix, group, o);
+    return connect_segments(store, key_prefix, group, o, guard.name);
   } catch (const PeerSetupFailed&) {
     throw;
   } catch (const std::exception& e) {
