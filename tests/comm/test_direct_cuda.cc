@@ -228,6 +228,44 @@ TEST_CASE("cuda_ipc: every direct collective on device buffers, every dtype, op,
   CHECK(all.all_ok());
 }
 
+// Holds `stream` with a host function until a timer thread releases it
+// after `hold`: not the caller's thread, which a call run inline (gate
+// `host`) may block while the stream is held.
+class StreamHold {
+ public:
+  StreamHold(cudaStream_t stream, std::chrono::milliseconds hold) {
+    cuda(cudaLaunchHostFunc(stream, [](void* flag) {
+      while (!static_cast<std::atomic<bool>*>(flag)->load()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }, &release_), "cudaLaunchHostFunc");
+    releaser_ = std::thread([this, hold] {
+      std::this_thread::sleep_for(hold);
+      release_ = true;
+    });
+  }
+  ~StreamHold() { join(); }
+  StreamHold(const StreamHold&) = delete;
+  StreamHold& operator=(const StreamHold&) = delete;
+  void join() {
+    if (releaser_.joinable()) releaser_.join();
+  }
+
+ private:
+  std::atomic<bool> release_{false};
+  std::thread releaser_;
+};
+
+// `body` on 2 ranks under each gate that may let the host run ahead of the
+// GPU (event, flag) and under `host`.
+void under_each_gate(const std::function<void(Communicator&)>& body) {
+  for (const char* gate : {"event", "flag", "host"}) {
+    runtime::Config config = test::test_config();
+    config.cuda_gate = gate;
+    auto result = test::run_ranks(2, body, test::run_options(std::chrono::seconds(120), config));
+    INFO("BRAID_CUDA_GATE=" << gate << ": " << result.summary());
+    CHECK(result.all_ok());
+  }
+}
+
 // More allocations than a rank keeps its peers' mappings of (PeerRegions'
 // kMaxOpen, 64), each reduced in place by a call queued behind the one
 // before, with nothing waited on between: under the gates that let the
@@ -244,50 +282,35 @@ TEST_CASE("cuda_ipc: calls queued on more allocations than stay mapped keep thei
     WARN(kNoGpu);
     return;
   }
-  for (const char* gate : {"event", "flag", "host"}) {
-    runtime::Config config = test::test_config();
-    config.cuda_gate = gate;
-    auto result = test::run_ranks(2, [](Communicator& comm) {
-      cudaStream_t s = rank_stream(comm.rank());
-      constexpr int kBuffers = 160;
-      constexpr std::size_t kCount = 1 << 16;
-      std::vector<std::unique_ptr<DeviceBuffer>> buffers;
-      std::vector<std::vector<float>> host(kBuffers, std::vector<float>(kCount));
-      for (int b = 0; b < kBuffers; ++b) {
-        buffers.push_back(std::make_unique<DeviceBuffer>(kCount * sizeof(float), true));
-        for (std::size_t i = 0; i < kCount; ++i) host[b][i] = float((b * 7 + i) % 1000 + comm.rank());
-        cuda(cudaMemcpy(buffers[b]->data, host[b].data(), kCount * sizeof(float), cudaMemcpyHostToDevice), "upload");
-      }
-      // The stream is held for 2 s by a host function, released by a
-      // timer (not by this thread, which a call run inline may block), so
-      // that every call is issued, and every eviction made, before any of
-      // their kernels can run.
-      std::atomic<bool> release{false};
-      cuda(cudaLaunchHostFunc(s, [](void* flag) {
-        while (!static_cast<std::atomic<bool>*>(flag)->load()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
-      }, &release), "cudaLaunchHostFunc");
-      std::thread releaser([&release] {
-        std::this_thread::sleep_for(std::chrono::seconds(2));
-        release = true;
-      });
-      for (int b = 0; b < kBuffers; ++b)
-        comm.all_reduce(buffers[b]->data, buffers[b]->data, kCount, DataType::f32, ReduceOp::sum, Stream{s});
-      releaser.join();
-      cuda(cudaStreamSynchronize(s), "the queued calls");
-      std::vector<float> out(kCount);
-      for (int b = 0; b < kBuffers; ++b) {
-        cuda(cudaMemcpy(out.data(), buffers[b]->data, kCount * sizeof(float), cudaMemcpyDeviceToHost), "download");
-        for (std::size_t i = 0; i < kCount; ++i)
-          if (out[i] != float(2 * ((b * 7 + i) % 1000) + 1))
-            expect(false, "buffer " + std::to_string(b) + " element " + std::to_string(i) + ": " +
-                              std::to_string(out[i]) + " (" + comm.last_algorithm(OpKind::all_reduce).name + ")");
-      }
-      expect(comm.last_algorithm(OpKind::all_reduce).name == "cuda_ipc", "the all_reduce did not run direct");
-      cuda(cudaStreamDestroy(s), "cudaStreamDestroy");
-    }, test::run_options(std::chrono::seconds(120), config));
-    INFO("BRAID_CUDA_GATE=" << gate << ": " << result.summary());
-    CHECK(result.all_ok());
-  }
+  under_each_gate([](Communicator& comm) {
+    cudaStream_t s = rank_stream(comm.rank());
+    constexpr int kBuffers = 160;
+    constexpr std::size_t kCount = 1 << 16;
+    std::vector<std::unique_ptr<DeviceBuffer>> buffers;
+    std::vector<std::vector<float>> host(kBuffers, std::vector<float>(kCount));
+    for (int b = 0; b < kBuffers; ++b) {
+      buffers.push_back(std::make_unique<DeviceBuffer>(kCount * sizeof(float), true));
+      for (std::size_t i = 0; i < kCount; ++i) host[b][i] = float((b * 7 + i) % 1000 + comm.rank());
+      cuda(cudaMemcpy(buffers[b]->data, host[b].data(), kCount * sizeof(float), cudaMemcpyHostToDevice), "upload");
+    }
+    // The stream is held for 2 s, so that every call is issued, and every
+    // eviction made, before any of their kernels can run.
+    StreamHold hold(s, std::chrono::seconds(2));
+    for (int b = 0; b < kBuffers; ++b)
+      comm.all_reduce(buffers[b]->data, buffers[b]->data, kCount, DataType::f32, ReduceOp::sum, Stream{s});
+    hold.join();
+    cuda(cudaStreamSynchronize(s), "the queued calls");
+    std::vector<float> out(kCount);
+    for (int b = 0; b < kBuffers; ++b) {
+      cuda(cudaMemcpy(out.data(), buffers[b]->data, kCount * sizeof(float), cudaMemcpyDeviceToHost), "download");
+      for (std::size_t i = 0; i < kCount; ++i)
+        if (out[i] != float(2 * ((b * 7 + i) % 1000) + 1))
+          expect(false, "buffer " + std::to_string(b) + " element " + std::to_string(i) + ": " +
+                            std::to_string(out[i]) + " (" + comm.last_algorithm(OpKind::all_reduce).name + ")");
+    }
+    expect(comm.last_algorithm(OpKind::all_reduce).name == "cuda_ipc", "the all_reduce did not run direct");
+    cuda(cudaStreamDestroy(s), "cudaStreamDestroy");
+  });
 }
 
 // A rank's calls on two streams: all_reduce N on stream X, whose input is
@@ -302,51 +325,38 @@ TEST_CASE("cuda_ipc: a rank's calls on two streams run in issue order under ever
     WARN(kNoGpu);
     return;
   }
-  for (const char* gate : {"event", "flag", "host"}) {
-    runtime::Config config = test::test_config();
-    config.cuda_gate = gate;
-    auto result = test::run_ranks(2, [](Communicator& comm) {
-      constexpr std::size_t kCount = 1 << 18;
-      cudaStream_t x = rank_stream(comm.rank()), y = rank_stream(comm.rank());
-      DeviceBuffer a(kCount * sizeof(float), true), b(kCount * sizeof(float), true);
-      const std::vector<float> garbage(kCount, -1e6f), b_in(kCount, float(10 + comm.rank()));
-      cuda(cudaMemcpy(a.data, garbage.data(), kCount * sizeof(float), cudaMemcpyHostToDevice), "upload");
-      cuda(cudaMemcpy(b.data, b_in.data(), kCount * sizeof(float), cudaMemcpyHostToDevice), "upload");
-      float* a_in = nullptr;  // pinned, so that the copy on x is queued, not done now
-      cuda(cudaMallocHost(&a_in, kCount * sizeof(float)), "cudaMallocHost");
-      std::fill(a_in, a_in + kCount, float(1 + comm.rank()));
-      std::atomic<bool> release{false};
-      cuda(cudaLaunchHostFunc(x, [](void* flag) {
-        while (!static_cast<std::atomic<bool>*>(flag)->load()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
-      }, &release), "cudaLaunchHostFunc");
-      std::thread releaser([&release, rank = comm.rank()] {
-        std::this_thread::sleep_for(std::chrono::milliseconds(rank == 0 ? 500 : 2000));
-        release = true;
-      });
-      cuda(cudaMemcpyAsync(a.data, a_in, kCount * sizeof(float), cudaMemcpyHostToDevice, x), "the held upload");
-      comm.all_reduce(a.data, a.data, kCount, DataType::f32, ReduceOp::sum, Stream{x});
-      comm.all_reduce(b.data, b.data, kCount, DataType::f32, ReduceOp::sum, Stream{y});
-      releaser.join();
-      cuda(cudaStreamSynchronize(x), "stream x");
-      cuda(cudaStreamSynchronize(y), "stream y");
-      std::vector<float> out(kCount);
-      for (auto [buffer, want, what] : {std::tuple{&a, 3.0f, "call N on x"}, std::tuple{&b, 21.0f, "call N+1 on y"}}) {
-        cuda(cudaMemcpy(out.data(), buffer->data, kCount * sizeof(float), cudaMemcpyDeviceToHost), "download");
-        for (std::size_t i = 0; i < kCount; ++i)
-          if (out[i] != want) {
-            expect(false, std::string(what) + ": element " + std::to_string(i) + " is " + std::to_string(out[i]) +
-                              ", not " + std::to_string(want) + " (" + comm.last_algorithm(OpKind::all_reduce).name +
-                              ")");
-            break;
-          }
-      }
-      cudaFreeHost(a_in);
-      cuda(cudaStreamDestroy(x), "cudaStreamDestroy");
-      cuda(cudaStreamDestroy(y), "cudaStreamDestroy");
-    }, test::run_options(std::chrono::seconds(120), config));
-    INFO("BRAID_CUDA_GATE=" << gate << ": " << result.summary());
-    CHECK(result.all_ok());
-  }
+  under_each_gate([](Communicator& comm) {
+    constexpr std::size_t kCount = 1 << 18;
+    cudaStream_t x = rank_stream(comm.rank()), y = rank_stream(comm.rank());
+    DeviceBuffer a(kCount * sizeof(float), true), b(kCount * sizeof(float), true);
+    const std::vector<float> garbage(kCount, -1e6f), b_in(kCount, float(10 + comm.rank()));
+    cuda(cudaMemcpy(a.data, garbage.data(), kCount * sizeof(float), cudaMemcpyHostToDevice), "upload");
+    cuda(cudaMemcpy(b.data, b_in.data(), kCount * sizeof(float), cudaMemcpyHostToDevice), "upload");
+    float* a_in = nullptr;  // pinned, so that the copy on x is queued, not done now
+    cuda(cudaMallocHost(&a_in, kCount * sizeof(float)), "cudaMallocHost");
+    std::fill(a_in, a_in + kCount, float(1 + comm.rank()));
+    StreamHold hold(x, std::chrono::milliseconds(comm.rank() == 0 ? 500 : 2000));
+    cuda(cudaMemcpyAsync(a.data, a_in, kCount * sizeof(float), cudaMemcpyHostToDevice, x), "the held upload");
+    comm.all_reduce(a.data, a.data, kCount, DataType::f32, ReduceOp::sum, Stream{x});
+    comm.all_reduce(b.data, b.data, kCount, DataType::f32, ReduceOp::sum, Stream{y});
+    hold.join();
+    cuda(cudaStreamSynchronize(x), "stream x");
+    cuda(cudaStreamSynchronize(y), "stream y");
+    std::vector<float> out(kCount);
+    for (auto [buffer, want, what] : {std::tuple{&a, 3.0f, "call N on x"}, std::tuple{&b, 21.0f, "call N+1 on y"}}) {
+      cuda(cudaMemcpy(out.data(), buffer->data, kCount * sizeof(float), cudaMemcpyDeviceToHost), "download");
+      for (std::size_t i = 0; i < kCount; ++i)
+        if (out[i] != want) {
+          expect(false, std::string(what) + ": element " + std::to_string(i) + " is " + std::to_string(out[i]) +
+                            ", not " + std::to_string(want) + " (" + comm.last_algorithm(OpKind::all_reduce).name +
+                            ")");
+          break;
+        }
+    }
+    cudaFreeHost(a_in);
+    cuda(cudaStreamDestroy(x), "cudaStreamDestroy");
+    cuda(cudaStreamDestroy(y), "cudaStreamDestroy");
+  });
 }
 
 // The same grid where the direct path must not run, with the same results:
