@@ -60,7 +60,8 @@ class Window {
 // is done, and the callback writes it to its place in dst itself.
 using OnFinalSegment = std::function<Request(std::size_t segment, std::byte* data, std::size_t count)>;
 
-// Cache-resident slots, each one segment, that final segments are reduced
+// Cache-resident slots, each the largest segment of the call (a segment,
+// or a chunk where chunks are smaller), that final segments are reduced
 // into; kept by the caller across calls (rounds), since a slot's send may
 // still be in flight when a call returns: its memory must outlive every
 // send, which Exchange::wait_sends ends.

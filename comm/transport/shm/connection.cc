@@ -77,6 +77,11 @@ std::string segment_name(const ShmOptions& o, int rank) {
 
 constexpr char kFailedMark = '!';
 
+// One counter and ready flag per host: the group is named by its lowest rank.
+std::string group_key(const std::string& key_prefix, const ShmOptions& o) {
+  return key_prefix + "/shm_group" + std::to_string(o.local_ranks.front());
+}
+
 // This process's PID namespace (SegmentHeader::owner_pid_ns); 0 where
 // /proc does not say.
 std::uint64_t pid_namespace() {
@@ -133,9 +138,14 @@ void log_ring_size(const ShmOptions& o, std::size_t capacity) {
                local, local * (local - 1), capacity, configured, total, o.host_bytes, kMinRingBytes);
 }
 
+// Removes this rank's segment once it was made (armed): not a name that
+// creating found taken (EEXIST), which may be another running job's.
 struct UnlinkGuard {
   std::string name;
-  ~UnlinkGuard() { shm_unlink(name.c_str()); }
+  bool armed = false;
+  ~UnlinkGuard() {
+    if (armed) shm_unlink(name.c_str());
+  }
 };
 
 using Links = std::vector<std::unique_ptr<ShmTransport::Link>>;
@@ -193,9 +203,13 @@ std::unique_ptr<ShmTransport::Link> map_peer(runtime::Store& store, const std::s
   std::string name = store.get_string(key, o.timeout);
   check_not_failed(name, o);
   // A peer that failed meanwhile took its segment away with it: its
-  // failure says more than the missing file.
+  // failure says more than the missing file. One that only passed on
+  // another rank's failure marks nothing of its own, so the group's ready
+  // key, where every failure is published, is looked at too.
   auto passed_on = [&] {
-    if (const std::optional<runtime::Bytes> now = store.try_get(key)) check_not_failed({now->begin(), now->end()}, o);
+    for (const std::string& said : {key, group_key(key_prefix, o) + "/ready"})
+      if (const std::optional<runtime::Bytes> now = store.try_get(said))
+        check_not_failed({now->begin(), now->end()}, o);
   };
   try {
     link->mapping = Mapping::open(name, bytes);
@@ -264,15 +278,15 @@ Mapping create_segment(const ShmOptions& o, const std::string& name, std::size_t
 }
 
 // Steps 1 to 3 of the set-up (see the top of this file), with this rank's
-// segment under `name` (unlinked by the caller).
+// segment under guard.name (armed once made; the caller's guard unlinks it).
 std::unique_ptr<ShmTransport> connect_segments(runtime::Store& store, const std::string& key_prefix,
-                                               const std::string& group, const ShmOptions& o,
-                                               const std::string& name) {
+                                               const std::string& group, const ShmOptions& o, UnlinkGuard& guard) {
   const std::size_t channels = o.local_ranks.size() - 1;
   const std::size_t capacity = ring_capacity(o.local_ranks.size(), o.ring_bytes, o.host_bytes);
   log_ring_size(o, capacity);
-  Mapping mine = create_segment(o, name, channels, capacity);
-  store.set(key_prefix + "/shm/" + std::to_string(o.rank), name);
+  Mapping mine = create_segment(o, guard.name, channels, capacity);
+  guard.armed = true;
+  store.set(key_prefix + "/shm/" + std::to_string(o.rank), guard.name);
   Links links;
   for (int peer : o.local_ranks)
     if (peer != o.rank)
@@ -332,14 +346,13 @@ std::size_t ring_capacity(std::size_t local_ranks, std::size_t ring_bytes, std::
 
 std::unique_ptr<ShmTransport> connect_shm(runtime::Store& store, const std::string& key_prefix,
                                           const ShmOptions& o) {
-  // One counter and ready flag per host: the group is named by its lowest rank.
-  const std::string group = key_prefix + "/shm_group" + std::to_string(o.local_ranks.front());
+  const std::string group = group_key(key_prefix, o);
   // This rank's segment goes only after a failure is published: a peer
   // that found it gone between the two (ENOENT) had no failure to name and
   // said only "No such file or directory" (a review helper's case).
   UnlinkGuard guard{segment_name(o, o.rank)};
   try {
-    return connect_segments(store, key_prefix, group, o, guard.name);
+    return connect_segments(store, key_prefix, group, o, guard);
   } catch (const PeerSetupFailed&) {
     throw;
   } catch (const std::exception& e) {
