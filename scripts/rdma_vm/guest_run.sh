@@ -4,7 +4,8 @@
 # Loads soft-RoCE, then runs the guest script with the helper functions of
 # guest_lib.sh defined (through BASH_ENV, so the script is an ordinary bash
 # script with its own $0, arguments and exit status). Its exit status becomes
-# rdma_vm.sh's.
+# rdma_vm.sh's. Several scripts (colon-separated in RDMA_VM_SCRIPT) run
+# one after the other, each from a clean state (see below).
 export PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
 export HOME=/tmp TMPDIR=/tmp LANG=C.UTF-8
 here=$(dirname "$RDMA_VM_RUNNER")
@@ -23,4 +24,45 @@ args=()
 [ -s "$RDMA_VM_WORKDIR/vm/args" ] && mapfile -d '' -t args < "$RDMA_VM_WORKDIR/vm/args"
 cd "$RDMA_VM_CWD" || exit 99
 export RDMA_VM_LIB="$here/guest_lib.sh"
-BASH_ENV="$RDMA_VM_LIB" exec bash "$RDMA_VM_SCRIPT" "${args[@]}"
+IFS=: read -r -a scripts <<<"$RDMA_VM_SCRIPT"
+[ "${#scripts[@]}" -gt 1 ] || BASH_ENV="$RDMA_VM_LIB" exec bash "$RDMA_VM_SCRIPT" "${args[@]}"
+
+# Several scripts (rdma_vm.sh A.sh,B.sh ...): one boot for all of them, each
+# in turn with the same ARGs, its stderr interleaved with its stdout, and
+# between them everything a script may leave behind removed, so that each
+# starts as it would in a VM of its own: processes, network namespaces, rxe
+# devices and their veths (with any qdisc on them), /dev/shm. The status is
+# the first non-zero one; a last line sums up every script's.
+guest_reset() {
+  local p pid cmd d
+  # Every user process but init and this runner (kernel threads have no
+  # command line), read without a fork per process: forks are slow in TCG.
+  for p in /proc/[0-9]*; do
+    pid=${p#/proc/}
+    [ "$pid" = 1 ] || [ "$pid" = $$ ] && continue
+    cmd=""
+    { IFS= read -r -d '' cmd < "$p/cmdline"; } 2>/dev/null
+    [ -n "$cmd" ] && kill -KILL "$pid" 2>/dev/null
+  done
+  ip -all netns delete 2>/dev/null
+  for d in /sys/class/infiniband/rxe*; do [ -e "$d" ] && rdma link delete "${d##*/}"; done
+  for d in /sys/class/net/rxe-*; do [ -e "$d" ] && ip link delete "${d##*/}" 2>/dev/null; done
+  rm -rf /dev/shm/* 2>/dev/null
+  true
+}
+status=0 summary=""
+for script in "${scripts[@]}"; do
+  name=$(basename "$script" .sh) started=$EPOCHREALTIME
+  echo "# ==== guest script $name"
+  BASH_ENV="$RDMA_VM_LIB" bash "$script" "${args[@]}" 2>&1
+  st=$?
+  took=$(( (${EPOCHREALTIME//[.,]/} - ${started//[.,]/}) / 1000000 ))
+  echo "# ==== guest script $name exited with $st after ${took} s"
+  started=$EPOCHREALTIME
+  guest_reset
+  echo "# ==== state after $name removed in $(( (${EPOCHREALTIME//[.,]/} - ${started//[.,]/}) / 1000 )) ms"
+  summary+=" $name:$st"
+  [ "$status" -ne 0 ] || status=$st
+done
+echo "# guest scripts (name:status):$summary"
+exit "$status"

@@ -1,9 +1,10 @@
 #!/bin/bash
-# run.sh [--build-vm] GUEST TIMEOUT_S [ARG...]
+# run.sh [--build-vm] GUEST[,GUEST...] TIMEOUT_S [ARG...]
 # run.sh --build-only
 #
 # One test of the meson suite 'rdma': boots the soft-RoCE VM
-# (scripts/rdma_vm.sh) and runs tests/rdma/guest/GUEST.sh in it with ARGs,
+# (scripts/rdma_vm.sh) and runs tests/rdma/guest/GUEST.sh in it with ARGs
+# (several GUESTs, comma-separated: one after the other in one boot),
 # in a fresh work folder that is removed afterwards (RDMA_VM_KEEP=1 keeps
 # it and says where). With --build-vm it first brings the VM's binaries up
 # to date (ninja in build-vm/, which scripts/setup.sh configures with
@@ -32,8 +33,10 @@ if [ "${1:-}" = --build-only ]; then build_vm_binaries; exit 0; fi
 
 build_vm=0
 [ "${1:-}" = --build-vm ] && { build_vm=1; shift; }
-[ $# -ge 2 ] || { echo "usage: run.sh [--build-vm] GUEST TIMEOUT_S [ARG...] | run.sh --build-only" >&2; exit 2; }
-guest="$here/guest/$1.sh" timeout_s=$2
+[ $# -ge 2 ] || { echo "usage: run.sh [--build-vm] GUEST[,GUEST...] TIMEOUT_S [ARG...] | run.sh --build-only" >&2; exit 2; }
+guest="" timeout_s=$2
+IFS=, read -r -a names <<<"$1"
+for name in "${names[@]}"; do guest+="${guest:+,}$here/guest/$name.sh"; done
 shift 2
 
 scripts/rdma_vm.sh --check || exit $?
