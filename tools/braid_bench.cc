@@ -29,6 +29,7 @@ namespace {
 
 struct Flags {
   std::string min_bytes = "8", max_bytes = "64M", step_bytes = "0", dtype = "f32", op = "sum", device = "cpu";
+  std::string memcpy_bytes = "256M";
   int registered = 0, threads = 1, gpus = 1, parallel_init = 0, cuda_graphs = 0, blocking = 0, cpu_time = 0;
   int null_stream = 0;
 };
@@ -98,6 +99,10 @@ void add_flags(CLI::App& app, comm::BenchOptions& o, Flags& f) {
       ->check(CLI::Range(0, 1))->capture_default_str();
   app.add_option("--device", f.device, "cpu: host buffers; cuda: GPU buffers on a CUDA stream (GPU local_rank mod GPUs)")
       ->check(CLI::IsMember({"cpu", "cuda"}))->capture_default_str();
+  app.add_option("--memcpy_bytes", f.memcpy_bytes,
+                 "size of the copies that measure the memcpy baseline of the /mcpy columns (0: none, /mcpy reads "
+                 "N/A; in an emulated VM the default's page faults take seconds)")
+      ->capture_default_str();
   app.add_option("-J,--json,--output_file", o.json_path, "write the run's parameters and every row as JSON to this file");
   app.add_option("--csv", o.csv_path, "write every row, every column, as CSV to this file");
 }
@@ -132,6 +137,10 @@ void fill_options(comm::BenchOptions& o, const Flags& f, bool factor_given) {
   o.min_bytes = runtime::parse_bytes(f.min_bytes);
   o.max_bytes = runtime::parse_bytes(f.max_bytes);
   o.step_bytes = runtime::parse_bytes(f.step_bytes);
+  o.memcpy_bytes = runtime::parse_bytes(f.memcpy_bytes);
+  if (o.memcpy_bytes > 0 && o.memcpy_bytes < 4096)
+    throw InvalidUsage("--memcpy_bytes " + f.memcpy_bytes + ": give 0 (no baseline) or at least 4K; copies of "
+                       "fewer bytes time the call, not the memory");
   o.dtypes = parse_list<DataType>(f.dtype, {"f32", "f64", "f16", "bf16", "i8", "u8", "i32", "i64"},
                                   [](const std::string& s) { return parse_dtype(s); }, "datatype");
   o.ops = parse_list<ReduceOp>(f.op, {"sum", "prod", "min", "max", "avg", "band", "bor", "bxor"},

@@ -479,7 +479,8 @@ std::string csv_text(const nlohmann::json& rows) {
         << row["algorithm"].get<std::string>() << ",\"" << row["algorithm_reason"].get<std::string>() << "\",";
     group(row["out_of_place"]);
     group(row["in_place"]);
-    csv << row["memcpy_gbps"] << '\n';
+    if (!row["memcpy_gbps"].is_null()) csv << row["memcpy_gbps"];
+    csv << '\n';
   }
   return csv.str();
 }
@@ -491,7 +492,10 @@ void print_header(Communicator& comm, const BenchOptions& o, double memcpy_gbps)
   std::printf("# braid-bench %s: %d ranks, transport %s, dtype %s, op %s, iters %d, warmup %d, check %d\n",
               o.collective.c_str(), n, comm.transport_summary().c_str(), std::string(name(o.dtype)).c_str(),
               reduces ? std::string(name(o.op)).c_str() : "none", o.iters, o.warmup, o.check);
-  if (o.cuda) {
+  if (memcpy_gbps <= 0) {
+    std::printf("# %s: no memcpy baseline measured (--memcpy_bytes 0): /mcpy reads N/A\n",
+                o.cuda ? "buffers in GPU memory" : "buffers in host memory");
+  } else if (o.cuda) {
     std::printf("# buffers in GPU memory; device-to-device cudaMemcpy bandwidth: %.2f GB/s (busbw/memcpy below "
                 "is relative to it)\n", memcpy_gbps);
   } else {
@@ -530,17 +534,16 @@ bool open_outputs(Communicator& comm, const BenchOptions& o, std::optional<Outpu
 
 }  // namespace
 
-// Copies of 256 MiB, or of a quarter of what the tightest memory limit
-// leaves this rank where that is less (at least 1 MiB): the baseline took
-// 512 MiB before any check, and a run of 8-byte calls under a small limit
-// failed "out of memory allocating 268435456 bytes".
-double measure_memcpy_gbps() {
-  std::size_t bytes = 256u << 20;
+// Capped by the memory limit: the baseline took 512 MiB before any check,
+// and a run of 8-byte calls under a small limit failed "out of memory
+// allocating 268435456 bytes".
+double measure_memcpy_gbps(std::size_t bytes) {
   const int local_ranks = std::max(1, runtime::rank_info_from_env().local_world_size);
   const std::vector<runtime::MemoryLimit> limits = runtime::memory_limits();
   if (const runtime::MemoryLimit* limit = runtime::tightest(limits, local_ranks))
-    bytes = std::clamp<std::size_t>(static_cast<std::size_t>(std::max(0.0, runtime::per_rank(*limit, local_ranks)) / 4),
-                                    1u << 20, bytes);
+    bytes = std::min(bytes, std::max<std::size_t>(
+                                static_cast<std::size_t>(std::max(0.0, runtime::per_rank(*limit, local_ranks)) / 4),
+                                1u << 20));
   HugeBuffer a(bytes, std::byte{1}), b(bytes, std::byte{2});
   double best = 0;
   for (int trial = 0; trial < 4; ++trial) {
@@ -563,6 +566,15 @@ struct Totals {
 
 // One sweep of sizes for one dtype and op: prints its rows (rank 0) and
 // appends them to `rows`.
+// The baseline, and busbw relative to it, in JSON: null where none was
+// measured (--memcpy_bytes 0).
+nlohmann::json baseline_json(double memcpy_gbps) {
+  return memcpy_gbps > 0 ? nlohmann::json(memcpy_gbps) : nlohmann::json();
+}
+nlohmann::json per_memcpy_json(double busbw, double memcpy_gbps) {
+  return memcpy_gbps > 0 ? nlohmann::json(busbw / memcpy_gbps) : nlohmann::json();
+}
+
 void run_sweep(Communicator& comm, const BenchOptions& o, double memcpy_gbps, nlohmann::json& rows, Totals& totals) {
   const int n = comm.size(), r = comm.rank();
   const std::size_t es = dtype_bytes(o.dtype);
@@ -616,8 +628,10 @@ void run_sweep(Communicator& comm, const BenchOptions& o, double memcpy_gbps, nl
         return std::string(text);
       }
       const std::string wrong = o.check ? std::to_string(res.wrong) : "N/A";
-      std::snprintf(text, sizeof text, "%10.2f %8.3f %8.3f %6.3f %7s", res.seconds * 1e6, algbw(res), bus,
-                    bus / memcpy_gbps, wrong.c_str());
+      char per_memcpy[16] = "N/A";
+      if (memcpy_gbps > 0) std::snprintf(per_memcpy, sizeof per_memcpy, "%.3f", bus / memcpy_gbps);
+      std::snprintf(text, sizeof text, "%10.2f %8.3f %8.3f %6s %7s", res.seconds * 1e6, algbw(res), bus, per_memcpy,
+                    wrong.c_str());
       return std::string(text);
     };
     std::printf(" %12zu %12zu %6s %6s %5d %-26s %s %s\n", actual_bytes, c.count, std::string(name(o.dtype)).c_str(),
@@ -628,7 +642,7 @@ void run_sweep(Communicator& comm, const BenchOptions& o, double memcpy_gbps, nl
       if (!measured) return nlohmann::json();  // null
       nlohmann::json wrong = o.check ? nlohmann::json(res.wrong) : nlohmann::json();
       return nlohmann::json{{"time_us", res.seconds * 1e6}, {"algbw_gbps", algbw(res)}, {"busbw_gbps", bus},
-                            {"busbw_per_memcpy", bus / memcpy_gbps}, {"wrong", wrong}};
+                            {"busbw_per_memcpy", per_memcpy_json(bus, memcpy_gbps)}, {"wrong", wrong}};
     };
     // Kept for --json and --csv only: under -N 0 the sweep runs until
     // stopped, and rank 0's memory grew row by row.
@@ -638,7 +652,7 @@ void run_sweep(Communicator& comm, const BenchOptions& o, double memcpy_gbps, nl
                     {"root", rooted ? o.root : -1}, {"ranks", n}, {"transport", comm.transport_summary()},
                     {"algorithm", choice.name}, {"algorithm_reason", choice.reason},
                     {"out_of_place", group(out, out_bus, true)}, {"in_place", group(in, in_bus, has_in_place)},
-                    {"memcpy_gbps", memcpy_gbps}});
+                    {"memcpy_gbps", baseline_json(memcpy_gbps)}});
   }
 }
 
@@ -659,10 +673,10 @@ nlohmann::json run_json(Communicator& comm, const BenchOptions& o, double memcpy
       {"check", o.check},          {"root", o.root},           {"average", o.average},
       {"blocking", o.blocking},    {"report_cputime", o.cpu_time}, {"stream_null", o.null_stream},
       {"timeout_s", o.timeout_s},  {"datatypes", dtypes},      {"ops", ops},
-      {"registered", o.registered}, {"device", o.cuda ? "cuda" : "cpu"}};
+      {"registered", o.registered}, {"device", o.cuda ? "cuda" : "cpu"}, {"memcpy_bytes", o.memcpy_bytes}};
   return {{"tool", "braid-bench"}, {"version", BRAID_VERSION}, {"host", host}, {"ranks", comm.size()},
           {"transport", comm.transport_summary()}, {"transports_from_rank_0", transports},
-          {"parameters", parameters}, {"memcpy_gbps", memcpy_gbps},
+          {"parameters", parameters}, {"memcpy_gbps", baseline_json(memcpy_gbps)},
           {"average_busbw_gbps", totals.rows ? totals.busbw_sum / totals.rows : 0.0},
           {"out_of_bounds", o.check ? nlohmann::json(totals.wrong) : nlohmann::json(nullptr)},
           {"rows", std::move(rows)}};
@@ -685,7 +699,10 @@ int run_bench(const BenchOptions& options) {
   if ((options.collective == "broadcast" || options.collective == "reduce") && options.root >= n)
     throw InvalidUsage("--root " + std::to_string(options.root) + " is out of range for " + std::to_string(n) + " ranks");
   if (options.cuda) bench_device::init(runtime::rank_info_from_env().local_rank);
-  double memcpy_gbps = r != 0 ? 0 : options.cuda ? bench_device::measure_copy_gbps() : measure_memcpy_gbps();
+  double memcpy_gbps = 0;
+  if (r == 0 && options.memcpy_bytes > 0)
+    memcpy_gbps = options.cuda ? bench_device::measure_copy_gbps(options.memcpy_bytes)
+                               : measure_memcpy_gbps(options.memcpy_bytes);
   comm->broadcast(&memcpy_gbps, &memcpy_gbps, 1, DataType::f64, 0).wait();
   std::optional<OutputFile> json_file, csv_file;
   // The files are rank 0's: it alone fails, so a launcher names it as the rank that failed.
@@ -725,7 +742,10 @@ int run_bench(const BenchOptions& options) {
     else  // -c 0: nothing was checked, so no count of 0 to show
       std::printf("# Out of bounds values : N/A (-c 0)\n");
     const double average = totals.rows ? totals.busbw_sum / totals.rows : 0.0;
-    std::printf("# Avg bus bandwidth    : %.3f GB/s (%.3f x memcpy)\n", average, average / memcpy_gbps);
+    if (memcpy_gbps > 0)
+      std::printf("# Avg bus bandwidth    : %.3f GB/s (%.3f x memcpy)\n", average, average / memcpy_gbps);
+    else
+      std::printf("# Avg bus bandwidth    : %.3f GB/s\n", average);
     // Both files are tried; a failure of the first did not leave the
     // second empty and unnamed.
     std::string failed;

@@ -32,6 +32,9 @@ struct BenchOptions {
   std::string json_path, csv_path;
   bool cuda = false;  // --device cuda: buffers in GPU memory, calls on a CUDA stream
   bool registered = false;  // -R 1: host buffers from Communicator::allocate
+  // --memcpy_bytes: the size of the copies that measure the memcpy baseline
+  // (0: none measured; the /mcpy columns read N/A).
+  std::size_t memcpy_bytes = 256u << 20;
 };
 
 // Runs the sweep on the world communicator; returns the exit status (1 when
@@ -39,7 +42,9 @@ struct BenchOptions {
 int run_bench(const BenchOptions& options);
 
 // Single-core memcpy bandwidth of this machine in GB/s (bytes copied / s),
-// over a buffer far larger than the caches.
-double measure_memcpy_gbps();
+// over copies of `bytes` (the default, 256 MiB, is far larger than the
+// caches), or of a quarter of what the tightest memory limit leaves this
+// rank where that is less (at least 1 MiB).
+double measure_memcpy_gbps(std::size_t bytes);
 
 }  // namespace braid::comm

@@ -19,7 +19,8 @@ void download(std::byte* host, const std::byte* device, std::size_t bytes);
 // run all it holds: how nccl-tests ends its timing. Work::wait polls with
 // sleeps of up to 100 us (comm/poll_pause.h), which would count in the time.
 void synchronize(bool null_stream);
-// Device-to-device cudaMemcpy bandwidth of this GPU in GB/s (bytes copied / s).
-double measure_copy_gbps();
+// Device-to-device cudaMemcpy bandwidth of this GPU in GB/s (bytes copied /
+// s), over copies of `bytes`.
+double measure_copy_gbps(std::size_t bytes);
 
 }  // namespace braid::comm::bench_device

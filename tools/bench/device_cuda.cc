@@ -55,8 +55,7 @@ void synchronize(bool null_stream) {
   check(cudaStreamSynchronize(null_stream ? nullptr : the_stream), "the timed calls' stream");
 }
 
-double measure_copy_gbps() {
-  const std::size_t bytes = 256u << 20;
+double measure_copy_gbps(std::size_t bytes) {
   std::byte* a = allocate(bytes);
   std::byte* b = allocate(bytes);
   cudaEvent_t start, stop;

@@ -12,6 +12,6 @@ void release(std::byte*) {}
 void upload(std::byte*, const std::byte*, std::size_t) {}
 void download(std::byte*, const std::byte*, std::size_t) {}
 void synchronize(bool) {}
-double measure_copy_gbps() { return 0.0; }
+double measure_copy_gbps(std::size_t) { return 0.0; }
 
 }  // namespace braid::comm::bench_device

@@ -9,7 +9,7 @@
 # $1: the build folder holding tools/braid-launch and tools/braid-bench.
 build=${1:?usage: braid_bench.sh BUILD_VM_DIR}
 
-bench_args=(-b 8 -e 1M -f 32 -w 0 -c 1)
+bench_args=(-b 8 -e 1M -f 32 -w 0 -c 1 --memcpy_bytes 0)
 export BRAID_TIMEOUT=30
 
 expect_clean_run() { # STATUS TRANSPORT OUTPUT

@@ -20,7 +20,7 @@ export BRAID_TRANSPORT=ibverbs BRAID_TIMEOUT=20
 bench_one_host() { # COLLECTIVE
   local out status
   out=$(bounded 30 "$launch" --nproc-per-node 2 -- \
-    "$bench" --coll "$1" -b 8 -e 256K -f 32 -n 3 -w 0 -c 1 2>&1)
+    "$bench" --memcpy_bytes 0 --coll "$1" -b 8 -e 256K -f 32 -n 3 -w 0 -c 1 2>&1)
   status=$?
   echo "$out" | grep -E '^\[rank 0\] (#  +[0-9]| +[0-9])|Out of bounds|transport|braid-bench:|braid-launch:'
   [ "$status" -eq 0 ] || { echo "# braid-launch exited with $status"; return 1; }
@@ -51,7 +51,7 @@ wrong_gid() {
 # named per host by on_host's BRAID_IB_HCA), RDMA across the veth wire.
 bench_two_hosts() {
   local out status
-  out=$(BRAID_LOG_LEVEL=info launch_two_hosts "$launch" h1 h2 1 40 -- "$bench" -b 8 -e 256K -f 32 -n 3 -w 0 -c 1 2>&1)
+  out=$(BRAID_LOG_LEVEL=info launch_two_hosts "$launch" h1 h2 1 40 -- "$bench" --memcpy_bytes 0 -b 8 -e 256K -f 32 -n 3 -w 0 -c 1 2>&1)
   status=$?
   echo "$out" | grep -E '^\[h1\] \[rank 0\] (#  +[0-9]| +[0-9])|Out of bounds|transport|braid-bench:|braid-launch:|launch_two_hosts|ibverbs: rank'
   [ "$status" -eq 0 ] || return 1

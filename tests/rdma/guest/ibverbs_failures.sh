@@ -91,7 +91,7 @@ no_rank_blames_itself_bare() { # LAYOUT
 # BRAID_IB_GID_INDEX.
 late_queue_pairs() { # LAYOUT
   job "$1" -- env BRAID_TRANSPORT=auto LD_PRELOAD="$late_qp" BRAID_TEST_LATE_QP_RANK=0 BRAID_TEST_LATE_QP_MS=4000 \
-    "$bench" -b 8 -e 64K -f 64 -n 2 -w 0 -c 1 || return 1
+    "$bench" --memcpy_bytes 0 -b 8 -e 64K -f 64 -n 2 -w 0 -c 1 || return 1
   [ "$job_status" -eq 0 ] || { echo "# the job failed"; return 1; }
   grep -q '# Out of bounds values : 0 OK' <<<"$job_out" || { echo "# wrong values"; return 1; }
 }
@@ -144,7 +144,7 @@ break_wire() { # LAYOUT COLLECTIVE PATTERN BREAK... (PATTERN: what every rank's 
   local layout=$1 coll=$2 pattern=$3
   shift 3
   run_and_break "$layout" '^ +[0-9]' "braid-bench: rank [0-9]+.*($pattern)" \
-    "$bench" --coll "$coll" -b 1M -e 1M -n 10 -w 0 -c 1 -N 0 -T 20 -- "$@"
+    "$bench" --memcpy_bytes 0 --coll "$coll" -b 1M -e 1M -n 10 -w 0 -c 1 -N 0 -T 20 -- "$@"
 }
 
 # The same with rdma-polled (1+1): the transport only polled, as while the

@@ -40,7 +40,7 @@ peer_killed() { # BENCH_ARG...
   # the rank records its pid, then becomes braid-bench ($$ expands there)
   # shellcheck disable=SC2016
   local rank_cmd=(bash -c 'echo $$ > "$0.$BRAID_RANK"; exec "$@"' "$ranks/pid"
-    "$bench" "$@" -N 0 -T 20)
+    "$bench" --memcpy_bytes 0 "$@" -N 0 -T 20)
   BRAID_JOB_TOKEN=$token bounded 50 "$launch" "${common[@]}" --node-rank 0 -- "${rank_cmd[@]}" >"$ranks/node0" 2>&1 &
   p0=$!
   wait_tcp_port "" "$port" 20
