@@ -154,8 +154,34 @@ ConnectionData local_data(const IbOptions& o, const IbTransport::Peer& peer, con
   return d;
 }
 
-ConnectionData read_remote(runtime::Store& store, const std::string& prefix, const IbOptions& o, int peer) {
-  runtime::Bytes bytes = store.get(prefix + "/ibverbs/" + std::to_string(peer) + "/" + std::to_string(o.rank), o.timeout);
+// The value under `key`, waited for until `deadline` in slices between
+// which a failure that a rank or its launcher published ends the wait
+// (o.check_peers): a peer that failed before it wrote the key (no device,
+// a wrong BRAID_IB_GID_INDEX on its host) would otherwise be waited for
+// until the timeout. At the deadline, TimeoutError: `what` did not come
+// from `peer`.
+runtime::Bytes get_sliced(runtime::Store& store, const std::string& key, const IbOptions& o, int peer,
+                          Clock::time_point deadline, const char* what) {
+  using std::chrono::milliseconds;
+  constexpr milliseconds kSlice{250};
+  for (;;) {
+    const auto left = std::chrono::ceil<milliseconds>(deadline - Clock::now());
+    try {
+      return store.get(key, std::clamp(left, milliseconds(1), kSlice));
+    } catch (const TimeoutError&) {
+      if (left <= kSlice)
+        throw TimeoutError("rank " + std::to_string(o.rank) + " waited " + std::to_string(o.timeout.count()) +
+                           " ms for rank " + std::to_string(peer) + " " + what +
+                           ": it may have failed, not started, or be stopped");
+    }
+    if (o.check_peers) o.check_peers();
+  }
+}
+
+ConnectionData read_remote(runtime::Store& store, const std::string& prefix, const IbOptions& o, int peer,
+                           Clock::time_point deadline) {
+  runtime::Bytes bytes = get_sliced(store, prefix + "/ibverbs/" + std::to_string(peer) + "/" + std::to_string(o.rank),
+                                    o, peer, deadline, "to publish its RDMA connection data");
   ConnectionData d;
   if (bytes.size() != sizeof d) throw RemoteError(who(o, peer) + ": it published malformed connection data", peer);
   std::memcpy(&d, bytes.data(), sizeof d);
@@ -178,34 +204,18 @@ ConnectionData read_remote(runtime::Store& store, const std::string& prefix, con
 // A peer's "up" key that says it failed, followed by why.
 constexpr char kFailedUp = '!';
 
-// Waits for every peer's "up" key (connect_ibverbs), in slices between
-// which a failure that a rank or its launcher published ends the wait
-// (o.check_peers): a peer that failed before bringing its queue pairs up
+// Waits for every peer's "up" key (connect_ibverbs), in slices
+// (get_sliced): a peer that failed before bringing its queue pairs up
 // would otherwise be waited for until the timeout.
 void wait_until_up(runtime::Store& store, const std::string& key_prefix, const IbOptions& o,
-                   const std::vector<int>& ranks) {
-  using std::chrono::milliseconds;
-  constexpr milliseconds kSlice{250};
-  const auto deadline = Clock::now() + o.timeout;
+                   const std::vector<int>& ranks, Clock::time_point deadline) {
   for (int peer : ranks) {
-    const std::string key = key_prefix + "/ibverbs/up/" + std::to_string(peer);
-    for (;;) {
-      const auto left = std::chrono::ceil<milliseconds>(deadline - Clock::now());
-      try {
-        const runtime::Bytes value = store.get(key, std::clamp(left, milliseconds(1), kSlice));
-        if (!value.empty() && value.front() == static_cast<std::uint8_t>(kFailedUp))
-          throw RemoteError(who(o, peer) + ": it could not bring its queue pairs up: " +
-                                std::string(value.begin() + 1, value.end()),
-                            peer);
-        break;
-      } catch (const TimeoutError&) {
-        if (left <= kSlice)
-          throw TimeoutError("rank " + std::to_string(o.rank) + " waited " + std::to_string(o.timeout.count()) +
-                             " ms for rank " + std::to_string(peer) + " to bring its RDMA queue pairs up: it may "
-                             "have failed, not started, or be stopped");
-      }
-      if (o.check_peers) o.check_peers();
-    }
+    const runtime::Bytes value = get_sliced(store, key_prefix + "/ibverbs/up/" + std::to_string(peer), o, peer,
+                                            deadline, "to bring its RDMA queue pairs up");
+    if (!value.empty() && value.front() == static_cast<std::uint8_t>(kFailedUp))
+      throw RemoteError(who(o, peer) + ": it could not bring its queue pairs up: " +
+                            std::string(value.begin() + 1, value.end()),
+                        peer);
   }
 }
 
@@ -317,9 +327,10 @@ std::unique_ptr<IbTransport> connect_ibverbs(runtime::Store& store, const std::s
   // that does not route. A rank that cannot bring its own up says so in
   // its key, so that its peers do not wait for it.
   const std::string up = key_prefix + "/ibverbs/up/" + std::to_string(o.rank);
+  const auto deadline = Clock::now() + o.timeout;
   try {
     for (std::size_t i = 0; i < ranks.size(); ++i) {
-      ConnectionData theirs = read_remote(store, key_prefix, o, ranks[i]);
+      ConnectionData theirs = read_remote(store, key_prefix, o, ranks[i], deadline);
       for (int q = 0; q < o.qps; ++q) bring_up(peers[i].qps[q], *verbs, mine[i], theirs, o, q);
       peers[i].remote = {theirs.ring_address, theirs.ring_rkey, theirs.credit_address, theirs.control_rkey};
     }
@@ -332,7 +343,7 @@ std::unique_ptr<IbTransport> connect_ibverbs(runtime::Store& store, const std::s
     throw;
   }
   store.set(up, std::string("1"));
-  wait_until_up(store, key_prefix, o, ranks);
+  wait_until_up(store, key_prefix, o, ranks, deadline);
   guard.qps = nullptr;
   auto result = std::make_unique<IbTransport>(o, std::move(verbs), std::move(peers), std::move(ring),
                                               std::move(staging), std::move(control));

@@ -8,6 +8,8 @@
 #    N + 1 (small, and 1 Mi elements: the large-message path), and rank 0
 #    all_reduce against all_gather on 2+1 ranks: every rank fails with
 #    "mismatched collectives" (braid-check --expect-mismatch);
+#  - a rank that fails before it publishes its connection data (a GID
+#    index its device does not have, on one host): its peer names it;
 #  - a wrong BRAID_IB_GID_INDEX: each RDMA wire end also gets an IPv4
 #    address, so GID index 1 exists on both hosts (::ffff:10.12.0.x, RoCE
 #    v2) but does not route between them (both rxe netdevs live in the
@@ -119,6 +121,17 @@ dead_peer_while_busy() { # LAYOUT
   [ "${took%.*}" -lt 6 ] || { echo "# rank 0 named rank 2 only after ${took} s"; return 1; }
 }
 
+# BRAID_IB_GID_INDEX=3 on h2 only, which its device does not have: rank 1
+# fails before it publishes its connection data, and rank 0, waiting for
+# that data, hears of the failure within the bound, not at BRAID_TIMEOUT.
+early_failure() { # LAYOUT
+  # shellcheck disable=SC2016 # expanded by the wrapper, in each rank
+  job "$1" -- bash -c 'export BRAID_IB_GID_INDEX=$([ "$BRAID_HOST_ID" = h2 ] && echo 3 || echo 0); exec "$@"' \
+    wrapper "$bench" -b 8 -e 8 -n 1 -w 0 || return 1
+  [ "$job_status" -ne 0 ] || { echo "# the job succeeded"; return 1; }
+  every_rank_says "$1" "braid-bench: rank [0-9]+.*BRAID_IB_GID_INDEX=3"
+}
+
 # Every rank's call fails with one of braid's errors (braid-check exits 0
 # when it names the mismatch, 1 for another error), and the mismatch is
 # named; every_rank_says "$mismatched" then asks it of every rank.
@@ -215,6 +228,8 @@ check "a dead peer waited on while data flows to another (3 ranks, one host): na
   dead_peer_while_busy "h1:3"
 check "BRAID_IB_QPS_PER_PEER=2 on rank 3 only (2+2): every rank fails at set-up within the bound naming it" \
   qps_differ "h1:2 h2:2"
+check "BRAID_IB_GID_INDEX=3 on h2 only (1+1): rank 1 fails before it publishes its connection data, rank 0 names it within the bound" \
+  early_failure "h1:1 h2:1"
 for args in "h1:1 h2:1|count|1000" "h1:1 h2:1|count|1048576" "h1:2 h2:1|kind|1000"; do
   IFS='|' read -r layout what count <<<"$args"
   check "mismatched $what (count $count), ranks $layout: every rank fails with a named error, the mismatch named" \
