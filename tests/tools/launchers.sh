@@ -22,7 +22,7 @@ free_ports=$3
 tmp=$(mktemp -d "${TMPDIR:-/tmp}/braid-launchers.XXXXXX")
 trap 'rm -rf "$tmp"' EXIT INT TERM
 export BRAID_TIMEOUT=60 OMP_NUM_THREADS=1 BENCH="$bench" D="$tmp"
-export ARGS="--coll all_reduce -b 8 -e 64K -f 8 -n 2 -w 1 -c 1"
+export ARGS="--coll all_reduce -b 8 -e 64K -f 8 -n 2 -w 1 -c 1 --memcpy_bytes 0"
 ran=0
 
 fail() { echo "launchers test: FAIL: $*" >&2; exit 1; }

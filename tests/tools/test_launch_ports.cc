@@ -34,7 +34,7 @@ std::string bench_path() {
 
 // braid-bench's arguments: a short checked all_reduce sweep.
 std::vector<std::string> bench_args() {
-  return {"--coll", "all_reduce", "-b", "8", "-e", "64K", "-f", "8", "-n", "2", "-w", "1", "-c", "1"};
+  return {"--coll", "all_reduce", "-b", "8", "-e", "64K", "-f", "8", "-n", "2", "-w", "1", "-c", "1", "--memcpy_bytes", "0"};
 }
 
 const char* const kCheckedOk = "Out of bounds values : 0 OK";
