@@ -76,7 +76,7 @@ busybox=/bin/busybox
 [ -x "$busybox" ] && case $(LC_ALL=C ldd "$busybox" 2>&1 || true) in *"not a dynamic"*) true ;; *) false ;; esac \
   || skip "no static /bin/busybox (install busybox-static; scripts/setup.sh does)"
 [ "$check_only" = 0 ] || { echo "rdma_vm: the VM can run here (kernel $kver, $qemu)"; exit 0; }
-case $workdir in *[[:space:]\'\"\\]*) fail "WORKDIR path must not contain spaces or quotes: $workdir" ;; esac
+case $workdir in *[[:space:]\'\"\\:]*) fail "WORKDIR path must not contain spaces, quotes or colons: $workdir" ;; esac
 
 # ---- the initramfs (cached) -----------------------------------------------
 # Modules that mount the host's root over 9p, dependencies first.
