@@ -256,10 +256,14 @@ std::string failure_key(const Communicator::Impl& impl, Stage stage) {
   return impl.key_prefix + (stage == Stage::check ? "/setup/short" : "/setup/failed");
 }
 
-std::optional<std::pair<int, std::string>> published_failure(Communicator::Impl& impl, Stage stage) {
+// Bounded by `deadline` where one is given: a store that does not answer
+// by then is not waited for further.
+std::optional<std::pair<int, std::string>> published_failure(
+    Communicator::Impl& impl, Stage stage, std::optional<std::chrono::steady_clock::time_point> deadline = {}) {
   std::optional<runtime::Bytes> value;
   try {
-    value = impl.store->try_get(failure_key(impl, stage));
+    value = deadline ? impl.store->try_get(failure_key(impl, stage), *deadline)
+                     : impl.store->try_get(failure_key(impl, stage));
   } catch (const Error&) {
     return std::nullopt;  // the store is gone too; the caller's own error stands
   }
@@ -270,10 +274,16 @@ std::optional<std::pair<int, std::string>> published_failure(Communicator::Impl&
 }
 
 // The first failure published stays (a later one is mostly its echo).
-void publish_failure(Communicator::Impl& impl, Stage stage, const std::string& reason) {
-  if (!impl.store || impl.size == 1 || published_failure(impl, stage)) return;
+// Bounded by `deadline` where one is given, as published_failure is.
+void publish_failure(Communicator::Impl& impl, Stage stage, const std::string& reason,
+                     std::optional<std::chrono::steady_clock::time_point> deadline = {}) {
+  if (!impl.store || impl.size == 1 || published_failure(impl, stage, deadline)) return;
   try {
-    impl.store->set(failure_key(impl, stage), std::to_string(impl.rank) + "|" + reason);
+    const std::string value = std::to_string(impl.rank) + "|" + reason;
+    if (deadline)
+      impl.store->set(failure_key(impl, stage), value, *deadline);
+    else
+      impl.store->set(failure_key(impl, stage), value);
   } catch (const Error&) {
     // Best effort: peers then time out waiting for this rank, naming it.
   }
@@ -288,12 +298,14 @@ RemoteError peer_failed(const Communicator::Impl& impl, const std::pair<int, std
 // Throws where a rank published that it could not set up this
 // communicator, or braid-launch that a rank of another node failed before
 // it joined (runtime::kJobFailedKey): what set-up's waits look at between
-// their slices.
-void throw_if_peer_failed(Communicator::Impl& impl) {
-  if (auto failure = published_failure(impl, Stage::connect)) throw peer_failed(impl, *failure);
+// their slices. Bounded by the wait's `deadline`: where the store stopped
+// answering, each look took up to BRAID_TIMEOUT, so that the wait overran
+// its own deadline by twice that before its error (a review helper's case).
+void throw_if_peer_failed(Communicator::Impl& impl, std::chrono::steady_clock::time_point deadline) {
+  if (auto failure = published_failure(impl, Stage::connect, deadline)) throw peer_failed(impl, *failure);
   std::optional<runtime::Bytes> failed;
   try {
-    failed = impl.store->try_get(runtime::kJobFailedKey);
+    failed = impl.store->try_get(runtime::kJobFailedKey, deadline);
   } catch (const Error&) {
   }
   if (failed)
@@ -341,31 +353,38 @@ void agree_on_resources(Communicator::Impl& impl, const Plan& plan) {
 // (EMFILE, a thread that cannot start) become a SystemError naming the
 // limit. The reason goes to the store, where the peers whose own waits time
 // out find it, and a timeout here reports a peer's published failure.
+//
+// Its calls on the store are bounded (2 s at most): where the store itself
+// stopped answering, each took up to BRAID_TIMEOUT, three of them after the
+// wait that had already run out.
 [[noreturn]] void fail_setup(Communicator::Impl& impl) {
   const std::string who = "rank " + std::to_string(impl.rank) + " could not set up communicator " +
                           impl.key_prefix + ": ";
+  const auto bound = std::chrono::steady_clock::now() +
+                     std::min<std::chrono::milliseconds>(impl.timeout, std::chrono::seconds(2));
+  auto publish = [&](const char* reason) { publish_failure(impl, Stage::connect, reason, bound); };
   try {
     throw;
   } catch (const TimeoutError& e) {
     if (impl.store)
-      if (auto failure = published_failure(impl, Stage::connect)) throw peer_failed(impl, *failure);
-    publish_failure(impl, Stage::connect, e.what());
+      if (auto failure = published_failure(impl, Stage::connect, bound)) throw peer_failed(impl, *failure);
+    publish(e.what());
     throw;
   } catch (const Error& e) {
-    publish_failure(impl, Stage::connect, e.what());
+    publish(e.what());
     throw;
   } catch (const boost::system::system_error& e) {
     SystemError error(who + e.what() + fd_limit_hint(e.code().value()));
-    publish_failure(impl, Stage::connect, error.what());
+    publish(error.what());
     throw error;
   } catch (const std::system_error& e) {
     const bool thread = e.code() == std::errc::resource_unavailable_try_again;
     SystemError error(who + e.what() + (thread ? thread_limit_hint() : fd_limit_hint(e.code().value())));
-    publish_failure(impl, Stage::connect, error.what());
+    publish(error.what());
     throw error;
   } catch (const std::exception& e) {
     SystemError error(who + e.what());
-    publish_failure(impl, Stage::connect, error.what());
+    publish(error.what());
     throw error;
   }
 }
@@ -398,7 +417,9 @@ void connect_planned(Communicator::Impl& impl, const Plan& plan) {
   common.run_id = impl.info.run_id;
   common.spin = spin;
   common.timeout = config.timeout;
-  common.check_peers = [&impl] { throw_if_peer_failed(impl); };
+  common.check_peers = [&impl](std::chrono::steady_clock::time_point deadline) {
+    throw_if_peer_failed(impl, deadline);
+  };
   if (any(plan.use_shm)) {
     auto options = with_common<shm::ShmOptions>(common);
     options.local_ranks = plan.local;
@@ -464,10 +485,10 @@ void connect_transports(Communicator::Impl& impl) {
 // The keys name the launcher's ranks and its world size: a world a
 // program forms of some of them, numbered its own way, reads none (it
 // would blame a live rank for another that returned).
-static void throw_if_exited(Communicator::Impl& impl, int peer) {
+static void throw_if_exited(Communicator::Impl& impl, int peer, std::chrono::steady_clock::time_point deadline) {
   std::optional<runtime::Bytes> exited;
   try {
-    exited = impl.store->try_get(runtime::job_exited_key(impl.info.world_size, peer));
+    exited = impl.store->try_get(runtime::job_exited_key(impl.info.world_size, peer), deadline);
   } catch (const Error&) {
   }
   if (!exited) return;
@@ -494,7 +515,12 @@ static std::string host_of_peer(Communicator::Impl& impl, const std::string& key
     try {
       return impl.store->get_string(key, std::clamp(left, milliseconds{1}, slice));
     } catch (const TimeoutError&) {
-      throw_if_exited(impl, std::stoi(key.substr(key.rfind('/') + 1)));
+      throw_if_exited(impl, std::stoi(key.substr(key.rfind('/') + 1)), deadline);
+      // The last look: a store that no longer answers is named by its own
+      // TimeoutError, not taken for a rank that never joined.
+      if (left <= slice)
+        if (std::optional<runtime::Bytes> value = impl.store->try_get(key, steady_clock::now() + seconds(2)))
+          return std::string(value->begin(), value->end());
       if (left <= slice)
         throw TimeoutError("key '" + key + "' did not appear in the store within " +
                            std::to_string(impl.timeout.count()) + " ms (" + impl.config.timeout_name + "): rank " +
@@ -505,7 +531,7 @@ static std::string host_of_peer(Communicator::Impl& impl, const std::string& key
                                 : ", or joined another job's store (jobs started on one port " +
                                       started(impl.info) + " with no job id need a BRAID_JOB_TOKEN each)"));
     }
-    throw_if_peer_failed(impl);
+    throw_if_peer_failed(impl, deadline);
   }
 }
 

@@ -54,8 +54,10 @@ struct ConnectOptions {
   std::chrono::milliseconds timeout{300'000};
   // Throws where a rank published that its set-up failed, or its launcher
   // that a rank of the job did (setup.cc); a wait of set-up looks between
-  // its slices. Empty: nothing to look at.
-  std::function<void()> check_peers;
+  // its slices, giving its own deadline: a store that does not answer by
+  // then is not waited for (the look throws nothing for it). Empty: nothing
+  // to look at.
+  std::function<void(std::chrono::steady_clock::time_point deadline)> check_peers;
 };
 
 // Shared slots: memory that every rank of a communicator on one host can

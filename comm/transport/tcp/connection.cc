@@ -352,7 +352,7 @@ std::vector<std::vector<int>> connect_mesh(runtime::Store& store, const std::str
   auto check = [&] {
     if (!o.check_peers || Clock::now() < next_check) return;
     next_check = Clock::now() + kCheckEvery;
-    o.check_peers();
+    o.check_peers(deadline);
   };
   try {
     for (int peer = 0; peer < o.rank; ++peer) {
@@ -411,7 +411,7 @@ std::vector<std::vector<int>> connect_mesh(runtime::Store& store, const std::str
     if (refused && o.check_peers) {
       const auto until = Clock::now() + std::chrono::seconds(1);
       for (;;) {
-        o.check_peers();  // throws the published cause
+        o.check_peers(until);  // throws the published cause
         if (Clock::now() >= until) break;
         std::this_thread::sleep_for(std::chrono::milliseconds(50));
       }
