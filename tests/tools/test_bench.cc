@@ -273,12 +273,19 @@ TEST_CASE("braid-bench lowers -e to what memory holds and refuses a -b that does
              Catch::Contains("-b 2147483648 needs 4.06 GiB of buffers and scratch per rank, more than ") &&
                                             Catch::Contains("lower -b"));
   // The memcpy baseline took 512 MiB before any check: 8-byte calls under a
-  // 500 MB limit failed "out of memory allocating 268435456 bytes".
-  const std::string small = "ulimit -v 500000; exec " + bench_path() + " -b 8 -e 8 -n 1 -w 0 > /dev/null 2> " +
-                            (dir.path() / "err").string();
+  // 500 MB limit failed "out of memory allocating 268435456 bytes". It is
+  // lowered, and says so, in its output and in the JSON's parameters (which
+  // gave the size asked for; a review helper's case).
+  const std::string json = (dir.path() / "small.json").string();
+  const std::string small = "ulimit -v 500000; exec " + bench_path() + " -b 8 -e 8 -n 1 -w 0 -J " + json + " > " +
+                            (dir.path() / "out").string() + " 2> " + (dir.path() / "err").string();
   const int status = std::system(("bash -c '" + small + "'").c_str());
-  INFO(slurp(dir.path() / "err"));
+  INFO(slurp(dir.path() / "out") << slurp(dir.path() / "err"));
   CHECK((WIFEXITED(status) && WEXITSTATUS(status) == 0));
+  CHECK_THAT(slurp(dir.path() / "out"), Catch::Contains("# --memcpy_bytes 268435456 lowered to "));
+  const auto copied = nlohmann::json::parse(slurp(json))["parameters"]["memcpy_bytes"].get<std::size_t>();
+  CHECK(copied < std::size_t{256} << 20);
+  CHECK(copied >= std::size_t{1} << 20);
 }
 
 TEST_CASE("braid-bench: -i, -N, -m, -z, -C, -a and -T keep their nccl-tests meanings", "[bench]") {
@@ -313,8 +320,10 @@ TEST_CASE("braid-bench: -b 0 -i steps from 0; unchecked and unmeasured columns r
   for (const auto& row : stepped["rows"]) sizes.push_back(row["bytes"].get<std::size_t>());
   CHECK(sizes == std::vector<std::size_t>{0, 8, 16, 24, 32});
 
+  // A measured baseline (the harness leaves it out), so that /mcpy reads a
+  // number and the N/A below is #wrong's.
   LaunchedJob unchecked(dir, {"--nproc-per-node", "2", "--", bench_path(), "-b", "64", "-e", "64", "-n", "1", "-w",
-                              "0", "-c", "0", "-J", json});
+                              "0", "-c", "0", "-J", json, "--memcpy_bytes", "4K"});
   REQUIRE(unchecked.wait(std::chrono::seconds(30)) == 0);
   INFO(unchecked.out());
   CHECK_THAT(squeezed(unchecked.out()), Catch::Contains(" N/A "));

@@ -537,7 +537,7 @@ bool open_outputs(Communicator& comm, const BenchOptions& o, std::optional<Outpu
 // Capped by the memory limit: the baseline took 512 MiB before any check,
 // and a run of 8-byte calls under a small limit failed "out of memory
 // allocating 268435456 bytes".
-double measure_memcpy_gbps(std::size_t bytes) {
+double measure_memcpy_gbps(std::size_t& bytes) {
   const int local_ranks = std::max(1, runtime::rank_info_from_env().local_world_size);
   const std::vector<runtime::MemoryLimit> limits = runtime::memory_limits();
   if (const runtime::MemoryLimit* limit = runtime::tightest(limits, local_ranks))
@@ -700,9 +700,12 @@ int run_bench(const BenchOptions& options) {
     throw InvalidUsage("--root " + std::to_string(options.root) + " is out of range for " + std::to_string(n) + " ranks");
   if (options.cuda) bench_device::init(runtime::rank_info_from_env().local_rank);
   double memcpy_gbps = 0;
-  if (r == 0 && options.memcpy_bytes > 0)
-    memcpy_gbps = options.cuda ? bench_device::measure_copy_gbps(options.memcpy_bytes)
-                               : measure_memcpy_gbps(options.memcpy_bytes);
+  std::size_t memcpy_bytes = options.memcpy_bytes;  // rank 0's, as copied (the memory limit may lower it)
+  if (r == 0 && memcpy_bytes > 0)
+    memcpy_gbps = options.cuda ? bench_device::measure_copy_gbps(memcpy_bytes) : measure_memcpy_gbps(memcpy_bytes);
+  if (r == 0 && memcpy_bytes != options.memcpy_bytes)
+    std::printf("# --memcpy_bytes %zu lowered to %zu: a quarter of what the memory limit leaves this rank\n",
+                options.memcpy_bytes, memcpy_bytes);
   comm->broadcast(&memcpy_gbps, &memcpy_gbps, 1, DataType::f64, 0).wait();
   std::optional<OutputFile> json_file, csv_file;
   // The files are rank 0's: it alone fails, so a launcher names it as the rank that failed.
@@ -724,6 +727,7 @@ int run_bench(const BenchOptions& options) {
                        "u8, i32, i64), not for -d " + std::string(name(options.dtypes.front())));
   BenchOptions capped = options;
   capped.max_bytes = capped_max_bytes(*comm, options);
+  capped.memcpy_bytes = memcpy_bytes;  // the JSON's parameters say what was copied
   nlohmann::json rows = nlohmann::json::array();
   Totals totals;
   for (int cycle = 0; options.cycles == 0 || cycle < options.cycles; ++cycle)

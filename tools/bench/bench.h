@@ -44,7 +44,7 @@ int run_bench(const BenchOptions& options);
 // Single-core memcpy bandwidth of this machine in GB/s (bytes copied / s),
 // over copies of `bytes` (the default, 256 MiB, is far larger than the
 // caches), or of a quarter of what the tightest memory limit leaves this
-// rank where that is less (at least 1 MiB).
-double measure_memcpy_gbps(std::size_t bytes);
+// rank where that is less (at least 1 MiB): `bytes` is lowered to it.
+double measure_memcpy_gbps(std::size_t& bytes);
 
 }  // namespace braid::comm
