@@ -58,7 +58,8 @@ struct ExchangeContext {
   std::vector<Transport*> routes;    // [peer] -> transport reaching it
   std::vector<Transport*> distinct;  // each transport once
   Tuning tuning;
-  std::vector<std::byte> scratch;    // reused across operations
+  std::vector<std::byte> scratch;    // reused across operations (Exchange::~Exchange trims it)
+  int scratch_idle_calls = 0;        // calls since one needed more than is always kept
   std::vector<Request> sends;        // sends in flight, cleared per operation
   // The peer an operation is blocked on right now, -1 when none: read by the
   // communicator's status board for timeout attribution (comm/status.h).
@@ -288,6 +289,7 @@ class Exchange {
   const Op& op_;
   ExchangeContext& c_;
   mutable Clock::time_point deadline_;  // {}: not read yet, timeout_ from the first deadline()
+  std::size_t scratch_asked_ = 0;       // the most this call asked of scratch()
   std::chrono::milliseconds timeout_{0};
   const PeerState& peer_state_;
 };
