@@ -25,10 +25,11 @@ Exchange::Exchange(const Op& op, ExchangeContext& context, std::chrono::millisec
 // transport, which the communicator shuts down on any error.
 // Scratch past what the ring algorithms reuse from call to call (two slots
 // of a chunk or a segment, and at least 16 MiB) is given back once 16 calls
-// in a row needed none of it: a whole message's worth (a non-root's reduce
-// accumulator, an in-place all_to_all's copy of its input) stayed with the
-// communicator until it was destroyed, +192 MiB on each rank after one
-// 192 MiB reduce (a review helper's measurement). Not after every call:
+// in a row needed none of it: a whole message's worth (an in-place
+// all_to_all's copy of its input; a non-root's reduce accumulator, before
+// reduce_pipelined kept segments) stayed with the communicator until it was
+// destroyed, +192 MiB on each rank after one 192 MiB call (a review
+// helper's measurement). Not after every call:
 // faulting the pages in again made each 64 MiB reduce 10-40x slower here.
 Exchange::~Exchange() {
   constexpr std::size_t kAlwaysKept = std::size_t{16} << 20;

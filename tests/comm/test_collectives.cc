@@ -272,6 +272,36 @@ TEST_CASE("a ring all_reduce with segments larger than its chunks stages them in
   REQUIRE(result.all_ok());
 }
 
+// A rank inside a reduce's chain keeps its partial sums in a few slots of
+// a segment each, reused as their sends complete: it held the whole message
+// in scratch (a 64 MiB reduce grew every non-root by 64 MiB at its peak).
+TEST_CASE("a reduce holds a few segments of partial sums on a non-root, not the message", "[collectives]") {
+  const int size = GENERATE(2, 3);
+  const std::string transport = GENERATE("shm", "tcp");
+  runtime::Config config = test::test_config(std::chrono::seconds(60));
+  config.transport = transport;
+  auto result = test::run_ranks(size, [](Communicator& comm) {
+    auto peak_kb = [] {
+      rusage usage{};
+      getrusage(RUSAGE_SELF, &usage);
+      return usage.ru_maxrss;
+    };
+    const std::size_t count = (64u << 20) / 4;
+    std::vector<float> data(count, static_cast<float>(comm.rank() + 1)), out(count, 0.0f);
+    comm.reduce(data.data(), out.data(), 1009, DataType::f32, ReduceOp::sum, 0).wait();  // set-up's own memory
+    const long before = peak_kb();
+    comm.reduce(data.data(), out.data(), count, DataType::f32, ReduceOp::sum, 0).wait();
+    const long grew_mb = (peak_kb() - before) / 1024;
+    const float sum = static_cast<float>(comm.size() * (comm.size() + 1) / 2);
+    if (comm.rank() == 0)
+      for (std::size_t i : {std::size_t{0}, count / 2, count - 1})
+        expect(out[i] == sum, "element " + std::to_string(i) + " is " + std::to_string(out[i]));
+    expect(grew_mb < 16, "rank " + std::to_string(comm.rank()) + " grew by " + std::to_string(grew_mb) + " MiB");
+  }, test::run_options(std::chrono::seconds(120), config));
+  INFO(transport << ", " << size << " ranks\n" << result.summary());
+  REQUIRE(result.all_ok());
+}
+
 // A non-root's reduce accumulates the whole message in scratch, and an
 // in-place all_to_all copies its whole input there; that scratch stayed
 // with the communicator until it was destroyed (+192 MiB on every rank
