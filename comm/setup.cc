@@ -516,12 +516,11 @@ static std::string host_of_peer(Communicator::Impl& impl, const std::string& key
       return impl.store->get_string(key, std::clamp(left, milliseconds{1}, slice));
     } catch (const TimeoutError&) {
       throw_if_exited(impl, std::stoi(key.substr(key.rfind('/') + 1)), deadline);
-      // The last look: a store that no longer answers is named by its own
-      // TimeoutError, not taken for a rank that never joined.
-      if (left <= slice)
+      if (left <= slice) {
+        // The last look: a store that no longer answers is named by its own
+        // TimeoutError, not taken for a rank that never joined.
         if (std::optional<runtime::Bytes> value = impl.store->try_get(key, steady_clock::now() + seconds(2)))
           return std::string(value->begin(), value->end());
-      if (left <= slice)
         throw TimeoutError("key '" + key + "' did not appear in the store within " +
                            std::to_string(impl.timeout.count()) + " ms (" + impl.config.timeout_name + "): rank " +
                            key.substr(key.rfind('/') + 1) + " has not joined communicator " + impl.key_prefix +
@@ -530,6 +529,7 @@ static std::string host_of_peer(Communicator::Impl& impl, const std::string& key
                                 ? std::string()
                                 : ", or joined another job's store (jobs started on one port " +
                                       started(impl.info) + " with no job id need a BRAID_JOB_TOKEN each)"));
+      }
     }
     throw_if_peer_failed(impl, deadline);
   }

@@ -10,8 +10,8 @@
 // twice its size at the peak with the input, for partial sums that live
 // only until they are sent on.)
 #include <algorithm>
+#include <array>
 #include <cstring>
-#include <vector>
 
 #include "comm/algorithms/algorithms.h"
 #include "kernels/cpu/reduce.h"
@@ -34,10 +34,13 @@ void reduce_pipelined(Exchange& x) {
     for (std::size_t g = 0; g < segments; ++g) x.send(next, 0, g, src + g * seg * es, bytes_of(g));
   } else {
     // The root reduces into its output; a rank inside the chain into slot
-    // g mod `slots`, whose last send it waits for first.
-    const std::size_t slots = is_root ? 0 : std::min<std::size_t>(segments, std::max(2, x.tuning().window));
+    // g mod `slots` (the window, 2 to kMaxSlots), whose last send it waits
+    // for first. The sends are kept in place: no allocation per call.
+    constexpr int kMaxSlots = 16;
+    const std::size_t slots =
+        is_root ? 0 : std::min<std::size_t>(segments, std::clamp(x.tuning().window, 2, kMaxSlots));
     std::byte* partial = is_root ? nullptr : x.scratch(slots * seg * es);
-    std::vector<Request> sent;
+    std::array<Request, kMaxSlots> sent;
     for (std::size_t g = 0; g < segments; ++g) {
       Request in = x.recv_view(prev, 0, g, bytes_of(g));
       if (!is_root && g >= slots) x.wait(sent[g % slots]);
@@ -47,9 +50,7 @@ void reduce_pipelined(Exchange& x) {
                            op.reduce_op);
       x.release(in);
       if (is_root) continue;
-      Request request = x.send(next, 0, g, out, bytes_of(g));
-      if (g < slots) sent.push_back(request);
-      else sent[g % slots] = request;
+      sent[g % slots] = x.send(next, 0, g, out, bytes_of(g));
     }
   }
   x.wait_sends();
