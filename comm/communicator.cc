@@ -218,7 +218,8 @@ void Communicator::set_inline(bool on) { impl_->inline_on.store(on, std::memory_
 // in f16 reach 80000 > 65504) and the result was inf. Each rank's input is
 // scaled by 2^-k first, 2^k the least power of two >= the ranks, so no
 // partial sum exceeds the largest input; the algorithm divides the sum by
-// the ranks as before, and the result is scaled back by 2^k. Scaling by a
+// the ranks as before and scales each quotient back by 2^k as it divides
+// (Op::avg_scale_up), so the result costs no pass of its own. Scaling by a
 // power of two is exact in these types and commutes with rounding (short
 // of subnormals), so wherever summing first was exact the result is the
 // same bits.
@@ -286,12 +287,19 @@ StagedInput scale_avg_inputs(Op& op, int rank, int size, const std::shared_ptr<C
   } else {
     staged.pool = pool;  // op.send points at the copy once it is taken (fill)
   }
-  op.avg_scaled = true;
+  op.avg_scale_up = avg_shift(size);
   return staged;
 }
 
-void StagedInput::fill(Op& op) {
+void StagedInput::fill(Op& op, bool algorithm_scales) {
   if (!memory && !pool) return;
+  if (shift != 0 && algorithm_scales) {
+    // Every rank running the algorithm does so, a registered copy or not:
+    // a neighbour's first send is then its input as it is, on every rank.
+    op.send = from;
+    op.avg_inputs_unscaled = true;
+    return;
+  }
   if (!memory) {
     memory = pool->take(count * dtype_bytes(dtype));
     op.send = memory.get();
@@ -300,10 +308,6 @@ void StagedInput::fill(Op& op) {
     kernels::cpu::scale_halves(memory.get(), from, count, dtype, shift);
   else
     std::memcpy(memory.get(), from, count * dtype_bytes(dtype));
-}
-
-void finish_scaled_avg(const Op& op, int rank, int size) {
-  if (op.avg_scaled) kernels::cpu::scale_halves(op.recv, op.recv, recv_elements(op, rank, size), op.dtype, avg_shift(size));
 }
 
 namespace {

@@ -70,7 +70,9 @@ struct StagedInput {
   int shift = 0;          // f16/bf16 scaled by 2^shift; 0: copied as it is
   explicit operator bool() const { return memory != nullptr || pool != nullptr; }
   // Fills the copy (taking it from the pool first, and pointing op.send at it).
-  void fill(Op& op);
+  // An avg of halves that `algorithm_scales` its inputs itself gets none:
+  // op.send is the caller's input again and op.avg_inputs_unscaled is set.
+  void fill(Op& op, bool algorithm_scales);
   // Once the call has run: memory from the pool goes back to it.
   void release() {
     if (pool) memory.reset();
@@ -79,10 +81,10 @@ struct StagedInput {
 
 // The avg of f16 and bf16 on host memory (communicator.cc): each rank's
 // input scaled by a power of two into a copy (from `pool`), which `op` then
-// sends; the result divided after the algorithm (the engine calls
-// finish_scaled_avg).
+// sends (op.avg_scale_up set), unless the algorithm scales the input as it
+// reads it (the reducing rings: fill); the algorithm's divide by the ranks
+// scales the result back up.
 StagedInput scale_avg_inputs(Op& op, int rank, int size, const std::shared_ptr<CopyPool>& pool);
-void finish_scaled_avg(const Op& op, int rank, int size);
 
 // How many times this process has been forked into (pthread_atfork, counted
 // from the first call): a communicator made before the last fork belongs

@@ -73,7 +73,8 @@ class CudaReducer final : public Reducer {
   }
 
   void reduce_multi(std::span<void* const> dsts, std::span<const void* const> srcs, std::size_t count,
-                    DataType dtype, ReduceOp op, int divisor) override {
+                    DataType dtype, ReduceOp op, int divisor, int scale_up) override {
+    if (scale_up != 0) throw InvalidUsage("reduce_multi on a device: an avg's scale_up is for host memory only");
     if (count == 0) return;
     DeviceScope scope(device_);
     try {

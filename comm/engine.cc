@@ -292,11 +292,12 @@ void Communicator::Impl::execute(Op& op, WorkState& state, bool inline_call) {
   if (!inline_call && refuse_after_failure(op, state)) return;
   try {
     if (state.staged) state.staged->wait_inputs(Clock::now() + timeout);
-    state.input.fill(op);  // now: the calls before it have written what they write (StagedInput)
     if (status) status->entered(op, &exchange.waiting_for);
     CallShape shape = shape_of(op);
     if (state.staged) shape.registered = state.staged->on_device();  // as when it was staged
     const Algorithm algorithm = select_algorithm(shape);
+    // now: the calls before it have written what they write (StagedInput)
+    state.input.fill(op, algorithm.scales_avg_inputs);
     note_choice(op.kind, algorithm);
     op.algorithm = algorithm.id;
     Exchange x(op, exchange, Clock::now() + timeout, peer_state);
@@ -308,7 +309,6 @@ void Communicator::Impl::execute(Op& op, WorkState& state, bool inline_call) {
       exchange.wait_call_input = [&state](Clock::time_point deadline) { state.staged->wait_inputs_on_host(deadline); };
     algorithm.run(x);
     exchange.end_call();
-    finish_scaled_avg(op, rank, size);
     state.input.release();
     if (state.staged) {
       state.staged->wait_on_stream(std::move(exchange.call_waits));

@@ -88,7 +88,8 @@ std::shared_ptr<WorkState> Communicator::Impl::try_lean(Op& op, StagedInput& inp
   op.seq = before / kOneSeq;
   std::exception_ptr error;
   try {
-    input.fill(op);  // nothing was queued before it: no earlier call writes the input now
+    // nothing was queued before it: no earlier call writes the input now
+    input.fill(op, lean.algorithm.scales_avg_inputs);
     if (status) status->entered(op, &exchange.waiting_for);
     if (lean.noted_bytes != bytes) {  // only the thread that holds the gate writes it
       Algorithm algorithm = lean.algorithm;
@@ -100,7 +101,6 @@ std::shared_ptr<WorkState> Communicator::Impl::try_lean(Op& op, StagedInput& inp
     Exchange x(op, exchange, timeout, peer_state);
     if (!lean.algorithm.agrees) agree_signatures(x);
     lean.algorithm.run(x);
-    finish_scaled_avg(op, rank, size);
     if (status) status->left(op);
   } catch (...) {
     error = fail(op, std::current_exception());

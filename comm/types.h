@@ -38,10 +38,15 @@ struct Op {
   // a call on device memory.
   runtime::Location memory;
   Stream stream;
-  // An avg of f16 or bf16 on host memory whose inputs were scaled down
-  // before the sum (communicator.cc: scale_avg_inputs); the engine scales
-  // the result back up after the algorithm (finish_scaled_avg).
-  bool avg_scaled = false;
+  // An avg of f16 or bf16 on host memory whose inputs were scaled down by
+  // 2^-avg_scale_up before the sum (communicator.cc: scale_avg_inputs):
+  // the algorithm's divide by the ranks scales each quotient back up
+  // (kernels::cpu::divide's scale_up). 0 elsewhere.
+  int avg_scale_up = 0;
+  // With avg_scale_up: the inputs were left as they are, and the algorithm
+  // (the ring: Algorithm::scales_avg_inputs) scales each element down as it
+  // reads it, rounded as the copy would have rounded it.
+  bool avg_inputs_unscaled = false;
   // The algorithm that runs the call (algorithm_id, below, of select.cc's
   // choice), set by the engine before it runs the call: every message
   // carries it, so ranks that chose differently (BRAID_ALGO, registered

@@ -193,6 +193,10 @@ struct Algorithm {
   // first.
   bool agrees = false;
   Reason reason;
+  // Reads the inputs of an avg of halves as they are and scales them down
+  // itself as it reduces them (Op::avg_inputs_unscaled): no scaled copy of
+  // the input is made for it (StagedInput::fill).
+  bool scales_avg_inputs = false;
   // comm/types.h's algorithm_id of `name`, as Op::algorithm carries it (0 for
   // point-to-point calls); set by select_algorithm and the lean path's
   // look-ups.

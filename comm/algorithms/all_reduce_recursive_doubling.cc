@@ -58,7 +58,7 @@ void all_reduce_recursive_doubling(Exchange& x) {
       kernels::cpu::reduce(acc, theirs, acc, op.count, op.dtype, op.reduce_op);
     x.release(in);
   }
-  if (op.reduce_op == ReduceOp::avg) kernels::cpu::divide(acc, op.count, op.dtype, n);
+  if (op.reduce_op == ReduceOp::avg) kernels::cpu::divide(acc, op.count, op.dtype, n, op.avg_scale_up);
   if (r + p < n) x.send(r + p, return_step, 0, acc, bytes);
   std::memcpy(op.recv, acc, bytes);
   x.wait_sends();

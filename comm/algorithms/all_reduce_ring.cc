@@ -105,7 +105,7 @@ void AllReduceRing::run_round(std::size_t first, std::uint32_t step) {
   // chunk is divided for avg, copied to its place in the output (it is there
   // already unless staged) and sent as the all-gather's step 0.
   auto copy_send = [&](std::size_t g, std::byte* data, std::size_t count) {
-    if (op_.reduce_op == ReduceOp::avg) kernels::cpu::divide(data, count, op_.dtype, n_);
+    if (op_.reduce_op == ReduceOp::avg) kernels::cpu::divide(data, count, op_.dtype, n_, op_.avg_scale_up);
     std::byte* place = out + (layout.offset(x_.rank()) + g * seg_) * es_;
     if (data != place) kernels::cpu::stream_copy(place, data, count * es_);
     return x_.send((x_.rank() + 1) % n_, gather_step, g, data, count * es_);

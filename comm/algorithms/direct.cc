@@ -160,7 +160,8 @@ void direct_step(Exchange& x, const std::vector<void*>& dsts, const std::vector<
   if (count == 0) return;
   const Op& op = x.op();
   const int divisor = reduces && op.reduce_op == ReduceOp::avg ? x.size() : 0;
-  x.reducer().reduce_multi(dsts, srcs, count, op.dtype, reduces ? op.reduce_op : ReduceOp::sum, divisor);
+  x.reducer().reduce_multi(dsts, srcs, count, op.dtype, reduces ? op.reduce_op : ReduceOp::sum, divisor,
+                           divisor != 0 ? op.avg_scale_up : 0);
 }
 
 }  // namespace braid::comm

@@ -54,7 +54,7 @@ void reduce_pipelined(Exchange& x) {
     }
   }
   x.wait_sends();
-  if (is_root && op.reduce_op == ReduceOp::avg) kernels::cpu::divide(op.recv, op.count, op.dtype, n);
+  if (is_root && op.reduce_op == ReduceOp::avg) kernels::cpu::divide(op.recv, op.count, op.dtype, n, op.avg_scale_up);
 }
 
 }  // namespace braid::comm

@@ -20,6 +20,12 @@
 // while it is still in cache.
 //
 // Per rank this sends (N-1)/N of the message: the bandwidth optimum.
+//
+// An avg of halves whose inputs were left unscaled (Op::avg_inputs_unscaled)
+// scales each input element down as it reduces it: this rank's own at every
+// step, and at step 0 the left neighbour's too, which it sent as it is; what
+// travels after step 0 is a partial sum of scaled values. The bits are those
+// of a sum of scaled copies, without the copy's pass over the input.
 #include <algorithm>
 #include <span>
 #include <vector>
@@ -107,7 +113,8 @@ class ReduceScatterRing {
   StepReceives receive(int s);
   std::byte* partial(int s, int chunk);
   Request* free_staging_slot(std::size_t g);
-  void reduce(std::byte* out, int chunk, std::size_t g, std::size_t count, std::span<const std::byte> received);
+  void reduce(int s, std::byte* out, int chunk, std::size_t g, std::size_t count,
+              std::span<const std::byte> received);
   void wait_all(std::vector<Request>& requests) {
     for (const Request& request : requests) x_.wait(request);
     requests.clear();
@@ -175,10 +182,16 @@ Request* ReduceScatterRing::free_staging_slot(std::size_t g) {
   return &slot;
 }
 
-void ReduceScatterRing::reduce(std::byte* out, int chunk, std::size_t g, std::size_t count,
+// Step s's reduce of segment g of `chunk`: this rank's input with what it received.
+void ReduceScatterRing::reduce(int s, std::byte* out, int chunk, std::size_t g, std::size_t count,
                                std::span<const std::byte> received) {
-  kernels::cpu::reduce(out, src_ + (layout_.offset(chunk) + g * seg_) * es_, received.data(), count,
-                       x_.op().dtype, x_.op().reduce_op);
+  const Op& op = x_.op();
+  const std::byte* own = src_ + (layout_.offset(chunk) + g * seg_) * es_;
+  if (op.avg_inputs_unscaled) {
+    const int down = -op.avg_scale_up;
+    return kernels::cpu::sum_scaled_halves(out, own, down, received.data(), s == 0 ? down : 0, count, op.dtype);
+  }
+  kernels::cpu::reduce(out, own, received.data(), count, op.dtype, op.reduce_op);
 }
 
 // Steps 0 .. N-3: reduce each arriving segment with this rank's own
@@ -189,7 +202,7 @@ void ReduceScatterRing::recv_reduce_send(int s) {
   for (std::size_t g = 0; g < in.segments(); ++g) {
     auto received = in.next();
     std::byte* out = partial(s, c) + g * seg_ * es_;
-    reduce(out, c, g, in.count_of(g), received);
+    reduce(s, out, c, g, in.count_of(g), received);
     in.release();
     std::vector<Request>& sends = o_.final_only ? slot_sent_[s % 2] : sent_;
     sends.push_back(x_.send((r_ + 1) % n_, o_.first_step + s + 1, g, out, in.count_of(g) * es_));
@@ -214,7 +227,7 @@ void ReduceScatterRing::recv_reduce_copy_send(int s) {
     Request* slot = free_staging_slot(g);
     std::byte* out = slot ? staging_->memory + (g % FinalStaging::kSlots) * staging_->slot_bytes
                           : partial(s, c) + g * seg_ * es_;
-    reduce(out, c, g, in.count_of(g), received);
+    reduce(s, out, c, g, in.count_of(g), received);
     in.release();
     if (!o_.on_final) continue;
     Request reading = o_.on_final(g, out, in.count_of(g));
@@ -255,7 +268,7 @@ void reduce_scatter(Exchange& x) {
     options.final_only = out != src + x.rank() * op.count * es;
     reduce_scatter_ring(x, src, options.final_only ? out : const_cast<std::byte*>(src), layout, options);
   }
-  if (op.reduce_op == ReduceOp::avg) kernels::cpu::divide(out, op.count, op.dtype, x.size());
+  if (op.reduce_op == ReduceOp::avg) kernels::cpu::divide(out, op.count, op.dtype, x.size(), op.avg_scale_up);
 }
 
 }  // namespace braid::comm

@@ -38,7 +38,7 @@ std::byte* accumulator(std::span<void* const> dsts, std::span<const void* const>
 class HostReducer final : public Reducer {
  public:
   void reduce_multi(std::span<void* const> dsts, std::span<const void* const> srcs, std::size_t count,
-                    DataType dtype, ReduceOp op, int divisor) override {
+                    DataType dtype, ReduceOp op, int divisor, int scale_up) override {
     if (srcs.empty() || dsts.empty()) throw InvalidUsage("reduce_multi needs a source and a destination");
     const std::size_t es = dtype_bytes(dtype), block = std::max<std::size_t>(1, kBlockBytes / es);
     thread_local std::vector<std::byte> scratch(kBlockBytes);
@@ -52,7 +52,7 @@ class HostReducer final : public Reducer {
       auto src = [&](std::size_t k) { return static_cast<const std::byte*>(srcs[k]) + at; };
       kernels::cpu::reduce(acc, src(0), src(1), elems, dtype, op);
       for (std::size_t k = 2; k < srcs.size(); ++k) kernels::cpu::reduce(acc, acc, src(k), elems, dtype, op);
-      if (divisor != 0) kernels::cpu::divide(acc, elems, dtype, divisor);
+      if (divisor != 0) kernels::cpu::divide(acc, elems, dtype, divisor, scale_up);
       copy_block(dsts, acc, at, bytes);
     }
   }

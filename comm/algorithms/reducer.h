@@ -27,14 +27,15 @@ class Reducer {
   virtual ~Reducer() = default;
   // For i < count: r = op(srcs[0][i], ..., srcs[n-1][i]), reduced in the
   // sources' order and divided by `divisor` unless it is 0 (avg reduces as
-  // sum, then divides), written to every dsts[k][i]. One source is a copy
+  // sum, then divides; then scaled up by 2^scale_up, Op::avg_scale_up, on
+  // the host only), written to every dsts[k][i]. One source is a copy
   // (pass ReduceOp::sum and divisor 0). At least one source and one
   // destination (on a device at most kMaxDirectRanks); a destination may be
   // one of the sources (the same pointer): every source of an element is
   // read before it is written.
   // Asynchronous on device memory until finish().
   virtual void reduce_multi(std::span<void* const> dsts, std::span<const void* const> srcs, std::size_t count,
-                            DataType dtype, ReduceOp op, int divisor) = 0;
+                            DataType dtype, ReduceOp op, int divisor, int scale_up) = 0;
   // Returns once every step issued so far has written its destinations:
   // at once on the host; on a device when its kernels have finished
   // (TimeoutError at `deadline`, SystemError on a device fault).

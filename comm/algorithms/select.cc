@@ -136,15 +136,24 @@ Reason size_rule(const CallShape& call, std::size_t limit, int ranks) {
   return because(call.bytes <= limit ? Rule::at_most : Rule::above, call.bytes, limit, ranks);
 }
 
+// A ring that reduces (all_reduce, reduce_scatter): it scales the inputs of
+// an avg of halves as it reads them (reduce_scatter_ring.cc), so they need
+// no scaled copy.
+Algorithm reducing_ring(void (*run)(Exchange&), Reason reason) {
+  Algorithm ring{run, "ring", false, reason};
+  ring.scales_avg_inputs = true;
+  return ring;
+}
+
 Algorithm select_all_reduce(const CallShape& call) {
   const std::size_t limit = small_all_reduce_bytes(call.ranks);
   if (call.forced == "recursive_doubling") return {all_reduce_recursive_doubling, "recursive_doubling", true, forced(call)};
-  if (call.forced == "ring") return {all_reduce_ring, "ring", false, forced(call)};
+  if (call.forced == "ring") return reducing_ring(all_reduce_ring, forced(call));
   if (call.registered && call.one_host && call.ranks > 1 && call.bytes >= kDirectAllReduceMinBytes)
     return {all_reduce_direct, "direct", true, because(Rule::registered, call.bytes, kDirectAllReduceMinBytes)};
   if (call.bytes <= limit && call.ranks > 1)
     return {all_reduce_recursive_doubling, "recursive_doubling", true, size_rule(call, limit, call.ranks)};
-  return {all_reduce_ring, "ring", false, size_rule(call, limit, call.ranks)};
+  return reducing_ring(all_reduce_ring, size_rule(call, limit, call.ranks));
 }
 
 Algorithm select_broadcast(const CallShape& call) {
@@ -173,7 +182,7 @@ Algorithm select_host(const CallShape& call) {
   if (auto oneshot = select_oneshot(call)) return *oneshot;
   switch (call.kind) {
     case OpKind::all_reduce: return select_all_reduce(call);
-    case OpKind::reduce_scatter: return {reduce_scatter, "ring", false, because(Rule::only_one)};
+    case OpKind::reduce_scatter: return reducing_ring(reduce_scatter, because(Rule::only_one));
     case OpKind::all_gather: return {all_gather, "ring", false, because(Rule::only_one)};
     case OpKind::broadcast: return select_broadcast(call);
     case OpKind::reduce: return {reduce_pipelined, "pipelined", false, because(Rule::only_one)};

@@ -375,6 +375,65 @@ TEST_CASE("an f16 avg whose sum would overflow gives the average, not inf", "[co
   REQUIRE(result.all_ok());
 }
 
+// The ring reads an avg of halves' inputs as they are and scales them as it
+// reduces (no scaled copy): each element must come out with the bits the
+// copies gave, its one nonzero input scaled down and rounded (subnormal
+// quotients, infinities and NaNs among them), divided and scaled back up.
+// Element i is nonzero on rank i % N only, so that order of the sum does
+// not matter and every rank's input is read at every step of the ring: as
+// its own, and at step 0 as the one a neighbour sent as it is.
+TEST_CASE("a ring avg of halves gives every value the bits of a sum of scaled copies", "[collectives]") {
+  const int size = GENERATE(2, 3);
+  const std::string transport = GENERATE("shm", "tcp");
+  const DataType dtype = GENERATE(DataType::f16, DataType::bf16);
+  const bool in_place = GENERATE(false, true);
+  runtime::Config config = test::test_config(std::chrono::seconds(20));
+  config.transport = transport;
+  config.algo = "ring";
+  auto result = test::run_ranks(size, [dtype, in_place](Communicator& comm) {
+    const int n = comm.size(), shift = n == 2 ? 1 : 2;
+    const std::size_t count = 65536;
+    auto input = [&](int rank) {
+      std::vector<std::uint16_t> x(count, 0);
+      for (std::size_t i = rank; i < count; i += n) x[i] = static_cast<std::uint16_t>(i);
+      return x;
+    };
+    // The scaled copies summed (with zeros, in any order: -0 + 0 is +0).
+    std::vector<std::uint16_t> want(count, 0), scaled(count);
+    for (int r = 0; r < n; ++r) {
+      const std::vector<std::uint16_t> x = input(r);
+      kernels::cpu::scale_halves(scaled.data(), x.data(), count, dtype, -shift);
+      kernels::cpu::reduce(want.data(), want.data(), scaled.data(), count, dtype, ReduceOp::sum);
+    }
+    kernels::cpu::divide(want.data(), count, dtype, n, shift);
+    auto to_f32 = dtype == DataType::f16 ? kernels::cpu::f16_to_f32 : kernels::cpu::bf16_to_f32;
+    auto check = [&](const std::uint16_t* got, std::size_t first, std::size_t elements, const std::string& what) {
+      std::size_t wrong = 0, example = count;
+      for (std::size_t i = first; i < first + elements; ++i) {
+        const std::uint16_t g = got[i - first];
+        const bool same = std::isnan(to_f32(want[i])) ? std::isnan(to_f32(g)) : g == want[i];
+        if (!same && wrong++ == 0) example = i;
+      }
+      expect(wrong == 0, what + ": " + std::to_string(wrong) + " values differ, the first at " +
+                             std::to_string(example) + " (input bits " + std::to_string(example) + ")");
+    };
+    std::vector<std::uint16_t> x = input(comm.rank()), out(count);
+    const std::vector<std::uint16_t> kept = x;
+    comm.all_reduce(x.data(), in_place ? x.data() : out.data(), count, dtype, ReduceOp::avg).wait();
+    check(in_place ? x.data() : out.data(), 0, count, "all_reduce");
+    if (!in_place) expect(x == kept, "all_reduce changed its send buffer");
+    // reduce_scatter: rank r's slice of count / n of the same values.
+    const std::size_t slice = count / n, first = slice * comm.rank();
+    x = input(comm.rank());
+    std::vector<std::uint16_t> part(slice);
+    comm.reduce_scatter(x.data(), in_place ? x.data() + first : part.data(), slice, dtype, ReduceOp::avg).wait();
+    check(in_place ? x.data() + first : part.data(), first, slice, "reduce_scatter");
+  }, test::run_options(std::chrono::seconds(120), config));
+  INFO(size << " ranks over " << transport << ", " << name(dtype) << (in_place ? ", in place" : "") << "\n"
+            << result.summary());
+  REQUIRE(result.all_ok());
+}
+
 TEST_CASE("send and recv move exact bytes between any pair, with several sockets per peer", "[collectives]") {
   int nsocks = GENERATE(1, 3);
   runtime::Config config = test::test_config();

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <utility>
 #include <vector>
 
 #include "kernels/cpu/reduce.h"
@@ -192,6 +193,72 @@ TEST_CASE("halves scaled by a power of two match f32 arithmetic on every value")
       }
     }
   }
+}
+
+// The avg's divide of halves, with and without the scale back up of inputs
+// scaled down (Op::avg_scale_up): by a power of two it multiplies, and on
+// the way back leaves blocks of values whose quotient is normal unwritten;
+// every value must still be what the division rounded, then the scale
+// rounded, give. In order, the 512-value blocks of the skip hold runs of
+// normal values, and others a subnormal quotient, an infinity or a NaN.
+TEST_CASE("halves divided, and scaled back up, give the division's and the scale's bits on every value") {
+  std::vector<std::uint16_t> all(65536), got(65536);
+  for (std::size_t i = 0; i < all.size(); ++i) all[i] = static_cast<std::uint16_t>(i);
+  struct Case {
+    int divisor, scale_up;
+  };
+  const Case cases[] = {{1, 0}, {2, 0}, {2, 1}, {4, 2}, {8, 3}, {1024, 10}, {1 << 20, 20}, {1 << 30, 30},
+                        {3, 0},  {3, 2}, {6, 3}, {7, 3}, {4, 3},  {2, 2}};
+  for (DataType dtype : {DataType::f16, DataType::bf16}) {
+    auto to = dtype == DataType::f16 ? f16_to_f32 : bf16_to_f32;
+    auto from = dtype == DataType::f16 ? f32_to_f16 : f32_to_bf16;
+    for (const Case& c : cases) {
+      got = all;
+      divide(got.data(), got.size(), dtype, c.divisor, c.scale_up);
+      std::size_t wrong = 0;
+      for (std::size_t i = 0; i < all.size(); ++i) {
+        const float quotient = to(from(to(all[i]) / static_cast<float>(c.divisor)));
+        const std::uint16_t want = from(std::ldexp(quotient, c.scale_up));
+        const bool same = std::isnan(to(want)) ? std::isnan(to(got[i])) : got[i] == want;
+        wrong += !same;
+      }
+      INFO(name(dtype) << " divisor " << c.divisor << " scale_up " << c.scale_up);
+      CHECK(wrong == 0);
+    }
+  }
+  std::vector<float> f32s(4, 1.0f);
+  CHECK_THROWS_WITH(divide(f32s.data(), f32s.size(), DataType::f32, 2, 1), Catch::Contains("halves only"));
+}
+
+// The ring's sum of an avg's unscaled inputs: every pair must give the
+// bits of scale_halves into copies and a sum of the copies.
+TEST_CASE("sum_scaled_halves gives the bits of a sum of scaled copies for every value") {
+  std::vector<std::uint16_t> a(65536), b(65536), got(65536), sa(65536), sb(65536), want(65536);
+  for (std::uint32_t i = 0; i < 65536; ++i) {
+    a[i] = static_cast<std::uint16_t>(i);
+    b[i] = static_cast<std::uint16_t>((i * 40503u + 12345u) & 0xffffu);
+  }
+  const std::pair<int, int> shifts[] = {{-1, -1}, {-1, 0}, {0, -2}, {-3, -3}, {0, 0}, {-10, -10}, {2, -1}};
+  for (DataType dtype : {DataType::f16, DataType::bf16}) {
+    auto to = dtype == DataType::f16 ? f16_to_f32 : bf16_to_f32;
+    for (const auto& [a_shift, b_shift] : shifts) {
+      for (bool in_place : {false, true}) {
+        scale_halves(sa.data(), a.data(), a.size(), dtype, a_shift);
+        scale_halves(sb.data(), b.data(), b.size(), dtype, b_shift);
+        reduce(want.data(), sa.data(), sb.data(), want.size(), dtype, ReduceOp::sum);
+        if (in_place) got = a;
+        sum_scaled_halves(got.data(), in_place ? got.data() : a.data(), a_shift, b.data(), b_shift, got.size(), dtype);
+        std::size_t wrong = 0;
+        for (std::size_t i = 0; i < got.size(); ++i)
+          wrong += std::isnan(to(want[i])) ? !std::isnan(to(got[i])) : got[i] != want[i];
+        INFO(name(dtype) << " shifts " << a_shift << ", " << b_shift << (in_place ? " in place" : ""));
+        CHECK(wrong == 0);
+      }
+    }
+  }
+  std::vector<float> f32s(4, 1.0f);
+  CHECK_THROWS_WITH(sum_scaled_halves(f32s.data(), f32s.data(), -1, f32s.data(), -1, 2, DataType::f32),
+                    Catch::Contains("f16 or bf16"));
 }
 
 TEST_CASE("float reductions in place and through f32 for half types") {
