@@ -269,43 +269,43 @@ std::shared_ptr<void> CopyPool::take(std::size_t bytes) {
   });
 }
 
-StagedInput scale_avg_inputs(Op& op, int rank, int size, const std::shared_ptr<CopyPool>& pool) {
+void scale_avg_inputs(Op& op, StagedInput& input, int rank, int size, const std::shared_ptr<CopyPool>& pool) {
   if (op.reduce_op != ReduceOp::avg || (op.dtype != DataType::f16 && op.dtype != DataType::bf16) ||
       op.memory.kind != runtime::MemoryKind::host || size == 1)
-    return {};
-  if (op.kind != OpKind::all_reduce && op.kind != OpKind::reduce_scatter && op.kind != OpKind::reduce) return {};
+    return;
+  if (op.kind != OpKind::all_reduce && op.kind != OpKind::reduce_scatter && op.kind != OpKind::reduce) return;
   const std::size_t count = send_elements(op, rank, size);
-  const std::size_t bytes = count * dtype_bytes(op.dtype);
-  if (bytes == 0) return {};  // the same count on every rank: none scales
-  // A registered input gets a registered copy, so that the call still
-  // runs the direct algorithm where every rank's buffers are registered.
-  StagedInput staged{nullptr, nullptr, op.send, count, op.dtype, -avg_shift(size)};
-  RegionRef ref;
-  if (shm::regions::find(op.send, bytes, ref)) {
-    staged.memory.reset(shm::regions::allocate(bytes), shm::regions::release);
-    op.send = staged.memory.get();
-  } else {
-    staged.pool = pool;  // op.send points at the copy once it is taken (fill)
-  }
+  if (count == 0) return;  // the same count on every rank: none scales
   op.avg_scale_up = avg_shift(size);
-  return staged;
+  // A copy the call makes anyway (a registered one: reduce_scatter at the
+  // start of its send buffer) is scaled as it is filled; otherwise one from
+  // the pool, which op.send points at once it is taken (fill). Until then
+  // the call is judged by the caller's input, registered or not: the
+  // algorithms that read registered inputs (direct) scale them as they
+  // read them.
+  if (!input) input = StagedInput{nullptr, pool, op.send, count, op.dtype, 0};
+  input.shift = -avg_shift(size);
 }
 
 void StagedInput::fill(Op& op, bool algorithm_scales) {
   if (!memory && !pool) return;
+  int scale = shift;
   if (shift != 0 && algorithm_scales) {
-    // Every rank running the algorithm does so, a registered copy or not:
-    // a neighbour's first send is then its input as it is, on every rank.
-    op.send = from;
+    // On every rank that runs the algorithm, so that a neighbour's first
+    // send (the ring's) is its input as it is on every rank.
     op.avg_inputs_unscaled = true;
-    return;
+    if (!memory) {  // no copy at all
+      op.send = from;
+      return;
+    }
+    scale = 0;  // a copy for another reason, then, as it is
   }
   if (!memory) {
     memory = pool->take(count * dtype_bytes(dtype));
     op.send = memory.get();
   }
-  if (shift != 0)
-    kernels::cpu::scale_halves(memory.get(), from, count, dtype, shift);
+  if (scale != 0)
+    kernels::cpu::scale_halves(memory.get(), from, count, dtype, scale);
   else
     std::memcpy(memory.get(), from, count * dtype_bytes(dtype));
 }
@@ -371,9 +371,9 @@ Work Communicator::submit(Op&& op) {
     throw InvalidUsage(e.what() + impl_->scope_note);  // which process "rank 1" of a split is
   }
   if (op.stream.cuda != nullptr || runtime::device_memory_possible()) locate_buffers(op, impl_->rank, impl_->size);
-  StagedInput input = scale_avg_inputs(op, impl_->rank, impl_->size, impl_->copies);
-  if (!input) input = impl_->stage_in_place_all_to_all(op);
+  StagedInput input = impl_->stage_in_place_all_to_all(op);
   if (!input) input = impl_->stage_reduce_scatter_at_start(op);
+  scale_avg_inputs(op, input, impl_->rank, impl_->size, impl_->copies);
   if (auto done = impl_->try_lean(op, input)) return Work(std::move(done));  // small one-shot calls (engine_lean.cc)
   return Work(impl_->enqueue(op, std::move(input)));  // the state keeps the input until the engine is done
 }

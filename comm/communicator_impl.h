@@ -80,11 +80,12 @@ struct StagedInput {
 };
 
 // The avg of f16 and bf16 on host memory (communicator.cc): each rank's
-// input scaled by a power of two into a copy (from `pool`), which `op` then
-// sends (op.avg_scale_up set), unless the algorithm scales the input as it
-// reads it (the reducing rings: fill); the algorithm's divide by the ranks
+// input scaled by a power of two into `input`'s copy, or one from `pool`
+// where the call has none, which `op` then sends (op.avg_scale_up set),
+// unless the algorithm scales the input as it reads it (the reducing rings
+// and the direct collectives: fill); the algorithm's divide by the ranks
 // scales the result back up.
-StagedInput scale_avg_inputs(Op& op, int rank, int size, const std::shared_ptr<CopyPool>& pool);
+void scale_avg_inputs(Op& op, StagedInput& input, int rank, int size, const std::shared_ptr<CopyPool>& pool);
 
 // How many times this process has been forked into (pthread_atfork, counted
 // from the first call): a communicator made before the last fork belongs

@@ -73,13 +73,14 @@ class CudaReducer final : public Reducer {
   }
 
   void reduce_multi(std::span<void* const> dsts, std::span<const void* const> srcs, std::size_t count,
-                    DataType dtype, ReduceOp op, int divisor, int scale_up) override {
-    if (scale_up != 0) throw InvalidUsage("reduce_multi on a device: an avg's scale_up is for host memory only");
+                    DataType dtype, ReduceOp op, Averaging avg) override {
+    if (avg.scale_up != 0 || avg.source_shift != 0)
+      throw InvalidUsage("reduce_multi on a device: an avg's scaling is for host memory only");
     if (count == 0) return;
     DeviceScope scope(device_);
     try {
       kernels::cuda::reduce_multi(dsts.data(), static_cast<int>(dsts.size()), srcs.data(),
-                                  static_cast<int>(srcs.size()), count, dtype, op, divisor,
+                                  static_cast<int>(srcs.size()), count, dtype, op, avg.divisor,
                                   flagged_ ? call_stream_ : stream_);
     } catch (const std::runtime_error& e) {
       throw SystemError(e.what());

@@ -159,9 +159,13 @@ void direct_step(Exchange& x, const std::vector<void*>& dsts, const std::vector<
                  std::size_t count, bool reduces) {
   if (count == 0) return;
   const Op& op = x.op();
-  const int divisor = reduces && op.reduce_op == ReduceOp::avg ? x.size() : 0;
-  x.reducer().reduce_multi(dsts, srcs, count, op.dtype, reduces ? op.reduce_op : ReduceOp::sum, divisor,
-                           divisor != 0 ? op.avg_scale_up : 0);
+  Averaging avg;
+  if (reduces && op.reduce_op == ReduceOp::avg) {
+    avg.divisor = x.size();
+    avg.scale_up = op.avg_scale_up;
+    avg.source_shift = op.avg_inputs_unscaled ? -op.avg_scale_up : 0;  // srcs are the ranks' inputs
+  }
+  x.reducer().reduce_multi(dsts, srcs, count, op.dtype, reduces ? op.reduce_op : ReduceOp::sum, avg);
 }
 
 }  // namespace braid::comm

@@ -46,8 +46,8 @@ void reduce_slots(SlotViews views, int rank, int size, const Op& op) {
   const int divisor = op.reduce_op == ReduceOp::avg ? size : 0;
   if (bytes > kStraightBytes) {
     void* out[] = {op.recv};
-    return host_reducer().reduce_multi(out, views.all(size), op.count, op.dtype, op.reduce_op, divisor,
-                                       op.avg_scale_up);
+    return host_reducer().reduce_multi(out, views.all(size), op.count, op.dtype, op.reduce_op,
+                                       {.divisor = divisor, .scale_up = op.avg_scale_up});
   }
   kernels::cpu::reduce(op.recv, views.at[0], views.at[1], op.count, op.dtype, op.reduce_op);
   for (int k = 2; k < size; ++k) kernels::cpu::reduce(op.recv, op.recv, views.at[k], op.count, op.dtype, op.reduce_op);

@@ -38,21 +38,30 @@ std::byte* accumulator(std::span<void* const> dsts, std::span<const void* const>
 class HostReducer final : public Reducer {
  public:
   void reduce_multi(std::span<void* const> dsts, std::span<const void* const> srcs, std::size_t count,
-                    DataType dtype, ReduceOp op, int divisor, int scale_up) override {
+                    DataType dtype, ReduceOp op, Averaging avg) override {
     if (srcs.empty() || dsts.empty()) throw InvalidUsage("reduce_multi needs a source and a destination");
     const std::size_t es = dtype_bytes(dtype), block = std::max<std::size_t>(1, kBlockBytes / es);
     thread_local std::vector<std::byte> scratch(kBlockBytes);
     for (std::size_t done = 0; done < count; done += block) {
       const std::size_t elems = std::min(block, count - done), at = done * es, bytes = elems * es;
-      if (srcs.size() == 1) {
+      if (srcs.size() == 1 && avg.source_shift == 0) {
         copy_block(dsts, static_cast<const std::byte*>(srcs[0]) + at, at, bytes);
         continue;
       }
       std::byte* acc = accumulator(dsts, srcs, at, bytes, scratch.data());
       auto src = [&](std::size_t k) { return static_cast<const std::byte*>(srcs[k]) + at; };
-      kernels::cpu::reduce(acc, src(0), src(1), elems, dtype, op);
-      for (std::size_t k = 2; k < srcs.size(); ++k) kernels::cpu::reduce(acc, acc, src(k), elems, dtype, op);
-      if (divisor != 0) kernels::cpu::divide(acc, elems, dtype, divisor, scale_up);
+      if (avg.source_shift != 0) {
+        // The sources of an avg of halves as they are: each scaled as it is
+        // read, the bits of a reduce of scaled copies.
+        const int s = avg.source_shift;
+        if (srcs.size() == 1) kernels::cpu::scale_halves(acc, src(0), elems, dtype, s);
+        else kernels::cpu::sum_scaled_halves(acc, src(0), s, src(1), s, elems, dtype);
+        for (std::size_t k = 2; k < srcs.size(); ++k) kernels::cpu::sum_scaled_halves(acc, acc, 0, src(k), s, elems, dtype);
+      } else {
+        kernels::cpu::reduce(acc, src(0), src(1), elems, dtype, op);
+        for (std::size_t k = 2; k < srcs.size(); ++k) kernels::cpu::reduce(acc, acc, src(k), elems, dtype, op);
+      }
+      if (avg.divisor != 0) kernels::cpu::divide(acc, elems, dtype, avg.divisor, avg.scale_up);
       copy_block(dsts, acc, at, bytes);
     }
   }

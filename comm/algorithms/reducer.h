@@ -22,20 +22,28 @@ namespace braid::comm {
 // device memory runs on (select.cc). The host takes any number.
 inline constexpr int kMaxDirectRanks = 8;
 
+// What a reduce step does for an avg: the sum divided by `divisor` (0: no
+// divide); for f16 and bf16 on the host, each source scaled by
+// 2^source_shift as it is read and the quotient scaled by 2^scale_up
+// (Op::avg_inputs_unscaled and Op::avg_scale_up). All 0: a plain reduce.
+struct Averaging {
+  int divisor = 0;
+  int scale_up = 0;
+  int source_shift = 0;
+};
+
 class Reducer {
  public:
   virtual ~Reducer() = default;
   // For i < count: r = op(srcs[0][i], ..., srcs[n-1][i]), reduced in the
-  // sources' order and divided by `divisor` unless it is 0 (avg reduces as
-  // sum, then divides; then scaled up by 2^scale_up, Op::avg_scale_up, on
-  // the host only), written to every dsts[k][i]. One source is a copy
-  // (pass ReduceOp::sum and divisor 0). At least one source and one
-  // destination (on a device at most kMaxDirectRanks); a destination may be
-  // one of the sources (the same pointer): every source of an element is
-  // read before it is written.
+  // sources' order and averaged as `avg` says, written to every dsts[k][i].
+  // One source is a copy (pass ReduceOp::sum and no Averaging). At least
+  // one source and one destination (on a device at most kMaxDirectRanks);
+  // a destination may be one of the sources (the same pointer): every
+  // source of an element is read before it is written.
   // Asynchronous on device memory until finish().
   virtual void reduce_multi(std::span<void* const> dsts, std::span<const void* const> srcs, std::size_t count,
-                            DataType dtype, ReduceOp op, int divisor, int scale_up) = 0;
+                            DataType dtype, ReduceOp op, Averaging avg) = 0;
   // Returns once every step issued so far has written its destinations:
   // at once on the host; on a device when its kernels have finished
   // (TimeoutError at `deadline`, SystemError on a device fault).

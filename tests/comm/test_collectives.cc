@@ -375,24 +375,29 @@ TEST_CASE("an f16 avg whose sum would overflow gives the average, not inf", "[co
   REQUIRE(result.all_ok());
 }
 
-// The ring reads an avg of halves' inputs as they are and scales them as it
-// reduces (no scaled copy): each element must come out with the bits the
-// copies gave, its one nonzero input scaled down and rounded (subnormal
-// quotients, infinities and NaNs among them), divided and scaled back up.
-// Element i is nonzero on rank i % N only, so that order of the sum does
-// not matter and every rank's input is read at every step of the ring: as
-// its own, and at step 0 as the one a neighbour sent as it is.
-TEST_CASE("a ring avg of halves gives every value the bits of a sum of scaled copies", "[collectives]") {
+// The ring and the direct collectives read an avg of halves' inputs as they
+// are and scale them as they reduce (no scaled copy): each element must
+// come out with the bits the copies gave, its one nonzero input scaled down
+// and rounded (subnormal quotients, infinities and NaNs among them),
+// divided and scaled back up. Element i is nonzero on rank i % N only, so
+// that the order of the sum does not matter and every rank's input is read
+// at every step of the ring: as its own, and at step 0 as the one a
+// neighbour sent as it is. Direct runs on registered buffers; its
+// reduce_scatter into the start of the send buffer reads a registered copy
+// made for that form, as it is. reduce (pipelined but for direct) still
+// reads a scaled copy.
+TEST_CASE("a ring or direct avg of halves gives every value the bits of a sum of scaled copies", "[collectives]") {
   const int size = GENERATE(2, 3);
-  const std::string transport = GENERATE("shm", "tcp");
+  const std::string mode = GENERATE("ring shm", "ring tcp", "direct shm");
   const DataType dtype = GENERATE(DataType::f16, DataType::bf16);
   const bool in_place = GENERATE(false, true);
+  const bool direct = mode.starts_with("direct");
   runtime::Config config = test::test_config(std::chrono::seconds(20));
-  config.transport = transport;
-  config.algo = "ring";
-  auto result = test::run_ranks(size, [dtype, in_place](Communicator& comm) {
+  config.transport = mode.substr(mode.find(' ') + 1);
+  config.algo = direct ? "direct" : "ring";
+  auto result = test::run_ranks(size, [dtype, in_place, direct](Communicator& comm) {
     const int n = comm.size(), shift = n == 2 ? 1 : 2;
-    const std::size_t count = 65536;
+    const std::size_t count = 65536, bytes = count * 2;
     auto input = [&](int rank) {
       std::vector<std::uint16_t> x(count, 0);
       for (std::size_t i = rank; i < count; i += n) x[i] = static_cast<std::uint16_t>(i);
@@ -417,21 +422,40 @@ TEST_CASE("a ring avg of halves gives every value the bits of a sum of scaled co
       expect(wrong == 0, what + ": " + std::to_string(wrong) + " values differ, the first at " +
                              std::to_string(example) + " (input bits " + std::to_string(example) + ")");
     };
-    std::vector<std::uint16_t> x = input(comm.rank()), out(count);
-    const std::vector<std::uint16_t> kept = x;
-    comm.all_reduce(x.data(), in_place ? x.data() : out.data(), count, dtype, ReduceOp::avg).wait();
-    check(in_place ? x.data() : out.data(), 0, count, "all_reduce");
-    if (!in_place) expect(x == kept, "all_reduce changed its send buffer");
-    // reduce_scatter: rank r's slice of count / n of the same values.
+    // Registered memory for direct, else the heap.
+    std::vector<std::uint16_t> heap_x(count), heap_out(count);
+    auto* x = direct ? static_cast<std::uint16_t*>(comm.allocate(bytes)) : heap_x.data();
+    auto* out = direct ? static_cast<std::uint16_t*>(comm.allocate(bytes)) : heap_out.data();
+    auto fill = [&] {
+      const std::vector<std::uint16_t> mine = input(comm.rank());
+      std::copy(mine.begin(), mine.end(), x);
+    };
+    fill();
+    comm.all_reduce(x, in_place ? x : out, count, dtype, ReduceOp::avg).wait();
+    check(in_place ? x : out, 0, count, "all_reduce");
+    if (!in_place) expect(std::equal(x, x + count, input(comm.rank()).begin()), "all_reduce changed its send buffer");
+    // reduce_scatter: rank r's slice of count / n of the same values, in
+    // place at the slice or at the start of the send buffer.
     const std::size_t slice = count / n, first = slice * comm.rank();
-    x = input(comm.rank());
-    std::vector<std::uint16_t> part(slice);
-    comm.reduce_scatter(x.data(), in_place ? x.data() + first : part.data(), slice, dtype, ReduceOp::avg).wait();
-    check(in_place ? x.data() + first : part.data(), first, slice, "reduce_scatter");
+    fill();
+    comm.reduce_scatter(x, in_place ? x + first : out, slice, dtype, ReduceOp::avg).wait();
+    check(in_place ? x + first : out, first, slice, "reduce_scatter");
+    fill();
+    comm.reduce_scatter(x, x, slice, dtype, ReduceOp::avg).wait();
+    check(x, first, slice, "reduce_scatter into the start of its send buffer");
+    fill();
+    const int root = n - 1;
+    comm.reduce(x, in_place ? x : out, count, dtype, ReduceOp::avg, root).wait();
+    if (comm.rank() == root) check(in_place ? x : out, 0, count, "reduce");
+    if (direct) {
+      Communicator::deallocate(x);
+      Communicator::deallocate(out);
+    }
   }, test::run_options(std::chrono::seconds(120), config));
-  INFO(size << " ranks over " << transport << ", " << name(dtype) << (in_place ? ", in place" : "") << "\n"
+  INFO(size << " ranks, " << mode << ", " << name(dtype) << (in_place ? ", in place" : "") << "\n"
             << result.summary());
   REQUIRE(result.all_ok());
+  CHECK(result.leftover_shm == 0);
 }
 
 TEST_CASE("send and recv move exact bytes between any pair, with several sockets per peer", "[collectives]") {

@@ -474,7 +474,7 @@ TEST_CASE("host reduce_multi: destinations may be sources, over several blocks",
     std::vector<const void*> srcs;
     for (int p = 0; p < n; ++p) srcs.push_back(in[p].data());
     std::vector<void*> dsts{in[aliased].data(), other.data()};
-    host_reducer().reduce_multi(dsts, srcs, count, DataType::i32, ReduceOp::avg, n, 0);
+    host_reducer().reduce_multi(dsts, srcs, count, DataType::i32, ReduceOp::avg, {.divisor = n});
     for (std::size_t i = 0; i < count; ++i) {
       const std::int32_t want = static_cast<std::int32_t>(i % 1000) + 1500;  // (4 x i + 6000) / 4
       INFO("source " << aliased << " is a destination, element " << i);
@@ -486,6 +486,6 @@ TEST_CASE("host reduce_multi: destinations may be sources, over several blocks",
   std::iota(from.begin(), from.end(), 7);
   const void* one_source = from.data();
   void* destination = to.data();
-  host_reducer().reduce_multi({&destination, 1}, {&one_source, 1}, count, DataType::i32, ReduceOp::sum, 0, 0);
+  host_reducer().reduce_multi({&destination, 1}, {&one_source, 1}, count, DataType::i32, ReduceOp::sum, {});
   CHECK(to == from);
 }
