@@ -84,9 +84,12 @@ struct CliExtras {
 };
 
 void add_options(CLI::App& app, LaunchOptions& options, CliExtras& extras, double& timeout_s, double& grace_s) {
+  // Required, but checked after the parse (main): CLI11 stops at the first
+  // option it does not know and leaves the rest, -n included, to the
+  // program, so a torchrun-only option before -n (--tee, --redirects) read
+  // "--nproc-per-node is required" instead of naming the option.
   app.add_option("-n,--nproc-per-node,--nproc_per_node", extras.nproc,
-                 "ranks to start on this node; auto: one per core")
-      ->required();
+                 "ranks to start on this node (required); auto: one per core");
   app.add_option("--nnodes", extras.nnodes, "nodes in the job (torchrun's MIN:MAX only as N or N:N)")
       ->capture_default_str();
   app.add_option("--node-rank,--node_rank", options.node_rank,
@@ -287,7 +290,10 @@ int main(int argc, char** argv) {
   }
   int status = 1;
   try {
-    options.command = with_python(program_arguments(app.remaining()), extras);
+    std::vector<std::string> program = program_arguments(app.remaining());
+    if (extras.nproc.empty())
+      throw braid::InvalidUsage("--nproc-per-node (-n) is required\nRun with --help for more information.");
+    options.command = with_python(std::move(program), extras);
     apply_rendezvous(extras, options, app.count("--master-addr") + app.count("--master-port") > 0);
     apply_extras(extras, options);  // --standalone last: it overrides the rendezvous, as torchrun's does
     if (extras.standalone && app.count("--master-addr") + app.count("--master-port") + app.count("--rdzv-endpoint") > 0)

@@ -1232,6 +1232,27 @@ TEST_CASE("braid-launch runs torchrun's command lines: a script, -m, --rdzv-*", 
   }
 }
 
+// torchrun's other options are refused by name wherever they stand. One
+// before -n (as torchrun's lines are often written: --redirects 9:1 --tee
+// 9:1 --nproc_per_node 2) read "--nproc-per-node is required", since the
+// parse stopped at it and left -n to the program.
+TEST_CASE("braid-launch names a torchrun-only option before or after -n, and a missing -n", "[launch]") {
+  JobDir dir;
+  const std::vector<std::pair<std::vector<std::string>, std::string>> refused = {
+      {{"--redirects", "9:1", "--tee", "9:1", "--nproc_per_node", "1", "--", "true"}, "unknown option '--redirects'"},
+      {{"--role", "trainer", "-n", "1", "true"}, "unknown option '--role'"},
+      {{"-n", "1", "--tee", "3", "--", "true"}, "unknown option '--tee'"},
+      {{"--", "true"}, "--nproc-per-node (-n) is required"},
+      {{}, "--nproc-per-node (-n) is required"}};
+  for (const auto& [args, words] : refused) {
+    auto result = run_launch(dir, args);
+    INFO(Catch::Detail::stringify(args) << ": " << result.err);
+    CHECK(result.status == 2);
+    CHECK_THAT(result.err, Catch::Contains(words));
+    CHECK(result.out.empty());
+  }
+}
+
 TEST_CASE("--max-restarts stops every rank on a failure and starts them all again", "[launch]") {
   JobDir dir;
   // Attempt 0: rank 1 fails once both ranks run; attempt 1 succeeds. Each
