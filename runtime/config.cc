@@ -4,6 +4,7 @@
 #include <cstring>
 #include <stdexcept>
 
+#include "runtime/decimal.h"
 #include "runtime/errors.h"
 
 namespace braid::runtime {
@@ -129,7 +130,7 @@ Config read_config() {
     if (!value) continue;
     char* end = nullptr;
     long parsed = std::strtol(value, &end, 10);
-    if (*end != '\0' || parsed < i.lo || parsed > i.hi)
+    if (!is_decimal_integer(value) || *end != '\0' || parsed < i.lo || parsed > i.hi)
       bad(i.var, value, "an integer from " + std::to_string(i.lo) + " to " + std::to_string(i.hi));
     c.*i.member = static_cast<int>(parsed);
   }

@@ -13,6 +13,7 @@
 #include <vector>
 #include <string_view>
 
+#include "runtime/decimal.h"
 #include "runtime/errors.h"
 #include "runtime/store_ports.h"
 
@@ -29,7 +30,7 @@ int env_int(const char* name, int fallback, int lo, int hi) {
   if (!value) return fallback;
   char* end = nullptr;
   long parsed = std::strtol(value, &end, 10);
-  if (*end != '\0' || parsed < lo || parsed > hi)
+  if (!is_decimal_integer(value) || *end != '\0' || parsed < lo || parsed > hi)
     throw InvalidUsage(std::string("environment variable ") + name + "='" + value +
                        "' must be an integer in [" + std::to_string(lo) + ", " +
                        std::to_string(hi) + "]");

@@ -81,9 +81,9 @@ TEST_CASE("config: timeouts below a millisecond and counts with units are refuse
   setenv("BRAID_TIMEOUT", "0.25", 1);
   CHECK(runtime::read_config().timeout == std::chrono::milliseconds(250));
   unsetenv("BRAID_TIMEOUT");
-  for (const char* value : {"8K", "-1", "4x", "10001"})
+  for (const char* value : {"8K", "-1", "4x", "10001", " 5", "+5", "5 ", "-"})
     CHECK_THAT(verdict("BRAID_SPIN_US", value), Catch::Contains("BRAID_SPIN_US") && Catch::Contains("an integer from 0 to 10000"));
-  for (const char* value : {"0", "2K", "17"})
+  for (const char* value : {"0", "2K", "17", " 5", "+5", "0x5"})
     CHECK_THAT(verdict("BRAID_TCP_NSOCKS", value), Catch::Contains("an integer from 1 to 16"));
   CHECK(verdict("BRAID_TCP_NSOCKS", "8").empty());
 }

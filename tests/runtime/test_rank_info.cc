@@ -257,6 +257,8 @@ TEST_CASE("rank_info: malformed values are InvalidUsage naming the variable", "[
   auto [vars, variable] = GENERATE(table<std::map<std::string, std::string>, std::string>({
       {with(kBraid, "BRAID_RANK", "three"), "BRAID_RANK"},
       {with(kBraid, "BRAID_RANK", "8"), "BRAID_RANK"},  // not below the world size
+      {with(kBraid, "BRAID_RANK", " 1"), "BRAID_RANK"},  // strtol skipped the space
+      {with(kBraid, "BRAID_WORLD_SIZE", "+8"), "BRAID_WORLD_SIZE"},
       {with(kBraid, "BRAID_WORLD_SIZE", "0"), "BRAID_WORLD_SIZE"},
       {with(kBraid, "BRAID_LOCAL_RANK", "2"), "BRAID_LOCAL_RANK"},
       {with(kBraid, "BRAID_STORE_ADDR", "no-port"), "BRAID_STORE_ADDR"},
