@@ -38,7 +38,7 @@ void scale_halves(void* dst, const void* src, std::size_t count, DataType dtype,
 // 2^x_shift and rounded back to the type as scale_halves rounds it (a shift
 // of 0 takes x as it is): the bits of scale_halves into copies and then a
 // sum of the copies, without the copies. The ring reduces the inputs of an
-// avg of halves so (Op::avg_inputs_unscaled). Shifts within +-126.
+// avg of halves so (Op::avg_inputs_unscaled).
 void sum_scaled_halves(void* dst, const void* a, int a_shift, const void* b, int b_shift, std::size_t count,
                        DataType dtype);
 

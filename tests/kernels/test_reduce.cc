@@ -238,7 +238,7 @@ TEST_CASE("sum_scaled_halves gives the bits of a sum of scaled copies for every 
     a[i] = static_cast<std::uint16_t>(i);
     b[i] = static_cast<std::uint16_t>((i * 40503u + 12345u) & 0xffffu);
   }
-  const std::pair<int, int> shifts[] = {{-1, -1}, {-1, 0}, {0, -2}, {-3, -3}, {0, 0}, {-10, -10}, {2, -1}};
+  const std::pair<int, int> shifts[] = {{-1, -1}, {-1, 0}, {0, -2}, {-3, -3}, {0, 0}, {-10, -10}, {2, -1}, {-140, 1}};
   for (DataType dtype : {DataType::f16, DataType::bf16}) {
     auto to = dtype == DataType::f16 ? f16_to_f32 : bf16_to_f32;
     for (const auto& [a_shift, b_shift] : shifts) {
