@@ -106,29 +106,52 @@ void halves_to_f32(const std::uint16_t* in, float* out, std::size_t n) {
   for (; i < n; ++i) out[i] = ToF32(in[i]);
 }
 
+#if defined(__F16C__) && defined(__AVX__)
+// Eight f32 to f16, rounded to nearest even, a NaN made the one quiet NaN
+// of the scalar conversion (its sign kept).
+inline __m128i f32x8_to_f16(__m256 x) {
+  const __m128i exponent = _mm_set1_epi16(0x7c00), mantissa = _mm_set1_epi16(0x03ff);
+  const __m128i sign = _mm_set1_epi16(static_cast<short>(0x8000)), quiet = _mm_set1_epi16(0x7e00);
+  const __m128i h = _mm256_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  const __m128i all_ones = _mm_cmpeq_epi16(_mm_and_si128(h, exponent), exponent);
+  const __m128i no_payload = _mm_cmpeq_epi16(_mm_and_si128(h, mantissa), _mm_setzero_si128());
+  const __m128i nan = _mm_andnot_si128(no_payload, all_ones);
+  const __m128i canonical = _mm_or_si128(_mm_and_si128(h, sign), quiet);
+  return _mm_or_si128(_mm_and_si128(nan, canonical), _mm_andnot_si128(nan, h));
+}
+#endif
+
 template <std::uint16_t (*FromF32)(float)>
 void f32_to_halves(const float* in, std::uint16_t* out, std::size_t n) {
   std::size_t i = 0;
 #if defined(__F16C__) && defined(__AVX__)
-  if constexpr (FromF32 == &f32_to_f16) {
-    const __m128i exponent = _mm_set1_epi16(0x7c00), mantissa = _mm_set1_epi16(0x03ff);
-    const __m128i sign = _mm_set1_epi16(static_cast<short>(0x8000)), quiet = _mm_set1_epi16(0x7e00);
-    for (; i + 8 <= n; i += 8) {
-      __m128i h = _mm256_cvtps_ph(_mm256_loadu_ps(in + i), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-      const __m128i all_ones = _mm_cmpeq_epi16(_mm_and_si128(h, exponent), exponent);
-      const __m128i no_payload = _mm_cmpeq_epi16(_mm_and_si128(h, mantissa), _mm_setzero_si128());
-      const __m128i nan = _mm_andnot_si128(no_payload, all_ones);
-      const __m128i canonical = _mm_or_si128(_mm_and_si128(h, sign), quiet);
-      h = _mm_or_si128(_mm_and_si128(nan, canonical), _mm_andnot_si128(nan, h));
-      _mm_storeu_si128(reinterpret_cast<__m128i*>(out + i), h);
-    }
-  }
+  if constexpr (FromF32 == &f32_to_f16)
+    for (; i + 8 <= n; i += 8)
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(out + i), f32x8_to_f16(_mm256_loadu_ps(in + i)));
 #endif
   for (; i < n; ++i) out[i] = FromF32(in[i]);
 }
 
 template <float (*ToF32)(std::uint16_t), std::uint16_t (*FromF32)(float), template <typename> class Op>
 void loop_half(std::uint16_t* dst, const std::uint16_t* a, const std::uint16_t* b, std::size_t count) {
+#if defined(__F16C__) && defined(__AVX__)
+  // An f16 sum or product eight at a time in registers, through the same
+  // conversions and the same operation as the blocks below, without their
+  // round trips through f32 buffers: the f16 sum ran at 60% of the bf16
+  // one's speed in cache, and it is the most common reduction of halves.
+  constexpr bool sum = std::is_same_v<Op<float>, Sum<float>>, prod = std::is_same_v<Op<float>, Prod<float>>;
+  if constexpr (ToF32 == &f16_to_f32 && (sum || prod)) {
+    std::size_t i = 0;
+    for (; i + 8 <= count; i += 8) {
+      const __m256 x = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(a + i)));
+      const __m256 y = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b + i)));
+      const __m256 r = sum ? _mm256_add_ps(x, y) : _mm256_mul_ps(x, y);
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + i), f32x8_to_f16(r));
+    }
+    for (; i < count; ++i) dst[i] = FromF32(Op<float>::apply(ToF32(a[i]), ToF32(b[i])));
+    return;
+  }
+#endif
   constexpr std::size_t kBlock = 256;
   float fa[kBlock], fb[kBlock];
   for (std::size_t base = 0; base < count; base += kBlock) {
