@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <thread>
 
+#include <charconv>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -17,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "runtime/decimal.h"
 #include "runtime/errors.h"
 #include "runtime/log.h"
 #include "tools/decimal_flag.h"
@@ -64,8 +66,8 @@ std::vector<std::string> program_arguments(std::vector<std::string> rest) {
   if (!rest.empty() && rest.front() == "--") {
     rest.erase(rest.begin());
   } else if (!rest.empty() && rest.front().starts_with("-")) {
-    throw braid::InvalidUsage("unknown option '" + rest.front() +
-                              "'; put the program and its arguments after '--'");
+    const std::string option = rest.front().substr(0, rest.front().find('='));  // --monitor_interval=5
+    throw braid::InvalidUsage("unknown option '" + option + "'; put the program and its arguments after '--'");
   }
   return rest;
 }
@@ -133,16 +135,15 @@ void add_options(CLI::App& app, LaunchOptions& options, CliExtras& extras, doubl
       ->capture_default_str();
 }
 
-// The whole of `text` as an int; none for anything else (trailing text,
-// out of range, empty).
+// The whole of `text` as an int in decimal digits, a '-' at most before
+// them; none for anything else (trailing text, out of range, empty, and
+// the leading space and '+' that stoi skipped).
 std::optional<int> whole_number(const std::string& text) {
-  try {
-    std::size_t used = 0;
-    const int value = std::stoi(text, &used);
-    if (used == text.size()) return value;
-  } catch (const std::exception&) {
-  }
-  return std::nullopt;
+  if (!braid::runtime::is_decimal_integer(text.c_str())) return std::nullopt;
+  int value = 0;
+  const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), value);
+  if (error != std::errc() || end != text.data() + text.size()) return std::nullopt;
+  return value;
 }
 
 // torchrun's --nnodes takes MIN:MAX for elastic jobs; one size only here.
@@ -291,7 +292,7 @@ int main(int argc, char** argv) {
   int status = 1;
   try {
     std::vector<std::string> program = program_arguments(app.remaining());
-    if (extras.nproc.empty())
+    if (app.count("--nproc-per-node") == 0)
       throw braid::InvalidUsage("--nproc-per-node (-n) is required\nRun with --help for more information.");
     options.command = with_python(std::move(program), extras);
     apply_rendezvous(extras, options, app.count("--master-addr") + app.count("--master-port") > 0);

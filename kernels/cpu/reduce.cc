@@ -140,15 +140,26 @@ void loop_half(std::uint16_t* dst, const std::uint16_t* a, const std::uint16_t* 
   // round trips through f32 buffers: the f16 sum ran at 60% of the bf16
   // one's speed in cache, and it is the most common reduction of halves.
   constexpr bool sum = std::is_same_v<Op<float>, Sum<float>>, prod = std::is_same_v<Op<float>, Prod<float>>;
+  // The tail goes through the same eight lanes, padded: a scalar a + b,
+  // which the compiler may emit as b + a, gave the second operand's NaN
+  // where the lanes give the first's, so the sign of a NaN sum depended on
+  // where its element lay (a review helper).
   if constexpr (ToF32 == &f16_to_f32 && (sum || prod)) {
+    auto eight = [](const std::uint16_t* x8, const std::uint16_t* y8) {
+      const __m256 x = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(x8)));
+      const __m256 y = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(y8)));
+      return f32x8_to_f16(sum ? _mm256_add_ps(x, y) : _mm256_mul_ps(x, y));
+    };
     std::size_t i = 0;
-    for (; i + 8 <= count; i += 8) {
-      const __m256 x = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(a + i)));
-      const __m256 y = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b + i)));
-      const __m256 r = sum ? _mm256_add_ps(x, y) : _mm256_mul_ps(x, y);
-      _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + i), f32x8_to_f16(r));
+    for (; i + 8 <= count; i += 8) _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + i), eight(a + i, b + i));
+    if (i < count) {
+      const std::size_t rest = count - i;
+      std::uint16_t x[8] = {}, y[8] = {}, r[8];
+      std::memcpy(x, a + i, rest * sizeof(std::uint16_t));
+      std::memcpy(y, b + i, rest * sizeof(std::uint16_t));
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(r), eight(x, y));
+      std::memcpy(dst + i, r, rest * sizeof(std::uint16_t));
     }
-    for (; i < count; ++i) dst[i] = FromF32(Op<float>::apply(ToF32(a[i]), ToF32(b[i])));
     return;
   }
 #endif

@@ -1236,14 +1236,21 @@ TEST_CASE("braid-launch runs torchrun's command lines: a script, -m, --rdzv-*", 
 // before -n (as torchrun's lines are often written: --redirects 9:1 --tee
 // 9:1 --nproc_per_node 2) read "--nproc-per-node is required", since the
 // parse stopped at it and left -n to the program.
-TEST_CASE("braid-launch names a torchrun-only option before or after -n, and a missing -n", "[launch]") {
+TEST_CASE("braid-launch names a torchrun-only option before or after -n, and a missing or malformed -n", "[launch]") {
   JobDir dir;
   const std::vector<std::pair<std::vector<std::string>, std::string>> refused = {
       {{"--redirects", "9:1", "--tee", "9:1", "--nproc_per_node", "1", "--", "true"}, "unknown option '--redirects'"},
       {{"--role", "trainer", "-n", "1", "true"}, "unknown option '--role'"},
       {{"-n", "1", "--tee", "3", "--", "true"}, "unknown option '--tee'"},
+      {{"-n", "1", "--monitor_interval=5", "true"}, "unknown option '--monitor_interval';"},
       {{"--", "true"}, "--nproc-per-node (-n) is required"},
-      {{}, "--nproc-per-node (-n) is required"}};
+      {{}, "--nproc-per-node (-n) is required"},
+      // Given, but empty (a variable that expanded to nothing), or not in
+      // decimal digits alone (stoi skipped a space and took '+').
+      {{"-n", "", "true"}, "--nproc-per-node '' must be a number of ranks"},
+      {{"-n", " 2", "true"}, "--nproc-per-node ' 2' must be a number of ranks"},
+      {{"-n", "+2", "true"}, "--nproc-per-node '+2' must be a number of ranks"},
+      {{"-n", "1", "--nnodes", "+1", "true"}, "--nnodes '+1' must be a number of nodes"}};
   for (const auto& [args, words] : refused) {
     auto result = run_launch(dir, args);
     INFO(Catch::Detail::stringify(args) << ": " << result.err);
