@@ -126,6 +126,8 @@ int slurm_tasks_on_node(const char* var, int node) {
     return InvalidUsage(std::string("environment variable ") + var + "='" + list +
                         "' is not a Slurm list of tasks per node (as \"2(x3),1\")");
   };
+  // Digits, '(', 'x', ')' and ',' only: strtol alone skipped a space and took '+'.
+  if (list.find_first_not_of("0123456789(x),") != std::string::npos) throw malformed();
   std::size_t at = 0;
   long first = 0;  // the first node of the current entry
   while (at < list.size()) {

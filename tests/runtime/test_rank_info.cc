@@ -202,7 +202,7 @@ TEST_CASE("rank_info: Slurm's tasks on this node", "[rank_info]") {
   CHECK(local_size(with(with(plain, "SLURM_STEP_TASKS_PER_NODE", "3(x4)"), "SLURM_TASKS_PER_NODE", "12")) == 3);
   CHECK(local_size(with(plain, "SLURM_NNODES", "3")) == 4);
   CHECK(local_size(plain) == 12);  // nothing says more than one node
-  for (const char* bad : {"4(x", "x3", "4(x0)", "4,,5", "4;5", "0"}) {
+  for (const char* bad : {"4(x", "x3", "4(x0)", "4,,5", "4;5", "0", " 4", "+4", "4(x +2)", "4(x2) "}) {
     INFO(bad);
     ScopedEnv env(with(plain, "SLURM_TASKS_PER_NODE", bad));
     CHECK_THROWS_WITH(rank_info_from_env(), Contains("SLURM_TASKS_PER_NODE"));
