@@ -743,12 +743,13 @@ TEST_CASE("forced algorithms give the same results", "[collectives]") {
 namespace {
 
 // Every rank's `data` holds the same bits as this rank's (an all_gather).
-void expect_same_bits_on_every_rank(Communicator& comm, const std::vector<float>& data, const std::string& what) {
-  const std::size_t count = data.size();
-  std::vector<float> all(count * static_cast<std::size_t>(comm.size()));
-  comm.all_gather(data.data(), all.data(), count, DataType::f32).wait();
+template <typename T>
+void expect_same_bits_on_every_rank(Communicator& comm, const std::vector<T>& data, const std::string& what) {
+  const std::size_t count = data.size() * sizeof(T);
+  std::vector<std::uint8_t> all(count * static_cast<std::size_t>(comm.size()));
+  comm.all_gather(data.data(), all.data(), count, DataType::u8).wait();
   for (int r = 0; r < comm.size(); ++r)
-    expect(std::memcmp(all.data() + r * count, data.data(), count * sizeof(float)) == 0,
+    expect(std::memcmp(all.data() + r * count, data.data(), count) == 0,
            what + ": rank " + std::to_string(r) + " holds other bits than rank " + std::to_string(comm.rank()));
 }
 
@@ -807,6 +808,14 @@ TEST_CASE("sum and prod over NaNs of either sign give every rank the same bits o
         const std::string what = "op " + std::to_string(static_cast<int>(op)) + " of " + std::to_string(count);
         expect(std::isnan(data[0]) && std::isnan(data[count - 1]), what + ": a NaN was lost");
         expect_same_bits_on_every_rank(comm, data, what);
+        // f16, whose kernels run eight lanes and a tail: a NaN at either end.
+        std::vector<std::uint16_t> halves(count, 0x3c00);  // 1.0
+        halves[0] = comm.rank() % 2 == 0 ? 0xfe00 : 0x7e00;
+        halves[count - 1] = comm.rank() == 1 ? 0xfe00 : 0x3c00;
+        comm.all_reduce(halves.data(), halves.data(), count, DataType::f16, op).wait();
+        auto is_nan = [](std::uint16_t h) { return (h & 0x7c00) == 0x7c00 && (h & 0x3ff) != 0; };
+        expect(is_nan(halves[0]) && is_nan(halves[count - 1]), "f16 " + what + ": a NaN was lost");
+        expect_same_bits_on_every_rank(comm, halves, "f16 " + what);
       }
     }
   }, test::run_options(std::chrono::seconds(120), config));
