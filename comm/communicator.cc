@@ -229,8 +229,22 @@ int avg_shift(int size) { return std::countr_zero(std::bit_ceil(static_cast<unsi
 
 }  // namespace
 
+void* CopyPool::allocate(std::size_t bytes) const {
+  if (registered_) return shm::regions::allocate(bytes);
+  return new std::byte[bytes];  // uninitialised: every byte is written by fill()
+}
+
+void CopyPool::free_block(void* block, bool registered) {
+  if (registered) shm::regions::release(block);
+  else delete[] static_cast<std::byte*>(block);
+}
+
+CopyPool::~CopyPool() {
+  for (auto& [capacity, block] : free_) free_block(block, registered_);
+}
+
 std::shared_ptr<void> CopyPool::take(std::size_t bytes) {
-  std::unique_ptr<std::byte[]> block;
+  void* block = nullptr;
   std::size_t capacity = 0;
   {
     std::lock_guard lock(mu_);
@@ -241,31 +255,41 @@ std::shared_ptr<void> CopyPool::take(std::size_t bytes) {
         best = it;
     if (best != free_.end()) {
       capacity = best->first;
-      block = std::move(best->second);
+      block = best->second;
       held_ -= capacity;
       free_.erase(best);
     }
   }
   if (!block) {
-    block = std::make_unique_for_overwrite<std::byte[]>(bytes);  // every byte is written by fill()
+    block = allocate(bytes);
     capacity = bytes;
   }
   std::weak_ptr<CopyPool> home = weak_from_this();
-  return std::shared_ptr<void>(block.release(), [home, capacity](void* raw) {
-    std::unique_ptr<std::byte[]> back(static_cast<std::byte*>(raw));
-    const std::shared_ptr<CopyPool> pool = home.lock();
-    if (!pool) return;
-    std::lock_guard lock(pool->mu_);
-    if (pool->held_ + capacity > kHeldBytes) return;
-    if (pool->free_.size() == kHeldBlocks) {  // the smallest goes
-      auto smallest = std::min_element(pool->free_.begin(), pool->free_.end(),
-                                       [](const auto& a, const auto& b) { return a.first < b.first; });
-      if (smallest->first >= capacity) return;
-      pool->held_ -= smallest->first;
-      pool->free_.erase(smallest);
+  const bool registered = registered_;
+  return std::shared_ptr<void>(block, [home, capacity, registered](void* raw) {
+    void* dropped = raw;  // what is freed here, outside the lock: raw, or the smallest block it displaces
+    if (const std::shared_ptr<CopyPool> pool = home.lock()) {
+      std::lock_guard lock(pool->mu_);
+      if (pool->held_ + capacity <= kHeldBytes) {
+        dropped = nullptr;
+        if (pool->free_.size() == kHeldBlocks) {  // the smallest goes
+          auto smallest = std::min_element(pool->free_.begin(), pool->free_.end(),
+                                           [](const auto& a, const auto& b) { return a.first < b.first; });
+          if (smallest->first >= capacity) {
+            dropped = raw;
+          } else {
+            dropped = smallest->second;
+            pool->held_ -= smallest->first;
+            pool->free_.erase(smallest);
+          }
+        }
+        if (dropped != raw) {
+          pool->free_.emplace_back(capacity, raw);
+          pool->held_ += capacity;
+        }
+      }
     }
-    pool->free_.emplace_back(capacity, std::move(back));
-    pool->held_ += capacity;
+    if (dropped) free_block(dropped, registered);
   });
 }
 
@@ -287,42 +311,32 @@ void scale_avg_inputs(Op& op, StagedInput& input, int rank, int size, const std:
   input.shift = -avg_shift(size);
 }
 
-void StagedInput::fill(Op& op, bool algorithm_scales) {
+void StagedInput::fill(Op& op, bool algorithm_scales, bool algorithm_maps_inputs) {
   if (!memory && !pool) return;
-  int scale = shift;
-  if (shift != 0 && algorithm_scales) {
-    // On every rank that runs the algorithm, so that a neighbour's first
-    // send (the ring's) is its input as it is on every rank.
-    op.avg_inputs_unscaled = true;
-    if (!memory) {  // no copy at all
-      op.send = from;
-      return;
-    }
-    scale = 0;  // a copy for another reason, then, as it is
-  }
+  // An avg the algorithm scales as it reads, on every rank that runs it, so
+  // that a neighbour's first send (the ring's) is its input as it is on
+  // every rank.
+  const bool unscaled = shift != 0 && algorithm_scales;
+  if (unscaled) op.avg_inputs_unscaled = true;
+  const bool read = memory || (shift != 0 && !unscaled) || (for_direct && algorithm_maps_inputs);
+  if (!read) return;  // op.send is the caller's input
   if (!memory) {
     memory = pool->take(count * dtype_bytes(dtype));
     op.send = memory.get();
   }
-  if (scale != 0)
-    kernels::cpu::scale_halves(memory.get(), from, count, dtype, scale);
+  if (shift != 0 && !unscaled)
+    kernels::cpu::scale_halves(memory.get(), from, count, dtype, shift);
   else
     std::memcpy(memory.get(), from, count * dtype_bytes(dtype));
 }
 
 namespace {
 
-// Points `op`'s input at a registered copy where the input is registered
-// (where a direct collective may read it), and returns the copy for the
-// call to fill and keep; changes nothing and returns none elsewhere.
-StagedInput send_from_registered_copy(Op& op, std::size_t count) {
-  const std::size_t bytes = count * dtype_bytes(op.dtype);
+// Whether `op`'s input of `count` elements lies in registered memory (where
+// a direct collective may read it).
+bool registered_input(const Op& op, std::size_t count) {
   RegionRef ref;
-  if (!shm::regions::find(op.send, bytes, ref)) return {};
-  StagedInput staged{std::shared_ptr<void>(shm::regions::allocate(bytes), shm::regions::release), nullptr, op.send,
-                     count, op.dtype, 0};
-  op.send = staged.memory.get();
-  return staged;
+  return shm::regions::find(op.send, count * dtype_bytes(op.dtype), ref);
 }
 
 }  // namespace
@@ -342,8 +356,12 @@ StagedInput Communicator::Impl::stage_in_place_all_to_all(Op& op) const {
   const std::size_t bytes = count * dtype_bytes(op.dtype);
   auto* send = static_cast<const std::byte*>(op.send);
   auto* recv = static_cast<const std::byte*>(op.recv);
-  if (bytes == 0 || send >= recv + bytes || recv >= send + bytes) return {};
-  return send_from_registered_copy(op, count);
+  if (bytes == 0 || send >= recv + bytes || recv >= send + bytes || !registered_input(op, count)) return {};
+  // Taken now and op.send pointed at it: the copy is what makes the call
+  // not in place, and so one the direct collective can run.
+  StagedInput staged{registered_copies->take(bytes), registered_copies, op.send, count, op.dtype};
+  op.send = staged.memory.get();
+  return staged;
 }
 
 // reduce_scatter into the start of its send buffer on a rank other than 0
@@ -352,14 +370,17 @@ StagedInput Communicator::Impl::stage_in_place_all_to_all(Op& op) const {
 // device buffers through CUDA IPC) reads the peers' input blocks straight
 // from their buffers, and this rank's result overwrote one before a peer
 // had read it: wrong results on the other ranks. A registered input is
-// copied into registered memory, which the call then reads; on device
+// copied into registered memory, which a direct collective then reads (the
+// ring reads the caller's input: StagedInput::for_direct); on device
 // memory the form is refused.
 StagedInput Communicator::Impl::stage_reduce_scatter_at_start(Op& op) const {
   if (op.kind != OpKind::reduce_scatter || rank == 0 || op.send != op.recv || op.count == 0) return {};
   if (op.memory.kind == runtime::MemoryKind::device)
     throw InvalidUsage(call_text(op, rank) + "on device memory the receive buffer must be this rank's slice of the "
                        "send buffer (send + rank x count) or a buffer of its own, not the send buffer's start");
-  return send_from_registered_copy(op, send_elements(op, rank, size));
+  const std::size_t count = send_elements(op, rank, size);
+  if (!registered_input(op, count)) return {};
+  return StagedInput{nullptr, registered_copies, op.send, count, op.dtype, 0, true};
 }
 
 Work Communicator::submit(Op&& op) {

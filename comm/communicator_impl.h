@@ -36,16 +36,27 @@ namespace braid::comm {
 // a fresh block of a megabyte or more is a fresh mapping, whose pages the
 // kernel zeroes at first touch, a huge page at a time. Blocks come back
 // when the call holding one has run, and the pool keeps a few, up to
-// kHeldBytes.
+// kHeldBytes. A registered pool's blocks are registered memory (the copies
+// a direct collective's peers read): a fresh region is also one every
+// peer maps anew, and a reduce_scatter of 16 MiB into the start of its
+// registered send buffer took 57-65 ms with one per call, against 1 ms
+// into the rank's slice.
 class CopyPool : public std::enable_shared_from_this<CopyPool> {
  public:
+  explicit CopyPool(bool registered = false) : registered_(registered) {}
+  ~CopyPool();
+  CopyPool(const CopyPool&) = delete;
+  CopyPool& operator=(const CopyPool&) = delete;
   std::shared_ptr<void> take(std::size_t bytes);
 
  private:
   static constexpr std::size_t kHeldBytes = std::size_t{256} << 20;
   static constexpr std::size_t kHeldBlocks = 8;
+  void* allocate(std::size_t bytes) const;
+  static void free_block(void* block, bool registered);
+  const bool registered_;
   std::mutex mu_;
-  std::vector<std::pair<std::size_t, std::unique_ptr<std::byte[]>>> free_;  // (capacity, block)
+  std::vector<std::pair<std::size_t, void*>> free_;  // (capacity, block)
   std::size_t held_ = 0;
 };
 
@@ -55,12 +66,13 @@ class CopyPool : public std::enable_shared_from_this<CopyPool> {
 // call runs (fill(), by the engine), since calls issued before it may still
 // write that input: filled at issue, an all_reduce in place followed by an
 // avg of the same f16 buffer, issued without a wait between, averaged the
-// old values. Registered memory (which decides the algorithm) is taken, and
-// `op` pointed at it, when the call is issued; other memory when it runs,
-// from `pool`, and given back once it has run: taken at issue, each of a
-// thousand calls issued back to back held a fresh copy, whose pages the
-// kernel zeroed (an f16 avg all_reduce of 1 MiB on 2 ranks took 700 us,
-// against 90 for f32's).
+// old values. Memory is taken when the call runs, from `pool`, and given
+// back once it has run (taken at issue, each of a thousand calls issued
+// back to back held a fresh copy, whose pages the kernel zeroed: an f16 avg
+// all_reduce of 1 MiB on 2 ranks took 700 us, against 90 for f32's), and
+// only where the algorithm chosen reads the copy. The in-place all_to_all's
+// registered copy, which decides the algorithm, is taken, and `op` pointed
+// at it, when the call is issued.
 struct StagedInput {
   std::shared_ptr<void> memory;    // null: none, or none yet (pool)
   std::shared_ptr<CopyPool> pool;  // where the memory comes from when the call runs
@@ -68,11 +80,16 @@ struct StagedInput {
   std::size_t count = 0;  // elements of dtype
   DataType dtype = DataType::u8;
   int shift = 0;          // f16/bf16 scaled by 2^shift; 0: copied as it is
+  // A copy for an algorithm that reads the peers' inputs in place (direct)
+  // alone: the others read the caller's input.
+  bool for_direct = false;
   explicit operator bool() const { return memory != nullptr || pool != nullptr; }
-  // Fills the copy (taking it from the pool first, and pointing op.send at it).
-  // An avg of halves that `algorithm_scales` its inputs itself gets none:
-  // op.send is the caller's input again and op.avg_inputs_unscaled is set.
-  void fill(Op& op, bool algorithm_scales);
+  // Fills the copy where the algorithm reads one (taking it from the pool
+  // first, and pointing op.send at it). An avg of halves that
+  // `algorithm_scales` its inputs itself gets an unscaled copy, or none, and
+  // op.avg_inputs_unscaled set; `algorithm_maps_inputs` (direct) is whether
+  // a copy for_direct is read.
+  void fill(Op& op, bool algorithm_scales, bool algorithm_maps_inputs);
   // Once the call has run: memory from the pool goes back to it.
   void release() {
     if (pool) memory.reset();
@@ -177,6 +194,7 @@ struct Communicator::Impl {
   std::unique_ptr<StatusBoard> status;
   // Staged copies' memory (CopyPool), shared with the blocks it lent.
   std::shared_ptr<CopyPool> copies = std::make_shared<CopyPool>();
+  std::shared_ptr<CopyPool> registered_copies = std::make_shared<CopyPool>(true);
 
   // Settings: runtime::config() unless given explicitly; split inherits them.
   runtime::Config config;

@@ -297,7 +297,7 @@ void Communicator::Impl::execute(Op& op, WorkState& state, bool inline_call) {
     if (state.staged) shape.registered = state.staged->on_device();  // as when it was staged
     const Algorithm algorithm = select_algorithm(shape);
     // now: the calls before it have written what they write (StagedInput)
-    state.input.fill(op, algorithm.scales_avg_inputs);
+    state.input.fill(op, algorithm.scales_avg_inputs, algorithm.maps_inputs);
     note_choice(op.kind, algorithm);
     op.algorithm = algorithm.id;
     Exchange x(op, exchange, Clock::now() + timeout, peer_state);

@@ -89,7 +89,7 @@ std::shared_ptr<WorkState> Communicator::Impl::try_lean(Op& op, StagedInput& inp
   std::exception_ptr error;
   try {
     // nothing was queued before it: no earlier call writes the input now
-    input.fill(op, lean.algorithm.scales_avg_inputs);
+    input.fill(op, lean.algorithm.scales_avg_inputs, lean.algorithm.maps_inputs);
     if (status) status->entered(op, &exchange.waiting_for);
     if (lean.noted_bytes != bytes) {  // only the thread that holds the gate writes it
       Algorithm algorithm = lean.algorithm;

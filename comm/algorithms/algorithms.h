@@ -197,6 +197,10 @@ struct Algorithm {
   // itself as it reduces them (Op::avg_inputs_unscaled): no scaled copy of
   // the input is made for it (StagedInput::fill).
   bool scales_avg_inputs = false;
+  // Reads the peers' inputs where they lie (the direct collectives): an
+  // input this rank's output may overwrite first is read from a registered
+  // copy (StagedInput::for_direct).
+  bool maps_inputs = false;
   // comm/types.h's algorithm_id of `name`, as Op::algorithm carries it (0 for
   // point-to-point calls); set by select_algorithm and the lean path's
   // look-ups.

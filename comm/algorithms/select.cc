@@ -154,6 +154,7 @@ Algorithm reducing_ring(void (*run)(Exchange&), Reason reason) {
 Algorithm host_direct(void (*run)(Exchange&), Reason reason) {
   Algorithm direct{run, "direct", true, reason};
   direct.scales_avg_inputs = true;
+  direct.maps_inputs = true;
   return direct;
 }
 
@@ -274,8 +275,11 @@ namespace {
 
 Algorithm choose(const CallShape& call) {
   if (!call.device) return select_host(call);
-  if (direct_possible(call) && call.ranks <= kMaxDirectRanks && call.transport == "auto")
-    return {direct_of(call.kind), "cuda_ipc", true, because(Rule::cuda_ipc)};
+  if (direct_possible(call) && call.ranks <= kMaxDirectRanks && call.transport == "auto") {
+    Algorithm ipc{direct_of(call.kind), "cuda_ipc", true, because(Rule::cuda_ipc)};
+    ipc.maps_inputs = true;
+    return ipc;
+  }
   CallShape host = call;
   host.device = false;
   host.registered = false;  // the staging buffers are not

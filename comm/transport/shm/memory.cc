@@ -135,6 +135,7 @@ std::map<const std::byte*, Allocation> allocations;  // this process's, by base 
 // Read without the lock: every call asks find(), and most processes never
 // register memory.
 std::atomic<std::size_t> allocation_count{0};
+std::atomic<std::uint64_t> allocations_ever{0};
 
 std::string errno_text(const std::string& what) { return what + ": " + std::strerror(errno); }
 
@@ -164,8 +165,11 @@ void* allocate(std::size_t bytes) {
   std::lock_guard lock(registry_mu);
   allocations[static_cast<const std::byte*>(base)] = {fd, size, static_cast<std::uint64_t>(st.st_ino)};
   allocation_count.store(allocations.size(), std::memory_order_release);
+  allocations_ever.fetch_add(1, std::memory_order_relaxed);
   return base;
 }
+
+std::uint64_t allocations_made() { return allocations_ever.load(std::memory_order_relaxed); }
 
 void release(void* pointer) {
   if (pointer == nullptr) return;  // as free() and operator delete

@@ -154,6 +154,9 @@ namespace regions {
 void* allocate(std::size_t bytes);
 // Frees an allocation; InvalidUsage for a pointer allocate() did not return.
 void release(void* pointer);
+// How many allocations this process has made, freed or not (tests: the
+// staged copies that reuse their regions).
+std::uint64_t allocations_made();
 // Whether [pointer, pointer + bytes) lies in one allocation of this process.
 bool find(const void* pointer, std::size_t bytes, RegionRef& ref);
 // The whole allocation `pointer` lies in (its base, size and memfd inode):
