@@ -37,6 +37,13 @@ using braid::test::cases::kOps;
 
 namespace {
 
+// This process's peak resident set so far, in KiB (the memory tests).
+long peak_rss_kb() {
+  rusage usage{};
+  getrusage(RUSAGE_SELF, &usage);
+  return usage.ru_maxrss;
+}
+
 // A test buffer: heap memory filled with a poison byte, or (registered)
 // zeroed memory from Communicator::allocate that the local ranks map into
 // each other. The heap ones are kept from case to case in each rank's
@@ -257,16 +264,11 @@ TEST_CASE("a ring all_reduce with segments larger than its chunks stages them in
   config.segment_bytes = 64u << 20;
   config.chunk_bytes = runtime::Config{}.chunk_bytes;
   auto result = test::run_ranks(size, [](Communicator& comm) {
-    auto peak_kb = [] {
-      rusage usage{};
-      getrusage(RUSAGE_SELF, &usage);
-      return usage.ru_maxrss;
-    };
-    const long before = peak_kb();
+    const long before = peak_rss_kb();
     const std::size_t count = (1u << 18) + 3;
     for (DataType dtype : {DataType::f32, DataType::bf16})
       for (ReduceOp op : {ReduceOp::sum, ReduceOp::avg}) run_case(comm, {OpKind::all_reduce, dtype, op, count, false, 0});
-    const long grew_mb = (peak_kb() - before) / 1024;
+    const long grew_mb = (peak_rss_kb() - before) / 1024;
     expect(grew_mb < 32, "rank " + std::to_string(comm.rank()) + " grew by " + std::to_string(grew_mb) + " MiB");
   }, test::run_options(std::chrono::seconds(120), config));
   INFO(transport << ", " << size << " ranks\n" << result.summary());
@@ -282,17 +284,12 @@ TEST_CASE("a reduce holds a few segments of partial sums on a non-root, not the 
   runtime::Config config = test::test_config(std::chrono::seconds(60));
   config.transport = transport;
   auto result = test::run_ranks(size, [](Communicator& comm) {
-    auto peak_kb = [] {
-      rusage usage{};
-      getrusage(RUSAGE_SELF, &usage);
-      return usage.ru_maxrss;
-    };
     const std::size_t count = (64u << 20) / 4;
     std::vector<float> data(count, static_cast<float>(comm.rank() + 1)), out(count, 0.0f);
     comm.reduce(data.data(), out.data(), 1009, DataType::f32, ReduceOp::sum, 0).wait();  // set-up's own memory
-    const long before = peak_kb();
+    const long before = peak_rss_kb();
     comm.reduce(data.data(), out.data(), count, DataType::f32, ReduceOp::sum, 0).wait();
-    const long grew_mb = (peak_kb() - before) / 1024;
+    const long grew_mb = (peak_rss_kb() - before) / 1024;
     const float sum = static_cast<float>(comm.size() * (comm.size() + 1) / 2);
     if (comm.rank() == 0)
       for (std::size_t i : {std::size_t{0}, count / 2, count - 1})
