@@ -920,18 +920,45 @@ TEST_CASE("Ctrl-Z (SIGTSTP) to the launcher stops its ranks, and SIGCONT continu
   LaunchedJob job(dir, shell_job(2, recording("while :; do sleep 0.05; done"), dir, {"--grace-period", "1"}));
   for (int rank = 0; rank < 2; ++rank) wait_for_file(dir.path() / ("pid_" + std::to_string(rank)));
   const auto pids = dir.recorded_pids();
-  auto state = [](pid_t pid) {
-    const std::string stat = read_file("/proc/" + std::to_string(pid) + "/stat");
-    const auto close_paren = stat.rfind(')');
-    return close_paren == std::string::npos ? '?' : stat.at(close_paren + 2);
+  // The states (the third field of /proc/PID/stat) of the processes in a
+  // rank's group: the shell and the sleep it runs.
+  auto group_states = [](pid_t group) {
+    std::string states;
+    std::error_code ec;
+    for (std::filesystem::directory_iterator it("/proc", ec), end; !ec && it != end; it.increment(ec)) {
+      const std::string stat = read_file(it->path() / "stat");
+      const auto close_paren = stat.rfind(')');
+      if (close_paren == std::string::npos) continue;  // not a process, or gone
+      std::istringstream fields(stat.substr(close_paren + 2));
+      char state = '?';
+      pid_t parent = 0, pgid = 0;
+      if (fields >> state >> parent >> pgid && pgid == group) states += state;
+    }
+    return states;
   };
-  // Until every rank is in the state, or 10 s.
+  // A stopped group has every member stopped (T), except that dash vforks
+  // the sleep: when SIGTSTP stops the child before its exec, the shell
+  // waits for that exec uninterruptibly (D), and takes its own SIGTSTP
+  // only after it. The rank is stopped all the same; SIGCONT discards the
+  // pending SIGTSTP. A running group has no member stopped.
+  auto group_stopped = [&](pid_t group) {
+    const std::string states = group_states(group);
+    return states.find('T') != std::string::npos && states.find_first_not_of("TD") == std::string::npos;
+  };
+  auto group_running = [&](pid_t group) {
+    const std::string states = group_states(group);
+    return !states.empty() && states.find('T') == std::string::npos;
+  };
+  // Until every rank's group is in the state, or 10 s.
   auto all_become = [&](bool stopped) {
     const auto give_up = std::chrono::steady_clock::now() + 10s;
     auto done = [&] {
-      return std::all_of(pids.begin(), pids.end(), [&](const auto& p) { return (state(p.second) == 'T') == stopped; });
+      return std::all_of(pids.begin(), pids.end(),
+                         [&](const auto& p) { return stopped ? group_stopped(p.second) : group_running(p.second); });
     };
     while (!done() && std::chrono::steady_clock::now() < give_up) std::this_thread::sleep_for(20ms);
+    if (!done())
+      for (const auto& p : pids) UNSCOPED_INFO("rank " << p.first << "'s group: states " << group_states(p.second));
     return done();
   };
   CHECK(stops_on_ctrl_z(job.pid()));
