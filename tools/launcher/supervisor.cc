@@ -271,8 +271,12 @@ void Supervisor::reap_adopted(bool end_all) {
       if (!adopted(child.pid) || (!end_all && child.state != 'Z')) continue;
       any = true;
       if (child.state != 'Z') {
-        ++killed;
-        if (getpgid(child.pid) == child.pid) ::kill(-child.pid, SIGKILL);
+        // A member of a rank's own group was sent SIGKILL with it
+        // (reap_exited) and comes here when the rank's death orphans it,
+        // often before it has died itself: it did not leave its group.
+        const pid_t group = getpgid(child.pid);
+        if (std::none_of(ranks_.begin(), ranks_.end(), [group](const Rank& r) { return r.pid == group; })) ++killed;
+        if (group == child.pid) ::kill(-child.pid, SIGKILL);
         ::kill(child.pid, SIGKILL);
       }
       // Bounded: a process stuck in the kernel dies only when it leaves it.
