@@ -81,6 +81,7 @@ std::string call_text(const Op& op, int rank) {
 // The algorithms read an input that overlaps their output only in those
 // forms; any other overlap gave wrong results with no error.
 bool overlaps_otherwise(const Op& op, int rank, int size) {
+  if (op.recv_chunks) return false;  // check_chunks
   const std::size_t es = dtype_bytes(op.dtype);
   const std::size_t send_bytes = send_elements(op, rank, size) * es, recv_bytes = recv_elements(op, rank, size) * es;
   auto* send = static_cast<const std::byte*>(op.send);
@@ -104,6 +105,31 @@ bool overlaps_otherwise(const Op& op, int rank, int size) {
                      "pass buffers that do not overlap, or for an in-place call " + in_place);
 }
 
+// The list form of all_gather (Op::recv_chunks): every rank's buffer
+// there, none overlapping another (two ranks' parts in one place), nor the
+// send buffer, except recv_chunks[rank] that is the send buffer (in place).
+[[gnu::noinline]] void check_chunks(const Op& op, int rank, int size) {
+  const std::size_t bytes = op.count * dtype_bytes(op.dtype);
+  std::vector<std::pair<const std::byte*, int>> at;  // each buffer's start, by address
+  for (int r = 0; r < size; ++r) {
+    auto* chunk = static_cast<const std::byte*>(op.recv_chunks[r]);
+    if (!chunk) throw InvalidUsage(call_text(op, rank) + "receive buffer " + std::to_string(r) + " is null with count > 0");
+    auto* send = static_cast<const std::byte*>(op.send);
+    if (chunk < send + bytes && send < chunk + bytes && !(r == rank && chunk == send))
+      throw InvalidUsage(call_text(op, rank) + "receive buffer " + std::to_string(r) + " overlaps the send buffer" +
+                         (r == rank ? " other than as in place (the same pointer)"
+                                    : "; only this rank's own (receive buffer " + std::to_string(rank) +
+                                          ") may be the send buffer, for an in-place call"));
+    at.emplace_back(chunk, r);
+  }
+  std::sort(at.begin(), at.end());
+  for (std::size_t k = 1; k < at.size(); ++k)
+    if (at[k].first < at[k - 1].first + bytes)
+      throw InvalidUsage(call_text(op, rank) + "receive buffers " + std::to_string(std::min(at[k - 1].second, at[k].second)) +
+                         " and " + std::to_string(std::max(at[k - 1].second, at[k].second)) +
+                         " overlap; each rank's part needs a buffer of its own");
+}
+
 // Every call's argument check, as branch-free tests with one branch on
 // the lot (issue 18: a small call's budget is a few hundred instructions);
 // refuse() then names what failed.
@@ -117,9 +143,11 @@ void validate(const Op& op, int rank, int size) {
   const bool bad = !is_valid(op.dtype) | !is_valid(op.reduce_op) | !can_reduce(op.dtype, op.reduce_op) |
                    ((rooted | p2p) & (static_cast<unsigned>(op.root) >= static_cast<unsigned>(size))) |
                    (p2p & (op.root == rank)) | overflows |
-                   (moves_data & ((needs_send_buffer(op, rank) & !op.send) | (needs_recv_buffer(op, rank) & !op.recv)));
+                   (moves_data & ((needs_send_buffer(op, rank) & !op.send) |
+                                  (needs_recv_buffer(op, rank) & !op.recv & !op.recv_chunks)));
   if (bad) [[unlikely]] refuse(op, rank, size);
   if (moves_data && overlaps_otherwise(op, rank, size)) [[unlikely]] refuse_overlap(op, rank);
+  if (moves_data && op.recv_chunks) check_chunks(op, rank, size);
 }
 
 // Finds where the buffers live (op.memory): both on one side, one device;
@@ -141,6 +169,14 @@ void locate_buffers(Op& op, int rank, int size) {
     throw InvalidUsage(call() + "the send buffer is in " + runtime::describe(in) + " but the receive buffer in " +
                        runtime::describe(out) + "; both must be in the same memory");
   op.memory = send ? in : out;
+  if (op.recv_chunks && moves_data) {
+    bool host = op.memory.kind == runtime::MemoryKind::host;
+    for (int r = 0; r < size && host; ++r)
+      host = !runtime::device_memory_possible() || runtime::locate(op.recv_chunks[r]).kind == runtime::MemoryKind::host;
+    if (!host || op.stream.cuda != nullptr)
+      throw InvalidUsage(call() + "the list form (one receive buffer per rank) takes host memory and no stream; "
+                         "gather device buffers into one buffer of size x count");
+  }
   if (op.memory.kind == runtime::MemoryKind::device && !runtime::cuda_built())
     throw InvalidUsage(call() + "the buffers are in " + runtime::describe(op.memory) +
                        ", but this braid was built without CUDA (nvcc was not found when it was configured); "
@@ -412,6 +448,17 @@ Work Communicator::reduce_scatter(const void* send, void* recv, std::size_t recv
 Work Communicator::all_gather(const void* send, void* recv, std::size_t send_count, DataType dtype,
                               Stream stream) {
   return submit(make(OpKind::all_gather, send, recv, send_count, dtype, ReduceOp::sum, -1, stream));
+}
+
+Work Communicator::all_gather(const void* send, std::span<void* const> recv, std::size_t send_count,
+                              DataType dtype) {
+  if (recv.size() != static_cast<std::size_t>(impl_->size))
+    throw InvalidUsage("rank " + std::to_string(impl_->rank) + ", all_gather: " + std::to_string(recv.size()) +
+                       " receive buffers for a communicator of " + std::to_string(impl_->size) +
+                       " ranks; the list form takes one per rank" + impl_->scope_note);
+  Op op = make(OpKind::all_gather, send, nullptr, send_count, dtype);
+  op.recv_chunks = recv.data();
+  return submit(std::move(op));
 }
 
 Work Communicator::broadcast(const void* send, void* recv, std::size_t count, DataType dtype, int root,

@@ -120,6 +120,7 @@ struct WorkState {
   std::shared_ptr<StagedOp> staged;
   std::chrono::milliseconds timeout{0};
   StagedInput input;  // filled when the call runs; kept while the state lives
+  std::vector<void*> recv_chunks;  // a list-form all_gather's buffers (Op::recv_chunks points here)
   // fork_generation() at the call: in a child forked since, no thread will
   // ever complete it (the parent's progress thread is not there).
   unsigned born_in = fork_generation();

@@ -55,6 +55,10 @@ struct Op {
   // A send or receive: the number the first collective issued after it
   // gets (exchange_slots.cc: check_receive).
   std::uint64_t next_collective = 0;
+  // all_gather into one buffer per rank (Communicator::all_gather's list
+  // form): rank r's part lands at recv_chunks[r] (size pointers), recv is
+  // null. Null in every other call.
+  void* const* recv_chunks = nullptr;
 };
 
 // The root of the all_gather by which split() exchanges every rank's color

@@ -106,6 +106,9 @@ struct AllGatherRingOptions {
   bool first_sent = false;
   // How the last step's receives, which are not forwarded, are written.
   Placement last_step = Placement::cached;
+  // Chunk c at chunks[c] instead of its place in buf (the list form of
+  // all_gather, Op::recv_chunks); buf is then unused.
+  void* const* chunks = nullptr;
 };
 // Ring all-gather: chunk `rank` of `buf` is present; on return every chunk is.
 void all_gather_ring(Exchange& x, std::byte* buf, const ChunkLayout& layout,

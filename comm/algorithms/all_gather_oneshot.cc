@@ -16,7 +16,8 @@ void all_gather_oneshot(Exchange& x) {
   auto* out = static_cast<std::byte*>(op.recv);
   for (int r = 0; r < x.size() && bytes > 0; ++r) {
     const void* from = r == x.rank() ? op.send : views.at[r];
-    if (out + r * bytes != from) std::memcpy(out + r * bytes, from, bytes);
+    void* to = op.recv_chunks ? op.recv_chunks[r] : out + r * bytes;  // the list form's buffer r
+    if (to != from) std::memcpy(to, from, bytes);
   }
 }
 

@@ -63,7 +63,10 @@ class AllGatherRing {
 
   int chunk_at(int s) const { return ((r_ - s) % n_ + n_) % n_; }
   std::size_t segments_of(int c) const { return (layout_.count_of(c) + seg_ - 1) / seg_; }
-  std::byte* segment_ptr(int c, std::size_t g) const { return buf_ + (layout_.offset(c) + g * seg_) * es_; }
+  std::byte* segment_ptr(int c, std::size_t g) const {
+    if (o_.chunks) return static_cast<std::byte*>(o_.chunks[c]) + g * seg_ * es_;
+    return buf_ + (layout_.offset(c) + g * seg_) * es_;
+  }
   std::size_t segment_bytes(int c, std::size_t g) const { return std::min(seg_, layout_.count_of(c) - g * seg_) * es_; }
 
   void settle(Position& p) const {  // skips steps whose chunk is empty
@@ -108,9 +111,11 @@ void all_gather(Exchange& x) {
   const Op& op = x.op();
   const std::size_t es = x.element_bytes();
   auto* out = static_cast<std::byte*>(op.recv);
-  auto* mine = out + x.rank() * op.count * es;
-  if (static_cast<const std::byte*>(op.send) != mine) std::memcpy(mine, op.send, op.count * es);
-  if (x.size() > 1) all_gather_ring(x, out, ChunkLayout{op.count * x.size(), x.size()});
+  AllGatherRingOptions options;
+  options.chunks = op.recv_chunks;
+  auto* mine = op.recv_chunks ? static_cast<std::byte*>(op.recv_chunks[x.rank()]) : out + x.rank() * op.count * es;
+  if (op.count != 0 && static_cast<const std::byte*>(op.send) != mine) std::memcpy(mine, op.send, op.count * es);
+  if (x.size() > 1) all_gather_ring(x, out, ChunkLayout{op.count * x.size(), x.size()}, options);
 }
 
 }  // namespace braid::comm

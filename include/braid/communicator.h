@@ -43,6 +43,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <string>
 
 #include "braid/config.h"
@@ -91,6 +92,14 @@ class Communicator {
   Work reduce_scatter(const void* send, void* recv, std::size_t recv_count, DataType dtype, ReduceOp op,
                       Stream stream = {});
   Work all_gather(const void* send, void* recv, std::size_t send_count, DataType dtype, Stream stream = {});
+  // all_gather into one buffer per rank (torch's list form): rank r's
+  // send_count elements land in recv[r], which holds size() pointers to
+  // host memory, each of its own (none overlapping another, nor the send
+  // buffer unless it is recv[rank()]: in place). The table is copied; the
+  // buffers must live until the Work completes. The same call as the flat
+  // form to the peers, which may pass either; it runs the ring or one-shot
+  // as the flat form would, never the direct collective.
+  Work all_gather(const void* send, std::span<void* const> recv, std::size_t send_count, DataType dtype);
   Work broadcast(const void* send, void* recv, std::size_t count, DataType dtype, int root, Stream stream = {});
   Work reduce(const void* send, void* recv, std::size_t count, DataType dtype, ReduceOp op, int root,
               Stream stream = {});

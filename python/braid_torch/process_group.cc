@@ -430,10 +430,31 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::allgather(std::vector<std::vec
   return gather_list(c10d::OpType::ALLGATHER, "allgather", input, outputs[0], {});
 }
 
+// The parts of a list all_gather on the host that braid can write one by
+// one (Communicator::all_gather's list form): each contiguous, none sharing
+// a byte with another or with the input, unless it is the input itself
+// (this rank's part, in place). Empty where the list goes through staging
+// (tensors on a GPU, views with gaps, overlaps).
+std::vector<void*> separate_parts(const std::vector<at::Tensor>& results, const at::Tensor& input, int rank) {
+  std::vector<void*> parts;
+  if (input.is_cuda() || input.numel() == 0) return {};
+  for (std::size_t r = 0; r < results.size(); ++r) {
+    const at::Tensor& part = results[r];
+    if (part.is_cuda() || !part.is_contiguous() || part.nbytes() != input.nbytes()) return {};
+    const bool in_place = static_cast<int>(r) == rank && part.data_ptr() == input.data_ptr();
+    if (!in_place && overlap(part, input)) return {};
+    for (std::size_t k = 0; k < r; ++k)
+      if (overlap(part, results[k])) return {};
+    parts.push_back(part.data_ptr());
+  }
+  return parts;
+}
+
 // allgather's and gather's shared part: an all_gather of `input` into
 // `results` (a gather's non-root passes none), through the results' own
 // block where they form one apart from the input, or in place (the input
-// is this rank's part of it), else through a staging block.
+// is this rank's part of it), else into each result where they are
+// separate host tensors (separate_parts), else through a staging block.
 c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::gather_list(c10d::OpType type, const char* op,
                                                               const at::Tensor& input, std::vector<at::Tensor> results,
                                                               std::string runs_as) {
@@ -445,6 +466,9 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::gather_list(c10d::OpType type,
   if (at::Tensor block = one_block(results);
       block.defined() && (!overlap(sent, block) || sent.data_ptr() == results[getRank()].data_ptr()))
     return enqueue({type, all_gather(movable(block, op)), results, {sent, block}, {}, std::move(runs_as)});
+  if (std::vector<void*> parts = separate_parts(results, sent, getRank()); !parts.empty())
+    return enqueue({type, [this, send, parts] { return comm_->all_gather(send.data, parts, send.count, send.dtype); },
+                    results, {sent}, {}, std::move(runs_as)});
   StagingPool::Lease flat = staging_.take(getSize() * input.numel(), input.options());
   int64_t count = input.numel();
   return enqueue({type, all_gather(movable(flat.tensor, op)), results, {sent, flat.tensor},

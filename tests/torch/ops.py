@@ -218,12 +218,16 @@ def check_list_forms(c, rank, size):
         for t in inputs:
             want.append([torch.empty_like(t) for _ in range(size)])
             dist.all_gather(want[-1], t, group=gloo_group())
-        got = [[torch.full_like(t, -1) for _ in range(size)] for t in inputs]
+        # Separate tensors (written one by one, Communicator::all_gather's
+        # list form) and views with gaps (staged), alternately.
+        got = [[torch.full_like(t, -1) if k % 2 == 0 else torch.full((2 * t.numel(),), -1.0)[::2]
+                for _ in range(size)] for k, t in enumerate(inputs)]
         works = [dist.all_gather(g, t, async_op=True) for g, t in zip(got, inputs)]
         for work in works:
             work.wait()
         for k in range(8):
-            c.equal(f"8 async staged all_gathers in flight, round {round_}, call {k}", got[k], want[k])
+            form = "separate" if k % 2 == 0 else "staged"
+            c.equal(f"8 async list all_gathers in flight, round {round_}, call {k} ({form})", got[k], want[k])
         lists = [[values(big, rank, torch.float32, salt=k + p + 10 * round_) for p in range(size)] for k in range(8)]
         kept = [[p.clone() for p in parts] for parts in lists]
         want = [gloo_all_reduce(torch.cat(parts), dist.ReduceOp.SUM).narrow(0, rank * big, big) for parts in lists]
@@ -242,9 +246,22 @@ def check_list_forms(c, rank, size):
     t = values(3 * 2**18, rank, torch.float32)
     mapped = braid_torch.staging_blocks()
     for _ in range(6):
-        dist.all_gather([torch.empty_like(t) for _ in range(size)], t)
+        dist.all_gather([torch.empty(2 * t.numel())[::2] for _ in range(size)], t)
     blocks = braid_torch.staging_blocks() - mapped
-    c.true("six list all_gathers one after another map one staging block", blocks == 1, f"they mapped {blocks}")
+    c.true("six list all_gathers into views with gaps one after another map one staging block", blocks == 1,
+           f"they mapped {blocks}")
+    # Into separate tensors braid writes each rank's part where it belongs:
+    # no staging block, no copy (5 MiB per rank: staged, it would need a
+    # block larger than any kept so far).
+    t = values(5 * 2**18, rank, torch.float32)
+    mapped = braid_torch.staging_blocks()
+    separate = [torch.full_like(t, -1) for _ in range(size)]
+    dist.all_gather(separate, t)
+    want = [torch.empty_like(t) for _ in range(size)]
+    dist.all_gather(want, t, group=gloo_group())
+    c.equal("a list all_gather into separate tensors", separate, want)
+    blocks = braid_torch.staging_blocks() - mapped
+    c.true("a list all_gather into separate tensors maps no staging block", blocks == 0, f"it mapped {blocks}")
     dist.barrier()
 
 
