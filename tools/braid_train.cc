@@ -232,6 +232,13 @@ std::unique_ptr<braid::trainer::DirectoryLock> guard_checkpoint_dir(const braid:
                                                                     const TrainOptions& o) {
   namespace fs = std::filesystem;
   if (o.checkpoint_dir.empty() || o.eval_only || !o.consolidate.empty()) return nullptr;
+  // One in another run's step directory was taken (its lock file and
+  // steps written there), and that run's next prune removed it with every
+  // step, without a word (found by a review helper).
+  if (const auto step = braid::trainer::layout::enclosing_step(o.checkpoint_dir))
+    throw braid::InvalidUsage("--checkpoint-dir " + o.checkpoint_dir + " lies in the checkpoint step directory " +
+                              step->string() + ", which that run replaces or prunes with whatever is in it; "
+                              "name a directory outside it");
   std::unique_ptr<braid::trainer::DirectoryLock> lock;
   if (info.rank == 0) {
     char host[256] = {};

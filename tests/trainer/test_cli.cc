@@ -138,6 +138,14 @@ TEST_CASE("inputs that are not files and outputs that would replace an input are
       // A link into a step directory: the write followed it.
       {kTiny + "--steps 1 --metrics " + (dir / "link.jsonl").string(), "lies in the checkpoint step directory"},
       {kTiny + "--steps 1 --metrics " + (dir / "dangling.jsonl").string(), "lies in the checkpoint step directory"},
+      // A --checkpoint-dir in a step, or named as one beside `latest`: the
+      // other run's next prune removed it with every step written there.
+      {kTiny + "--data " + text.string() + " --steps 1 --checkpoint-dir " + step.string(),
+       "--checkpoint-dir " + step.string() + " lies in the checkpoint step directory"},
+      {kTiny + "--data " + text.string() + " --steps 1 --checkpoint-dir " + (step / "run2").string(),
+       "lies in the checkpoint step directory " + step.string()},
+      {kTiny + "--data " + text.string() + " --steps 1 --checkpoint-dir " + (ckpt / "step_00000009").string(),
+       "lies in the checkpoint step directory"},
   };
   for (const Case& c : cases) {
     INFO("braid-train " << c.args);
@@ -147,6 +155,9 @@ TEST_CASE("inputs that are not files and outputs that would replace an input are
   }
   CHECK(read_text(step / "model.safetensors") == weights);
   CHECK_FALSE(fs::exists(step / "new.jsonl"));
+  CHECK_FALSE(fs::exists(step / "run2"));
+  CHECK_FALSE(fs::exists(ckpt / "step_00000009"));
+  CHECK_FALSE(fs::exists(step / ".braid-train.lock"));
   CHECK(read_text(text) == corpus);
   CHECK(braid_train(dir, "--resume " + ckpt.string() + " --steps 3").rc == 0);
 }

@@ -230,6 +230,19 @@ void prune_steps(const fs::path& dir, std::int64_t committed, int keep) {
   for (const fs::path& p : doomed) fs::remove_all(p);
 }
 
+std::optional<fs::path> enclosing_step(const fs::path& dir) {
+  std::error_code ec;
+  fs::path real = fs::weakly_canonical(dir, ec);
+  if (ec) real = fs::absolute(dir, ec).lexically_normal();
+  for (fs::path p = real; !p.empty(); p = p.parent_path()) {
+    if (is_complete(p)) return p;
+    if (classify(p.filename().string()).kind != StepEntry::kNone && fs::exists(p.parent_path() / kLatest, ec))
+      return p;
+    if (p == p.root_path() || p.parent_path() == p) break;
+  }
+  return std::nullopt;
+}
+
 std::optional<fs::path> newest_complete_step(const fs::path& dir) {
   std::optional<std::int64_t> newest;
   std::error_code ec;

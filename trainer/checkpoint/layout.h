@@ -82,6 +82,11 @@ std::filesystem::path publish_step(const std::filesystem::path& dir, std::int64_
 // are another run's (this one went back to an earlier step) and stay: they
 // are not this run's to prune.
 void prune_steps(const std::filesystem::path& dir, std::int64_t committed, int keep);
+// The step directory of a checkpoint that `dir` is or lies in, if any: an
+// ancestor (or `dir`) holding a state file or a manifest, or named as a
+// step (step_N, step_N.partial) beside a `latest`. Another run's pruning
+// removes such a directory with whatever a run wrote into it.
+std::optional<std::filesystem::path> enclosing_step(const std::filesystem::path& dir);
 // The newest complete step directory in `dir` (whatever `latest` says), if
 // any; for errors about a `latest` that is missing.
 std::optional<std::filesystem::path> newest_complete_step(const std::filesystem::path& dir);
