@@ -160,6 +160,24 @@ std::vector<Corruption> corruptions() {
        [](const std::string& b) { return edit_header(b, [](json& h) { h["__metadata__"]["n_layer"] = "3"; }); }},
       {"a damaged step", "its __metadata__ (config, step, rank, checksums) does not match its checksum",
        [](const std::string& b) { return edit_header(b, [](json& h) { h["__metadata__"]["step"] = "9"; }); }},
+      // A flipped bit in the name of the metadata's own checksum key read
+      // as an older braid's file: the metadata went unchecked.
+      {"a damaged name of the metadata's checksum key", "holds the key 'xxh3:__metadatA__', the name of its own checksum",
+       [](const std::string& b) {
+         return edit_header(b, [](json& h) {
+           json& m = h["__metadata__"];
+           m["xxh3:__metadatA__"] = m["xxh3:__metadata__"];
+           m.erase("xxh3:__metadata__");
+         });
+       }},
+      {"a damaged prefix of the metadata's checksum key", "holds the key 'xxh2:__metadata__'",
+       [](const std::string& b) {
+         return edit_header(b, [](json& h) {
+           json& m = h["__metadata__"];
+           m["xxh2:__metadata__"] = m["xxh3:__metadata__"];
+           m.erase("xxh3:__metadata__");
+         });
+       }},
   };
 }
 

@@ -200,6 +200,18 @@ void SafetensorsFile::verify_checksums() {
   if (metadata_value(kChecksumKey) != kChecksumAlgorithm) {
     fail(std::string("its checksums are '") + metadata_value(kChecksumKey) + "', not " + kChecksumAlgorithm);
   }
+  // A flipped bit in the name of the metadata's own checksum key read as a
+  // file of a braid from before that key: the file loaded with its metadata
+  // unverified, without a word (found by a review helper). A key a
+  // character or two off that one is its name, damaged.
+  for (const auto& [key, value] : metadata_) {
+    if (key == kMetadataChecksumKey || key.size() != kMetadataChecksumKey.size()) continue;
+    std::size_t differ = 0;
+    for (std::size_t i = 0; i < key.size(); ++i) differ += key[i] != kMetadataChecksumKey[i];
+    if (differ <= 2)
+      fail("its __metadata__ holds the key '" + key + "', the name of its own checksum ('" + kMetadataChecksumKey +
+           "') damaged; the header is corrupt: restore the file or use another checkpoint");
+  }
   // Files of braid before the metadata had its own checksum lack the key.
   if (auto it = metadata_.find(kMetadataChecksumKey); it != metadata_.end()) {
     const std::string actual = metadata_checksum(metadata_);
