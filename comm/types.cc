@@ -19,6 +19,12 @@ std::string_view name(OpKind kind) {
   return index < std::size(kNames) ? kNames[index] : "unknown";
 }
 
+std::string list_form_note(OpKind kind) {
+  if (kind != OpKind::all_gather) return {};
+  return "; an all_gather into one buffer per rank (the list form) never runs direct, even on registered buffers, "
+         "so under BRAID_ALGO=direct every rank must pass the same form";
+}
+
 std::string describe(const Op& op) {
   if (op.kind == OpKind::all_gather && op.root == kSplitRoot)
     return "split #" + std::to_string(op.seq) + " (its all_gather of every rank's color and key)";

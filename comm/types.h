@@ -69,6 +69,11 @@ inline constexpr int kSplitRoot = -2;
 
 // "all_reduce #12 (count 1024, f32, sum)"
 std::string describe(const Op& op);
+// For a mismatch of algorithms in an all_gather: that its list form
+// (Op::recv_chunks) never runs direct, so ranks that pass the flat form on
+// registered buffers under BRAID_ALGO=direct disagree with it. Empty for
+// other kinds.
+std::string list_form_note(OpKind kind);
 
 // The number of a select.cc algorithm name, as Op and the headers carry it:
 // 1 up to kAlgorithmIds - 1; cuda_ipc is direct's (the same collectives over

@@ -80,7 +80,7 @@ std::string header_mismatch(const WireHeader& expected, const WireHeader& got, i
            algorithm_name(expected.algorithm) + ", " + them + " with " + algorithm_name(got.algorithm) +
            "; set BRAID_ALGO alike on every rank, and give every rank registered buffers (Communicator::allocate) "
            "or none, counting every buffer a rank passes (a send buffer of a broadcast on the ranks other than the "
-           "root too)";
+           "root too)" + list_form_note(op_of(expected).kind);
   if (got.step != expected.step || got.segment != expected.segment ||
       got.payload_bytes != expected.payload_bytes)
     return me + " received an out-of-order message from " + them + " (step " + std::to_string(got.step) +

@@ -142,3 +142,33 @@ TEST_CASE("the list form of all_gather runs the ring where the flat form would g
   INFO(result.summary());
   REQUIRE(result.all_ok());
 }
+
+// So a rank on the flat form of registered buffers under BRAID_ALGO=direct
+// runs direct while a rank on the list form runs the ring: the call fails
+// on both as mismatched (a review helper's find), and the message says why,
+// where it told to register buffers that were all registered.
+TEST_CASE("flat and list forms of all_gather under BRAID_ALGO=direct fail both ranks, naming the list form",
+          "[collectives][list]") {
+  runtime::Config config = test::test_config(std::chrono::seconds(20));
+  config.algo = "direct";
+  auto result = test::run_ranks(2, [](Communicator& comm) {
+    const int r = comm.rank();
+    const std::size_t count = 5000;
+    auto* send = static_cast<float*>(comm.allocate(count * sizeof(float)));
+    auto* out = static_cast<float*>(comm.allocate(2 * count * sizeof(float)));
+    std::string message = "no error";
+    try {
+      if (r == 0) comm.all_gather(send, out, count, DataType::f32).wait();
+      else comm.all_gather(send, std::vector<void*>{out, out + count}, count, DataType::f32).wait();
+    } catch (const Error& e) {
+      message = e.what();
+    }
+    expect(message.find("mismatched collectives") != std::string::npos &&
+               message.find("the list form) never runs direct") != std::string::npos,
+           "message: " + message);
+    Communicator::deallocate(send);
+    Communicator::deallocate(out);
+  }, test::run_options(std::chrono::seconds(60), config));
+  INFO(result.summary());
+  REQUIRE(result.all_ok());
+}

@@ -207,7 +207,8 @@ void ShmSlots::check_stray(int peer, std::uint64_t seq) const {
                         std::to_string(h.step) + "): the arguments, BRAID_ALGO or the registered buffers of the "
                         "ranks differ; every rank must issue the same collectives in the same order, with the same "
                         "BRAID_ALGO, and give every rank registered buffers (Communicator::allocate) or none, counting "
-                        "every buffer a rank passes (a send buffer of a broadcast on the ranks other than the root too)",
+                        "every buffer a rank passes (a send buffer of a broadcast on the ranks other than the root too)" +
+                        list_form_note(kind),
                     peer);
 }
 
