@@ -158,6 +158,11 @@ TEST_CASE("inputs that are not files and outputs that would replace an input are
   CHECK_FALSE(fs::exists(step / "run2"));
   CHECK_FALSE(fs::exists(ckpt / "step_00000009"));
   CHECK_FALSE(fs::exists(step / ".braid-train.lock"));
+  // A project's own state.json beside a --checkpoint-dir is no checkpoint step.
+  fs::create_directories(dir / "project");
+  std::ofstream(dir / "project" / "state.json") << "{}\n";
+  CHECK(braid_train(dir, kTiny + "--data " + text.string() + " --steps 1 --checkpoint-dir " +
+                             (dir / "project" / "ck").string()).rc == 0);
   CHECK(read_text(text) == corpus);
   CHECK(braid_train(dir, "--resume " + ckpt.string() + " --steps 3").rc == 0);
 }

@@ -235,8 +235,8 @@ std::optional<fs::path> enclosing_step(const fs::path& dir) {
   fs::path real = fs::weakly_canonical(dir, ec);
   if (ec) real = fs::absolute(dir, ec).lexically_normal();
   for (fs::path p = real; !p.empty(); p = p.parent_path()) {
-    if (is_complete(p)) return p;
-    if (classify(p.filename().string()).kind != StepEntry::kNone && fs::exists(p.parent_path() / kLatest, ec))
+    if (classify(p.filename().string()).kind != StepEntry::kNone &&
+        (is_complete(p) || fs::exists(p.parent_path() / kLatest, ec)))
       return p;
     if (p == p.root_path() || p.parent_path() == p) break;
   }

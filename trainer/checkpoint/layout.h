@@ -83,9 +83,10 @@ std::filesystem::path publish_step(const std::filesystem::path& dir, std::int64_
 // are not this run's to prune.
 void prune_steps(const std::filesystem::path& dir, std::int64_t committed, int keep);
 // The step directory of a checkpoint that `dir` is or lies in, if any: an
-// ancestor (or `dir`) holding a state file or a manifest, or named as a
-// step (step_N, step_N.partial) beside a `latest`. Another run's pruning
-// removes such a directory with whatever a run wrote into it.
+// ancestor (or `dir`) named as a step (step_N, step_N.partial) that holds
+// a state file or a manifest, or lies beside a `latest`. Another run's
+// pruning removes such a directory with whatever a run wrote into it. (A
+// state.json alone is no sign: a project's own files may be named so.)
 std::optional<std::filesystem::path> enclosing_step(const std::filesystem::path& dir);
 // The newest complete step directory in `dir` (whatever `latest` says), if
 // any; for errors about a `latest` that is missing.
