@@ -24,6 +24,22 @@ float value(int rank, std::size_t i, int call) {
   return static_cast<float>(static_cast<int>((rank * 131 + i * 7 + static_cast<std::size_t>(call) * 3) % 1009) - 500);
 }
 
+// A send buffer of `count` floats and a flat output of 2 x count, both in
+// registered memory (Communicator::allocate), freed with the scope.
+struct RegisteredPair {
+  explicit RegisteredPair(std::size_t count)
+      : send(static_cast<float*>(Communicator::allocate(count * sizeof(float)))),
+        out(static_cast<float*>(Communicator::allocate(2 * count * sizeof(float)))) {}
+  ~RegisteredPair() {
+    Communicator::deallocate(send);
+    Communicator::deallocate(out);
+  }
+  RegisteredPair(const RegisteredPair&) = delete;
+  RegisteredPair& operator=(const RegisteredPair&) = delete;
+  float* send;
+  float* out;
+};
+
 }  // namespace
 
 // Each rank picks its own form: rank 0 the flat form, rank 1 the list out
@@ -127,8 +143,8 @@ TEST_CASE("the list form of all_gather runs the ring where the flat form would g
   auto result = test::run_ranks(2, [](Communicator& comm) {
     const int r = comm.rank();
     const std::size_t count = 5000;
-    auto* send = static_cast<float*>(comm.allocate(count * sizeof(float)));
-    auto* out = static_cast<float*>(comm.allocate(2 * count * sizeof(float)));
+    const RegisteredPair buffers(count);
+    float *send = buffers.send, *out = buffers.out;
     std::fill_n(send, count, static_cast<float>(r + 1));
     comm.all_gather(send, out, count, DataType::f32).wait();
     expect(comm.last_algorithm(OpKind::all_gather).name == "direct", "flat form: " + comm.last_algorithm(OpKind::all_gather).name);
@@ -136,8 +152,6 @@ TEST_CASE("the list form of all_gather runs the ring where the flat form would g
     comm.all_gather(send, std::vector<void*>{a.data(), b.data()}, count, DataType::f32).wait();
     expect(comm.last_algorithm(OpKind::all_gather).name == "ring", "list form: " + comm.last_algorithm(OpKind::all_gather).name);
     expect(a[count - 1] == 1.0f && b[count - 1] == 2.0f && out[count] == 2.0f, "results");
-    Communicator::deallocate(send);
-    Communicator::deallocate(out);
   }, test::run_options(std::chrono::seconds(60), config));
   INFO(result.summary());
   REQUIRE(result.all_ok());
@@ -154,8 +168,8 @@ TEST_CASE("flat and list forms of all_gather under BRAID_ALGO=direct fail both r
   auto result = test::run_ranks(2, [](Communicator& comm) {
     const int r = comm.rank();
     const std::size_t count = 5000;
-    auto* send = static_cast<float*>(comm.allocate(count * sizeof(float)));
-    auto* out = static_cast<float*>(comm.allocate(2 * count * sizeof(float)));
+    const RegisteredPair buffers(count);
+    float *send = buffers.send, *out = buffers.out;
     std::string message = "no error";
     try {
       if (r == 0) comm.all_gather(send, out, count, DataType::f32).wait();
@@ -166,8 +180,6 @@ TEST_CASE("flat and list forms of all_gather under BRAID_ALGO=direct fail both r
     expect(message.find("mismatched collectives") != std::string::npos &&
                message.find("the list form) never runs direct") != std::string::npos,
            "message: " + message);
-    Communicator::deallocate(send);
-    Communicator::deallocate(out);
   }, test::run_options(std::chrono::seconds(60), config));
   INFO(result.summary());
   REQUIRE(result.all_ok());
