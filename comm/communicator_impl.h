@@ -216,6 +216,7 @@ struct Communicator::Impl {
   // them the status board was told of.
   std::vector<std::unique_ptr<PointToPoint>> p2p;
   Op p2p_entered;
+  Clock::time_point next_look{};  // look_for_collectives_instead's next read of the status board
   bool p2p_handed = false;   // under `mu`: a caller left calls in `p2p` for the worker
   bool p2p_running = false;  // under `mu`: the worker runs `p2p` (interrupt it for the next)
   bool stopping = false;
@@ -302,6 +303,7 @@ struct Communicator::Impl {
   bool land(PointToPoint& call);
   bool finish_point_to_point(bool inline_call);
   void drive_point_to_point(Clock::time_point until);
+  void look_for_collectives_instead();
   void fail_point_to_point(std::exception_ptr raw, bool inline_call);
   void run_worker();
   bool start_worker(const Op& op, WorkState& state);

@@ -42,6 +42,12 @@ namespace {
 // bounds the wait should a transport not implement interrupt().
 constexpr auto kAdoptEvery = std::chrono::milliseconds(50);
 constexpr auto kInlineWait = std::chrono::microseconds(100);
+// look_for_collectives_instead: how long a receive waits before its peer's
+// status report is read, how often it is read, and how long messages sent
+// before the collective it reports may take to arrive.
+constexpr auto kLookAfter = std::chrono::milliseconds(250);
+constexpr auto kLookEvery = std::chrono::milliseconds(250);
+constexpr auto kInFlight = std::chrono::milliseconds(200);
 
 }  // namespace
 
@@ -259,27 +265,61 @@ void Communicator::Impl::drive_point_to_point(Clock::time_point until) {
   const PointToPoint& first = *p2p.front();
   exchange.waiting_for.store(first.op.root, std::memory_order_relaxed);
   if (exchange.distinct.size() == 1) {
-    if (exchange.distinct.front()->progress(until) || !exchange.slots) return;
-    // Nothing moved: a peer that a receive waits for may have gone into a
-    // collective instead, which over the shared slots sends nothing. Only a
-    // receive whose message has not all arrived waits for its peer: one
-    // that has (held in staging behind an earlier call) lets its peer go
-    // on to the next collective, rightly (found by a review helper).
-    const auto arrived = [](const PointToPoint& call) {
-      for (std::size_t i = call.done; i < call.requests.size(); ++i)
-        if (!call.requests[i].transport->is_done(call.requests[i].id)) return false;
-      return true;
-    };
-    for (const auto& call : p2p)
-      if (call->posted && !call->landed && call->op.kind == OpKind::recv && !arrived(*call))
-        check_receive(exchange, call->op);
+    if (!exchange.distinct.front()->progress(until)) look_for_collectives_instead();
     return;
   }
   bool advanced = false;  // several transports: short turns, so that none starves
   for (Transport* each : exchange.distinct) advanced |= each->progress(now);
   if (!advanced) {
     Transport* waited = exchange.routes.at(static_cast<std::size_t>(first.op.root));
-    waited->progress(std::min(until, now + std::chrono::microseconds(200)));
+    if (!waited->progress(std::min(until, now + std::chrono::microseconds(200)))) look_for_collectives_instead();
+  }
+}
+
+// Nothing moved: a peer that a receive waits for may have gone into a
+// collective instead. Most collectives send this rank a message whose
+// header says so, but not all: over the shared slots they agree through
+// the slots, and over TCP or RDMA a dissemination barrier of 3 ranks, or a
+// ring of 4, may send this rank nothing from that peer, so the receive
+// waited out BRAID_TIMEOUT. Only a receive whose message has not all
+// arrived waits for its peer: one that has (held in staging behind an
+// earlier call) lets its peer go on to the next collective, rightly (found
+// by a review helper).
+//
+// Over the slots, check_receive reads the peer's slot. Elsewhere the peer's
+// status report (StatusBoard) says which collective it entered: once a
+// receive has waited kLookAfter, every kLookEvery at most. A report of a
+// collective at or past the receive's next_collective proves the peer will
+// not send the message (check_receive says why); only its messages sent
+// before that collective may still be on the wire, so the route gets
+// kInFlight more to bring them before the receive fails.
+void Communicator::Impl::look_for_collectives_instead() {
+  const auto arrived = [](const PointToPoint& call) {
+    for (std::size_t i = call.done; i < call.requests.size(); ++i)
+      if (!call.requests[i].transport->is_done(call.requests[i].id)) return false;
+    return true;
+  };
+  const auto now = Clock::now();
+  const bool board_looks = status && now >= next_look;
+  if (board_looks) next_look = now + kLookEvery;
+  for (const auto& call : p2p) {
+    if (!call->posted || call->landed || call->op.kind != OpKind::recv || arrived(*call)) continue;
+    const int peer = call->op.root;
+    Transport* route = exchange.routes.at(static_cast<std::size_t>(peer));
+    if (exchange.slots && exchange.distinct.size() == 1) {
+      check_receive(exchange, call->op);
+      continue;
+    }
+    if (!board_looks || route->shared_slots() || call->op.next_collective == 0 ||
+        now < call->deadline - timeout + kLookAfter)
+      continue;
+    const auto reached = status->collective_reached(peer);
+    if (!reached || reached->seq < call->op.next_collective) continue;
+    const std::uint64_t received = route->bytes_received();
+    if (route->progress(Clock::now() + kInFlight) || route->bytes_received() != received) return;
+    throw RemoteError(receive_without_send(rank, call->op, reached->kind + " #" + std::to_string(reached->seq) +
+                                                           " (its status report says)"),
+                      peer);
   }
 }
 

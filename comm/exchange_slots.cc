@@ -192,12 +192,16 @@ void check_receive(const ExchangeContext& c, const Op& recv) {
   std::memcpy(&header, c.slots->theirs(peer, next).data(), sizeof header);
   const Op call = op_of(as_wire(header, next));
   const bool known = c.slots->published(peer, next) == next && header.magic == kSlotMagic;  // not rewritten meanwhile
-  throw RemoteError("mismatched calls: rank " + std::to_string(c.rank) + " waits in " + describe(recv) +
-                        " for a message from rank " + std::to_string(peer) + ", but rank " + std::to_string(peer) +
-                        " has entered " + (known ? describe(call) : "collective #" + std::to_string(next)) +
-                        " without sending it: where one rank calls recv, its peer must call send, and every rank "
-                        "must issue the same calls in the same order",
-                    peer);
+  throw RemoteError(
+      receive_without_send(c.rank, recv, known ? describe(call) : "collective #" + std::to_string(next)), peer);
+}
+
+std::string receive_without_send(int rank, const Op& recv, const std::string& entered) {
+  const std::string peer = std::to_string(recv.root);
+  return "mismatched calls: rank " + std::to_string(rank) + " waits in " + describe(recv) +
+         " for a message from rank " + peer + ", but rank " + peer + " has entered " + entered +
+         " without sending it: where one rank calls recv, its peer must call send, and every rank must issue the "
+         "same calls in the same order";
 }
 
 namespace {

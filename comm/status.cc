@@ -17,6 +17,9 @@ constexpr auto kSilence = std::chrono::milliseconds(600);
 // The failure path's budget for one call on the store is a quarter of the
 // store's request timeout, and never more than this.
 constexpr auto kMaxBudget = std::chrono::milliseconds(2000);
+// How long a receive's look at a peer's report (collective_reached) may
+// wait for the store.
+constexpr auto kLookBudget = std::chrono::milliseconds(500);
 // How long the destructor waits for the heartbeat thread to end.
 constexpr auto kJoinWait = std::chrono::milliseconds(200);
 
@@ -125,8 +128,11 @@ std::optional<runtime::Bytes> StatusBoard::fetch(const std::string& key, Clock::
 
 std::optional<StatusBoard::Record> StatusBoard::read(int peer, Clock::time_point deadline) {
   auto value = fetch(key("status", peer), deadline);
-  if (!value) return std::nullopt;
-  std::istringstream in(std::string(value->begin(), value->end()));
+  return value ? parse(*value) : std::nullopt;
+}
+
+std::optional<StatusBoard::Record> StatusBoard::parse(const std::vector<std::uint8_t>& value) {
+  std::istringstream in(std::string(value.begin(), value.end()));
   Record r;
   std::string hash_seq, where;
   in >> r.kind >> hash_seq >> where >> r.waiting_for >> r.beat;
@@ -134,6 +140,25 @@ std::optional<StatusBoard::Record> StatusBoard::read(int peer, Clock::time_point
   r.seq = std::stoull(hash_seq.substr(1));
   r.inside = where == "in";
   return r;
+}
+
+// Not the failure path's: a receive asks this while it waits, on a store
+// that may be slow or frozen, so a store that leaves it unanswered once is
+// not asked again (the heartbeat thread holds the store's one connection
+// while it waits for a set; a progress thread must not wait behind it on
+// every look).
+std::optional<StatusBoard::Reached> StatusBoard::collective_reached(int peer) {
+  if (!store_ || looks_off_.load(std::memory_order_relaxed)) return std::nullopt;
+  std::optional<runtime::Bytes> value;
+  try {
+    value = store_->try_get(key("status", peer), Clock::now() + kLookBudget);
+  } catch (const Error&) {
+    looks_off_.store(true, std::memory_order_relaxed);
+    return std::nullopt;
+  }
+  auto r = value ? parse(*value) : std::nullopt;
+  if (!r || point_to_point(r->kind)) return std::nullopt;
+  return Reached{r->kind, r->seq};
 }
 
 std::vector<std::optional<StatusBoard::Record>> StatusBoard::read_all(int size, Clock::time_point deadline) {

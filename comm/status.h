@@ -75,6 +75,15 @@ class StatusBoard {
   // The host names of a communicator across hosts, by rank: holder() then
   // names each rank's ("rank 2 (on node1, inside ...)").
   void set_hosts(std::vector<std::string> hosts) { hosts_ = std::move(hosts); }
+  // The collective `peer` last reported entering (its kind and number), or
+  // none: no report yet, its last report a send or a receive, or the store
+  // did not answer within 500 ms (once: it is not asked again). For a
+  // receive that waits over a transport without shared slots (engine_p2p.cc).
+  struct Reached {
+    std::string kind;
+    std::uint64_t seq = 0;
+  };
+  std::optional<Reached> collective_reached(int peer);
   void publish_abort(const std::string& reason);
   // The reason a peer published when it aborted, or empty.
   std::string abort_reason(int peer);
@@ -100,6 +109,7 @@ class StatusBoard {
   std::string unanswered();
   std::chrono::milliseconds budget() const;
   std::optional<Record> read(int peer, Clock::time_point deadline);
+  static std::optional<Record> parse(const std::vector<std::uint8_t>& value);
   std::vector<std::optional<Record>> read_all(int size, Clock::time_point deadline);
 
   std::shared_ptr<runtime::Store> store_;
@@ -123,6 +133,7 @@ class StatusBoard {
   std::thread thread_;
   std::mutex unanswered_mu_;
   std::string unanswered_;  // why the failure path no longer asks the store; empty while it does
+  std::atomic<bool> looks_off_{false};  // collective_reached found the store slow once
 };
 
 }  // namespace braid::comm

@@ -141,6 +141,9 @@ void find_slots(ExchangeContext& context);
 // collective that agrees through the slots sends no message, so the
 // receive alone would wait out the timeout).
 void check_receive(const ExchangeContext& context, const Op& recv);
+// The error of a receive on `rank` whose peer `entered` a collective
+// ("barrier #2 ...") instead of sending its message.
+std::string receive_without_send(int rank, const Op& recv, const std::string& entered);
 
 class Exchange {
  public:
