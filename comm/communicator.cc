@@ -70,7 +70,8 @@ std::string call_text(const Op& op, int rank) {
   std::size_t most_bytes;
   if (__builtin_mul_overflow(op.count, 8 * static_cast<std::size_t>(size), &most_bytes))
     throw InvalidUsage(call() + "count " + std::to_string(op.count) + " overflows the buffer size");
-  if (needs_send_buffer(op, rank) && !op.send) throw InvalidUsage(call() + "send buffer is null with count > 0");
+  if (needs_send_buffer(op, rank) && !op.send && !op.send_chunks)
+    throw InvalidUsage(call() + "send buffer is null with count > 0");
   throw InvalidUsage(call() + "receive buffer is null with count > 0");
 }
 
@@ -81,7 +82,7 @@ std::string call_text(const Op& op, int rank) {
 // The algorithms read an input that overlaps their output only in those
 // forms; any other overlap gave wrong results with no error.
 bool overlaps_otherwise(const Op& op, int rank, int size) {
-  if (op.recv_chunks) return false;  // check_chunks
+  if (op.recv_chunks || op.send_chunks) return false;  // check_chunks, check_send_chunks
   const std::size_t es = dtype_bytes(op.dtype);
   const std::size_t send_bytes = send_elements(op, rank, size) * es, recv_bytes = recv_elements(op, rank, size) * es;
   auto* send = static_cast<const std::byte*>(op.send);
@@ -130,6 +131,24 @@ bool overlaps_otherwise(const Op& op, int rank, int size) {
                          " overlap; each rank's part needs a buffer of its own");
 }
 
+// The list form of reduce_scatter (Op::send_chunks): every rank's input
+// there, none sharing a byte with the receive buffer unless it is this
+// rank's own at the same address (in place). Inputs may share bytes with
+// one another: they are only read.
+[[gnu::noinline]] void check_send_chunks(const Op& op, int rank, int size) {
+  const std::size_t bytes = op.count * dtype_bytes(op.dtype);
+  auto* recv = static_cast<const std::byte*>(op.recv);
+  for (int r = 0; r < size; ++r) {
+    auto* chunk = static_cast<const std::byte*>(op.send_chunks[r]);
+    if (!chunk) throw InvalidUsage(call_text(op, rank) + "send buffer " + std::to_string(r) + " is null with count > 0");
+    if (chunk < recv + bytes && recv < chunk + bytes && !(r == rank && chunk == recv))
+      throw InvalidUsage(call_text(op, rank) + "send buffer " + std::to_string(r) + " overlaps the receive buffer" +
+                         (r == rank ? " other than as in place (the same pointer)"
+                                    : "; only this rank's own (send buffer " + std::to_string(rank) +
+                                          ") may be the receive buffer, for an in-place call"));
+  }
+}
+
 // Every call's argument check, as branch-free tests with one branch on
 // the lot (issue 18: a small call's budget is a few hundred instructions);
 // refuse() then names what failed.
@@ -143,11 +162,12 @@ void validate(const Op& op, int rank, int size) {
   const bool bad = !is_valid(op.dtype) | !is_valid(op.reduce_op) | !can_reduce(op.dtype, op.reduce_op) |
                    ((rooted | p2p) & (static_cast<unsigned>(op.root) >= static_cast<unsigned>(size))) |
                    (p2p & (op.root == rank)) | overflows |
-                   (moves_data & ((needs_send_buffer(op, rank) & !op.send) |
+                   (moves_data & ((needs_send_buffer(op, rank) & !op.send & !op.send_chunks) |
                                   (needs_recv_buffer(op, rank) & !op.recv & !op.recv_chunks)));
   if (bad) [[unlikely]] refuse(op, rank, size);
   if (moves_data && overlaps_otherwise(op, rank, size)) [[unlikely]] refuse_overlap(op, rank);
   if (moves_data && op.recv_chunks) check_chunks(op, rank, size);
+  if (moves_data && op.send_chunks) check_send_chunks(op, rank, size);
 }
 
 // Finds where the buffers live (op.memory): both on one side, one device;
@@ -169,13 +189,16 @@ void locate_buffers(Op& op, int rank, int size) {
     throw InvalidUsage(call() + "the send buffer is in " + runtime::describe(in) + " but the receive buffer in " +
                        runtime::describe(out) + "; both must be in the same memory");
   op.memory = send ? in : out;
-  if (op.recv_chunks && moves_data) {
+  if ((op.recv_chunks || op.send_chunks) && moves_data) {
+    const void* const* table = op.recv_chunks ? op.recv_chunks : op.send_chunks;
     bool host = op.memory.kind == runtime::MemoryKind::host;
     for (int r = 0; r < size && host; ++r)
-      host = !runtime::device_memory_possible() || runtime::locate(op.recv_chunks[r]).kind == runtime::MemoryKind::host;
+      host = !runtime::device_memory_possible() || runtime::locate(table[r]).kind == runtime::MemoryKind::host;
     if (!host || op.stream.cuda != nullptr)
-      throw InvalidUsage(call() + "the list form (one receive buffer per rank) takes host memory and no stream; "
-                         "gather device buffers into one buffer of size x count");
+      throw InvalidUsage(call() + "the list form (one " + (op.recv_chunks ? "receive" : "send") +
+                         " buffer per rank) takes host memory and no stream; " +
+                         (op.recv_chunks ? "gather device buffers into one buffer of size x count"
+                                         : "pass device inputs as one buffer of size x count"));
   }
   if (op.memory.kind == runtime::MemoryKind::device && !runtime::cuda_built())
     throw InvalidUsage(call() + "the buffers are in " + runtime::describe(op.memory) +
@@ -443,6 +466,17 @@ Work Communicator::all_reduce(const void* send, void* recv, std::size_t count, D
 Work Communicator::reduce_scatter(const void* send, void* recv, std::size_t recv_count, DataType dtype,
                                   ReduceOp op, Stream stream) {
   return submit(make(OpKind::reduce_scatter, send, recv, recv_count, dtype, op, -1, stream));
+}
+
+Work Communicator::reduce_scatter(std::span<const void* const> send, void* recv, std::size_t recv_count,
+                                  DataType dtype, ReduceOp op) {
+  if (send.size() != static_cast<std::size_t>(impl_->size))
+    throw InvalidUsage("rank " + std::to_string(impl_->rank) + ", reduce_scatter: " + std::to_string(send.size()) +
+                       " send buffers for a communicator of " + std::to_string(impl_->size) +
+                       " ranks; the list form takes one per rank" + impl_->scope_note);
+  Op call = make(OpKind::reduce_scatter, nullptr, recv, recv_count, dtype, op);
+  call.send_chunks = send.data();
+  return submit(std::move(call));
 }
 
 Work Communicator::all_gather(const void* send, void* recv, std::size_t send_count, DataType dtype,

@@ -121,6 +121,7 @@ struct WorkState {
   std::chrono::milliseconds timeout{0};
   StagedInput input;  // filled when the call runs; kept while the state lives
   std::vector<void*> recv_chunks;  // a list-form all_gather's buffers (Op::recv_chunks points here)
+  std::vector<const void*> send_chunks;  // a list-form reduce_scatter's (Op::send_chunks)
   // fork_generation() at the call: in a child forked since, no thread will
   // ever complete it (the parent's progress thread is not there).
   unsigned born_in = fork_generation();

@@ -116,6 +116,10 @@ std::shared_ptr<WorkState> Communicator::Impl::enqueue(Op op, StagedInput input)
     state->recv_chunks.assign(op.recv_chunks, op.recv_chunks + size);
     op.recv_chunks = state->recv_chunks.data();
   }
+  if (op.send_chunks) {
+    state->send_chunks.assign(op.send_chunks, op.send_chunks + size);
+    op.send_chunks = state->send_chunks.data();
+  }
   // Device memory: the copies and the gate go on the caller's stream now,
   // before the call takes its sequence number, and staging and queueing
   // happen under staging_mu so that gates open in queue order. Not under mu:
@@ -379,8 +383,9 @@ CallShape Communicator::Impl::shape_of(const Op& op) const {
   const std::size_t recv_bytes = recv_elements(op, rank, size) * dtype_bytes(op.dtype);
   auto* send = static_cast<const std::byte*>(op.send);
   auto* recv = static_cast<const std::byte*>(op.recv);
-  shape.in_place = op.recv_chunks ? send_bytes && op.send == op.recv_chunks[rank]
-                                  : send_bytes && recv_bytes && send < recv + recv_bytes && recv < send + send_bytes;
+  if (op.recv_chunks) shape.in_place = send_bytes && op.send == op.recv_chunks[rank];
+  else if (op.send_chunks) shape.in_place = recv_bytes && op.recv == op.send_chunks[rank];
+  else shape.in_place = send_bytes && recv_bytes && send < recv + recv_bytes && recv < send + send_bytes;
   shape.transport = config.transport;
   shape.forced = forced_algo;
   shape.slot_bytes = slot_capacity(exchange);
@@ -397,7 +402,7 @@ CallShape Communicator::Impl::shape_of(const Op& op) const {
 // registered receive buffer) differed, the root's answer against the
 // others', and BRAID_ALGO=direct failed the call as mismatched.
 bool Communicator::Impl::registered(const Op& op) const {
-  if (op.recv_chunks) return false;  // the list form: never the direct collective
+  if (op.recv_chunks || op.send_chunks) return false;  // the list forms: never the direct collective
   const std::size_t es = dtype_bytes(op.dtype);
   std::size_t send_bytes = send_elements(op, rank, size) * es, recv_bytes = recv_elements(op, rank, size) * es;
   if (op.kind == OpKind::broadcast && !send_bytes && op.send) send_bytes = op.count * es;

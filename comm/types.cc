@@ -20,9 +20,12 @@ std::string_view name(OpKind kind) {
 }
 
 std::string list_form_note(OpKind kind) {
-  if (kind != OpKind::all_gather) return {};
-  return "; an all_gather into one buffer per rank (the list form) never runs direct, even on registered buffers, "
-         "so under BRAID_ALGO=direct every rank must pass the same form";
+  if (kind != OpKind::all_gather && kind != OpKind::reduce_scatter) return {};
+  return kind == OpKind::all_gather
+             ? "; an all_gather into one buffer per rank (the list form) never runs direct, even on registered "
+               "buffers, so under BRAID_ALGO=direct every rank must pass the same form"
+             : "; a reduce_scatter from one buffer per rank (the list form) never runs direct, even on registered "
+               "buffers, so under BRAID_ALGO=direct every rank must pass the same form";
 }
 
 std::string describe(const Op& op) {

@@ -59,6 +59,10 @@ struct Op {
   // form): rank r's part lands at recv_chunks[r] (size pointers), recv is
   // null. Null in every other call.
   void* const* recv_chunks = nullptr;
+  // reduce_scatter from one buffer per rank (Communicator::reduce_scatter's
+  // list form): the input for rank r's part is at send_chunks[r] (size
+  // pointers), send is null. Null in every other call.
+  const void* const* send_chunks = nullptr;
 };
 
 // The root of the all_gather by which split() exchanges every rank's color
@@ -69,10 +73,10 @@ inline constexpr int kSplitRoot = -2;
 
 // "all_reduce #12 (count 1024, f32, sum)"
 std::string describe(const Op& op);
-// For a mismatch of algorithms in an all_gather: that its list form
-// (Op::recv_chunks) never runs direct, so ranks that pass the flat form on
-// registered buffers under BRAID_ALGO=direct disagree with it. Empty for
-// other kinds.
+// For a mismatch of algorithms in an all_gather or a reduce_scatter: that
+// its list form (Op::recv_chunks, Op::send_chunks) never runs direct, so
+// ranks that pass the flat form on registered buffers under
+// BRAID_ALGO=direct disagree with it. Empty for other kinds.
 std::string list_form_note(OpKind kind);
 
 // The number of a select.cc algorithm name, as Op and the headers carry it:

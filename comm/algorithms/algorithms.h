@@ -87,6 +87,10 @@ struct ReduceScatterRingOptions {
   // output that way); a segment whose slot's send has not yet gone is
   // reduced into dst as without staging, so staging never waits on a peer.
   FinalStaging* staging = nullptr;
+  // Chunk c's input at inputs[c] instead of its place in src (the list form
+  // of reduce_scatter, Op::send_chunks); src is then unused. Needs
+  // final_only: the partial sums must not land in the caller's inputs.
+  const void* const* inputs = nullptr;
 };
 // Ring reduce-scatter of the `layout` chunks of `src` (element type and op from
 // x.op()): on return chunk `rank` of `dst` holds the reduction over all ranks.

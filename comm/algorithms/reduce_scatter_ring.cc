@@ -21,6 +21,9 @@
 //
 // Per rank this sends (N-1)/N of the message: the bandwidth optimum.
 //
+// The list form (Op::send_chunks) reads chunk c's input from a buffer of
+// its own, and keeps its partial sums in scratch (final_only).
+//
 // An avg of halves whose inputs were left unscaled (Op::avg_inputs_unscaled)
 // scales each input element down as it reduces it: this rank's own at every
 // step, and at step 0 the left neighbour's too, which it sent as it is; what
@@ -41,15 +44,21 @@ std::size_t segment_count(const Exchange& x) {
 
 namespace {
 
+// This rank's input for chunk c: its place in src, or its own buffer (inputs).
+const std::byte* input_of(const std::byte* src, const void* const* inputs, const ChunkLayout& layout, int c,
+                          std::size_t es) {
+  return inputs ? static_cast<const std::byte*>(inputs[c]) : src + layout.offset(c) * es;
+}
+
 // Step 0 (the `send` verb): this rank's own contribution to its right
-// neighbour's chunk, straight from src.
+// neighbour's chunk, straight from src (or inputs).
 void send_first_step(Exchange& x, const std::byte* src, const ChunkLayout& layout, std::uint32_t first_step,
-                     std::vector<Request>* sent) {
+                     std::vector<Request>* sent, const void* const* inputs = nullptr) {
   const int n = x.size(), right = (x.rank() + 1) % n, first = (x.rank() - 1 + n) % n;
   const std::size_t es = x.element_bytes(), seg = segment_count(x);
+  const std::byte* from = input_of(src, inputs, layout, first, es);
   for (std::size_t off = 0, g = 0; off < layout.count_of(first); off += seg, ++g) {
-    Request request = x.send(right, first_step, g, src + (layout.offset(first) + off) * es,
-                             std::min(seg, layout.count_of(first) - off) * es);
+    Request request = x.send(right, first_step, g, from + off * es, std::min(seg, layout.count_of(first) - off) * es);
     if (sent) sent->push_back(request);
   }
 }
@@ -93,7 +102,7 @@ class ReduceScatterRing {
   ReduceScatterRing(Exchange& x, const std::byte* src, std::byte* dst, const ChunkLayout& layout,
                     const ReduceScatterRingOptions& options);
 
-  void send() { send_first_step(x_, src_, layout_, o_.first_step, &sent_); }
+  void send() { send_first_step(x_, src_, layout_, o_.first_step, &sent_, o_.inputs); }
   void recv_reduce_send(int s);
   void recv_reduce_copy_send(int s);
   // Only this schedule's own sends are waited for: sends the on_final
@@ -107,7 +116,7 @@ class ReduceScatterRing {
   // Whether `count` elements at dst overlap what step 0 sent from src.
   bool overlaps_first_step(std::size_t count) const {
     const int first = (r_ - 1 + n_) % n_;
-    const std::byte* sent = src_ + layout_.offset(first) * es_;
+    const std::byte* sent = input_of(src_, o_.inputs, layout_, first, es_);
     return dst_ < sent + layout_.count_of(first) * es_ && sent < dst_ + count * es_;
   }
   StepReceives receive(int s);
@@ -186,7 +195,7 @@ Request* ReduceScatterRing::free_staging_slot(std::size_t g) {
 void ReduceScatterRing::reduce(int s, std::byte* out, int chunk, std::size_t g, std::size_t count,
                                std::span<const std::byte> received) {
   const Op& op = x_.op();
-  const std::byte* own = src_ + (layout_.offset(chunk) + g * seg_) * es_;
+  const std::byte* own = input_of(src_, o_.inputs, layout_, chunk, es_) + g * seg_ * es_;
   if (op.avg_inputs_unscaled) {
     const int down = -op.avg_scale_up;
     return kernels::cpu::sum_scaled_halves(out, own, down, received.data(), s == 0 ? down : 0, count, op.dtype);
@@ -259,13 +268,15 @@ void reduce_scatter(Exchange& x) {
   auto* src = static_cast<const std::byte*>(op.send);
   auto* out = static_cast<std::byte*>(op.recv);
   if (x.size() == 1) {
-    if (out != src) std::copy_n(src, op.count * es, out);
+    if (op.send_chunks) src = static_cast<const std::byte*>(op.send_chunks[0]);
+    if (out != src && op.count != 0) std::copy_n(src, op.count * es, out);
   } else {
     // In place (out is this rank's chunk of src), partial sums may overwrite
     // the caller's input, as NCCL allows; out of place, out holds only the
-    // rank's own chunk.
+    // rank's own chunk. The list form keeps them in scratch either way.
     ReduceScatterRingOptions options;
-    options.final_only = out != src + x.rank() * op.count * es;
+    options.inputs = op.send_chunks;
+    options.final_only = op.send_chunks || out != src + x.rank() * op.count * es;
     reduce_scatter_ring(x, src, options.final_only ? out : const_cast<std::byte*>(src), layout, options);
   }
   if (op.reduce_op == ReduceOp::avg) kernels::cpu::divide(out, op.count, op.dtype, x.size(), op.avg_scale_up);

@@ -91,6 +91,16 @@ class Communicator {
   Work all_reduce(const void* send, void* recv, std::size_t count, DataType dtype, ReduceOp op, Stream stream = {});
   Work reduce_scatter(const void* send, void* recv, std::size_t recv_count, DataType dtype, ReduceOp op,
                       Stream stream = {});
+  // reduce_scatter from one buffer per rank (torch's list form): send[r]
+  // holds this rank's recv_count elements for rank r, of size() pointers to
+  // host memory that may share bytes with one another (they are only read)
+  // but not with recv, unless send[rank()] is recv (in place). The table is
+  // copied; the buffers must live until the Work completes. The same call
+  // as the flat form to the peers, which may pass either; it runs the ring
+  // as the flat form would (partial sums in scratch, not in the inputs),
+  // never the direct collective.
+  Work reduce_scatter(std::span<const void* const> send, void* recv, std::size_t recv_count, DataType dtype,
+                      ReduceOp op);
   Work all_gather(const void* send, void* recv, std::size_t send_count, DataType dtype, Stream stream = {});
   // all_gather into one buffer per rank (torch's list form): rank r's
   // send_count elements land in recv[r], which holds size() pointers to

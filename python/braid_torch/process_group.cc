@@ -542,6 +542,25 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::scatter(std::vector<at::Tensor
                   "tensor's elements)"});
 }
 
+// The inputs of a list reduce_scatter on the host that braid can read one
+// by one (Communicator::reduce_scatter's list form): each contiguous, none
+// sharing a byte with the output unless it is the output itself (this
+// rank's input, in place). Inputs may share bytes with one another: they
+// are only read. Empty where the list goes through staging (tensors on a
+// GPU, views with gaps, an input over the output).
+std::vector<const void*> separate_inputs(const std::vector<at::Tensor>& inputs, const at::Tensor& output, int rank) {
+  std::vector<const void*> parts;
+  if (output.is_cuda() || output.numel() == 0) return {};
+  for (std::size_t r = 0; r < inputs.size(); ++r) {
+    const at::Tensor& part = inputs[r];
+    if (part.is_cuda() || !part.is_contiguous() || part.nbytes() != output.nbytes()) return {};
+    const bool in_place = static_cast<int>(r) == rank && part.data_ptr() == output.data_ptr();
+    if (!in_place && overlap(part, output)) return {};
+    parts.push_back(part.data_ptr());
+  }
+  return parts;
+}
+
 c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::reduce_scatter(std::vector<at::Tensor>& outputs,
                                                                  std::vector<std::vector<at::Tensor>>& inputs,
                                                                  const c10d::ReduceScatterOptions& opts) {
@@ -557,6 +576,19 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::reduce_scatter(std::vector<at:
   // parts, which are the caller's inputs).
   at::Tensor block = one_block(inputs[0]);
   if (block.defined() && overlap(got, block)) block = at::Tensor();
+  ReduceOp op = reduce_op(opts.reduceOp, "reduce_scatter");
+  // Else each input is read where it is, when they are separate host tensors.
+  if (std::vector<const void*> parts = block.defined() ? std::vector<const void*>{} : separate_inputs(inputs[0], got, getRank());
+      !parts.empty()) {
+    Buffer recv = reducible(got, "reduce_scatter");
+    std::function<void()> finish;
+    if (!got.is_same(output)) finish = [output, got]() mutable { output.copy_(got); };
+    std::vector<at::Tensor> kept = inputs[0];
+    kept.push_back(got);
+    return enqueue({c10d::OpType::REDUCE_SCATTER,
+                    [this, parts, recv, op] { return comm_->reduce_scatter(parts, recv.data, recv.count, recv.dtype, op); },
+                    {output}, std::move(kept), finish});
+  }
   StagingPool::Lease staged;
   if (!block.defined()) {
     staged = staging_.take(getSize() * output.numel(), output.options());
@@ -565,7 +597,6 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::reduce_scatter(std::vector<at:
   at::Tensor flat = block.defined() ? block : staged.tensor;
   Buffer send = reducible(flat, "reduce_scatter");
   Buffer recv = reducible(got, "reduce_scatter");
-  ReduceOp op = reduce_op(opts.reduceOp, "reduce_scatter");
   std::function<void()> finish;
   if (!got.is_same(output)) finish = [output, got]() mutable { output.copy_(got); };
   if (staged.reusable) finish = then_reusable(std::move(finish), staged.reusable);

@@ -2,15 +2,20 @@
 // torch's dist.all_gather into a list of tensors): the ring and one-shot
 // write each rank's part straight into its buffer, where the torch backend
 // gathered into a staging block and copied every part out (2x the flat
-// form's time at 16 MiB per rank).
+// form's time at 16 MiB per rank). And reduce_scatter from one buffer per
+// rank (torch's dist.reduce_scatter of a list), whose ring reads each
+// rank's input from its own buffer, where the backend flattened them into
+// a staging block first.
 #include <catch2/catch.hpp>
 
 #include <algorithm>
 #include <cstdint>
+#include <cstring>
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "kernels/cpu/reduce.h"
 #include "runtime/errors.h"
 #include "tests/comm/harness.h"
 
@@ -174,6 +179,168 @@ TEST_CASE("flat and list forms of all_gather under BRAID_ALGO=direct fail both r
     try {
       if (r == 0) comm.all_gather(send, out, count, DataType::f32).wait();
       else comm.all_gather(send, std::vector<void*>{out, out + count}, count, DataType::f32).wait();
+    } catch (const Error& e) {
+      message = e.what();
+    }
+    expect(message.find("mismatched collectives") != std::string::npos &&
+               message.find("the list form) never runs direct") != std::string::npos,
+           "message: " + message);
+  }, test::run_options(std::chrono::seconds(60), config));
+  INFO(result.summary());
+  REQUIRE(result.all_ok());
+}
+
+// The reduce_scatter list form, as the all_gather one above: rank 0 on the
+// flat form, rank 1 the list out of place, rank 2 the list in place (its
+// output is its own input) with its other inputs one shared buffer (inputs
+// are only read). Integer values, so every order of the sum is exact.
+TEST_CASE("reduce_scatter from one buffer per rank is exact, in place or not, beside ranks on the flat form",
+          "[collectives][list]") {
+  const std::string transport = GENERATE(std::string("shm"), std::string("tcp"));
+  const int size = GENERATE(2, 3);
+  const std::size_t count = GENERATE(std::size_t{1}, std::size_t{1000}, std::size_t{70001});
+  runtime::Config config = test::test_config();
+  config.transport = transport;
+  auto result = test::run_ranks(size, [count](Communicator& comm) {
+    const int n = comm.size(), r = comm.rank();
+    constexpr int kCalls = 3;
+    // Rank k's input for rank j's part, element i: the same value on every
+    // rank that shares one buffer among its inputs (rank 2's are all that
+    // of part 0, but its own).
+    auto input = [&](int k, int j, std::size_t i, int call) {
+      if (k == 2 && j != 2) j = 0;
+      return value(k * 10 + j, i, call);
+    };
+    std::vector<std::vector<float>> flat(kCalls), out(kCalls);
+    std::vector<std::vector<std::unique_ptr<float[]>>> parts(kCalls);
+    std::vector<Work> works;
+    for (int call = 0; call < kCalls; ++call) {
+      out[call].assign(count, -1.0f);
+      if (r == 0) {
+        flat[call].resize(count * n);
+        for (int j = 0; j < n; ++j)
+          for (std::size_t i = 0; i < count; ++i) flat[call][j * count + i] = input(r, j, i, call);
+        works.push_back(comm.reduce_scatter(flat[call].data(), out[call].data(), count, DataType::f32, ReduceOp::sum));
+        continue;
+      }
+      std::vector<const void*> table;  // destroyed before the call is waited for
+      for (int j = 0; j < n; ++j) {
+        parts[call].push_back(std::make_unique<float[]>(count));
+        for (std::size_t i = 0; i < count; ++i) parts[call][j][i] = input(r, j, i, call);
+        table.push_back(r == 2 && j != 2 ? parts[call][0].get() : parts[call][j].get());
+      }
+      float* output = r == 2 ? parts[call][r].get() : out[call].data();  // rank 2: in place
+      works.push_back(comm.reduce_scatter(table, output, count, DataType::f32, ReduceOp::sum));
+    }
+    for (Work& w : works) w.wait();
+    for (int call = 0; call < kCalls; ++call) {
+      const float* got = r == 2 ? parts[call][r].get() : out[call].data();
+      std::size_t wrong = 0;
+      for (std::size_t i = 0; i < count; ++i) {
+        float sum = 0;
+        for (int k = 0; k < n; ++k) sum += input(k, r, i, call);
+        wrong += got[i] != sum;
+      }
+      expect(wrong == 0, "call " + std::to_string(call) + ": " + std::to_string(wrong) + " of " +
+                             std::to_string(count) + " elements wrong");
+      if (r == 2)  // the inputs it shares and reads are as they were
+        for (std::size_t i = 0; i < count; ++i)
+          if (parts[call][0][i] != input(r, 0, i, call)) expect(false, "rank 2's shared input changed");
+    }
+    const std::string algorithm = comm.last_algorithm(OpKind::reduce_scatter).name;
+    expect(algorithm == "ring", "ran " + algorithm);
+  }, test::run_options(std::chrono::seconds(120), config));
+  INFO(transport << ", " << size << " ranks, count " << count << "\n" << result.summary());
+  REQUIRE(result.all_ok());
+  CHECK(result.leftover_shm == 0);
+}
+
+// The list form gives the flat form's bits, for the reductions that round
+// and the avg of halves, which the ring scales as it reads each input:
+// every rank runs both forms on the same values and compares.
+TEST_CASE("reduce_scatter's list form gives the flat form's bits for avg of halves, f32 avg and max",
+          "[collectives][list]") {
+  const DataType dtype = GENERATE(DataType::f16, DataType::bf16, DataType::f32);
+  const ReduceOp op = GENERATE(ReduceOp::avg, ReduceOp::max);
+  auto result = test::run_ranks(3, [dtype, op](Communicator& comm) {
+    const int n = comm.size(), r = comm.rank();
+    const std::size_t count = 40000, es = dtype_bytes(dtype);
+    std::vector<std::byte> flat(count * n * es), a(count * es), b(count * es);
+    for (std::size_t i = 0; i < count * n; ++i) {
+      const float v = value(r, i, 0) * 0.37f;
+      if (dtype == DataType::f32) std::memcpy(&flat[i * es], &v, es);
+      const std::uint16_t h =
+          dtype == DataType::f16 ? kernels::cpu::f32_to_f16(v * 50.0f) : kernels::cpu::f32_to_bf16(v);
+      if (dtype != DataType::f32) std::memcpy(&flat[i * es], &h, es);
+    }
+    comm.reduce_scatter(flat.data(), a.data(), count, dtype, op).wait();
+    std::vector<std::vector<std::byte>> parts;
+    std::vector<const void*> table;
+    for (int j = 0; j < n; ++j) parts.emplace_back(flat.begin() + j * count * es, flat.begin() + (j + 1) * count * es);
+    for (auto& part : parts) table.push_back(part.data());
+    comm.reduce_scatter(table, b.data(), count, dtype, op).wait();
+    expect(a == b, "the list form's result differs from the flat form's");
+  }, test::run_options(std::chrono::seconds(60), test::test_config()));
+  INFO(name(dtype) << " " << name(op) << "\n" << result.summary());
+  REQUIRE(result.all_ok());
+}
+
+TEST_CASE("the list form of reduce_scatter refuses a wrong table, a null or an input over the output",
+          "[collectives][list]") {
+  auto result = test::run_ranks(2, [](Communicator& comm) {
+    const int r = comm.rank();
+    const std::size_t count = 64;
+    std::vector<float> a(count, 1.0f), b(count, 2.0f), out(count), both(2 * count);
+    auto refused = [&](std::vector<const void*> table, float* output, const std::string& says) {
+      try {
+        comm.reduce_scatter(table, output, count, DataType::f32, ReduceOp::sum);
+      } catch (const InvalidUsage& e) {
+        expect(std::string(e.what()).find(says) != std::string::npos, std::string("message: ") + e.what());
+        return;
+      }
+      expect(false, "not refused: " + says);
+    };
+    refused({a.data()}, out.data(), "1 send buffers for a communicator of 2 ranks");
+    refused({a.data(), nullptr}, out.data(), "send buffer 1 is null with count > 0");
+    // the output as another rank's input, or half over its own
+    refused({r == 0 ? a.data() : out.data(), r == 0 ? out.data() : a.data()}, out.data(),
+            "overlaps the receive buffer; only this rank's own");
+    refused({both.data(), both.data() + count}, both.data() + r * count + count / 2, "overlaps the receive buffer");
+    // and a good one after them, with one buffer as both inputs
+    comm.reduce_scatter(std::vector<const void*>{b.data(), b.data()}, out.data(), count, DataType::f32, ReduceOp::sum)
+        .wait();
+    expect(out[0] == 4.0f && out[count - 1] == 4.0f && b[0] == 2.0f, "the good call's result");
+  }, test::run_options(std::chrono::seconds(60), test::test_config()));
+  INFO(result.summary());
+  REQUIRE(result.all_ok());
+}
+
+// Under BRAID_ALGO=direct the flat form on registered buffers goes direct
+// and the list form runs the ring; ranks that mix them fail, naming it.
+TEST_CASE("the list form of reduce_scatter runs the ring under BRAID_ALGO=direct, and mixed forms fail there",
+          "[collectives][list]") {
+  runtime::Config config = test::test_config(std::chrono::seconds(20));
+  config.algo = "direct";
+  auto result = test::run_ranks(2, [](Communicator& comm) {
+    const int r = comm.rank();
+    const std::size_t count = 5000;
+    const RegisteredPair buffers(count);  // send: count floats, out: 2 x count
+    float *recv = buffers.send, *input = buffers.out;
+    std::fill_n(input, 2 * count, static_cast<float>(r + 1));
+    comm.reduce_scatter(input, recv, count, DataType::f32, ReduceOp::sum).wait();
+    expect(comm.last_algorithm(OpKind::reduce_scatter).name == "direct",
+           "flat form: " + comm.last_algorithm(OpKind::reduce_scatter).name);
+    std::vector<float> out(count);
+    comm.reduce_scatter(std::vector<const void*>{input, input + count}, out.data(), count, DataType::f32,
+                        ReduceOp::sum).wait();
+    expect(comm.last_algorithm(OpKind::reduce_scatter).name == "ring",
+           "list form: " + comm.last_algorithm(OpKind::reduce_scatter).name);
+    expect(out[count - 1] == 3.0f && recv[0] == 3.0f, "results");
+    std::string message = "no error";
+    try {
+      if (r == 0) comm.reduce_scatter(input, recv, count, DataType::f32, ReduceOp::sum).wait();
+      else comm.reduce_scatter(std::vector<const void*>{input, input + count}, recv, count, DataType::f32,
+                               ReduceOp::sum).wait();
     } catch (const Error& e) {
       message = e.what();
     }

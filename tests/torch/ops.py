@@ -228,7 +228,10 @@ def check_list_forms(c, rank, size):
         for k in range(8):
             form = "separate" if k % 2 == 0 else "staged"
             c.equal(f"8 async list all_gathers in flight, round {round_}, call {k} ({form})", got[k], want[k])
+        # Separate tensors (read one by one, Communicator::reduce_scatter's
+        # list form) and views with gaps (staged), alternately.
         lists = [[values(big, rank, torch.float32, salt=k + p + 10 * round_) for p in range(size)] for k in range(8)]
+        lists = [parts if k % 2 == 0 else [torch.stack([p, p], 1)[:, 0] for p in parts] for k, parts in enumerate(lists)]
         kept = [[p.clone() for p in parts] for parts in lists]
         want = [gloo_all_reduce(torch.cat(parts), dist.ReduceOp.SUM).narrow(0, rank * big, big) for parts in lists]
         got = [torch.empty(big) for _ in lists]
@@ -236,8 +239,9 @@ def check_list_forms(c, rank, size):
         for work in works:
             work.wait()
         for k in range(8):
-            c.equal(f"8 async staged reduce_scatters in flight, round {round_}, call {k}", got[k], want[k])
-        c.equal(f"staged reduce_scatters left their inputs alone, round {round_}",
+            form = "separate" if k % 2 == 0 else "staged"
+            c.equal(f"8 async list reduce_scatters in flight, round {round_}, call {k} ({form})", got[k], want[k])
+        c.equal(f"list reduce_scatters left their inputs alone, round {round_}",
                 [p for parts in lists for p in parts], [p for parts in kept for p in parts])
     # Calls one after another take the block the last one gave back: one
     # block for six (3 MiB per rank: larger than any kept so far). The
@@ -262,6 +266,23 @@ def check_list_forms(c, rank, size):
     c.equal("a list all_gather into separate tensors", separate, want)
     blocks = braid_torch.staging_blocks() - mapped
     c.true("a list all_gather into separate tensors maps no staging block", blocks == 0, f"it mapped {blocks}")
+    # Likewise a reduce_scatter reads each separate input where it is, in
+    # place too (the output is this rank's input): partial sums go to the
+    # ring's scratch, and the other inputs are left alone.
+    for in_place in (False, True):
+        parts = [values(5 * 2**18, rank, torch.float32, salt=40 + p) for p in range(size)]
+        kept = [p.clone() for p in parts]
+        want = gloo_all_reduce(torch.cat(parts), dist.ReduceOp.SUM).narrow(0, rank * parts[0].numel(), parts[0].numel())
+        got = parts[rank] if in_place else torch.empty_like(parts[0])
+        mapped = braid_torch.staging_blocks()
+        dist.reduce_scatter(got, parts)
+        blocks = braid_torch.staging_blocks() - mapped
+        form = "in place" if in_place else "out of place"
+        c.equal(f"a list reduce_scatter from separate tensors ({form})", got, want)
+        c.equal(f"a list reduce_scatter from separate tensors ({form}) left the other inputs alone",
+                [p for i, p in enumerate(parts) if i != rank], [p for i, p in enumerate(kept) if i != rank])
+        c.true(f"a list reduce_scatter from separate tensors ({form}) maps no staging block", blocks == 0,
+               f"it mapped {blocks}")
     dist.barrier()
 
 
