@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -44,6 +45,32 @@ struct RegisteredPair {
   float* send;
   float* out;
 };
+
+// Two ranks under BRAID_ALGO=direct, each given a pair of registered
+// buffers of 5000 floats (RegisteredPair); every rank must end well.
+void on_two_ranks_direct(const std::function<void(Communicator&, const RegisteredPair&)>& body) {
+  runtime::Config config = test::test_config(std::chrono::seconds(20));
+  config.algo = "direct";
+  auto result = test::run_ranks(2, [&](Communicator& comm) {
+    const RegisteredPair buffers(5000);
+    body(comm, buffers);
+  }, test::run_options(std::chrono::seconds(60), config));
+  INFO(result.summary());
+  REQUIRE(result.all_ok());
+}
+
+// `call` fails as a mismatch whose message names the list form.
+void expect_list_form_mismatch(const std::function<void()>& call) {
+  std::string message = "no error";
+  try {
+    call();
+  } catch (const Error& e) {
+    message = e.what();
+  }
+  expect(message.find("mismatched collectives") != std::string::npos &&
+             message.find("the list form) never runs direct") != std::string::npos,
+         "message: " + message);
+}
 
 }  // namespace
 
@@ -143,12 +170,9 @@ TEST_CASE("the list form of all_gather refuses a wrong table, a null, overlappin
 // direct collective; the list form, whose parts the peers cannot map as one
 // region, runs the ring on every rank that passes it.
 TEST_CASE("the list form of all_gather runs the ring where the flat form would go direct", "[collectives][list]") {
-  runtime::Config config = test::test_config();
-  config.algo = "direct";
-  auto result = test::run_ranks(2, [](Communicator& comm) {
+  on_two_ranks_direct([](Communicator& comm, const RegisteredPair& buffers) {
     const int r = comm.rank();
     const std::size_t count = 5000;
-    const RegisteredPair buffers(count);
     float *send = buffers.send, *out = buffers.out;
     std::fill_n(send, count, static_cast<float>(r + 1));
     comm.all_gather(send, out, count, DataType::f32).wait();
@@ -157,9 +181,7 @@ TEST_CASE("the list form of all_gather runs the ring where the flat form would g
     comm.all_gather(send, std::vector<void*>{a.data(), b.data()}, count, DataType::f32).wait();
     expect(comm.last_algorithm(OpKind::all_gather).name == "ring", "list form: " + comm.last_algorithm(OpKind::all_gather).name);
     expect(a[count - 1] == 1.0f && b[count - 1] == 2.0f && out[count] == 2.0f, "results");
-  }, test::run_options(std::chrono::seconds(60), config));
-  INFO(result.summary());
-  REQUIRE(result.all_ok());
+  });
 }
 
 // So a rank on the flat form of registered buffers under BRAID_ALGO=direct
@@ -168,26 +190,14 @@ TEST_CASE("the list form of all_gather runs the ring where the flat form would g
 // where it told to register buffers that were all registered.
 TEST_CASE("flat and list forms of all_gather under BRAID_ALGO=direct fail both ranks, naming the list form",
           "[collectives][list]") {
-  runtime::Config config = test::test_config(std::chrono::seconds(20));
-  config.algo = "direct";
-  auto result = test::run_ranks(2, [](Communicator& comm) {
-    const int r = comm.rank();
+  on_two_ranks_direct([](Communicator& comm, const RegisteredPair& buffers) {
     const std::size_t count = 5000;
-    const RegisteredPair buffers(count);
     float *send = buffers.send, *out = buffers.out;
-    std::string message = "no error";
-    try {
-      if (r == 0) comm.all_gather(send, out, count, DataType::f32).wait();
+    expect_list_form_mismatch([&] {
+      if (comm.rank() == 0) comm.all_gather(send, out, count, DataType::f32).wait();
       else comm.all_gather(send, std::vector<void*>{out, out + count}, count, DataType::f32).wait();
-    } catch (const Error& e) {
-      message = e.what();
-    }
-    expect(message.find("mismatched collectives") != std::string::npos &&
-               message.find("the list form) never runs direct") != std::string::npos,
-           "message: " + message);
-  }, test::run_options(std::chrono::seconds(60), config));
-  INFO(result.summary());
-  REQUIRE(result.all_ok());
+    });
+  });
 }
 
 // The reduce_scatter list form, as the all_gather one above: rank 0 on the
@@ -319,35 +329,23 @@ TEST_CASE("the list form of reduce_scatter refuses a wrong table, a null or an i
 // and the list form runs the ring; ranks that mix them fail, naming it.
 TEST_CASE("the list form of reduce_scatter runs the ring under BRAID_ALGO=direct, and mixed forms fail there",
           "[collectives][list]") {
-  runtime::Config config = test::test_config(std::chrono::seconds(20));
-  config.algo = "direct";
-  auto result = test::run_ranks(2, [](Communicator& comm) {
+  on_two_ranks_direct([](Communicator& comm, const RegisteredPair& buffers) {
     const int r = comm.rank();
     const std::size_t count = 5000;
-    const RegisteredPair buffers(count);  // send: count floats, out: 2 x count
-    float *recv = buffers.send, *input = buffers.out;
+    float *recv = buffers.send, *input = buffers.out;  // count floats, and 2 x count
     std::fill_n(input, 2 * count, static_cast<float>(r + 1));
     comm.reduce_scatter(input, recv, count, DataType::f32, ReduceOp::sum).wait();
     expect(comm.last_algorithm(OpKind::reduce_scatter).name == "direct",
            "flat form: " + comm.last_algorithm(OpKind::reduce_scatter).name);
     std::vector<float> out(count);
-    comm.reduce_scatter(std::vector<const void*>{input, input + count}, out.data(), count, DataType::f32,
-                        ReduceOp::sum).wait();
+    const std::vector<const void*> inputs{input, input + count};
+    comm.reduce_scatter(inputs, out.data(), count, DataType::f32, ReduceOp::sum).wait();
     expect(comm.last_algorithm(OpKind::reduce_scatter).name == "ring",
            "list form: " + comm.last_algorithm(OpKind::reduce_scatter).name);
     expect(out[count - 1] == 3.0f && recv[0] == 3.0f, "results");
-    std::string message = "no error";
-    try {
+    expect_list_form_mismatch([&] {
       if (r == 0) comm.reduce_scatter(input, recv, count, DataType::f32, ReduceOp::sum).wait();
-      else comm.reduce_scatter(std::vector<const void*>{input, input + count}, recv, count, DataType::f32,
-                               ReduceOp::sum).wait();
-    } catch (const Error& e) {
-      message = e.what();
-    }
-    expect(message.find("mismatched collectives") != std::string::npos &&
-               message.find("the list form) never runs direct") != std::string::npos,
-           "message: " + message);
-  }, test::run_options(std::chrono::seconds(60), config));
-  INFO(result.summary());
-  REQUIRE(result.all_ok());
+      else comm.reduce_scatter(inputs, recv, count, DataType::f32, ReduceOp::sum).wait();
+    });
+  });
 }
