@@ -16,6 +16,11 @@ namespace braid::torch_backend {
 
 namespace {
 
+// What the errors of an all_to_all run as sends and receives say first.
+constexpr const char* kRunsAsExchange =
+    "braid: this all_to_all runs as a send to and a receive from every peer (count: the elements of that peer's part)";
+
+
 // The timeout torch passes (init_process_group's or new_group's `timeout`,
 // 30 minutes unless given) is the group's, longer or shorter than
 // BRAID_TIMEOUT, as gloo and NCCL honour it: a job whose rank 0 prepares
@@ -675,30 +680,96 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::alltoall_unequal(at::Tensor& o
   const Buffer whole = movable(from, "alltoall_base");
   const auto element = static_cast<std::size_t>(from.element_size());
   const std::size_t units = whole.dtype == DataType::u8 ? element : 1;
-  auto offsets = [](const std::vector<int64_t>& counts) {
-    std::vector<int64_t> at(counts.size() + 1, 0);
-    for (std::size_t r = 0; r < counts.size(); ++r) at[r + 1] = at[r] + counts[r];
-    return at;
-  };
-  auto issue = [this, size, me, sends, recvs, at_in = offsets(sends), at_out = offsets(recvs), from, into, element,
-                units, dtype = whole.dtype] {
-    into.view({-1}).narrow(0, at_out[me], recvs[me]).copy_(from.reshape({-1}).narrow(0, at_in[me], sends[me]));
+  auto* in = static_cast<const std::byte*>(from.data_ptr());
+  auto* out = static_cast<std::byte*>(into.data_ptr());
+  std::vector<Part> parts(static_cast<std::size_t>(size));
+  std::size_t at_in = 0, at_out = 0;  // elements
+  for (int p = 0; p < size; ++p) {
+    const auto send = static_cast<std::size_t>(sends[p]), recv = static_cast<std::size_t>(recvs[p]);
+    parts[p] = {in + at_in * element, out + at_out * element, send * units, recv * units};
+    at_in += send;
+    at_out += recv;
+  }
+  std::function<void()> finish;
+  if (device) finish = [output, into]() mutable { output.copy_(into); };
+  return enqueue({c10d::OpType::ALLTOALL_BASE, exchange(std::move(parts), whole.dtype, element / units), {output},
+                  {from, into}, finish, kRunsAsExchange});
+}
+
+// The point-to-point form of an all_to_all: this rank's own part copied,
+// then at step k a send to the rank k ahead and a receive from the rank k
+// behind, so that every pair's calls meet at once (calls complete in issue
+// order: once the last is done, all are).
+std::function<comm::Work()> ProcessGroupBraid::exchange(std::vector<Part> parts, DataType dtype,
+                                                        std::size_t unit_bytes) {
+  return [this, parts = std::move(parts), dtype, unit_bytes] {
+    const int size = getSize(), me = getRank();
+    const Part& own = parts[me];
+    if (own.send_count) std::memcpy(own.into, own.from, own.send_count * unit_bytes);
     if (size == 1) return comm_->barrier();
-    const auto* in = static_cast<const std::byte*>(from.data_ptr());
-    auto* out = static_cast<std::byte*>(into.data_ptr());
-    auto bytes = [element](int64_t elements) { return static_cast<std::size_t>(elements) * element; };
     comm::Work last;
     for (int step = 1; step < size; ++step) {
       const int peer_to = (me + step) % size, peer_from = (me - step + size) % size;
-      comm_->send(in + bytes(at_in[peer_to]), static_cast<std::size_t>(sends[peer_to]) * units, dtype, peer_to);
-      last = comm_->recv(out + bytes(at_out[peer_from]), static_cast<std::size_t>(recvs[peer_from]) * units, dtype,
-                         peer_from);
+      comm_->send(parts[peer_to].from, parts[peer_to].send_count, dtype, peer_to);
+      last = comm_->recv(parts[peer_from].into, parts[peer_from].recv_count, dtype, peer_from);
     }
-    return last;  // calls complete in issue order: the last one done, all are
+    return last;
   };
+}
+
+// all_to_all of lists (torch's dist.all_to_all, which gloo lacks): input
+// p goes to rank p, and what rank p sends lands in output p; the tensors
+// may differ in size from peer to peer. Host tensors, contiguous, are sent
+// from and received into where they lie; others through copies: a tensor
+// on a GPU or not contiguous, and an input sharing memory with an output
+// (parts land while others are still to be sent).
+c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::alltoall(std::vector<at::Tensor>& outputs,
+                                                           std::vector<at::Tensor>& inputs,
+                                                           const c10d::AllToAllOptions& opts) {
+  const int size = getSize(), me = getRank();
+  if (outputs.size() != static_cast<std::size_t>(size) || inputs.size() != static_cast<std::size_t>(size))
+    refuse("alltoall", "needs one output and one input tensor per rank (" + std::to_string(size) + " each), got " +
+                           std::to_string(outputs.size()) + " outputs and " + std::to_string(inputs.size()) +
+                           " inputs");
+  for (const auto* list : {&inputs, &outputs})
+    for (const at::Tensor& t : *list) {
+      check_strided(t, "alltoall", list == &outputs);
+      if (t.scalar_type() != inputs[0].scalar_type())
+        refuse("alltoall", "every tensor must have one dtype; " + std::string(c10::toString(t.scalar_type())) +
+                               " beside " + c10::toString(inputs[0].scalar_type()));
+    }
+  for (int p = 0; p < size; ++p)
+    for (int q = 0; q < p; ++q)
+      if (overlap(outputs[p], outputs[q]))
+        refuse("alltoall", "output tensors " + std::to_string(q) + " and " + std::to_string(p) +
+                               " share memory; each rank's part needs a tensor of its own");
+  if (inputs[me].numel() != outputs[me].numel())
+    refuse("alltoall", "this rank sends itself " + std::to_string(inputs[me].numel()) + " elements but expects " +
+                           std::to_string(outputs[me].numel()) + " from itself");
+  std::vector<at::Tensor> from(size), into(size), kept;
+  std::vector<Part> parts(static_cast<std::size_t>(size));
+  std::vector<std::pair<at::Tensor, at::Tensor>> copy_back;  // (output, the host tensor it arrives in)
+  for (int p = 0; p < size; ++p) {
+    const at::Tensor& in = inputs[p];
+    const bool shares = std::any_of(outputs.begin(), outputs.end(), [&](const at::Tensor& o) { return overlap(in, o); });
+    from[p] = !in.is_cpu() ? in.cpu().contiguous() : shares ? in.clone(at::MemoryFormat::Contiguous) : in.contiguous();
+    const at::Tensor& out = outputs[p];
+    into[p] = out.is_cpu() && out.is_contiguous() ? out : at::empty(out.sizes(), out.options().device(at::kCPU));
+    if (!into[p].is_same(out)) copy_back.emplace_back(out, into[p]);
+    parts[p] = {static_cast<const std::byte*>(from[p].data_ptr()), static_cast<std::byte*>(into[p].data_ptr()),
+                movable(from[p], "alltoall").count, movable(into[p], "alltoall").count};
+  }
+  const Buffer unit = movable(from[0], "alltoall");
+  const std::size_t unit_bytes = unit.dtype == DataType::u8 ? 1 : static_cast<std::size_t>(from[0].element_size());
+  kept = from;
+  kept.insert(kept.end(), into.begin(), into.end());
   std::function<void()> finish;
-  if (device) finish = [output, into]() mutable { output.copy_(into); };
-  return enqueue({c10d::OpType::ALLTOALL_BASE, issue, {output}, {from, into}, finish});
+  if (!copy_back.empty())
+    finish = [copy_back]() mutable {
+      for (auto& [output, arrived] : copy_back) output.copy_(arrived);
+    };
+  return enqueue({c10d::OpType::ALLTOALL, exchange(std::move(parts), unit.dtype, unit_bytes), outputs,
+                  std::move(kept), finish, kRunsAsExchange});
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::send(std::vector<at::Tensor>& tensors, int dst_rank, int tag) {

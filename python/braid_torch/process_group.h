@@ -131,6 +131,8 @@ class ProcessGroupBraid : public c10d::ProcessGroup {
                                                std::vector<int64_t>& output_split_sizes,
                                                std::vector<int64_t>& input_split_sizes,
                                                const c10d::AllToAllOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> alltoall(std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
+                                          const c10d::AllToAllOptions& opts) override;
   c10::intrusive_ptr<c10d::Work> send(std::vector<at::Tensor>& tensors, int dst_rank, int tag) override;
   c10::intrusive_ptr<c10d::Work> recv(std::vector<at::Tensor>& tensors, int src_rank, int tag) override;
   c10::intrusive_ptr<c10d::Work> barrier(const c10d::BarrierOptions& opts) override;
@@ -161,6 +163,15 @@ class ProcessGroupBraid : public c10d::ProcessGroup {
   c10::intrusive_ptr<c10d::Work> alltoall_unequal(at::Tensor& output, at::Tensor& input,
                                                   const std::vector<int64_t>& output_splits,
                                                   const std::vector<int64_t>& input_splits);
+  // One peer's part of an all_to_all run as sends and receives (exchange):
+  // the bytes sent to it and where its bytes land, in counts of the call's
+  // dtype.
+  struct Part {
+    const std::byte* from = nullptr;
+    std::byte* into = nullptr;
+    std::size_t send_count = 0, recv_count = 0;
+  };
+  std::function<comm::Work()> exchange(std::vector<Part> parts, DataType dtype, std::size_t unit_bytes);
 
   // Destroyed in reverse: the completer drains first, then the
   // communicator closes, then rank 0's store stops, and last torch's store

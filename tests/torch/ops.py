@@ -353,6 +353,45 @@ def check_all_to_all(c, rank, size):
         dist.all_to_all_single(want, big[:3 * size].clone(), group=gloo_group())
         dist.all_to_all_single(big[3:], big[:3 * size], splits, splits)
         c.equal(f"all_to_all_single with input and output overlapping, splits {splits}", big[3:], want)
+    # The list form (gloo has none): rank r sends peer p r + 2p + 1 elements,
+    # so every pair's sizes differ, each part a value of its own.
+    def part(src, dst, dtype, salt=0):
+        return values(src + 2 * dst + 1, 10 * src + dst, dtype, salt=salt)
+    for dtype in (torch.float32, torch.int64, torch.bool):
+        inputs = [part(rank, p, dtype) for p in range(size)]
+        kept = [t.clone() for t in inputs]
+        outputs = [torch.zeros(p + 2 * rank + 1, dtype=dtype) for p in range(size)]
+        dist.all_to_all(outputs, inputs)
+        c.equal(f"all_to_all of lists, sizes differing per pair, {dtype}", outputs,
+                [part(p, rank, dtype) for p in range(size)])
+        c.equal(f"all_to_all of lists left its inputs alone, {dtype}", inputs, kept)
+    # Views with gaps in and out, outputs in one tensor, and in place (one
+    # list as both: equal sizes), four calls in flight at once.
+    gaps_in = [torch.stack([t, t], 1)[:, 0] for t in (part(rank, p, torch.float32, 1) for p in range(size))]
+    gaps_out = [torch.zeros(2 * (p + 2 * rank + 1))[::2] for p in range(size)]
+    block = torch.zeros(sum(p + 2 * rank + 1 for p in range(size)))
+    block_out = list(block.split([p + 2 * rank + 1 for p in range(size)]))
+    same = [values(6, 10 * rank + p, torch.float32, salt=2) for p in range(size)]
+    works = [dist.all_to_all(gaps_out, gaps_in, async_op=True),
+             dist.all_to_all(block_out, [part(rank, p, torch.float32, 3) for p in range(size)], async_op=True),
+             dist.all_to_all(same, same, async_op=True)]
+    for work in works:
+        work.wait()
+    c.equal("all_to_all of lists from and into views with gaps", gaps_out,
+            [part(p, rank, torch.float32, 1) for p in range(size)])
+    c.equal("all_to_all of lists into one tensor's parts", block_out, [part(p, rank, torch.float32, 3) for p in range(size)])
+    c.equal("all_to_all of one list as input and output", same,
+            [values(6, 10 * p + rank, torch.float32, salt=2) for p in range(size)])
+    for name, outs, ins, says in (
+            ("a list of the wrong length", [torch.zeros(1)], [torch.zeros(1)] * size, "one output and one input tensor per rank"),
+            ("outputs sharing memory", [torch.zeros(4)] * size, [torch.zeros(4) for _ in range(size)], "share memory")):
+        if size == 1:
+            continue
+        try:
+            dist.all_to_all(outs, ins)
+            c.true(f"all_to_all of {name} refused", False, "it ran")
+        except RuntimeError as e:
+            c.true(f"all_to_all of {name} refused", says in str(e), str(e))
 
 
 def check_memory_formats(c, rank, size):
