@@ -43,11 +43,9 @@ namespace {
 constexpr auto kAdoptEvery = std::chrono::milliseconds(50);
 constexpr auto kInlineWait = std::chrono::microseconds(100);
 // look_for_collectives_instead: how long a receive waits before its peer's
-// status report is read, how often it is read, and how long messages sent
-// before the collective it reports may take to arrive.
+// status report is read, and how often it is read (or the peer asked).
 constexpr auto kLookAfter = std::chrono::milliseconds(250);
 constexpr auto kLookEvery = std::chrono::milliseconds(250);
-constexpr auto kInFlight = std::chrono::milliseconds(200);
 
 }  // namespace
 
@@ -289,10 +287,15 @@ void Communicator::Impl::drive_point_to_point(Clock::time_point until) {
 // Over the slots, check_receive reads the peer's slot. Elsewhere the peer's
 // status report (StatusBoard) says which collective it entered: once a
 // receive has waited kLookAfter, every kLookEvery at most. A report of a
-// collective at or past the receive's next_collective proves the peer will
-// not send the message (check_receive says why); only its messages sent
-// before that collective may still be on the wire, so the route gets
-// kInFlight more to bring them before the receive fails.
+// collective at or past the receive's next_collective is only a hint: a
+// send the peer issued before it may still be on the wire, for seconds on
+// a lossy link (TCP retransmits), and a report may lag the call. So the
+// receive then asks the peer itself (StatusBoard::ask_sent), which answers
+// with the call it is in and the sends it has issued to this rank: inside
+// that collective with fewer, it will not send the message before it
+// (check_receive says why), and the receive fails. (It waited 200 ms for
+// the wire instead, and killed correct jobs on a slow, lossy link: found
+// by a review helper.)
 void Communicator::Impl::look_for_collectives_instead() {
   const auto arrived = [](const PointToPoint& call) {
     for (std::size_t i = call.done; i < call.requests.size(); ++i)
@@ -315,11 +318,9 @@ void Communicator::Impl::look_for_collectives_instead() {
       continue;
     const auto reached = status->collective_reached(peer);
     if (!reached || reached->seq < call->op.next_collective) continue;
-    const std::uint64_t received = route->bytes_received();
-    if (route->progress(Clock::now() + kInFlight) || route->bytes_received() != received) return;
-    throw RemoteError(receive_without_send(rank, call->op, reached->kind + " #" + std::to_string(reached->seq) +
-                                                           " (its status report says)"),
-                      peer);
+    const auto answer = status->ask_sent(peer, call->op.seq, call->op.next_collective);
+    if (answer.state != StatusBoard::SendAnswer::unsent) continue;
+    throw RemoteError(receive_without_send(rank, call->op, answer.inside + " (as it answers)"), peer);
   }
 }
 

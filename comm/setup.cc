@@ -447,7 +447,7 @@ void connect_planned(Communicator::Impl& impl, const Plan& plan) {
     impl.transports.push_back(ibverbs::open_ibverbs(*impl.store, impl.key_prefix, options));
     add_routes(impl, plan.use_ib);
   }
-  impl.status = std::make_unique<StatusBoard>(impl.store, impl.key_prefix, impl.rank);
+  impl.status = std::make_unique<StatusBoard>(impl.store, impl.key_prefix, impl.rank, impl.size);
   if (!impl.one_host) {
     std::vector<std::string> names;
     for (const std::string& host : impl.hosts) names.push_back(runtime::host_name(host));

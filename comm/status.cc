@@ -20,6 +20,8 @@ constexpr auto kMaxBudget = std::chrono::milliseconds(2000);
 // How long a receive's look at a peer's report (collective_reached) may
 // wait for the store.
 constexpr auto kLookBudget = std::chrono::milliseconds(500);
+// How long a rank stays inside one call before its heartbeat answers probes.
+constexpr auto kAnswerAfter = std::chrono::milliseconds(250);
 // How long the destructor waits for the heartbeat thread to end.
 constexpr auto kJoinWait = std::chrono::milliseconds(200);
 
@@ -27,8 +29,8 @@ bool point_to_point(std::string_view kind) { return kind == "send" || kind == "r
 
 }  // namespace
 
-StatusBoard::StatusBoard(std::shared_ptr<runtime::Store> store, std::string key_prefix, int rank)
-    : store_(std::move(store)), prefix_(std::move(key_prefix)), rank_(rank) {
+StatusBoard::StatusBoard(std::shared_ptr<runtime::Store> store, std::string key_prefix, int rank, int size)
+    : store_(std::move(store)), prefix_(std::move(key_prefix)), rank_(rank), sent_(static_cast<std::size_t>(size)) {
   if (store_) thread_ = std::thread(run, this, beat_, store_);
 }
 
@@ -51,40 +53,78 @@ std::string StatusBoard::key(const char* what, int rank) const {
 
 void StatusBoard::entered(const Op& op, const std::atomic<int>* waiting_for) {
   waiting_for_.store(waiting_for, std::memory_order_relaxed);
-  kind_.store(static_cast<std::uint8_t>(op.kind), std::memory_order_relaxed);
   left_seq_.store(0, std::memory_order_relaxed);
-  seq_.store(op.seq, std::memory_order_release);
+  state_.store(op.seq << 8 | static_cast<std::uint8_t>(op.kind), std::memory_order_release);
 }
 
 void StatusBoard::left(const Op& op) { left_seq_.store(op.seq, std::memory_order_release); }
 
+// The call last entered as the heartbeat publishes it: "<kind> #<seq>
+// <in|out> <peer waited for, or -1>"; empty before the first call.
+std::string StatusBoard::current() const {
+  const std::uint64_t state = state_.load(std::memory_order_acquire), seq = state >> 8;
+  if (state == 0) return {};
+  const bool inside = left_seq_.load(std::memory_order_acquire) != seq;
+  const std::atomic<int>* waiting = waiting_for_.load(std::memory_order_relaxed);
+  const int peer = inside && waiting ? waiting->load(std::memory_order_relaxed) : -1;
+  return std::string(name(static_cast<OpKind>(state & 0xff))) + " #" + std::to_string(seq) +
+         (inside ? " in " : " out ") + std::to_string(peer);
+}
+
+// ask_sent's answer: the probe number, the call as current() says it, and
+// then the sends issued to each rank that has any, read after the call:
+// "3 barrier #7 in 0 0:5 2:1".
+std::string StatusBoard::answer(std::int64_t probe) const {
+  std::string text = std::to_string(probe) + " " + current();
+  for (std::size_t peer = 0; peer < sent_.size(); ++peer)
+    if (const std::uint64_t n = sent_[peer].load(std::memory_order_acquire))
+      text += " " + std::to_string(peer) + ":" + std::to_string(n);
+  return text;
+}
+
 // Publishes on every change, and while inside an operation once per period
-// with a new beat, so that silence means the process stopped running. The
-// board is read only under beat->mu while beat->stop is false: once the
-// destructor has set it the board may be gone.
+// with a new beat, so that silence means the process stopped running. Once
+// inside one call for kAnswerAfter, each beat also looks for a probe
+// (ask_sent) newer than the last answered, and answers it. The board is
+// read only under beat->mu while beat->stop is false: once the destructor
+// has set it the board may be gone.
 void StatusBoard::run(StatusBoard* board, std::shared_ptr<Beat> beat, std::shared_ptr<runtime::Store> store) {
-  const std::string key = board->key("status", board->rank_);
+  const std::string key = board->key("status", board->rank_), probe_key = board->key("probe", board->rank_),
+                    answer_key = board->key("answer", board->rank_);
   std::uint64_t count = 0;
+  std::int64_t answered = 0;
   std::string published;
+  auto since = Clock::now();  // when `published` (its call) began
   std::unique_lock lock(beat->mu);
   while (!beat->cv.wait_for(lock, kPublishPeriod, [&] { return beat->stop; })) {
-    const std::uint64_t seq = board->seq_.load(std::memory_order_acquire);
-    if (seq == 0) continue;
-    const bool inside = board->left_seq_.load(std::memory_order_acquire) != seq;
-    const std::atomic<int>* waiting = board->waiting_for_.load(std::memory_order_relaxed);
-    const int peer = inside && waiting ? waiting->load(std::memory_order_relaxed) : -1;
-    std::string state = std::string(name(static_cast<OpKind>(board->kind_.load()))) + " #" + std::to_string(seq) +
-                        (inside ? " in " : " out ") + std::to_string(peer);
+    const std::string state = board->current();
+    if (state.empty()) continue;
+    const bool inside = state.find(" in ") != std::string::npos;
+    // The call: "<kind> #<seq>" (the peer it waits for may change within it).
+    const auto call_of = [](const std::string& text) { return text.substr(0, text.find(' ', text.find('#'))); };
+    if (call_of(state) != call_of(published)) since = Clock::now();
+    const bool answers = inside && call_of(state) == call_of(published) && Clock::now() - since >= kAnswerAfter;
     if (state == published && !inside) continue;
     lock.unlock();
     try {
       store->set(key, state + " " + std::to_string(++count));
       published = state;
+      std::optional<runtime::Bytes> probe = answers ? store->try_get(probe_key) : std::nullopt;
+      const std::int64_t asked = probe ? std::atoll(std::string(probe->begin(), probe->end()).c_str()) : 0;
+      if (asked > answered) {
+        lock.lock();
+        if (beat->stop) break;
+        const std::string text = board->answer(asked);
+        lock.unlock();
+        store->set(answer_key, text);
+        answered = asked;
+      }
     } catch (const Error&) {
       // The store is gone (job ending); attribution is best effort.
     }
-    lock.lock();
+    if (!lock.owns_lock()) lock.lock();
   }
+  if (!lock.owns_lock()) lock.lock();
   beat->exited = true;
   beat->cv.notify_all();
 }
@@ -159,6 +199,40 @@ std::optional<StatusBoard::Reached> StatusBoard::collective_reached(int peer) {
   auto r = value ? parse(*value) : std::nullopt;
   if (!r || point_to_point(r->kind)) return std::nullopt;
   return Reached{r->kind, r->seq};
+}
+
+StatusBoard::SendAnswer StatusBoard::ask_sent(int peer, std::uint64_t seq, std::uint64_t next_collective) {
+  if (!store_ || looks_off_.load(std::memory_order_relaxed)) return {};
+  const auto deadline = Clock::now() + kLookBudget;
+  std::lock_guard lock(asked_mu_);
+  try {
+    const auto asked = asked_.find(peer);
+    if (asked == asked_.end()) {
+      asked_[peer] = store_->add(key("probe", peer), 1, deadline);
+      return {};
+    }
+    const auto value = store_->try_get(key("answer", peer), deadline);
+    if (!value) return {};
+    std::istringstream in(std::string(value->begin(), value->end()));
+    std::int64_t probe = 0;
+    std::string kind, hash_seq, where;
+    int waiting = -1;
+    in >> probe >> kind >> hash_seq >> where >> waiting;
+    if (!in || probe < asked->second || hash_seq.size() < 2) return {};
+    asked_.erase(asked);  // answered: the next look asks again
+    std::uint64_t sends = 0;
+    for (std::string entry; in >> entry;)
+      if (const auto colon = entry.find(':'); colon != std::string::npos && std::stoi(entry.substr(0, colon)) == rank_)
+        sends = std::stoull(entry.substr(colon + 1));
+    const std::uint64_t at = std::stoull(hash_seq.substr(1));
+    if (point_to_point(kind) || where != "in" || at < next_collective || sends >= seq) return {SendAnswer::sent, {}};
+    return {SendAnswer::unsent, kind + " #" + std::to_string(at)};
+  } catch (const Error&) {
+    looks_off_.store(true, std::memory_order_relaxed);
+    return {};
+  } catch (const std::exception&) {  // a malformed answer (stoi): no proof
+    return {};
+  }
 }
 
 std::vector<std::optional<StatusBoard::Record>> StatusBoard::read_all(int size, Clock::time_point deadline) {

@@ -10,6 +10,15 @@
 // calls does not count: that is "out") stops beating while its record still
 // says "in".
 //
+// A receive that waits for a peer which reports a collective after it
+// (engine_p2p.cc: look_for_collectives_instead) asks that peer whether it
+// issued the send: ask_sent() counts a probe up in the store, and the
+// peer's heartbeat thread, once it has been inside one call for 250 ms,
+// answers with that call and how many sends it has issued to each rank,
+// read in that order (sent(), counted as each send is issued), so an
+// answer inside a collective whose count for the asker is short of the
+// receive proves the send comes, if ever, after that collective.
+//
 // When a wait times out, the waiting rank asks holder() which rank holds
 // the call up: one that has not entered it ("last entered barrier #3";
 // one still inside an earlier call and beating waits there for another, and
@@ -38,6 +47,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -55,13 +65,15 @@ namespace braid::comm {
 
 class StatusBoard {
  public:
-  StatusBoard(std::shared_ptr<runtime::Store> store, std::string key_prefix, int rank);
+  StatusBoard(std::shared_ptr<runtime::Store> store, std::string key_prefix, int rank, int size);
   ~StatusBoard();
 
   // `waiting_for` holds the peer the operation is blocked on (-1: none); the
   // board reads it until the next entered().
   void entered(const Op& op, const std::atomic<int>* waiting_for = nullptr);
   void left(const Op& op);
+  // A send to `peer` was issued: its number `seq` is how many so far.
+  void sent(int peer, std::uint64_t seq) { sent_[static_cast<std::size_t>(peer)].store(seq, std::memory_order_release); }
   // "last entered all_gather #811", "last entered all_reduce #5 and waits
   // there for rank 3", "has reported no call ...", "could not be
   // asked: the store did not answer within 1000 ms ...".
@@ -84,6 +96,17 @@ class StatusBoard {
     std::uint64_t seq = 0;
   };
   std::optional<Reached> collective_reached(int peer);
+  // Whether `peer` issued its send #`seq` to this rank, in its own answer
+  // (above): `pending` until it answers (the first call asks); `unsent`
+  // where it answered from inside a collective at or past `next_collective`
+  // (named in `inside`) with fewer sends to this rank, which proves the
+  // receive will not get it; `sent` otherwise. A store that leaves one
+  // request unanswered for 500 ms turns these looks off (pending).
+  struct SendAnswer {
+    enum State { pending, sent, unsent } state = pending;
+    std::string inside;
+  };
+  SendAnswer ask_sent(int peer, std::uint64_t seq, std::uint64_t next_collective);
   void publish_abort(const std::string& reason);
   // The reason a peer published when it aborted, or empty.
   std::string abort_reason(int peer);
@@ -109,6 +132,8 @@ class StatusBoard {
   std::string unanswered();
   std::chrono::milliseconds budget() const;
   std::optional<Record> read(int peer, Clock::time_point deadline);
+  std::string current() const;
+  std::string answer(std::int64_t probe) const;
   static std::optional<Record> parse(const std::vector<std::uint8_t>& value);
   std::vector<std::optional<Record>> read_all(int size, Clock::time_point deadline);
 
@@ -116,8 +141,13 @@ class StatusBoard {
   std::string prefix_;
   int rank_;
   std::vector<std::string> hosts_;  // set_hosts; empty on one host
-  std::atomic<std::uint64_t> seq_{0}, left_seq_{0};
-  std::atomic<std::uint8_t> kind_{0};
+  // The call last entered: its number << 8 | its OpKind, in one word so that
+  // the heartbeat never pairs one call's kind with another's number.
+  std::atomic<std::uint64_t> state_{0};
+  std::atomic<std::uint64_t> left_seq_{0};
+  std::vector<std::atomic<std::uint64_t>> sent_;  // sends issued, by peer
+  std::mutex asked_mu_;
+  std::map<int, std::int64_t> asked_;  // ask_sent: the probe number each peer's answer must reach
   std::atomic<const std::atomic<int>*> waiting_for_{nullptr};
   // What the heartbeat thread shares with the board. The thread may outlive
   // it: a beat the store leaves unanswered holds the thread for the store's
