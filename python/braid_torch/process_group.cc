@@ -305,7 +305,7 @@ void quiesce(std::chrono::milliseconds limit) {
 
 ProcessGroupBraid::ProcessGroupBraid(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
                                      std::chrono::milliseconds timeout)
-    : c10d::ProcessGroup(rank, size), torch_store_(store) {
+    : c10d::ProcessGroup(rank, size), timeout_(timeout), torch_store_(store) {
   runtime::Config config = group_config(timeout);
   Rendezvous found = rendezvous(*store, rank, size, config);
   store_server_ = std::move(found.server);
@@ -350,20 +350,85 @@ ProcessGroupBraid::~ProcessGroupBraid() {
   completer_.reset();
 }
 
+namespace {
+
+using Span = std::pair<const std::byte*, const std::byte*>;
+
+// The host bytes from a tensor's first element to its last (none for a
+// device tensor or an empty one: device calls keep their stream's order).
+std::vector<Span> spans_of(const std::vector<at::Tensor>& tensors) {
+  std::vector<Span> spans;
+  for (const at::Tensor& t : tensors) {
+    if (!t.defined() || t.is_cuda() || t.numel() == 0) continue;
+    int64_t last = 0;
+    for (int64_t d = 0; d < t.dim(); ++d) last += (t.size(d) - 1) * std::abs(t.stride(d));
+    const auto* begin = static_cast<const std::byte*>(t.data_ptr());
+    spans.emplace_back(begin, begin + (last + 1) * t.element_size());
+  }
+  return spans;
+}
+
+bool meet(const std::vector<Span>& a, const std::vector<Span>& b) {
+  for (const Span& x : a)
+    for (const Span& y : b)
+      if (x.first < y.second && y.first < x.second) return true;
+  return false;
+}
+
+}  // namespace
+
+void ProcessGroupBraid::settle(const std::vector<at::Tensor>& tensors, bool copies) {
+  const std::vector<Span> spans = spans_of(tensors);
+  std::vector<std::shared_ptr<Completion>> earlier;
+  {
+    std::lock_guard lock(in_flight_mu_);
+    std::erase_if(in_flight_, [](const InFlight& call) {
+      std::lock_guard done(call.completion->mutex);
+      return call.completion->finished;
+    });
+    for (const InFlight& call : in_flight_)
+      if ((copies || call.copies_out) && meet(call.spans, spans)) earlier.push_back(call.completion);
+  }
+  if (earlier.empty()) return;
+  issuer_->release_held();  // the one held back may be among them
+  GilLetGo let_go;
+  for (const auto& completion : earlier) {
+    std::unique_lock lock(completion->mutex);
+    if (!completion->done_cv.wait_for(lock, timeout_, [&] { return completion->finished; }))
+      throw std::runtime_error("braid: an earlier call on this group that shares memory with this one did not finish "
+                               "within the group's timeout (" + std::to_string(timeout_.count()) +
+                               " ms), so this call was not issued");
+  }
+}
+
 c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::enqueue(Call call) {
+  std::vector<at::Tensor> touched = call.outputs;
+  touched.insert(touched.end(), call.keep_alive.begin(), call.keep_alive.end());
+  settle(touched, false);
+  auto completion = std::make_shared<Completion>();
+  {
+    std::lock_guard lock(in_flight_mu_);
+    in_flight_.push_back({completion, spans_of(touched), static_cast<bool>(call.finish)});
+  }
   Pending pending;
   pending.finish = std::move(call.finish);
   pending.keep_alive = std::move(call.keep_alive);
   pending.outputs = std::move(call.outputs);
   pending.runs_as = std::move(call.runs_as);
   pending.future = make_future();
-  pending.completion = std::make_shared<Completion>();
+  pending.completion = completion;
   auto work = c10::make_intrusive<BraidWork>(getRank(), call.type, pending, completer_->queue(), issuer_);
   work->set_source_rank(call.source_rank);
   const bool on_host = std::all_of(pending.outputs.begin(), pending.outputs.end(), [](const at::Tensor& t) { return !t.is_cuda(); }) &&
                        std::all_of(pending.keep_alive.begin(), pending.keep_alive.end(), [](const at::Tensor& t) { return !t.is_cuda(); });
   const bool holdable = on_host && call.type != c10d::OpType::SEND && call.type != c10d::OpType::RECV;
-  issuer_->issue(std::move(call.issue), std::move(pending), holdable);
+  try {
+    issuer_->issue(std::move(call.issue), std::move(pending), holdable);
+  } catch (...) {  // refused before it reached braid: nothing to wait for
+    std::lock_guard lock(in_flight_mu_);
+    std::erase_if(in_flight_, [&](const InFlight& c) { return c.completion == completion; });
+    throw;
+  }
   return work;
 }
 
@@ -405,6 +470,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::allreduce_coalesced(std::vecto
   if (at::Tensor block = one_block(tensors); block.defined())
     return enqueue({c10d::OpType::ALLREDUCE_COALESCED, all_reduce(reducible(block, "allreduce_coalesced")), outputs,
                     {block}, {}});
+  settle(tensors, true);  // copies them in
   StagingPool::Lease flat = staging_.take(total_numel(tensors), tensors[0].options());
   flatten_into(flat.tensor, tensors);
   return enqueue({c10d::OpType::ALLREDUCE_COALESCED, all_reduce(reducible(flat.tensor, "allreduce_coalesced")),
@@ -463,6 +529,7 @@ std::vector<void*> separate_parts(const std::vector<at::Tensor>& results, const 
 c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::gather_list(c10d::OpType type, const char* op,
                                                               const at::Tensor& input, std::vector<at::Tensor> results,
                                                               std::string runs_as) {
+  if (!input.is_contiguous()) settle({input}, true);  // copies it
   at::Tensor sent = input.contiguous();  // in the order unflatten reads it back
   Buffer send = movable(sent, op);
   auto all_gather = [this, send](Buffer recv) {
@@ -533,7 +600,10 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::scatter(std::vector<at::Tensor
   StagingPool::Lease staged;
   if (!block.defined()) {
     staged = staging_.take(getSize() * output.numel(), output.options());
-    if (is_root) flatten_into(staged.tensor, inputs[0]);
+    if (is_root) {
+      settle(inputs[0], true);  // copies them in
+      flatten_into(staged.tensor, inputs[0]);
+    }
   }
   at::Tensor flat = block.defined() ? block : staged.tensor;
   Buffer whole = movable(flat, "scatter");
@@ -597,6 +667,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::reduce_scatter(std::vector<at:
   StagingPool::Lease staged;
   if (!block.defined()) {
     staged = staging_.take(getSize() * output.numel(), output.options());
+    settle(inputs[0], true);  // copies them in
     flatten_into(staged.tensor, inputs[0]);
   }
   at::Tensor flat = block.defined() ? block : staged.tensor;
@@ -638,7 +709,9 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::alltoall_base(at::Tensor& outp
   // An input that shares memory with the output, but is not it (braid's
   // in-place form), is read from a copy, as the unequal splits' is (braid
   // refused the call in its own API's terms).
-  const at::Tensor from = overlap(input, output) && input.data_ptr() != output.data_ptr() ? input.clone() : input;
+  const bool copied = overlap(input, output) && input.data_ptr() != output.data_ptr();
+  if (copied) settle({input}, true);
+  const at::Tensor from = copied ? input.clone() : input;
   Buffer send = per_rank(movable(from, "alltoall_base"), getSize(), "alltoall_base");
   Buffer recv = movable(output, "alltoall_base");
   return enqueue({c10d::OpType::ALLTOALL_BASE,
@@ -669,6 +742,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::alltoall_unequal(at::Tensor& o
   // are still to be sent), and device tensors go through host copies
   // (device sends and receives run one at a time, and a large send waits
   // for its receive: the exchange would wait on itself).
+  settle({input, output}, true);  // copies this rank's own part, and the input where it shares memory
   const bool device = !input.is_cpu() || !output.is_cpu();
   const auto* in_begin = static_cast<const std::byte*>(input.data_ptr());
   const auto* out_begin = static_cast<const std::byte*>(output.data_ptr());
@@ -746,6 +820,11 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::alltoall(std::vector<at::Tenso
   if (inputs[me].numel() != outputs[me].numel())
     refuse("alltoall", "this rank sends itself " + std::to_string(inputs[me].numel()) + " elements but expects " +
                            std::to_string(outputs[me].numel()) + " from itself");
+  {
+    std::vector<at::Tensor> all = inputs;
+    all.insert(all.end(), outputs.begin(), outputs.end());
+    settle(all, true);  // copies this rank's own part, and inputs that are not contiguous or share memory
+  }
   std::vector<at::Tensor> from(size), into(size), kept;
   std::vector<Part> parts(static_cast<std::size_t>(size));
   std::vector<std::pair<at::Tensor, at::Tensor>> copy_back;  // (output, the host tensor it arrives in)

@@ -172,6 +172,23 @@ class ProcessGroupBraid : public c10d::ProcessGroup {
     std::size_t send_count = 0, recv_count = 0;
   };
   std::function<comm::Work()> exchange(std::vector<Part> parts, DataType dtype, std::size_t unit_bytes);
+  // The backend's own copies of host tensors (staging in and out, a copy of
+  // an input, all_to_all's part for this rank) run outside braid's issue
+  // order: a copy in made as a call is issued, and a copy out made once its
+  // braid call has completed, on the completion thread. So a call issued
+  // while an earlier one is in flight on the same bytes waits for that one
+  // to finish first (settle): every call for the earlier ones that copy
+  // out, a call that copies in (`copies`) for every earlier one. braid
+  // orders its own reads and writes.
+  struct InFlight {
+    std::shared_ptr<Completion> completion;
+    std::vector<std::pair<const std::byte*, const std::byte*>> spans;  // host bytes its tensors lie in
+    bool copies_out = false;
+  };
+  void settle(const std::vector<at::Tensor>& tensors, bool copies);
+  std::mutex in_flight_mu_;
+  std::vector<InFlight> in_flight_;
+  std::chrono::milliseconds timeout_;
 
   // Destroyed in reverse: the completer drains first, then the
   // communicator closes, then rank 0's store stops, and last torch's store

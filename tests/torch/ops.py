@@ -243,6 +243,19 @@ def check_list_forms(c, rank, size):
             c.equal(f"8 async list reduce_scatters in flight, round {round_}, call {k} ({form})", got[k], want[k])
         c.equal(f"list reduce_scatters left their inputs alone, round {round_}",
                 [p for parts in lists for p in parts], [p for parts in kept for p in parts])
+    # A staged all_gather (views with gaps, copied out once it completes)
+    # followed, without a wait, by a coalesced all_reduce of its outputs
+    # (copied in as it is issued): the second waits for the first's copy.
+    for late in range(size):
+        gaps = [torch.zeros(2 * 8)[::2] for _ in range(size)]
+        if rank == late:
+            time.sleep(0.3)
+        works = [dist.all_gather(gaps, torch.full((8,), float(rank + 1)), async_op=True),
+                 dist.all_reduce_coalesced(gaps, async_op=True)]
+        for work in works:
+            work.wait()
+        c.equal(f"a coalesced all_reduce of a staged all_gather's outputs in flight, rank {late} late", gaps,
+                [torch.full((8,), float(size * (p + 1))) for p in range(size)])
     # Calls one after another take the block the last one gave back: one
     # block for six (3 MiB per rank: larger than any kept so far). The
     # finishing step held its block until after the caller was told, so the
@@ -382,6 +395,37 @@ def check_all_to_all(c, rank, size):
     c.equal("all_to_all of lists into one tensor's parts", block_out, [part(p, rank, torch.float32, 3) for p in range(size)])
     c.equal("all_to_all of one list as input and output", same,
             [values(6, 10 * p + rank, torch.float32, salt=2) for p in range(size)])
+    # Calls in flight on the same tensors keep their order, for the copies
+    # braid_torch makes itself too: the second all_to_all reads this
+    # rank's own part from what the first is still receiving (one rank is
+    # late), and the third writes its own part over what the second still
+    # sends; so do unequal all_to_all_singles. Each own part was copied as
+    # the call was issued: stale, or torn for the peer (a review helper's
+    # find).
+    for late in range(size):
+        first = [torch.full((4,), float(100 * rank + p)) for p in range(size)]
+        mid = [torch.zeros(4) for _ in range(size)]
+        out = [torch.zeros(4) for _ in range(size)]
+        if rank == late:
+            time.sleep(0.3)
+        works = [dist.all_to_all(mid, first, async_op=True),
+                 dist.all_to_all(out, [mid[(p + 1) % size] for p in range(size)], async_op=True),
+                 dist.all_to_all(mid, [torch.full((4,), -1.0) for _ in range(size)], async_op=True)]
+        for work in works:
+            work.wait()
+        c.equal(f"chained async all_to_alls of lists, rank {late} late", out,
+                [torch.full((4,), float(100 * ((rank + 1) % size) + p)) for p in range(size)])
+        splits = [1] * size
+        flat_in = torch.tensor([float(100 * rank + p) for p in range(size)])
+        flat_mid, flat_out = torch.zeros(size), torch.zeros(size)
+        if rank == late:
+            time.sleep(0.3)
+        works = [dist.all_to_all_single(flat_mid, flat_in, splits, splits, async_op=True),
+                 dist.all_to_all_single(flat_out, flat_mid, splits, splits, async_op=True)]
+        for work in works:
+            work.wait()
+        c.equal(f"chained async unequal all_to_all_singles, rank {late} late", flat_out,
+                torch.tensor([float(100 * rank + p) for p in range(size)]))
     for name, outs, ins, says in (
             ("a list of the wrong length", [torch.zeros(1)], [torch.zeros(1)] * size, "one output and one input tensor per rank"),
             ("outputs sharing memory", [torch.zeros(4)] * size, [torch.zeros(4) for _ in range(size)], "share memory")):
