@@ -163,7 +163,7 @@ class StatusBoard {
   std::thread thread_;
   std::mutex unanswered_mu_;
   std::string unanswered_;  // why the failure path no longer asks the store; empty while it does
-  std::atomic<bool> looks_off_{false};  // collective_reached found the store slow once
+  std::atomic<bool> looks_off_{false};  // collective_reached or ask_sent found the store slow once
 };
 
 }  // namespace braid::comm
