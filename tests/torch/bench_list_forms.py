@@ -1,5 +1,6 @@
-"""The list forms of all_gather and reduce_scatter against the flat forms
-(all_gather_into_tensor, _reduce_scatter_base), in ms per call, for lists of
+"""The list forms of all_gather, reduce_scatter and (braid only) all_to_all
+against the flat forms (all_gather_into_tensor, _reduce_scatter_base,
+all_to_all_single), in ms per call, for lists of
 separate tensors (staged through a reused block) and lists that are chunks of
 one tensor (read or written in place). Run on braid or, for comparison, on
 another backend that has the flat forms.
@@ -56,6 +57,12 @@ def main():
             "chunks ": ms_per_call(lambda: dist.reduce_scatter(out, chunks_in)),
             "flat ": ms_per_call(lambda: dist._reduce_scatter_base(out, whole_in)),
         }
+        if backend == "braid":  # gloo has no all_to_all of lists
+            a2a_in = [torch.ones(e // n) for _ in range(n)]
+            a2a_out = [torch.empty(e // n) for _ in range(n)]
+            a2a_flat_out = torch.empty(e)
+            row["all_to_all list"] = ms_per_call(lambda: dist.all_to_all(a2a_out, a2a_in))
+            row["single"] = ms_per_call(lambda: dist.all_to_all_single(a2a_flat_out, x))
         if rank == 0:
             print(f"{backend} {mib} MiB per rank, {n} ranks: " +
                   "; ".join(f"{k.strip()} {v:.1f} ms" for k, v in row.items()), flush=True)
