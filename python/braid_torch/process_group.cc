@@ -20,7 +20,6 @@ namespace {
 constexpr const char* kRunsAsExchange =
     "braid: this all_to_all runs as a send to and a receive from every peer (count: the elements of that peer's part)";
 
-
 // The timeout torch passes (init_process_group's or new_group's `timeout`,
 // 30 minutes unless given) is the group's, longer or shorter than
 // BRAID_TIMEOUT, as gloo and NCCL honour it: a job whose rank 0 prepares
@@ -352,12 +351,11 @@ ProcessGroupBraid::~ProcessGroupBraid() {
 
 namespace {
 
-using Span = std::pair<const std::byte*, const std::byte*>;
-
 // The host bytes from a tensor's first element to its last (none for a
 // device tensor or an empty one: device calls keep their stream's order).
-std::vector<Span> spans_of(const std::vector<at::Tensor>& tensors) {
-  std::vector<Span> spans;
+using Span = ProcessGroupBraid::Span;
+
+void add_spans(std::vector<Span>& spans, const std::vector<at::Tensor>& tensors) {
   for (const at::Tensor& t : tensors) {
     if (!t.defined() || t.is_cuda() || t.numel() == 0) continue;
     int64_t last = 0;
@@ -365,7 +363,6 @@ std::vector<Span> spans_of(const std::vector<at::Tensor>& tensors) {
     const auto* begin = static_cast<const std::byte*>(t.data_ptr());
     spans.emplace_back(begin, begin + (last + 1) * t.element_size());
   }
-  return spans;
 }
 
 bool meet(const std::vector<Span>& a, const std::vector<Span>& b) {
@@ -378,7 +375,12 @@ bool meet(const std::vector<Span>& a, const std::vector<Span>& b) {
 }  // namespace
 
 void ProcessGroupBraid::settle(const std::vector<at::Tensor>& tensors, bool copies) {
-  const std::vector<Span> spans = spans_of(tensors);
+  std::vector<Span> spans;
+  add_spans(spans, tensors);
+  settle(spans, copies);
+}
+
+void ProcessGroupBraid::settle(const std::vector<Span>& spans, bool copies) {
   std::vector<std::shared_ptr<Completion>> earlier;
   {
     std::lock_guard lock(in_flight_mu_);
@@ -402,13 +404,14 @@ void ProcessGroupBraid::settle(const std::vector<at::Tensor>& tensors, bool copi
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::enqueue(Call call) {
-  std::vector<at::Tensor> touched = call.outputs;
-  touched.insert(touched.end(), call.keep_alive.begin(), call.keep_alive.end());
+  std::vector<Span> touched;  // the host bytes of every tensor the call reads or writes
+  add_spans(touched, call.outputs);
+  add_spans(touched, call.keep_alive);
   settle(touched, false);
   auto completion = std::make_shared<Completion>();
   {
     std::lock_guard lock(in_flight_mu_);
-    in_flight_.push_back({completion, spans_of(touched), static_cast<bool>(call.finish)});
+    in_flight_.push_back({completion, std::move(touched), static_cast<bool>(call.finish)});
   }
   Pending pending;
   pending.finish = std::move(call.finish);

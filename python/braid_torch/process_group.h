@@ -93,6 +93,8 @@ class Issuer final : public CallRelease {
 
 class ProcessGroupBraid : public c10d::ProcessGroup {
  public:
+  // Host bytes, from the first to past the last (settle).
+  using Span = std::pair<const std::byte*, const std::byte*>;
   // Blocks until every rank of the group has connected (at most `timeout`,
   // which every later wait of the group takes too; BRAID_TIMEOUT where it
   // is 0).
@@ -182,10 +184,11 @@ class ProcessGroupBraid : public c10d::ProcessGroup {
   // orders its own reads and writes.
   struct InFlight {
     std::shared_ptr<Completion> completion;
-    std::vector<std::pair<const std::byte*, const std::byte*>> spans;  // host bytes its tensors lie in
+    std::vector<Span> spans;  // host bytes its tensors lie in
     bool copies_out = false;
   };
   void settle(const std::vector<at::Tensor>& tensors, bool copies);
+  void settle(const std::vector<Span>& spans, bool copies);
   std::mutex in_flight_mu_;
   std::vector<InFlight> in_flight_;
   std::chrono::milliseconds timeout_;
