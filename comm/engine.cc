@@ -140,8 +140,9 @@ std::shared_ptr<WorkState> Communicator::Impl::enqueue(Op op, StagedInput input)
   if (op.kind == OpKind::send) {
     op.seq = ++sends_to[op.root];
     if (status) status->sent(op.root, op.seq);  // ask_sent's answers count it from now
+  } else if (op.kind == OpKind::recv) {
+    op.seq = ++receives_from[op.root];
   }
-  else if (op.kind == OpKind::recv) op.seq = ++receives_from[op.root];
   if (!collective) op.next_collective = gate.load(std::memory_order_relaxed) / kOneSeq;
   // Run here if the engine is idle: small calls (a hand-off would cost more
   // than the call), and calls whose caller waits for them anyway (gate
