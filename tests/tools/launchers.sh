@@ -8,9 +8,12 @@
 #   3. two mpirun jobs at once given the same MASTER_PORT, where each rank 0
 #      serves braid's store: the second finds the port taken and moves on.
 # In 2 and 3 the four ranks meet at a barrier (files in a temporary folder)
-# before braid starts, so both jobs are up together, and in 3 the first
-# job's rank 1 waits until the second job is done, so its rank 0 holds its
-# store all the while: the stores always meet.
+# before braid starts, so both jobs are up together, and in 3 the second
+# job's ranks wait until a store listens on MASTER_PORT (AFTER), which only
+# the first job's rank 0 may then hold, and the first job's rank 1 waits
+# until the second job is done, so that rank 0 holds its store all the
+# while: the stores always meet. (Without AFTER, a first rank 0 slow to
+# start found the port free again after the whole second job had run.)
 #
 # usage: launchers.sh BRAID_BENCH PYTHON FREE_PORTS_PY
 # A part whose launcher is missing says SKIP; the test exits 77 (skip) when
@@ -37,10 +40,12 @@ $(cat "$2")"
 }
 
 # A rank: marks itself up, waits (at most 100 s) until all four ranks of the
-# two jobs are, and the rank named by HOLD until $D/second.done exists, then
-# becomes braid-bench.
+# two jobs are, the rank named by HOLD until $D/second.done exists, and
+# every rank, where AFTER names a port, until a socket listens on it
+# (/proc/net/tcp, state 0A), then becomes braid-bench.
 rank_script='r=${RANK:-$OMPI_COMM_WORLD_RANK}; touch "$D/$JOB.$r.up"; i=0
-while [ "$(ls "$D" | grep -c "\.up$")" -lt 4 ] || { [ "$HOLD" = "$r" ] && [ ! -e "$D/second.done" ]; }; do
+listening() { [ -z "${AFTER:-}" ] || grep -q ":$(printf %04X "$AFTER") 00000000:0000 0A " /proc/net/tcp; }
+while [ "$(ls "$D" | grep -c "\.up$")" -lt 4 ] || { [ "$HOLD" = "$r" ] && [ ! -e "$D/second.done" ]; } || ! listening; do
   i=$((i + 1)); [ $i -le 1000 ] || exit 3; sleep 0.1; done
 exec "$BENCH" $ARGS'
 
@@ -79,12 +84,12 @@ if command -v mpirun >/dev/null 2>&1; then
   port=$(python3 "$free_ports")
   # Each job its own session directory: two mpirun starting at once race
   # to create the shared /tmp/ompi.HOST.UID ("mkdir ... File exists").
-  mpirun_job() { mkdir -p "$tmp/ompi-$1"; JOB=$1 HOLD=$2 timeout -k 5 150 mpirun $root_flag --oversubscribe -np 2 \
+  mpirun_job() { mkdir -p "$tmp/ompi-$1"; JOB=$1 HOLD=$2 AFTER=$3 timeout -k 5 150 mpirun $root_flag --oversubscribe -np 2 \
     --mca orte_tmpdir_base "$tmp/ompi-$1" -x MASTER_ADDR=127.0.0.1 \
-    -x MASTER_PORT="$port" -x BRAID_LOG_LEVEL=info -x BRAID_TIMEOUT -x BENCH -x ARGS -x D -x JOB -x HOLD \
+    -x MASTER_PORT="$port" -x BRAID_LOG_LEVEL=info -x BRAID_TIMEOUT -x BENCH -x ARGS -x D -x JOB -x HOLD -x AFTER \
     sh -c "$rank_script"; }
-  mpirun_job first 1 >"$tmp/first.log" 2>&1 & first=$!
-  { s=0; mpirun_job second none >"$tmp/second.log" 2>&1 || s=$?; touch "$tmp/second.done"; exit "$s"; } & second=$!
+  mpirun_job first 1 "" >"$tmp/first.log" 2>&1 & first=$!
+  { s=0; mpirun_job second none "$port" >"$tmp/second.log" 2>&1 || s=$?; touch "$tmp/second.done"; exit "$s"; } & second=$!
   wait_both "$first" "$second" "mpirun, both on MASTER_PORT $port"
   # One of the two stores found the port taken and moved on.
   cat "$tmp/first.log" "$tmp/second.log" | grep -q "so this job's store listens on" ||
