@@ -131,6 +131,26 @@ std::vector<int64_t> element_splits(const at::Tensor& tensor, const std::vector<
 
 }  // namespace
 
+namespace {
+
+// Lets the GIL go for its lifetime where the calling thread holds it
+// (destroy_process_group from Python): the completion threads run Python
+// callbacks, which take it, and the group waits for them.
+class GilLetGo {
+ public:
+  GilLetGo() : saved_(Py_IsInitialized() && PyGILState_Check() ? PyEval_SaveThread() : nullptr) {}
+  ~GilLetGo() {
+    if (saved_ != nullptr) PyEval_RestoreThread(saved_);
+  }
+  GilLetGo(const GilLetGo&) = delete;
+  GilLetGo& operator=(const GilLetGo&) = delete;
+
+ private:
+  PyThreadState* saved_;
+};
+
+}  // namespace
+
 // The process's groups. While there are two or more, none runs a call in
 // the caller's thread (Communicator::set_inline): torch lets async calls on
 // two groups be issued in opposite orders on two ranks (gloo completes
@@ -166,18 +186,61 @@ void inline_while_alone() {
 // are not held (their stream order is taken at issue), nor sends and
 // receives (an inline one that must wait for its peer goes to the progress
 // thread anyway).
-Issuer::Issuer(comm::Communicator& comm, Completer& completer)
-    : comm_(comm), completer_(completer), thread_([this] { hold_loop(); }) {}
+//
+// A call whose hazards (earlier calls in flight on the same host bytes,
+// ProcessGroupBraid::InFlight) have not all finished is deferred: queued
+// here, with every later call of the group behind it, and issued by the
+// holding thread, in order, once they have (call_finished() wakes it; the
+// hazards are issued calls, bounded by their own timeout). The caller
+// returns at once. (It waited there, as the call was made, and an async
+// chain then followed by a go-ahead to the peers through the store, or
+// issued on two groups in opposite orders, deadlocked until the group's
+// timeout.) A device call meeting deferred calls waits for them in the
+// caller, bounded by the group's timeout: braid takes its stream's order as
+// it is issued, which a later issue would move past the caller's next
+// kernels.
+Issuer::Issuer(comm::Communicator& comm, Completer& completer, std::chrono::milliseconds timeout)
+    : comm_(comm), completer_(completer), timeout_(timeout), thread_([this] { hold_loop(); }) {
+  completer_.queue()->set_finished_hook([this] { call_finished(); });
+}
 
 void Issuer::set_alone(bool alone) {
   alone_.store(alone, std::memory_order_relaxed);
   comm_.set_inline(alone);
 }
 
-void Issuer::issue(std::function<comm::Work()> issue, Pending pending, bool holdable) {
+namespace {
+
+bool all_finished(const Issuer::Hazards& hazards) {
+  return std::all_of(hazards.begin(), hazards.end(), [](const std::shared_ptr<Completion>& completion) {
+    std::lock_guard lock(completion->mutex);
+    return completion->finished;
+  });
+}
+
+}  // namespace
+
+void Issuer::issue(std::function<comm::Work()> issue, Pending pending, bool holdable, bool on_device,
+                   Hazards hazards) {
   std::unique_lock lock(mutex_);
   issued_cv_.wait(lock, [this] { return !issuing_; });
-  release_locked();
+  release_locked(lock);
+  if (on_device && (!deferred_.empty() || !all_finished(hazards))) {
+    ++waiting_callers_;
+    const bool clear = undeferred_cv_.wait_for(
+        lock, timeout_, [&] { return deferred_.empty() && !issuing_ && all_finished(hazards); });
+    --waiting_callers_;
+    if (!clear)
+      return refuse_locked(pending, std::make_exception_ptr(std::runtime_error(
+                                        "braid: earlier calls on this group, deferred until the calls sharing memory "
+                                        "with them had finished, were not issued within the group's timeout (" +
+                                        std::to_string(timeout_.count()) + " ms), so this device call was not issued")));
+  } else if (!deferred_.empty() || !all_finished(hazards)) {
+    deferred_.push_back(Deferred{std::move(issue), std::move(pending), std::move(hazards)});
+    lock.unlock();
+    hold_cv_.notify_one();
+    return;
+  }
   if (holdable && alone_.load(std::memory_order_relaxed) && !stopping_) {
     held_.emplace(Held{std::move(issue), std::move(pending), Clock::now() + kHoldTime});
     // A holding thread already timing an earlier call wakes by this one's
@@ -190,7 +253,21 @@ void Issuer::issue(std::function<comm::Work()> issue, Pending pending, bool hold
   }
   // Not held: runs here or on the progress thread, as braid decides; its
   // refusal (bad arguments) reaches the caller, as before it was issued.
-  if (std::exception_ptr error = issue_unlocked(lock, issue, pending)) std::rethrow_exception(error);
+  if (std::exception_ptr error = issue_unlocked(lock, issue, pending)) refuse_locked(pending, error);
+}
+
+// A call refused in issue() throws to its caller, who gets no Work; it
+// counts as finished for the calls that took it as a hazard meanwhile
+// (another thread's, on the same group).
+void Issuer::refuse_locked(Pending& pending, std::exception_ptr error) {
+  {
+    std::lock_guard done(pending.completion->mutex);
+    pending.completion->finished = true;
+    pending.completion->error = error;
+  }
+  hold_cv_.notify_one();
+  undeferred_cv_.notify_all();
+  std::rethrow_exception(error);
 }
 
 void Issuer::run_here(const std::shared_ptr<Completion>& completion) {
@@ -223,25 +300,30 @@ std::exception_ptr Issuer::issue_unlocked(std::unique_lock<std::mutex>& lock,
   issuing_ = false;
   if (!error) completer_.push(std::move(pending));
   issued_cv_.notify_all();
+  if (waiting_callers_ != 0) undeferred_cv_.notify_all();
   return error;
 }
 
 void Issuer::release_held() {
-  std::lock_guard lock(mutex_);
-  release_locked();
+  std::unique_lock lock(mutex_);
+  release_locked(lock);
 }
 
 void Issuer::release(const std::shared_ptr<Completion>& completion) {
-  std::lock_guard lock(mutex_);
-  if (held_ && held_->pending.completion == completion) release_locked();
+  std::unique_lock lock(mutex_);
+  if (held_ && held_->pending.completion == completion) release_locked(lock);
+}
+
+void Issuer::release_locked(std::unique_lock<std::mutex>& lock) {
+  if (!held_) return;
+  Held held = std::move(*held_);
+  held_.reset();
+  if (std::exception_ptr error = issue_off_thread(held.issue, held.pending)) fail_unlocked(lock, held.pending, error);
 }
 
 // On the progress thread: inline off for this one call. groups_mutex keeps
 // set_alone (another group made or ended) from turning it back meanwhile.
-void Issuer::release_locked() {
-  if (!held_) return;
-  Held held = std::move(*held_);
-  held_.reset();
+std::exception_ptr Issuer::issue_off_thread(const std::function<comm::Work()>& issue, Pending& pending) {
   try {
     std::lock_guard groups_lock(groups_mutex);
     comm_.set_inline(false);
@@ -249,24 +331,75 @@ void Issuer::release_locked() {
       Issuer& issuer;
       ~Restore() { issuer.comm_.set_inline(issuer.alone_.load(std::memory_order_relaxed)); }
     } restore{*this};
-    held.pending.work = held.issue();
+    pending.work = issue();
   } catch (...) {
-    return fail_pending(held.pending, std::current_exception());
+    return std::current_exception();
   }
-  completer_.push(std::move(held.pending));
+  completer_.push(std::move(pending));
+  return nullptr;
+}
+
+// A call that could not be issued fails its future, whose callbacks run
+// here and may issue calls of this group: without the lock.
+void Issuer::fail_unlocked(std::unique_lock<std::mutex>& lock, Pending& pending, std::exception_ptr error) {
+  lock.unlock();
+  fail_pending(pending, error);
+  lock.lock();
+}
+
+bool Issuer::front_ready_locked() { return !deferred_.empty() && all_finished(deferred_.front().hazards); }
+
+// Issues the deferred calls at the front whose hazards have finished. One
+// that fails to issue fails its future, and so counts as finished for the
+// next.
+void Issuer::issue_ready_locked(std::unique_lock<std::mutex>& lock) {
+  if (deferred_.empty()) return;
+  while (front_ready_locked()) {
+    Deferred call = std::move(deferred_.front());
+    deferred_.pop_front();
+    // Later callers wait for it, so that calls keep their order.
+    issuing_ = true;
+    std::exception_ptr error = issue_off_thread(call.issue, call.pending);
+    if (error) fail_unlocked(lock, call.pending, error);
+    issuing_ = false;
+    issued_cv_.notify_all();
+  }
+  if (deferred_.empty()) undeferred_cv_.notify_all();
+}
+
+void Issuer::call_finished() {
+  {
+    std::lock_guard lock(mutex_);
+    if (deferred_.empty() && waiting_callers_ == 0) return;
+  }
+  hold_cv_.notify_one();
+  undeferred_cv_.notify_all();
+}
+
+bool Issuer::wait_undeferred(std::chrono::milliseconds limit) {
+  std::unique_lock lock(mutex_);
+  ++waiting_callers_;
+  const bool clear = undeferred_cv_.wait_for(lock, limit, [this] { return deferred_.empty(); });
+  --waiting_callers_;
+  return clear;
 }
 
 void Issuer::hold_loop() {
   std::unique_lock lock(mutex_);
   for (;;) {
     hold_thread_idle_ = true;
-    hold_cv_.wait(lock, [this] { return stopping_ || held_.has_value(); });
+    hold_cv_.wait(lock, [this] { return (stopping_ && deferred_.empty()) || held_ || front_ready_locked(); });
     hold_thread_idle_ = false;
-    if (stopping_) return release_locked();
-    if (Clock::now() >= held_->due)
-      release_locked();
-    else
-      hold_cv_.wait_until(lock, held_->due);  // then look again: it may be another call by now
+    issue_ready_locked(lock);
+    if (stopping_) {
+      release_locked(lock);
+      if (deferred_.empty()) return;
+    } else if (held_) {
+      if (Clock::now() >= held_->due)
+        release_locked(lock);
+      else
+        hold_cv_.wait_until(lock, held_->due);  // then look again: it may be another call by now
+    }
   }
 }
 
@@ -274,7 +407,8 @@ void Issuer::hold_loop() {
 // its own thread, while its peers are late) must reach the completer before
 // the group ends: the group's end freed the completer and the communicator
 // under it, and that thread crashed (SIGSEGV) once its peers came. The
-// wait is bounded by the call's own timeout.
+// wait is bounded by the call's own timeout; the deferred calls' by their
+// hazards', issued calls that the completion threads still finish.
 void Issuer::stop() {
   {
     std::unique_lock lock(mutex_);
@@ -282,6 +416,7 @@ void Issuer::stop() {
     issued_cv_.wait(lock, [this] { return !issuing_; });
   }
   hold_cv_.notify_one();
+  undeferred_cv_.notify_all();
   if (thread_.joinable()) thread_.join();
 }
 
@@ -297,44 +432,28 @@ void quiesce(std::chrono::milliseconds limit) {
   // ended meanwhile has none: its Issuer stopped).
   for (const auto& issuer : issuers) issuer->release_held();
   const auto deadline = std::chrono::steady_clock::now() + limit;
-  for (const auto& queue : queues)
-    queue->wait_quiet(std::chrono::ceil<std::chrono::milliseconds>(
-        std::max(deadline - std::chrono::steady_clock::now(), std::chrono::steady_clock::duration::zero())));
+  auto left = [&] {
+    return std::chrono::ceil<std::chrono::milliseconds>(
+        std::max(deadline - std::chrono::steady_clock::now(), std::chrono::steady_clock::duration::zero()));
+  };
+  for (const auto& issuer : issuers) issuer->wait_undeferred(left());
+  for (const auto& queue : queues) queue->wait_quiet(left());
 }
 
 ProcessGroupBraid::ProcessGroupBraid(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
                                      std::chrono::milliseconds timeout)
-    : c10d::ProcessGroup(rank, size), timeout_(timeout), torch_store_(store) {
+    : c10d::ProcessGroup(rank, size), torch_store_(store) {
   runtime::Config config = group_config(timeout);
   Rendezvous found = rendezvous(*store, rank, size, config);
   store_server_ = std::move(found.server);
   comm_ = comm::Communicator::create_world(found.info, config);
   completer_ = std::make_unique<Completer>();
-  issuer_ = std::make_shared<Issuer>(*comm_, *completer_);
+  issuer_ = std::make_shared<Issuer>(*comm_, *completer_, config.timeout);
   std::lock_guard lock(groups_mutex);
   groups.push_back(issuer_);
   inline_while_alone();
 }
 
-namespace {
-
-// Lets the GIL go for its lifetime where the calling thread holds it
-// (destroy_process_group from Python): the completion threads run Python
-// callbacks, which take it, and the group waits for them.
-class GilLetGo {
- public:
-  GilLetGo() : saved_(Py_IsInitialized() && PyGILState_Check() ? PyEval_SaveThread() : nullptr) {}
-  ~GilLetGo() {
-    if (saved_ != nullptr) PyEval_RestoreThread(saved_);
-  }
-  GilLetGo(const GilLetGo&) = delete;
-  GilLetGo& operator=(const GilLetGo&) = delete;
-
- private:
-  PyThreadState* saved_;
-};
-
-}  // namespace
 
 ProcessGroupBraid::~ProcessGroupBraid() {
   {
@@ -374,40 +493,23 @@ bool meet(const std::vector<Span>& a, const std::vector<Span>& b) {
 
 }  // namespace
 
-void ProcessGroupBraid::settle(const std::vector<at::Tensor>& tensors, bool copies) {
-  std::vector<Span> spans;
-  add_spans(spans, tensors);
-  settle(spans, copies);
-}
-
-void ProcessGroupBraid::settle(const std::vector<Span>& spans, bool copies) {
-  std::vector<std::shared_ptr<Completion>> earlier;
-  {
-    std::lock_guard lock(in_flight_mu_);
-    std::erase_if(in_flight_, [](const InFlight& call) {
-      std::lock_guard done(call.completion->mutex);
-      return call.completion->finished;
-    });
-    for (const InFlight& call : in_flight_)
-      if ((copies || call.copies_out) && meet(call.spans, spans)) earlier.push_back(call.completion);
-  }
-  if (earlier.empty()) return;
-  issuer_->release_held();  // the one held back may be among them
-  GilLetGo let_go;
-  for (const auto& completion : earlier) {
-    std::unique_lock lock(completion->mutex);
-    if (!completion->done_cv.wait_for(lock, timeout_, [&] { return completion->finished; }))
-      throw std::runtime_error("braid: an earlier call on this group that shares memory with this one did not finish "
-                               "within the group's timeout (" + std::to_string(timeout_.count()) +
-                               " ms), so this call was not issued");
-  }
+Issuer::Hazards ProcessGroupBraid::hazards(const std::vector<Span>& spans, bool copies_in) {
+  Issuer::Hazards earlier;
+  std::lock_guard lock(in_flight_mu_);
+  std::erase_if(in_flight_, [](const InFlight& call) {
+    std::lock_guard done(call.completion->mutex);
+    return call.completion->finished;
+  });
+  for (const InFlight& call : in_flight_)
+    if ((copies_in || call.copies_out) && meet(call.spans, spans)) earlier.push_back(call.completion);
+  return earlier;
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::enqueue(Call call) {
   std::vector<Span> touched;  // the host bytes of every tensor the call reads or writes
   add_spans(touched, call.outputs);
   add_spans(touched, call.keep_alive);
-  settle(touched, false);
+  Issuer::Hazards earlier = hazards(touched, static_cast<bool>(call.copy_in));
   auto completion = std::make_shared<Completion>();
   {
     std::lock_guard lock(in_flight_mu_);
@@ -422,11 +524,23 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::enqueue(Call call) {
   pending.completion = completion;
   auto work = c10::make_intrusive<BraidWork>(getRank(), call.type, pending, completer_->queue(), issuer_);
   work->set_source_rank(call.source_rank);
-  const bool on_host = std::all_of(pending.outputs.begin(), pending.outputs.end(), [](const at::Tensor& t) { return !t.is_cuda(); }) &&
-                       std::all_of(pending.keep_alive.begin(), pending.keep_alive.end(), [](const at::Tensor& t) { return !t.is_cuda(); });
-  const bool holdable = on_host && call.type != c10d::OpType::SEND && call.type != c10d::OpType::RECV;
+  auto on_cuda = [](const std::vector<at::Tensor>& tensors) {
+    return std::any_of(tensors.begin(), tensors.end(), [](const at::Tensor& t) { return t.is_cuda(); });
+  };
+  const bool on_device = on_cuda(pending.outputs) || on_cuda(pending.keep_alive);
+  const bool holdable = !on_device && call.type != c10d::OpType::SEND && call.type != c10d::OpType::RECV;
+  std::function<comm::Work()> issue = std::move(call.issue);
+  if (call.copy_in)
+    issue = [copy_in = std::move(call.copy_in), issue = std::move(issue)] {
+      copy_in();
+      return issue();
+    };
   try {
-    issuer_->issue(std::move(call.issue), std::move(pending), holdable);
+    // A device call may wait there for deferred calls, whose callbacks take
+    // the GIL (where the caller holds it).
+    std::optional<GilLetGo> let_go;
+    if (on_device) let_go.emplace();
+    issuer_->issue(std::move(issue), std::move(pending), holdable, on_device, std::move(earlier));
   } catch (...) {  // refused before it reached braid: nothing to wait for
     std::lock_guard lock(in_flight_mu_);
     std::erase_if(in_flight_, [&](const InFlight& c) { return c.completion == completion; });
@@ -473,12 +587,12 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::allreduce_coalesced(std::vecto
   if (at::Tensor block = one_block(tensors); block.defined())
     return enqueue({c10d::OpType::ALLREDUCE_COALESCED, all_reduce(reducible(block, "allreduce_coalesced")), outputs,
                     {block}, {}});
-  settle(tensors, true);  // copies them in
   StagingPool::Lease flat = staging_.take(total_numel(tensors), tensors[0].options());
-  flatten_into(flat.tensor, tensors);
-  return enqueue({c10d::OpType::ALLREDUCE_COALESCED, all_reduce(reducible(flat.tensor, "allreduce_coalesced")),
-                  outputs, {flat.tensor},
-                  then_reusable([flat = flat.tensor, outputs]() mutable { unflatten(flat, outputs); }, flat.reusable)});
+  Call call{c10d::OpType::ALLREDUCE_COALESCED, all_reduce(reducible(flat.tensor, "allreduce_coalesced")), outputs,
+            {flat.tensor},
+            then_reusable([flat = flat.tensor, outputs]() mutable { unflatten(flat, outputs); }, flat.reusable)};
+  call.copy_in = [flat = flat.tensor, tensors] { flatten_into(flat, tensors); };
+  return enqueue(std::move(call));
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::reduce(std::vector<at::Tensor>& tensors,
@@ -532,21 +646,29 @@ std::vector<void*> separate_parts(const std::vector<at::Tensor>& results, const 
 c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::gather_list(c10d::OpType type, const char* op,
                                                               const at::Tensor& input, std::vector<at::Tensor> results,
                                                               std::string runs_as) {
-  if (!input.is_contiguous()) settle({input}, true);  // copies it
-  at::Tensor sent = input.contiguous();  // in the order unflatten reads it back
+  // Sent from a contiguous copy (in the order unflatten reads it back)
+  // where it is not.
+  const at::Tensor sent = input.is_contiguous() ? input : at::empty(input.sizes(), input.options());
+  std::function<void()> copy_in;
+  if (!sent.is_same(input)) copy_in = [sent, input] { sent.copy_(input); };
+  auto enqueue_with_copy = [&](Call call) {
+    call.copy_in = copy_in;
+    if (copy_in) call.keep_alive.push_back(input);
+    return enqueue(std::move(call));
+  };
   Buffer send = movable(sent, op);
   auto all_gather = [this, send](Buffer recv) {
     return [this, send, recv] { return comm_->all_gather(send.data, recv.data, send.count, send.dtype); };
   };
   if (at::Tensor block = one_block(results);
       block.defined() && (!overlap(sent, block) || sent.data_ptr() == results[getRank()].data_ptr()))
-    return enqueue({type, all_gather(movable(block, op)), results, {sent, block}, {}, std::move(runs_as)});
+    return enqueue_with_copy({type, all_gather(movable(block, op)), results, {sent, block}, {}, std::move(runs_as)});
   if (std::vector<void*> parts = separate_parts(results, sent, getRank()); !parts.empty())
-    return enqueue({type, [this, send, parts] { return comm_->all_gather(send.data, parts, send.count, send.dtype); },
+    return enqueue_with_copy({type, [this, send, parts] { return comm_->all_gather(send.data, parts, send.count, send.dtype); },
                     results, {sent}, {}, std::move(runs_as)});
   StagingPool::Lease flat = staging_.take(getSize() * input.numel(), input.options());
   int64_t count = input.numel();
-  return enqueue({type, all_gather(movable(flat.tensor, op)), results, {sent, flat.tensor},
+  return enqueue_with_copy({type, all_gather(movable(flat.tensor, op)), results, {sent, flat.tensor},
                   then_reusable([flat = flat.tensor, results, count]() mutable { unflatten(flat, results, count); },
                                 flat.reusable),
                   std::move(runs_as)});
@@ -601,23 +723,22 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::scatter(std::vector<at::Tensor
   // root's buffer is only read).
   at::Tensor block = is_root ? one_block(inputs[0]) : at::Tensor();
   StagingPool::Lease staged;
-  if (!block.defined()) {
-    staged = staging_.take(getSize() * output.numel(), output.options());
-    if (is_root) {
-      settle(inputs[0], true);  // copies them in
-      flatten_into(staged.tensor, inputs[0]);
-    }
-  }
+  if (!block.defined()) staged = staging_.take(getSize() * output.numel(), output.options());
   at::Tensor flat = block.defined() ? block : staged.tensor;
   Buffer whole = movable(flat, "scatter");
   at::Tensor mine = flat.narrow(0, getRank() * output.numel(), output.numel());
   std::function<void()> finish = [output, mine]() mutable { output.copy_(mine.view(output.sizes())); };
   if (staged.reusable) finish = then_reusable(std::move(finish), staged.reusable);
-  return enqueue({c10d::OpType::SCATTER,
-                  [this, whole, root] { return comm_->broadcast(whole.data, whole.data, whole.count, whole.dtype, root); },
-                  {output}, {flat}, finish,
-                  "braid: scatter runs as a broadcast of the root's whole list (count: the world size times each "
-                  "tensor's elements)"});
+  Call call{c10d::OpType::SCATTER,
+            [this, whole, root] { return comm_->broadcast(whole.data, whole.data, whole.count, whole.dtype, root); },
+            {output}, {flat}, finish,
+            "braid: scatter runs as a broadcast of the root's whole list (count: the world size times each "
+            "tensor's elements)"};
+  if (is_root && !block.defined()) {
+    call.copy_in = [flat, list = inputs[0]] { flatten_into(flat, list); };
+    call.keep_alive.insert(call.keep_alive.end(), inputs[0].begin(), inputs[0].end());
+  }
+  return enqueue(std::move(call));
 }
 
 // The inputs of a list reduce_scatter on the host that braid can read one
@@ -668,20 +789,21 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::reduce_scatter(std::vector<at:
                     {output}, std::move(kept), finish});
   }
   StagingPool::Lease staged;
-  if (!block.defined()) {
-    staged = staging_.take(getSize() * output.numel(), output.options());
-    settle(inputs[0], true);  // copies them in
-    flatten_into(staged.tensor, inputs[0]);
-  }
+  if (!block.defined()) staged = staging_.take(getSize() * output.numel(), output.options());
   at::Tensor flat = block.defined() ? block : staged.tensor;
   Buffer send = reducible(flat, "reduce_scatter");
   Buffer recv = reducible(got, "reduce_scatter");
   std::function<void()> finish;
   if (!got.is_same(output)) finish = [output, got]() mutable { output.copy_(got); };
   if (staged.reusable) finish = then_reusable(std::move(finish), staged.reusable);
-  return enqueue({c10d::OpType::REDUCE_SCATTER,
-                  [this, send, recv, op] { return comm_->reduce_scatter(send.data, recv.data, recv.count, recv.dtype, op); },
-                  {output}, {flat, got}, finish});
+  Call call{c10d::OpType::REDUCE_SCATTER,
+            [this, send, recv, op] { return comm_->reduce_scatter(send.data, recv.data, recv.count, recv.dtype, op); },
+            {output}, {flat, got}, finish};
+  if (!block.defined()) {
+    call.copy_in = [flat, list = inputs[0]] { flatten_into(flat, list); };
+    call.keep_alive.insert(call.keep_alive.end(), inputs[0].begin(), inputs[0].end());
+  }
+  return enqueue(std::move(call));
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::_reduce_scatter_base(at::Tensor& output, at::Tensor& input,
@@ -713,13 +835,17 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::alltoall_base(at::Tensor& outp
   // in-place form), is read from a copy, as the unequal splits' is (braid
   // refused the call in its own API's terms).
   const bool copied = overlap(input, output) && input.data_ptr() != output.data_ptr();
-  if (copied) settle({input}, true);
-  const at::Tensor from = copied ? input.clone() : input;
+  const at::Tensor from = copied ? at::empty_like(input, at::MemoryFormat::Contiguous) : input;
   Buffer send = per_rank(movable(from, "alltoall_base"), getSize(), "alltoall_base");
   Buffer recv = movable(output, "alltoall_base");
-  return enqueue({c10d::OpType::ALLTOALL_BASE,
-                  [this, send, recv] { return comm_->all_to_all(send.data, recv.data, send.count, send.dtype); },
-                  {output}, {from}, {}});
+  Call call{c10d::OpType::ALLTOALL_BASE,
+            [this, send, recv] { return comm_->all_to_all(send.data, recv.data, send.count, send.dtype); },
+            {output}, {from}, {}};
+  if (copied) {
+    call.copy_in = [from, input] { from.copy_(input); };
+    call.keep_alive.push_back(input);
+  }
+  return enqueue(std::move(call));
 }
 
 // Unequal parts travel as point-to-point messages, as NCCL's all-to-allv:
@@ -745,13 +871,12 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::alltoall_unequal(at::Tensor& o
   // are still to be sent), and device tensors go through host copies
   // (device sends and receives run one at a time, and a large send waits
   // for its receive: the exchange would wait on itself).
-  settle({input, output}, true);  // copies this rank's own part, and the input where it shares memory
   const bool device = !input.is_cpu() || !output.is_cpu();
   const auto* in_begin = static_cast<const std::byte*>(input.data_ptr());
   const auto* out_begin = static_cast<const std::byte*>(output.data_ptr());
   const bool shared = input.nbytes() && output.nbytes() && in_begin < out_begin + output.nbytes() &&
                       out_begin < in_begin + input.nbytes();
-  at::Tensor from = device ? input.cpu() : shared ? input.clone() : input;
+  at::Tensor from = device ? input.cpu() : shared ? at::empty_like(input) : input;
   at::Tensor into = device ? at::empty(output.sizes(), output.options().device(at::kCPU)) : output;
   // Counts as movable() gives them: elements of braid's dtype, or bytes.
   const Buffer whole = movable(from, "alltoall_base");
@@ -769,20 +894,24 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::alltoall_unequal(at::Tensor& o
   }
   std::function<void()> finish;
   if (device) finish = [output, into]() mutable { output.copy_(into); };
-  return enqueue({c10d::OpType::ALLTOALL_BASE, exchange(std::move(parts), whole.dtype, element / units), {output},
-                  {from, into}, finish, kRunsAsExchange});
+  const std::size_t unit_bytes = element / units;
+  Call call{c10d::OpType::ALLTOALL_BASE, exchange(parts, whole.dtype), {output}, {from, into}, finish, kRunsAsExchange};
+  call.copy_in = [from, input, shared, own = parts[me], unit_bytes] {
+    if (shared) from.copy_(input);
+    copy_own(own, unit_bytes);
+  };
+  if (shared) call.keep_alive.push_back(input);
+  return enqueue(std::move(call));
 }
 
-// The point-to-point form of an all_to_all: this rank's own part copied,
-// then at step k a send to the rank k ahead and a receive from the rank k
-// behind, so that every pair's calls meet at once (calls complete in issue
-// order: once the last is done, all are).
-std::function<comm::Work()> ProcessGroupBraid::exchange(std::vector<Part> parts, DataType dtype,
-                                                        std::size_t unit_bytes) {
-  return [this, parts = std::move(parts), dtype, unit_bytes] {
+// The point-to-point form of an all_to_all (this rank's own part is
+// copied by copy_own, as the call is issued): at step k a send to the rank
+// k ahead and a receive from the rank k behind, so that every pair's calls
+// meet at once (calls complete in issue order: once the last is done, all
+// are).
+std::function<comm::Work()> ProcessGroupBraid::exchange(std::vector<Part> parts, DataType dtype) {
+  return [this, parts = std::move(parts), dtype] {
     const int size = getSize(), me = getRank();
-    const Part& own = parts[me];
-    if (own.send_count) std::memcpy(own.into, own.from, own.send_count * unit_bytes);
     if (size == 1) return comm_->barrier();
     comm::Work last;
     for (int step = 1; step < size; ++step) {
@@ -823,18 +952,21 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::alltoall(std::vector<at::Tenso
   if (inputs[me].numel() != outputs[me].numel())
     refuse("alltoall", "this rank sends itself " + std::to_string(inputs[me].numel()) + " elements but expects " +
                            std::to_string(outputs[me].numel()) + " from itself");
-  {
-    std::vector<at::Tensor> all = inputs;
-    all.insert(all.end(), outputs.begin(), outputs.end());
-    settle(all, true);  // copies this rank's own part, and inputs that are not contiguous or share memory
-  }
   std::vector<at::Tensor> from(size), into(size), kept;
+  std::vector<std::pair<at::Tensor, at::Tensor>> copy_in;  // (host copy, input), made as the call is issued
   std::vector<Part> parts(static_cast<std::size_t>(size));
   std::vector<std::pair<at::Tensor, at::Tensor>> copy_back;  // (output, the host tensor it arrives in)
   for (int p = 0; p < size; ++p) {
     const at::Tensor& in = inputs[p];
     const bool shares = std::any_of(outputs.begin(), outputs.end(), [&](const at::Tensor& o) { return overlap(in, o); });
-    from[p] = !in.is_cpu() ? in.cpu().contiguous() : shares ? in.clone(at::MemoryFormat::Contiguous) : in.contiguous();
+    if (!in.is_cpu()) {
+      from[p] = in.cpu().contiguous();
+    } else if (shares || !in.is_contiguous()) {
+      from[p] = at::empty(in.sizes(), in.options());
+      copy_in.emplace_back(from[p], in);
+    } else {
+      from[p] = in;
+    }
     const at::Tensor& out = outputs[p];
     into[p] = out.is_cpu() && out.is_contiguous() ? out : at::empty(out.sizes(), out.options().device(at::kCPU));
     if (!into[p].is_same(out)) copy_back.emplace_back(out, into[p]);
@@ -850,8 +982,13 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::alltoall(std::vector<at::Tenso
     finish = [copy_back]() mutable {
       for (auto& [output, arrived] : copy_back) output.copy_(arrived);
     };
-  return enqueue({c10d::OpType::ALLTOALL, exchange(std::move(parts), unit.dtype, unit_bytes), outputs,
-                  std::move(kept), finish, kRunsAsExchange});
+  for (const auto& [copy, input] : copy_in) kept.push_back(input);
+  Call call{c10d::OpType::ALLTOALL, exchange(parts, unit.dtype), outputs, std::move(kept), finish, kRunsAsExchange};
+  call.copy_in = [copy_in, own = parts[me], unit_bytes] {
+    for (const auto& [copy, input] : copy_in) copy.copy_(input);
+    copy_own(own, unit_bytes);
+  };
+  return enqueue(std::move(call));
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::send(std::vector<at::Tensor>& tensors, int dst_rank, int tag) {

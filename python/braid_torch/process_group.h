@@ -30,6 +30,8 @@
 #include <memory>
 #include <atomic>
 #include <condition_variable>
+#include <cstring>
+#include <deque>
 #include <exception>
 #include <mutex>
 #include <optional>
@@ -43,13 +45,17 @@
 namespace braid::torch_backend {
 
 // Issues a group's calls in order, holding back a collective for a moment
-// while the group is the process's only one (process_group.cc says why).
+// while the group is the process's only one, and deferring a call that must
+// wait for earlier ones (`hazards`) until they have finished, with every
+// later call behind it (process_group.cc says why).
 class Issuer final : public CallRelease {
  public:
   using Clock = std::chrono::steady_clock;
   static constexpr std::chrono::milliseconds kHoldTime{1};
+  using Hazards = std::vector<std::shared_ptr<Completion>>;
 
-  Issuer(comm::Communicator& comm, Completer& completer);
+  // `timeout` bounds a device call's wait for deferred calls (issue()).
+  Issuer(comm::Communicator& comm, Completer& completer, std::chrono::milliseconds timeout);
   Issuer(const Issuer&) = delete;
   Issuer& operator=(const Issuer&) = delete;
 
@@ -59,12 +65,17 @@ class Issuer final : public CallRelease {
   Completer& completer() { return completer_; }
   // Issues the held call, if any.
   void release_held();
-  // Issues the call (after the held one); holds it instead when it may be.
-  void issue(std::function<comm::Work()> issue, Pending pending, bool holdable);
+  // Issues the call (after the held one); holds it instead when it may be,
+  // and defers it while any of `hazards` has not finished or an earlier call
+  // is deferred. A device call (`on_device`: braid takes its stream's order
+  // as it is issued) is never deferred: it waits here instead.
+  void issue(std::function<comm::Work()> issue, Pending pending, bool holdable, bool on_device, Hazards hazards);
   void run_here(const std::shared_ptr<Completion>& completion) override;
   void release(const std::shared_ptr<Completion>& completion) override;
-  // Issues the held call and ends the holding thread; later calls are
-  // issued at once.
+  // Waits, up to `limit`, until no call is deferred; whether it got there.
+  bool wait_undeferred(std::chrono::milliseconds limit);
+  // Issues the held call and the deferred ones (as their hazards finish),
+  // then ends the holding thread; later calls are issued at once.
   void stop();
 
  private:
@@ -73,18 +84,33 @@ class Issuer final : public CallRelease {
     Pending pending;
     Clock::time_point due;
   };
-  void release_locked();
+  struct Deferred {
+    std::function<comm::Work()> issue;
+    Pending pending;
+    Hazards hazards;
+  };
+  void release_locked(std::unique_lock<std::mutex>& lock);
+  std::exception_ptr issue_off_thread(const std::function<comm::Work()>& issue, Pending& pending);
+  void fail_unlocked(std::unique_lock<std::mutex>& lock, Pending& pending, std::exception_ptr error);
+  [[noreturn]] void refuse_locked(Pending& pending, std::exception_ptr error);
+  bool front_ready_locked();
+  void issue_ready_locked(std::unique_lock<std::mutex>& lock);
+  void call_finished();  // a completion thread finished a call
   std::exception_ptr issue_unlocked(std::unique_lock<std::mutex>& lock, const std::function<comm::Work()>& issue,
                                     Pending& pending);
   void hold_loop();
 
   comm::Communicator& comm_;
   Completer& completer_;
+  const std::chrono::milliseconds timeout_;
   std::atomic<bool> alone_{false};
   std::mutex mutex_;  // with issuing_, the issue lock: calls reach braid and the completer in order
   std::condition_variable hold_cv_;
   std::condition_variable issued_cv_;  // issuing_ went false
+  std::condition_variable undeferred_cv_;  // deferred_ may have emptied, or a hazard finished
   std::optional<Held> held_;
+  std::deque<Deferred> deferred_;  // in issue order
+  std::size_t waiting_callers_ = 0;  // device calls waiting in issue() for deferred_ to empty
   bool issuing_ = false;  // a call is being issued with mutex_ let go (issue_unlocked)
   bool stopping_ = false;
   bool hold_thread_idle_ = false;  // in its untimed wait: a held call must wake it
@@ -145,9 +171,9 @@ class ProcessGroupBraid : public c10d::ProcessGroup {
   std::size_t staging_blocks_mapped() const { return staging_.blocks_mapped(); }
 
  private:
-  // One call: issue() runs braid's call under the issue lock (so the
-  // completion thread sees calls in braid's issue order); finish() runs on
-  // the completion thread after it succeeded.
+  // One call: copy_in() then issue() run braid's call under the issue lock
+  // (so the completion thread sees calls in braid's issue order); finish()
+  // runs on the completion thread after it succeeded.
   struct Call {
     c10d::OpType type;
     std::function<comm::Work()> issue;
@@ -158,6 +184,11 @@ class ProcessGroupBraid : public c10d::ProcessGroup {
     // front of its errors, which name braid's call and its counts.
     std::string runs_as;
     int source_rank = -1;  // a receive's peer (Work::sourceRank)
+    // The backend's own copies of host tensors the call reads (into staging,
+    // a copy of an input, all_to_all's part for this rank), made as the
+    // call is issued, just before braid's call: every tensor it reads must
+    // be in `outputs` or `keep_alive`.
+    std::function<void()> copy_in;
   };
   c10::intrusive_ptr<c10d::Work> enqueue(Call call);
   c10::intrusive_ptr<c10d::Work> gather_list(c10d::OpType type, const char* op, const at::Tensor& input,
@@ -173,25 +204,24 @@ class ProcessGroupBraid : public c10d::ProcessGroup {
     std::byte* into = nullptr;
     std::size_t send_count = 0, recv_count = 0;
   };
-  std::function<comm::Work()> exchange(std::vector<Part> parts, DataType dtype, std::size_t unit_bytes);
-  // The backend's own copies of host tensors (staging in and out, a copy of
-  // an input, all_to_all's part for this rank) run outside braid's issue
-  // order: a copy in made as a call is issued, and a copy out made once its
-  // braid call has completed, on the completion thread. So a call issued
-  // while an earlier one is in flight on the same bytes waits for that one
-  // to finish first (settle): every call for the earlier ones that copy
-  // out, a call that copies in (`copies`) for every earlier one. braid
-  // orders its own reads and writes.
+  std::function<comm::Work()> exchange(std::vector<Part> parts, DataType dtype);
+  static void copy_own(const Part& own, std::size_t unit_bytes) {
+    if (own.send_count) std::memcpy(own.into, own.from, own.send_count * unit_bytes);
+  }
+  // The backend's own copies (Call::copy_in, and copies out in `finish`,
+  // made on the completion thread once braid's call has completed) run
+  // outside braid's order. So a call waits, deferred by the Issuer, for
+  // the earlier calls in flight on the same host bytes (its hazards): every
+  // one where it copies in, those that copy out otherwise. braid orders its
+  // own reads and writes.
   struct InFlight {
     std::shared_ptr<Completion> completion;
     std::vector<Span> spans;  // host bytes its tensors lie in
     bool copies_out = false;
   };
-  void settle(const std::vector<at::Tensor>& tensors, bool copies);
-  void settle(const std::vector<Span>& spans, bool copies);
+  Issuer::Hazards hazards(const std::vector<Span>& spans, bool copies_in);
   std::mutex in_flight_mu_;
   std::vector<InFlight> in_flight_;
-  std::chrono::milliseconds timeout_;
 
   // Destroyed in reverse: the completer drains first, then the
   // communicator closes, then rank 0's store stops, and last torch's store

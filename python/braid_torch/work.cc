@@ -117,6 +117,7 @@ void CompletionQueue::run() {
       ++in_callbacks_;
       lock.unlock();
       queued_cv_.notify_one();
+      if (finished_hook_) finished_hook_();
       settle_finished(pending, error);
     }  // the call dies here, without mutex_: the last reference to a tensor
        // Python made takes the GIL, which a thread holding it may hold while

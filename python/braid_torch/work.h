@@ -93,6 +93,10 @@ class CompletionQueue {
   CompletionQueue& operator=(const CompletionQueue&) = delete;
 
   void push(Pending pending);
+  // Runs, on a completion thread, after each call has finished (before its
+  // future's callbacks): the Issuer's deferred calls wait for calls to
+  // finish. Set before the first push.
+  void set_finished_hook(std::function<void()> hook) { finished_hook_ = std::move(hook); }
   // Finishes every call still queued (each bounded by its own wait), then
   // joins the threads.
   void stop_and_join();
@@ -115,6 +119,7 @@ class CompletionQueue {
   std::mutex mutex_;
   std::condition_variable queued_cv_;
   std::deque<Pending> queue_;
+  std::function<void()> finished_hook_;
   bool stopping_ = false;
   bool turn_taken_ = false;  // a thread is waiting for the call at the front
   std::size_t idle_ = 0;     // threads waiting for the queue

@@ -630,6 +630,33 @@ def check_async_returns(c, rank, size):
         store.wait(["braid-test/async-go/other-thread"])
         dist.all_reduce(t)
     c.equal("a call while another thread asked about its Work", t, want)
+    # A chain of async calls that share tensors through braid_torch's own
+    # copies (a staged all_gather into views with gaps, then a coalesced
+    # all_reduce of those views, which copies them in only once the first
+    # has copied its result out) returns at once too: the second call is
+    # deferred until the first has finished. It waited there as it was
+    # made, and rank 0 never gave the others their go-ahead (a review
+    # helper's find).
+    gaps = [torch.zeros(16)[::2] for _ in range(size)]
+
+    def chain():
+        return [dist.all_gather(gaps, torch.full((8,), float(rank + 1)), async_op=True),
+                dist.all_reduce_coalesced(gaps, async_op=True)]
+
+    def run_chain():
+        if rank == 0:
+            works = chain()
+            store.set("braid-test/async-go/chain", "1")
+            dist.barrier(group=gloo_group())
+        else:
+            store.wait(["braid-test/async-go/chain"])
+            dist.barrier(group=gloo_group())
+            works = chain()
+        for work in works:
+            work.wait()
+    within(30, rank, "a chain of async calls on shared tensors, then a handshake through the store", run_chain)
+    c.equal("a chain of async calls on shared tensors, then a handshake through the store", gaps,
+            [torch.full((8,), float(size * (p + 1))) for p in range(size)])
     # Not waited for at all: it still runs, and is_completed() turns true.
     t = values(4, rank, torch.float32)
     want = gloo_all_reduce(t, dist.ReduceOp.SUM)
@@ -686,6 +713,27 @@ def check_two_groups(c, rank, size):
     within(30, rank, "unequal all_to_all_single on two groups in opposite orders", issue_and_wait_unequal)
     c.equal("unequal all_to_all_single on two groups in opposite orders, default group", got_a, want_a)
     c.equal("unequal all_to_all_single on two groups in opposite orders, new group", got_b, want_b)
+    # A chain on shared tensors (deferred until the call before it has
+    # finished) on one group, a call on the other, in opposite orders.
+    gaps = [torch.zeros(16)[::2] for _ in range(size)]
+    t = values(4, rank, torch.float32)
+    want = gloo_all_reduce(t, dist.ReduceOp.SUM)
+
+    def chain_then_call():
+        if rank % 2 == 0:
+            works = [dist.all_gather(gaps, torch.full((8,), float(rank + 1)), group=other, async_op=True),
+                     dist.all_reduce_coalesced(gaps, group=other, async_op=True)]
+            dist.all_reduce(t)
+        else:
+            dist.all_reduce(t)
+            works = [dist.all_gather(gaps, torch.full((8,), float(rank + 1)), group=other, async_op=True),
+                     dist.all_reduce_coalesced(gaps, group=other, async_op=True)]
+        for work in works:
+            work.wait()
+    within(30, rank, "a chain on shared tensors and a call on two groups in opposite orders", chain_then_call)
+    c.equal("a chain on shared tensors and a call on two groups in opposite orders, the chain", gaps,
+            [torch.full((8,), float(size * (p + 1))) for p in range(size)])
+    c.equal("a chain on shared tensors and a call on two groups in opposite orders, the call", t, want)
     dist.barrier()
 
 
