@@ -221,22 +221,28 @@ bool all_finished(const Issuer::Hazards& hazards) {
 }  // namespace
 
 void Issuer::issue(std::function<comm::Work()> issue, Pending pending, bool holdable, bool on_device,
-                   Hazards hazards) {
+                   std::function<Hazards()> find_hazards) {
+  Spent spent;
   std::unique_lock lock(mutex_);
   issued_cv_.wait(lock, [this] { return !issuing_; });
-  release_locked(lock);
+  release_locked(spent);
+  const Hazards hazards = find_hazards();
   if (on_device && (!deferred_.empty() || !all_finished(hazards))) {
+    issuing_ = true;
     ++waiting_callers_;
-    const bool clear = undeferred_cv_.wait_for(
-        lock, timeout_, [&] { return deferred_.empty() && !issuing_ && all_finished(hazards); });
+    hold_cv_.notify_one();
+    const bool clear =
+        undeferred_cv_.wait_for(lock, timeout_, [&] { return deferred_.empty() && all_finished(hazards); });
     --waiting_callers_;
+    issuing_ = false;
+    issued_cv_.notify_all();
     if (!clear)
-      return refuse_locked(pending, std::make_exception_ptr(std::runtime_error(
-                                        "braid: earlier calls on this group, deferred until the calls sharing memory "
-                                        "with them had finished, were not issued within the group's timeout (" +
-                                        std::to_string(timeout_.count()) + " ms), so this device call was not issued")));
+      refuse_locked(pending, std::make_exception_ptr(std::runtime_error(
+                                 "braid: earlier calls on this group, deferred until the calls sharing memory with "
+                                 "them had finished, were not issued within the group's timeout (" +
+                                 std::to_string(timeout_.count()) + " ms), so this device call was not issued")));
   } else if (!deferred_.empty() || !all_finished(hazards)) {
-    deferred_.push_back(Deferred{std::move(issue), std::move(pending), std::move(hazards)});
+    deferred_.push_back(Deferred{std::move(issue), std::move(pending), hazards});
     lock.unlock();
     hold_cv_.notify_one();
     return;
@@ -257,8 +263,7 @@ void Issuer::issue(std::function<comm::Work()> issue, Pending pending, bool hold
 }
 
 // A call refused in issue() throws to its caller, who gets no Work; it
-// counts as finished for the calls that took it as a hazard meanwhile
-// (another thread's, on the same group).
+// counts as finished for the calls that took it as a hazard.
 void Issuer::refuse_locked(Pending& pending, std::exception_ptr error) {
   {
     std::lock_guard done(pending.completion->mutex);
@@ -271,13 +276,16 @@ void Issuer::refuse_locked(Pending& pending, std::exception_ptr error) {
 }
 
 void Issuer::run_here(const std::shared_ptr<Completion>& completion) {
+  Spent spent;
   std::unique_lock lock(mutex_);
   if (!held_ || held_->pending.completion != completion) return;
   Held held = std::move(*held_);
   held_.reset();
-  if (std::exception_ptr error = issue_unlocked(lock, held.issue, held.pending)) {
-    lock.unlock();
-    fail_pending(held.pending, error);
+  std::exception_ptr error = issue_unlocked(lock, held.issue, held.pending);
+  spent.drop(std::move(held.issue));
+  if (error) {
+    mark_failed(held.pending, error);
+    spent.failed(std::move(held.pending));
   }
 }
 
@@ -305,25 +313,28 @@ std::exception_ptr Issuer::issue_unlocked(std::unique_lock<std::mutex>& lock,
 }
 
 void Issuer::release_held() {
-  std::unique_lock lock(mutex_);
-  release_locked(lock);
+  Spent spent;
+  std::lock_guard lock(mutex_);
+  release_locked(spent);
 }
 
 void Issuer::release(const std::shared_ptr<Completion>& completion) {
-  std::unique_lock lock(mutex_);
-  if (held_ && held_->pending.completion == completion) release_locked(lock);
+  Spent spent;
+  std::lock_guard lock(mutex_);
+  if (held_ && held_->pending.completion == completion) release_locked(spent);
 }
 
-void Issuer::release_locked(std::unique_lock<std::mutex>& lock) {
+void Issuer::release_locked(Spent& spent) {
   if (!held_) return;
   Held held = std::move(*held_);
   held_.reset();
-  if (std::exception_ptr error = issue_off_thread(held.issue, held.pending)) fail_unlocked(lock, held.pending, error);
+  issue_off_thread(std::move(held.issue), std::move(held.pending), spent);
 }
 
 // On the progress thread: inline off for this one call. groups_mutex keeps
 // set_alone (another group made or ended) from turning it back meanwhile.
-std::exception_ptr Issuer::issue_off_thread(const std::function<comm::Work()>& issue, Pending& pending) {
+void Issuer::issue_off_thread(std::function<comm::Work()> issue, Pending pending, Spent& spent) {
+  std::exception_ptr error;
   try {
     std::lock_guard groups_lock(groups_mutex);
     comm_.set_inline(false);
@@ -333,36 +344,34 @@ std::exception_ptr Issuer::issue_off_thread(const std::function<comm::Work()>& i
     } restore{*this};
     pending.work = issue();
   } catch (...) {
-    return std::current_exception();
+    error = std::current_exception();
   }
-  completer_.push(std::move(pending));
-  return nullptr;
+  spent.drop(std::move(issue));
+  if (error) {
+    mark_failed(pending, error);
+    spent.failed(std::move(pending));
+  } else {
+    completer_.push(std::move(pending));
+  }
 }
 
-// A call that could not be issued fails its future, whose callbacks run
-// here and may issue calls of this group: without the lock.
-void Issuer::fail_unlocked(std::unique_lock<std::mutex>& lock, Pending& pending, std::exception_ptr error) {
-  lock.unlock();
-  fail_pending(pending, error);
-  lock.lock();
+void Issuer::Spent::let_go() {
+  closures_.clear();
+  for (Pending& pending : failed_) settle_failed(pending);
+  failed_.clear();
 }
 
 bool Issuer::front_ready_locked() { return !deferred_.empty() && all_finished(deferred_.front().hazards); }
 
-// Issues the deferred calls at the front whose hazards have finished. One
-// that fails to issue fails its future, and so counts as finished for the
-// next.
-void Issuer::issue_ready_locked(std::unique_lock<std::mutex>& lock) {
+// Issues the deferred calls at the front whose hazards have finished (one
+// that fails to issue is marked failed, and so counts as finished for the
+// next).
+void Issuer::issue_ready_locked(Spent& spent) {
   if (deferred_.empty()) return;
   while (front_ready_locked()) {
     Deferred call = std::move(deferred_.front());
     deferred_.pop_front();
-    // Later callers wait for it, so that calls keep their order.
-    issuing_ = true;
-    std::exception_ptr error = issue_off_thread(call.issue, call.pending);
-    if (error) fail_unlocked(lock, call.pending, error);
-    issuing_ = false;
-    issued_cv_.notify_all();
+    issue_off_thread(std::move(call.issue), std::move(call.pending), spent);
   }
   if (deferred_.empty()) undeferred_cv_.notify_all();
 }
@@ -390,16 +399,22 @@ void Issuer::hold_loop() {
     hold_thread_idle_ = true;
     hold_cv_.wait(lock, [this] { return (stopping_ && deferred_.empty()) || held_ || front_ready_locked(); });
     hold_thread_idle_ = false;
-    issue_ready_locked(lock);
+    Spent spent;
+    issue_ready_locked(spent);
     if (stopping_) {
-      release_locked(lock);
-      if (deferred_.empty()) return;
+      release_locked(spent);
     } else if (held_) {
       if (Clock::now() >= held_->due)
-        release_locked(lock);
-      else
+        release_locked(spent);
+      else if (spent.empty())
         hold_cv_.wait_until(lock, held_->due);  // then look again: it may be another call by now
     }
+    if (!spent.empty()) {
+      lock.unlock();
+      spent.let_go();
+      lock.lock();
+    }
+    if (stopping_ && deferred_.empty() && !held_) return;
   }
 }
 
@@ -493,15 +508,16 @@ bool meet(const std::vector<Span>& a, const std::vector<Span>& b) {
 
 }  // namespace
 
-Issuer::Hazards ProcessGroupBraid::hazards(const std::vector<Span>& spans, bool copies_in) {
+Issuer::Hazards ProcessGroupBraid::enter_in_flight(InFlight call, bool copies_in) {
   Issuer::Hazards earlier;
   std::lock_guard lock(in_flight_mu_);
-  std::erase_if(in_flight_, [](const InFlight& call) {
-    std::lock_guard done(call.completion->mutex);
-    return call.completion->finished;
+  std::erase_if(in_flight_, [](const InFlight& c) {
+    std::lock_guard done(c.completion->mutex);
+    return c.completion->finished;
   });
-  for (const InFlight& call : in_flight_)
-    if ((copies_in || call.copies_out) && meet(call.spans, spans)) earlier.push_back(call.completion);
+  for (const InFlight& c : in_flight_)
+    if ((copies_in || c.copies_out) && meet(c.spans, call.spans)) earlier.push_back(c.completion);
+  in_flight_.push_back(std::move(call));
   return earlier;
 }
 
@@ -509,12 +525,11 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::enqueue(Call call) {
   std::vector<Span> touched;  // the host bytes of every tensor the call reads or writes
   add_spans(touched, call.outputs);
   add_spans(touched, call.keep_alive);
-  Issuer::Hazards earlier = hazards(touched, static_cast<bool>(call.copy_in));
   auto completion = std::make_shared<Completion>();
-  {
-    std::lock_guard lock(in_flight_mu_);
-    in_flight_.push_back({completion, std::move(touched), static_cast<bool>(call.finish)});
-  }
+  auto find_hazards = [this, in_flight = InFlight{completion, std::move(touched), static_cast<bool>(call.finish)},
+                       copies_in = static_cast<bool>(call.copy_in)]() mutable {
+    return enter_in_flight(std::move(in_flight), copies_in);
+  };
   Pending pending;
   pending.finish = std::move(call.finish);
   pending.keep_alive = std::move(call.keep_alive);
@@ -540,7 +555,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::enqueue(Call call) {
     // the GIL (where the caller holds it).
     std::optional<GilLetGo> let_go;
     if (on_device) let_go.emplace();
-    issuer_->issue(std::move(issue), std::move(pending), holdable, on_device, std::move(earlier));
+    issuer_->issue(std::move(issue), std::move(pending), holdable, on_device, find_hazards);
   } catch (...) {  // refused before it reached braid: nothing to wait for
     std::lock_guard lock(in_flight_mu_);
     std::erase_if(in_flight_, [&](const InFlight& c) { return c.completion == completion; });

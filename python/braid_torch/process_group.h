@@ -66,10 +66,15 @@ class Issuer final : public CallRelease {
   // Issues the held call, if any.
   void release_held();
   // Issues the call (after the held one); holds it instead when it may be,
-  // and defers it while any of `hazards` has not finished or an earlier call
-  // is deferred. A device call (`on_device`: braid takes its stream's order
-  // as it is issued) is never deferred: it waits here instead.
-  void issue(std::function<comm::Work()> issue, Pending pending, bool holdable, bool on_device, Hazards hazards);
+  // and defers it while any of its hazards has not finished or an earlier
+  // call is deferred. `find_hazards` names them, and enters the call among
+  // the calls in flight, under the issue lock: so the calls a call waits
+  // for are always before it in issue order (two threads issuing on one
+  // group each found the other's call first, and both waited for good). A
+  // device call (`on_device`: braid takes its stream's order as it is
+  // issued) is never deferred: it waits here instead.
+  void issue(std::function<comm::Work()> issue, Pending pending, bool holdable, bool on_device,
+             std::function<Hazards()> find_hazards);
   void run_here(const std::shared_ptr<Completion>& completion) override;
   void release(const std::shared_ptr<Completion>& completion) override;
   // Waits, up to `limit`, until no call is deferred; whether it got there.
@@ -89,12 +94,34 @@ class Issuer final : public CallRelease {
     Pending pending;
     Hazards hazards;
   };
-  void release_locked(std::unique_lock<std::mutex>& lock);
-  std::exception_ptr issue_off_thread(const std::function<comm::Work()>& issue, Pending& pending);
-  void fail_unlocked(std::unique_lock<std::mutex>& lock, Pending& pending, std::exception_ptr error);
+  // What the issue lock's holder let go of, dropped once it is let go (a
+  // Spent declared before the lock dies after it): issue closures, whose
+  // tensors' last reference takes the GIL, which a thread waiting for
+  // mutex_ may hold (is_completed() polled in another thread hung), and
+  // calls that failed to issue, whose futures' callbacks may issue calls of
+  // this group (settle_failed).
+  class Spent {
+   public:
+    Spent() = default;
+    ~Spent() { let_go(); }
+    Spent(const Spent&) = delete;
+    Spent& operator=(const Spent&) = delete;
+    void drop(std::function<comm::Work()> closure) { closures_.push_back(std::move(closure)); }
+    void failed(Pending pending) { failed_.push_back(std::move(pending)); }
+    bool empty() const { return closures_.empty() && failed_.empty(); }
+    void let_go();
+
+   private:
+    std::vector<std::function<comm::Work()>> closures_;
+    std::vector<Pending> failed_;
+  };
+  void release_locked(Spent& spent);
+  // On the progress thread; one that fails is marked failed (mark_failed)
+  // and goes to `spent`.
+  void issue_off_thread(std::function<comm::Work()> issue, Pending pending, Spent& spent);
   [[noreturn]] void refuse_locked(Pending& pending, std::exception_ptr error);
   bool front_ready_locked();
-  void issue_ready_locked(std::unique_lock<std::mutex>& lock);
+  void issue_ready_locked(Spent& spent);
   void call_finished();  // a completion thread finished a call
   std::exception_ptr issue_unlocked(std::unique_lock<std::mutex>& lock, const std::function<comm::Work()>& issue,
                                     Pending& pending);
@@ -110,8 +137,10 @@ class Issuer final : public CallRelease {
   std::condition_variable undeferred_cv_;  // deferred_ may have emptied, or a hazard finished
   std::optional<Held> held_;
   std::deque<Deferred> deferred_;  // in issue order
-  std::size_t waiting_callers_ = 0;  // device calls waiting in issue() for deferred_ to empty
-  bool issuing_ = false;  // a call is being issued with mutex_ let go (issue_unlocked)
+  std::size_t waiting_callers_ = 0;  // threads waiting on undeferred_cv_
+  // A call is being issued with mutex_ let go (issue_unlocked), or a device
+  // call waits for the deferred ones: later callers wait behind it.
+  bool issuing_ = false;
   bool stopping_ = false;
   bool hold_thread_idle_ = false;  // in its untimed wait: a held call must wake it
   std::thread thread_;  // last: started once the rest is made
@@ -219,7 +248,9 @@ class ProcessGroupBraid : public c10d::ProcessGroup {
     std::vector<Span> spans;  // host bytes its tensors lie in
     bool copies_out = false;
   };
-  Issuer::Hazards hazards(const std::vector<Span>& spans, bool copies_in);
+  // Enters `call` among the calls in flight; its hazards (called under the
+  // issue lock: Issuer::issue).
+  Issuer::Hazards enter_in_flight(InFlight call, bool copies_in);
   std::mutex in_flight_mu_;
   std::vector<InFlight> in_flight_;
 

@@ -144,6 +144,16 @@ std::exception_ptr as_runtime_error(std::exception_ptr error) {
   }
 }
 
+// A call braid runs as another says so in front of braid's message.
+std::exception_ptr with_runs_as(const Pending& pending, std::exception_ptr error) {
+  if (!error || pending.runs_as.empty()) return error;
+  try {
+    std::rethrow_exception(error);
+  } catch (const std::exception& e) {
+    return std::make_exception_ptr(std::runtime_error(pending.runs_as + ": " + e.what()));
+  }
+}
+
 // The call's outcome, before its future completes: a wait on a completion
 // thread (a callback's) needs no more than this.
 std::exception_ptr mark_finished(Pending& pending, std::exception_ptr error) {
@@ -154,13 +164,7 @@ std::exception_ptr mark_finished(Pending& pending, std::exception_ptr error) {
   // list all_gather).
   pending.keep_alive.clear();
   pending.finish = nullptr;
-  if (error && !pending.runs_as.empty()) {
-    try {
-      std::rethrow_exception(error);
-    } catch (const std::exception& e) {
-      error = std::make_exception_ptr(std::runtime_error(pending.runs_as + ": " + e.what()));
-    }
-  }
+  error = with_runs_as(pending, error);
   {
     std::lock_guard lock(pending.completion->mutex);
     pending.completion->finished = true;
@@ -188,6 +192,22 @@ void settle_finished(Pending& pending, std::exception_ptr error) {
 
 void fail_pending(Pending& pending, std::exception_ptr error) {
   settle_finished(pending, mark_finished(pending, as_runtime_error(error)));
+}
+
+void mark_failed(Pending& pending, std::exception_ptr error) {
+  error = with_runs_as(pending, as_runtime_error(error));
+  {
+    std::lock_guard lock(pending.completion->mutex);
+    pending.completion->finished = true;
+    pending.completion->error = error;
+  }
+  pending.completion->done_cv.notify_all();
+}
+
+void settle_failed(Pending& pending) {
+  pending.keep_alive.clear();
+  pending.finish = nullptr;
+  settle_finished(pending, pending.completion->error);
 }
 
 std::exception_ptr CompletionQueue::finish(Pending& pending) {

@@ -62,6 +62,15 @@ struct Pending {
 // Fails a call that could not be issued: its future gets the error, as
 // CompletionQueue would have given it.
 void fail_pending(Pending& pending, std::exception_ptr error);
+// fail_pending in two steps, for a caller holding a lock that a thread
+// holding the GIL may wait for: mark_failed only marks the call's
+// Completion finished with the error its future will carry (a wait on a
+// completion thread, and the calls deferred behind it, see it at once);
+// settle_failed, called without the lock, lets go of its tensors (whose
+// last reference may take the GIL) and fails its future, whose callbacks
+// run there.
+void mark_failed(Pending& pending, std::exception_ptr error);
+void settle_failed(Pending& pending);
 
 // What a Work asks of its group before it waits or is asked about: that its
 // call, if the group still holds it back (process_group.cc, Issuer), be

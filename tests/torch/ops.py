@@ -541,6 +541,97 @@ def check_send_recv(c, rank, size):
             c.equal(f"batch_isend_irecv ring of {count}, {order}", got, values(count, frm, torch.float32))
 
 
+def check_deferred(c, rank, size):
+    """Calls deferred behind earlier ones on shared tensors (the Issuer's
+    queue), as threads and callbacks meet them; each hung for good where a
+    review helper found it."""
+    # Two threads issuing on one group, each on the tensors the other's call
+    # still copies: a call found the other thread's call first and was
+    # queued ahead of it, and waited for it forever.
+    base = torch.arange(64, dtype=torch.float32) + 100 * rank
+    gaps = [base[16 * p: 16 * (p + 1): 2] for p in range(4)]
+    want = [g + 100 * (size - 1 - rank) for g in gaps]
+    errors = []
+
+    def worker():
+        try:
+            for _ in range(500):
+                dist.all_reduce_coalesced(gaps, op=dist.ReduceOp.MAX, async_op=True).wait()
+        except Exception as e:  # noqa: BLE001  reported below
+            errors.append(str(e))
+
+    def two_threads():
+        threads = [threading.Thread(target=worker) for _ in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    within(60, rank, "two threads issuing on one group on shared tensors", two_threads)
+    c.true("two threads issuing on one group on shared tensors", not errors, "; ".join(errors[:2]))
+    c.equal("two threads issuing on one group on shared tensors", gaps, want)
+    dist.barrier()
+    # A thread polling a finished Work's is_completed() (with the GIL held)
+    # beside calls whose issue holds the last reference to a temporary
+    # input (a transposed one, which the backend copies): the reference was
+    # let go under the issue lock, and took the GIL the poller held while it
+    # waited for that lock.
+    old = dist.all_reduce(torch.ones(1), async_op=True)
+    old.wait()
+    stop = []
+
+    def poll():
+        while not stop:
+            old.is_completed()
+    poller = threading.Thread(target=poll, daemon=True)
+    poller.start()
+    outs = [torch.zeros(4, 4) for _ in range(size)]
+
+    def gathers():
+        for i in range(300):
+            work = dist.all_gather(outs, torch.full((4, 4), float(rank)).t(), async_op=True)
+            if i % 4 == 0:
+                time.sleep(0.0015)  # past the hold time: the progress thread issues it
+            work.wait()
+    within(60, rank, "calls on temporary inputs beside a thread polling is_completed()", gathers)
+    stop.append(True)
+    poller.join()
+    c.equal("calls on temporary inputs beside a thread polling is_completed()", outs,
+            [torch.full((4, 4), float(p)) for p in range(size)])
+    # A deferred call refused as it is issued (a root out of range) fails
+    # its Work; a callback on its future that issues a call of the group
+    # runs (it waited for the issue lock the failing thread held).
+    base = torch.zeros(16 * size)
+    gaps = [base[16 * p: 16 * (p + 1): 2] for p in range(size)]
+    t = values(4, rank, torch.float32)
+    want = gloo_all_reduce(t, dist.ReduceOp.SUM)
+    issued = []
+
+    def refused_then_callback():
+        if rank == 0:
+            time.sleep(0.3)  # so that every other rank's broadcast is deferred
+        first = dist.all_gather(gaps, torch.full((8,), float(rank + 1)), async_op=True)
+        try:
+            second = dist.broadcast(base, src=size + 5, async_op=True)
+            second.get_future().then(lambda fut: issued.append(dist.all_reduce(t, async_op=True)))
+        except RuntimeError:  # refused at once: nothing was in flight any more
+            second = None
+            issued.append(dist.all_reduce(t, async_op=True))
+        first.wait()
+        if second is not None:
+            try:
+                second.wait()
+                c.true("a deferred call refused as it is issued fails", False, "it ran")
+            except RuntimeError as e:
+                c.true("a deferred call refused as it is issued fails", "out of range" in str(e), str(e))
+        while not issued:
+            time.sleep(0.001)
+        issued[0].wait()
+    within(30, rank, "a deferred call refused as it is issued, with a callback that issues a call",
+           refused_then_callback)
+    c.equal("a call issued by the callback of a deferred call that failed", t, want)
+    dist.barrier()
+
+
 def check_async(c, rank, size):
     """Work handles and their futures, as DDP's comm hooks chain them."""
     t = values(1000, rank, torch.float32)
@@ -744,7 +835,7 @@ def main():
     c = Checks(rank)
     for check in (check_all_reduce, check_bitwise, check_coalesced, check_broadcast_reduce, check_all_gather,
                   check_gather_scatter, check_reduce_scatter, check_list_forms, check_all_to_all, check_memory_formats,
-                  check_send_recv, check_async, check_async_returns, check_two_groups):
+                  check_send_recv, check_async, check_async_returns, check_deferred, check_two_groups):
         check(c, rank, size)
     if rank == 0:
         print(f"braid transports: {braid_torch.transport_summary()}", flush=True)
