@@ -283,10 +283,7 @@ void Issuer::run_here(const std::shared_ptr<Completion>& completion) {
   held_.reset();
   std::exception_ptr error = issue_unlocked(lock, held.issue, held.pending);
   spent.drop(std::move(held.issue));
-  if (error) {
-    mark_failed(held.pending, error);
-    spent.failed(std::move(held.pending));
-  }
+  if (error) completer_.queue()->push_failed(std::move(held.pending), error);
 }
 
 // A call run in the caller's thread returns only once every peer has joined
@@ -347,25 +344,18 @@ void Issuer::issue_off_thread(std::function<comm::Work()> issue, Pending pending
     error = std::current_exception();
   }
   spent.drop(std::move(issue));
-  if (error) {
-    mark_failed(pending, error);
-    spent.failed(std::move(pending));
-  } else {
+  if (error)
+    completer_.queue()->push_failed(std::move(pending), error);
+  else
     completer_.push(std::move(pending));
-  }
 }
 
-void Issuer::Spent::let_go() {
-  closures_.clear();
-  for (Pending& pending : failed_) settle_failed(pending);
-  failed_.clear();
-}
 
 bool Issuer::front_ready_locked() { return !deferred_.empty() && all_finished(deferred_.front().hazards); }
 
 // Issues the deferred calls at the front whose hazards have finished (one
-// that fails to issue is marked failed, and so counts as finished for the
-// next).
+// that fails to issue is marked failed at once, and so counts as finished
+// for the next).
 void Issuer::issue_ready_locked(Spent& spent) {
   if (deferred_.empty()) return;
   while (front_ready_locked()) {

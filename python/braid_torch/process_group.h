@@ -94,12 +94,11 @@ class Issuer final : public CallRelease {
     Pending pending;
     Hazards hazards;
   };
-  // What the issue lock's holder let go of, dropped once it is let go (a
-  // Spent declared before the lock dies after it): issue closures, whose
-  // tensors' last reference takes the GIL, which a thread waiting for
-  // mutex_ may hold (is_completed() polled in another thread hung), and
-  // calls that failed to issue, whose futures' callbacks may issue calls of
-  // this group (settle_failed).
+  // The issue closures the issue lock's holder let go of, dropped once it
+  // is let go (a Spent declared before the lock dies after it): a copy-in
+  // closure may hold the last reference to a Python tensor, whose release
+  // takes the GIL, which a thread waiting for mutex_ may hold
+  // (is_completed() polled in another thread hung).
   class Spent {
    public:
     Spent() = default;
@@ -107,17 +106,15 @@ class Issuer final : public CallRelease {
     Spent(const Spent&) = delete;
     Spent& operator=(const Spent&) = delete;
     void drop(std::function<comm::Work()> closure) { closures_.push_back(std::move(closure)); }
-    void failed(Pending pending) { failed_.push_back(std::move(pending)); }
-    bool empty() const { return closures_.empty() && failed_.empty(); }
-    void let_go();
+    bool empty() const { return closures_.empty(); }
+    void let_go() { closures_.clear(); }
 
    private:
     std::vector<std::function<comm::Work()>> closures_;
-    std::vector<Pending> failed_;
   };
   void release_locked(Spent& spent);
-  // On the progress thread; one that fails is marked failed (mark_failed)
-  // and goes to `spent`.
+  // On the progress thread; one that fails goes to the completion threads
+  // failed (CompletionQueue::push_failed).
   void issue_off_thread(std::function<comm::Work()> issue, Pending pending, Spent& spent);
   [[noreturn]] void refuse_locked(Pending& pending, std::exception_ptr error);
   bool front_ready_locked();

@@ -190,11 +190,8 @@ void settle_finished(Pending& pending, std::exception_ptr error) {
   pending.completion->done_cv.notify_all();
 }
 
-void fail_pending(Pending& pending, std::exception_ptr error) {
-  settle_finished(pending, mark_finished(pending, as_runtime_error(error)));
-}
 
-void mark_failed(Pending& pending, std::exception_ptr error) {
+void CompletionQueue::push_failed(Pending pending, std::exception_ptr error) {
   error = with_runs_as(pending, as_runtime_error(error));
   {
     std::lock_guard lock(pending.completion->mutex);
@@ -202,15 +199,16 @@ void mark_failed(Pending& pending, std::exception_ptr error) {
     pending.completion->error = error;
   }
   pending.completion->done_cv.notify_all();
-}
-
-void settle_failed(Pending& pending) {
-  pending.keep_alive.clear();
-  pending.finish = nullptr;
-  settle_finished(pending, pending.completion->error);
+  pending.failed_to_issue = true;
+  push(std::move(pending));
 }
 
 std::exception_ptr CompletionQueue::finish(Pending& pending) {
+  if (pending.failed_to_issue) {
+    pending.keep_alive.clear();
+    pending.finish = nullptr;
+    return pending.completion->error;
+  }
   std::exception_ptr error;
   try {
     pending.work.wait();

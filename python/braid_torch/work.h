@@ -57,20 +57,9 @@ struct Pending {
   c10::intrusive_ptr<c10::ivalue::Future> future;
   std::shared_ptr<Completion> completion;
   std::string runs_as;  // put in front of an error's message (ProcessGroupBraid::Call)
+  bool failed_to_issue = false;  // CompletionQueue::push_failed
 };
 
-// Fails a call that could not be issued: its future gets the error, as
-// CompletionQueue would have given it.
-void fail_pending(Pending& pending, std::exception_ptr error);
-// fail_pending in two steps, for a caller holding a lock that a thread
-// holding the GIL may wait for: mark_failed only marks the call's
-// Completion finished with the error its future will carry (a wait on a
-// completion thread, and the calls deferred behind it, see it at once);
-// settle_failed, called without the lock, lets go of its tensors (whose
-// last reference may take the GIL) and fails its future, whose callbacks
-// run there.
-void mark_failed(Pending& pending, std::exception_ptr error);
-void settle_failed(Pending& pending);
 
 // What a Work asks of its group before it waits or is asked about: that its
 // call, if the group still holds it back (process_group.cc, Issuer), be
@@ -102,6 +91,14 @@ class CompletionQueue {
   CompletionQueue& operator=(const CompletionQueue&) = delete;
 
   void push(Pending pending);
+  // A call that could not be issued, queued like an issued one: marked
+  // failed at once (its Completion finished, with the error its future
+  // will carry: the calls deferred behind it go on), its future failed by a
+  // completion thread in issue order, where its callbacks may wait for
+  // later calls of the group (on the Issuer's thread, which issues those,
+  // they waited for good). Takes no tensor's last reference: callers may
+  // hold a lock that a thread holding the GIL waits for.
+  void push_failed(Pending pending, std::exception_ptr error);
   // Runs, on a completion thread, after each call has finished (before its
   // future's callbacks): the Issuer's deferred calls wait for calls to
   // finish. Set before the first push.

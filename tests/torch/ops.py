@@ -598,25 +598,42 @@ def check_deferred(c, rank, size):
     c.equal("calls on temporary inputs beside a thread polling is_completed()", outs,
             [torch.full((4, 4), float(p)) for p in range(size)])
     # A deferred call refused as it is issued (a root out of range) fails
-    # its Work; a callback on its future that issues a call of the group
-    # runs (it waited for the issue lock the failing thread held).
+    # its Work, and a callback on its future that issues a call of the
+    # group and waits for it, behind another call still deferred,
+    # completes. The callback ran on the Issuer's own thread, first with the
+    # issue lock held (the call waited for the lock) and then without it
+    # (the call was deferred behind the other, which only that thread
+    # issues): both hung for good.
     base = torch.zeros(16 * size)
     gaps = [base[16 * p: 16 * (p + 1): 2] for p in range(size)]
+    gaps2 = [torch.zeros(16)[::2] for _ in range(size)]
     t = values(4, rank, torch.float32)
     want = gloo_all_reduce(t, dist.ReduceOp.SUM)
     issued = []
+
+    def issue_and_wait(fut=None):
+        work = dist.all_reduce(t, async_op=True)
+        issued.append(work)
+        work.wait()
 
     def refused_then_callback():
         if rank == 0:
             time.sleep(0.3)  # so that every other rank's broadcast is deferred
         first = dist.all_gather(gaps, torch.full((8,), float(rank + 1)), async_op=True)
+        if rank == 0:
+            time.sleep(1.0)  # and the fourth call behind the third, still deferred as the broadcast fails
+        late = dist.all_gather(gaps2, torch.full((8,), float(rank + 1)), async_op=True)
         try:
-            second = dist.broadcast(base, src=size + 5, async_op=True)
-            second.get_future().then(lambda fut: issued.append(dist.all_reduce(t, async_op=True)))
-        except RuntimeError:  # refused at once: nothing was in flight any more
+            second = dist.broadcast(base, src=size + 5, async_op=True)  # deferred behind the first
+        except RuntimeError:  # refused at once (rank 0): nothing was in flight any more
             second = None
-            issued.append(dist.all_reduce(t, async_op=True))
-        first.wait()
+        third = dist.all_reduce_coalesced(gaps2, async_op=True)  # deferred behind the late one
+        if second is None:
+            issue_and_wait()
+        else:  # after the third on every rank
+            second.get_future().then(issue_and_wait)
+        for work in (first, late, third):
+            work.wait()
         if second is not None:
             try:
                 second.wait()
@@ -626,8 +643,10 @@ def check_deferred(c, rank, size):
         while not issued:
             time.sleep(0.001)
         issued[0].wait()
-    within(30, rank, "a deferred call refused as it is issued, with a callback that issues a call",
+    within(30, rank, "a deferred call refused as it is issued, with a callback that issues a call and waits",
            refused_then_callback)
+    c.equal("a deferred call refused as it is issued, and a call deferred behind another", gaps2,
+            [torch.full((8,), float(size * (p + 1))) for p in range(size)])
     c.equal("a call issued by the callback of a deferred call that failed", t, want)
     dist.barrier()
 
