@@ -15,7 +15,7 @@ c10::intrusive_ptr<c10::ivalue::Future> make_future() {
   return c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()));
 }
 
-CompletionQueue::CompletionQueue() {
+void CompletionQueue::start() {
   std::lock_guard lock(mutex_);
   start_thread_locked();
 }
@@ -36,7 +36,7 @@ void CompletionQueue::start_thread_locked() {
     ids_.erase(ids_.begin() + at);
   }
   retired_.clear();
-  threads_.emplace_back([this] { run(); });
+  threads_.emplace_back([self = shared_from_this()] { self->run(); });
   ids_.push_back(threads_.back().get_id());
 }
 
@@ -49,10 +49,19 @@ void CompletionQueue::push(Pending pending) {
 }
 
 void CompletionQueue::stop_and_join() {
+  const std::thread::id me = std::this_thread::get_id();
   std::vector<std::thread> threads;
   {
     std::lock_guard lock(mutex_);
     stopping_ = true;
+    // Called in a future callback on one of this queue's threads (the
+    // group's last reference let go there): that thread cannot join itself
+    // (the process aborted), and its callback no longer counts as one the
+    // others wait for; it leaves run() once the callback returns.
+    if (std::find(ids_.begin(), ids_.end(), me) != ids_.end() && in_callbacks_ > 0) {
+      ended_in_callback_ = me;
+      --in_callbacks_;
+    }
   }
   queued_cv_.notify_all();
   // A thread may start another until it ends (run()): join until none is
@@ -60,8 +69,13 @@ void CompletionQueue::stop_and_join() {
   for (;;) {
     {
       std::lock_guard lock(mutex_);
-      for (std::thread& thread : threads_)
-        if (thread.joinable()) threads.push_back(std::move(thread));
+      for (std::thread& thread : threads_) {
+        if (!thread.joinable()) continue;
+        if (thread.get_id() == me)
+          thread.detach();
+        else
+          threads.push_back(std::move(thread));
+      }
     }
     if (threads.empty()) return;
     for (std::thread& thread : threads) thread.join();
@@ -123,6 +137,7 @@ void CompletionQueue::run() {
        // Python made takes the GIL, which a thread holding it may hold while
        // it waits for mutex_ (Work.get_future() issuing a held call)
     lock.lock();
+    if (ended_in_callback_ == std::this_thread::get_id()) return;  // stop_and_join ran in its callback
     if (--in_callbacks_ == 0) {
       if (stopping_) queued_cv_.notify_all();
       quiet_cv_.notify_all();

@@ -77,14 +77,18 @@ class CallRelease {
 };
 
 // The queue of one group's issued calls and the threads that complete them.
-class CompletionQueue {
+// Each thread holds the queue: a group whose last reference a future
+// callback let go ends on one of them (stop_and_join).
+class CompletionQueue : public std::enable_shared_from_this<CompletionQueue> {
  public:
   static constexpr std::size_t kMaxThreads = 8;
   // Threads kept however long they idle; others retire after kSpareIdle.
   static constexpr std::size_t kSpareThreads = 2;
   static constexpr std::chrono::seconds kSpareIdle{2};
 
-  CompletionQueue();  // starts the first thread
+  CompletionQueue() = default;
+  // Starts the first thread.
+  void start();
   // stop_and_join() must have run.
   ~CompletionQueue();
   CompletionQueue(const CompletionQueue&) = delete;
@@ -130,6 +134,7 @@ class CompletionQueue {
   bool turn_taken_ = false;  // a thread is waiting for the call at the front
   std::size_t idle_ = 0;     // threads waiting for the queue
   std::size_t in_callbacks_ = 0;  // threads running a future's callbacks
+  std::thread::id ended_in_callback_;  // the thread whose callback ran stop_and_join
   std::condition_variable quiet_cv_;  // in_callbacks_ or the queue may have come to rest
   std::vector<std::thread> threads_;  // started, retired ones not yet joined included
   std::vector<std::thread::id> ids_;   // of threads_, in its order
@@ -138,7 +143,7 @@ class CompletionQueue {
 
 class Completer {
  public:
-  Completer() : queue_(std::make_shared<CompletionQueue>()) {}
+  Completer() : queue_(std::make_shared<CompletionQueue>()) { queue_->start(); }
   // Finishes every call still queued (each bounded by its own wait), then
   // joins the threads.
   ~Completer() { queue_->stop_and_join(); }

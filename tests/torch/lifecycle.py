@@ -10,7 +10,9 @@
   the job hung for good, past the group's timeout);
 - a group ended while another thread waits for its call, whose peer is
   late, ends once that call has (the waiting thread ran the call held back
-  for it, and the group's end freed the communicator under it: SIGSEGV).
+  for it, and the group's end freed the communicator under it: SIGSEGV);
+- a group whose last reference a callback of its own call holds ends on
+  the completion thread that ran the callback (the process aborted).
 A hang fails the rank (faulthandler) rather than the test's timeout.
 """
 import faulthandler
@@ -30,6 +32,7 @@ def main():
     dist.init_process_group("braid")
     rank, size = dist.get_rank(), dist.get_world_size()
     group = dist.new_group(backend="braid")
+    last = dist.new_group(backend="braid")  # its last reference goes in a callback (below)
     t = torch.ones(1 << 16) * (rank + 1)
     summed = dist.all_reduce(t, async_op=True).get_future().then(lambda fut: fut.value()[0].sum().item())
     dist.destroy_process_group()  # the default group; `group` is still held
@@ -52,6 +55,27 @@ def main():
     values = [f.wait() for f in chained]
     if values != [float(size)] * 12:
         failures.append(f"twelve callbacks that each wait for a call gave {values}")
+    # A group whose last reference a callback of its own call holds ends on
+    # the completion thread that ran it: it joined that very thread, and
+    # the process aborted ("terminate called without an active exception";
+    # a review helper's find).
+    work = dist.all_reduce(torch.ones(4), group=last, async_op=True)
+    if rank == 0:
+        time.sleep(0.5)  # rank 1's callback then runs on a completion thread
+    ran = []
+
+    def keeping(grp):
+        def callback(_):
+            time.sleep(0.3)
+            ran.append(grp.rank())
+        return callback
+    after = work.get_future().then(keeping(last))
+    del last, work  # torch let go of it with the default group
+    gc.collect()
+    after.wait()
+    time.sleep(0.5)  # the group ends meanwhile, on that thread
+    if ran != [rank]:
+        failures.append(f"a callback holding its group's last reference ran {ran}")
     v = torch.ones(16) * (rank + 1)
     if rank == 0:
         work = dist.all_reduce(v, group=group, async_op=True)
@@ -69,7 +93,7 @@ def main():
         dist.all_reduce(v, group=group)
     for failure in failures:
         print(f"rank {rank}: FAIL {failure}", flush=True)
-    print(f"rank {rank}: {4 - len(failures)} of 4 checks passed", flush=True)
+    print(f"rank {rank}: {5 - len(failures)} of 5 checks passed", flush=True)
     faulthandler.cancel_dump_traceback_later()
     os._exit(1 if failures else 0)
 
