@@ -212,6 +212,7 @@ void CompletionQueue::push_failed(Pending pending, std::exception_ptr error) {
     std::lock_guard lock(pending.completion->mutex);
     pending.completion->finished = true;
     pending.completion->error = error;
+    pending.completion->refused = true;
   }
   pending.completion->done_cv.notify_all();
   pending.failed_to_issue = true;
@@ -241,7 +242,12 @@ BraidWork::BraidWork(int rank, c10d::OpType type, const Pending& pending, std::s
 
 bool BraidWork::isCompleted() {
   release_->release(completion_);
-  return future_->completed();
+  return future_->completed() || refused();
+}
+
+bool BraidWork::refused() const {
+  std::lock_guard lock(completion_->mutex);
+  return completion_->refused;
 }
 
 int BraidWork::sourceRank() const {
@@ -251,7 +257,9 @@ int BraidWork::sourceRank() const {
 bool BraidWork::isSuccess() const { return future_->completed() && !future_->hasError(); }
 
 std::exception_ptr BraidWork::exception() const {
-  return future_->completed() && future_->hasError() ? future_->exception_ptr() : nullptr;
+  if (future_->completed() && future_->hasError()) return future_->exception_ptr();
+  std::lock_guard lock(completion_->mutex);
+  return completion_->refused ? completion_->error : nullptr;
 }
 
 std::vector<at::Tensor> BraidWork::result() { return outputs_; }
@@ -280,12 +288,14 @@ bool BraidWork::wait(std::chrono::milliseconds timeout) {
     return true;
   }
   std::unique_lock lock(completion_->mutex);
+  auto settled = [this] { return completion_->done || completion_->refused; };
   if (timeout == kNoTimeout) {
-    completion_->done_cv.wait(lock, [this] { return completion_->done; });
-  } else if (!completion_->done_cv.wait_for(lock, timeout, [this] { return completion_->done; })) {
+    completion_->done_cv.wait(lock, settled);
+  } else if (!completion_->done_cv.wait_for(lock, timeout, settled)) {
     throw TimeoutError("braid: Work.wait timed out after " + std::to_string(timeout.count()) +
                        " ms; the operation is still queued");
   }
+  if (completion_->refused) std::rethrow_exception(completion_->error);
   lock.unlock();
   if (future_->hasError()) std::rethrow_exception(future_->exception_ptr());
   return true;

@@ -46,6 +46,9 @@ struct Completion {
   bool finished = false;
   std::exception_ptr error;
   bool done = false;
+  // It could not be issued (CompletionQueue::push_failed): its Work says
+  // so at once, though its future fails only in issue order.
+  bool refused = false;
 };
 
 // One issued call, as the completion thread finishes it.
@@ -177,6 +180,7 @@ class BraidWork : public c10d::Work {
   void set_source_rank(int rank) { source_rank_ = rank; }
 
  private:
+  bool refused() const;  // Completion::refused
   int source_rank_ = -1;  // a receive's peer
   std::vector<at::Tensor> outputs_;
   c10::intrusive_ptr<c10::ivalue::Future> future_;

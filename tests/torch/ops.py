@@ -10,6 +10,7 @@ all-gather into one tensor) the reference is gloo's nearest operation
 (float32, SUM / size, all-reduce then slice, all-gather then cat), and
 dtypes gloo cannot move (bool, int16, complex) go to gloo as their bytes.
 """
+import datetime
 import os
 import threading
 import time
@@ -648,6 +649,22 @@ def check_deferred(c, rank, size):
     c.equal("a deferred call refused as it is issued, and a call deferred behind another", gaps2,
             [torch.full((8,), float(size * (p + 1))) for p in range(size)])
     c.equal("a call issued by the callback of a deferred call that failed", t, want)
+    # A call refused as it is issued says so at once, though earlier calls
+    # are still in flight (its future fails in issue order): a wait with a
+    # deadline said it had timed out, the call still queued.
+    x = torch.ones(4)
+    if rank == 0:
+        time.sleep(0.5)  # the others' first call is in flight meanwhile
+    first = dist.all_reduce(x, async_op=True)
+    try:
+        refused = dist.broadcast(torch.zeros(4), src=size + 3, async_op=True)  # held back, then refused
+        refused.wait(datetime.timedelta(milliseconds=200))
+        said = "it ran"
+    except RuntimeError as e:
+        said = str(e)
+    c.true("a call refused as it is issued behind one in flight says so at once", "out of range" in said, said)
+    first.wait()
+    c.equal("a call in flight before one refused", x, torch.full((4,), float(size)))
     dist.barrier()
 
 
