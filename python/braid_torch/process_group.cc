@@ -350,7 +350,6 @@ void Issuer::issue_off_thread(std::function<comm::Work()> issue, Pending pending
     completer_.push(std::move(pending));
 }
 
-
 bool Issuer::front_ready_locked() { return !deferred_.empty() && all_finished(deferred_.front().hazards); }
 
 // Issues the deferred calls at the front whose hazards have finished (one

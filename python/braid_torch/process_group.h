@@ -145,7 +145,7 @@ class Issuer final : public CallRelease {
 
 class ProcessGroupBraid : public c10d::ProcessGroup {
  public:
-  // Host bytes, from the first to past the last (settle).
+  // Host bytes, from the first to past the last (InFlight).
   using Span = std::pair<const std::byte*, const std::byte*>;
   // Blocks until every rank of the group has connected (at most `timeout`,
   // which every later wait of the group takes too; BRAID_TIMEOUT where it
