@@ -595,7 +595,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::allreduce_coalesced(std::vecto
   Call call{c10d::OpType::ALLREDUCE_COALESCED, all_reduce(reducible(flat.tensor, "allreduce_coalesced")), outputs,
             {flat.tensor},
             then_reusable([flat = flat.tensor, outputs]() mutable { unflatten(flat, outputs); }, flat.reusable)};
-  call.copy_in = [flat = flat.tensor, tensors] { flatten_into(flat, tensors); };
+  call.copies_in([flat = flat.tensor, tensors] { flatten_into(flat, tensors); }, {});  // they are its outputs
   return enqueue(std::move(call));
 }
 
@@ -653,11 +653,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::gather_list(c10d::OpType type,
   // Sent from a contiguous copy (in the order unflatten reads it back)
   // where it is not.
   const at::Tensor sent = input.is_contiguous() ? input : at::empty(input.sizes(), input.options());
-  std::function<void()> copy_in;
-  if (!sent.is_same(input)) copy_in = [sent, input] { sent.copy_(input); };
   auto enqueue_with_copy = [&](Call call) {
-    call.copy_in = copy_in;
-    if (copy_in) call.keep_alive.push_back(input);
+    if (!sent.is_same(input)) call.copies_in([sent, input] { sent.copy_(input); }, {input});
     return enqueue(std::move(call));
   };
   Buffer send = movable(sent, op);
@@ -738,10 +735,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::scatter(std::vector<at::Tensor
             {output}, {flat}, finish,
             "braid: scatter runs as a broadcast of the root's whole list (count: the world size times each "
             "tensor's elements)"};
-  if (is_root && !block.defined()) {
-    call.copy_in = [flat, list = inputs[0]] { flatten_into(flat, list); };
-    call.keep_alive.insert(call.keep_alive.end(), inputs[0].begin(), inputs[0].end());
-  }
+  if (is_root && !block.defined()) call.copies_in([flat, list = inputs[0]] { flatten_into(flat, list); }, inputs[0]);
   return enqueue(std::move(call));
 }
 
@@ -803,10 +797,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::reduce_scatter(std::vector<at:
   Call call{c10d::OpType::REDUCE_SCATTER,
             [this, send, recv, op] { return comm_->reduce_scatter(send.data, recv.data, recv.count, recv.dtype, op); },
             {output}, {flat, got}, finish};
-  if (!block.defined()) {
-    call.copy_in = [flat, list = inputs[0]] { flatten_into(flat, list); };
-    call.keep_alive.insert(call.keep_alive.end(), inputs[0].begin(), inputs[0].end());
-  }
+  if (!block.defined()) call.copies_in([flat, list = inputs[0]] { flatten_into(flat, list); }, inputs[0]);
   return enqueue(std::move(call));
 }
 
@@ -845,10 +836,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::alltoall_base(at::Tensor& outp
   Call call{c10d::OpType::ALLTOALL_BASE,
             [this, send, recv] { return comm_->all_to_all(send.data, recv.data, send.count, send.dtype); },
             {output}, {from}, {}};
-  if (copied) {
-    call.copy_in = [from, input] { from.copy_(input); };
-    call.keep_alive.push_back(input);
-  }
+  if (copied) call.copies_in([from, input] { from.copy_(input); }, {input});
   return enqueue(std::move(call));
 }
 
@@ -900,11 +888,12 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::alltoall_unequal(at::Tensor& o
   if (device) finish = [output, into]() mutable { output.copy_(into); };
   const std::size_t unit_bytes = element / units;
   Call call{c10d::OpType::ALLTOALL_BASE, exchange(parts, whole.dtype), {output}, {from, into}, finish, kRunsAsExchange};
-  call.copy_in = [from, input, shared, own = parts[me], unit_bytes] {
-    if (shared) from.copy_(input);
-    copy_own(own, unit_bytes);
-  };
-  if (shared) call.keep_alive.push_back(input);
+  call.copies_in(
+      [from, input, shared, own = parts[me], unit_bytes] {
+        if (shared) from.copy_(input);
+        copy_own(own, unit_bytes);
+      },
+      shared ? std::vector<at::Tensor>{input} : std::vector<at::Tensor>{});
   return enqueue(std::move(call));
 }
 
@@ -986,12 +975,15 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::alltoall(std::vector<at::Tenso
     finish = [copy_back]() mutable {
       for (auto& [output, arrived] : copy_back) output.copy_(arrived);
     };
-  for (const auto& [copy, input] : copy_in) kept.push_back(input);
+  std::vector<at::Tensor> read;
+  for (const auto& [copy, input] : copy_in) read.push_back(input);
   Call call{c10d::OpType::ALLTOALL, exchange(parts, unit.dtype), outputs, std::move(kept), finish, kRunsAsExchange};
-  call.copy_in = [copy_in, own = parts[me], unit_bytes] {
-    for (const auto& [copy, input] : copy_in) copy.copy_(input);
-    copy_own(own, unit_bytes);
-  };
+  call.copies_in(
+      [copy_in, own = parts[me], unit_bytes] {
+        for (const auto& [copy, input] : copy_in) copy.copy_(input);
+        copy_own(own, unit_bytes);
+      },
+      read);
   return enqueue(std::move(call));
 }
 

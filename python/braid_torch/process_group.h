@@ -212,9 +212,15 @@ class ProcessGroupBraid : public c10d::ProcessGroup {
     int source_rank = -1;  // a receive's peer (Work::sourceRank)
     // The backend's own copies of host tensors the call reads (into staging,
     // a copy of an input, all_to_all's part for this rank), made as the
-    // call is issued, just before braid's call: every tensor it reads must
-    // be in `outputs` or `keep_alive`.
+    // call is issued, just before braid's call (copies_in sets it).
     std::function<void()> copy_in;
+    // Sets copy_in, which reads `read` (those not already in `outputs`):
+    // they join keep_alive, so that they live until it has run and their
+    // bytes count among the call's (its hazards).
+    void copies_in(std::function<void()> copy, const std::vector<at::Tensor>& read) {
+      copy_in = std::move(copy);
+      keep_alive.insert(keep_alive.end(), read.begin(), read.end());
+    }
   };
   c10::intrusive_ptr<c10d::Work> enqueue(Call call);
   c10::intrusive_ptr<c10d::Work> gather_list(c10d::OpType type, const char* op, const at::Tensor& input,

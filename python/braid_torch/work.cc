@@ -205,7 +205,6 @@ void settle_finished(Pending& pending, std::exception_ptr error) {
   pending.completion->done_cv.notify_all();
 }
 
-
 void CompletionQueue::push_failed(Pending pending, std::exception_ptr error) {
   error = with_runs_as(pending, as_runtime_error(error));
   {
@@ -215,15 +214,19 @@ void CompletionQueue::push_failed(Pending pending, std::exception_ptr error) {
     pending.completion->refused = true;
   }
   pending.completion->done_cv.notify_all();
-  pending.failed_to_issue = true;
   push(std::move(pending));
 }
 
 std::exception_ptr CompletionQueue::finish(Pending& pending) {
-  if (pending.failed_to_issue) {
-    pending.keep_alive.clear();
-    pending.finish = nullptr;
-    return pending.completion->error;
+  {
+    std::unique_lock lock(pending.completion->mutex);
+    if (pending.completion->refused) {  // push_failed
+      std::exception_ptr error = pending.completion->error;
+      lock.unlock();
+      pending.keep_alive.clear();
+      pending.finish = nullptr;
+      return error;
+    }
   }
   std::exception_ptr error;
   try {

@@ -60,9 +60,7 @@ struct Pending {
   c10::intrusive_ptr<c10::ivalue::Future> future;
   std::shared_ptr<Completion> completion;
   std::string runs_as;  // put in front of an error's message (ProcessGroupBraid::Call)
-  bool failed_to_issue = false;  // CompletionQueue::push_failed
 };
-
 
 // What a Work asks of its group before it waits or is asked about: that its
 // call, if the group still holds it back (process_group.cc, Issuer), be
