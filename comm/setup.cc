@@ -504,10 +504,15 @@ static void throw_if_exited(Communicator::Impl& impl, int peer, std::chrono::ste
 // until BRAID_TIMEOUT, while their peers had already found the cause.
 // The slices grow from 200 ms to 2 s, so that ranks waiting long for a
 // slow peer (a large job starting) ask the store once every 2 s, not 5 times
-// a second each.
+// a second each. The wait ends at the deadline however the store behaves: a
+// store that stopped answering (its rank frozen) held each slice a second
+// past its end, the look for an exited rank until the deadline, and then
+// another slice and a 2 s last look ran past it, 2x BRAID_TIMEOUT in all at
+// 3 s (tests/comm/test_store_frozen.cc).
 static std::string host_of_peer(Communicator::Impl& impl, const std::string& key) {
   using namespace std::chrono;
   constexpr milliseconds kLongestSlice{2000};
+  constexpr milliseconds kLastLook{1000};
   milliseconds slice{200};
   const auto deadline = steady_clock::now() + impl.timeout;
   for (;; slice = std::min(slice * 2, kLongestSlice)) {
@@ -516,10 +521,10 @@ static std::string host_of_peer(Communicator::Impl& impl, const std::string& key
       return impl.store->get_string(key, std::clamp(left, milliseconds{1}, slice));
     } catch (const TimeoutError&) {
       throw_if_exited(impl, std::stoi(key.substr(key.rfind('/') + 1)), deadline);
-      if (left <= slice) {
+      if (left <= slice || steady_clock::now() >= deadline) {
         // The last look: a store that no longer answers is named by its own
         // TimeoutError, not taken for a rank that never joined.
-        if (std::optional<runtime::Bytes> value = impl.store->try_get(key, steady_clock::now() + seconds(2)))
+        if (std::optional<runtime::Bytes> value = impl.store->try_get(key, steady_clock::now() + kLastLook))
           return std::string(value->begin(), value->end());
         throw TimeoutError("key '" + key + "' did not appear in the store within " +
                            std::to_string(impl.timeout.count()) + " ms (" + impl.config.timeout_name + "): rank " +

@@ -1005,7 +1005,9 @@ TEST_CASE("failures: a store that never answers fails create_world within the co
 // blamed the peer ("rank 0 has not joined"), and only after its look for
 // published failures, and its own failure report, each waited the whole
 // timeout again (a review helper's case, 8 s and more). Now the error names
-// the store, within the timeout and a few seconds.
+// the store, within the timeout, the store's answer margin for the slice it
+// left unanswered (1 s) and the last look (1 s): 6 s here until the wait
+// kept to its deadline (comm/setup.cc host_of_peer), 4 s since.
 TEST_CASE("failures: a store that stops answering during set-up is named, not the peer awaited, in time",
           "[failures]") {
   int port_pipe[2];
@@ -1050,7 +1052,7 @@ TEST_CASE("failures: a store that stops answering during set-up is named, not th
   CHECK(o.type == "TimeoutError");
   CHECK(contains(o.text, "store at 127.0.0.1:" + std::to_string(port) + " did not answer"));
   CHECK_FALSE(contains(o.text, "has not joined"));
-  CHECK(took < 9000);
+  CHECK(took < 5500);
 }
 
 }  // namespace
