@@ -146,6 +146,20 @@ TEST_CASE("inputs that are not files and outputs that would replace an input are
        "lies in the checkpoint step directory " + step.string()},
       {kTiny + "--data " + text.string() + " --steps 1 --checkpoint-dir " + (ckpt / "step_00000009").string(),
        "lies in the checkpoint step directory"},
+      // The names a checkpoint directory's saves own: `latest` replaced by
+      // weights left the checkpoint unusable ("ck/latest does not name a
+      // step"), and so did the lock file; the run's own --checkpoint-dir
+      // replaced a --metrics file there at its first save.
+      {"--consolidate " + ckpt.string() + " --out " + (ckpt / "latest").string(),
+       "is latest of the checkpoint directory " + ckpt.string()},
+      {"--consolidate " + step.string() + " --out " + (ckpt / ".braid-train.lock").string(),
+       "is .braid-train.lock of the checkpoint directory"},
+      {kTiny + "--data " + text.string() + " --steps 1 --init-from " + ckpt.string() + " --init-out " +
+           (ckpt / "latest").string(),
+       "is latest of the checkpoint directory"},
+      {kTiny + "--data " + text.string() + " --steps 1 --checkpoint-dir " + (dir / "ck2").string() + " --metrics " +
+           (dir / "ck2" / "step_00000001").string(),
+       "is step_00000001 of the checkpoint directory"},
   };
   for (const Case& c : cases) {
     INFO("braid-train " << c.args);
@@ -158,6 +172,13 @@ TEST_CASE("inputs that are not files and outputs that would replace an input are
   CHECK_FALSE(fs::exists(step / "run2"));
   CHECK_FALSE(fs::exists(ckpt / "step_00000009"));
   CHECK_FALSE(fs::exists(step / ".braid-train.lock"));
+  CHECK(read_text(ckpt / "latest") == "step_00000002\n");
+  CHECK_FALSE(fs::exists(dir / "ck2" / "step_00000001"));
+  // A file of another name beside the steps is the user's (nanoGPT keeps
+  // its logs in out_dir).
+  CHECK(braid_train(dir, kTiny + "--data " + text.string() + " --steps 1 --checkpoint-dir " + (dir / "ck3").string() +
+                             " --metrics " + (dir / "ck3" / "metrics.jsonl").string()).rc == 0);
+  CHECK(fs::exists(dir / "ck3" / "metrics.jsonl"));
   // A project's own state.json beside a --checkpoint-dir is no checkpoint step.
   fs::create_directories(dir / "project");
   std::ofstream(dir / "project" / "state.json") << "{}\n";

@@ -244,6 +244,40 @@ void validate_threads(int threads) {
               " hardware threads of this machine)");
 }
 
+// The names the saves own at the top of a checkpoint directory (layout.h,
+// atomic_file.h): `latest`, the lock file, the step directories and the
+// temporary files of an atomic write (".latest.tmp.XXXXXX").
+bool owned_by_checkpoints(const std::string& name) {
+  return name == layout::kLatest || name == DirectoryLock::path_in("").string() || name.starts_with("step_") ||
+         (name.starts_with(".") && name.find(".tmp.") != std::string::npos);
+}
+
+// Whether `dir` is the top of a checkpoint directory: one that holds a
+// `latest` or a lock file, or the directory of the run's own
+// --checkpoint-dir (not there yet before the first save), of --resume, of
+// --consolidate or of --init-from (each possibly named by a step
+// directory in it).
+bool is_checkpoint_root(const std::filesystem::path& dir, const TrainOptions& o) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  if (fs::exists(dir / layout::kLatest, ec) || fs::exists(DirectoryLock::path_in(dir), ec)) return true;
+  auto same = [&](const fs::path& a, const fs::path& b) {
+    std::error_code ea, eb;
+    const fs::path ca = fs::weakly_canonical(a, ea), cb = fs::weakly_canonical(b, eb);
+    return !ea && !eb && ca == cb;
+  };
+  for (const std::string* root : {&o.checkpoint_dir, &o.resume, &o.consolidate, &o.init_from}) {
+    if (root->empty()) continue;
+    fs::path named = fs::path(*root).lexically_normal();
+    if (!named.has_filename()) named = named.parent_path();  // "ck/step_4/"
+    if (same(dir, named)) return true;
+    const fs::path up = named.parent_path().empty() ? fs::path(".") : named.parent_path();
+    const bool step = fs::exists(named / layout::kStateFile, ec) || fs::exists(named / layout::kManifestFile, ec);
+    if (step && same(dir, up)) return true;
+  }
+  return false;
+}
+
 // A file the run writes must not be one it reads, nor a file of a
 // checkpoint step: "--consolidate c --out c/step_4/model.safetensors"
 // replaced the step's weights, which --resume then refused as written by
@@ -277,6 +311,10 @@ void validate_outputs(const TrainOptions& o) {
     std::error_code resolved;
     if (const fs::path canonical = fs::weakly_canonical(real, resolved); !resolved) real = canonical;
     const fs::path parent = real.parent_path().empty() ? fs::path(".") : real.parent_path();
+    require(!is_checkpoint_root(parent, o) || !owned_by_checkpoints(real.filename().string()),
+            std::string(flag) + " " + *path + " is " + real.filename().string() + " of the checkpoint directory " +
+                parent.string() + ", a name its saves own (latest, the lock, step_*): writing it would break "
+                "that checkpoint for --resume, --consolidate and --init-from; name another file");
     for (const char* marker : {layout::kStateFile, layout::kManifestFile}) {
       std::error_code ec;
       require(!fs::exists(parent / marker, ec),
