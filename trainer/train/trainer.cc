@@ -165,6 +165,10 @@ nlohmann::json shared_settings(const TrainOptions& o) {
   // Where a rank writes may differ (a mount point of each node's own), but
   // not whether it does: every rank writes a shard of each step.
   j["checkpoint_dir_given"] = !o.checkpoint_dir.empty();
+  // Rank 0 writes --init-out, gathering every rank's weights: given to one
+  // rank only, the others called the next collective instead, a mismatch
+  // named in collectives' terms (a review helper's case).
+  j["init_out_given"] = !o.init_out.empty();
   return j;
 }
 
