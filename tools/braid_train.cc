@@ -515,6 +515,9 @@ int run(const TrainOptions& o, const braid::runtime::RankInfo& info, braid::trai
   t::validate(o);
   if (!o.consolidate.empty()) return consolidate(o);
   t::set_cuda_local_rank(info.local_rank);
+  // Before the memory check, which plans a rank's share of that layout: an
+  // int overflow of the kernels' indices is its own message.
+  t::validate_rank_shapes(o, o.eval_only ? 1 : info.world_size);
   t::check_memory(o, info.world_size, info.local_world_size);
   if (o.device == "cpu") {
     braid::kernels::cpu::set_blas_threads(o.threads);

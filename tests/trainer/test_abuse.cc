@@ -377,6 +377,20 @@ TEST_CASE("abuse: a --tp x --pp past int, a sequence too long and a fresh --step
   r = braid_train(dir, kTiny + "--steps 0 --data " + test::write_text(dir, 4000).string());
   CHECK(r.rc == 0);
   CHECK_THAT(r.err, Catch::Contains("nothing to train: the run starts at step 0 and --steps is 0"));
+  // The int bound is a rank's: 2 ranks of one 32768-token sequence each
+  // were refused as "a micro-batch of 2 sequences" (the global one). Under
+  // a 3 GB address space they reach the memory check, and its refusal.
+  if (launcher() == nullptr) return;
+  braid::test::JobDir job;
+  const auto dp = braid::test::run_launch(
+      job, braid::test::shell_job(2, "ulimit -v 3000000; exec " + std::string(std::getenv("BRAID_TRAIN")) +
+                                         " --n-layer 1 --n-head 1 --n-embd 16 --block-size 32768 --batch-size 2"
+                                         " --steps 1",
+                                  job));
+  INFO(dp.out << dp.err);
+  CHECK(dp.status == 2);
+  CHECK_THAT(dp.err, Catch::Contains("[rank 0] braid-train: error: this configuration needs") &&
+                         !Catch::Contains("too large"));
 }
 
 // A checkpoint records --data's path in JSON, which holds only UTF-8: a

@@ -222,13 +222,19 @@ void validate_batch(const TrainOptions& o) {
   require(o.batch_size % o.grad_accum == 0,
           "--batch-size " + std::to_string(o.batch_size) + " is not divisible by --grad-accum (--micro-batches) " +
               std::to_string(o.grad_accum) + "; choose a batch that splits into equal micro-batches");
-  // The kernels index activations with int: the largest are [B, NH, T, T]
-  // and [B, T, 4C].
-  const long long B = o.micro_batch(), T = o.model.block_size;
-  const long long largest = std::max({B * o.model.n_head * T * T, B * T * 4 * o.model.n_embd, B * T * 256});
+}
+
+// The kernels index activations with int: the largest are [B, NH, T, T]
+// and [B, T, 4C], of a rank's micro-batch B and its NH heads (n_head / tp).
+// Checked with the global micro-batch and every head, it refused layouts
+// whose ranks hold a part of that (a review helper's case).
+void validate_shapes(const TrainOptions& o, long long B, long long heads) {
+  const long long T = o.model.block_size;
+  const long long largest = std::max({B * heads * T * T, B * T * 4 * o.model.n_embd, B * T * 256});
   require(largest < std::numeric_limits<int>::max(),
-          "a micro-batch of " + std::to_string(B) + " sequences of " + std::to_string(T) +
-              " tokens is too large; " +
+          "a micro-batch of " + std::to_string(B) + " sequences of " + std::to_string(T) + " tokens" +
+              (heads == o.model.n_head ? std::string() : " and " + std::to_string(heads) + " heads") +
+              " on a rank is too large; " +
               (B > 1 ? std::string("lower --batch-size or raise --grad-accum, or lower --block-size")
                      : std::string("lower --block-size (or --n-head)")));
 }
@@ -404,6 +410,14 @@ void validate_world(const TrainOptions& o, int world_size) {
               // Perhaps neither given here: a resumed run takes them from its checkpoint.
               (o.resume.empty() ? "" : "; a resumed run keeps its checkpoint's --batch-size and --micro-batches "
                                        "(--grad-accum) unless they are given"));
+  validate_rank_shapes(o, world_size);
+}
+
+void validate_rank_shapes(const TrainOptions& o, int world_size) {
+  const int D = o.dp_size(world_size);
+  const std::int64_t split = static_cast<std::int64_t>(D) * o.grad_accum;
+  if (D < 1 || static_cast<std::int64_t>(D) * o.tp * o.pp != world_size || o.batch_size % split != 0) return;
+  validate_shapes(o, o.rank_micro_batch(D), (o.model.n_head + o.tp - 1) / o.tp);
 }
 
 void validate_data(const TrainOptions& o, std::size_t train_bytes, std::size_t val_bytes) {

@@ -104,9 +104,14 @@ std::set<std::string> apply_config_file(const std::string& path, const std::set<
 
 // Checks the options alone (before the data is read).
 void validate(const TrainOptions& options);
-// Checks that dp x tp x pp is the world and that the global batch splits
-// into dp x grad_accum equal micro-batches; InvalidUsage says what to change.
+// Checks that dp x tp x pp is the world, that the global batch splits
+// into dp x grad_accum equal micro-batches, and validate_rank_shapes;
+// InvalidUsage says what to change. --eval-only is a world of one.
 void validate_world(const TrainOptions& options, int world_size);
+// Checks that a rank's micro-batch (of its heads) fits the kernels' int
+// indices, where the layout fits `world_size` (validate_world refuses the
+// others).
+void validate_rank_shapes(const TrainOptions& options, int world_size);
 // Checks the options against the data: both splits, or for --eval-only the
 // whole file, must hold one window of block_size + 1 bytes.
 void validate_data(const TrainOptions& options, std::size_t train_bytes, std::size_t val_bytes);

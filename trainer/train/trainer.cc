@@ -77,6 +77,7 @@ void check_checkpoint_dir(const TrainOptions& o) {
 const TrainOptions& checked(const TrainOptions& o, const TextCorpus& corpus, int world_size) {
   validate(o);
   if (o.eval_only) {
+    validate_world(o, 1);
     validate_data(o, corpus.bytes.size(), 0);
   } else {
     validate_world(o, world_size);
