@@ -358,7 +358,7 @@ bool Communicator::Impl::refuse_after_failure(const Op& op, WorkState& state) {
 // holds this one up.
 std::string Communicator::Impl::describe_wait(const Op& op, int peer) {
   if (!status) return "is unknown";
-  std::string text = status->describe_peer(peer), holder = status->holder(op, size);
+  std::string text = status->describe_peer(peer, op.seq), holder = status->holder(op, size);
   if (!one_host) text = "runs on " + runtime::host_name(hosts[static_cast<std::size_t>(peer)]) + " and " + text;
   return holder.empty() ? text : text + "; holding this call up: " + holder;
 }

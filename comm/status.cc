@@ -104,7 +104,9 @@ void StatusBoard::run(StatusBoard* board, std::shared_ptr<Beat> beat, std::share
     const auto call_of = [](const std::string& text) { return text.substr(0, text.find(' ', text.find('#'))); };
     if (call_of(state) != call_of(published)) since = Clock::now();
     const bool answers = inside && call_of(state) == call_of(published) && Clock::now() - since >= kAnswerAfter;
-    if (state == published && !inside) continue;
+    // Between calls too: a rank stopped there (SIGSTOP between two calls)
+    // was told from one computing only by the stale call its last report
+    // named, hundreds of calls back among small ones (a review helper's case).
     lock.unlock();
     try {
       store->set(key, state + " " + std::to_string(++count));
@@ -242,7 +244,7 @@ std::vector<std::optional<StatusBoard::Record>> StatusBoard::read_all(int size, 
   return records;
 }
 
-std::string StatusBoard::describe_peer(int peer) {
+std::string StatusBoard::describe_peer(int peer, std::uint64_t seq) {
   if (!store_) return "is unknown";
   try {
     auto r = read(peer, Clock::now() + budget());
@@ -251,58 +253,65 @@ std::string StatusBoard::describe_peer(int peer) {
     if (!r) return "has reported no call on this communicator (reports start 100 ms after it is made)";
     std::string text = "last entered " + r->kind + " #" + std::to_string(r->seq);
     if (r->inside && r->waiting_for >= 0) text += " and waits there for rank " + std::to_string(r->waiting_for);
+    // This rank's calls before `seq` may have needed the peer in later ones
+    // than its report, up to 100 ms of calls older.
+    if (!r->inside && !point_to_point(r->kind) && r->seq + 1 < seq)
+      text += " by its last report (one every 100 ms: it may have entered later calls, up to #" +
+              std::to_string(seq) + ")";
     return text;
   } catch (const Error&) {
     return "could not be asked: " + unanswered();
   }
 }
 
-// First the ranks that have not reached `op` at all; if every rank has, the
-// ones inside it whose heartbeat stands still.
+// The ranks whose heartbeat stood still while watched first (stopped inside
+// a call or between calls), with those that have not reached `op` and still
+// beat; if there are none, the ones inside an earlier call and beating.
 std::string StatusBoard::holder(const Op& op, int size) {
   if (!store_ || op.kind == OpKind::send || op.kind == OpKind::recv) return {};
   const auto deadline = Clock::now() + budget() + kSilence;
   try {
-    auto before = read_all(size, deadline);
-    std::string list, behind;
+    const auto before = read_all(size, deadline);
+    std::this_thread::sleep_for(kSilence);
+    const auto after = read_all(size, deadline);
+    std::string stopped, absent, behind;
     auto add = [&](std::string& to, int peer, const std::string& why) {
       const std::string host = hosts_.empty() ? "" : "on " + hosts_[static_cast<std::size_t>(peer)] + ", ";
       to += (to.empty() ? "rank " : ", rank ") + std::to_string(peer) + " (" + host + why + ")";
     };
-    // A peer that has not reached this call holds it up, unless it is
-    // inside an earlier one and beating: then it waits there for another
-    // (a rank that finished a ring all_reduce early and went on waits for
-    // peers still inside it, who wait for the frozen one). Such a peer is
-    // named only when no other rank stands out.
-    bool waiting_behind = false;  // some peer is inside an earlier call, perhaps waiting
+    const std::string silent = " its heartbeat stood still for the " + std::to_string(kSilence.count()) +
+                               " ms watched, where a running rank beats every 100: stopped (SIGSTOP, a debugger), "
+                               "frozen, starved of CPU, or cut off from the store (a network fault)";
     for (int peer = 0; peer < size; ++peer) {
-      const auto& r = before[static_cast<std::size_t>(peer)];
-      if (peer == rank_ || (r && point_to_point(r->kind))) continue;
-      if (!r) add(list, peer, "no call reported yet");
-      else if (r->seq < op.seq && !r->inside) add(list, peer, "last entered " + r->kind + " #" + std::to_string(r->seq));
-      else if (r->seq < op.seq) {
-        add(behind, peer, "last entered " + r->kind + " #" + std::to_string(r->seq));
-        waiting_behind = true;
-      }
-    }
-    if (!list.empty() && !waiting_behind) return list;
-    std::this_thread::sleep_for(kSilence);
-    auto after = read_all(size, deadline);
-    for (int peer = 0; peer < size; ++peer) {
+      if (peer == rank_) continue;
       const auto &r0 = before[static_cast<std::size_t>(peer)], &r1 = after[static_cast<std::size_t>(peer)];
-      if (!r0 || !r1 || !r1->inside || r1->beat != r0->beat) continue;
+      const auto& r = r1 ? r1 : r0;
+      if (r && point_to_point(r->kind)) continue;
       // Its report may be up to a period older than the stop, and a rank
       // making small calls makes thousands in a period: it stopped in the
       // reported call or a later one, up to this one.
-      const std::string where = r1->seq < op.seq ? " #" + std::to_string(r1->seq) + " (its last report) or a later call "
-                                                       "up to #" + std::to_string(op.seq)
-                                                 : " #" + std::to_string(r1->seq);
-      add(list, peer, "inside " + r1->kind + where + " but its heartbeat stood still for the " +
-                          std::to_string(kSilence.count()) +
-                          " ms watched, where a running rank beats every 100: stopped (SIGSTOP, a debugger), frozen, "
-                          "starved of CPU, or cut off from the store (a network fault)");
+      const std::string range = r && r->seq < op.seq ? " #" + std::to_string(r->seq) +
+                                                           " (its last report) or a later call up to #" +
+                                                           std::to_string(op.seq)
+                                                     : r ? " #" + std::to_string(r->seq) : std::string();
+      if (r0 && r1 && r1->beat == r0->beat && (r1->inside || r1->seq < op.seq))
+        add(stopped, peer,
+            (r1->inside ? "inside " : "after ") + r1->kind + range + (r1->inside ? " but" : ", and") + silent);
+      else if (!r)
+        add(absent, peer, "no call reported yet");
+      else if (r->seq < op.seq && !r->inside)
+        add(absent, peer, "last entered " + r->kind + " #" + std::to_string(r->seq) +
+                              ", and running: its heartbeat went on, outside any call of this communicator");
+      // A peer inside an earlier call and beating waits there for another
+      // (a rank that finished a ring all_reduce early and went on waits for
+      // peers still inside it, who wait for the frozen one): named only
+      // when no other rank stands out.
+      else if (r->seq < op.seq)
+        add(behind, peer, "last entered " + r->kind + " #" + std::to_string(r->seq));
     }
-    return list.empty() ? behind : list;
+    if (!stopped.empty() && !absent.empty()) return stopped + ", " + absent;
+    if (!stopped.empty() || !absent.empty()) return stopped + absent;
+    return behind;
   } catch (const Error&) {
     return {};
   }

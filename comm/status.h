@@ -3,12 +3,12 @@
 //
 // entered() and left() only store atomics (they run on every call); the
 // operation's Exchange stores the peer it is blocked on. A background
-// thread publishes a record to the store when it changed, and every 100 ms
-// with a new heartbeat while an operation is in progress:
+// thread publishes a record to the store every 100 ms, with a new
+// heartbeat, inside an operation and between operations:
 //   "<kind> #<seq> <in|out> <peer waited for, or -1> <beat>"
-// A frozen process (SIGSTOP, a debugger, a livelock in user code between
-// calls does not count: that is "out") stops beating while its record still
-// says "in".
+// A frozen process (SIGSTOP, a debugger) stops beating, inside a call or
+// between calls; one computing between calls (or in a livelock of user
+// code) beats on, "out".
 //
 // A receive that waits for a peer which reports a collective after it
 // (engine_p2p.cc: look_for_collectives_instead) asks that peer whether it
@@ -20,12 +20,12 @@
 // receive proves the send comes, if ever, after that collective.
 //
 // When a wait times out, the waiting rank asks holder() which rank holds
-// the call up: one that has not entered it ("last entered barrier #3";
-// one still inside an earlier call and beating waits there for another, and
-// is named only when no other rank stands out), or
-// one that is inside it and silent (its beat did not move in 600 ms while it
-// must every 100 ms) — not merely the neighbour it waits for, who may
-// itself be waiting. The board also carries abort reasons: a rank that fails
+// the call up: one that is silent (its beat did not move in 600 ms while it
+// must every 100 ms), inside a call or between calls; one that has not
+// entered it and beats ("last entered barrier #3, and running"); one still
+// inside an earlier call and beating waits there for another, and is named
+// only when no other rank stands out — not merely the neighbour it waits
+// for, who may itself be waiting. The board also carries abort reasons: a rank that fails
 // writes its error before closing its connections, so peers that see the
 // connection drop can say why.
 //
@@ -76,13 +76,17 @@ class StatusBoard {
   void sent(int peer, std::uint64_t seq) { sent_[static_cast<std::size_t>(peer)].store(seq, std::memory_order_release); }
   // "last entered all_gather #811", "last entered all_reduce #5 and waits
   // there for rank 3", "has reported no call ...", "could not be
-  // asked: the store did not answer within 1000 ms ...".
-  std::string describe_peer(int peer);
+  // asked: the store did not answer within 1000 ms ..."; where this rank
+  // waits in call `seq` and the peer's report, between calls, is more than
+  // one call behind, it says that the report may be stale.
+  std::string describe_peer(int peer, std::uint64_t seq);
   // Which rank holds up `op` for a rank that timed out in it, e.g.
-  // "rank 2 (inside all_reduce #5 but its heartbeat stood still ...)" or
-  // "rank 2 (last entered barrier #3)". Takes up to 600 ms (it watches the
-  // heartbeats) plus the budget. Empty when no rank stands out, the store
-  // did not answer, or `op` is point-to-point.
+  // "rank 2 (inside all_reduce #5 but its heartbeat stood still ...)",
+  // "rank 2 (after all_reduce #503 (its last report) or a later call up
+  // to #589, and its heartbeat stood still ...)" or "rank 2
+  // (last entered barrier #3, and running: ...)". Takes 600 ms (it watches
+  // the heartbeats) plus the budget. Empty when no rank stands out, the
+  // store did not answer, or `op` is point-to-point.
   std::string holder(const Op& op, int size);
   // The host names of a communicator across hosts, by rank: holder() then
   // names each rank's ("rank 2 (on node1, inside ...)").
