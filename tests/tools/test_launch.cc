@@ -468,6 +468,31 @@ TEST_CASE("a rank that fails on one node stops the running ranks of the others",
   CHECK(took < std::chrono::seconds(15));  // not the ranks' 60 s
 }
 
+// Node 0's launcher stopped by its --timeout said so in its store, which
+// went at once: it served a little longer only after a rank failed, so the
+// other nodes' ranks ran to their end and their launchers exited 0 (a
+// review helper's case).
+TEST_CASE("node 0's launcher stopped by its --timeout stops the other nodes' ranks", "[launch]") {
+  const EnvChanges env{{"BRAID_JOB_TOKEN", "node0-timeout"}};
+  auto node = [](const char* node_rank, std::vector<std::string> extra) {
+    auto args = one_rank_node(2, node_rank, 29545, {"sleep", "60"});
+    extra.insert(extra.end(), {"--grace-period", "1"});
+    args.insert(args.begin(), extra.begin(), extra.end());
+    return args;
+  };
+  JobDir dir0, dir1;
+  const auto started = std::chrono::steady_clock::now();
+  LaunchedJob node1(dir1, node("1", {}), env);
+  auto node0 = run_launch(dir0, node("0", {"--timeout", "3"}), env);
+  CHECK(node0.status == 124);
+  const int status1 = node1.wait(std::chrono::seconds(60));
+  INFO(node1.out() << node1.err());
+  CHECK(status1 == 1);
+  CHECK_THAT(node1.err(), Catch::Contains("the job failed on another node (its launcher's --timeout of 3 s ran out "
+                                          "on node 0); stopping this node's 1 rank"));
+  CHECK(std::chrono::steady_clock::now() - started < std::chrono::seconds(15));  // not the ranks' 60 s
+}
+
 // A node that waits for node 0's store (numbered as it joins) catches its
 // signals to end the wait: it took Ctrl-Z (SIGTSTP), caught since the
 // launcher passes it on to its ranks, as a reason to give up. Here

@@ -197,6 +197,7 @@ class JobSegments {
 struct Outcome {
   int status = 0;
   bool rank_failed = false;  // restartable (Supervisor::rank_failed)
+  bool told = false;         // a failure the other nodes read in the store (Supervisor::told)
 };
 
 // How long node 0 keeps serving the store after its ranks of a failed job
@@ -421,7 +422,7 @@ Outcome start_and_supervise(const LaunchOptions& options, const JobIdentity& job
     throw;
   }
   const int status = supervisor.run();
-  return {status, supervisor.rank_failed()};
+  return {status, supervisor.rank_failed(), supervisor.told()};
 }
 
 }  // namespace
@@ -700,8 +701,11 @@ int launch(const LaunchOptions& given) {
     if (input) input->disconnect();
     // Node 0's ranks end at once on a failure, and its store went with
     // them while other nodes' ranks had yet to read why (they look every
-    // 2 s at most): it serves a little longer.
-    if (server && options.nnodes > 1 && outcome.rank_failed && linger(signals)) return outcome.status;
+    // 2 s at most): it serves a little longer. So too where node 0's
+    // launcher was stopped by a signal or its --timeout: the other nodes'
+    // launchers, not told, ran their ranks on to the end and exited 0.
+    if (server && options.nnodes > 1 && (outcome.rank_failed || outcome.told) && linger(signals))
+      return outcome.status;
     if (!outcome.rank_failed || job.restart >= options.max_restarts) return outcome.status;
     // A job piped into `head` whose ranks died writing to it once head had
     // gone: another attempt would die the same way, restart after restart.

@@ -81,6 +81,9 @@ class Supervisor {
   // was signalled, timed out or aborted the start: what --max-restarts
   // restarts.
   bool rank_failed() const { return rank_failed_ && !interrupted_; }
+  // Whether a failure went to (or came from) the other nodes: a rank's,
+  // this launcher's signal or --timeout, or another node's.
+  bool told() const { return told_; }
   // Called once, with the launcher's line about it, when the first rank
   // fails (before the others are stopped) or the launcher is told to stop.
   std::function<void(const std::string& line)> on_first_failure;
