@@ -6,6 +6,7 @@
 // then "<parent>/split<k>/color<c>" for the k-th split of a parent), so
 // communicators never read each other's addresses or status. The
 // communicator id on the wire is a hash of the prefix.
+#include <boost/asio/ip/address.hpp>
 #include <boost/system/system_error.hpp>
 #include <spdlog/spdlog.h>
 
@@ -397,6 +398,13 @@ Options with_common(const ConnectOptions& common) {
   return options;
 }
 
+// 0.0.0.0 or ::, on which a rank listens on every address it has.
+static bool is_wildcard_address(const std::string& address) {
+  boost::system::error_code ec;
+  const auto parsed = boost::asio::ip::make_address(address, ec);
+  return !ec && parsed.is_unspecified();
+}
+
 void connect_planned(Communicator::Impl& impl, const Plan& plan) {
   const auto& config = impl.config;
   // Spinning only pays when every local rank has a core of its own: as
@@ -435,6 +443,12 @@ void connect_planned(Communicator::Impl& impl, const Plan& plan) {
     options.nsocks = config.tcp_nsocks;
     options.buffer_bytes = config.socket_buffer_bytes;
     options.bind_addr = runtime::peer_bind_address(impl.info, config);  // routable across hosts
+    // Listening on every address (BRAID_BIND_ADDR=0.0.0.0) published
+    // 0.0.0.0, where a peer on another host connected to itself: the
+    // address that reaches the store's host is published instead.
+    if (!impl.one_host && is_wildcard_address(options.bind_addr) &&
+        !runtime::is_loopback_address(impl.info.store_host))
+      options.advertise_addr = runtime::local_address_toward(impl.info.store_host, impl.info.store_port);
     options.peers = plan.use_tcp;
     impl.transports.push_back(tcp::connect_tcp(*impl.store, impl.key_prefix, options));
     add_routes(impl, plan.use_tcp);

@@ -122,6 +122,36 @@ TEST_CASE("two hosts of two ranks in network namespaces: shm inside, TCP across"
   CHECK(result.leftover_shm == 0);
 }
 
+// A rank listening on every address (BRAID_BIND_ADDR=0.0.0.0) published
+// 0.0.0.0, and its peer on the other host connected to itself ("could not
+// connect to 0.0.0.0:33819 (Connection refused)"; a review helper's case):
+// it publishes the address that reaches the store's host.
+TEST_CASE("ranks listening on every address are reached across hosts", "[collectives][netns]") {
+  TwoHosts hosts;
+  if (!hosts.ok) {
+    WARN("skipped: " << hosts.why);
+    return;
+  }
+  test::RunOptions options = test::run_options(std::chrono::seconds(60), test::test_config());
+  options.host_of = [](int rank) { return rank < 1 ? "hostA" : "hostB"; };
+  options.enter_rank = [&](int rank) {
+    enter(rank < 1 ? hosts.a : hosts.b);
+    return std::string("0.0.0.0");
+  };
+  options.store_host = "10.213.7.1";
+  options.store_netns = open(("/var/run/netns/" + hosts.a).c_str(), O_RDONLY);
+  REQUIRE(options.store_netns >= 0);
+  auto result = test::run_ranks(2, [](Communicator& comm) {
+    expect(comm.transport_summary() == "tcp", "expected tcp, got " + comm.transport_summary());
+    float value = static_cast<float>(comm.rank() + 1);
+    comm.all_reduce(&value, &value, 1, DataType::f32, ReduceOp::sum).wait();
+    expect(value == 3.0f, "wrong all_reduce: " + std::to_string(value));
+  }, options);
+  close(options.store_netns);
+  INFO(result.summary());
+  REQUIRE(result.all_ok());
+}
+
 // A receive over TCP whose peer has sent the message and gone on into a
 // barrier that waits for this rank is no mismatch while the message is
 // still on the wire, for as long as it takes. Rank 1 (host B) takes the

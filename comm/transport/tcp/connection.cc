@@ -340,8 +340,8 @@ std::vector<std::vector<int>> connect_mesh(runtime::Store& store, const std::str
                                                                          : ""));
   mesh.acceptor.listen(asio::socket_base::max_listen_connections);
   auto local = mesh.acceptor.local_endpoint();
-  store.set(key_prefix + "/tcp/" + std::to_string(o.rank),
-            local.address().to_string() + ":" + std::to_string(local.port()));
+  const std::string advertised = o.advertise_addr.empty() ? local.address().to_string() : o.advertise_addr;
+  store.set(key_prefix + "/tcp/" + std::to_string(o.rank), advertised + ":" + std::to_string(local.port()));
   if (mesh.expected_accepts() > 0) accept_next(mesh);
   // Every wait runs in slices, between which a failure that a peer or its
   // launcher published ends it (o.check_peers): a rank whose set-up failed

@@ -50,6 +50,10 @@ struct TcpOptions : ConnectOptions {
   int nsocks = 1;
   std::size_t buffer_bytes = 4u << 20;  // SO_SNDBUF and SO_RCVBUF of every socket
   std::string bind_addr = "127.0.0.1";
+  // The address published for peers to connect to; empty: the one bound.
+  // A wildcard bind (0.0.0.0, ::) is no address a peer on another host
+  // can reach.
+  std::string advertise_addr;
   std::vector<bool> peers;  // which ranks to connect; empty means all
 };
 
