@@ -277,6 +277,19 @@ TEST_CASE("abuse: a model that cannot fit is refused at once with the numbers", 
   CHECK_THAT(r.err, Catch::Contains("needs") && Catch::Contains("per rank (parameters") &&
                         Catch::Contains("gradients") && Catch::Contains("AdamW state") &&
                         Catch::Contains("activations") && Catch::Contains("available"));
+  // The attention backward's [T, T] score gradient counts: at 8192 tokens
+  // (256 MiB) a 800 MB address space passed the check, and the run failed
+  // out of memory in its first backward (exit 1).
+  const fs::path text = dir / "text.txt";
+  std::string bytes;
+  for (int i = 0; i < 4000; ++i) bytes += "braid trains on real text; ";
+  std::ofstream(text) << bytes;
+  const Run attention = test::run_shell(dir, "ulimit -v 800000; exec " + std::string(std::getenv("BRAID_TRAIN")) +
+                                                 " --n-layer 1 --n-head 1 --n-embd 16 --block-size 8192 --batch-size 1"
+                                                 " --eval-batches 1 --steps 1 --data " + text.string());
+  INFO(attention.err);
+  CHECK(attention.rc == 2);
+  CHECK_THAT(attention.err, Catch::Contains("this configuration needs"));
 }
 
 // Under an address-space limit (ulimit -v) that the check passed but the

@@ -77,8 +77,11 @@ MemoryNeed stage_need(const TrainOptions& o, StrategyKind kind, int dp, int stag
   const double P = ParamTable::gpt_param_count(o.model, layout);
   const MemoryTheory t = memory_theory(kind, dp, 0, static_cast<std::size_t>(P));
   const double B = std::max(1, o.rank_micro_batch(dp)), T = o.model.block_size;
+  // And the attention backward's score gradient, [T, T] (kernels/cpu/
+  // attention.cc): at 16384 tokens 1 GiB that the check left out, so a run
+  // it passed failed out of memory later (a review helper's case).
   const double acts = micro_batches_in_flight(o) * Activations::float_count(o.model, layout, B, T) +
-                      Gpt::scratch_float_count(o.model, layout, B * T);
+                      Gpt::scratch_float_count(o.model, layout, B * T) + T * T;
   return MemoryNeed{t.params, t.grads, t.optimizer, acts * sizeof(float),
                     staging_floats(o, kind, dp, layout) * sizeof(float)};
 }
