@@ -77,11 +77,25 @@ void fail_if_out_of_descriptors(const error_code& ec, const std::string& where) 
 }
 
 // What greeting a store on one port found.
-enum class Probe { accepted, nothing_listening, hung_up, no_answer, io_error, wrong_token, refused, not_a_store };
+// A port not reached (no route, unreachable) is not one where nothing
+// listens, nor one the time ran out before (found by a review helper: both
+// read "nothing listens").
+enum class Probe {
+  not_tried,
+  accepted,
+  nothing_listening,
+  unreachable,
+  hung_up,
+  no_answer,
+  io_error,
+  wrong_token,
+  refused,
+  not_a_store
+};
 
 struct ProbeResult {
-  Probe kind = Probe::nothing_listening;
-  std::string detail = "not tried";
+  Probe kind = Probe::not_tried;
+  std::string detail;
   error_code ec;
   std::uint64_t instance = 0;  // accepted: the store's (store_wire.h)
 };
@@ -89,8 +103,10 @@ struct ProbeResult {
 // How a port's answer reads in an error message.
 std::string describe(const ProbeResult& result) {
   switch (result.kind) {
+    case Probe::not_tried: return "not tried before the time ran out";
     case Probe::accepted: return "accepted";
     case Probe::nothing_listening: return "nothing listens (" + result.detail + ")";
+    case Probe::unreachable: return "not reached (" + result.detail + ")";
     case Probe::hung_up: return "closed the connection before answering";
     case Probe::no_answer: return "no answer within " + std::to_string(kProbeAnswer.count()) + " ms";
     case Probe::wrong_token:
@@ -322,7 +338,8 @@ void Store::Impl::find(const std::vector<std::uint16_t>& ports, milliseconds tim
       if (next[i] > Clock::now()) continue;
       said[i] = attempt(ports[i], std::min(deadline, Clock::now() + kProbeAnswer));
       if (said[i].kind == Probe::accepted) return;
-      bool soon = said[i].kind == Probe::nothing_listening || said[i].kind == Probe::hung_up;
+      bool soon = said[i].kind == Probe::nothing_listening || said[i].kind == Probe::unreachable ||
+                  said[i].kind == Probe::hung_up;
       next[i] = Clock::now() + (soon ? kConnectRetry : kProbeRetry);
     }
     if (!warned && Clock::now() - start >= kProbeWarning) {
@@ -351,7 +368,8 @@ ProbeResult Store::Impl::attempt(std::uint16_t port, Clock::time_point deadline)
   error_code ec;
   if (!try_connect(deadline, ec)) {
     if (ec == asio::error::timed_out) return {Probe::no_answer, "", ec};
-    return {Probe::nothing_listening, ec.message(), ec};
+    if (ec == asio::error::connection_refused) return {Probe::nothing_listening, ec.message(), ec};
+    return {Probe::unreachable, ec.message(), ec};
   }
   socket_.set_option(tcp::no_delay(true), ec);
   ProbeResult result = greet(deadline);

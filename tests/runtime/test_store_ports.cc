@@ -114,6 +114,12 @@ TEST_CASE("store ports: a listener that never answers is passed over", "[store_p
   auto client = Store::find("127.0.0.1", ports, kToken, 20s, "");
   CHECK(client->port() == mine.port());
   CHECK(seconds_since(start) < 15);  // one silent port costs one handshake bound, not the whole timeout
+  // Within less than that bound, the ports after it were never tried, and
+  // the error says so: it said "nothing listens (not tried)".
+  CHECK_THROWS_WITH(Store::find("127.0.0.1", {silent.port(), mine.port()}, kToken, 500ms, ""),
+                    Contains("no answer within 2000 ms at " + std::to_string(silent.port())) &&
+                        Contains("not tried before the time ran out at " + std::to_string(mine.port())) &&
+                        !Contains("nothing listens"));
 }
 
 TEST_CASE("store ports: no store of the job means a bounded error naming the ports and the remedy",
