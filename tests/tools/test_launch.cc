@@ -519,6 +519,35 @@ TEST_CASE("Ctrl-Z stops a node waiting for node 0's store, and SIGCONT lets it w
   CHECK_THAT(node.err(), Catch::Contains(port));
 }
 
+// Node 0's store moves past a --master-port that another program holds;
+// one that never answers (an HTTP server waits for the client to speak)
+// cost each of the other nodes' lookups of the store a probe's 2 s, past
+// their short bounds, so a failure on node 0 never reached node 1, whose
+// rank ran to its end (a review helper's case).
+TEST_CASE("a failure crosses nodes when a silent program holds --master-port", "[launch]") {
+  braid::launcher::UniqueFd holder(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t addr_bytes = sizeof addr;
+  REQUIRE(::bind(holder.get(), reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0);
+  REQUIRE(::listen(holder.get(), 16) == 0);
+  REQUIRE(::getsockname(holder.get(), reinterpret_cast<sockaddr*>(&addr), &addr_bytes) == 0);
+  const int port = ntohs(addr.sin_port);
+  const EnvChanges env{{"BRAID_JOB_TOKEN", "silent-master-port"}};
+  JobDir dir0, dir1;
+  const auto started = std::chrono::steady_clock::now();
+  LaunchedJob node1(dir1, one_rank_node(2, "1", port, {"sleep", "60"}), env);
+  auto node0 = run_launch(dir0, one_rank_node(2, "0", port, {"sh", "-c", "sleep 1; exit 4"}), env);
+  CHECK(node0.status == 4);
+  const int status1 = node1.wait(60s);
+  INFO(node1.out() << node1.err());
+  CHECK(status1 == 1);
+  CHECK_THAT(node1.err(), Catch::Contains("the job failed on another node (rank 0") &&
+                              Catch::Contains("exited with status 4 on node 0"));
+  CHECK(std::chrono::steady_clock::now() - started < 20s);  // not the rank's 60 s
+}
+
 // Node 0 serves the store 2.5 s longer after its rank failed, for the other
 // nodes to read why. Ctrl-C meanwhile was blocked, and delivered once the
 // launcher restored its signal mask on the way out: it died by SIGINT

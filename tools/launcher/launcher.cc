@@ -18,6 +18,8 @@
 #include <unistd.h>
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <deque>
 #include <mutex>
@@ -233,6 +235,25 @@ bool linger(SignalCatcher& signals) {
   return false;
 }
 
+// The port node 0's store answered on, once one of the lookups below has
+// found it (0 before): tried first by the others. Node 0's store moves past
+// a --master-port that another program holds, and a holder that never
+// answers (an HTTP server) cost each lookup a probe's 2 s, longer than the
+// short bounds these lookups have: none of them ever reached the store,
+// and no failure crossed nodes (found by a review helper).
+std::atomic<std::uint16_t> node0_store_port{0};
+
+std::unique_ptr<runtime::Store> find_node0_store(const JobIdentity& job, std::chrono::milliseconds bound) {
+  std::vector<std::uint16_t> ports = runtime::store_port_candidates(job.store_port, job.token);
+  if (const std::uint16_t known = node0_store_port.load(std::memory_order_relaxed)) {
+    ports.erase(std::remove(ports.begin(), ports.end(), known), ports.end());
+    ports.insert(ports.begin(), known);
+  }
+  auto store = runtime::Store::find(job.store_host, ports, job.token, bound, "node 0's braid-launch");
+  node0_store_port.store(store->port(), std::memory_order_relaxed);
+  return store;
+}
+
 // Tells the ranks of the other nodes that one of this node's failed
 // (runtime::kJobFailedKey): a rank that failed before joining (a bad flag,
 // an address it cannot bind) left them waiting for it until BRAID_TIMEOUT.
@@ -240,8 +261,7 @@ bool linger(SignalCatcher& signals) {
 void tell_other_nodes(const LaunchOptions& options, const JobIdentity& job, const std::string& line) {
   constexpr std::chrono::milliseconds kBound{2000};
   try {
-    auto store = runtime::Store::find(job.store_host, runtime::store_port_candidates(job.store_port, job.token),
-                                      job.token, kBound, "node 0's braid-launch");
+    auto store = find_node0_store(job, kBound);
     // The first failure stays: a later one is mostly its consequence.
     const auto deadline = std::chrono::steady_clock::now() + kBound;
     if (!store->try_get(runtime::kJobFailedKey, deadline))
@@ -273,16 +293,16 @@ class OtherNodeWatch {
 
  private:
   void run(const LaunchOptions& options, const JobIdentity& job, Supervisor& supervisor) {
-    constexpr std::chrono::milliseconds kEvery{500}, kBound{1000};
+    // Until it has found the store once, a bound past one silent port's
+    // probe (2 s): the store moved past it to the next port.
+    constexpr std::chrono::milliseconds kEvery{500}, kBound{1000}, kFirstBound{3000};
     const std::string mine = " on node " + std::to_string(options.node_rank);
     std::unique_ptr<runtime::Store> store;
     std::unique_lock lock(mu_);
     while (!wake_.wait_for(lock, kEvery, [this] { return done_; })) {
       lock.unlock();
       try {
-        if (!store)
-          store = runtime::Store::find(job.store_host, runtime::store_port_candidates(job.store_port, job.token),
-                                       job.token, kBound, "node 0's braid-launch");
+        if (!store) store = find_node0_store(job, node0_store_port.load() != 0 ? kBound : kFirstBound);
         if (auto told = store->try_get(runtime::kJobFailedKey, std::chrono::steady_clock::now() + kBound)) {
           const std::string line(told->begin(), told->end());
           const bool ours = line.size() >= mine.size() && line.compare(line.size() - mine.size(), mine.size(), mine) == 0;
@@ -350,9 +370,7 @@ class ExitTeller {
       lock.unlock();
       bool told = true;
       try {
-        if (!store)
-          store = runtime::Store::find(job.store_host, runtime::store_port_candidates(job.store_port, job.token),
-                                       job.token, bound, "node 0's braid-launch");
+        if (!store) store = find_node0_store(job, bound);
         store->set(runtime::job_exited_key(options.nnodes * options.nproc_per_node, rank), line + where,
                    std::chrono::steady_clock::now() + bound);
       } catch (const std::exception& e) {
