@@ -327,6 +327,27 @@ void refuse_ignored(const std::set<std::string>& given, const TrainOptions& o) {
     throw braid::InvalidUsage("--schedule orders a pipeline's micro-batches; it needs --pp 2 or more");
 }
 
+// Outputs and modes that --consolidate (it writes --out and exits) and
+// --eval-only (it prints a loss) never reach: they ran and exited 0 with no
+// metrics, no sample and no checkpoint written (found by a review helper).
+// Both modes are the command line's alone, so this runs before a
+// checkpoint or weights file is read.
+void refuse_unused(const std::set<std::string>& given, const TrainOptions& o) {
+  auto refuse = [&](const std::string& mode, std::initializer_list<const char*> flags, const std::string& why) {
+    for (const char* flag : flags)
+      if (given.count(flag) != 0) {
+        std::string name = flag;
+        std::replace(name.begin(), name.end(), '_', '-');
+        throw braid::InvalidUsage("--" + name + " is not used by " + mode + ", which " + why + "; leave it out");
+      }
+  };
+  if (!o.consolidate.empty())
+    refuse("--consolidate", {"metrics", "sample", "eval_only", "init_out", "checkpoint_dir", "checkpoint_interval"},
+           "writes the checkpoint's weights to --out and exits");
+  if (o.eval_only)
+    refuse("--eval-only", {"checkpoint_dir", "checkpoint_interval"}, "trains no step and saves nothing");
+}
+
 // This rank's node in the rank map: from the hosts the ranks run on, not
 // from the launcher (Open MPI's OMPI_COMM_WORLD_NODE_RANK is a rank within
 // the node, not a node index).
@@ -567,6 +588,7 @@ int main(int argc, char** argv) {
     const braid::runtime::RankInfo info = braid::runtime::rank_info_from_env();
     braid::runtime::setup_logging(info.rank);  // rank 1's first warnings said [rank 0]
     const std::set<std::string> given = explicit_keys(app);
+    refuse_unused(given, options);
     apply_saved_options(given, info, options);
     refuse_ignored(given, options);
     const auto hold = guard_checkpoint_dir(info, options);
