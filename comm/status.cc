@@ -22,10 +22,17 @@ constexpr auto kMaxBudget = std::chrono::milliseconds(2000);
 constexpr auto kLookBudget = std::chrono::milliseconds(500);
 // How long a rank stays inside one call before its heartbeat answers probes.
 constexpr auto kAnswerAfter = std::chrono::milliseconds(250);
+// How long a rank beats between calls of a communicator before it reports
+// the communicator idle and stops beating until its next call.
+constexpr auto kBeatsBetweenCalls = std::chrono::seconds(10);
 // How long the destructor waits for the heartbeat thread to end.
 constexpr auto kJoinWait = std::chrono::milliseconds(200);
 
 bool point_to_point(std::string_view kind) { return kind == "send" || kind == "recv"; }
+
+std::string idle_time() {
+  return std::to_string(std::chrono::duration_cast<std::chrono::seconds>(kBeatsBetweenCalls).count()) + " s";
+}
 
 }  // namespace
 
@@ -93,8 +100,10 @@ void StatusBoard::run(StatusBoard* board, std::shared_ptr<Beat> beat, std::share
                     answer_key = board->key("answer", board->rank_);
   std::uint64_t count = 0;
   std::int64_t answered = 0;
-  std::string published;
-  auto since = Clock::now();  // when `published` (its call) began
+  std::string published, last;
+  auto since = Clock::now();      // when `published` (its call) began
+  auto out_since = Clock::now();  // when `last`, between calls, was first read
+  bool idle_told = false;
   std::unique_lock lock(beat->mu);
   while (!beat->cv.wait_for(lock, kPublishPeriod, [&] { return beat->stop; })) {
     const std::string state = board->current();
@@ -106,10 +115,23 @@ void StatusBoard::run(StatusBoard* board, std::shared_ptr<Beat> beat, std::share
     const bool answers = inside && call_of(state) == call_of(published) && Clock::now() - since >= kAnswerAfter;
     // Between calls too: a rank stopped there (SIGSTOP between two calls)
     // was told from one computing only by the stale call its last report
-    // named, hundreds of calls back among small ones (a review helper's case).
+    // named, hundreds of calls back among small ones (a review helper's
+    // case). A communicator left unused (one of many torch groups) says so
+    // once, "idle", and beats no more until its next call.
+    if (state != last) {
+      last = state;
+      out_since = Clock::now();
+      idle_told = false;
+    }
+    std::string record = state;
+    if (!inside && Clock::now() - out_since >= kBeatsBetweenCalls) {
+      if (idle_told) continue;
+      record.replace(record.find(" out "), 5, " idle ");
+      idle_told = true;
+    }
     lock.unlock();
     try {
-      store->set(key, state + " " + std::to_string(++count));
+      store->set(key, record + " " + std::to_string(++count));
       published = state;
       std::optional<runtime::Bytes> probe = answers ? store->try_get(probe_key) : std::nullopt;
       const std::int64_t asked = probe ? std::atoll(std::string(probe->begin(), probe->end()).c_str()) : 0;
@@ -181,6 +203,7 @@ std::optional<StatusBoard::Record> StatusBoard::parse(const std::vector<std::uin
   if (!in || hash_seq.size() < 2) return std::nullopt;
   r.seq = std::stoull(hash_seq.substr(1));
   r.inside = where == "in";
+  r.idle = where == "idle";
   return r;
 }
 
@@ -253,6 +276,7 @@ std::string StatusBoard::describe_peer(int peer, std::uint64_t seq) {
     if (!r) return "has reported no call on this communicator (reports start 100 ms after it is made)";
     std::string text = "last entered " + r->kind + " #" + std::to_string(r->seq);
     if (r->inside && r->waiting_for >= 0) text += " and waits there for rank " + std::to_string(r->waiting_for);
+    if (r->idle) return text + ", and has called nothing on this communicator for more than " + idle_time();
     // This rank's calls before `seq` may have needed the peer in later ones
     // than its report, up to 100 ms of calls older.
     if (!r->inside && !point_to_point(r->kind) && r->seq + 1 < seq)
@@ -294,11 +318,15 @@ std::string StatusBoard::holder(const Op& op, int size) {
                                                            " (its last report) or a later call up to #" +
                                                            std::to_string(op.seq)
                                                      : r ? " #" + std::to_string(r->seq) : std::string();
-      if (r0 && r1 && r1->beat == r0->beat && (r1->inside || r1->seq < op.seq))
+      if (r0 && r1 && r1->beat == r0->beat && !r1->idle && (r1->inside || r1->seq < op.seq))
         add(stopped, peer,
             (r1->inside ? "inside " : "after ") + r1->kind + range + (r1->inside ? " but" : ", and") + silent);
       else if (!r)
         add(absent, peer, "no call reported yet");
+      else if (r->seq < op.seq && r->idle)
+        add(absent, peer, "last entered " + r->kind + " #" + std::to_string(r->seq) +
+                              ", and has called nothing on this communicator for more than " + idle_time() +
+                              ", when its heartbeat pauses: running or stopped, it is not known");
       else if (r->seq < op.seq && !r->inside)
         add(absent, peer, "last entered " + r->kind + " #" + std::to_string(r->seq) +
                               ", and running: its heartbeat went on, outside any call of this communicator");

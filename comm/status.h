@@ -4,11 +4,13 @@
 // entered() and left() only store atomics (they run on every call); the
 // operation's Exchange stores the peer it is blocked on. A background
 // thread publishes a record to the store every 100 ms, with a new
-// heartbeat, inside an operation and between operations:
-//   "<kind> #<seq> <in|out> <peer waited for, or -1> <beat>"
+// heartbeat, inside an operation and for 10 s between operations:
+//   "<kind> #<seq> <in|out|idle> <peer waited for, or -1> <beat>"
 // A frozen process (SIGSTOP, a debugger) stops beating, inside a call or
 // between calls; one computing between calls (or in a livelock of user
-// code) beats on, "out".
+// code) beats on, "out", until it reports the communicator "idle" once,
+// 10 s after its last call, and pauses (a job's many rarely used torch
+// groups do not each write to the store 10 times a second).
 //
 // A receive that waits for a peer which reports a collective after it
 // (engine_p2p.cc: look_for_collectives_instead) asks that peer whether it
@@ -120,6 +122,7 @@ class StatusBoard {
     std::string kind;
     std::uint64_t seq = 0;
     bool inside = false;
+    bool idle = false;  // between calls for 10 s or more: its heartbeat pauses
     int waiting_for = -1;
     std::uint64_t beat = 0;
   };
