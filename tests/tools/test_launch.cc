@@ -342,6 +342,24 @@ TEST_CASE("nodes started with different --nproc-per-node are told so at once", "
 
 namespace {
 
+// A port on loopback held by a program that is not a store: it listens
+// and never answers (the kernel completes each connection into its
+// backlog), as an HTTP server waits for the client to speak first.
+struct SilentListener {
+  braid::launcher::UniqueFd fd{::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0)};
+  int port = 0;
+  SilentListener() {
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t addr_bytes = sizeof addr;
+    REQUIRE(::bind(fd.get(), reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0);
+    REQUIRE(::listen(fd.get(), 16) == 0);
+    REQUIRE(::getsockname(fd.get(), reinterpret_cast<sockaddr*>(&addr), &addr_bytes) == 0);
+    port = ntohs(addr.sin_port);
+  }
+};
+
 // braid-launch's arguments for node `node_rank` of `nnodes`, one rank each,
 // with the store at 127.0.0.1:`port`, running `program`.
 std::vector<std::string> one_rank_node(int nnodes, const char* node_rank, int port,
@@ -499,15 +517,8 @@ TEST_CASE("node 0's launcher stopped by its --timeout stops the other nodes' ran
 // --master-port is held by a program that is not a store, so the node
 // waits 3 s for one to appear there, then fails saying the port is taken.
 TEST_CASE("Ctrl-Z stops a node waiting for node 0's store, and SIGCONT lets it wait on", "[launch]") {
-  braid::launcher::UniqueFd holder(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t addr_bytes = sizeof addr;
-  REQUIRE(::bind(holder.get(), reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0);
-  REQUIRE(::listen(holder.get(), 16) == 0);
-  REQUIRE(::getsockname(holder.get(), reinterpret_cast<sockaddr*>(&addr), &addr_bytes) == 0);
-  const std::string port = std::to_string(ntohs(addr.sin_port));
+  const SilentListener holder;
+  const std::string port = std::to_string(holder.port);
   JobDir dir;
   LaunchedJob node(dir, {"-n", "1", "--nnodes", "2", "--master-addr", "127.0.0.1", "--master-port", port, "--", "true"},
                    {{"BRAID_JOB_TOKEN", "waits-for-node-0"}});
@@ -525,15 +536,8 @@ TEST_CASE("Ctrl-Z stops a node waiting for node 0's store, and SIGCONT lets it w
 // their short bounds, so a failure on node 0 never reached node 1, whose
 // rank ran to its end (a review helper's case).
 TEST_CASE("a failure crosses nodes when a silent program holds --master-port", "[launch]") {
-  braid::launcher::UniqueFd holder(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t addr_bytes = sizeof addr;
-  REQUIRE(::bind(holder.get(), reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0);
-  REQUIRE(::listen(holder.get(), 16) == 0);
-  REQUIRE(::getsockname(holder.get(), reinterpret_cast<sockaddr*>(&addr), &addr_bytes) == 0);
-  const int port = ntohs(addr.sin_port);
+  const SilentListener holder;
+  const int port = holder.port;
   const EnvChanges env{{"BRAID_JOB_TOKEN", "silent-master-port"}};
   JobDir dir0, dir1;
   const auto started = std::chrono::steady_clock::now();

@@ -239,26 +239,21 @@ TEST_CASE("braid-train refuses ranks that do not share rank 0's checkpoint direc
                                             "--checkpoint-dir: every rank writes its shard"));
   CHECK_THAT(elsewhere.out, !Catch::Contains("step 1"));
   CHECK_FALSE(fs::exists(job.path() / "node0" / "latest"));
-  const auto one_only = braid::test::run_launch(
-      job, braid::test::shell_job(2,
-                                  "if [ \"$BRAID_RANK\" = 1 ]; then exec " + args + " --checkpoint-dir \"$0/ck\"; "
-                                  "else exec " + args + "; fi",
-                                  job));
-  INFO(one_only.out << one_only.err);
-  CHECK(one_only.status == 2);
-  CHECK_THAT(one_only.err, Catch::Contains("rank 1 was started with other settings than rank 0: "
-                                           "checkpoint_dir_given true (rank 0: false)"));
+  // `flag` given to rank `rank` only: refused before training, naming it.
+  auto given_to_one = [&](int rank, const std::string& flag, const std::string& difference) {
+    const auto run = braid::test::run_launch(
+        job, braid::test::shell_job(2,
+                                    "if [ \"$BRAID_RANK\" = " + std::to_string(rank) + " ]; then exec " + args + " " +
+                                        flag + "; else exec " + args + "; fi",
+                                    job));
+    INFO(run.out << run.err);
+    CHECK(run.status == 2);
+    CHECK_THAT(run.err, Catch::Contains("rank 1 was started with other settings than rank 0: " + difference));
+  };
+  given_to_one(1, "--checkpoint-dir \"$0/ck\"", "checkpoint_dir_given true (rank 0: false)");
   // --init-out on rank 0 only: rank 0 gathered the weights while rank 1
   // went on to train, a mismatch of all_reduce and all_gather.
-  const auto init_out = braid::test::run_launch(
-      job, braid::test::shell_job(2,
-                                  "if [ \"$BRAID_RANK\" = 0 ]; then exec " + args + " --init-out \"$0/w.st\"; "
-                                  "else exec " + args + "; fi",
-                                  job));
-  INFO(init_out.out << init_out.err);
-  CHECK(init_out.status == 2);
-  CHECK_THAT(init_out.err, Catch::Contains("rank 1 was started with other settings than rank 0: "
-                                           "init_out_given false (rank 0: true)"));
+  given_to_one(0, "--init-out \"$0/w.st\"", "init_out_given false (rank 0: true)");
   CHECK_FALSE(fs::exists(job.path() / "w.st"));
   // One directory, as every rank sees it: trains and publishes.
   const auto shared =
