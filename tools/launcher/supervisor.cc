@@ -321,11 +321,13 @@ void Supervisor::on_rank_exit(const Rank& rank, const ExitStatus& status) {
     return;
   }
   int others = running_count();
-  std::string line = "rank " + std::to_string(rank.rank) + " (pid " + std::to_string(rank.pid) +
-                     ") " + describe(status);
-  if (others == 1) line += "; stopping the other rank";
-  if (others > 1) line += "; stopping the other " + count_of_ranks(others);
-  say(line);
+  const std::string line = "rank " + std::to_string(rank.rank) + " (pid " + std::to_string(rank.pid) +
+                           ") " + describe(status);
+  // The other nodes are told what failed, not what this node does about
+  // it ("...; stopping the other rank on node 1" read as node 1's rank).
+  say(line + (others == 1  ? "; stopping the other rank"
+              : others > 1 ? "; stopping the other " + count_of_ranks(others)
+                           : ""));
   tell_once(line);
   exit_status_ = status.shell_status();
   rank_failed_ = true;
