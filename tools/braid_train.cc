@@ -557,7 +557,10 @@ int run(const TrainOptions& o, const braid::runtime::RankInfo& info, braid::trai
   if (rank0) observers.add(&progress);
   if (lock != nullptr || checkpoint_dir.shared()) observers.add(&checkpoint_dir);
   std::optional<t::MetricsWriter> metrics;
-  if (!o.metrics.empty()) observers.add(&metrics.emplace(t::metrics_path(o.metrics, trainer.rank()), trainer.step()));
+  if (!o.metrics.empty()) {
+    observers.add(&metrics.emplace(t::metrics_path(o.metrics, trainer.rank()), trainer.step()));
+    if (rank0) t::settle_past_ranks_metrics(o.metrics, trainer.world() ? trainer.world()->size() : 1, trainer.step());
+  }
   const t::TrainSummary summary = trainer.run(observers);
   print_summary(trainer, summary, info);
   print_sample(trainer, o);

@@ -326,15 +326,23 @@ TEST_CASE("a run resumed with the same --metrics file keeps its steps up to the 
               .rc == 0);
   const auto first = metrics_lines(metrics);
   REQUIRE(first.size() == 4);
+  // As an earlier attempt on two ranks would have left it: resumed on one,
+  // the run trims rank 1's file as its own (it kept steps 3 and 4, which
+  // the run trains again).
+  fs::copy_file(metrics, metrics + ".rank1");
   const Run r = braid_train(dir, "--resume " + ckpt + "/step_00000002 --metrics " + metrics);
   REQUIRE(r.rc == 0);
   const auto after = metrics_lines(metrics);
   REQUIRE(after.size() == 4);
+  CHECK(metrics_lines(metrics + ".rank1").size() == 2);
   for (std::size_t i = 0; i < 4; ++i) {
     CHECK(after[i]["step"] == i + 1);
     CHECK(after[i]["loss"].get<double>() == first[i]["loss"].get<double>());
   }
   CHECK(after[0]["time"] == first[0]["time"]);  // kept, not written again
+  // A fresh run starts every file afresh: the one it has no rank for goes.
+  REQUIRE(braid_train(dir, common + "--metrics " + metrics).rc == 0);
+  CHECK_FALSE(fs::exists(metrics + ".rank1"));
   // Resumed past its --steps, the run trains nothing and says so.
   const Run none = braid_train(dir, "--resume " + ckpt + "/step_00000004 --steps 3");
   CHECK(none.rc == 0);

@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <cstring>
 #include <ctime>
+#include <filesystem>
 #include <fstream>
 #include <utility>
 
@@ -118,6 +119,21 @@ std::string metrics_up_to(const std::string& path, std::int64_t step) {
 }
 
 }  // namespace
+
+void settle_past_ranks_metrics(const std::string& path, int world_size, std::int64_t resumed_step) {
+  for (int rank = std::max(world_size, 1);; ++rank) {
+    const std::string file = metrics_path(path, rank);
+    std::error_code ec;
+    if (!std::filesystem::is_regular_file(file, ec)) return;
+    if (resumed_step <= 0) {
+      std::filesystem::remove(file, ec);
+      continue;
+    }
+    const std::string kept = metrics_up_to(file, resumed_step);
+    std::ofstream out(file, std::ios::trunc);
+    out << kept;
+  }
+}
 
 MetricsWriter::MetricsWriter(const std::string& path, std::int64_t resumed_step) : path_(path) {
   const std::string kept = resumed_step > 0 ? metrics_up_to(path, resumed_step) : std::string();

@@ -80,6 +80,13 @@ class Observers : public TrainObserver {
 
 // Rank 0 writes `path`, rank r > 0 `path` + ".rank<r>".
 std::string metrics_path(const std::string& path, int rank);
+// Rank 0's, for the files of ranks this run does not have (rank >=
+// world_size) that an earlier run of more ranks left: a run resumed from
+// step s trims them to steps 1..s, as it does its own, and a fresh run
+// removes them, as it starts its own afresh. Where it went unheeded, a run
+// resumed on fewer ranks left a file holding steps it then trained again
+// (a review helper's case).
+void settle_past_ranks_metrics(const std::string& path, int world_size, std::int64_t resumed_step);
 
 // "parameters 3.3 MiB, gradients 3.3 MiB, ..." of the account's peaks.
 std::string format_memory(const MemoryAccount& memory);
