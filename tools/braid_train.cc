@@ -157,6 +157,10 @@ void apply_saved_options(const std::set<std::string>& given_flags, const braid::
   // `--data $CORPUS` with CORPUS unset trained on the default corpus.
   if (given_flags.count("data") != 0 && o.data.empty())
     throw braid::InvalidUsage("--data is empty (an unset shell variable?); leave it out for the default corpus");
+  // `--strategy $STRATEGY` with STRATEGY unset trained with the default.
+  if (given_flags.count("strategy") != 0 && o.strategy.empty())
+    throw braid::InvalidUsage("--strategy is empty (an unset shell variable?); leave it out for the default, or "
+                              "choose one of none, dp, ddp, zero1, zero2, zero3");
   // A --config file's settings count as given: a checkpoint's saved values
   // do not override them.
   std::set<std::string> given = given_flags;
