@@ -164,11 +164,22 @@ std::set<std::string> apply_config_file(const std::string& path, const std::set<
   std::ifstream in(path);
   require(in.good(), "cannot read the --config file " + path);
   json j;
+  // A setting given twice took its last value without a word (a review
+  // helper's case): the first repeated key is named instead.
+  std::set<std::string> seen;
+  std::string repeated;
+  const json::parser_callback_t note_repeats = [&](int depth, json::parse_event_t event, json& parsed) {
+    if (event == json::parse_event_t::key && depth == 1 && !seen.insert(parsed.get<std::string>()).second &&
+        repeated.empty())
+      repeated = parsed.get<std::string>();
+    return true;
+  };
   try {
-    j = json::parse(in);
+    j = json::parse(in, note_repeats);
   } catch (const json::exception& e) {
     throw InvalidUsage("--config " + path + " is not valid JSON: " + e.what());
   }
+  require(repeated.empty(), "--config " + path + " gives the setting '" + repeated + "' twice; keep one");
   require(j.is_object(), "--config " + path + " must hold one JSON object of settings");
   const json known = config_json(TrainOptions{});
   std::set<std::string> set;
