@@ -170,7 +170,8 @@ bool StatusBoard::ask(Clock::time_point deadline, const std::function<void(Clock
     return false;  // the store answered: a set past its byte limit
   } catch (const TimeoutError&) {
     why = "the store did not answer within " + std::to_string(budget().count()) +
-          " ms, so the process that serves it (rank 0 or the launcher) may be stopped or overloaded too, or cut off from this rank (a network fault)";
+          " ms, so the process that serves it (rank 0 or the launcher) may be stopped or overloaded too, or cut "
+          "off from this rank (a network fault)";
   } catch (const Error& e) {
     why = std::string("the store did not answer: ") + e.what();
   }
