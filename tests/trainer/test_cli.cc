@@ -166,7 +166,12 @@ TEST_CASE("inputs that are not files and outputs that would replace an input are
       {kTiny + "--data " + text.string() + " --steps 1 --checkpoint-dir " + (dir / "ck2").string() + " --metrics " +
            (dir / "ck2" / "step_00000001").string(),
        "is step_00000001 of the checkpoint directory"},
+      // In a step directory made ahead of the save that replaces it.
+      {kTiny + "--data " + text.string() + " --steps 1 --checkpoint-dir " + (dir / "ck4").string() + " --metrics " +
+           (dir / "ck4" / "step_00000001" / "m.jsonl").string(),
+       "a step directory of the checkpoint directory"},
   };
+  fs::create_directories(dir / "ck4" / "step_00000001");
   for (const Case& c : cases) {
     INFO("braid-train " << c.args);
     const Run r = test::run_shell(dir, "timeout 30 " + std::string(std::getenv("BRAID_TRAIN")) + " " + c.args);
@@ -183,8 +188,10 @@ TEST_CASE("inputs that are not files and outputs that would replace an input are
   // A file of another name beside the steps is the user's (nanoGPT keeps
   // its logs in out_dir).
   CHECK(braid_train(dir, kTiny + "--data " + text.string() + " --steps 1 --checkpoint-dir " + (dir / "ck3").string() +
-                             " --metrics " + (dir / "ck3" / "metrics.jsonl").string()).rc == 0);
-  CHECK(fs::exists(dir / "ck3" / "metrics.jsonl"));
+                             " --metrics " + (dir / "ck3" / "step_times.jsonl").string()).rc == 0);
+  CHECK(fs::exists(dir / "ck3" / "step_times.jsonl"));
+  CHECK(braid_train(dir, "--consolidate " + ckpt.string() + " --out " + (ckpt / "step_final.safetensors").string())
+            .rc == 0);
   // A project's own state.json beside a --checkpoint-dir is no checkpoint step.
   fs::create_directories(dir / "project");
   std::ofstream(dir / "project" / "state.json") << "{}\n";

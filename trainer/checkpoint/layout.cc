@@ -186,6 +186,8 @@ fs::path with_suffix(const fs::path& dir, std::int64_t step, std::string_view su
 
 }  // namespace
 
+bool is_step_name(std::string_view name) { return classify(name).kind != StepEntry::kNone; }
+
 fs::path staging_dir(const fs::path& dir, std::int64_t step) { return with_suffix(dir, step, kStagingSuffix); }
 
 fs::path open_staging(const fs::path& dir, std::int64_t step, bool fresh) {

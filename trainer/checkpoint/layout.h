@@ -21,6 +21,7 @@
 #include <filesystem>
 #include <map>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -37,6 +38,10 @@ inline constexpr const char* kStateFile = "state.json";
 inline constexpr const char* kManifestFile = "manifest.json";
 
 std::string step_dir_name(std::int64_t step);
+// Whether `name` is one a save owns in a checkpoint directory: a step's
+// directory (step_<N>), or its staging or set-aside copy (step_<N>.partial,
+// step_<N>.replaced).
+bool is_step_name(std::string_view name);
 // DIR/step_<step>.partial, where a save of `step` writes its files.
 std::filesystem::path staging_dir(const std::filesystem::path& dir, std::int64_t step);
 // The staging directory, created if need be. A fresh one (the one-process

@@ -265,7 +265,7 @@ void validate_threads(int threads) {
 // atomic_file.h): `latest`, the lock file, the step directories and the
 // temporary files of an atomic write (".latest.tmp.XXXXXX").
 bool owned_by_checkpoints(const std::string& name) {
-  return name == layout::kLatest || name == DirectoryLock::path_in("").string() || name.starts_with("step_") ||
+  return name == layout::kLatest || name == DirectoryLock::path_in("").string() || layout::is_step_name(name) ||
          (name.starts_with(".") && name.find(".tmp.") != std::string::npos);
 }
 
@@ -330,7 +330,7 @@ void validate_outputs(const TrainOptions& o) {
     const fs::path parent = real.parent_path().empty() ? fs::path(".") : real.parent_path();
     require(!is_checkpoint_root(parent, o) || !owned_by_checkpoints(real.filename().string()),
             std::string(flag) + " " + *path + " is " + real.filename().string() + " of the checkpoint directory " +
-                parent.string() + ", a name its saves own (latest, the lock, step_*): writing it would break "
+                parent.string() + ", a name its saves own (latest, the lock, step_N): writing it would break "
                 "that checkpoint for --resume, --consolidate and --init-from; name another file");
     for (const char* marker : {layout::kStateFile, layout::kManifestFile}) {
       std::error_code ec;
@@ -339,6 +339,12 @@ void validate_outputs(const TrainOptions& o) {
                   " (it holds " + marker + "): writing there would replace or add to a file of that step; "
                   "name a file outside it");
     }
+    // In a step's directory not complete yet (made by hand, or a save's
+    // staging): the save of that step replaces the directory whole.
+    require(!layout::is_step_name(parent.filename().string()) || !is_checkpoint_root(parent.parent_path(), o),
+            std::string(flag) + " " + *path + " lies in " + parent.string() + ", a step directory of the checkpoint "
+                "directory " + parent.parent_path().string() + ", which its save replaces whole; name a file "
+                "outside it");
   }
 }
 
