@@ -217,6 +217,11 @@ void apply_saved_options(const std::set<std::string>& given_flags, const braid::
                               std::to_string(o.dp) + " x tp " + std::to_string(o.tp) + " x pp " +
                               std::to_string(o.pp) + " is not the world of " + std::to_string(info.world_size) +
                               " rank(s): pass --dp 0 (world / (tp x pp)) or start that many ranks");
+  // --eval-only and --consolidate save nothing: a step's config.json saved
+  // at intervals had no command line they took (a review helper's case).
+  if (given.count("checkpoint_interval") != 0 && given_flags.count("checkpoint_interval") == 0 &&
+      (o.eval_only || !o.consolidate.empty()))
+    o.checkpoint_interval = 0;
   if (given.count("checkpoint_interval") != 0 && given_flags.count("checkpoint_interval") == 0 &&
       o.checkpoint_interval > 0 && o.checkpoint_dir.empty())
     throw braid::InvalidUsage("--config " + o.config + " sets checkpoint_interval " +
@@ -338,15 +343,21 @@ void refuse_ignored(const std::set<std::string>& given, const TrainOptions& o) {
 // checkpoint or weights file is read.
 void refuse_unused(const std::set<std::string>& given, const TrainOptions& o) {
   auto refuse = [&](const std::string& mode, std::initializer_list<const char*> flags, const std::string& why) {
-    for (const char* flag : flags)
-      if (given.count(flag) != 0) {
-        std::string name = flag;
-        std::replace(name.begin(), name.end(), '_', '-');
-        throw braid::InvalidUsage("--" + name + " is not used by " + mode + ", which " + why + "; leave it out");
-      }
+    for (const char* flag : flags) {
+      // --checkpoint-interval 0 is the documented way past a config.json
+      // saved at intervals: it asks for nothing.
+      if (given.count(flag) == 0 || (std::string_view(flag) == "checkpoint_interval" && o.checkpoint_interval == 0))
+        continue;
+      std::string name = "--" + std::string(flag);
+      std::replace(name.begin(), name.end(), '_', '-');
+      if (name == "--checkpoint-dir") name += " (--out-dir)";  // nanoGPT's spelling
+      throw braid::InvalidUsage(name + " is not used by " + mode + ", which " + why + "; leave it out");
+    }
   };
   if (!o.consolidate.empty())
-    refuse("--consolidate", {"metrics", "sample", "eval_only", "init_out", "checkpoint_dir", "checkpoint_interval"},
+    refuse("--consolidate",
+           {"metrics", "sample", "prompt", "temperature", "eval_only", "init_out", "checkpoint_dir",
+            "checkpoint_interval"},
            "writes the checkpoint's weights to --out and exits");
   if (o.eval_only)
     refuse("--eval-only", {"checkpoint_dir", "checkpoint_interval"}, "trains no step and saves nothing");

@@ -580,6 +580,14 @@ TEST_CASE("a --config with a saved checkpoint interval asks for a directory of i
                                           "directory: pass a new --checkpoint-dir beside it"));
   CHECK(braid_train(dir, "--config " + config + " --checkpoint-dir " + (dir / "again").string()).rc == 0);
   CHECK(braid_train(dir, "--config " + config + " --checkpoint-interval 0").rc == 0);
+  // --eval-only and --consolidate save nothing: the saved interval does
+  // not count for them, and --checkpoint-interval 0 is no refused flag.
+  const std::string weights = (dir / "w.safetensors").string();
+  CHECK(braid_train(dir, "--consolidate " + ckpt.string() + " --out " + weights + " --config " + config).rc == 0);
+  CHECK(braid_train(dir, "--consolidate " + ckpt.string() + " --out " + weights + " --config " + config +
+                             " --checkpoint-interval 0").rc == 0);
+  CHECK(braid_train(dir, "--eval-only --init-from " + weights + " --config " + config + " --data " + text.string())
+            .rc == 0);
 }
 
 // A step's loss is taken before its update: a last step whose update broke
