@@ -124,14 +124,17 @@ void StatusBoard::run(StatusBoard* board, std::shared_ptr<Beat> beat, std::share
       idle_told = false;
     }
     std::string record = state;
-    if (!inside && Clock::now() - out_since >= kBeatsBetweenCalls) {
+    const bool idle = !inside && Clock::now() - out_since >= kBeatsBetweenCalls;
+    if (idle) {
       if (idle_told) continue;
       record.replace(record.find(" out "), 5, " idle ");
-      idle_told = true;
     }
     lock.unlock();
     try {
       store->set(key, record + " " + std::to_string(++count));
+      // Only once it is published: a set that failed left the last beat
+      // standing, read as a stopped rank (a review helper's case).
+      idle_told = idle;
       published = state;
       std::optional<runtime::Bytes> probe = answers ? store->try_get(probe_key) : std::nullopt;
       const std::int64_t asked = probe ? std::atoll(std::string(probe->begin(), probe->end()).c_str()) : 0;
