@@ -534,6 +534,9 @@ static std::string host_of_peer(Communicator::Impl& impl, const std::string& key
     try {
       return impl.store->get_string(key, std::clamp(left, milliseconds{1}, slice));
     } catch (const TimeoutError&) {
+      // A slice held well past the deadline went unanswered: the store
+      // stopped, and the error says so; a last look would only add to it.
+      if (steady_clock::now() > deadline + kLastLook / 4) throw;
       throw_if_exited(impl, std::stoi(key.substr(key.rfind('/') + 1)), deadline);
       if (left <= slice || steady_clock::now() >= deadline) {
         // The last look: a store that no longer answers is named by its own
