@@ -446,9 +446,26 @@ void connect_planned(Communicator::Impl& impl, const Plan& plan) {
     // Listening on every address (BRAID_BIND_ADDR=0.0.0.0) published
     // 0.0.0.0, where a peer on another host connected to itself: the
     // address that reaches the store's host is published instead.
-    if (!impl.one_host && is_wildcard_address(options.bind_addr) &&
-        !runtime::is_loopback_address(impl.info.store_host))
-      options.advertise_addr = runtime::local_address_toward(impl.info.store_host, impl.info.store_port);
+    if (!impl.one_host && is_wildcard_address(options.bind_addr)) {
+      // Where the store's host is this one by a loopback name (Debian's
+      // 127.0.1.1 for its own host name), no route says which address the
+      // other hosts reach: refused, naming the remedy, rather than
+      // published as the wildcard (a review helper's case).
+      const std::string toward = runtime::is_loopback_address(impl.info.store_host)
+                                     ? impl.info.store_host
+                                     : runtime::local_address_toward(impl.info.store_host, impl.info.store_port);
+      if (runtime::is_loopback_address(toward))
+        throw InvalidUsage("rank " + std::to_string(impl.rank) + " listens on every address (BRAID_BIND_ADDR=" +
+                           options.bind_addr + ") and its communicator spans hosts, but the store's host " +
+                           impl.info.store_host + " is this host by a loopback address (" + toward +
+                           "), so nothing tells which address the other hosts reach: set BRAID_BIND_ADDR to this "
+                           "host's address on the network they share");
+      options.advertise_addr = toward;
+      // 0.0.0.0 takes IPv4 alone: a route to the store over IPv6 listens
+      // on :: (both families) instead, or peers met "connection refused".
+      if (toward.find(':') != std::string::npos && options.bind_addr.find(':') == std::string::npos)
+        options.bind_addr = "::";
+    }
     options.peers = plan.use_tcp;
     impl.transports.push_back(tcp::connect_tcp(*impl.store, impl.key_prefix, options));
     add_routes(impl, plan.use_tcp);
