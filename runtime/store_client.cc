@@ -108,7 +108,7 @@ std::string describe(const ProbeResult& result) {
     case Probe::nothing_listening: return "nothing listens (" + result.detail + ")";
     case Probe::unreachable: return "not reached (" + result.detail + ")";
     case Probe::hung_up: return "closed the connection before answering";
-    case Probe::no_answer: return "no answer within " + std::to_string(kProbeAnswer.count()) + " ms";
+    case Probe::no_answer: return "no answer within " + result.detail + " ms";
     case Probe::wrong_token:
     case Probe::refused: return result.detail;
     case Probe::io_error: return "failed: " + result.detail;
@@ -365,14 +365,19 @@ void Store::Impl::not_found(const std::vector<std::uint16_t>& ports, const std::
 
 ProbeResult Store::Impl::attempt(std::uint16_t port, Clock::time_point deadline) {
   port_ = port;
+  // The probe's own bound, which a search's deadline may cut below
+  // kProbeAnswer: "no answer within 2000 ms" of a 500 ms search misled.
+  const std::string waited =
+      std::to_string(std::max<std::int64_t>(0, std::chrono::ceil<milliseconds>(deadline - Clock::now()).count()));
   error_code ec;
   if (!try_connect(deadline, ec)) {
-    if (ec == asio::error::timed_out) return {Probe::no_answer, "", ec};
+    if (ec == asio::error::timed_out) return {Probe::no_answer, waited, ec};
     if (ec == asio::error::connection_refused) return {Probe::nothing_listening, ec.message(), ec};
     return {Probe::unreachable, ec.message(), ec};
   }
   socket_.set_option(tcp::no_delay(true), ec);
   ProbeResult result = greet(deadline);
+  if (result.kind == Probe::no_answer) result.detail = waited;
   if (result.kind == Probe::accepted) instance_ = result.instance;
   if (result.kind != Probe::accepted) {
     error_code ignored;

@@ -117,7 +117,8 @@ TEST_CASE("store ports: a listener that never answers is passed over", "[store_p
   // Within less than that bound, the ports after it were never tried, and
   // the error says so: it said "nothing listens (not tried)".
   CHECK_THROWS_WITH(Store::find("127.0.0.1", {silent.port(), mine.port()}, kToken, 500ms, ""),
-                    Contains("no answer within 2000 ms at " + std::to_string(silent.port())) &&
+                    Contains(" ms at " + std::to_string(silent.port())) && Contains("no answer within ") &&
+                        !Contains("within 2000 ms") &&
                         Contains("not tried before the time ran out at " + std::to_string(mine.port())) &&
                         !Contains("nothing listens"));
 }
