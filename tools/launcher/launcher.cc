@@ -242,6 +242,9 @@ bool linger(SignalCatcher& signals) {
 // short bounds these lookups have: none of them ever reached the store,
 // and no failure crossed nodes (found by a review helper).
 std::atomic<std::uint16_t> node0_store_port{0};
+// A lookup's bound while that port is not known: past one silent port's
+// probe (2 s), so that the store, moved to the next port, is found.
+constexpr std::chrono::milliseconds kFirstLookup{3000};
 
 std::unique_ptr<runtime::Store> find_node0_store(const JobIdentity& job, std::chrono::milliseconds bound) {
   std::vector<std::uint16_t> ports = runtime::store_port_candidates(job.store_port, job.token);
@@ -261,7 +264,7 @@ std::unique_ptr<runtime::Store> find_node0_store(const JobIdentity& job, std::ch
 void tell_other_nodes(const LaunchOptions& options, const JobIdentity& job, const std::string& line) {
   constexpr std::chrono::milliseconds kBound{2000};
   try {
-    auto store = find_node0_store(job, kBound);
+    auto store = find_node0_store(job, node0_store_port.load() != 0 ? kBound : kFirstLookup);
     // The first failure stays: a later one is mostly its consequence.
     const auto deadline = std::chrono::steady_clock::now() + kBound;
     if (!store->try_get(runtime::kJobFailedKey, deadline))
@@ -293,16 +296,14 @@ class OtherNodeWatch {
 
  private:
   void run(const LaunchOptions& options, const JobIdentity& job, Supervisor& supervisor) {
-    // Until it has found the store once, a bound past one silent port's
-    // probe (2 s): the store moved past it to the next port.
-    constexpr std::chrono::milliseconds kEvery{500}, kBound{1000}, kFirstBound{3000};
+    constexpr std::chrono::milliseconds kEvery{500}, kBound{1000};
     const std::string mine = " on node " + std::to_string(options.node_rank);
     std::unique_ptr<runtime::Store> store;
     std::unique_lock lock(mu_);
     while (!wake_.wait_for(lock, kEvery, [this] { return done_; })) {
       lock.unlock();
       try {
-        if (!store) store = find_node0_store(job, node0_store_port.load() != 0 ? kBound : kFirstBound);
+        if (!store) store = find_node0_store(job, node0_store_port.load() != 0 ? kBound : kFirstLookup);
         if (auto told = store->try_get(runtime::kJobFailedKey, std::chrono::steady_clock::now() + kBound)) {
           const std::string line(told->begin(), told->end());
           const bool ours = line.size() >= mine.size() && line.compare(line.size() - mine.size(), mine.size(), mine) == 0;
@@ -366,7 +367,7 @@ class ExitTeller {
       if (done_ && (options.nnodes == 1 || queue_.empty())) return;
       auto [rank, line] = std::move(queue_.front());
       queue_.pop_front();
-      const auto bound = done_ ? kDrainBound : kBound;
+      const auto bound = done_ ? kDrainBound : node0_store_port.load() != 0 ? kBound : kFirstLookup;
       lock.unlock();
       bool told = true;
       try {
@@ -534,6 +535,7 @@ std::unique_ptr<runtime::StoreServer> serve_store(const LaunchOptions& options, 
       listen_addr, runtime::store_port_candidates(static_cast<std::uint16_t>(options.master_port), job.token),
       job.token, "pass --master-port a port that is free here, or leave it out to let braid-launch pick one");
   job.store_port = server->port();
+  node0_store_port.store(job.store_port, std::memory_order_relaxed);
   // --master-port taken by this very job: a second node 0 (two launchers
   // given --node-rank 0, or one beside a node 0 numbered in join order),
   // whose ranks and the first's each waited out BRAID_TIMEOUT for the rest.
@@ -629,6 +631,7 @@ int join_order_node_rank(const LaunchOptions& options, const StoreEndpoints& end
           std::to_string(wait.count() / 1000) + " s): start the node at --master-addr, or pass --node-rank");
     }
   }
+  node0_store_port.store(store->port(), std::memory_order_relaxed);  // for the lookups that tell it of failures
   // A store still up for a job that failed (node 0 serves 2.5 s longer for
   // its other nodes): a node joining it would take part in nothing.
   if (store->try_get(runtime::kJobFailedKey))
@@ -701,7 +704,7 @@ int launch(const LaunchOptions& given) {
   // restarted job reads what the failed one left in the store.
   for (;; ++job.restart) {
     std::unique_ptr<runtime::StoreServer> server = std::move(joined_server);
-    if (server) job.store_port = server->port();
+    if (server) node0_store_port.store(job.store_port = server->port(), std::memory_order_relaxed);
     else if (options.node_rank == 0) server = serve_store(options, endpoints, job);
     if (options.node_rank == 0 && options.nnodes > 1 && job.restart == 0 &&
         is_loopback(numeric_address(endpoints.listen_addr)))
