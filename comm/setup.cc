@@ -539,7 +539,7 @@ static void throw_if_exited(Communicator::Impl& impl, int peer, std::chrono::ste
 // store that stopped answering (its rank frozen) held each slice a second
 // past its end, the look for an exited rank until the deadline, and then
 // another slice and a 2 s last look ran past it, 2x BRAID_TIMEOUT in all at
-// 3 s (tests/comm/test_store_frozen.cc).
+// 3 s (tests/comm/test_failures_api.cc).
 static std::string host_of_peer(Communicator::Impl& impl, const std::string& key) {
   using namespace std::chrono;
   constexpr milliseconds kLongestSlice{2000};

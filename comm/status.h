@@ -27,9 +27,9 @@
 // entered it and beats ("last entered barrier #3, and running"); one still
 // inside an earlier call and beating waits there for another, and is named
 // only when no other rank stands out — not merely the neighbour it waits
-// for, who may itself be waiting. The board also carries abort reasons: a rank that fails
-// writes its error before closing its connections, so peers that see the
-// connection drop can say why.
+// for, who may itself be waiting. The board also carries abort reasons: a
+// rank that fails writes its error before closing its connections, so peers
+// that see the connection drop can say why.
 //
 // Those reads and that write are the failure path's, after a wait has
 // already timed out, and the store may not answer them: the process serving

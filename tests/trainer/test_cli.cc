@@ -95,7 +95,7 @@ TEST_CASE("invalid combinations exit 2 before any work, saying what to change", 
       {"--consolidate ck --out w.st --metrics m.jsonl", "--metrics is not used by --consolidate, which writes"},
       {"--consolidate ck --out w.st --sample 10", "--sample is not used by --consolidate"},
       {"--eval-only --init-from w.st --checkpoint-dir ck2 --checkpoint-interval 5",
-       "--checkpoint-dir is not used by --eval-only, which trains no step and saves nothing"},
+       "--checkpoint-dir (--out-dir) is not used by --eval-only, which trains no step and saves nothing"},
   };
   for (const Case& c : cases) {
     INFO("braid-train " << c.args);
