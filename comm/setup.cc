@@ -6,7 +6,6 @@
 // then "<parent>/split<k>/color<c>" for the k-th split of a parent), so
 // communicators never read each other's addresses or status. The
 // communicator id on the wire is a hash of the prefix.
-#include <boost/asio/ip/address.hpp>
 #include <boost/system/system_error.hpp>
 #include <spdlog/spdlog.h>
 
@@ -398,13 +397,6 @@ Options with_common(const ConnectOptions& common) {
   return options;
 }
 
-// 0.0.0.0 or ::, on which a rank listens on every address it has.
-static bool is_wildcard_address(const std::string& address) {
-  boost::system::error_code ec;
-  const auto parsed = boost::asio::ip::make_address(address, ec);
-  return !ec && parsed.is_unspecified();
-}
-
 void connect_planned(Communicator::Impl& impl, const Plan& plan) {
   const auto& config = impl.config;
   // Spinning only pays when every local rank has a core of its own: as
@@ -446,7 +438,7 @@ void connect_planned(Communicator::Impl& impl, const Plan& plan) {
     // Listening on every address (BRAID_BIND_ADDR=0.0.0.0) published
     // 0.0.0.0, where a peer on another host connected to itself: the
     // address that reaches the store's host is published instead.
-    if (!impl.one_host && is_wildcard_address(options.bind_addr)) {
+    if (!impl.one_host && runtime::is_wildcard_address(options.bind_addr)) {
       // Where the store's host is this one by a loopback name (Debian's
       // 127.0.1.1 for its own host name), no route says which address the
       // other hosts reach: refused, naming the remedy, rather than

@@ -266,6 +266,13 @@ bool is_loopback_address(const std::string& host) {
   return host == "localhost";
 }
 
+bool is_wildcard_address(const std::string& host) {
+  in_addr v4{};
+  in6_addr v6{};
+  if (::inet_pton(AF_INET, host.c_str(), &v4) == 1) return v4.s_addr == htonl(INADDR_ANY);
+  return ::inet_pton(AF_INET6, host.c_str(), &v6) == 1 && IN6_IS_ADDR_UNSPECIFIED(&v6);
+}
+
 std::string peer_bind_address(const RankInfo& info, const Config& config) {
   if (!is_loopback_address(config.bind_addr) || is_loopback_address(info.store_host)) return config.bind_addr;
   if (info.world_size > info.local_world_size) return local_address_toward(info.store_host, info.store_port);

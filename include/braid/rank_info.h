@@ -81,6 +81,8 @@ std::string local_address_toward(const std::string& host, std::uint16_t port);
 
 // Loopback: 127.0.0.0/8, ::1 or "localhost".
 bool is_loopback_address(const std::string& host);
+// The wildcard, every address of this host: 0.0.0.0 or ::.
+bool is_wildcard_address(const std::string& host);
 
 // The address this rank listens on for its peers: config.bind_addr, except
 // in a job that spans several hosts and whose store is not on loopback,

@@ -49,9 +49,7 @@ namespace {
 
 bool is_loopback(const std::string& addr) { return runtime::is_loopback_address(addr); }
 
-bool is_wildcard(const std::string& addr) {
-  return addr == "0.0.0.0" || addr == "::";
-}
+bool is_wildcard(const std::string& addr) { return runtime::is_wildcard_address(addr); }
 
 void require(bool condition, const std::string& message) {
   if (!condition) throw InvalidUsage(message);
