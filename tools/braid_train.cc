@@ -210,13 +210,22 @@ void apply_saved_options(const std::set<std::string>& given_flags, const braid::
                    static_cast<double>(o.lr), static_cast<double>(o.min_lr), static_cast<double>(o.lr / 10));
     o.min_lr = o.lr / 10;
   }
-  // "or leave --dp out" named a flag the user never gave.
-  if (given.count("dp") != 0 && given_flags.count("dp") == 0 && o.dp > 0 && o.tp > 0 && o.pp > 0 &&
-      static_cast<long long>(o.dp) * o.tp * o.pp != info.world_size)
-    throw braid::InvalidUsage("--config " + o.config + " sets dp " + std::to_string(o.dp) + ", and dp " +
-                              std::to_string(o.dp) + " x tp " + std::to_string(o.tp) + " x pp " +
-                              std::to_string(o.pp) + " is not the world of " + std::to_string(info.world_size) +
-                              " rank(s): pass --dp 0 (world / (tp x pp)) or start that many ranks");
+  // "or leave --dp out" named a flag the user never gave, and "--tp 2 x
+  // --pp 1 is not the world" named flags that config.json had set.
+  std::string from_config;
+  for (const char* axis : {"dp", "tp", "pp"})
+    if (given.count(axis) != 0 && given_flags.count(axis) == 0)
+      from_config += std::string(from_config.empty() ? "" : ", ") + axis + " " +
+                     std::to_string(*axis == 'd' ? o.dp : *axis == 't' ? o.tp : o.pp);
+  const std::int64_t dp = o.tp > 0 && o.pp > 0 && o.dp >= 0 ? std::max(o.dp_size(info.world_size), 1) : 0;
+  const std::int64_t layout = dp * o.tp * o.pp;
+  if (!from_config.empty() && dp > 0 && !o.eval_only && o.consolidate.empty() && layout != info.world_size)
+    throw braid::InvalidUsage("--config " + o.config + " sets " + from_config + ", and dp " + std::to_string(dp) +
+                              " x tp " + std::to_string(o.tp) +
+                              " x pp " + std::to_string(o.pp) + " is not the world of " +
+                              std::to_string(info.world_size) + " rank(s): pass --dp / --tp / --pp for this world" +
+                              (o.dp > 0 && given_flags.count("dp") == 0 ? " (--dp 0: world / (tp x pp))" : "") +
+                              ", or start " + std::to_string(layout) + " ranks");
   // --eval-only and --consolidate save nothing: a step's config.json saved
   // at intervals had no command line they took (a review helper's case).
   if (given.count("checkpoint_interval") != 0 && given_flags.count("checkpoint_interval") == 0 &&
@@ -602,6 +611,9 @@ int main(int argc, char** argv) {
     const int rc = app.exit(e);
     return rc == 0 ? 0 : 2;
   }
+  // Rank 0's hold on --checkpoint-dir: a run that fails before it saves
+  // anything removes the directory where it made it (DirectoryLock::abandon).
+  std::unique_ptr<braid::trainer::DirectoryLock> hold;
   try {
     const braid::runtime::RankInfo info = braid::runtime::rank_info_from_env();
     braid::runtime::setup_logging(info.rank);  // rank 1's first warnings said [rank 0]
@@ -609,12 +621,14 @@ int main(int argc, char** argv) {
     refuse_unused(given, options);
     apply_saved_options(given, info, options);
     refuse_ignored(given, options);
-    const auto hold = guard_checkpoint_dir(info, options);
+    hold = guard_checkpoint_dir(info, options);
     return run(options, info, hold.get());
   } catch (const braid::InvalidUsage& e) {
+    if (hold != nullptr) hold->abandon();
     std::fprintf(stderr, "braid-train: error: %s\n", e.what());
     return 2;
   } catch (const std::bad_alloc&) {
+    if (hold != nullptr) hold->abandon();
     std::fprintf(stderr,
                  "braid-train: failed: out of memory (an allocation failed after the memory check passed; it counts "
                  "parameters, gradients, AdamW state and activations, not every buffer of the libraries and "
@@ -622,6 +636,7 @@ int main(int argc, char** argv) {
                  "memory.max)\n");
     return 1;
   } catch (const std::exception& e) {
+    if (hold != nullptr) hold->abandon();
     std::fprintf(stderr, "braid-train: failed: %s\n", e.what());
     return 1;
   }

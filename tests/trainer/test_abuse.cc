@@ -453,6 +453,34 @@ TEST_CASE("abuse: a resumed corpus that is gone and a --config dp that does not 
   CHECK(r.rc == 2);
   CHECK_THAT(r.err, Catch::Contains("--config " + config.string() + " sets dp 2") && Catch::Contains("--dp 0") &&
                         !Catch::Contains("leave --dp out"));
+  // "--tp 2 x --pp 1 is not the world" named flags the user never gave.
+  std::ofstream(config) << R"({"tp": 2, "pp": 1})";
+  r = braid_train(dir, kTiny + "--steps 1 --config " + config.string());
+  CHECK(r.rc == 2);
+  CHECK_THAT(r.err, Catch::Contains("--config " + config.string() + " sets tp 2, pp 1, and dp 1 x tp 2 x pp 1") &&
+                        Catch::Contains("start 2 ranks") && !Catch::Contains("--tp 2"));
+}
+
+// A refused run left the new --checkpoint-dir it had made (and its parents)
+// behind, holding only its lock file. One that was there stays.
+TEST_CASE("abuse: a refused run removes the checkpoint directory it made, and only that", "[abuse]") {
+  if (!have_binary()) return;
+  test::TempDir dir;
+  const fs::path made = dir / "new";
+  Run r = braid_train(dir, kTiny + "--steps 1 --data " + (dir / "missing.txt").string() + " --checkpoint-dir " +
+                               (made / "ck/").string());
+  CHECK(r.rc != 0);
+  CHECK_THAT(r.err, Catch::Contains("missing.txt"));
+  CHECK_FALSE(fs::exists(made));
+  fs::create_directories(dir / "there");
+  r = braid_train(dir, kTiny + "--steps 1 --lr 0 --checkpoint-dir " + (dir / "there" / "ck").string());
+  CHECK(r.rc == 2);
+  CHECK(fs::exists(dir / "there"));
+  CHECK_FALSE(fs::exists(dir / "there" / "ck"));
+  fs::create_directories(dir / "kept");
+  r = braid_train(dir, kTiny + "--steps 1 --lr 0 --checkpoint-dir " + (dir / "kept").string());
+  CHECK(r.rc == 2);
+  CHECK(fs::is_directory(dir / "kept"));
 }
 
 // A file written by renaming a new one over it replaced a device node or

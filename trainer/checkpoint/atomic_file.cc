@@ -278,8 +278,21 @@ fs::path through_hold(const fs::path& dir, const std::function<fs::path(const fs
   }
 }
 
+namespace {
+// "ck/" and "a/./ck" as "ck" and "a/ck": the form in which take() and
+// abandon() walk up a directory's parents.
+fs::path without_trailing_slash(const fs::path& dir) {
+  fs::path p = dir.lexically_normal();
+  return p.has_filename() ? p : p.parent_path();
+}
+}  // namespace
+
 std::unique_ptr<DirectoryLock> DirectoryLock::take(const fs::path& dir, const std::string& holder) {
   std::error_code ec;
+  fs::path missing;  // the outermost of `dir` and its parents not there yet
+  for (fs::path p = without_trailing_slash(dir); !p.empty() && p.has_filename() && !fs::exists(p, ec);
+       p = p.parent_path())
+    missing = p;
   fs::create_directories(dir, ec);
   // A file where the directory should be is refused, saying so, by the
   // trainer's own check: warning here first that a lock file could not be
@@ -323,11 +336,29 @@ std::unique_ptr<DirectoryLock> DirectoryLock::take(const fs::path& dir, const st
   if (::ftruncate(fd, 0) != 0 || ::pwrite(fd, text.data(), text.size(), 0) != static_cast<ssize_t>(text.size()) ||
       ::fsync(fd) != 0)
     spdlog::debug("cannot record the holder in {}: {}", path.string(), std::strerror(errno));
-  return std::unique_ptr<DirectoryLock>(new DirectoryLock(fd, DirectoryHold::adopt(dir_fd, dir), dir, holder));
+  std::unique_ptr<DirectoryLock> lock(new DirectoryLock(fd, DirectoryHold::adopt(dir_fd, dir), dir, holder));
+  lock->made_ = std::move(missing);
+  return lock;
 }
 
 DirectoryLock::~DirectoryLock() {
   if (fd_ >= 0) ::close(fd_);
+}
+
+void DirectoryLock::abandon() {
+  if (made_.empty() || fd_ < 0) return;
+  std::error_code ec;
+  for (const fs::directory_entry& entry : fs::directory_iterator(dir_, ec))
+    if (entry.path().filename() != ".braid-train.lock") return;  // a step, a shard: the run wrote there
+  if (ec) return;
+  // Unlinked while still locked: a second run that opened the file meanwhile
+  // is refused by the lock; one that comes after finds no directory, or
+  // makes its own, which the rmdir below then leaves alone.
+  if (::unlink(path_in(dir_).c_str()) != 0) return;
+  for (fs::path p = without_trailing_slash(dir_); !p.empty() && p.has_filename(); p = p.parent_path()) {
+    if (::rmdir(p.c_str()) != 0 || p == made_) break;
+  }
+  made_.clear();
 }
 
 bool DirectoryLock::reclaim() {

@@ -130,6 +130,11 @@ class DirectoryLock {
   // naming the run), and its path.
   std::string text() const { return holder_ + "\n"; }
   static std::filesystem::path path_in(const std::filesystem::path& dir) { return dir / ".braid-train.lock"; }
+  // For a run that failed: where take() made the directory and nothing but
+  // the lock file is in it yet, removes the lock file and the directories
+  // take() made. A refused run (a typo in a flag, a missing --data file)
+  // left a new, empty checkpoint directory behind, holding only its lock.
+  void abandon();
 
  private:
   DirectoryLock(int fd, std::unique_ptr<DirectoryHold> hold, std::filesystem::path dir, std::string holder);
@@ -137,6 +142,7 @@ class DirectoryLock {
   std::unique_ptr<DirectoryHold> hold_;  // null where /proc does not reach the directory
   std::filesystem::path dir_;
   std::string holder_;
+  std::filesystem::path made_;  // the outermost directory take() made; empty where `dir_` was there
 };
 
 // Runs a save into `dir` as save(at), `at` being the path through which
