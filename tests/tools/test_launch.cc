@@ -577,6 +577,27 @@ TEST_CASE("Ctrl-C while node 0 serves the store after a failure ends that at onc
   CHECK_THAT(node0.err(), Catch::Contains("received SIGINT; no longer serving the store"));
 }
 
+// A rank that ignores SIGINT outlives the first Ctrl-C; the second kills
+// it, and node 0 then still served the store its 2.5 s: a second Ctrl-C
+// means now (a third ended that).
+TEST_CASE("a second Ctrl-C to node 0 ends it at once, without serving the store longer", "[launch]") {
+  JobDir dir;
+  LaunchedJob node0(dir, one_rank_node(2, "0", 29547, {"sh", "-c", "trap '' INT; echo ready; sleep 30"}),
+                    {{"BRAID_JOB_TOKEN", "hurried"}});
+  const auto give_up = std::chrono::steady_clock::now() + 20s;
+  while (node0.out().find("ready") == std::string::npos && std::chrono::steady_clock::now() < give_up)
+    std::this_thread::sleep_for(20ms);
+  REQUIRE_THAT(node0.out(), Catch::Contains("ready"));
+  REQUIRE(::kill(node0.pid(), SIGINT) == 0);
+  std::this_thread::sleep_for(300ms);
+  const auto second = std::chrono::steady_clock::now();
+  REQUIRE(::kill(node0.pid(), SIGINT) == 0);
+  CHECK(node0.wait(20s) == 128 + SIGINT);
+  CHECK(std::chrono::steady_clock::now() - second < 1500ms);  // not the store's 2.5 s linger
+  INFO(node0.err());
+  CHECK_THAT(node0.err(), Catch::Contains("while stopping; killing"));
+}
+
 // A node whose program cannot be executed (a path missing on that node
 // only) ended at once, but told no one: the other nodes' ranks waited for
 // its ranks until BRAID_TIMEOUT.

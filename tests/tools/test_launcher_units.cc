@@ -230,6 +230,15 @@ TEST_CASE("store endpoints follow --master-addr and BRAID_BIND_ADDR", "[launcher
   auto wildcard = store_endpoints(options_with("127.0.0.1"), "0.0.0.0");
   CHECK(wildcard.listen_addr == "0.0.0.0");
   CHECK(wildcard.advertised_addr == "127.0.0.1");
+  // 0.0.0.0 is IPv4 only: the store listened there while the ranks, told an
+  // IPv6 --master-addr, failed after BRAID_TIMEOUT with "nothing listens".
+  for (const char* v6 : {"::1", "fd38::1"}) {
+    auto wide = store_endpoints(options_with(v6, 2), "0.0.0.0");
+    CHECK(wide.listen_addr == "::");
+    CHECK(wide.advertised_addr == v6);
+  }
+  CHECK(store_endpoints(options_with("::1"), "::").listen_addr == "::");
+  CHECK(store_endpoints(options_with("10.1.2.3", 2), "0.0.0.0").listen_addr == "0.0.0.0");
   auto bound = store_endpoints(options_with("127.0.0.1"), "10.1.2.3");
   CHECK(bound.listen_addr == "10.1.2.3");
   CHECK(bound.advertised_addr == "10.1.2.3");

@@ -84,6 +84,16 @@ std::unique_ptr<addrinfo, decltype(&freeaddrinfo)> numeric_host(const std::strin
   return {found, &freeaddrinfo};
 }
 
+// Whether `host` names an IPv6 address (false where it does not resolve:
+// said where it is used).
+bool is_ipv6(const std::string& host) {
+  try {
+    return numeric_address(host).find(':') != std::string::npos;
+  } catch (const Error&) {
+    return false;
+  }
+}
+
 // Whether `addr` is an address of this machine (one a socket can bind).
 bool is_own_address(const std::string& addr) {
   const auto found = numeric_host(numeric_address(addr));
@@ -198,6 +208,7 @@ struct Outcome {
   int status = 0;
   bool rank_failed = false;  // restartable (Supervisor::rank_failed)
   bool told = false;         // a failure the other nodes read in the store (Supervisor::told)
+  bool hurried = false;      // a second signal while stopping (Supervisor::hurried)
 };
 
 // How long node 0 keeps serving the store after its ranks of a failed job
@@ -439,7 +450,7 @@ Outcome start_and_supervise(const LaunchOptions& options, const JobIdentity& job
     throw;
   }
   const int status = supervisor.run();
-  return {status, supervisor.rank_failed(), supervisor.told()};
+  return {status, supervisor.rank_failed(), supervisor.told(), supervisor.hurried()};
 }
 
 }  // namespace
@@ -484,6 +495,8 @@ StoreEndpoints store_endpoints(const LaunchOptions& options, const std::string& 
   else if (options.nnodes == 1 && is_loopback(options.master_addr) && !is_loopback(bind_addr) &&
            !is_wildcard(bind_addr))
     endpoints.advertised_addr = bind_addr;
+  else if (is_wildcard(bind_addr) && bind_addr.find(':') == std::string::npos && is_ipv6(options.master_addr))
+    endpoints.listen_addr = "::";  // 0.0.0.0 took IPv4 only: the ranks, told an IPv6 --master-addr, found nothing
   return endpoints;
 }
 
@@ -723,7 +736,10 @@ int launch(const LaunchOptions& given) {
     // 2 s at most): it serves a little longer. So too where node 0's
     // launcher was stopped by a signal or its --timeout: the other nodes'
     // launchers, not told, ran their ranks on to the end and exited 0.
-    if (server && options.nnodes > 1 && (outcome.rank_failed || outcome.told) && linger(signals))
+    // Not after a second Ctrl-C, which the first one's linger would have
+    // ended at once, too.
+    if (server && options.nnodes > 1 && (outcome.rank_failed || outcome.told) &&
+        (outcome.hurried || linger(signals)))
       return outcome.status;
     if (!outcome.rank_failed || job.restart >= options.max_restarts) return outcome.status;
     // A job piped into `head` whose ranks died writing to it once head had

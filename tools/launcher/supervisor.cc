@@ -350,6 +350,7 @@ void Supervisor::on_launcher_signal(int signo) {
   if (stopping_) {
     say("received " + signal_name(signo) + " while stopping; killing the remaining " +
         count_of_ranks(running) + " now");
+    hurried_ = true;
     signal_running(SIGKILL);
     drop_output_after(Clock::duration::zero());
     return;

@@ -84,6 +84,9 @@ class Supervisor {
   // Whether a failure went to (or came from) the other nodes: a rank's,
   // this launcher's signal or --timeout, or another node's.
   bool told() const { return told_; }
+  // Whether a second signal came while stopping (the ranks then killed):
+  // whoever sent it wants the launcher gone, not serving the store longer.
+  bool hurried() const { return hurried_; }
   // Called once, with the launcher's line about it, when the first rank
   // fails (before the others are stopped) or the launcher is told to stop.
   std::function<void(const std::string& line)> on_first_failure;
@@ -179,6 +182,7 @@ class Supervisor {
   std::optional<Clock::time_point> output_deadline_;
   bool stopping_ = false;
   bool rank_failed_ = false, interrupted_ = false;
+  bool hurried_ = false;  // hurried()
   bool told_ = false;  // on_first_failure was called
   int exit_status_ = 0;
 };
