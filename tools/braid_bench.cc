@@ -16,7 +16,10 @@
 
 #include <cstdlib>
 #include <cstdio>
+#include <filesystem>
 #include <limits>
+#include <new>
+#include <utility>
 
 #include "runtime/config.h"
 #include "runtime/errors.h"
@@ -47,7 +50,8 @@ void add_flags(CLI::App& app, comm::BenchOptions& o, Flags& f) {
   app.add_option("-e,--maxbytes", f.max_bytes, "largest message")->capture_default_str();
   app.add_option("-i,--stepbytes", f.step_bytes, "grow sizes by this many bytes instead of by -f (0: use -f)")
       ->capture_default_str();
-  app.add_option("-f,--stepfactor", o.factor, "size multiplier between rows")->check(CLI::Range(2, 1024))
+  app.add_option("-f,--stepfactor", o.factor, "size multiplier between rows")->transform(braid::tools::decimal(o.factor))
+      ->check(CLI::Range(2, 1024))
       ->capture_default_str();
   app.add_option("-n,--iters", o.iters, "timed iterations per size")->transform(braid::tools::decimal(o.iters))->check(kAtLeastOne)->capture_default_str();
   app.add_option("-w,--warmup_iters", o.warmup, "untimed iterations per size")->transform(braid::tools::decimal(o.warmup))->check(kAtLeastZero)
@@ -132,8 +136,21 @@ std::vector<T> parse_list(const std::string& text, const std::vector<std::string
   return values;
 }
 
-void fill_options(comm::BenchOptions& o, const Flags& f, bool factor_given) {
+void fill_options(comm::BenchOptions& o, const Flags& f, const CLI::App& app) {
   refuse_meaningless(f);
+  const bool factor_given = app.get_option("-f")->count() > 0;
+  // `-J "$OUT"` with OUT unset wrote no file, without a word.
+  for (const auto& [flag, path] : {std::pair{"--json", &o.json_path}, std::pair{"--csv", &o.csv_path}})
+    if (app.get_option(flag)->count() > 0 && path->empty())
+      throw InvalidUsage(std::string(flag) + " is empty (an unset shell variable?): give a file, or leave it out");
+  // Both written to one file: the CSV over the JSON's start, exit 0.
+  if (!o.json_path.empty() && !o.csv_path.empty()) {
+    std::error_code ec_json, ec_csv;
+    const auto json = std::filesystem::weakly_canonical(o.json_path, ec_json);
+    const auto csv = std::filesystem::weakly_canonical(o.csv_path, ec_csv);
+    if (o.json_path == o.csv_path || (!ec_json && !ec_csv && json == csv))
+      throw InvalidUsage("--json and --csv both name " + o.csv_path + ": give each a file of its own");
+  }
   o.min_bytes = runtime::parse_bytes(f.min_bytes);
   o.max_bytes = runtime::parse_bytes(f.max_bytes);
   o.step_bytes = runtime::parse_bytes(f.step_bytes);
@@ -161,6 +178,13 @@ void fill_options(comm::BenchOptions& o, const Flags& f, bool factor_given) {
   constexpr std::size_t kLargest = std::size_t{1} << 48;
   if (o.max_bytes > kLargest || o.step_bytes > kLargest)
     throw InvalidUsage("-e and -i must not exceed 256 TiB (" + std::to_string(kLargest) + " bytes)");
+  // -i 1 up to -e 1G listed 2^30 sizes (8 GiB of them, twice) before any
+  // other check, and ended in std::bad_alloc (a review helper's case).
+  constexpr std::size_t kMostSizes = 100000;
+  if (o.step_bytes > 0 && (o.max_bytes - o.min_bytes) / o.step_bytes >= kMostSizes)
+    throw InvalidUsage("-i " + f.step_bytes + " from -b " + f.min_bytes + " to -e " + f.max_bytes + " is " +
+                       std::to_string((o.max_bytes - o.min_bytes) / o.step_bytes + 1) + " sizes, more than " +
+                       std::to_string(kMostSizes) + ": give a larger -i, or -f to multiply");
   o.blocking = f.blocking == 1;
   o.cpu_time = f.cpu_time == 1;
   o.null_stream = f.null_stream == 1;
@@ -182,13 +206,19 @@ int main(int argc, char** argv) {
     return app.exit(e) == 0 ? 0 : 2;  // --help is 0; every argument error is 2, as in the other tools
   }
   try {
-    fill_options(o, f, app.get_option("-f")->count() > 0);
+    fill_options(o, f, app);
     return comm::run_bench(o);
   } catch (const InvalidUsage& e) {
     std::fprintf(stderr, "braid-bench: %s\n", e.what());
     return 2;
   } catch (const Error& e) {
     std::fprintf(stderr, "braid-bench: %s\n", e.what());
+    return 1;
+  } catch (const std::bad_alloc&) {  // aborted with a core dump
+    std::fprintf(stderr, "braid-bench: failed: out of memory (lower -e, or start fewer ranks on this host)\n");
+    return 1;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "braid-bench: failed: %s\n", e.what());
     return 1;
   }
 }

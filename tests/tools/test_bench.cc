@@ -438,6 +438,37 @@ TEST_CASE("braid-bench: -i with -f and -N 0 with --json are refused, a repeated 
   CHECK(nlohmann::json::parse(slurp(json))["parameters"]["iters"] == 1);
 }
 
+// Found by a review helper: a refused or killed run emptied an earlier
+// run's --json and --csv files (opened, truncated, before any check); both
+// flags naming one file wrote the CSV over the JSON and exited 0; `-J ""`
+// wrote nothing without a word; -i 1 up to -e 1G listed 2^30 sizes and
+// aborted in std::bad_alloc.
+TEST_CASE("braid-bench: an earlier run's files outlive a refused run; --json and --csv need files of their own",
+          "[bench][abuse]") {
+  JobDir dir;
+  const std::string json = (dir.path() / "prev.json").string(), csv = (dir.path() / "prev.csv").string();
+  std::ofstream(json) << "{\"previous\": \"results\"}\n";
+  std::ofstream(csv) << "old\n";
+  check_refused({"-o", "band", "-d", "f32", "-J", json, "--csv", csv}, Catch::Contains("bitwise operator"));
+  CHECK(slurp(json) == "{\"previous\": \"results\"}\n");
+  CHECK(slurp(csv) == "old\n");
+  check_refused({"-b", "8", "-e", "8", "-J", json, "--csv", (dir.path() / "." / "prev.json").string()},
+                Catch::Contains("--json and --csv both name"));
+  check_refused({"-b", "8", "-e", "8", "-J", ""}, Catch::Contains("--json is empty"));
+  check_refused({"-b", "8", "-e", "8", "--csv", ""}, Catch::Contains("--csv is empty"));
+  check_refused({"-b", "1", "-e", "1G", "-i", "1"}, Catch::Contains("is 1073741824 sizes, more than 100000"));
+  // A run that writes them replaces them whole, its permissions kept.
+  std::filesystem::permissions(csv, std::filesystem::perms(0640));
+  LaunchedJob job(dir, {"--nproc-per-node", "1", "--", bench_path(), "-b", "8", "-e", "8", "-n", "1", "-w", "0",
+                        "-J", json, "--csv", csv});
+  REQUIRE(job.wait(std::chrono::seconds(30)) == 0);
+  CHECK(nlohmann::json::parse(slurp(json))["rows"].size() == 1);
+  CHECK_THAT(slurp(csv), Catch::StartsWith("collective,bytes,count"));
+  CHECK(std::filesystem::status(csv).permissions() == std::filesystem::perms(0640));
+  for (const auto& entry : std::filesystem::directory_iterator(dir.path()))  // no staged file left beside them
+    CHECK_THAT(entry.path().filename().string(), !Catch::StartsWith("prev.json.") && !Catch::StartsWith("prev.csv."));
+}
+
 // CLI11's own positive-number check said "Value 0 not in range 0.000000 to
 // 1797693134862315708...", the largest double in 310 digits.
 TEST_CASE("braid-bench: a count out of range names its range plainly", "[bench]") {
@@ -449,6 +480,7 @@ TEST_CASE("braid-bench: a count out of range names its range plainly", "[bench]"
       // were decimal already.
       {{"-w", "0x2"}, "--warmup_iters: must be a whole number"},
       {{"-n", "1e3"}, "--iters: must be a whole number in decimal digits"},
+      {{"-f", "0x4"}, "--stepfactor: must be a whole number"},  // the one integer flag CLI11 still read in base 0
       // Buffers of 2^64 - 1 bytes, rounded up, wrapped to 0: SIGSEGV.
       {{"-b", "18446744073709551615", "-e", "18446744073709551615"}, "-e and -i must not exceed 256 TiB"}};
   for (const auto& [flags, words] : cases) check_refused(flags, Catch::Contains(words) && !Catch::Contains("179769"));

@@ -15,6 +15,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <memory>
 #include <optional>
 #include <sstream>
@@ -188,8 +189,19 @@ class Runner {
     if (o_.cuda) bench_device::download(recv_.data, device_recv_, recv_.bytes);
     const std::byte* out = coll == "reduce_scatter" && in_place ? recv_.data + r * c_.count * es_ : recv_.data;
     std::size_t elems = coll == "reduce_scatter" ? c_.count : c_.recv_elems;
-    if (coll == "reduce" && r != o_.root) return 0;
     const verify::ExpectedTable& table = this->table();
+    // Out of place, the send buffer still holds the input.
+    auto send_wrong = [&] {
+      if (o_.cuda) bench_device::download(send_.data, device_send_, send_.bytes);
+      std::size_t changed = 0;
+      for (std::size_t i = 0; i < c_.send_elems; ++i)
+        if (std::memcmp(table.input(r, i), send_.data + i * es_, es_) != 0) ++changed;
+      return changed;
+    };
+    // A reduce has no output off its root (whose receive buffer NCCL leaves
+    // to the library), but its input must stay: a non-root's send buffer
+    // went unchecked (a review helper's case).
+    if (coll == "reduce" && r != o_.root) return in_place ? 0 : send_wrong();
     for (std::size_t i = 0; i < elems; ++i) {
       const std::byte* expect;
       if (coll == "all_reduce" || coll == "reduce") {
@@ -218,10 +230,7 @@ class Runner {
           ++wrong;
           break;
         }
-    if (o_.cuda) bench_device::download(send_.data, device_send_, send_.bytes);
-    for (std::size_t i = 0; i < c_.send_elems; ++i)
-      if (std::memcmp(table.input(r, i), send_.data + i * es_, es_) != 0) ++wrong;
-    return wrong;
+    return wrong + send_wrong();
   }
 
   // Seconds per call: -n iterations of -m calls each, issued back to back
@@ -412,16 +421,36 @@ std::size_t capped_max_bytes(Communicator& comm, const BenchOptions& o) {
   return lowered;
 }
 
-// A --json or --csv file of rank 0. Opened before the sweep, so that a path
-// that cannot be written stops the run at once rather than after it;
-// written and closed after it, where a full disk shows. Every failure
-// throws a SystemError naming the flag, the path and the cause.
+// A --json or --csv file of rank 0. Checked before the sweep, so that a
+// path that cannot be written stops the run at once rather than after it,
+// but written only after it: opening it then emptied an earlier run's
+// results, and a run refused (-b too large) or killed left them at 0 bytes
+// (a review helper's case). A regular file, or a new one, is written beside
+// it and renamed over it, so a write that fails (a full disk) leaves it as
+// it was; anything else (/dev/stdout, a pipe) is opened at once and
+// written through. Every failure throws a SystemError naming the flag,
+// the path and the cause.
 class OutputFile {
  public:
   OutputFile(const char* flag, const std::string& path) : flag_(flag), path_(path) {
     if (path.empty()) return;
-    file_ = std::fopen(path.c_str(), "w");
-    if (!file_) fail("cannot open", errno);
+    struct stat st {};
+    const bool there = ::stat(path.c_str(), &st) == 0;
+    if (there && S_ISDIR(st.st_mode)) fail("cannot open", EISDIR);
+    if (there && !S_ISREG(st.st_mode)) {
+      file_ = std::fopen(path.c_str(), "w");
+      if (!file_) fail("cannot open", errno);
+      return;
+    }
+    std::error_code ec;
+    // A link to a regular file stays a link: its target is replaced.
+    target_ = there ? std::filesystem::canonical(path, ec).string() : path;
+    if (ec) fail("cannot open", ec.value());
+    std::string dir = std::filesystem::path(target_).parent_path().string();
+    if (dir.empty()) dir = ".";
+    if (::access(dir.c_str(), W_OK | X_OK) != 0 || (there && ::access(target_.c_str(), W_OK) != 0))
+      fail("cannot open", errno);
+    mode_ = there ? st.st_mode & 07777 : 0;
   }
   ~OutputFile() {
     if (file_) std::fclose(file_);
@@ -430,21 +459,50 @@ class OutputFile {
   OutputFile& operator=(const OutputFile&) = delete;
 
   void write_and_close(const std::string& text) {
-    if (!file_) return;
-    std::FILE* file = std::exchange(file_, nullptr);
-    bool written = std::fwrite(text.data(), 1, text.size(), file) == text.size() && std::fflush(file) == 0;
+    if (file_) {
+      std::FILE* file = std::exchange(file_, nullptr);
+      bool written = std::fwrite(text.data(), 1, text.size(), file) == text.size() && std::fflush(file) == 0;
+      int err = errno;
+      if (std::fclose(file) != 0 && written) {
+        written = false;
+        err = errno;
+      }
+      if (!written) fail("could not write", err);
+      return;
+    }
+    if (target_.empty()) return;
+    std::string staged = target_ + ".XXXXXX";
+    const int fd = ::mkstemp(staged.data());
+    if (fd < 0) fail("could not write", errno);
+    mode_t mode = mode_;
+    if (mode == 0) {  // a new file, as fopen makes one: 0666 less the umask
+      const mode_t mask = ::umask(0);
+      ::umask(mask);
+      mode = 0666 & ~mask;
+    }
+    std::size_t done = 0;
+    bool written = ::fchmod(fd, mode) == 0;
+    while (written && done < text.size()) {
+      const ssize_t n = ::write(fd, text.data() + done, text.size() - done);
+      if (n < 0 && errno == EINTR) continue;
+      written = n > 0;
+      if (written) done += static_cast<std::size_t>(n);
+    }
+    written = written && ::fsync(fd) == 0;
     int err = errno;
-    if (std::fclose(file) != 0 && written) {
+    if (::close(fd) != 0 && written) {
+      written = false;
+      err = errno;
+    }
+    if (written && ::rename(staged.c_str(), target_.c_str()) != 0) {
       written = false;
       err = errno;
     }
     if (!written) {
-      // Not an empty or cut-off file that reads as a result (a regular file
-      // only: never /dev/full or a pipe).
-      struct stat st {};
-      if (::stat(path_.c_str(), &st) == 0 && S_ISREG(st.st_mode)) std::remove(path_.c_str());
+      ::unlink(staged.c_str());
       fail("could not write", err);
     }
+    target_.clear();
   }
 
  private:
@@ -454,6 +512,8 @@ class OutputFile {
   }
   const char* flag_;
   std::string path_;
+  std::string target_;  // the regular file written at the end; empty when written through file_
+  mode_t mode_ = 0;     // the replaced file's permissions; 0 for a new file
   std::FILE* file_ = nullptr;
 };
 
@@ -753,7 +813,9 @@ int run_bench(const BenchOptions& options) {
     // Both files are tried; a failure of the first did not leave the
     // second empty and unnamed.
     std::string failed;
-    for (auto [file, text] : {std::pair{&*json_file, run_json(*comm, capped, memcpy_gbps, totals, rows).dump(2) + "\n"},
+    nlohmann::json run = run_json(*comm, capped, memcpy_gbps, totals, rows);
+    run["parameters"]["maxbytes_requested"] = options.max_bytes;  // -e as given; maxbytes is the sweep's (lowered)
+    for (auto [file, text] : {std::pair{&*json_file, run.dump(2) + "\n"},
                               std::pair{&*csv_file, csv_text(rows)}}) {
       try {
         file->write_and_close(text);
