@@ -33,6 +33,7 @@
 #include <optional>
 #include <set>
 #include <string>
+#include <vector>
 
 #include <CLI/CLI.hpp>
 
@@ -297,7 +298,12 @@ std::unique_ptr<braid::trainer::DirectoryLock> guard_checkpoint_dir(const braid:
 std::unique_ptr<braid::comm::Communicator> connect(const TrainOptions& o, const braid::runtime::RankInfo& info) {
   const bool parallel = info.world_size > 1 || (!o.strategy.empty() && o.strategy != "none");
   if (!parallel) return nullptr;
-  if (o.eval_only) throw braid::InvalidUsage("--eval-only runs on one process; start it without braid-launch");
+  // "start it without braid-launch" was said to a run started without it.
+  if (o.eval_only)
+    throw braid::InvalidUsage(info.world_size > 1 ? "--eval-only runs on one process; start it without braid-launch"
+                                                  : "--eval-only runs on one process, without a strategy, and this "
+                                                    "run has strategy " + o.strategy +
+                                                        ": leave --strategy out (or pass --strategy none)");
   braid::runtime::setup_logging(info.rank);
   return braid::comm::Communicator::create_world(info);
 }
@@ -351,25 +357,35 @@ void refuse_ignored(const std::set<std::string>& given, const TrainOptions& o) {
 // Both modes are the command line's alone, so this runs before a
 // checkpoint or weights file is read.
 void refuse_unused(const std::set<std::string>& given, const TrainOptions& o) {
-  auto refuse = [&](const std::string& mode, std::initializer_list<const char*> flags, const std::string& why) {
-    for (const char* flag : flags) {
+  auto refuse = [&](const std::string& mode, const std::vector<std::string>& flags, const std::string& why) {
+    for (const std::string& flag : flags) {
       // --checkpoint-interval 0 is the documented way past a config.json
       // saved at intervals: it asks for nothing.
-      if (given.count(flag) == 0 || (std::string_view(flag) == "checkpoint_interval" && o.checkpoint_interval == 0))
-        continue;
-      std::string name = "--" + std::string(flag);
+      if (given.count(flag) == 0 || (flag == "checkpoint_interval" && o.checkpoint_interval == 0)) continue;
+      std::string name = "--" + flag;
       std::replace(name.begin(), name.end(), '_', '-');
       if (name == "--checkpoint-dir") name += " (--out-dir)";  // nanoGPT's spelling
       throw braid::InvalidUsage(name + " is not used by " + mode + ", which " + why + "; leave it out");
     }
   };
-  if (!o.consolidate.empty())
-    refuse("--consolidate",
-           {"metrics", "sample", "prompt", "temperature", "eval_only", "init_out", "checkpoint_dir",
-            "checkpoint_interval"},
-           "writes the checkpoint's weights to --out and exits");
+  if (!o.consolidate.empty()) {
+    // And every other flag but --out (and a --config file, whose settings
+    // are a file's): the checkpoint sets the model and nothing trains, so
+    // --n-layer 3, --init-from B or --steps 9 were taken and ignored.
+    std::vector<std::string> flags = {"metrics", "sample", "prompt", "temperature", "eval_only", "init_out",
+                                      "checkpoint_dir", "checkpoint_interval"};
+    for (const std::string& flag : given)
+      if (flag != "consolidate" && flag != "out" && flag != "config") flags.push_back(flag);
+    refuse("--consolidate", flags, "writes the checkpoint's weights to --out and exits");
+  }
+  // The model's flags (checked against the weights), --data, --batch-size
+  // and --grad-accum (the windows evaluated at once), --seed, --sample and
+  // --device count; the optimizer's and the schedule's did not.
   if (o.eval_only)
-    refuse("--eval-only", {"checkpoint_dir", "checkpoint_interval"}, "trains no step and saves nothing");
+    refuse("--eval-only",
+           {"checkpoint_dir", "checkpoint_interval", "steps", "lr", "min_lr", "warmup_steps", "weight_decay",
+            "grad_clip", "eval_interval", "eval_batches", "bucket_mb", "log_interval"},
+           "trains no step and saves nothing (it evaluates every window of --data once)");
 }
 
 // This rank's node in the rank map: from the hosts the ranks run on, not
@@ -622,7 +638,9 @@ int main(int argc, char** argv) {
     apply_saved_options(given, info, options);
     refuse_ignored(given, options);
     hold = guard_checkpoint_dir(info, options);
-    return run(options, info, hold.get());
+    const int rc = run(options, info, hold.get());
+    if (hold != nullptr) hold->abandon();  // "nothing to train" saved nothing in a directory it made
+    return rc;
   } catch (const braid::InvalidUsage& e) {
     if (hold != nullptr) hold->abandon();
     std::fprintf(stderr, "braid-train: error: %s\n", e.what());

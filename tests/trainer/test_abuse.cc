@@ -481,6 +481,13 @@ TEST_CASE("abuse: a refused run removes the checkpoint directory it made, and on
   r = braid_train(dir, kTiny + "--steps 1 --lr 0 --checkpoint-dir " + (dir / "kept").string());
   CHECK(r.rc == 2);
   CHECK(fs::is_directory(dir / "kept"));
+  // A resume with nothing to train saves nothing either (a review helper's
+  // case): exit 0, and no directory holding only the lock file.
+  REQUIRE(braid_train(dir, kTiny + "--steps 1 --checkpoint-dir " + (dir / "ck").string()).rc == 0);
+  r = braid_train(dir, "--resume " + (dir / "ck").string() + " --steps 1 --checkpoint-dir " + (dir / "on").string());
+  CHECK(r.rc == 0);
+  CHECK_THAT(r.err, Catch::Contains("nothing to train"));
+  CHECK_FALSE(fs::exists(dir / "on"));
 }
 
 // A file written by renaming a new one over it replaced a device node or

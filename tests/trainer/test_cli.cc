@@ -285,6 +285,36 @@ TEST_CASE("--eval-only prints the mean loss over every window", "[cli]") {
   CHECK(metrics.rc == 2);
   CHECK_THAT(metrics.err, Catch::Contains("--metrics records training steps, and --eval-only trains none"));
   CHECK_FALSE(fs::exists(dir / "m.jsonl"));
+  // The optimizer's and the schedule's flags ran and exited 0, the same
+  // loss printed (a review helper's case), and a strategy without a
+  // launcher was told to start without braid-launch.
+  for (const std::string flag : {"--steps 9", "--lr 5", "--eval-batches 2", "--warmup-steps 3", "--bucket-mb 1"}) {
+    const Run ignored = braid_train(dir, eval + " " + flag);
+    INFO(flag);
+    CHECK(ignored.rc == 2);
+    CHECK_THAT(ignored.err, Catch::Contains(flag.substr(0, flag.find(' ')) + " is not used by --eval-only"));
+  }
+  const Run ddp = braid_train(dir, eval + " --strategy ddp");
+  CHECK(ddp.rc == 2);
+  CHECK_THAT(ddp.err, Catch::Contains("strategy ddp: leave --strategy out") && !Catch::Contains("braid-launch"));
+}
+
+// Every flag but --out was taken and ignored, a model's size or another
+// checkpoint to start from among them (a review helper's case).
+TEST_CASE("--consolidate refuses every flag it does not use", "[cli]") {
+  if (!have_binary()) return;
+  test::TempDir dir;
+  for (const std::string flag : {"--n-layer 3", "--init-from b", "--resume b", "--steps 3", "--seed 9", "--tp 2",
+                                 "--data x.txt", "--strategy zero3", "--threads 2"}) {
+    const Run r = braid_train(dir, "--consolidate ck --out w.st " + flag);
+    INFO(flag);
+    CHECK(r.rc == 2);
+    CHECK_THAT(r.err, Catch::Contains(flag.substr(0, flag.find(' ')) + " is not used by --consolidate"));
+  }
+  const Run missing = braid_train(dir, "--consolidate " + (dir / "no-such").string() + " --out w.st");
+  CHECK(missing.rc == 2);
+  CHECK_THAT(missing.err, Catch::Contains("no-such does not exist") && !Catch::Contains("not a braid-train"));
+  CHECK_FALSE(fs::exists(dir / "w.st"));
 }
 
 std::vector<nlohmann::json> metrics_lines(const fs::path& p) {

@@ -351,6 +351,10 @@ void DirectoryLock::abandon() {
   for (const fs::directory_entry& entry : fs::directory_iterator(dir_, ec))
     if (entry.path().filename() != ".braid-train.lock") return;  // a step, a shard: the run wrote there
   if (ec) return;
+  // Still this run's lock file: the directory may have been replaced by
+  // another run's meanwhile, holding that run's lock file alone.
+  struct stat held {}, named {};
+  if (::fstat(fd_, &held) != 0 || ::stat(path_in(dir_).c_str(), &named) != 0 || !same_node(held, named)) return;
   // Unlinked while still locked: a second run that opened the file meanwhile
   // is refused by the lock; one that comes after finds no directory, or
   // makes its own, which the rmdir below then leaves alone.

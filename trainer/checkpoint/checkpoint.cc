@@ -162,6 +162,12 @@ fs::path step_directory(const fs::path& dir, std::int64_t step) { return dir / l
 
 fs::path resolve_checkpoint(const fs::path& path) {
   if (layout::is_complete(path)) return path;
+  // "is not a braid-train checkpoint: it has neither state.json ..." of a
+  // path mistyped, or of a directory a failed first run removed.
+  std::error_code ec;
+  if (!fs::exists(path, ec) && !ec)
+    throw InvalidUsage(path.string() + " does not exist: pass a checkpoint directory (--checkpoint-dir's) or one "
+                       "of its step directories");
   std::ifstream in(path / layout::kLatest);
   std::string name;
   if (!in) {
