@@ -553,8 +553,36 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::enqueue(Call call) {
   return work;
 }
 
+namespace {
+
+// A view with gaps (every other column of a matrix), which allreduce,
+// broadcast and reduce refused where gloo takes it (a review helper's case).
+bool has_gaps(const std::vector<at::Tensor>& tensors) {
+  return tensors.size() == 1 && tensors[0].layout() == at::kStrided && !tensors[0].is_non_overlapping_and_dense();
+}
+
+}  // namespace
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::through_flat_copy(
+    c10d::OpType type, at::Tensor& tensor, const char* op, bool reduces,
+    const std::function<std::function<comm::Work()>(Buffer)>& run) {
+  check_strided(tensor, op, true);
+  std::vector<at::Tensor> outputs{tensor};
+  StagingPool::Lease flat = staging_.take(tensor.numel(), tensor.options());
+  Call call{type, run(reduces ? reducible(flat.tensor, op) : movable(flat.tensor, op)), outputs, {flat.tensor},
+            then_reusable([flat = flat.tensor, outputs]() mutable { unflatten(flat, outputs); }, flat.reusable)};
+  call.copies_in([flat = flat.tensor, outputs] { flatten_into(flat, outputs); }, {});  // its outputs already
+  return enqueue(std::move(call));
+}
+
 c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::broadcast(std::vector<at::Tensor>& tensors,
                                                             const c10d::BroadcastOptions& opts) {
+  if (has_gaps(tensors)) {
+    const int root = static_cast<int>(opts.rootRank);
+    return through_flat_copy(c10d::OpType::BROADCAST, tensors[0], "broadcast", false, [this, root](Buffer b) {
+      return std::function<comm::Work()>([this, b, root] { return comm_->broadcast(b.data, b.data, b.count, b.dtype, root); });
+    });
+  }
   at::Tensor& tensor = single_tensor(tensors, "broadcast");
   Buffer buffer = movable(tensor, "broadcast");
   int root = static_cast<int>(opts.rootRank);
@@ -565,6 +593,12 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::broadcast(std::vector<at::Tens
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::allreduce(std::vector<at::Tensor>& tensors,
                                                             const c10d::AllreduceOptions& opts) {
+  if (has_gaps(tensors)) {
+    const ReduceOp op = reduce_op(opts.reduceOp, "allreduce");
+    return through_flat_copy(c10d::OpType::ALLREDUCE, tensors[0], "allreduce", true, [this, op](Buffer b) {
+      return std::function<comm::Work()>([this, b, op] { return comm_->all_reduce(b.data, b.data, b.count, b.dtype, op); });
+    });
+  }
   at::Tensor& tensor = single_tensor(tensors, "allreduce");
   Buffer buffer = reducible(tensor, "allreduce");
   ReduceOp op = reduce_op(opts.reduceOp, "allreduce");
@@ -601,6 +635,14 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::allreduce_coalesced(std::vecto
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::reduce(std::vector<at::Tensor>& tensors,
                                                          const c10d::ReduceOptions& opts) {
+  if (has_gaps(tensors)) {
+    const ReduceOp op = reduce_op(opts.reduceOp, "reduce");
+    const int root = static_cast<int>(opts.rootRank);
+    return through_flat_copy(c10d::OpType::REDUCE, tensors[0], "reduce", true, [this, op, root](Buffer b) {
+      return std::function<comm::Work()>(
+          [this, b, op, root] { return comm_->reduce(b.data, b.data, b.count, b.dtype, op, root); });
+    });
+  }
   at::Tensor& tensor = single_tensor(tensors, "reduce");
   Buffer buffer = reducible(tensor, "reduce");
   ReduceOp op = reduce_op(opts.reduceOp, "reduce");

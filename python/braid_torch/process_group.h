@@ -44,6 +44,8 @@
 
 namespace braid::torch_backend {
 
+struct Buffer;  // tensors.h
+
 // Issues a group's calls in order, holding back a collective for a moment
 // while the group is the process's only one, and deferring a call that must
 // wait for earlier ones (`hazards`) until they have finished, with every
@@ -223,6 +225,11 @@ class ProcessGroupBraid : public c10d::ProcessGroup {
     }
   };
   c10::intrusive_ptr<c10d::Work> enqueue(Call call);
+  // allreduce, broadcast or reduce (`reduces`: the first and last) of a view
+  // with gaps, as gloo takes it: run(buffer) on a flat copy of `tensor`,
+  // copied in as the call is issued and back once it has run.
+  c10::intrusive_ptr<c10d::Work> through_flat_copy(c10d::OpType type, at::Tensor& tensor, const char* op, bool reduces,
+                                                   const std::function<std::function<comm::Work()>(Buffer)>& run);
   c10::intrusive_ptr<c10d::Work> gather_list(c10d::OpType type, const char* op, const at::Tensor& input,
                                              std::vector<at::Tensor> results, std::string runs_as);
   c10::intrusive_ptr<c10d::Work> alltoall_unequal(at::Tensor& output, at::Tensor& input,
