@@ -46,6 +46,16 @@ TEST_CASE("braid-train --tp 2 --pp 2 reports the mesh and consolidates its check
   const std::string consolidate = std::string(train) + " --consolidate " + ckpt + " --out " + out + " > /dev/null";
   CHECK(std::system(consolidate.c_str()) == 0);
   CHECK(read_weights_config(out).n_layer == 2);
+  // --dp 2 alone fits neither the saved tp 2 x pp 2 nor tp 1 x pp 1: "this
+  // run uses ddp on dp=2 tp=1 pp=1", then "--dp 2 x --tp 1 x --pp 1 is not
+  // the world", hid the saved axes it dropped (a review helper's case).
+  const std::string dp_only = std::string(train) + " --resume " + ckpt + " --steps 4 --dp 2";
+  const braid::test::LaunchResult refused =
+      braid::test::run_launch(job, braid::test::shell_job(4, "exec " + dp_only, job));
+  INFO(refused.out << refused.err);
+  CHECK(refused.status == 2);
+  CHECK_THAT(refused.err, Catch::Contains("--dp 2 leaves tp x pp = 2 of the 4 ranks, and the checkpoint was written "
+                                          "with tp 2 x pp 2: pass --tp 2 or --pp 2 beside it"));
   // --dp and --tp given on resume: the saved --pp 2 no longer fits beside
   // them, so it is not restored (it was, and the run was refused as
   // "--dp 2 x --tp 2 x --pp 2", a --pp never given).

@@ -6,6 +6,7 @@
 #include "trainer/checkpoint/checkpoint.h"
 #include "trainer/checkpoint/layout.h"
 #include "trainer/strategy/compose.h"
+#include "runtime/errors.h"
 
 namespace braid::trainer {
 
@@ -67,6 +68,22 @@ std::string restore_layout(const SavedLayout& saved, const std::set<std::string>
   const bool mesh_strategy = o.strategy == "ddp" || o.strategy == "zero1" || o.strategy == "none";
   const bool leaves_strategy = given.count("strategy") == 0 || mesh_strategy || model_ranks == 1 ||
                                given.count("tp") != 0 || given.count("pp") != 0;
+  // A --dp alone that fits neither the saved tp x pp nor the defaults:
+  // "this run uses ddp on dp=2 tp=1 pp=1", then "--dp 2 x --tp 1 x --pp 1
+  // is not the world", hid the saved axes dropped (a review helper's case).
+  if (!fits && saved.tp * saved.pp > 1 && given.count("dp") != 0 && given.count("tp") == 0 &&
+      given.count("pp") == 0 && o.dp > 0 &&
+      static_cast<long long>(o.dp) * tp * pp != world_size && world_size % o.dp == 0) {
+    const int room = world_size / o.dp;
+    std::string pass;
+    if (saved.tp == room) pass = "--tp " + std::to_string(room);
+    if (saved.pp == room) pass += (pass.empty() ? "" : " or ") + ("--pp " + std::to_string(room));
+    if (pass.empty()) pass = "--tp and --pp whose product is " + std::to_string(room);
+    throw InvalidUsage("--dp " + std::to_string(o.dp) + " leaves tp x pp = " + std::to_string(room) + " of the " +
+                       std::to_string(world_size) + " ranks, and the checkpoint was written with tp " +
+                       std::to_string(saved.tp) + " x pp " + std::to_string(saved.pp) + ": pass " + pass +
+                       " beside it, or leave --dp out to keep the checkpoint's layout");
+  }
   if (!fits || !leaves_strategy) {  // bad values given are refused later, naming them
     o.tp = tp;
     o.pp = pp;
