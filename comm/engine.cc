@@ -103,6 +103,14 @@ Communicator::Impl::~Impl() {
   }
   cv.notify_all();
   if (worker.joinable()) worker.join();
+  // A job's last broadcasts, which their roots left before every peer had
+  // entered them (exchange_slots.cc), are checked here; said, as a
+  // destructor cannot throw. Not after a failure, which said its own.
+  if (!failure) {
+    const auto wait = std::min<std::chrono::milliseconds>(timeout, std::chrono::milliseconds(2000));
+    const std::string late = check_early_calls_at_end(exchange, Clock::now() + wait);
+    if (!late.empty()) spdlog::error("{} (found as rank {} destroyed the communicator)", late, rank);
+  }
   status.reset();
   for (auto& t : transports) t->shutdown();
   forget_store_keys(*this);

@@ -232,6 +232,40 @@ inline void check_signature(const ExchangeContext& c, const std::byte* from, con
 
 }  // namespace
 
+std::string check_early_calls_at_end(ExchangeContext& c, Clock::time_point deadline) {
+  if (!c.slots || c.oldest_early == 0) return {};
+  SharedSlots& slots = *c.slots;
+  const std::size_t depth = c.early.size();
+  std::string found;
+  for (std::uint64_t seq = c.oldest_early; seq <= c.newest_early && found.empty(); ++seq) {
+    const Op& early = c.early[seq % depth];
+    if (early.seq != seq) continue;
+    const SlotWords theirs(signature(early, c.comm_id, 0));
+    const std::size_t at = slots.entry_offset(seq);
+    for (int peer = 0; peer < c.size && found.empty(); ++peer) {
+      if (peer == c.rank) continue;
+      try {
+        if (!slots.poll(peer, seq) && !slots.wait(peer, seq, deadline)) continue;  // not there yet: nothing said
+      } catch (const Error&) {
+        continue;  // it closed without reaching the call, which its own error names
+      }
+      const std::atomic<std::uint64_t>& flag = slots.flag_at(peer, at);
+      if (flag.load(std::memory_order_acquire) != seq) continue;
+      std::byte header[sizeof(SlotHeader)];
+      std::memcpy(header, slots.content_at(peer, at), sizeof header);
+      std::atomic_thread_fence(std::memory_order_acquire);
+      if (flag.load(std::memory_order_relaxed) != seq || theirs.matches(header)) continue;
+      try {
+        check_signature(c, header, theirs, early, peer, 0);
+      } catch (const Error& e) {
+        found = e.what();
+      }
+    }
+  }
+  c.oldest_early = 0;
+  return found;
+}
+
 SharedSlots& Exchange::slots() const {
   if (!c_.slots) throw InvalidUsage(describe(op_) + ": no shared slots on this communicator");
   return *c_.slots;

@@ -141,6 +141,13 @@ void find_slots(ExchangeContext& context);
 // collective that agrees through the slots sends no message, so the
 // receive alone would wait out the timeout).
 void check_receive(const ExchangeContext& context, const Op& recv);
+// The early calls (Exchange::share_root_slot) no later call checked, at the
+// communicator's end: a job's last broadcasts, whose roots returned without
+// a word where two ranks each named themselves the root and kept their own
+// data (a review helper's case). Each peer's entry of such a call is waited
+// for until `deadline`, and one not there by then is not checked. Returns
+// the mismatch a later call would have thrown, or "".
+std::string check_early_calls_at_end(ExchangeContext& context, Clock::time_point deadline);
 // The error of a receive on `rank` whose peer `entered` a collective
 // ("barrier #2 ...") instead of sending its message.
 std::string receive_without_send(int rank, const Op& recv, const std::string& entered);

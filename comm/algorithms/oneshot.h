@@ -38,7 +38,8 @@
 // next call that waits for every rank, or, in a run of broadcasts, at the
 // latest when the run ahead ends (the failed rank closed, or the root's
 // late check of every signature: exchange_slots.cc), with the mismatch
-// named.
+// named; where no call comes after it, the communicator's end checks it
+// and logs the mismatch (check_early_calls_at_end).
 #pragma once
 
 #include <array>

@@ -14,6 +14,7 @@
 // that hangs is killed at the harness deadline, and every test requires
 // !timed_out, so a hang fails the test rather than passing it.
 #include <catch2/catch.hpp>
+#include <spdlog/spdlog.h>
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
@@ -806,6 +807,48 @@ TEST_CASE("failures: broadcast with different roots never completes with wrong d
                       ") with wrong data " + std::to_string(buf[0]));
   });
   check_mismatch(result, {"broadcast #2", "root"});
+}
+
+// The one-shot broadcast's roots leave early, and a rank that names itself
+// the root reads nobody's slot: two such roots each kept their own data,
+// and where the broadcast was the job's last call (weights sent out before
+// exit) nothing ever said so (a review helper's case). The communicator's
+// end now checks what no later call did, and logs the mismatch.
+TEST_CASE("failures: two ranks that each root a job's last small broadcast are told as they end", "[failures]") {
+  const bool mismatched = GENERATE(false, true);
+  auto options = options_with(seconds(10), seconds(60), "shm");
+  options.own_world = [mismatched](std::unique_ptr<Communicator> world, const runtime::RankInfo&,
+                                   const runtime::Config&) {
+    std::vector<float> data(37, float(world->rank() + 1));
+    world->broadcast(data.data(), data.data(), data.size(), DataType::f32, 0).wait();  // #1: alike
+    const int root = mismatched ? world->rank() : 1;
+    world->broadcast(data.data(), data.data(), data.size(), DataType::f32, root).wait();  // #2
+    // The log of the communicator's end, through a file in place of stderr.
+    char path[] = "/tmp/braid-late-check-XXXXXX";
+    const int file = ::mkstemp(path);
+    expect(file >= 0, "mkstemp");
+    ::unlink(path);
+    std::fflush(stderr);
+    const int saved = ::dup(STDERR_FILENO);
+    ::dup2(file, STDERR_FILENO);
+    spdlog::set_level(spdlog::level::err);  // the harness's ranks log nothing
+    world.reset();
+    spdlog::default_logger()->flush();
+    std::fflush(stderr);
+    ::dup2(saved, STDERR_FILENO);
+    ::close(saved);
+    std::string log(65536, '\0');
+    const ssize_t got = ::pread(file, log.data(), log.size(), 0);
+    ::close(file);
+    log.resize(got > 0 ? static_cast<std::size_t>(got) : 0);
+    const bool said = contains(log, "mismatched collectives") && contains(log, "broadcast #2") &&
+                      contains(log, "destroyed the communicator");
+    expect(said == mismatched, (mismatched ? "no mismatch logged at the end: " : "a mismatch logged: ") + log);
+  };
+  auto result = test::run_ranks(2, {}, options);
+  INFO(result.summary());
+  REQUIRE_FALSE(result.timed_out);
+  CHECK(result.all_ok());
 }
 
 // ---- 3. timeout attribution ---------------------------------------------------
