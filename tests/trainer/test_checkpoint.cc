@@ -125,6 +125,9 @@ std::vector<Corruption> corruptions() {
          return s;
        }},
       {"bad JSON", "not valid JSON", [](const std::string& b) { std::string s = b; s[8] = 'x'; return s; }},
+      // The parser's message quotes what it read: a corrupt file's raw
+      // bytes went to the terminal (a review helper's case).
+      {"bad JSON of raw bytes", "\\xff", [](const std::string& b) { std::string s = b; s[8] = '\xff'; return s; }},
       {"offsets out of range", "out of range",
        [](const std::string& b) {
          return edit_header(b, [](json& h) { h["ln_f.bias"]["data_offsets"][1] = 1u << 30; });

@@ -14,6 +14,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <string_view>
 
 namespace braid::trainer {
 
@@ -155,5 +156,10 @@ class DirectoryLock {
 // and the path returned name `dir`.
 std::filesystem::path through_hold(const std::filesystem::path& dir,
                                    const std::function<std::filesystem::path(const std::filesystem::path&)>& save);
+
+// `text` (a parser's message, which quotes the bytes it read last) with
+// every byte outside printable ASCII written \xHH: a corrupt file's binary
+// went to the terminal in its error (a review helper's case).
+std::string printable(std::string_view text);
 
 }  // namespace braid::trainer

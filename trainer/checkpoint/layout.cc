@@ -129,7 +129,7 @@ json read_json(const fs::path& path) {
   try {
     j = json::parse(in);
   } catch (const json::exception& e) {
-    throw InvalidUsage("checkpoint state " + path.string() + " is refused: not valid JSON (" + e.what() + ")");
+    throw InvalidUsage("checkpoint state " + path.string() + " is refused: not valid JSON (" + printable(e.what()) + ")");
   }
   if (!j.is_object()) throw InvalidUsage("checkpoint state " + path.string() + " is refused: not a JSON object");
   if (!j.contains(kSealKey)) {

@@ -239,7 +239,7 @@ void SafetensorsFile::parse_header(std::string_view text) {
   try {
     header = json::parse(text);
   } catch (const json::exception& e) {
-    fail(std::string("its header is not valid JSON (") + e.what() + ")");
+    fail(std::string("its header is not valid JSON (") + printable(e.what()) + ")");
   }
   if (!header.is_object()) fail("its header is not a JSON object");
   for (const auto& [name, entry] : header.items()) {

@@ -177,7 +177,7 @@ std::set<std::string> apply_config_file(const std::string& path, const std::set<
   try {
     j = json::parse(in, note_repeats);
   } catch (const json::exception& e) {
-    throw InvalidUsage("--config " + path + " is not valid JSON: " + e.what());
+    throw InvalidUsage("--config " + path + " is not valid JSON: " + printable(e.what()));
   }
   require(repeated.empty(), "--config " + path + " gives the setting '" + repeated + "' twice; keep one");
   require(j.is_object(), "--config " + path + " must hold one JSON object of settings");
