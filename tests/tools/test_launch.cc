@@ -589,13 +589,34 @@ TEST_CASE("a second Ctrl-C to node 0 ends it at once, without serving the store 
     std::this_thread::sleep_for(20ms);
   REQUIRE_THAT(node0.out(), Catch::Contains("ready"));
   REQUIRE(::kill(node0.pid(), SIGINT) == 0);
-  std::this_thread::sleep_for(300ms);
+  std::this_thread::sleep_for(700ms);  // past the 250 ms in which a repeat counts as the same signal
   const auto second = std::chrono::steady_clock::now();
   REQUIRE(::kill(node0.pid(), SIGINT) == 0);
   CHECK(node0.wait(20s) == 128 + SIGINT);
   CHECK(std::chrono::steady_clock::now() - second < 1500ms);  // not the store's 2.5 s linger
   INFO(node0.err());
   CHECK_THAT(node0.err(), Catch::Contains("while stopping; killing"));
+}
+
+// timeout(1) sends its signal to the launcher and then to its own process
+// group, the launcher again: taken as a second Ctrl-C, it SIGKILLed the
+// ranks at once, 2 runs in 3, instead of leaving them the grace period to
+// save a checkpoint (a review helper's case).
+TEST_CASE("the same signal twice at once, as timeout(1) sends it, leaves the ranks their grace period", "[launch]") {
+  JobDir dir;
+  LaunchedJob job(dir, {"--nproc-per-node", "1", "--grace-period", "10", "--", "sh", "-c",
+                        "trap 'sleep 1; echo saved; exit 0' TERM; echo ready; while :; do sleep 0.1; done"});
+  const auto give_up = std::chrono::steady_clock::now() + 20s;
+  while (job.out().find("ready") == std::string::npos && std::chrono::steady_clock::now() < give_up)
+    std::this_thread::sleep_for(20ms);
+  REQUIRE_THAT(job.out(), Catch::Contains("ready"));
+  REQUIRE(::kill(job.pid(), SIGTERM) == 0);
+  std::this_thread::sleep_for(30ms);
+  REQUIRE(::kill(job.pid(), SIGTERM) == 0);
+  CHECK(job.wait(20s) == 128 + SIGTERM);
+  INFO(job.err());
+  CHECK_THAT(job.out(), Catch::Contains("saved"));
+  CHECK_THAT(job.err(), !Catch::Contains("while stopping"));
 }
 
 // A node whose program cannot be executed (a path missing on that node

@@ -347,6 +347,12 @@ void Supervisor::on_launcher_signal(int signo) {
     }
     return;
   }
+  // timeout(1) sends its signal to the launcher, then to its own process
+  // group, the launcher again: that same signal an instant later is the
+  // first one still, not a second Ctrl-C, and the ranks keep their grace
+  // period to save (they were SIGKILLed at once, 2 runs in 3; a review
+  // helper's case).
+  if (stopping_ && signo == first_signal_ && Clock::now() - first_signal_at_ < kRepeatedSignal) return;
   if (stopping_) {
     say("received " + signal_name(signo) + " while stopping; killing the remaining " +
         count_of_ranks(running) + " now");
@@ -355,6 +361,8 @@ void Supervisor::on_launcher_signal(int signo) {
     drop_output_after(Clock::duration::zero());
     return;
   }
+  first_signal_ = signo;
+  first_signal_at_ = Clock::now();
   say("received " + signal_name(signo) + "; forwarding it to " + count_of_ranks(running));
   // The other nodes' ranks would wait for this node's until BRAID_TIMEOUT.
   tell_once("its launcher was stopped by " + signal_name(signo) + ", with its ranks");

@@ -183,6 +183,11 @@ class Supervisor {
   bool stopping_ = false;
   bool rank_failed_ = false, interrupted_ = false;
   bool hurried_ = false;  // hurried()
+  // The signal that stopped the job and when: the same one again within
+  // kRepeatedSignal is that signal sent twice (timeout(1)), not a second.
+  static constexpr std::chrono::milliseconds kRepeatedSignal{250};
+  int first_signal_ = 0;
+  Clock::time_point first_signal_at_{};
   bool told_ = false;  // on_first_failure was called
   int exit_status_ = 0;
 };
