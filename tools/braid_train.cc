@@ -48,6 +48,8 @@
 #include "trainer/checkpoint/checkpoint.h"
 #include "trainer/checkpoint/layout.h"
 #include "trainer/checkpoint/sharded.h"
+#include "trainer/strategy/compose.h"
+#include "trainer/strategy/strategy.h"
 #include "trainer/train/generate.h"
 #include "trainer/train/memory_plan.h"
 #include "trainer/train/report.h"
@@ -338,7 +340,7 @@ int eval_only(braid::trainer::Trainer& trainer, const braid::trainer::TextCorpus
 
 // Flags given that the run would ignore, without a word (found by a review
 // helper): they are refused, saying what they need.
-void refuse_ignored(const std::set<std::string>& given, const TrainOptions& o) {
+void refuse_ignored(const std::set<std::string>& given, const TrainOptions& o, int world_size) {
   if (o.sample_bytes == 0)
     for (const char* flag : {"prompt", "temperature"})
       if (given.count(flag) != 0)
@@ -349,6 +351,18 @@ void refuse_ignored(const std::set<std::string>& given, const TrainOptions& o) {
                               "loss is printed)");
   if (o.pp == 1 && given.count("schedule") != 0)
     throw braid::InvalidUsage("--schedule orders a pipeline's micro-batches; it needs --pp 2 or more");
+  // One process, --strategy dp or zero3, or one DP rank beside --tp / --pp
+  // has no gradient buckets: the value was taken, recorded, and ignored.
+  if (given.count("bucket_mb") != 0 && !o.eval_only && o.consolidate.empty() && o.tp > 0 && o.pp > 0) {
+    const int dp = o.dp_size(world_size);
+    const std::string strategy =
+        o.strategy.empty() ? std::string(braid::trainer::strategy_name(braid::trainer::default_strategy(dp)))
+                           : o.strategy;
+    if (dp <= 1 || (strategy != "ddp" && strategy != "zero1" && strategy != "zero2"))
+      throw braid::InvalidUsage("--bucket-mb sizes the gradient buckets of ddp, zero1 and zero2 on 2 or more DP "
+                                "ranks, and this run has " +
+                                (dp <= 1 ? std::string("one DP rank") : "strategy " + strategy) + "; leave it out");
+  }
 }
 
 // Outputs and modes that --consolidate (it writes --out and exits) and
@@ -636,7 +650,7 @@ int main(int argc, char** argv) {
     const std::set<std::string> given = explicit_keys(app);
     refuse_unused(given, options);
     apply_saved_options(given, info, options);
-    refuse_ignored(given, options);
+    refuse_ignored(given, options, info.world_size);
     hold = guard_checkpoint_dir(info, options);
     const int rc = run(options, info, hold.get());
     if (hold != nullptr) hold->abandon();  // "nothing to train" saved nothing in a directory it made

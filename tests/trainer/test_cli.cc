@@ -91,6 +91,8 @@ TEST_CASE("invalid combinations exit 2 before any work, saying what to change", 
       {"--prompt hi", "--prompt shapes the text of --sample N, which is not given"},
       {"--temperature 0.5", "--temperature shapes the text of --sample N"},
       {"--schedule gpipe", "--schedule orders a pipeline's micro-batches; it needs --pp 2 or more"},
+      {"--bucket-mb 4", "--bucket-mb sizes the gradient buckets of ddp, zero1 and zero2 on 2 or more DP ranks, and "
+                        "this run has one DP rank"},
       {"--strategy ''", "--strategy is empty (an unset shell variable?)"},
       {"--consolidate ck --out w.st --metrics m.jsonl", "--metrics is not used by --consolidate, which writes"},
       {"--consolidate ck --out w.st --sample 10", "--sample is not used by --consolidate"},

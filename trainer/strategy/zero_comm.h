@@ -111,7 +111,8 @@ class ShardedGradients {
 // gather of the next one is already issued: the prefetch. A unit used again
 // within the next two uses stays gathered: the head and the embedding it
 // borrows wte from are not dropped between the end of forward and the
-// start of backward. Nothing stays gathered across an optimizer step.
+// start of backward. Nothing stays gathered across an optimizer step, nor
+// from forward-only passes into training.
 class UnitGatherer {
  public:
   UnitGatherer(const ZeroPartition& partition, const ParamTable& table, CommMeter& meter, MemoryAccount* account,
