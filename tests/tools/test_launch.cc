@@ -754,6 +754,22 @@ TEST_CASE("into one file (> log 2>&1) another rank's line starts a line of its o
   CHECK(read_file(log) == "[rank 0] loading...\n[rank 1] hello\n[rank 0]  done\n");
 }
 
+// A line of 64 KiB or more, written at once, was cut where a pipe's read
+// ends as soon as another rank wrote too: JSON lines of 70 KB came out in
+// two pieces, another rank's line between (a review helper's case).
+TEST_CASE("lines up to 1 MiB written at once stay whole while other ranks write", "[launch]") {
+  JobDir dir;
+  const std::string script = "exec python3 -c \"import os\nfor _ in range(30): os.write(1, b'x' * 200000 + b'\\n')\"";
+  const auto result = run_launch(dir, shell_job(2, script, dir));
+  REQUIRE(result.status == 0);
+  const std::string line(200000, 'x');
+  std::istringstream lines(result.out);
+  int whole = 0, other = 0;
+  for (std::string l; std::getline(lines, l);) (l == "[rank 0] " + line || l == "[rank 1] " + line ? whole : other)++;
+  CHECK(whole == 60);
+  CHECK(other == 0);
+}
+
 TEST_CASE("--stdin picks the rank that reads stdin, or none", "[launch]") {
   JobDir dir;
   auto file = dir.path() / "input.txt";
@@ -789,9 +805,16 @@ TEST_CASE("a progress bar redrawn with a carriage return is relayed as it is dra
 TEST_CASE("--log-dir writes each rank's output to its own files", "[launch]") {
   JobDir dir;
   auto logs = dir.path() / "logs" / "nested";
+  // An earlier job's restart files of this job's ranks read as this job's
+  // attempts (a review helper's case): removed; another rank's stay.
+  std::filesystem::create_directories(logs);
+  std::ofstream(logs / "rank_1.restart2.err") << "an earlier job\n";
+  std::ofstream(logs / "rank_9.restart1.out") << "a rank of another node\n";
   std::string script = "echo \"out $BRAID_RANK\"; echo \"err $BRAID_RANK\" >&2; printf tail";
   auto result = run_launch(dir, shell_job(2, script, dir, {"--log-dir", logs.string()}));
   REQUIRE(result.status == 0);
+  CHECK_FALSE(std::filesystem::exists(logs / "rank_1.restart2.err"));
+  CHECK(std::filesystem::exists(logs / "rank_9.restart1.out"));
   CHECK(result.out.empty());
   CHECK(result.err.empty());
   for (int rank = 0; rank < 2; ++rank) {

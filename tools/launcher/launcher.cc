@@ -29,6 +29,8 @@
 #include <filesystem>
 #include <memory>
 #include <optional>
+#include <regex>
+#include <string>
 #include <thread>
 
 #include "runtime/config.h"
@@ -124,6 +126,22 @@ void create_log_dir(const std::string& dir) {
   std::error_code error;
   std::filesystem::create_directories(dir, error);
   if (error) throw SystemError("cannot create --log-dir '" + dir + "': " + error.message());
+}
+
+// An earlier job's D/rank_<r>.restart<k>.out|err of this node's ranks,
+// which a job that did not restart as often left beside its own files as
+// if they were its attempts' (a review helper's case). Other nodes' ranks'
+// files (a shared file system) stay.
+void remove_stale_restart_logs(const std::string& dir, int first_rank, int ranks) {
+  static const std::regex restart_log(R"(rank_(\d+)\.restart\d+\.(out|err))");
+  std::error_code error;
+  for (const auto& entry : std::filesystem::directory_iterator(dir, error)) {
+    std::smatch m;
+    const std::string name = entry.path().filename().string();
+    if (!std::regex_match(name, m, restart_log) || m[1].length() > 9) continue;
+    const int rank = std::stoi(m[1]);
+    if (rank >= first_rank && rank < first_rank + ranks) std::filesystem::remove(entry.path(), error);
+  }
 }
 
 // D/rank_<r>.out, and D/rank_<r>.restart<k>.out for the k-th restart: each
@@ -709,6 +727,7 @@ int launch(const LaunchOptions& given) {
   // Only the node that holds the reading rank touches its stdin.
   std::optional<InputRelay> input;
   const int first_rank = options.node_rank * options.nproc_per_node;
+  if (!options.log_dir.empty()) remove_stale_restart_logs(options.log_dir, first_rank, options.nproc_per_node);
   if (options.stdin_rank >= first_rank && options.stdin_rank < first_rank + options.nproc_per_node)
     input.emplace(STDIN_FILENO);
   // Each attempt gets a store and a token of its own, so that no rank of a

@@ -170,8 +170,10 @@ class LineRelay {
  public:
   // Beyond this many bytes without a newline the pending text is written
   // out as an open piece, so a rank that never prints '\n' cannot grow the
-  // launcher's memory without bound.
-  static constexpr std::size_t kMaxLineBytes = 64u << 10;
+  // launcher's memory without bound. 1 MiB, not a pipe's 64 KiB: a JSON
+  // line of 70 KB written at once was cut in two, another rank's line
+  // between (a review helper's case).
+  static constexpr std::size_t kMaxLineBytes = 1u << 20;
   // How long an unfinished line waits for more before it is written out
   // (flush_partial): kPartialLineWait after its last byte, long enough that
   // a line written in a few pieces stays whole, short enough that a prompt
