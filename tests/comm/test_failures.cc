@@ -715,6 +715,39 @@ TEST_CASE("failures: all_reduce with different reduce ops fails both ranks", "[f
   check_mismatch(result, {"all_reduce #2", "max", "sum"});
 }
 
+// The same over shared memory, which carried no farewell: rank 1 failed on
+// rank 0's death, and rank 2, waiting for rank 1, named only rank 1 ("closed
+// its communicator"), never rank 0, the store that carried the reason gone
+// with rank 0 (a review helper's case). Receives in a chain, so that rank 2
+// hears of rank 0 through rank 1 alone.
+TEST_CASE("failures: over shared memory, where rank 0 served the store, a rank hears why its peer failed",
+          "[failures]") {
+  auto options = options_with(seconds(10), seconds(45), "shm");
+  options.store_by_rank0 = true;
+  auto result = test::run_ranks(
+      3,
+      [&](Communicator& comm) {
+        std::vector<float> data(1000, 0.0f);
+        comm.barrier().wait();
+        if (comm.rank() == 0) {
+          std::this_thread::sleep_for(milliseconds(300));
+          raise(SIGKILL);
+        }
+        tagged([&] { comm.recv(data.data(), data.size(), DataType::f32, comm.rank() - 1).wait(); });
+        throw std::runtime_error("the receive completed although no rank sent");
+      },
+      options);
+  INFO(result.summary());
+  REQUIRE_FALSE(result.timed_out);
+  CHECK(result.ranks[0].signal == SIGKILL);
+  const Outcome one = outcome_of(result.ranks[1]), two = outcome_of(result.ranks[2]);
+  CHECK((contains(one.text, "rank 0") && contains(one.text, "exited or was killed")));
+  CHECK(two.type == "RemoteError");
+  CHECK((contains(two.text, "rank 1 stopped its communicator and told rank 2 why") &&
+         contains(two.text, "rank 0") && contains(two.text, "exited or was killed")));
+  CHECK(two.ms < 5000);
+}
+
 // Without a launcher rank 0's communicator serves the store that carries a
 // failed rank's reason to the others, so when rank 0 fails first the reason
 // must travel on the TCP connections themselves (a farewell frame): a rank

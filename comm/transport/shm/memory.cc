@@ -275,4 +275,9 @@ std::span<std::byte> PeerRegions::map(int pidfd, int peer, const RegionRef& ref)
 
 }  // namespace regions
 
+std::string farewell_of(const SegmentHeader& header) {
+  const std::uint32_t bytes = header.farewell_bytes.load(std::memory_order_acquire);
+  return std::string(header.farewell, std::min<std::size_t>(bytes, sizeof header.farewell));
+}
+
 }  // namespace braid::comm::shm

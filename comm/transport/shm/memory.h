@@ -45,7 +45,7 @@
 
 namespace braid::comm::shm {
 
-inline constexpr std::uint64_t kSegmentMagic = 0x334d485344524242ull;  // "BBRDSHM3"
+inline constexpr std::uint64_t kSegmentMagic = 0x344d485344524242ull;  // "BBRDSHM4"
 inline constexpr std::size_t kSlotBytes = 64;
 inline constexpr std::uint32_t kWrapMagic = 0x50415257;  // "WRAP"
 
@@ -71,7 +71,18 @@ struct alignas(64) SegmentHeader {
   std::atomic<std::uint32_t> sleepers;
   alignas(64) std::atomic<std::uint32_t> doorbell;
   std::atomic<std::uint32_t> sleeping;
+  // Why the owner's communicator failed (ShmTransport::farewell), its
+  // first `farewell_bytes` bytes, written before `closed` (0: none): a peer
+  // that fails on this owner names the reason where the store that also
+  // carries it was served by the rank that died, and went with it (ranks
+  // 2 and 3 named only rank 1, or "rank 2 exited", never the rank 0 that
+  // was killed; a review helper's case).
+  alignas(64) std::atomic<std::uint32_t> farewell_bytes;
+  char farewell[1020];
 };
+
+// What `header`'s owner said as it failed (SegmentHeader::farewell), or "".
+std::string farewell_of(const SegmentHeader& header);
 
 struct alignas(64) ChannelControl {
   alignas(64) std::atomic<std::uint64_t> head;

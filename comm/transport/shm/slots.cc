@@ -145,6 +145,7 @@ void ShmSlots::check_alive(int peer, const std::atomic<std::uint64_t>* awaited, 
   // caller's last look: its close (or exit) comes after its publish.
   if (awaited && awaited->load(std::memory_order_acquire) >= seq) return;
   const std::string me = rank_text(rank_), them = rank_text(peer);
+  if (std::string why = farewell_of(*header(peer)); !why.empty()) throw farewell_error(peer, rank_, why);
   if (exited)
     throw RemoteError(me + " was waiting for " + them + "'s shared slot (pid " +
                           std::to_string(header(peer)->owner_pid) + "), but " + them + " exited or was killed",

@@ -63,6 +63,14 @@ ShmTransport::~ShmTransport() { shutdown(); }
 
 // Marks this rank closed and wakes every peer, so that any of them still
 // waiting for this rank fails now rather than at its timeout.
+void ShmTransport::farewell(const std::string& reason) {
+  SegmentHeader* me = mine_.header();
+  if (shut_down_ || me->farewell_bytes.load(std::memory_order_relaxed) != 0) return;
+  const std::size_t bytes = std::min(reason.size(), sizeof me->farewell);
+  std::memcpy(me->farewell, reason.data(), bytes);
+  me->farewell_bytes.store(static_cast<std::uint32_t>(bytes), std::memory_order_release);
+}
+
 void ShmTransport::shutdown() {
   if (shut_down_) return;
   shut_down_ = true;
@@ -356,6 +364,8 @@ bool ShmTransport::check_peers() {
     if (!l->sends.empty()) advanced |= pump_sends(*l);
     if (!l->recvs.empty()) advanced |= pump_recvs(*l);
     if (advanced) return true;
+    if (std::string why = farewell_of(*l->mapping.header()); !why.empty())
+      throw farewell_error(l->peer, rank_, why);
     if (exited)
       throw RemoteError("rank " + std::to_string(rank_) + " was exchanging data with " + peer + " (pid " +
                             std::to_string(l->mapping.header()->owner_pid) + ") over shared memory, but " + peer +

@@ -85,6 +85,8 @@ class ShmTransport final : public Transport {
   bool progress(Clock::time_point deadline) override;
   void interrupt() override;
   void shutdown() override;
+  // Writes `reason` into this rank's segment header (SegmentHeader::farewell).
+  void farewell(const std::string& reason) override;
   std::uint64_t bytes_sent() const override { return bytes_sent_; }
   std::uint64_t bytes_received() const override { return bytes_received_; }
   // Registered memory: regions::find here, and a peer's region opened
