@@ -580,7 +580,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::broadcast(std::vector<at::Tens
   if (has_gaps(tensors)) {
     const int root = static_cast<int>(opts.rootRank);
     return through_flat_copy(c10d::OpType::BROADCAST, tensors[0], "broadcast", false, [this, root](Buffer b) {
-      return std::function<comm::Work()>([this, b, root] { return comm_->broadcast(b.data, b.data, b.count, b.dtype, root); });
+      return std::function<comm::Work()>(
+          [this, b, root] { return comm_->broadcast(b.data, b.data, b.count, b.dtype, root); });
     });
   }
   at::Tensor& tensor = single_tensor(tensors, "broadcast");
@@ -596,7 +597,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::allreduce(std::vector<at::Tens
   if (has_gaps(tensors)) {
     const ReduceOp op = reduce_op(opts.reduceOp, "allreduce");
     return through_flat_copy(c10d::OpType::ALLREDUCE, tensors[0], "allreduce", true, [this, op](Buffer b) {
-      return std::function<comm::Work()>([this, b, op] { return comm_->all_reduce(b.data, b.data, b.count, b.dtype, op); });
+      return std::function<comm::Work()>(
+          [this, b, op] { return comm_->all_reduce(b.data, b.data, b.count, b.dtype, op); });
     });
   }
   at::Tensor& tensor = single_tensor(tensors, "allreduce");

@@ -133,8 +133,9 @@ class DirectoryLock {
   static std::filesystem::path path_in(const std::filesystem::path& dir) { return dir / ".braid-train.lock"; }
   // For a run that failed or saved nothing: where take() made the
   // directory, it still holds this run's lock file, and nothing else is in
-  // it, removes the lock file and the directories take() made. A refused run (a typo in a flag, a missing --data file)
-  // left a new, empty checkpoint directory behind, holding only its lock.
+  // it, removes the lock file and the directories take() made. A refused
+  // run (a typo in a flag, a missing --data file) left a new, empty
+  // checkpoint directory behind, holding only its lock.
   void abandon();
 
  private:
