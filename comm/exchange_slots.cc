@@ -230,6 +230,18 @@ inline void check_signature(const ExchangeContext& c, const std::byte* from, con
   mismatch(c, header, op, peer, bytes, late);
 }
 
+// Copies `peer`'s call header of `seq` (its entry at offset `at`) into
+// `header`, its flag saying `seq` before and after: false where the peer
+// has not published that call, or is rewriting the entry (top of the file).
+inline bool copy_published_header(const SharedSlots& slots, int peer, std::size_t at, std::uint64_t seq,
+                                  std::byte* header) {
+  const std::atomic<std::uint64_t>& flag = slots.flag_at(peer, at);
+  if (flag.load(std::memory_order_acquire) != seq) return false;
+  std::memcpy(header, slots.content_at(peer, at), sizeof(SlotHeader));
+  std::atomic_thread_fence(std::memory_order_acquire);
+  return flag.load(std::memory_order_relaxed) == seq;
+}
+
 }  // namespace
 
 std::string check_early_calls_at_end(ExchangeContext& c, Clock::time_point deadline) {
@@ -249,12 +261,8 @@ std::string check_early_calls_at_end(ExchangeContext& c, Clock::time_point deadl
       } catch (const Error&) {
         continue;  // it closed without reaching the call, which its own error names
       }
-      const std::atomic<std::uint64_t>& flag = slots.flag_at(peer, at);
-      if (flag.load(std::memory_order_acquire) != seq) continue;
       std::byte header[sizeof(SlotHeader)];
-      std::memcpy(header, slots.content_at(peer, at), sizeof header);
-      std::atomic_thread_fence(std::memory_order_acquire);
-      if (flag.load(std::memory_order_relaxed) != seq || theirs.matches(header)) continue;
+      if (!copy_published_header(slots, peer, at, seq, header)) continue;
       try {
         check_signature(c, header, theirs, early, peer, 0);
       } catch (const Error& e) {
@@ -374,13 +382,9 @@ void Exchange::check_early_calls(SharedSlots& slots, std::uint64_t before) {
     const std::size_t at = slots.entry_offset(seq);
     for (int peer = 0; peer < c_.size; ++peer) {
       if (peer == c_.rank) continue;
-      const std::atomic<std::uint64_t>& flag = slots.flag_at(peer, at);
-      if (flag.load(std::memory_order_acquire) != seq) continue;
       std::byte header[sizeof(SlotHeader)];
-      std::memcpy(header, slots.content_at(peer, at), sizeof header);
-      std::atomic_thread_fence(std::memory_order_acquire);
-      if (flag.load(std::memory_order_relaxed) != seq) continue;
-      check_signature(c_, header, theirs, early, peer, 0, &op_);
+      if (copy_published_header(slots, peer, at, seq, header))
+        check_signature(c_, header, theirs, early, peer, 0, &op_);
     }
     early.seq = 0;
   }

@@ -49,7 +49,6 @@
 #include "trainer/checkpoint/layout.h"
 #include "trainer/checkpoint/sharded.h"
 #include "trainer/strategy/compose.h"
-#include "trainer/strategy/strategy.h"
 #include "trainer/train/generate.h"
 #include "trainer/train/memory_plan.h"
 #include "trainer/train/report.h"
@@ -355,9 +354,7 @@ void refuse_ignored(const std::set<std::string>& given, const TrainOptions& o, i
   // has no gradient buckets: the value was taken, recorded, and ignored.
   if (given.count("bucket_mb") != 0 && !o.eval_only && o.consolidate.empty() && o.tp > 0 && o.pp > 0) {
     const int dp = o.dp_size(world_size);
-    const std::string strategy =
-        o.strategy.empty() ? std::string(braid::trainer::strategy_name(braid::trainer::default_strategy(dp)))
-                           : o.strategy;
+    const std::string strategy = braid::trainer::strategy_or_default(o.strategy, dp);
     if (dp <= 1 || (strategy != "ddp" && strategy != "zero1" && strategy != "zero2"))
       throw braid::InvalidUsage("--bucket-mb sizes the gradient buckets of ddp, zero1 and zero2 on 2 or more DP "
                                 "ranks, and this run has " +

@@ -555,31 +555,35 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::enqueue(Call call) {
 
 namespace {
 
-// A view with gaps (every other column of a matrix), which allreduce,
-// broadcast and reduce refused where gloo takes it (a review helper's case).
-bool has_gaps(const std::vector<at::Tensor>& tensors) {
-  return tensors.size() == 1 && tensors[0].layout() == at::kStrided && !tensors[0].is_non_overlapping_and_dense();
+// Whether the one tensor of allreduce, broadcast or reduce is a view with
+// gaps (every other column of a matrix), which they refused where gloo
+// takes it (a review helper's case): it then runs through a flat copy,
+// once refused where it overlaps itself (it is written back).
+bool through_copy(const std::vector<at::Tensor>& tensors, const char* op) {
+  if (tensors.size() != 1 || tensors[0].layout() != at::kStrided || tensors[0].is_non_overlapping_and_dense())
+    return false;
+  check_strided(tensors[0], op, true);
+  return true;
 }
 
 }  // namespace
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::through_flat_copy(
-    c10d::OpType type, at::Tensor& tensor, const char* op, bool reduces,
+    c10d::OpType type, const std::vector<at::Tensor>& tensors, const char* op, bool reduces,
     const std::function<std::function<comm::Work()>(Buffer)>& run) {
-  check_strided(tensor, op, true);
-  std::vector<at::Tensor> outputs{tensor};
-  StagingPool::Lease flat = staging_.take(tensor.numel(), tensor.options());
+  std::vector<at::Tensor> outputs = tensors;
+  StagingPool::Lease flat = staging_.take(total_numel(tensors), tensors[0].options());
   Call call{type, run(reduces ? reducible(flat.tensor, op) : movable(flat.tensor, op)), outputs, {flat.tensor},
             then_reusable([flat = flat.tensor, outputs]() mutable { unflatten(flat, outputs); }, flat.reusable)};
-  call.copies_in([flat = flat.tensor, outputs] { flatten_into(flat, outputs); }, {});  // its outputs already
+  call.copies_in([flat = flat.tensor, tensors] { flatten_into(flat, tensors); }, {});  // they are its outputs
   return enqueue(std::move(call));
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::broadcast(std::vector<at::Tensor>& tensors,
                                                             const c10d::BroadcastOptions& opts) {
-  if (has_gaps(tensors)) {
+  if (through_copy(tensors, "broadcast")) {
     const int root = static_cast<int>(opts.rootRank);
-    return through_flat_copy(c10d::OpType::BROADCAST, tensors[0], "broadcast", false, [this, root](Buffer b) {
+    return through_flat_copy(c10d::OpType::BROADCAST, tensors, "broadcast", false, [this, root](Buffer b) {
       return std::function<comm::Work()>(
           [this, b, root] { return comm_->broadcast(b.data, b.data, b.count, b.dtype, root); });
     });
@@ -594,9 +598,9 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::broadcast(std::vector<at::Tens
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::allreduce(std::vector<at::Tensor>& tensors,
                                                             const c10d::AllreduceOptions& opts) {
-  if (has_gaps(tensors)) {
+  if (through_copy(tensors, "allreduce")) {
     const ReduceOp op = reduce_op(opts.reduceOp, "allreduce");
-    return through_flat_copy(c10d::OpType::ALLREDUCE, tensors[0], "allreduce", true, [this, op](Buffer b) {
+    return through_flat_copy(c10d::OpType::ALLREDUCE, tensors, "allreduce", true, [this, op](Buffer b) {
       return std::function<comm::Work()>(
           [this, b, op] { return comm_->all_reduce(b.data, b.data, b.count, b.dtype, op); });
     });
@@ -620,27 +624,21 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::allreduce_coalesced(std::vecto
       refuse("allreduce_coalesced", "every tensor must have the first one's dtype and device");
   }
   ReduceOp op = reduce_op(opts.reduceOp, "allreduce_coalesced");
-  std::vector<at::Tensor> outputs = tensors;
   auto all_reduce = [this, op](Buffer buffer) {
     return [this, buffer, op] { return comm_->all_reduce(buffer.data, buffer.data, buffer.count, buffer.dtype, op); };
   };
   if (at::Tensor block = one_block(tensors); block.defined())
-    return enqueue({c10d::OpType::ALLREDUCE_COALESCED, all_reduce(reducible(block, "allreduce_coalesced")), outputs,
+    return enqueue({c10d::OpType::ALLREDUCE_COALESCED, all_reduce(reducible(block, "allreduce_coalesced")), tensors,
                     {block}, {}});
-  StagingPool::Lease flat = staging_.take(total_numel(tensors), tensors[0].options());
-  Call call{c10d::OpType::ALLREDUCE_COALESCED, all_reduce(reducible(flat.tensor, "allreduce_coalesced")), outputs,
-            {flat.tensor},
-            then_reusable([flat = flat.tensor, outputs]() mutable { unflatten(flat, outputs); }, flat.reusable)};
-  call.copies_in([flat = flat.tensor, tensors] { flatten_into(flat, tensors); }, {});  // they are its outputs
-  return enqueue(std::move(call));
+  return through_flat_copy(c10d::OpType::ALLREDUCE_COALESCED, tensors, "allreduce_coalesced", true, all_reduce);
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::reduce(std::vector<at::Tensor>& tensors,
                                                          const c10d::ReduceOptions& opts) {
-  if (has_gaps(tensors)) {
+  if (through_copy(tensors, "reduce")) {
     const ReduceOp op = reduce_op(opts.reduceOp, "reduce");
     const int root = static_cast<int>(opts.rootRank);
-    return through_flat_copy(c10d::OpType::REDUCE, tensors[0], "reduce", true, [this, op, root](Buffer b) {
+    return through_flat_copy(c10d::OpType::REDUCE, tensors, "reduce", true, [this, op, root](Buffer b) {
       return std::function<comm::Work()>(
           [this, b, op, root] { return comm_->reduce(b.data, b.data, b.count, b.dtype, op, root); });
     });

@@ -225,10 +225,12 @@ class ProcessGroupBraid : public c10d::ProcessGroup {
     }
   };
   c10::intrusive_ptr<c10d::Work> enqueue(Call call);
-  // allreduce, broadcast or reduce (`reduces`: the first and last) of a view
-  // with gaps, as gloo takes it: run(buffer) on a flat copy of `tensor`,
+  // A call (`reduces`: one that reduces) on `tensors` that are views with
+  // gaps, as gloo takes them (allreduce_coalesced's, or the one tensor of
+  // allreduce, broadcast or reduce): run(buffer) on a flat copy of them,
   // copied in as the call is issued and back once it has run.
-  c10::intrusive_ptr<c10d::Work> through_flat_copy(c10d::OpType type, at::Tensor& tensor, const char* op, bool reduces,
+  c10::intrusive_ptr<c10d::Work> through_flat_copy(c10d::OpType type, const std::vector<at::Tensor>& tensors,
+                                                   const char* op, bool reduces,
                                                    const std::function<std::function<comm::Work()>(Buffer)>& run);
   c10::intrusive_ptr<c10d::Work> gather_list(c10d::OpType type, const char* op, const at::Tensor& input,
                                              std::vector<at::Tensor> results, std::string runs_as);

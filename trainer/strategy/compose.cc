@@ -9,6 +9,10 @@ namespace braid::trainer {
 
 StrategyKind default_strategy(int world_size) { return world_size > 1 ? StrategyKind::kDdp : StrategyKind::kNone; }
 
+std::string strategy_or_default(const std::string& given, int dp_size) {
+  return given.empty() ? std::string(strategy_name(default_strategy(dp_size))) : given;
+}
+
 std::unique_ptr<Strategy> make_strategy(StrategyKind kind, const StrategySetup& setup) {
   const int world = setup.comm != nullptr ? setup.comm->size() : 1;
   if (kind == StrategyKind::kNone) {

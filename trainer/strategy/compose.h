@@ -4,6 +4,7 @@
 #pragma once
 
 #include <memory>
+#include <string>
 
 #include "trainer/strategy/strategy.h"
 
@@ -16,5 +17,8 @@ std::unique_ptr<Strategy> make_strategy(StrategyKind kind, const StrategySetup& 
 // The kind a run uses when --strategy is not given: none on one process,
 // ddp on several.
 StrategyKind default_strategy(int world_size);
+// --strategy as given, or default_strategy's name for `dp_size` DP ranks
+// where it is empty (the name is checked where it is parsed).
+std::string strategy_or_default(const std::string& given, int dp_size);
 
 }  // namespace braid::trainer

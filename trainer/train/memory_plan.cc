@@ -96,7 +96,7 @@ constexpr double kThreadsReserveBytes = 32.0 * (1 << 20);
 
 MemoryNeed memory_need(const TrainOptions& o, int world_size) {
   const int dp = std::max(1, o.dp_size(world_size));
-  const StrategyKind kind = o.strategy.empty() ? default_strategy(dp) : parse_strategy(o.strategy);
+  const StrategyKind kind = parse_strategy(strategy_or_default(o.strategy, dp));
   MemoryNeed worst;
   for (int stage = 0; stage < o.pp; ++stage) {
     const MemoryNeed need = stage_need(o, kind, dp, stage);

@@ -30,8 +30,7 @@ namespace {
 // What this run will use under `o` in a world of `world_size` ranks.
 SavedLayout effective_layout(const TrainOptions& o, int world_size) {
   const int dp = o.dp_size(world_size);
-  const std::string strategy = o.strategy.empty() ? std::string(strategy_name(default_strategy(dp))) : o.strategy;
-  return {strategy, dp, o.tp, o.pp};
+  return {strategy_or_default(o.strategy, dp), dp, o.tp, o.pp};
 }
 
 // "--strategy and --tp from the command line", or "" when none is given.

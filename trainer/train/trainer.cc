@@ -100,7 +100,7 @@ StrategySetup strategy_setup(const TrainOptions& o, MemoryAccount* memory) {
 }
 
 StrategyKind strategy_kind(const TrainOptions& o, int dp_size) {
-  return o.strategy.empty() ? default_strategy(dp_size) : parse_strategy(o.strategy);
+  return parse_strategy(strategy_or_default(o.strategy, dp_size));
 }
 
 std::unique_ptr<Strategy> build_strategy(const TrainOptions& o, comm::Communicator* comm, MemoryAccount* memory) {
