@@ -2,6 +2,10 @@
 // and refusal of truncated or corrupt files without touching anything.
 #include <catch2/catch.hpp>
 
+#include <sys/inotify.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <cstring>
 #include <fstream>
@@ -304,6 +308,40 @@ std::vector<std::string> names_in(const fs::path& dir) {
   for (const auto& e : fs::directory_iterator(dir)) names.push_back(e.path().filename().string());
   std::sort(names.begin(), names.end());
   return names;
+}
+
+// A file written again ends as open(2) with O_TRUNC leaves it: its
+// permissions kept, a link kept with its target replaced (braid-bench's
+// --json took this from a copy of its own, which did both; the
+// checkpoints' replaced a link with a file and reset the permissions).
+TEST_CASE("an atomic file keeps a replaced file's permissions and a link", "[checkpoint]") {
+  test::TempDir dir;
+  auto mode_of = [](const fs::path& p) {
+    struct stat st {};
+    REQUIRE(::stat(p.c_str(), &st) == 0);
+    return st.st_mode & 07777;
+  };
+  const mode_t mask = ::umask(022);
+  write_file_atomically(dir / "new", "1");
+  CHECK(mode_of(dir / "new") == 0644);
+  REQUIRE(::chmod((dir / "new").c_str(), 0640) == 0);
+  write_file_atomically(dir / "new", "2");
+  CHECK(mode_of(dir / "new") == 0640);
+  ::umask(mask);
+  fs::create_directory(dir / "elsewhere");
+  fs::create_symlink("elsewhere/../new", dir / "link");
+  fs::create_symlink("link", dir / "link2");
+  write_file_atomically(dir / "link2", "3");
+  CHECK(fs::is_symlink(dir / "link2"));
+  CHECK(fs::is_symlink(dir / "link"));
+  CHECK(read_bytes(dir / "new") == "3");
+  CHECK(mode_of(dir / "new") == 0640);
+  fs::create_symlink("made-by-write", dir / "dangling");
+  write_file_atomically(dir / "dangling", "4");
+  CHECK(fs::is_symlink(dir / "dangling"));
+  CHECK(read_bytes(dir / "made-by-write") == "4");
+  CHECK(names_in(dir.path()) ==
+        std::vector<std::string>{"dangling", "elsewhere", "link", "link2", "made-by-write", "new"});
 }
 
 // A run resumed from an earlier step writes the same step numbers again: the

@@ -25,6 +25,7 @@
 #include "comm/communicator.h"
 #include "tools/bench/device.h"
 #include "tools/bench/verify.h"
+#include "runtime/atomic_file.h"
 #include "runtime/config.h"
 #include "runtime/errors.h"
 #include "runtime/memory_limits.h"
@@ -443,14 +444,14 @@ class OutputFile {
       return;
     }
     std::error_code ec;
-    // A link to a regular file stays a link: its target is replaced.
-    target_ = there ? std::filesystem::canonical(path, ec).string() : path;
+    // Where AtomicFile will write: through a link, its target's directory.
+    const std::filesystem::path target = there ? std::filesystem::canonical(path, ec) : std::filesystem::path(path);
     if (ec) fail("cannot open", ec.value());
-    std::string dir = std::filesystem::path(target_).parent_path().string();
+    std::string dir = target.parent_path().string();
     if (dir.empty()) dir = ".";
-    if (::access(dir.c_str(), W_OK | X_OK) != 0 || (there && ::access(target_.c_str(), W_OK) != 0))
+    if (::access(dir.c_str(), W_OK | X_OK) != 0 || (there && ::access(target.c_str(), W_OK) != 0))
       fail("cannot open", errno);
-    mode_ = there ? st.st_mode & 07777 : 0;
+    staged_ = true;
   }
   ~OutputFile() {
     if (file_) std::fclose(file_);
@@ -470,39 +471,15 @@ class OutputFile {
       if (!written) fail("could not write", err);
       return;
     }
-    if (target_.empty()) return;
-    std::string staged = target_ + ".XXXXXX";
-    const int fd = ::mkstemp(staged.data());
-    if (fd < 0) fail("could not write", errno);
-    mode_t mode = mode_;
-    if (mode == 0) {  // a new file, as fopen makes one: 0666 less the umask
-      const mode_t mask = ::umask(0);
-      ::umask(mask);
-      mode = 0666 & ~mask;
+    if (!std::exchange(staged_, false)) return;
+    try {
+      AtomicFile file(path_);  // keeps the replaced file's permissions and a link
+      file.write(text.data(), text.size());
+      file.commit();
+    } catch (const Error& e) {
+      throw SystemError("could not write the " + std::string(flag_) + " file '" + path_ + "': " + e.what() +
+                        "; give a path in an existing, writable directory on a file system with space");
     }
-    std::size_t done = 0;
-    bool written = ::fchmod(fd, mode) == 0;
-    while (written && done < text.size()) {
-      const ssize_t n = ::write(fd, text.data() + done, text.size() - done);
-      if (n < 0 && errno == EINTR) continue;
-      written = n > 0;
-      if (written) done += static_cast<std::size_t>(n);
-    }
-    written = written && ::fsync(fd) == 0;
-    int err = errno;
-    if (::close(fd) != 0 && written) {
-      written = false;
-      err = errno;
-    }
-    if (written && ::rename(staged.c_str(), target_.c_str()) != 0) {
-      written = false;
-      err = errno;
-    }
-    if (!written) {
-      ::unlink(staged.c_str());
-      fail("could not write", err);
-    }
-    target_.clear();
   }
 
  private:
@@ -512,8 +489,7 @@ class OutputFile {
   }
   const char* flag_;
   std::string path_;
-  std::string target_;  // the regular file written at the end; empty when written through file_
-  mode_t mode_ = 0;     // the replaced file's permissions; 0 for a new file
+  bool staged_ = false;  // a regular file (or a new one), written by AtomicFile at the end
   std::FILE* file_ = nullptr;
 };
 

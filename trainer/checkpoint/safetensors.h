@@ -47,10 +47,13 @@
 
 #include <nlohmann/json.hpp>
 
+namespace braid {
+struct WriteProgress;  // runtime/atomic_file.h
+}  // namespace braid
+
 namespace braid::trainer {
 
 using Metadata = std::map<std::string, std::string>;
-struct WriteProgress;  // atomic_file.h
 
 struct TensorToWrite {
   std::string name;
