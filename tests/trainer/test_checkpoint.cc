@@ -435,6 +435,43 @@ TEST_CASE("pruning never removes the step just written, and orders steps by numb
   CHECK(names_in(wide.path()) == std::vector<std::string>{"latest", "step_100000000", "step_100000001"});
 }
 
+// A prune removed a step file by file under its own name: a run killed
+// midway left step_N with state.json beside part of its files, listed as a
+// step written whole. The step is renamed step_N.pruned first (seen here
+// through inotify: the directory moves before any file of it goes), and a
+// .pruned leftover is never a step and goes at the next prune.
+TEST_CASE("a step is pruned by a rename before its files go", "[checkpoint]") {
+  test::TempDir dir;
+  const Saved a(1);
+  a.save(dir.path(), 1);
+  a.save(dir.path(), 2);
+  const int fd = ::inotify_init1(IN_NONBLOCK | IN_CLOEXEC);
+  REQUIRE(fd >= 0);
+  REQUIRE(::inotify_add_watch(fd, (dir / "step_00000001").c_str(), IN_MOVE_SELF | IN_DELETE | IN_DELETE_SELF) >= 0);
+  a.save(dir.path(), 3);  // keep 2: step 1 goes
+  std::vector<std::uint32_t> events;
+  alignas(inotify_event) char buffer[4096];
+  for (ssize_t n; (n = ::read(fd, buffer, sizeof buffer)) > 0;) {
+    for (char* p = buffer; p < buffer + n; p += sizeof(inotify_event) + reinterpret_cast<inotify_event*>(p)->len)
+      events.push_back(reinterpret_cast<inotify_event*>(p)->mask & (IN_MOVE_SELF | IN_DELETE | IN_DELETE_SELF));
+  }
+  ::close(fd);
+  REQUIRE(events.size() >= 2);
+  CHECK(events.front() == IN_MOVE_SELF);
+  CHECK(std::count(events.begin(), events.end(), IN_DELETE) >= 3);  // model, optimizer, state
+  CHECK(names_in(dir.path()) == std::vector<std::string>{"latest", "step_00000002", "step_00000003"});
+
+  // What a prune killed after its rename leaves: a step name with a state file.
+  fs::create_directories(dir / "step_00000002.pruned");
+  write_bytes(dir / "step_00000002.pruned" / "state.json", read_bytes(dir / "step_00000002" / "state.json"));
+  fs::rename(dir / "step_00000003", dir / "step_00000003.pruned");
+  fs::remove(dir / "latest");
+  CHECK(layout::newest_complete_step(dir.path()) == dir / "step_00000002");
+  CHECK(layout::is_step_name("step_00000002.pruned"));
+  a.save(dir.path(), 4);
+  CHECK(names_in(dir.path()) == std::vector<std::string>{"latest", "step_00000002", "step_00000004"});
+}
+
 // A save may fail after it published its step (writing `latest` on a full
 // disk): the error said "`latest` names the last step written whole" when
 // `latest` named an older step, or did not exist. It says what the

@@ -160,9 +160,10 @@ namespace {
 
 constexpr std::string_view kStagingSuffix = ".partial";
 constexpr std::string_view kReplacedSuffix = ".replaced";
+constexpr std::string_view kPrunedSuffix = ".pruned";
 
-// What a name under DIR is: a step directory, a leftover of one (.partial
-// or .replaced), or nothing of ours.
+// What a name under DIR is: a step directory, a leftover of one (.partial,
+// .replaced, .pruned), or nothing of ours.
 struct StepEntry {
   enum Kind { kNone, kStep, kLeftover } kind = kNone;
   std::int64_t step = 0;
@@ -176,7 +177,8 @@ StepEntry classify(std::string_view name) {
   if (ec != std::errc() || end == name.data() || step < 0) return {};
   const std::string_view rest(end, static_cast<std::size_t>(name.data() + name.size() - end));
   if (rest.empty()) return {StepEntry::kStep, step};
-  if (rest == kStagingSuffix || rest == kReplacedSuffix) return {StepEntry::kLeftover, step};
+  if (rest == kStagingSuffix || rest == kReplacedSuffix || rest == kPrunedSuffix)
+    return {StepEntry::kLeftover, step};
   return {};
 }
 
@@ -229,7 +231,20 @@ void prune_steps(const fs::path& dir, std::int64_t committed, int keep) {
   std::sort(older.begin(), older.end(), std::greater<>());
   for (std::size_t i = static_cast<std::size_t>(std::max(keep, 1) - 1); i < older.size(); ++i)
     doomed.push_back(dir / step_dir_name(older[i]));
-  for (const fs::path& p : doomed) fs::remove_all(p);
+  // A step goes by one rename first, then its files: removed file by file
+  // under its own name, a prune killed midway left step_N holding
+  // state.json beside half its shards, listed as a step written whole.
+  // Its .pruned name is a leftover, removed by the next prune.
+  for (fs::path p : doomed) {
+    if (const StepEntry e = classify(p.filename().string()); e.kind == StepEntry::kStep) {
+      const fs::path aside = with_suffix(dir, e.step, kPrunedSuffix);
+      std::error_code ec;
+      fs::remove_all(aside, ec);  // an earlier prune's, killed before it removed it
+      fs::rename(p, aside);
+      p = aside;
+    }
+    fs::remove_all(p);
+  }
 }
 
 std::optional<fs::path> enclosing_step(const fs::path& dir) {

@@ -13,7 +13,8 @@
 // old directory whole, never file by file. The rename swaps the two
 // directories atomically (renameat2 RENAME_EXCHANGE) where the file system
 // can; elsewhere the old directory is moved aside first, so a crash between
-// the two renames leaves DIR/step_N.replaced and no DIR/step_N.
+// the two renames leaves DIR/step_N.replaced and no DIR/step_N. A step
+// pruned is renamed DIR/step_N.pruned before its files go.
 #pragma once
 
 #include <optional>
@@ -40,7 +41,7 @@ inline constexpr const char* kManifestFile = "manifest.json";
 std::string step_dir_name(std::int64_t step);
 // Whether `name` is one a save owns in a checkpoint directory: a step's
 // directory (step_<N>), or its staging or set-aside copy (step_<N>.partial,
-// step_<N>.replaced).
+// step_<N>.replaced, step_<N>.pruned).
 bool is_step_name(std::string_view name);
 // DIR/step_<step>.partial, where a save of `step` writes its files.
 std::filesystem::path staging_dir(const std::filesystem::path& dir, std::int64_t step);
@@ -83,7 +84,9 @@ std::filesystem::path publish_step(const std::filesystem::path& dir, std::int64_
 
 // Keeps `committed` and the newest keep - 1 complete steps before it, and
 // removes the older ones, the incomplete step directories before it and the
-// leftovers (.partial, .replaced) of steps up to it. Steps after `committed`
+// leftovers (.partial, .replaced, .pruned) of steps up to it; a step goes
+// by a rename to step_N.pruned first, so a prune killed midway never
+// leaves a step directory with some of its files. Steps after `committed`
 // are another run's (this one went back to an earlier step) and stay: they
 // are not this run's to prune.
 void prune_steps(const std::filesystem::path& dir, std::int64_t committed, int keep);
