@@ -324,7 +324,7 @@ void print_sample(braid::trainer::Trainer& trainer, const TrainOptions& o) {
   const std::string text = braid::trainer::generate(trainer.model(), o.prompt, o.sample_bytes, o.temperature, o.seed);
   if (trainer.rank() == 0) {
     std::printf("--- sample (%d bytes, temperature %g) ---\n%s%s\n", o.sample_bytes, o.temperature, o.prompt.c_str(),
-                text.c_str());
+                braid::trainer::terminal_safe(text).c_str());
   }
 }
 

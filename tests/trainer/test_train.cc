@@ -7,6 +7,7 @@
 #include <cstring>
 
 #include "model_fixtures.h"
+#include "trainer/train/generate.h"
 #include "trainer/train/trainer.h"
 
 namespace braid::trainer {
@@ -119,6 +120,19 @@ TEST_CASE("clipping scales the gradients to the maximum norm", "[train]") {
   CHECK(g[1] == Approx(0.8));
   clip_grads(g, 1.0, 2.0f);
   CHECK(g[0] == Approx(0.6));
+}
+
+// --sample prints what a byte model made: control bytes would drive the
+// terminal (ESC sequences, a NUL that cut printf's text short).
+TEST_CASE("a sample's bytes reach the terminal as text", "[train]") {
+  using namespace std::string_literals;
+  CHECK(terminal_safe("line one\n\tline two") == "line one\n\tline two");
+  CHECK(terminal_safe("\x1b[2Jgone"s) == "\\x1b[2Jgone");
+  CHECK(terminal_safe("a\0b\rc\x7f"s) == "a\\x00b\\x0dc\\x7f");
+  CHECK(terminal_safe("caf\xc3\xa9 \xe2\x82\xac \xf0\x9f\x98\x80"s) == "caf\xc3\xa9 \xe2\x82\xac \xf0\x9f\x98\x80");
+  CHECK(terminal_safe("\xc2\x9b" "31m"s) == "\\xc2\\x9b31m");                // C1 CSI, as UTF-8
+  CHECK(terminal_safe("\x9b\xff\xc3"s) == "\\x9b\\xff\\xc3");               // stray and cut-short bytes
+  CHECK(terminal_safe("\xc0\xaf\xed\xa0\x80"s) == "\\xc0\\xaf\\xed\\xa0\\x80");  // overlong, surrogate
 }
 
 TEST_CASE("FLOPs and memory follow the documented formulas", "[train]") {
