@@ -585,7 +585,9 @@ class SharedCheckpointDir : public braid::trainer::TrainObserver {
 int run(const TrainOptions& o, const braid::runtime::RankInfo& info, braid::trainer::DirectoryLock* lock) {
   namespace t = braid::trainer;
   t::validate(o);
-  if (!o.consolidate.empty()) return consolidate(o);
+  // Under a launcher, rank 0 alone: every rank wrote the same --out, each
+  // replacing the last, and each said so (a review helper's case).
+  if (!o.consolidate.empty()) return info.rank == 0 ? consolidate(o) : 0;
   t::set_cuda_local_rank(info.local_rank);
   // Before the memory check, which plans a rank's share of that layout: an
   // int overflow of the kernels' indices is its own message.

@@ -46,6 +46,16 @@ TEST_CASE("braid-train --tp 2 --pp 2 reports the mesh and consolidates its check
   const std::string consolidate = std::string(train) + " --consolidate " + ckpt + " --out " + out + " > /dev/null";
   CHECK(std::system(consolidate.c_str()) == 0);
   CHECK(read_weights_config(out).n_layer == 2);
+  // The same under the launcher: rank 0 alone writes it (every rank did).
+  const std::string launched = (job.path() / "launched.safetensors").string();
+  const braid::test::LaunchResult written = braid::test::run_launch(
+      job, braid::test::shell_job(4, "exec " + std::string(train) + " --consolidate " + ckpt + " --out " + launched, job));
+  INFO(written.out << written.err);
+  CHECK(written.status == 0);
+  const std::string said = "wrote the weights of step 2 of " + ckpt + " to " + launched;
+  CHECK(written.out.find(said) != std::string::npos);
+  CHECK(written.out.find(said) == written.out.rfind(said));
+  CHECK(read_weights_config(launched).n_layer == 2);
   // --dp 2 alone fits neither the saved tp 2 x pp 2 nor tp 1 x pp 1: "this
   // run uses ddp on dp=2 tp=1 pp=1", then "--dp 2 x --tp 1 x --pp 1 is not
   // the world", hid the saved axes it dropped (a review helper's case).
