@@ -297,6 +297,7 @@ std::string StatusBoard::describe_peer(int peer, std::uint64_t seq) {
 // beat; if there are none, the ones inside an earlier call and beating.
 std::string StatusBoard::holder(const Op& op, int size) {
   if (!store_ || op.kind == OpKind::send || op.kind == OpKind::recv) return {};
+  if (!unanswered().empty()) return {};  // describe_peer said so
   const auto deadline = Clock::now() + budget() + kSilence;
   try {
     const auto before = read_all(size, deadline);
@@ -344,8 +345,10 @@ std::string StatusBoard::holder(const Op& op, int size) {
     if (!stopped.empty() && !absent.empty()) return stopped + ", " + absent;
     if (!stopped.empty() || !absent.empty()) return stopped + absent;
     return behind;
-  } catch (const Error&) {
-    return {};
+  } catch (const Error& e) {
+    // The store stopped answering while the heartbeats were watched: the
+    // diagnosis lost its last clause without a word (a review helper's case).
+    return std::string("not known: ") + e.what();
   }
 }
 

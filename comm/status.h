@@ -88,7 +88,9 @@ class StatusBoard {
   // to #589, and its heartbeat stood still ...)" or "rank 2
   // (last entered barrier #3, and running: ...)". Takes 600 ms (it watches
   // the heartbeats) plus the budget. Empty when no rank stands out, the
-  // store did not answer, or `op` is point-to-point.
+  // store had already failed to answer (describe_peer says so), or `op` is
+  // point-to-point; "not known: <why>" when the store stops answering
+  // while it watches.
   std::string holder(const Op& op, int size);
   // The host names of a communicator across hosts, by rank: holder() then
   // names each rank's ("rank 2 (on node1, inside ...)").

@@ -1,9 +1,12 @@
 // Pieces of comm/ that need no peers: the wire check, the chunk layout, the
 // pause of the waits for the GPU, and the structural rule that algorithms
-// include no transport header.
+// include no transport header; the status board's diagnosis when the store
+// stops answering.
 #include <catch2/catch.hpp>
 
+#include <chrono>
 #include <cstring>
+#include <thread>
 
 #include <cstdlib>
 #include <filesystem>
@@ -12,7 +15,9 @@
 
 #include "comm/algorithms/algorithms.h"
 #include "comm/poll_pause.h"
+#include "comm/status.h"
 #include "comm/wire.h"
+#include "runtime/store.h"
 #include "tools/bench/verify.h"
 
 using namespace braid;
@@ -193,4 +198,30 @@ TEST_CASE("the bench's expected reductions differ between neighbouring elements 
           for (std::size_t i = 0; i < verify::input_period(); ++i)
             CHECK(std::to_integer<int>(*table.reduction(i)) != 0xa5);
       }
+}
+
+// holder() watches the peers' heartbeats for 500 ms; a store that stopped
+// answering in that time (its server, rank 0 without a launcher, died)
+// left the timeout's message without its last clause, without a word.
+TEST_CASE("the status board says the holder is not known when the store stops answering while it watches") {
+  using namespace std::chrono_literals;
+  auto server = std::make_unique<runtime::StoreServer>("127.0.0.1", 0, "status-token");
+  auto store = std::make_shared<runtime::Store>("127.0.0.1", server->port(), "status-token", 5s);
+  store->set_request_timeout(2s);
+  StatusBoard board(store, "unit", 0, 2);
+  Op op;
+  op.kind = OpKind::all_reduce;
+  op.seq = 1;
+  std::thread stop([&] {
+    std::this_thread::sleep_for(200ms);
+    server.reset();
+  });
+  const auto start = std::chrono::steady_clock::now();
+  const std::string said = board.holder(op, 2);
+  stop.join();
+  CHECK_THAT(said, Catch::StartsWith("not known: "));
+  CHECK(std::chrono::steady_clock::now() - start < 4s);
+  // Asked again, the board does not wait on the store: describe_peer names it.
+  CHECK(board.holder(op, 2).empty());
+  CHECK_THAT(board.describe_peer(1, 1), Catch::StartsWith("could not be asked: the store did not answer"));
 }
