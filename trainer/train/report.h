@@ -41,9 +41,10 @@ class ProgressPrinter : public TrainObserver {
 // is written, unix seconds with microseconds), timestamp (the same instant,
 // ISO-8601 UTC, "2026-11-24T08:50:01.123456Z"), loss, lr, grad_norm,
 // tokens_per_s, step_ms, this rank's bytes_sent and bytes_received in the
-// step, theory_bytes_sent / theory_bytes_received and traffic_ratio (sent /
-// theory; absent when the theory is 0), comm_wait_ms and comm_wait_fraction
-// (of the step), val_loss (on evaluation steps), peak_memory_bytes by
+// step in its data-parallel group (the strategy's traffic; tp's and pp's
+// are each under "groups"), theory_bytes_sent / theory_bytes_received and
+// traffic_ratio (sent / theory; absent when the theory is 0), comm_wait_ms
+// and comm_wait_fraction (of the step, in the same group), val_loss (on evaluation steps), peak_memory_bytes by
 // category, and "groups": for each of dp, tp, pp with more than one rank,
 // its ranks, bus_bytes (counted at each call), theory_bus_bytes,
 // transport_bytes_sent and wait_ms; under --tp / --pp also "mesh": this rank's stage's bubble
