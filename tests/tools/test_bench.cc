@@ -198,16 +198,16 @@ TEST_CASE("braid-bench stops with a named error when --json or --csv cannot be w
 
 // A reduce has no output off its root, but its input must stay: a
 // non-root's send buffer went unchecked (a review helper's case). A library
-// that flips a bit of it after each call (reduce_shim.cc) is caught there,
+// that flips a bit of it after each call (fault_shim.cc) is caught there,
 // out of place; in place, where a non-root's buffer is the library's, it
 // is not looked at.
 TEST_CASE("braid-bench counts a non-root reduce that changed its send buffer", "[bench]") {
-  const char* shim = std::getenv("BRAID_REDUCE_SHIM");
+  const char* shim = std::getenv("BRAID_FAULT_SHIM");
   REQUIRE(shim != nullptr);  // set by meson test
   JobDir dir;
   LaunchedJob job(dir, {"--nproc-per-node", "2", "--", bench_path(), "--coll", "reduce", "-b", "64", "-e", "64",
                         "-n", "1", "-w", "0", "-c", "1", "-r", "0", "--memcpy_bytes", "0"},
-                  {{"LD_PRELOAD", std::string(shim)}});
+                  {{"LD_PRELOAD", std::string(shim)}, {"FAULT_SHIM", "reduce_send"}});
   const int status = job.wait(std::chrono::seconds(30));
   INFO(job.out() << job.err());
   CHECK(status != 0);

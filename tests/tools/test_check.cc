@@ -114,3 +114,67 @@ TEST_CASE("braid-check: a wrong transport fails the mismatch mode; counts past m
     CHECK_THAT(job.err(), Catch::Contains(words));
   }
 }
+
+// The checker checked: a library that breaks one promise (fault_shim.cc)
+// must be reported, on the rank that sees it, with exit status 1. A write
+// past the end of a buffer, an f32 result through bf16's precision and a
+// write into a non-root's reduce receive buffer each read "0 wrong" (a
+// review helper's cases).
+TEST_CASE("braid-check reports a library that writes past a buffer, loses precision or writes an unused buffer",
+          "[check]") {
+  const char* shim = std::getenv("BRAID_FAULT_SHIM");
+  REQUIRE(shim != nullptr);  // set by meson test
+  struct Fault {
+    const char* name;
+    std::vector<std::string> flags;
+    std::string report;
+  };
+  const std::vector<Fault> faults = {
+      {"all_reduce_overrun", {"--colls", "all_reduce", "--dtypes", "f32,i64"},
+       "recv: 8 of the 64 bytes past its end were written"},
+      {"all_reduce_bf16", {"--colls", "all_reduce", "--dtypes", "f32"}, "WRONG all_reduce f32 sum count 97"},
+      {"reduce_recv", {"--colls", "reduce", "--dtypes", "i64"}, "recv (not the root's: unused)[0]: written (0)"},
+  };
+  for (const Fault& f : faults) {
+    INFO(f.name);
+    JobDir dir;
+    std::vector<std::string> args = {"--nproc-per-node", "2", "--", check_path(), "--counts", "1,97", "--ops", "sum"};
+    args.insert(args.end(), f.flags.begin(), f.flags.end());
+    LaunchedJob job(dir, args, {{"LD_PRELOAD", std::string(shim)}, {"FAULT_SHIM", f.name}});
+    const int status = job.wait(std::chrono::seconds(60));
+    INFO(job.out() << job.err());
+    CHECK(status == 1);
+    CHECK_THAT(job.out(), Catch::Contains(f.report));
+  }
+  // The same run with the real library alone is clean.
+  JobDir dir;
+  LaunchedJob clean(dir, {"--nproc-per-node", "2", "--", check_path(), "--counts", "1,97", "--ops", "sum", "--colls",
+                          "all_reduce,reduce"},
+                    {{"LD_PRELOAD", std::string(shim)}});
+  CHECK(clean.wait(std::chrono::seconds(60)) == 0);
+}
+
+// Without --barrier-dir a barrier runs but nothing shows whether it held
+// the ranks: it printed "ok barrier" and counted as a case checked. On one
+// process, --expect-mismatch has no peer to differ from: its call
+// completed and was reported as braid's fault.
+TEST_CASE("braid-check says a barrier without --barrier-dir ran unchecked, and refuses a mismatch of one rank",
+          "[check]") {
+  JobDir dir;
+  LaunchedJob job(dir, {"--nproc-per-node", "2", "--", check_path(), "--colls", "barrier,all_gather", "--counts",
+                        "1", "--dtypes", "i64", "-v"});
+  const int status = job.wait(std::chrono::seconds(60));
+  INFO(job.out() << job.err());
+  CHECK(status == 0);
+  CHECK(count_of(job.out(), "2 cases, 0 wrong (0 wrong elements); 3 barrier round(s) ran unchecked "
+                            "(give --barrier-dir)") == 2);
+  CHECK(count_of(job.out(), "ran barrier, not checked") == 6);
+  CHECK_THAT(job.out(), !Catch::Contains("ok barrier"));
+
+  LaunchedJob alone(dir, {"--nproc-per-node", "1", "--", check_path(), "--expect-mismatch", "count"});
+  const int alone_status = alone.wait(std::chrono::seconds(60));
+  INFO(alone.out() << alone.err());
+  CHECK(alone_status == 2);
+  CHECK_THAT(alone.err(), Catch::Contains("--expect-mismatch needs at least 2 ranks"));
+  CHECK_THAT(alone.out(), !Catch::Contains("WRONG"));
+}

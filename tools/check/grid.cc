@@ -1,8 +1,10 @@
 // Each collective is checked the same way: fill the inputs from the value
 // model, fill what the call must overwrite with a sentinel, run the call,
 // then compare every element it had to write with the model's expectation
-// and every element it had to leave alone (an out-of-place call's input)
-// with what was there before.
+// and every element it had to leave alone (an out-of-place call's input, a
+// non-root's receive buffer of a reduce) with what was there before. Every
+// buffer has 64 guard bytes on each side, checked after the call: a write
+// past either end showed nowhere (a review helper's case).
 #include "tools/check/grid.h"
 
 #include <algorithm>
@@ -25,22 +27,49 @@ constexpr std::size_t kExamples = 3;
 constexpr const char* kKindNames[] = {"all_reduce", "reduce_scatter", "all_gather", "broadcast",
                                       "reduce",     "all_to_all",     "send_recv",  "barrier"};
 
-// A host buffer from the heap or, registered, from Communicator::allocate.
+// A host buffer from the heap or, registered, from Communicator::allocate,
+// between two guards of kGuard bytes (64: the buffer keeps the alignment
+// of what it comes from).
+constexpr std::size_t kGuard = 64;
+constexpr std::byte kGuardByte{0x5A};
+
 class Buffer {
  public:
-  Buffer(std::size_t bytes, bool registered) : registered_(registered) {
-    const std::size_t size = bytes > 0 ? bytes : 64;  // a valid pointer for count 0 too
-    data_ = static_cast<std::byte*>(registered ? comm::Communicator::allocate(size) : ::operator new(size));
+  Buffer(std::size_t bytes, bool registered) : bytes_(bytes), registered_(registered) {
+    const std::size_t size = bytes + 2 * kGuard;
+    base_ = static_cast<std::byte*>(registered ? comm::Communicator::allocate(size) : ::operator new(size));
+    std::fill(base_, base_ + kGuard, kGuardByte);
+    std::fill(base_ + kGuard + bytes, base_ + size, kGuardByte);
   }
-  ~Buffer() { registered_ ? comm::Communicator::deallocate(data_) : ::operator delete(data_); }
+  ~Buffer() { registered_ ? comm::Communicator::deallocate(base_) : ::operator delete(base_); }
   Buffer(const Buffer&) = delete;
   Buffer& operator=(const Buffer&) = delete;
-  std::byte* data() { return data_; }
+  std::byte* data() { return base_ + kGuard; }
+
+  // Guard bytes no longer as they were: before the buffer, after it.
+  std::pair<std::size_t, std::size_t> damaged_guards() const {
+    auto damaged = [](const std::byte* p) {
+      return static_cast<std::size_t>(std::count_if(p, p + kGuard, [](std::byte b) { return b != kGuardByte; }));
+    };
+    return {damaged(base_), damaged(base_ + kGuard + bytes_)};
+  }
 
  private:
-  std::byte* data_;
+  std::byte* base_;
+  std::size_t bytes_;
   bool registered_;
 };
+
+// Counts each damaged guard of `buffer` as one wrong element.
+void expect_guards(Outcome& out, const char* what, const Buffer& buffer) {
+  const auto [before, after] = buffer.damaged_guards();
+  for (const auto& [bytes, where] : {std::pair{before, "before its start"}, std::pair{after, "past its end"}}) {
+    if (bytes == 0) continue;
+    if (out.wrong++ < kExamples)
+      out.examples.push_back(std::string(what) + ": " + std::to_string(bytes) + " of the " + std::to_string(kGuard) +
+                             " bytes " + where + " were written");
+  }
+}
 
 // Compares buffer[first, first + count) with want(index), index counted from
 // the buffer's start.
@@ -52,8 +81,8 @@ void expect(Outcome& out, const char* what, const void* buffer, std::size_t firs
     const auto got = load(buffer, index, dtype);
     if (got && *got == wanted) continue;
     if (out.wrong++ < kExamples)
-      out.examples.push_back(std::string(what) + "[" + std::to_string(index) + "]: expected " + std::to_string(wanted) +
-                             ", got " + show(buffer, index, dtype));
+      out.examples.push_back(std::string(what) + "[" + std::to_string(index) + "]: expected " +
+                             show_value(wanted, dtype) + ", got " + show(buffer, index, dtype));
   }
 }
 
@@ -64,6 +93,20 @@ auto inputs_of(int rank, int ranks, DataType dtype) {
 
 void fill_inputs(void* buffer, std::size_t count, int rank, int ranks, DataType dtype) {
   for (std::size_t i = 0; i < count; ++i) store(buffer, i, dtype, input_value(rank, i, ranks, dtype));
+}
+
+// Elements [0, count) of a buffer filled with the sentinel, which the call
+// had to leave alone.
+void expect_sentinel(Outcome& out, const char* what, const void* buffer, std::size_t count, DataType dtype) {
+  const std::size_t es = dtype_bytes(dtype);
+  const auto* bytes = static_cast<const std::byte*>(buffer);
+  for (std::size_t index = 0; index < count; ++index) {
+    if (std::all_of(bytes + index * es, bytes + (index + 1) * es, [](std::byte b) { return b == kSentinelByte; }))
+      continue;
+    if (out.wrong++ < kExamples)
+      out.examples.push_back(std::string(what) + "[" + std::to_string(index) + "]: written (" +
+                             show(buffer, index, dtype) + ")");
+  }
 }
 
 }  // namespace
@@ -167,6 +210,8 @@ Outcome Checker::all_reduce(const Case& c) {
   expect(o, "recv", out, 0, c.count, c.dtype,
          [&](std::size_t i) { return reduced_value(i, ranks_, c.dtype, c.op); });
   if (!c.in_place) expect(o, "send (input)", send.data(), 0, c.count, c.dtype, inputs_of(rank_, ranks_, c.dtype));
+  expect_guards(o, "send", send);
+  expect_guards(o, "recv", recv);
   return o;
 }
 
@@ -186,6 +231,8 @@ Outcome Checker::reduce_scatter(const Case& c) {
            [&](std::size_t i) { return reduced_value(mine + i, ranks_, c.dtype, c.op); });
     expect(o, "send (input)", send.data(), 0, total, c.dtype, inputs_of(rank_, ranks_, c.dtype));
   }
+  expect_guards(o, "send", send);
+  expect_guards(o, "recv", recv);
   return o;
 }
 
@@ -201,6 +248,8 @@ Outcome Checker::all_gather(const Case& c) {
     return input_value(static_cast<int>(j / c.count), j % c.count, ranks_, c.dtype);
   });
   if (!c.in_place) expect(o, "send (input)", send.data(), 0, c.count, c.dtype, inputs_of(rank_, ranks_, c.dtype));
+  expect_guards(o, "send", send);
+  expect_guards(o, "recv", recv);
   return o;
 }
 
@@ -215,6 +264,8 @@ Outcome Checker::broadcast(const Case& c) {
   Outcome o;
   expect(o, "recv", out, 0, c.count, c.dtype, inputs_of(c.root, ranks_, c.dtype));
   if (!c.in_place) expect(o, "send (input)", send.data(), 0, c.count, c.dtype, inputs_of(rank_, ranks_, c.dtype));
+  expect_guards(o, "send", send);
+  expect_guards(o, "recv", recv);
   return o;
 }
 
@@ -229,7 +280,11 @@ Outcome Checker::reduce(const Case& c) {
   if (rank_ == c.root)  // only the root's receive buffer is defined
     expect(o, "recv", out, 0, c.count, c.dtype,
            [&](std::size_t i) { return reduced_value(i, ranks_, c.dtype, c.op); });
+  else if (!c.in_place)  // and a non-root's is not the library's to write (NCCL's callers pass any)
+    expect_sentinel(o, "recv (not the root's: unused)", recv.data(), c.count, c.dtype);
   if (!c.in_place) expect(o, "send (input)", send.data(), 0, c.count, c.dtype, inputs_of(rank_, ranks_, c.dtype));
+  expect_guards(o, "send", send);
+  expect_guards(o, "recv", recv);
   return o;
 }
 
@@ -246,6 +301,8 @@ Outcome Checker::all_to_all(const Case& c) {
     return input_value(static_cast<int>(j / c.count), mine + j % c.count, ranks_, c.dtype);
   });
   if (!c.in_place) expect(o, "send (input)", send.data(), 0, total, c.dtype, inputs_of(rank_, ranks_, c.dtype));
+  expect_guards(o, "send", send);
+  expect_guards(o, "recv", recv);
   return o;
 }
 
@@ -261,11 +318,13 @@ Outcome Checker::send_recv(const Case& c) {
       fill_inputs(send.data(), c.count, rank_, ranks_, c.dtype);
       comm_.send(send.data(), c.count, c.dtype, dst).wait();
       expect(o, "send (input)", send.data(), 0, c.count, c.dtype, inputs_of(rank_, ranks_, c.dtype));
+      expect_guards(o, "send", send);
     } else if (rank_ == dst) {
       Buffer recv(bytes, registered_);
       fill_sentinel(recv.data(), c.count, c.dtype);
       comm_.recv(recv.data(), c.count, c.dtype, src).wait();
       expect(o, "recv", recv.data(), 0, c.count, c.dtype, inputs_of(src, ranks_, c.dtype));
+      expect_guards(o, "recv", recv);
     }
   }
   // Then a ring shift, every rank at once: each posts its receive before
@@ -278,6 +337,8 @@ Outcome Checker::send_recv(const Case& c) {
   comm_.send(send.data(), c.count, c.dtype, next).wait();
   received.wait();
   expect(o, "recv (ring shift)", recv.data(), 0, c.count, c.dtype, inputs_of(prev, ranks_, c.dtype));
+  expect_guards(o, "send (ring shift)", send);
+  expect_guards(o, "recv (ring shift)", recv);
   return o;
 }
 
@@ -301,7 +362,10 @@ Outcome Checker::barrier() {
   }
   comm_.barrier().wait();
   Outcome o;
-  if (barrier_dir_.empty()) return o;
+  if (barrier_dir_.empty()) {
+    o.checked = false;  // it ran and returned: the order it promises is seen only through --barrier-dir
+    return o;
+  }
   for (int r = 0; r < ranks_; ++r)
     if (!fs::exists(mark(round, r)) && o.wrong++ < kExamples)
       o.examples.push_back("rank " + std::to_string(r) + " had not reached barrier round " + std::to_string(round) +

@@ -48,6 +48,7 @@ std::vector<Case> make_grid(const GridSpec& spec, int ranks);
 struct Outcome {
   std::size_t wrong = 0;              // elements that differ from the expectation
   std::vector<std::string> examples;  // the first few, "recv[5]: expected 7, got 6"
+  bool checked = true;                // false: the call ran, nothing could be compared (a barrier without a folder)
 };
 
 class Checker {
