@@ -36,6 +36,14 @@ flags=$(PKG_CONFIG_PATH=$(dirname "$pc") PKG_CONFIG_SYSROOT_DIR="$tmp/root" pkg-
 echo "install test: c++ -std=c++20 client.cc $flags"
 # shellcheck disable=SC2086  # the flags are words, as in the README's command line
 c++ -std=c++20 "$tmp/client.cc" $flags -o "$tmp/client"
+# braid.pc names no -std (it overrode a newer one the program chose), and
+# an older one is refused by name, not with errors of the headers' types.
+echo "$flags" | grep -q -- '-std=' && fail "braid.pc sets a language standard: $flags"
+# shellcheck disable=SC2086
+if c++ -std=c++17 -fsyntax-only "$tmp/client.cc" $flags >"$tmp/cxx17.log" 2>&1; then
+  fail "C++17 compiled the client"
+fi
+grep -q "braid's headers need C++20" "$tmp/cxx17.log" || fail "C++17 was not refused by name: $(head -5 "$tmp/cxx17.log")"
 
 # A host-only client of a CUDA build loads no CUDA runtime: neither it nor
 # the libraries it links name one (comm loads its CUDA part at run time).
