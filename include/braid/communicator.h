@@ -110,6 +110,14 @@ class Communicator {
   // form to the peers, which may pass either; it runs the ring or one-shot
   // as the flat form would, never the direct collective.
   Work all_gather(const void* send, std::span<void* const> recv, std::size_t send_count, DataType dtype);
+  // A mismatch of a small broadcast (one that fits a slot, the one-shot
+  // algorithm) is found late, unlike every other call's: the root returns
+  // once it has published, and a rank whose call differs from the root's
+  // fails at once, buffers untouched; the others get the root's data and
+  // fail at their next call that waits for every rank. Two ranks that each
+  // name themselves the root keep their own data; where no later call finds
+  // that (the job's last call), destroying the communicator logs it as an
+  // error. README.md ("one-shot broadcast") says why.
   Work broadcast(const void* send, void* recv, std::size_t count, DataType dtype, int root, Stream stream = {});
   Work reduce(const void* send, void* recv, std::size_t count, DataType dtype, ReduceOp op, int root,
               Stream stream = {});
