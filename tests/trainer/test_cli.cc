@@ -133,7 +133,7 @@ TEST_CASE("inputs that are not files and outputs that would replace an input are
   struct Case {
     std::string args, message;
   };
-  const std::vector<Case> cases = {
+  std::vector<Case> cases = {
       {kTiny + "--steps 1 --init-from " + fifo.string(), "checkpoint " + fifo.string() + " is a FIFO, not a file"},
       {kTiny + "--steps 1 --config " + fifo.string(), "--config " + fifo.string() + " is a FIFO"},
       {kTiny + "--steps 1 --config " + dir.path().string(), "is a directory; name a JSON file"},
@@ -174,6 +174,18 @@ TEST_CASE("inputs that are not files and outputs that would replace an input are
        "a step directory of the checkpoint directory"},
   };
   fs::create_directories(dir / "ck4" / "step_00000001");
+  // The default corpus's directory, every run without --data reads: weights
+  // written over one of its files changed it (a review helper's case). A
+  // name no file there has, so that a check that failed adds a file the
+  // corpus skips (it has an extension) and replaces none; through a link too.
+  const fs::path corpus_file = fs::path(kDefaultCorpusDir) / "braid-test-output.jsonl";
+  fs::create_symlink(corpus_file, dir / "to-corpus.jsonl");
+  if (fs::is_directory(kDefaultCorpusDir)) {
+    cases.push_back({kTiny + "--steps 1 --metrics " + corpus_file.string(),
+                     "lies in /usr/share/games/fortunes, the default corpus every run without --data reads"});
+    cases.push_back({kTiny + "--steps 1 --data " + text.string() + " --init-out " + (dir / "to-corpus.jsonl").string(),
+                     "lies in /usr/share/games/fortunes, the default corpus"});
+  }
   for (const Case& c : cases) {
     INFO("braid-train " << c.args);
     const Run r = test::run_shell(dir, "timeout 30 " + std::string(std::getenv("BRAID_TRAIN")) + " " + c.args);
@@ -187,6 +199,9 @@ TEST_CASE("inputs that are not files and outputs that would replace an input are
   CHECK_FALSE(fs::exists(step / ".braid-train.lock"));
   CHECK(read_text(ckpt / "latest") == "step_00000002\n");
   CHECK_FALSE(fs::exists(dir / "ck2" / "step_00000001"));
+  CHECK_FALSE(fs::exists(corpus_file));
+  std::error_code ignored;
+  fs::remove(corpus_file, ignored);
   // A file of another name beside the steps is the user's (nanoGPT keeps
   // its logs in out_dir).
   CHECK(braid_train(dir, kTiny + "--data " + text.string() + " --steps 1 --checkpoint-dir " + (dir / "ck3").string() +

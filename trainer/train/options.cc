@@ -17,6 +17,7 @@
 #include "runtime/errors.h"
 #include "trainer/checkpoint/atomic_file.h"
 #include "trainer/checkpoint/layout.h"
+#include "trainer/data/text_data.h"
 #include "trainer/strategy/pp_schedule.h"
 #include "trainer/strategy/strategy.h"
 
@@ -328,6 +329,14 @@ void validate_outputs(const TrainOptions& o) {
     std::error_code resolved;
     if (const fs::path canonical = fs::weakly_canonical(real, resolved); !resolved) real = canonical;
     const fs::path parent = real.parent_path().empty() ? fs::path(".") : real.parent_path();
+    // The default corpus is every file there (text_data.h): --data was
+    // compared above, the directory every run without it reads was not, and
+    // "--init-out /usr/share/games/fortunes/art" replaced part of it with
+    // weights (a review helper's case).
+    std::error_code in_corpus;
+    require(!fs::equivalent(parent, kDefaultCorpusDir, in_corpus),
+            std::string(flag) + " " + *path + " lies in " + kDefaultCorpusDir + ", the default corpus every run "
+                "without --data reads: writing there would change it; name a file elsewhere");
     require(!is_checkpoint_root(parent, o) || !owned_by_checkpoints(real.filename().string()),
             std::string(flag) + " " + *path + " is " + real.filename().string() + " of the checkpoint directory " +
                 parent.string() + ", a name its saves own (latest, the lock, step_N): writing it would break "
