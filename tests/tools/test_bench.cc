@@ -214,6 +214,24 @@ TEST_CASE("braid-bench counts a non-root reduce that changed its send buffer", "
   CHECK_THAT(job.out(), Catch::Contains("Out of bounds values : 1 FAILED"));
 }
 
+// Once a peer had stopped (SIGSTOP) and the call waiting for it timed
+// out, every call issued after it was refused one at a time: with a large
+// -n braid-bench went on issuing them at full CPU for minutes after the
+// error (a review helper's case). It stops within a few calls.
+TEST_CASE("braid-bench stops soon after a peer times out, whatever -n", "[bench][abuse]") {
+  JobDir dir;
+  const std::string bench = bench_path() + " -b 8 -e 8 -n 100000000 -w 0 -c 0 --memcpy_bytes 0";
+  const std::string script = "if [ \"$BRAID_RANK\" = 1 ]; then " + bench +
+                             " & pid=$!; sleep 2; kill -STOP $pid; wait $pid; exit $?; fi; exec " + bench;
+  const auto started = std::chrono::steady_clock::now();
+  const LaunchResult run = run_launch(dir, shell_job(2, script, dir), {{"BRAID_TIMEOUT", "3"}});
+  const auto took = std::chrono::steady_clock::now() - started;
+  INFO(run.out << run.err);
+  CHECK(run.status == 1);
+  CHECK_THAT(run.err, Catch::Contains("rank 1"));
+  CHECK(took < std::chrono::seconds(20));
+}
+
 // The --json file failed to write and the --csv file was never tried: it
 // was left behind empty, and only the first was named.
 TEST_CASE("braid-bench writes --csv when --json cannot be written, and names the one that failed", "[bench][abuse]") {

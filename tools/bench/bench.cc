@@ -242,11 +242,21 @@ class Runner {
     for (int i = 0; i < o_.warmup; ++i) issue(in_place).wait();
     comm_.barrier().wait();
     auto start = std::chrono::steady_clock::now();
-    Work last;
+    // A call from kProbeEvery calls back is tested now and then: once the
+    // communicator has failed (a peer timed out), the calls issued after it
+    // are each refused, and -n 100000000 went on issuing them for minutes
+    // at full CPU after the error (a review helper's case).
+    constexpr long kProbeEvery = 256;
+    Work last, probe;
+    long calls = 0;
     for (int i = 0; i < o_.iters; ++i)
       for (int k = 0; k < o_.agg_iters; ++k) {
         last = issue(in_place);
         if (o_.blocking) last.wait();
+        if (++calls % kProbeEvery == 0) {
+          if (probe.valid()) probe.test();  // throws the call's error
+          probe = last;
+        }
       }
     const auto issued = std::chrono::steady_clock::now();
     if (o_.cuda) bench_device::synchronize(o_.null_stream);
