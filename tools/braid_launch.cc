@@ -265,6 +265,9 @@ int main(int argc, char** argv) {
   CliExtras extras;
   double timeout_s = 0;
   double grace_s = 5;
+  // A flag given twice takes the last value, as torchrun's argparse does
+  // (CLI11 refused it: "At Most 1 required but received 2").
+  app.option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
   add_options(app, options, extras, timeout_s, grace_s);
   app.footer(
       "Ranks get BRAID_RANK, BRAID_WORLD_SIZE, BRAID_LOCAL_RANK, BRAID_LOCAL_WORLD_SIZE,\n"

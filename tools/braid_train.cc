@@ -631,6 +631,10 @@ int main(int argc, char** argv) {
   }
   TrainOptions options;
   CLI::App app{"braid-train: trains a byte-level GPT (GPT-2 shape) on one process or data-parallel"};
+  // A flag given twice takes the last value, as argparse (torchrun,
+  // nanoGPT) and getopt (braid-bench) do; CLI11 refused it ("At Most 1
+  // required but received 2").
+  app.option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
   add_model_flags(app, options);
   add_run_flags(app, options);
   add_invocation_flags(app, options);

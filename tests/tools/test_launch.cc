@@ -1331,6 +1331,11 @@ TEST_CASE("braid-launch takes torchrun's spellings, --standalone and --nproc-per
   CHECK_THAT(bad.err, Catch::Contains("must be a number of ranks or 'auto'"));
   auto two_nodes = run_launch(dir, {"--nproc-per-node", "1", "--standalone", "--nnodes", "2", "--", "true"});
   CHECK(two_nodes.status == 2);
+  // A flag given twice takes the last value, as torchrun's argparse does.
+  auto twice = run_launch(dir, {"-n", "1", "--nproc_per_node", "2", "--", "/bin/sh", "-c", "echo \"world $WORLD_SIZE\""});
+  INFO(twice.out << twice.err);
+  CHECK(twice.status == 0);
+  CHECK_THAT(twice.out, Catch::Contains("world 2"));
 }
 
 // torchrun's usual lines: a script it runs with Python (`torchrun

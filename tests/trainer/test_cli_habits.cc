@@ -80,6 +80,12 @@ TEST_CASE("nanoGPT's underscore spellings, --out_dir and --log_interval drive th
   const Run bad = braid_train(dir, "--log_interval -1 --steps 1");
   CHECK(bad.rc == 2);
   CHECK_THAT(bad.err, Catch::Contains("--log-interval"));
+
+  // A flag given twice takes the last value, as argparse does (CLI11
+  // refused it: "At Most 1 required but received 2"), under either spelling.
+  const Run twice = braid_train(dir, dashed + " --steps 2 --max_iters 3");
+  CHECK(twice.rc == 0);
+  CHECK_THAT(twice.err, Catch::Contains("step 3/3"));
 }
 
 TEST_CASE("--config FILE repeats a run from its checkpoint's config.json; flags override it", "[cli][habits]") {
