@@ -101,6 +101,10 @@ TEST_CASE("missing, empty and non-regular data files are refused clearly", "[dat
   CHECK_THAT(message(dir / "empty"), Catch::Contains("is empty"));
   CHECK_THAT(message(dir.path()), Catch::Contains("not a regular file"));
   CHECK_THROWS_AS(load_default_corpus(dir / "nope"), InvalidUsage);
+  // A link loop was "does not exist" (a review helper's case).
+  fs::create_symlink("loop", dir / "loop");
+  CHECK_THAT(message(dir / "loop"),
+             Catch::Contains("cannot be reached: Too many levels of symbolic links") && !Catch::Contains("does not exist"));
   write(dir / "text", "hello");
   CHECK(load_text_file(dir / "text").bytes.size() == 5);
 }

@@ -1,6 +1,7 @@
 #include "trainer/data/text_data.h"
 
 #include <algorithm>
+#include <cerrno>
 #include <fstream>
 #include <iterator>
 #include <string_view>
@@ -19,8 +20,12 @@ std::uint64_t TextCorpus::fingerprint() const {
 namespace {
 
 void append_file(const fs::path& path, std::vector<std::uint8_t>& out) {
+  errno = 0;
   std::ifstream in(path, std::ios::binary);
-  if (!in) throw InvalidUsage("cannot open data file " + path.string() + " for reading; check --data");
+  // With the reason (Permission denied): it was left out (a review helper's case).
+  if (!in)
+    throw InvalidUsage(errno_message("cannot open data file " + path.string() + " for reading", errno) +
+                       "; check --data");
   out.insert(out.end(), std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
   if (in.bad()) throw SystemError("reading data file " + path.string() + " failed");
 }
@@ -29,6 +34,9 @@ void append_file(const fs::path& path, std::vector<std::uint8_t>& out) {
 
 TextCorpus load_text_file(const fs::path& path) {
   std::error_code ec;
+  // A link loop or a directory that cannot be searched is no missing file.
+  if (!fs::exists(path, ec) && ec && ec != std::errc::no_such_file_or_directory)
+    throw InvalidUsage("data file " + path.string() + " cannot be reached: " + ec.message() + "; check --data");
   if (!fs::exists(path, ec)) throw InvalidUsage("data file " + path.string() + " does not exist; check --data");
   if (!fs::is_regular_file(path, ec)) {
     throw InvalidUsage("data file " + path.string() + " is not a regular file; pass a text file to --data");
