@@ -67,6 +67,12 @@ std::vector<std::string> program_arguments(std::vector<std::string> rest) {
     rest.erase(rest.begin());
   } else if (!rest.empty() && rest.front().starts_with("-")) {
     const std::string option = rest.front().substr(0, rest.front().find('='));  // --monitor_interval=5
+    // Before a '--' it is braid-launch's own, which it does not have (a
+    // torchrun option such as --tee): "put the program after '--'" told a
+    // user who had (a review helper's case).
+    if (std::find(rest.begin(), rest.end(), "--") != rest.end())
+      throw braid::InvalidUsage("unknown option '" + option + "': braid-launch has no such option (--help lists "
+                                "them; each rank's output is prefixed and kept with --log-dir)");
     throw braid::InvalidUsage("unknown option '" + option + "'; put the program and its arguments after '--'");
   }
   return rest;

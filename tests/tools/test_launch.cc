@@ -1401,8 +1401,9 @@ TEST_CASE("braid-launch names a torchrun-only option before or after -n, and a m
   const std::vector<std::pair<std::vector<std::string>, std::string>> refused = {
       {{"--redirects", "9:1", "--tee", "9:1", "--nproc_per_node", "1", "--", "true"}, "unknown option '--redirects'"},
       {{"--role", "trainer", "-n", "1", "true"}, "unknown option '--role'"},
-      {{"-n", "1", "--tee", "3", "--", "true"}, "unknown option '--tee'"},
-      {{"-n", "1", "--monitor_interval=5", "true"}, "unknown option '--monitor_interval';"},
+      {{"-n", "1", "--tee", "3", "--", "true"}, "unknown option '--tee': braid-launch has no such option"},
+      {{"-n", "1", "--monitor_interval=5", "true"},
+       "unknown option '--monitor_interval'; put the program and its arguments after '--'"},
       {{"--", "true"}, "--nproc-per-node (-n) is required"},
       {{}, "--nproc-per-node (-n) is required"},
       // Given, but empty (a variable that expanded to nothing), or not in
