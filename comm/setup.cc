@@ -213,7 +213,8 @@ Plan plan_transports(const Communicator::Impl& impl) {
     throw InvalidUsage("BRAID_TRANSPORT=shm, but rank(s) " + remote_list + " run on another host than rank " +
                        std::to_string(impl.rank) + "; use BRAID_TRANSPORT=auto to reach them over TCP or RDMA");
   if (mode == "auto" && !remote_list.empty()) choose_between_hosts(impl, plan, remote);
-  if (plan.why.empty()) plan.why = "BRAID_TRANSPORT=" + mode;
+  if (plan.why.empty())  // logged after "BRAID_TRANSPORT=<mode>": it read "BRAID_TRANSPORT=auto (BRAID_TRANSPORT=auto)"
+    plan.why = mode == "auto" ? "one host: shm to every peer" : "as set";
   return plan;
 }
 
