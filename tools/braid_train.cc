@@ -454,6 +454,18 @@ void print_start(braid::trainer::Trainer& trainer, const braid::runtime::RankInf
                  t::describe_rank_map(trainer.mesh()->groups().shape).c_str());
   }
   std::fputs((t::format_rank_map(ranks) + t::format_memory_table(ranks, true)).c_str(), stderr);
+  // A small file's validation split repeated its few windows without a
+  // word (a review helper's case: 2 windows drawn 4000 times).
+  const std::size_t val_bytes = t::split(corpus).val.size(), T = static_cast<std::size_t>(o.model.block_size);
+  const std::size_t windows = val_bytes > T ? val_bytes - T : 0;
+  const long long sequences = static_cast<long long>(o.eval_batches) * o.batch_size;
+  if (windows > 0 && static_cast<unsigned long long>(sequences) > windows) {
+    std::fprintf(stderr,
+                 "braid-train: note: an evaluation draws %lld sequences (--eval-batches %d x --batch-size %d), "
+                 "but the validation split (the last 10%% of the data, %zu bytes) holds %zu distinct windows of "
+                 "%d bytes: they repeat; use more data for a validation loss that means more\n",
+                 sequences, o.eval_batches, o.batch_size, val_bytes, windows, o.model.block_size);
+  }
   if (trainer.step() >= o.steps) {
     std::fprintf(stderr,
                  "braid-train: nothing to train: the run starts at step %lld%s and --steps is %lld; "

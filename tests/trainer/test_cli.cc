@@ -786,5 +786,20 @@ TEST_CASE("--sample generates the same text for the same seed", "[cli]") {
   CHECK(a.out != greedy.out);
 }
 
+// A small file's validation split repeated its few windows without a word.
+TEST_CASE("a validation split with fewer windows than an evaluation draws is noted", "[cli]") {
+  if (!have_binary()) return;
+  test::TempDir dir;
+  const fs::path text = write_text(dir, 2000);  // 200 bytes of validation: 168 windows of 32
+  const Run few = braid_train(dir, kTiny + "--steps 1 --data " + text.string() + " --eval-batches 50");
+  REQUIRE(few.rc == 0);
+  CHECK_THAT(few.err, Catch::Contains("an evaluation draws 200 sequences (--eval-batches 50 x --batch-size 4), but "
+                                      "the validation split (the last 10% of the data, 200 bytes) holds 168 distinct "
+                                      "windows of 32 bytes: they repeat"));
+  const Run enough = braid_train(dir, kTiny + "--steps 1 --data " + text.string() + " --eval-batches 40");
+  REQUIRE(enough.rc == 0);
+  CHECK_THAT(enough.err, !Catch::Contains("they repeat"));
+}
+
 }  // namespace
 }  // namespace braid::trainer
