@@ -494,6 +494,16 @@ TEST_CASE("abuse: a refused run removes the checkpoint directory it made, and on
   r = braid_train(dir, kTiny + "--steps 1 --lr 0 --checkpoint-dir " + (dir / "kept").string());
   CHECK(r.rc == 2);
   CHECK(fs::is_directory(dir / "kept"));
+  // Nor does it leave its lock file in a directory that was there (it named
+  // a process long gone); an earlier run's stays.
+  const std::string missing = " --data " + (dir / "missing.txt").string();
+  r = braid_train(dir, kTiny + "--steps 1 --checkpoint-dir " + (dir / "kept").string() + missing);
+  CHECK(r.rc == 2);
+  CHECK(fs::is_empty(dir / "kept"));
+  std::ofstream(dir / "kept" / ".braid-train.lock") << "braid-train pid 1 on an earlier run\n";
+  r = braid_train(dir, kTiny + "--steps 1 --checkpoint-dir " + (dir / "kept").string() + missing);
+  CHECK(r.rc == 2);
+  CHECK(fs::exists(dir / "kept" / ".braid-train.lock"));
   // A resume with nothing to train saves nothing either (a review helper's
   // case): exit 0, and no directory holding only the lock file.
   REQUIRE(braid_train(dir, kTiny + "--steps 1 --checkpoint-dir " + (dir / "ck").string()).rc == 0);

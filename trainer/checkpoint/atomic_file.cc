@@ -168,7 +168,11 @@ std::unique_ptr<DirectoryLock> DirectoryLock::take(const fs::path& dir, const st
   // The lock file is opened in the directory held, so that the two are one
   // directory whatever renames it meanwhile.
   const int dir_fd = ::open(dir.c_str(), O_PATH | O_DIRECTORY | O_CLOEXEC);
-  const int fd = dir_fd < 0 ? -1 : ::openat(dir_fd, ".braid-train.lock", O_RDWR | O_CREAT | O_CLOEXEC, 0666);
+  // Made here, or an earlier run's (which abandon() leaves).
+  int fd = dir_fd < 0 ? -1 : ::openat(dir_fd, ".braid-train.lock", O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
+  const bool lock_made = fd >= 0;
+  if (fd < 0 && dir_fd >= 0 && errno == EEXIST)
+    fd = ::openat(dir_fd, ".braid-train.lock", O_RDWR | O_CREAT | O_CLOEXEC, 0666);
   if (fd < 0) {
     spdlog::warn("cannot create {} ({}): another run writing checkpoints into {} at the same time goes unnoticed",
                  path.string(), std::strerror(errno), dir.string());
@@ -204,6 +208,7 @@ std::unique_ptr<DirectoryLock> DirectoryLock::take(const fs::path& dir, const st
     spdlog::debug("cannot record the holder in {}: {}", path.string(), std::strerror(errno));
   std::unique_ptr<DirectoryLock> lock(new DirectoryLock(fd, DirectoryHold::adopt(dir_fd, dir), dir, holder));
   lock->made_ = std::move(missing);
+  lock->lock_made_ = lock_made;
   return lock;
 }
 
@@ -212,7 +217,7 @@ DirectoryLock::~DirectoryLock() {
 }
 
 void DirectoryLock::abandon() {
-  if (made_.empty() || fd_ < 0) return;
+  if ((made_.empty() && !lock_made_) || fd_ < 0) return;
   std::error_code ec;
   for (const fs::directory_entry& entry : fs::directory_iterator(dir_, ec))
     if (entry.path().filename() != ".braid-train.lock") return;  // a step, a shard: the run wrote there
@@ -225,6 +230,10 @@ void DirectoryLock::abandon() {
   // is refused by the lock; one that comes after finds no directory, or
   // makes its own, which the rmdir below then leaves alone.
   if (::unlink(path_in(dir_).c_str()) != 0) return;
+  lock_made_ = false;
+  // A directory that was there stays, as it was: a refused run left its
+  // lock file, naming a process long gone (a review helper's case).
+  if (made_.empty()) return;
   for (fs::path p = without_trailing_slash(dir_); !p.empty() && p.has_filename(); p = p.parent_path()) {
     if (::rmdir(p.c_str()) != 0 || p == made_) break;
   }

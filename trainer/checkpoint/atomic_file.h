@@ -81,9 +81,9 @@ class DirectoryLock {
   // naming the run), and its path.
   std::string text() const { return holder_ + "\n"; }
   static std::filesystem::path path_in(const std::filesystem::path& dir) { return dir / ".braid-train.lock"; }
-  // For a run that failed or saved nothing: where take() made the
-  // directory, it still holds this run's lock file, and nothing else is in
-  // it, removes the lock file and the directories take() made. A refused
+  // For a run that failed or saved nothing: where the directory still
+  // holds this run's lock file and nothing else, removes the lock file if
+  // take() made it, and the directories take() made. A refused
   // run (a typo in a flag, a missing --data file) left a new, empty
   // checkpoint directory behind, holding only its lock.
   void abandon();
@@ -95,6 +95,7 @@ class DirectoryLock {
   std::filesystem::path dir_;
   std::string holder_;
   std::filesystem::path made_;  // the outermost directory take() made; empty where `dir_` was there
+  bool lock_made_ = false;      // take() made the lock file (an earlier run's stays)
 };
 
 // Runs a save into `dir` as save(at), `at` being the path through which
