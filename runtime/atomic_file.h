@@ -14,7 +14,6 @@
 #include <atomic>
 #include <cstdint>
 #include <filesystem>
-#include <span>
 #include <string>
 #include <string_view>
 
