@@ -39,6 +39,15 @@
 // peer.
 #pragma once
 
+// The one public header that needs C++20 (std::span): older standards read
+// its declarations as errors of their own ("std::span has not been
+// declared"). braid.pc sets no -std, so a newer standard the program
+// chose stays. (dtype.h and the others stay C++17: the CUDA kernels,
+// compiled by nvcc, include them.)
+#if __cplusplus < 202002L
+#error "braid's headers need C++20: compile with -std=c++20 (or later)"
+#endif
+
 #include <chrono>
 #include <cstddef>
 #include <cstdint>

@@ -9,13 +9,6 @@
 // while the operation stays queued.
 #pragma once
 
-// C++17 and older read this header's types as errors of their own
-// ("std::span has not been declared"); braid.pc sets no -std, so a newer
-// standard chosen by the program stays.
-#if __cplusplus < 202002L
-#error "braid's headers need C++20: compile with -std=c++20 (or later)"
-#endif
-
 #include <chrono>
 #include <memory>
 
