@@ -98,11 +98,8 @@ void fill_inputs(void* buffer, std::size_t count, int rank, int ranks, DataType 
 // Elements [0, count) of a buffer filled with the sentinel, which the call
 // had to leave alone.
 void expect_sentinel(Outcome& out, const char* what, const void* buffer, std::size_t count, DataType dtype) {
-  const std::size_t es = dtype_bytes(dtype);
-  const auto* bytes = static_cast<const std::byte*>(buffer);
   for (std::size_t index = 0; index < count; ++index) {
-    if (std::all_of(bytes + index * es, bytes + (index + 1) * es, [](std::byte b) { return b == kSentinelByte; }))
-      continue;
+    if (is_sentinel(buffer, index, dtype)) continue;
     if (out.wrong++ < kExamples)
       out.examples.push_back(std::string(what) + "[" + std::to_string(index) + "]: written (" +
                              show(buffer, index, dtype) + ")");

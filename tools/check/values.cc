@@ -39,8 +39,6 @@ constexpr std::int64_t kF32Scale = 256;
 
 }  // namespace
 
-std::int64_t scale(DataType dtype) { return dtype == DataType::f32 ? kF32Scale : 1; }
-
 std::int64_t input_value(int rank, std::size_t index, int ranks, DataType dtype) {
   std::int64_t value = base(index) + 2 * static_cast<std::int64_t>((static_cast<std::size_t>(rank) + index) % ranks);
   if (dtype == DataType::i64) return value + high(index);
@@ -95,13 +93,11 @@ std::string show_value(std::int64_t value, DataType dtype) {
 }
 
 std::string show(const void* buffer, std::size_t i, DataType dtype) {
-  const std::size_t bytes = dtype_bytes(dtype);
-  const auto* element = static_cast<const std::byte*>(buffer) + i * bytes;
-  if (std::all_of(element, element + bytes, [](std::byte b) { return b == kSentinelByte; }))
-    return "the sentinel (not written)";
+  if (is_sentinel(buffer, i, dtype)) return "the sentinel (not written)";
   if (auto value = load(buffer, i, dtype)) return show_value(*value, dtype);
+  const std::size_t bytes = dtype_bytes(dtype);
   std::uint64_t bits = 0;
-  std::memcpy(&bits, element, bytes);
+  std::memcpy(&bits, static_cast<const std::byte*>(buffer) + i * bytes, bytes);
   double number = NAN;
   if (dtype == DataType::f32) number = static_cast<const float*>(buffer)[i];
   if (dtype == DataType::bf16) number = std::bit_cast<float>(static_cast<std::uint32_t>(bits) << 16);
@@ -112,6 +108,12 @@ std::string show(const void* buffer, std::size_t i, DataType dtype) {
     std::snprintf(text, sizeof text, "bits 0x%0*llx", static_cast<int>(2 * bytes),
                   static_cast<unsigned long long>(bits));
   return text;
+}
+
+bool is_sentinel(const void* buffer, std::size_t i, DataType dtype) {
+  const std::size_t bytes = dtype_bytes(dtype);
+  const auto* element = static_cast<const std::byte*>(buffer) + i * bytes;
+  return std::all_of(element, element + bytes, [](std::byte b) { return b == kSentinelByte; });
 }
 
 void fill_sentinel(void* buffer, std::size_t count, DataType dtype) {

@@ -32,8 +32,7 @@
 
 namespace braid::check {
 
-// Values are in units of 1 / scale(dtype): 256 for f32, 1 for the others.
-std::int64_t scale(DataType dtype);
+// Values are in units of 1/256 for f32, of 1 for the others (above).
 std::int64_t input_value(int rank, std::size_t index, int ranks, DataType dtype);
 // The reduction over all ranks of element `index`: sum, max or avg.
 std::int64_t reduced_value(std::size_t index, int ranks, DataType dtype, ReduceOp op);
@@ -57,6 +56,8 @@ std::string show(const void* buffer, std::size_t i, DataType dtype);
 // Fills `count` elements with a byte pattern no input has (0xA5...): an
 // element a collective should have written and did not shows as wrong.
 inline constexpr std::byte kSentinelByte{0xA5};
+// Whether buffer[i] still holds the sentinel.
+bool is_sentinel(const void* buffer, std::size_t i, DataType dtype);
 void fill_sentinel(void* buffer, std::size_t count, DataType dtype);
 
 }  // namespace braid::check
