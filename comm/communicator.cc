@@ -267,6 +267,14 @@ Communicator::~Communicator() {
   if (impl_ && impl_->born_in != forks.load(std::memory_order_relaxed)) new auto(std::move(impl_));
 }
 
+void Communicator::abort(const std::string& reason) {
+  if (impl_->born_in != forks.load(std::memory_order_relaxed))
+    throw InvalidUsage("rank " + std::to_string(impl_->rank) +
+                       ", abort: this communicator was made in the process this one was forked from; a forked "
+                       "child cannot abort it (its connections are the parent's)");
+  impl_->abort_by_caller(reason);
+}
+
 int Communicator::rank() const { return impl_->rank; }
 int Communicator::size() const { return impl_->size; }
 std::chrono::milliseconds Communicator::timeout() const { return impl_->timeout; }

@@ -321,7 +321,10 @@ struct Communicator::Impl {
   // other than 0 (refused on device memory).
   StagedInput stage_reduce_scatter_at_start(Op& op) const;
   void note_choice(OpKind kind, const Algorithm& algorithm);
+  // Closes the transports after a failure, telling the peers `reason`.
   void abort(const std::string& reason);
+  // Communicator::abort (engine.cc).
+  void abort_by_caller(const std::string& reason);
 };
 
 // Builds the transports of a communicator whose identity, store and hosts are set.

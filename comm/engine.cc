@@ -376,6 +376,7 @@ std::exception_ptr Communicator::Impl::fail(const Op& op, std::exception_ptr raw
   auto error = with_context(op, rank, std::move(raw), status.get(), scope_note);
   abort(message_of(error));
   std::lock_guard lock(mu);
+  deferred_abort.clear();  // an abort that waited for this call: done now
   if (!failure) failure = error;
   gate.fetch_or(kBusy, std::memory_order_relaxed);  // no lean call after a failure
   return error;
@@ -464,6 +465,35 @@ void Communicator::Impl::abort(const std::string& reason) {
   if (status) status->publish_abort(reason);
   for (auto& t : transports) t->farewell(reason);
   for (auto& t : transports) t->shutdown();
+}
+
+// Communicator::abort, from any thread. The failure is set at once, so
+// that queued and later calls are refused; the transports close now where
+// no call runs. A call that runs (in the worker, inline or lean in the
+// caller's thread) still uses them: closing them under it would race with
+// it, so its waits are cut short instead (the flag, the slots' cancel, a
+// wake of a sleeping transport) and it fails and closes them itself
+// (fail); one that ends without waiting again closes them in settle().
+void Communicator::Impl::abort_by_caller(const std::string& reason) {
+  std::string text = "rank " + std::to_string(rank) + " aborted the communicator (Communicator::abort)";
+  if (!reason.empty()) text += ": " + reason;
+  text += scope_note;
+  std::lock_guard lock(mu);
+  if (failure) return;  // failed or aborted already: nothing more to do
+  failure = std::make_exception_ptr(AbortedError(text));
+  exchange.abort_reason = text;
+  exchange.aborting.store(true, std::memory_order_release);
+  // kQueued too: a lean call that ends must see the gate changed and hand
+  // over (settle), not clear kBusy with its compare-exchange.
+  gate.fetch_or(kBusy | kQueued, std::memory_order_acq_rel);
+  if (running || (gate.load(std::memory_order_acquire) & kLean)) {
+    deferred_abort = text;
+    if (exchange.slots) exchange.slots->cancel();
+    for (Transport* t : exchange.distinct) t->interrupt();
+  } else {
+    abort(text);
+  }
+  cv.notify_all();  // the worker refuses what is queued
 }
 
 namespace {

@@ -252,8 +252,10 @@ bool Communicator::Impl::finish_point_to_point(bool inline_call) {
 }
 
 // Moves the messages until one is done or `until`; throws the
-// TimeoutError of a call past its deadline, naming the peer it waits for.
+// TimeoutError of a call past its deadline, naming the peer it waits for,
+// or the AbortedError of Communicator::abort.
 void Communicator::Impl::drive_point_to_point(Clock::time_point until) {
+  throw_if_aborted(exchange, p2p.front()->op);  // Communicator::abort from another thread
   const auto now = Clock::now();
   for (const auto& call : p2p) {
     if (!call->x) continue;  // held unposted: it waits for a receive, which has a deadline

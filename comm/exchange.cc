@@ -86,6 +86,7 @@ void Exchange::drive(const Request& request) {
   if (t->is_done(request.id)) return;
   c_.waiting_for.store(request.peer, std::memory_order_relaxed);
   for (unsigned turn = 1; !t->is_done(request.id); ++turn) {
+    if (c_.aborting.load(std::memory_order_acquire)) throw_if_aborted(c_, op_);
     if (c_.distinct.size() == 1) {
       if ((!t->progress(deadline()) || turn % kClockEvery == 0) && Clock::now() >= deadline())
         timed_out(request.peer);
@@ -184,7 +185,14 @@ std::byte* Exchange::scratch(std::size_t bytes) {
   return c_.scratch.data();
 }
 
+void throw_if_aborted(const ExchangeContext& context, const Op& op) {
+  if (!context.aborting.load(std::memory_order_acquire)) return;
+  throw AbortedError("rank " + std::to_string(context.rank) + ", " + describe(op) +
+                     ": cut short by Communicator::abort: " + context.abort_reason);
+}
+
 void Exchange::timed_out(int peer) {
+  throw_if_aborted(c_, op_);  // the wait ended early for it (SharedSlots::cancel)
   std::string where = peer_state_ ? peer_state_(op_, peer) : std::string("in an unknown state");
   throw TimeoutError("rank " + std::to_string(c_.rank) + " waits in " + describe(op_) + " for rank " +
                      std::to_string(peer) + ", which " + where + "; timed out (" + c_.timeout_name + ")");

@@ -113,6 +113,13 @@ struct ExchangeContext {
   // on the host for its input should its peers not all be flag-ordered.
   DeviceFlagsRef call_flags;
   std::function<void(Clock::time_point deadline)> wait_call_input;
+  // Communicator::abort from another thread: `abort_reason` is written
+  // before `aborting` is raised (release), once, and both stay. Every wait
+  // of a call looks at the flag each turn (Exchange::drive, the shared
+  // slots' sleep through SharedSlots::cancel, the point-to-point loop) and
+  // then fails the call with AbortedError (throw_if_aborted).
+  std::atomic<bool> aborting{false};
+  std::string abort_reason;
   // After the call, run or failed: clears the fields above except
   // call_waits, which the engine takes once the call has run.
   void end_call() {
@@ -148,6 +155,9 @@ void check_receive(const ExchangeContext& context, const Op& recv);
 // for until `deadline`, and one not there by then is not checked. Returns
 // the mismatch a later call would have thrown, or "".
 std::string check_early_calls_at_end(ExchangeContext& context, Clock::time_point deadline);
+// AbortedError naming `op` and the reason, where Communicator::abort
+// raised context.aborting; nothing otherwise.
+void throw_if_aborted(const ExchangeContext& context, const Op& op);
 // The error of a receive on `rank` whose peer `entered` a collective
 // ("barrier #2 ...") instead of sending its message.
 std::string receive_without_send(int rank, const Op& recv, const std::string& entered);
@@ -248,7 +258,8 @@ class Exchange {
     if (c_.wait_call_input) c_.wait_call_input(deadline());
   }
   // Throws the TimeoutError of this call waiting for `peer` past deadline()
-  // (what it says of the peer: the PeerState's).
+  // (what it says of the peer: the PeerState's), or its AbortedError where
+  // Communicator::abort cut the wait short (ExchangeContext::aborting).
   [[noreturn]] void timed_out(int peer);
   Clock::time_point deadline() const {
     if (deadline_ == Clock::time_point{}) deadline_ = Clock::now() + timeout_;

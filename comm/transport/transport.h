@@ -176,6 +176,11 @@ class SharedSlots {
   const std::byte* content_at(int peer, std::size_t offset) const {
     return areas_[peer].entries + offset + sizeof(std::uint64_t);
   }
+  // Makes every wait() of this rank return false (as at its deadline)
+  // within a sleep's slice, now and from then on: its communicator was
+  // aborted (Communicator::abort). Any thread; the caller also wakes a
+  // sleeper at once (Transport::interrupt rings the same doorbell).
+  void cancel() { cancelled_.store(true, std::memory_order_release); }
   // A RemoteError naming the first peer that closed its communicator (it
   // failed, or finished) without having published `seq`: it never will.
   // One look at a word of this rank's own that a closing peer raises.
@@ -208,6 +213,7 @@ class SharedSlots {
   // check_closed() once some peer closed: the RemoteError, where one that
   // closed has not published `seq`.
   virtual void find_closed(std::uint64_t seq) const = 0;
+  bool cancelled() const { return cancelled_.load(std::memory_order_acquire); }
 
   const int rank_;
 
@@ -218,6 +224,7 @@ class SharedSlots {
   const std::atomic<std::uint32_t>* const peers_closed_;
   const int poll_looks_;
   bool wake_pending_ = false;    // published, sleepers not yet looked for
+  std::atomic<bool> cancelled_{false};  // cancel(): from another thread
   std::uint64_t published_ = 0;  // the last call this rank published
 };
 

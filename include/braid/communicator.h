@@ -91,6 +91,17 @@ class Communicator {
   Communicator(const Communicator&) = delete;
   Communicator& operator=(const Communicator&) = delete;
 
+  // Fails the communicator now, from any thread (a watchdog's), as
+  // ncclCommAbort does: the call running fails at its next wait, within
+  // milliseconds, and queued and later calls at once, each with
+  // AbortedError naming `reason`; the connections close, so the peers fail
+  // at their next wait on this rank, naming it too. Returns without
+  // waiting for the running call. Destroying a communicator waits for its
+  // queued calls, each up to the timeout while a peer never joins it;
+  // after abort() it returns at once. A communicator that failed already
+  // stays as it was. Splits are communicators of their own: abort each.
+  void abort(const std::string& reason = "");
+
   int rank() const;
   int size() const;
   // BRAID_TIMEOUT (or the explicit config's): how long any wait of this

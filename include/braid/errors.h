@@ -48,7 +48,8 @@ class TimeoutError : public Error {
   using Error::Error;
 };
 
-// The operation was cancelled because its communicator had already failed.
+// The operation was cancelled because its communicator had already failed,
+// or was aborted (Communicator::abort) before or while it ran.
 class AbortedError : public Error {
  public:
   using Error::Error;

@@ -478,6 +478,113 @@ TEST_CASE("failures: after a failure queued and later calls fail with AbortedErr
   }
 }
 
+// Communicator::abort (ncclCommAbort's part): from a watchdog thread while
+// a call waits for a peer that has not joined it, on the worker (a large
+// all_reduce, a barrier queued behind it), in the caller's own thread (a
+// small one, the lean path) or among the point-to-point calls (a receive
+// whose send never comes), or with nothing running. The timeout is 60 s,
+// so only the abort ends the wait in time; rank 1 joins after 1.5 s, so a
+// call the abort did not cut short completes and fails the test.
+TEST_CASE("failures: Communicator::abort from another thread cuts the running call short and fails the rest",
+          "[failures]") {
+  const std::string transport = GENERATE("tcp", "shm");
+  const std::string when = GENERATE("worker", "caller", "receive", "idle");
+  INFO(transport << ", abort while running on the " << when);
+  const std::string reason = "the watchdog gave up on rank 1";
+  auto options = options_with(seconds(60), seconds(40), transport);
+  auto result = test::run_ranks(
+      2,
+      [&](Communicator& comm) {
+        const std::size_t count = when == "worker" ? 1 << 20 : 4;
+        std::vector<float> data(count, 1.0f);
+        if (when == "idle") {
+          comm.all_reduce(data.data(), data.data(), count, DataType::f32, ReduceOp::sum).wait();
+          expect(data[0] == 2.0f, "the all_reduce before the abort gave a wrong sum");
+          if (comm.rank() == 0) comm.abort(reason);
+          else std::this_thread::sleep_for(milliseconds(300));
+        } else if (comm.rank() == 0) {
+          std::thread watchdog([&] {
+            std::this_thread::sleep_for(milliseconds(300));
+            comm.abort(reason);
+          });
+          const auto start = SteadyClock::now();
+          std::string running, queued;
+          try {
+            Work call = when == "receive" ? comm.recv(data.data(), count, DataType::f32, 1)
+                                          : comm.all_reduce(data.data(), data.data(), count, DataType::f32, ReduceOp::sum);
+            Work behind = comm.barrier();
+            try {
+              behind.wait();
+            } catch (const AbortedError& e) {
+              queued = e.what();
+            }
+            call.wait();
+          } catch (const AbortedError& e) {
+            running = e.what();
+          }
+          const long took = ms_since(start);
+          watchdog.join();
+          expect(!running.empty(), "the running all_reduce did not fail with AbortedError");
+          expect(contains(running, when == "receive" ? "recv #1" : "all_reduce #1") &&
+                     contains(running, "cut short by Communicator::abort") &&
+                     contains(running, reason),
+                 "the running call's error does not say what cut it short: " + running);
+          expect(took < 1200, "the running call failed " + std::to_string(took) + " ms after it began, the "
+                              "abort came at 300 ms");
+          const std::string barrier = when == "receive" ? "barrier #1" : "barrier #2";
+          expect(contains(queued, barrier) && contains(queued, "not run") && contains(queued, reason),
+                 "the queued barrier's error does not name the abort: " + queued);
+        } else {
+          std::this_thread::sleep_for(milliseconds(1500));
+        }
+        // The next call: rank 0's is refused at once, rank 1's fails on
+        // rank 0's closed connections, naming the reason. Rank 1's first
+        // call may complete where it is rank 0's cut-short call, whose data
+        // rank 0 had sent (a small all_reduce sends before it waits): the
+        // call after it cannot.
+        tagged([&] {
+          for (int call = 0; call < 2; ++call)
+            comm.all_reduce(data.data(), data.data(), count, DataType::f32, ReduceOp::sum).wait();
+        });
+        throw std::runtime_error("two calls after the abort completed");
+      },
+      options);
+  INFO(result.summary());
+  REQUIRE_FALSE(result.timed_out);
+  CHECK(result.elapsed < seconds(20));  // destroying the aborted communicator waited for nothing
+  const Outcome aborted = outcome_of(result.ranks[0]), peer = outcome_of(result.ranks[1]);
+  CHECK(aborted.type == "AbortedError");
+  CHECK(contains(aborted.text, "aborted the communicator (Communicator::abort): " + reason));
+  CHECK(aborted.ms < 1000);
+  CHECK(peer.type == "RemoteError");
+  CHECK(contains(peer.text, "rank 0 aborted the communicator (Communicator::abort): " + reason));
+  CHECK(peer.ms < 10000);
+}
+
+// An abort in a forked child would close the parent's connections.
+TEST_CASE("failures: a forked child's abort of its parent's communicator is refused", "[failures]") {
+  auto result = test::run_ranks(1, [](Communicator& comm) {
+    const pid_t child = fork();
+    if (child == 0) {
+      int code = 2;
+      try {
+        comm.abort("from the child");
+      } catch (const InvalidUsage& e) {
+        code = contains(e.what(), "forked child cannot abort it") ? 0 : 3;
+      }
+      _exit(code);
+    }
+    int status = 0;
+    waitpid(child, &status, 0);
+    expect(WIFEXITED(status) && WEXITSTATUS(status) == 0,
+           "the child's abort was not refused with InvalidUsage (exit " + std::to_string(WEXITSTATUS(status)) + ")");
+    std::int32_t one = 1;
+    comm.all_reduce(&one, &one, 1, DataType::i32, ReduceOp::sum).wait();  // the parent's still works
+  });
+  INFO(result.summary());
+  CHECK(result.all_ok());
+}
+
 // ---- 6. split communicators --------------------------------------------------
 
 std::vector<std::int32_t> gather_parent_ranks(Communicator& sub, int parent_rank) {

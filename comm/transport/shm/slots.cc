@@ -128,7 +128,7 @@ bool ShmSlots::sleep(int peer, std::uint64_t seq, Clock::time_point deadline) {
     const std::uint32_t seen = me->doorbell.load(std::memory_order_seq_cst);
     if (f.load(std::memory_order_seq_cst) >= seq) return true;
     const auto now = Clock::now();
-    if (now >= deadline) return false;
+    if (now >= deadline || cancelled()) return false;
     futex_wait(me->doorbell, seen, std::min<Clock::duration>(deadline - now, kSleepSlice));
     if (f.load(std::memory_order_acquire) >= seq) return true;
     check_alive(peer, &f, seq);
