@@ -223,6 +223,7 @@ struct Communicator::Impl {
   bool stopping = false;
   std::thread worker;
   std::exception_ptr failure;  // first error; the communicator is aborted after it
+  std::string failure_text;    // its message, for the calls refused after it
   bool set_up = false;          // its transports connected on every rank (forget_store_keys)
   // The reason of an abort that waits for the call another thread runs
   // (start_worker's failure during a lean or inline call); settle() aborts.
@@ -293,6 +294,7 @@ struct Communicator::Impl {
   void start_device(int ordinal);
   void execute(Op& op, WorkState& state, bool inline_call = false);
   bool refuse_after_failure(const Op& op, WorkState& state);
+  void fail_with(std::exception_ptr error);
   // Point-to-point calls (engine_p2p.cc).
   bool runs_with_point_to_point(const Op& op, const WorkState& state) const;
   void run_point_to_point(std::unique_lock<std::mutex>& lock);

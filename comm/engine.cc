@@ -175,6 +175,18 @@ std::shared_ptr<WorkState> Communicator::Impl::enqueue(Op op, StagedInput input)
     }
     running = false;
     settle();
+  } else if (failure) {
+    // Refused here, with the calls still queued before it (in issue
+    // order), rather than by the worker: a caller issuing calls in a loop
+    // outpaced the worker's refusals, the queue grew without bound, and a
+    // caller that tests an earlier call's Work now and then to stop
+    // (braid-bench -n 100000000 after a peer timed out) never saw it done.
+    std::deque<std::pair<Op, std::shared_ptr<WorkState>>> earlier;
+    earlier.swap(queue);
+    lock.unlock();
+    if (staging_lock.owns_lock()) staging_lock.unlock();
+    for (auto& [queued_op, queued] : earlier) refuse_after_failure(queued_op, *queued);
+    refuse_after_failure(op, *state);
   } else {
     if (!worker.joinable() && !start_worker(op, *state)) return state;
     queue.emplace_back(op, state);
@@ -266,8 +278,7 @@ bool Communicator::Impl::start_worker(const Op& op, WorkState& state) {
         ": cannot start the communicator's progress thread (" + e.what() +
         "): the process is out of threads (ulimit -u, the cgroup's pids.max, kernel.threads-max); "
         "destroy communicators that are no longer used or raise the limit"));
-    if (!failure) failure = error;
-    gate.fetch_or(kBusy, std::memory_order_relaxed);
+    fail_with(error);
     // A call another thread runs (lean or inline) still uses the
     // transports: closing them under it would make it fail, or worse. The
     // abort waits until that call ends (settle), which it does on its own.
@@ -349,17 +360,27 @@ void Communicator::Impl::execute(Op& op, WorkState& state, bool inline_call) {
 // Completes `state` with an AbortedError, and returns true, where the
 // communicator failed before `op` could run.
 bool Communicator::Impl::refuse_after_failure(const Op& op, WorkState& state) {
-  std::exception_ptr earlier;
+  std::string earlier;
   {
     std::lock_guard lock(mu);
-    earlier = failure;
+    if (!failure) return false;
+    earlier = failure_text;
   }
-  if (!earlier) return false;
   if (state.staged) state.staged->open_gate();
   state.complete(std::make_exception_ptr(AbortedError(
       "rank " + std::to_string(rank) + ", " + describe(op) +
-      ": not run because the communicator was aborted by an earlier error: " + message_of(earlier))));
+      ": not run because the communicator was aborted by an earlier error: " + earlier)));
   return true;
+}
+
+// With `mu` held: the communicator's first error, kept (a later one is
+// not), and no lean call from now on.
+void Communicator::Impl::fail_with(std::exception_ptr error) {
+  if (!failure) {
+    failure_text = message_of(error);
+    failure = std::move(error);
+  }
+  gate.fetch_or(kBusy, std::memory_order_relaxed);
 }
 
 // What a timed-out wait says of `peer`: its last call, and which rank
@@ -377,8 +398,7 @@ std::exception_ptr Communicator::Impl::fail(const Op& op, std::exception_ptr raw
   abort(message_of(error));
   std::lock_guard lock(mu);
   deferred_abort.clear();  // an abort that waited for this call: done now
-  if (!failure) failure = error;
-  gate.fetch_or(kBusy, std::memory_order_relaxed);  // no lean call after a failure
+  fail_with(error);
   return error;
 }
 
@@ -480,7 +500,7 @@ void Communicator::Impl::abort_by_caller(const std::string& reason) {
   text += scope_note;
   std::lock_guard lock(mu);
   if (failure) return;  // failed or aborted already: nothing more to do
-  failure = std::make_exception_ptr(AbortedError(text));
+  fail_with(std::make_exception_ptr(AbortedError(text)));
   exchange.abort_reason = text;
   exchange.aborting.store(true, std::memory_order_release);
   // kQueued too: a lean call that ends must see the gate changed and hand

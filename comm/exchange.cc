@@ -188,7 +188,7 @@ std::byte* Exchange::scratch(std::size_t bytes) {
 void throw_if_aborted(const ExchangeContext& context, const Op& op) {
   if (!context.aborting.load(std::memory_order_acquire)) return;
   throw AbortedError("rank " + std::to_string(context.rank) + ", " + describe(op) +
-                     ": cut short by Communicator::abort: " + context.abort_reason);
+                     ": cut short: " + context.abort_reason);
 }
 
 void Exchange::timed_out(int peer) {

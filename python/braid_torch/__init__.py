@@ -14,7 +14,7 @@ import torch.distributed as dist
 
 from . import _C
 
-__all__ = ["transport_summary", "staging_blocks"]
+__all__ = ["transport_summary", "staging_blocks", "abort"]
 
 
 def _create_process_group(store, rank, size, timeout):
@@ -30,6 +30,15 @@ def staging_blocks(group=None):
     """Host staging blocks `group` (default: the world) has mapped so far for
     its list-form and coalesced calls; a block is reused once its call is done."""
     return _C.staging_blocks(group if group is not None else dist.distributed_c10d._get_default_group())
+
+
+def abort(group=None, reason=""):
+    """Fails `group` (default: the world) now, from any thread, as a watchdog
+    would (ncclCommAbort): its running call fails at its next wait, within
+    milliseconds, queued and later calls at once, and the peers at their next
+    wait on this rank, each with a RuntimeError naming `reason`. A group
+    cannot be used after it; make a new one."""
+    _C.abort(group if group is not None else dist.distributed_c10d._get_default_group(), reason)
 
 
 if "BRAID" not in dist.Backend._plugins:

@@ -46,6 +46,14 @@ PYBIND11_MODULE(_C, module) {
       },
       py::arg("group"),
       "Host staging blocks (list forms, coalesced calls) the group has mapped so far; kept ones are reused.");
+  module.def(
+      "abort",
+      [](const c10::intrusive_ptr<c10d::ProcessGroup>& group, const std::string& reason) {
+        braid_group(group, "abort").abort(reason);
+      },
+      py::arg("group"), py::arg("reason"), py::call_guard<py::gil_scoped_release>(),
+      "Fails the group now, from any thread: its running call fails at its next wait, queued and later calls at "
+      "once, the peers at their next wait on this rank, each naming `reason`.");
   module.def("quiesce", &braid::torch_backend::quiesce, py::arg("limit"), py::call_guard<py::gil_scoped_release>(),
              "Waits (up to `limit`) until no group has a call in flight or a future callback running.");
 }

@@ -195,6 +195,10 @@ class ProcessGroupBraid : public c10d::ProcessGroup {
 
   // braid's view of the group: "shm", "tcp", "shm+tcp".
   std::string transport_summary() const { return comm_->transport_summary(); }
+  // Communicator::abort: the call running fails at its next wait, queued
+  // and later ones at once, the peers at their next wait on this rank; any
+  // thread (a watchdog's).
+  void abort(const std::string& reason) { comm_->abort(reason); }
   // Host staging blocks the group has mapped so far (staging.h).
   std::size_t staging_blocks_mapped() const { return staging_.blocks_mapped(); }
 

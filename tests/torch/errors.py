@@ -6,14 +6,17 @@ RuntimeError carrying braid's message.
   - rank 0 calling all_reduce while rank 1 calls all_gather fails on both,
     the message naming both calls, and so do all_to_all_single split sizes
     that disagree;
-  - a peer that dies fails the survivor's call, naming the dead rank.
   - a group's `timeout` is honoured where it exceeds BRAID_TIMEOUT (set to
     2 s here): it was cut to BRAID_TIMEOUT; a call that runs past it names
-    the group's timeout.
+    the group's timeout;
+  - braid_torch.abort from a watchdog thread fails the running call at
+    once, and the peer's next calls, naming the reason;
+  - a peer that dies fails the survivor's call, naming the dead rank.
 Each part runs on a group of its own (a failed call aborts its group).
 """
 import datetime
 import os
+import threading
 import time
 
 os.environ["BRAID_TIMEOUT"] = "2"  # before braid reads its settings
@@ -21,7 +24,7 @@ os.environ["BRAID_TIMEOUT"] = "2"  # before braid reads its settings
 import torch
 import torch.distributed as dist
 
-import braid_torch  # noqa: F401  registers "braid"
+import braid_torch  # registers "braid"; braid_torch.abort
 from check import Checks
 
 
@@ -133,6 +136,34 @@ def check_endless_timeout(c, rank):
     c.true("a group timeout of a thousand years works", message is None, message)
 
 
+def check_abort(c, rank):
+    """braid_torch.abort from a watchdog thread cuts rank 0's all_reduce
+    short while rank 1 has not joined it (for 1.5 s; the group's timeout is
+    20 s): rank 0's call fails within a second naming the reason, and rank
+    1's next calls fail naming it too."""
+    group = dist.new_group(backend="braid", timeout=datetime.timedelta(seconds=20))
+    reason = "the watchdog gave up"
+    if rank == 0:
+        started = time.monotonic()
+        work = dist.all_reduce(torch.ones(1 << 20), group=group, async_op=True)
+        watchdog = threading.Timer(0.3, braid_torch.abort, args=(group, reason))
+        watchdog.start()
+        message = raises(work.wait)
+        took = time.monotonic() - started
+        watchdog.join()
+        c.true("abort cuts the running call short",
+               message is not None and "cut short: rank 0 aborted the communicator" in message and reason in message,
+               message)
+        c.true("abort acts within a second", took < 1.3, f"{took:.2f} s")
+        message = raises(lambda: dist.barrier(group=group))
+        c.true("a call after the abort fails", message is not None and reason in message, message)
+    else:
+        time.sleep(1.5)
+        message = raises(lambda: [dist.all_reduce(torch.ones(1 << 20), group=group) for _ in range(2)])
+        c.true("the peer's call names the abort", message is not None and
+               "rank 0 aborted the communicator (Communicator::abort): " + reason in message, message)
+
+
 def check_dead_peer(c, rank):
     group = dist.new_group(backend="braid")
     dist.barrier(group=group)
@@ -158,6 +189,7 @@ def main():
     check_unequal_splits(c, rank)
     check_group_timeout(c, rank)
     check_endless_timeout(c, rank)
+    check_abort(c, rank)
     check_dead_peer(c, rank)  # rank 1 exits here
     # Each rank reports for itself: rank 1 is gone, so no collective.
     for failure in c.failures:
