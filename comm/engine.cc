@@ -176,15 +176,20 @@ std::shared_ptr<WorkState> Communicator::Impl::enqueue(Op op, StagedInput input)
     running = false;
     settle();
   } else if (failure) {
-    // Refused here, with the calls still queued before it (in issue
-    // order), rather than by the worker: a caller issuing calls in a loop
-    // outpaced the worker's refusals, the queue grew without bound, and a
-    // caller that tests an earlier call's Work now and then to stop
-    // (braid-bench -n 100000000 after a peer timed out) never saw it done.
+    // Refused here, with the calls still queued before it, rather than by
+    // the worker: a caller issuing calls in a loop outpaced the worker's
+    // refusals, the queue grew without bound, and a caller that tests an
+    // earlier call's Work now and then to stop (braid-bench -n 100000000
+    // after a peer timed out) never saw it done. A call that still runs
+    // (the one Communicator::abort cuts short, or the worker refusing)
+    // completes first, so that calls still complete in issue order: the
+    // wait is that call's, bounded by its own waits.
+    if (staging_lock.owns_lock()) staging_lock.unlock();  // refusals open the gates in issue order
+    while (running || p2p_handed || (gate.load(std::memory_order_acquire) & kLean))
+      cv.wait_for(lock, std::chrono::milliseconds(1));
     std::deque<std::pair<Op, std::shared_ptr<WorkState>>> earlier;
     earlier.swap(queue);
     lock.unlock();
-    if (staging_lock.owns_lock()) staging_lock.unlock();
     for (auto& [queued_op, queued] : earlier) refuse_after_failure(queued_op, *queued);
     refuse_after_failure(op, *state);
   } else {
@@ -498,7 +503,7 @@ void Communicator::Impl::abort_by_caller(const std::string& reason) {
   std::string text = "rank " + std::to_string(rank) + " aborted the communicator (Communicator::abort)";
   if (!reason.empty()) text += ": " + reason;
   text += scope_note;
-  std::lock_guard lock(mu);
+  std::unique_lock lock(mu);
   if (failure) return;  // failed or aborted already: nothing more to do
   fail_with(std::make_exception_ptr(AbortedError(text)));
   exchange.abort_reason = text;
@@ -506,14 +511,20 @@ void Communicator::Impl::abort_by_caller(const std::string& reason) {
   // kQueued too: a lean call that ends must see the gate changed and hand
   // over (settle), not clear kBusy with its compare-exchange.
   gate.fetch_or(kBusy | kQueued, std::memory_order_acq_rel);
-  if (running || (gate.load(std::memory_order_acquire) & kLean)) {
+  const bool busy = running || p2p_handed || (gate.load(std::memory_order_acquire) & kLean);
+  if (busy) {
     deferred_abort = text;
-    if (exchange.slots) exchange.slots->cancel();
+    // The slots exist once prepared, which the running call was, in
+    // another thread: the flag's acquire makes them visible here.
+    if (prepared.load(std::memory_order_acquire) && exchange.slots) exchange.slots->cancel();
     for (Transport* t : exchange.distinct) t->interrupt();
-  } else {
-    abort(text);
   }
   cv.notify_all();  // the worker refuses what is queued
+  lock.unlock();
+  // Nothing runs, and with the failure set nothing will (every call is
+  // refused): the transports are this thread's to close, outside `mu`,
+  // since telling the store may take up to its budget (2 s).
+  if (!busy) abort(text);
 }
 
 namespace {

@@ -79,11 +79,13 @@ std::shared_ptr<WorkState> Communicator::Impl::try_lean(Op& op, StagedInput& inp
   if (!lean.algorithm.run || bytes > lean.bytes || op.memory.kind != runtime::MemoryKind::host) return nullptr;
   // Claims the engine, and the call's sequence number with it, in one
   // compare-exchange of the gate; where anything is queued or running or
-  // the communicator failed (kBusy), the call goes the engine's way.
+  // the communicator failed (kBusy), the call goes the engine's way. A
+  // release too: Communicator::abort, seeing kLean, reads what prepare()
+  // wrote in this thread.
   std::uint64_t before = gate.load(std::memory_order_relaxed);
   const std::uint64_t held = (before + kOneSeq) | kBusy | kLean;
   if ((before & kBusy) ||
-      !gate.compare_exchange_strong(before, held, std::memory_order_acquire, std::memory_order_relaxed))
+      !gate.compare_exchange_strong(before, held, std::memory_order_acq_rel, std::memory_order_relaxed))
     return nullptr;
   op.seq = before / kOneSeq;
   std::exception_ptr error;

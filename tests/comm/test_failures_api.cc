@@ -484,7 +484,8 @@ TEST_CASE("failures: after a failure queued and later calls fail with AbortedErr
 // small one, the lean path) or among the point-to-point calls (a receive
 // whose send never comes), or with nothing running. The timeout is 60 s,
 // so only the abort ends the wait in time; rank 1 joins after 1.5 s, so a
-// call the abort did not cut short completes and fails the test.
+// call the abort did not cut short completes and fails the test. A call
+// issued after the abort completes only after those issued before it.
 TEST_CASE("failures: Communicator::abort from another thread cuts the running call short and fails the rest",
           "[failures]") {
   const std::string transport = GENERATE("tcp", "shm");
@@ -495,7 +496,7 @@ TEST_CASE("failures: Communicator::abort from another thread cuts the running ca
   auto result = test::run_ranks(
       2,
       [&](Communicator& comm) {
-        const std::size_t count = when == "worker" ? 1 << 20 : 4;
+        const std::size_t count = when == "worker" ? 1 << 22 : 4;
         std::vector<float> data(count, 1.0f);
         if (when == "idle") {
           comm.all_reduce(data.data(), data.data(), count, DataType::f32, ReduceOp::sum).wait();
@@ -503,28 +504,44 @@ TEST_CASE("failures: Communicator::abort from another thread cuts the running ca
           if (comm.rank() == 0) comm.abort(reason);
           else std::this_thread::sleep_for(milliseconds(300));
         } else if (comm.rank() == 0) {
+          // Where the main thread has issued its calls and waits, the
+          // watchdog then issues a call itself (one thread at a time
+          // issues): refused, it still completes in issue order, only once
+          // the calls before it have (the running one is still being cut
+          // short as abort() returns).
+          Work after;
           std::thread watchdog([&] {
             std::this_thread::sleep_for(milliseconds(300));
             comm.abort(reason);
+            if (when != "caller") after = comm.barrier();
           });
           const auto start = SteadyClock::now();
+          Work call = when == "receive"
+                          ? comm.recv(data.data(), count, DataType::f32, 1)
+                          : comm.all_reduce(data.data(), data.data(), count, DataType::f32, ReduceOp::sum);
+          Work behind = comm.barrier();
+          watchdog.join();
+          const long took = ms_since(start);
+          const auto settled = [](Work& work) {
+            try {
+              return work.test();
+            } catch (const Error&) {
+              return true;
+            }
+          };
+          expect(when == "caller" || (settled(after) && settled(call) && settled(behind)),
+                 "a call issued after the abort completed before the calls issued before it");
           std::string running, queued;
           try {
-            Work call = when == "receive"
-                            ? comm.recv(data.data(), count, DataType::f32, 1)
-                            : comm.all_reduce(data.data(), data.data(), count, DataType::f32, ReduceOp::sum);
-            Work behind = comm.barrier();
-            try {
-              behind.wait();
-            } catch (const AbortedError& e) {
-              queued = e.what();
-            }
+            behind.wait();
+          } catch (const AbortedError& e) {
+            queued = e.what();
+          }
+          try {
             call.wait();
           } catch (const AbortedError& e) {
             running = e.what();
           }
-          const long took = ms_since(start);
-          watchdog.join();
           expect(!running.empty(), "the running all_reduce did not fail with AbortedError");
           expect(contains(running, when == "receive" ? "recv #1" : "all_reduce #1") &&
                      contains(running, "cut short: rank 0 aborted the communicator (Communicator::abort)") &&
