@@ -306,6 +306,37 @@ TEST_CASE("failures: a rank that leaves between all_reduces fails every other ra
   CHECK(result.ranks[2].exit_code == 1);
 }
 
+// A rank that waits on a peer of another host (TCP) while its send to a
+// peer of its own host (shared memory) is pending only polls the shared
+// memory, and a local peer that closed was looked for only while a rank
+// waited on it: rank 1's leaving went unnamed until rank 2, 8 s later.
+TEST_CASE("failures: a local peer that leaves is named while the rank waits on a remote one", "[failures]") {
+  auto options = options_with(seconds(60), seconds(40));
+  options.host_of = [](int rank) { return std::string(rank < 2 ? "alpha" : "beta"); };
+  auto result = test::run_ranks(
+      3,
+      [](Communicator& comm) {
+        if (comm.rank() == 0) {
+          std::vector<float> big(std::size_t{16} << 20, 1.0f), small(4);
+          tagged([&] {
+            Work from2 = comm.recv(small.data(), small.size(), DataType::f32, 2);
+            Work to1 = comm.send(big.data(), big.size(), DataType::f32, 1);  // more than the ring holds
+            from2.wait();
+          });
+          throw std::runtime_error("rank 0's receive from rank 2 completed");
+        }
+        // Rank 1 leaves without receiving; rank 2 stays silent, then leaves.
+        std::this_thread::sleep_for(comm.rank() == 1 ? milliseconds(500) : milliseconds(8000));
+      },
+      options);
+  INFO(result.summary());
+  REQUIRE_FALSE(result.timed_out);
+  const Outcome o = outcome_of(result.ranks[0]);
+  CHECK(o.type == "RemoteError");
+  CHECK(contains(o.text, "but rank 1 "));
+  CHECK(o.ms < 5000);
+}
+
 TEST_CASE("failures: a rank killed in the middle of a 32 MiB all_reduce fails every other rank fast",
           "[failures]") {
   const int size = GENERATE(3, 4);

@@ -299,7 +299,17 @@ bool ShmTransport::pump_all() {
 
 bool ShmTransport::progress(Clock::time_point deadline) {
   if (pump_all()) return true;
-  if (Clock::now() >= deadline) return false;
+  if (const auto now = Clock::now(); now >= deadline) {
+    // Polled: the caller waits on another transport (a peer on another
+    // host) while work with a local peer is pending. A local peer that
+    // closed or exited was looked for only while a rank waited on it, so
+    // it went unnamed until the remote peer answered or the timeout (a
+    // lead of rdma_ibverbs_failures' rare 2+2 failure: a rank heard of its
+    // local peer's failure 25 s late).
+    if (now < next_peer_look_) return false;
+    next_peer_look_ = now + kPolledPeerLook;
+    return check_peers();
+  }
   // What the look before sleeping moved counts: a receive it completed
   // made headway (the caller's check_receive relies on it).
   if (sleep_until(deadline) || pump_all()) return true;

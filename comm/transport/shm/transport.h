@@ -137,6 +137,10 @@ class ShmTransport final : public Transport {
   std::atomic<std::uint64_t> bytes_sent_{0}, bytes_received_{0};
   bool shut_down_ = false;
   std::atomic<bool> interrupted_{false};  // interrupt() since the last sleep
+  // Polled (progress with a deadline passed), peers are looked for at most
+  // this often: a poll() of each pidfd with work pending.
+  static constexpr std::chrono::milliseconds kPolledPeerLook{50};
+  Clock::time_point next_peer_look_{};
 };
 
 }  // namespace braid::comm::shm
