@@ -24,7 +24,7 @@ build_vm_binaries() {
     exit 1
   fi
   ninja -C "$vm_build" tools/braid-bench tools/braid-launch tools/check/braid-check tests/rdma/programs/rdma-forge-cts tests/rdma/programs/rdma-cts-step \
-    tests/rdma/programs/rdma-polled tests/rdma/programs/librdma-late-qp.so \
+    tests/rdma/programs/rdma-polled tests/rdma/programs/librdma-late-qp.so tests/rdma/programs/librdma-faults.so \
     tests/rdma/programs/rdma-busy >&2
 }
 # scripts/setup.sh builds them up front (--build-only), so that no test's

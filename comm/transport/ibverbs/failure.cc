@@ -20,6 +20,14 @@ namespace {
 
 constexpr std::chrono::milliseconds kPortSettle{300};
 
+std::string port_down(const std::string& what, ibv_port_state state) {
+  return what + ": this rank's port is " + ibv_port_state_str(state) +
+         ": its link went down; check the cable, switch port or netdev (ip link, ibv_devinfo), "
+         "or choose another device with BRAID_IB_HCA, or use BRAID_TRANSPORT=tcp";
+}
+
+bool is_active(ibv_port_state state) { return state == IBV_PORT_ACTIVE || state == IBV_PORT_ACTIVE_DEFER; }
+
 }  // namespace
 
 // Port down, a fatal queue pair or device error fail the communicator with
@@ -96,35 +104,59 @@ void IbTransport::fail_completion(Peer& peer, const ibv_wc& wc) {
   const auto settled = Clock::now() + kPortSettle;
   bool down = false;
   for (;;) {
-    down = ibv_query_port(verbs_->context, static_cast<std::uint8_t>(gid.port), &port) == 0 &&
-           port.state != IBV_PORT_ACTIVE;
+    down = ibv_query_port(verbs_->context, static_cast<std::uint8_t>(gid.port), &port) == 0 && !is_active(port.state);
     if (down || Clock::now() >= settled) break;
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
-  if (down)
-    throw SystemError(what + ": this rank's port is " + ibv_port_state_str(port.state) +
-                      ": its link went down; check the cable, switch port or netdev (ip link, ibv_devinfo), "
-                      "or choose another device with BRAID_IB_HCA, or use BRAID_TRANSPORT=tcp");
+  if (down) throw SystemError(port_down(what, port.state));
   throw SystemError(what + ": a local RDMA failure with the port up; check the device (ibv_devinfo) and, for "
                            "registration failures, ulimit -l");
 }
 
 // The keepalive of transport.h: probe each peer this rank waits on (a receive
 // posted, or a send not fully written for want of credits) unless a write to
-// it is outstanding already, whose failure would name a dead peer as well.
-void IbTransport::keep_alive(Peer& peer) {
+// it is outstanding already, whose failure would name a dead peer as well;
+// one outstanding with nothing heard from the peer for write_stall_limit_
+// names it here (its retries should have ended long before).
+void IbTransport::keep_alive(Peer& peer, Clock::time_point now) {
   const bool waiting = !peer.recvs.empty() || !peer.sends.empty();
   const bool outstanding = peer.keepalive_pending || peer.posted != peer.completed || peer.credit_writes > 0 ||
                            peer.cts_writes > 0 ||
                            std::any_of(peer.direct_writes.begin(), peer.direct_writes.end(),
                                        [](const auto& q) { return !q.empty(); });
-  if (!waiting || outstanding) return;
+  if (!waiting) return;
+  if (outstanding) {
+    if (now - peer.answered_at < write_stall_limit_) return;
+    const auto ms = [](Clock::duration d) {
+      return std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(d).count()) + " ms";
+    };
+    const std::string them = "rank " + std::to_string(peer.rank);
+    throw RemoteError("rank " + std::to_string(rank_) + ": " + them + " did not answer RDMA (a write to it " +
+                          "outstanding, no completion or data from it for " + ms(now - peer.answered_at) +
+                          ", twice as long as its retries may take) on " +
+                          verbs_->gid.device + " port " + std::to_string(verbs_->gid.port) + ": it hung, or the " +
+                          "link or device between the two stalled; see " + them + "'s own output, check the " +
+                          "link (ibv_devinfo port state, ip link), or use BRAID_TRANSPORT=tcp",
+                      peer.rank);
+  }
   ControlBlock& block = control(peer);
   ++block.keepalive_out;
   post_write(peer, wr_id(Work::keepalive, index_of(peer)), &block.keepalive_out, control_.lkey(),
              sizeof(std::uint64_t), peer.remote.credit_address + offsetof(ControlBlock, keepalive_in),
              peer.remote.control_rkey, false, 0);
   peer.keepalive_pending = true;
+}
+
+// The port's state, read while a peer is due for a probe: a port that went
+// down without its event reaching this rank fails it as the event would.
+void IbTransport::check_port() {
+  ibv_port_attr port{};
+  if (ibv_query_port(verbs_->context, static_cast<std::uint8_t>(verbs_->gid.port), &port) != 0 ||
+      is_active(port.state))
+    return;
+  throw SystemError(port_down("rank " + std::to_string(rank_) + ": read the state of " + verbs_->gid.device +
+                                  " port " + std::to_string(verbs_->gid.port) + " while waiting",
+                              port.state));
 }
 
 }  // namespace braid::comm::ibverbs

@@ -68,9 +68,11 @@ IbTransport::IbTransport(const IbOptions& options, std::unique_ptr<Verbs> verbs,
       cache_(verbs_->pd, kCacheBytes, kCacheEntries),
       peers_(std::move(peers)),
       index_by_rank_(static_cast<std::size_t>(options.size), -1),
-      next_keepalive_(Clock::now() + kKeepaliveInterval) {
+      next_keepalive_(Clock::now() + kKeepaliveInterval),
+      write_stall_limit_(options.timeout / 2) {
   for (std::size_t i = 0; i < peers_.size(); ++i) {
     index_by_rank_[peers_[i].rank] = static_cast<int>(i);
+    peers_[i].answered_at = Clock::now();
     peers_[i].piece_bytes.assign(slots_, 0);
     peers_[i].held.assign(slots_, false);
     peers_[i].stripes_arrived.assign(peers_[i].qps.size(), 0);
@@ -477,7 +479,10 @@ bool IbTransport::on_completion(const ibv_wc& wc) {
     case Work::proof: peer.proved = true; break;
     case Work::farewell: break;
     case Work::receive: on_receive(peer, wc); break;
-    case Work::keepalive: peer.keepalive_pending = false; return false;
+    case Work::keepalive:
+      peer.keepalive_pending = false;
+      peer.answered = true;
+      return false;
   }
   peer.active = true;
   return true;
@@ -578,15 +583,25 @@ bool IbTransport::progress(Clock::time_point deadline) {
 
 void IbTransport::probe_when_due(Clock::time_point now) {
   next_keepalive_ = Clock::time_point::max();
+  bool due = false;
   for (auto& peer : peers_) {
+    if (peer.active || peer.answered) {
+      peer.answered = false;
+      peer.answered_at = now;
+    }
     if (peer.active) {
       peer.active = false;
       peer.next_keepalive = now + kKeepaliveInterval;
     } else if (now >= peer.next_keepalive) {
-      keep_alive(peer);
+      due = true;
+      keep_alive(peer, now);
       peer.next_keepalive = now + kKeepaliveInterval;
     }
     next_keepalive_ = std::min(next_keepalive_, peer.next_keepalive);
+  }
+  if (due && now >= next_port_look_) {
+    next_port_look_ = now + kKeepaliveInterval;
+    check_port();
   }
 }
 

@@ -44,6 +44,19 @@
 // retries (connection.cc: under 2 s) as "retries exhausted", a
 // RemoteError naming the peer. Data that flows never triggers a keepalive.
 //
+// What the keepalive leans on, checked too, since either failing left a
+// rank waiting until BRAID_TIMEOUT:
+//  - a write's retries end: a peer waited on that has had a write
+//    outstanding and nothing from it (no completion, a keepalive's
+//    included, no data) for half of BRAID_TIMEOUT (twice the longest its
+//    retries can take, connection.cc) is named as not answering (a retry
+//    count the device does not keep, or a completion it never makes); a
+//    peer that is only slow to post its receives answers every keepalive;
+//  - the device reports a port that went down (an asynchronous event):
+//    while a peer is due for a probe, the port's state is read as well, at
+//    most once per kKeepaliveInterval, and a port no longer active fails
+//    the transport as its event does.
+//
 // Farewell: a rank whose communicator fails writes why (its first
 // kFarewellBytes - 1 bytes) into each peer's control block with an
 // immediate of kFarewellImm before it shuts down (the drain lets the write
@@ -190,6 +203,10 @@ class IbTransport final : public Transport {
     // this peer, if it waits on it, next.
     bool active = true;
     Clock::time_point next_keepalive{};
+    // A completion of any kind with this peer (a keepalive's too) since
+    // probe_when_due last looked, and when it last saw one or `active`.
+    bool answered = false;
+    Clock::time_point answered_at{};
     // large messages (direct.cc)
     std::uint64_t cts_sent = 0, large_done = 0;     // receiving: Cts written, large receives completed
     std::uint64_t cts_arrived = 0, large_sent = 0;  // sending: Cts received, large messages started
@@ -263,7 +280,11 @@ class IbTransport final : public Transport {
   bool pump_all();
   int poll_completions();
   bool on_completion(const ibv_wc& wc);
-  void keep_alive(Peer& peer);
+  // Probes `peer` (the keepalive), or, where a write to it is outstanding
+  // already and nothing has completed for write_stall_limit_, fails.
+  void keep_alive(Peer& peer, Clock::time_point now);
+  // Throws the port-down error where the port's state is no longer active.
+  void check_port();
   // The keepalive's clock: probes (keep_alive) each peer once
   // kKeepaliveInterval has passed with nothing posted to it or advanced
   // with it, whether progress() blocks, polls, or moves data for others.
@@ -312,6 +333,8 @@ class IbTransport final : public Transport {
   std::int64_t writes_in_flight_ = 0;  // signaled writes posted and not yet completed (drain)
   Clock::time_point next_keepalive_;  // the earliest of the peers' next_keepalive (progress() wakes for it)
   Clock::time_point next_event_look_;  // when a polled progress() next reads the device's event queue
+  Clock::time_point next_port_look_;   // when probe_when_due next reads the port's state
+  std::chrono::nanoseconds write_stall_limit_;  // half of BRAID_TIMEOUT (the keepalive's note)
   std::uint32_t moving_turns_ = 0;     // pump_and_probe()'s count
   std::chrono::nanoseconds cts_wait_{};  // set by prove_paths
   Clock::time_point wake_by_ = Clock::time_point::max();  // a large send stops waiting for its Cts

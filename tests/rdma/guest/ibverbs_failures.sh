@@ -27,7 +27,15 @@
 #  - the wire goes down while the transport is only polled (rdma-polled: the
 #    communicator blocked on shared memory to a local peer gives it turns),
 #    with a receive from the other host posted and with none: every rank
-#    names the port error (or, waiting, the silent peer) within the bound.
+#    names the port error (or, waiting, the silent peer) within the bound;
+#  - a device that breaks what the keepalive leans on (faults.cc,
+#    LD_PRELOAD): its port events lost (the wire down under rdma-polled, no
+#    receive posted: every rank reads its port's state and names it), and
+#    its writes retried forever (every packet dropped mid all_reduce: every
+#    rank names the peer whose writes stalled, at half of BRAID_TIMEOUT);
+#    and a peer that is slow, not silent (SIGSTOPped for 12 s mid
+#    all_reduce, its device still answering) is not taken for a stalled
+#    one: the job ends well.
 # With 3 ranks, the rank that finds a mismatch may have sent nothing to the
 # others yet, and the store that carries its reason may have been its own:
 # its farewell (transport.h) still tells every peer why, and they name the
@@ -38,6 +46,7 @@ build=${1:?usage: ibverbs_failures.sh BUILD_VM_DIR}
 bench=$build/tools/braid-bench check=$build/tools/check/braid-check
 polled=$build/tests/rdma/programs/rdma-polled
 late_qp=$build/tests/rdma/programs/librdma-late-qp.so
+faults=$build/tests/rdma/programs/librdma-faults.so
 busy=$build/tests/rdma/programs/rdma-busy
 
 export BRAID_TRANSPORT=ibverbs BRAID_TIMEOUT=20
@@ -152,29 +161,42 @@ wrong_gid() { # LAYOUT PROGRAM ARG... (a wrapper that sets BRAID_IB_GID_INDEX)
 }
 
 # Starts braid-bench looping over LAYOUT, runs BREAK once rank 0 printed its
-# first row, and expects every rank to fail naming the cause.
+# first row, and expects every rank to fail naming the cause. The ranks run
+# under ${wrap[@]} (break_wire_with sets it).
+wrap=()
 break_wire() { # LAYOUT COLLECTIVE PATTERN BREAK... (PATTERN: what every rank's error says)
   local layout=$1 coll=$2 pattern=$3
   shift 3
   run_and_break "$layout" '^ +[0-9]' "braid-bench: rank [0-9]+.*($pattern)" \
-    "$bench" --memcpy_bytes 0 --coll "$coll" -b 1M -e 1M -n 10 -w 0 -c 1 -N 0 -T 20 -- "$@"
+    "${wrap[@]}" "$bench" --memcpy_bytes 0 --coll "$coll" -b 1M -e 1M -n 10 -w 0 -c 1 -N 0 -T 20 -- "$@"
+}
+
+# break_wire on a device with FAULT (faults.cc).
+break_wire_with() { # FAULT LAYOUT COLLECTIVE PATTERN BREAK...
+  local -a wrap=(env LD_PRELOAD="$faults" BRAID_TEST_RDMA_FAULT="$1")
+  shift
+  break_wire "$@"
 }
 
 # The same with rdma-polled (1+1): the transport only polled, as while the
 # communicator blocks on shared memory to a local peer, when the wire breaks.
-break_polled() { # PATTERN MODE BREAK... (MODE: waiting, or idle: no receive posted)
+break_polled() { # PATTERN MODE BREAK... (MODE: waiting; idle: no receive posted; idle-no-events: and the device's port events lost)
   local pattern=$1
   local -a program=("$polled" 15)
-  [ "$2" = idle ] && program+=(idle)
+  case $2 in
+    idle) program+=(idle) ;;
+    idle-no-events) program=(env LD_PRELOAD="$faults" BRAID_TEST_RDMA_FAULT=lose_events "${program[@]}" idle) ;;
+  esac
   shift 2
   run_and_break "h1:1 h2:1" '^polling' "rdma-polled: rank [0-9]+: .*($pattern)" "${program[@]}" -- "$@"
 }
 
 # Starts PROGRAM over LAYOUT, runs BREAK once rank 0's output has a line
 # matching READY (ERE), and expects every rank to fail within bound_ms with
-# a line matching SAYS, leaving nothing behind.
+# a line matching SAYS, leaving nothing behind. SAYS empty: the job must
+# instead end well (status 0, no wrong value) after BREAK returned.
 run_and_break() { # LAYOUT READY SAYS PROGRAM ARG... -- BREAK...
-  local layout=$1 ready=$2 says=$3 logs pid start took status i
+  local layout=$1 ready=$2 says=$3 logs pid start took status i clean
   local -a program=()
   shift 3
   while [ "$1" != -- ]; do program+=("$1"); shift; done
@@ -196,18 +218,47 @@ run_and_break() { # LAYOUT READY SAYS PROGRAM ARG... -- BREAK...
   wait "$pid"; status=$?
   took=$(($(now_ms) - start))
   job_out=$(grep -vE '\[info\]|^\[h[12]\] \[rank 0\] ( +[0-9]|#)' "$logs/all")
+  clean=$(grep -c "# Out of bounds values : 0 OK" "$logs/all")
   rm -rf "$logs"
   echo "$job_out"
   echo "# every rank ended ${took} ms after the break, status $status"
-  [ "$status" -ne 0 ] || return 1
-  [ "$took" -lt "$bound_ms" ] || { echo "# not within ${bound_ms} ms"; return 1; }
-  every_rank_says "$layout" "$says" || return 1
+  if [ -z "$says" ]; then
+    [ "$status" -eq 0 ] && [ "$clean" -eq 1 ] || { echo "# the job did not end well"; return 1; }
+  else
+    [ "$status" -ne 0 ] || return 1
+    [ "$took" -lt "$bound_ms" ] || { echo "# not within ${bound_ms} ms"; return 1; }
+    every_rank_says "$layout" "$says" || return 1
+  fi
   no_leftovers
 }
 
 # What a rank that lost its wire must say: the port went down, or the peer
 # stopped answering (any other error names the device at least).
 down="got RDMA event 'port error' on rxe[01] port 1|this rank's port is [A-Za-z_]+: its link went down|did not answer RDMA \(retries exhausted\)"
+
+# Rank 1 of LAYOUT SIGSTOPped for 12 s mid all_reduce, past half of
+# BRAID_TIMEOUT (20 s): soft-RoCE acknowledges its writes in the kernel, so
+# the keepalives of the ranks waiting on it complete, and the write
+# watchdog (transport.h: a write outstanding and nothing heard for half of
+# BRAID_TIMEOUT) leaves it alone. The job must end well, after the pause.
+paused_peer() { # LAYOUT
+  # Line-buffered: rank 0's first row (of 3) says that the loop runs.
+  run_and_break "$1" '^ +[0-9]' "" \
+    stdbuf -oL "$bench" --memcpy_bytes 0 --coll all_reduce -b 1M -e 1M -n 20 -w 0 -c 1 -N 3 -T 20 -- pause_rank 1 12
+}
+
+# SIGSTOPs rank RANK's braid-bench for SECONDS, then lets it go on.
+pause_rank() { # RANK SECONDS
+  local p
+  for p in $(pgrep -x braid-bench); do
+    tr '\0' '\n' <"/proc/$p/environ" 2>/dev/null | grep -qx "RANK=$1" || continue
+    echo "# rank $1 (pid $p) stopped for $2 s"
+    kill -STOP "$p" && sleep "$2" && kill -CONT "$p"
+    return
+  done
+  echo "# rank $1's braid-bench not found"
+  return 1
+}
 
 wire_up() { # brings both ends of the RDMA wire back, without loss
   local i
@@ -261,10 +312,20 @@ check "wire back up" wire_up
 check "wire down while the transport is only polled, no receive posted (1+1): every rank names the port error" \
   break_polled "got RDMA event 'port error' on rxe[01] port 1" idle ip link set rxe-h1 down
 check "wire back up" wire_up
+check "the same, the device's port events lost: every rank reads its port's state and names it" \
+  break_polled "read the state of rxe[01] port 1 while waiting: this rank's port is [A-Za-z_]+: its link went down" \
+  idle-no-events ip link set rxe-h1 down
+check "wire back up" wire_up
 check "wire drops every packet mid all_reduce (1+1, ports up: a failed switch): every rank names the silent peer" \
   break_wire "h1:1 h2:1" all_reduce "rank [01] did not answer RDMA \(retries exhausted\)" \
   eval 'modprobe sch_netem && tc qdisc add dev rxe-h2 root netem loss 100%'
 check "wire back up" wire_up
+check "the same, the device retrying each write forever: every rank names the peer whose writes stalled" \
+  break_wire_with retry_forever "h1:1 h2:1" all_reduce "rank [01] did not answer RDMA \(a write to it outstanding, no completion or data from it for" \
+  eval 'tc qdisc add dev rxe-h2 root netem loss 100%'
+check "wire back up" wire_up
+check "a peer stopped for 12 s mid all_reduce (1+1, its device answering): not taken for a stalled one, the job ends well" \
+  paused_peer "h1:1 h2:1"
 # 2+2: each rank meets the silence on its own RDMA peer (a write of its own
 # or a keepalive, also while it waits on its local peer over shared memory),
 # or is told by a local peer that did ("... told rank N why: ...").
