@@ -223,7 +223,7 @@ run_and_break() { # LAYOUT READY SAYS PROGRAM ARG... -- BREAK...
   echo "$job_out"
   echo "# every rank ended ${took} ms after the break, status $status"
   if [ -z "$says" ]; then
-    [ "$status" -eq 0 ] && [ "$clean" -eq 1 ] || { echo "# the job did not end well"; return 1; }
+    if [ "$status" -ne 0 ] || [ "$clean" -ne 1 ]; then echo "# the job did not end well"; return 1; fi
   else
     [ "$status" -ne 0 ] || return 1
     [ "$took" -lt "$bound_ms" ] || { echo "# not within ${bound_ms} ms"; return 1; }
