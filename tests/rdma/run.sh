@@ -25,7 +25,7 @@ build_vm_binaries() {
   fi
   ninja -C "$vm_build" tools/braid-bench tools/braid-launch tools/check/braid-check tests/rdma/programs/rdma-forge-cts tests/rdma/programs/rdma-cts-step \
     tests/rdma/programs/rdma-polled tests/rdma/programs/librdma-late-qp.so tests/rdma/programs/librdma-faults.so \
-    tests/rdma/programs/rdma-busy >&2
+    tests/rdma/programs/rdma-busy tests/rdma/programs/rdma-abort >&2
 }
 # scripts/setup.sh builds them up front (--build-only), so that no test's
 # time goes into compiling them.

@@ -149,7 +149,9 @@ void IbTransport::keep_alive(Peer& peer, Clock::time_point now) {
 
 // The port's state, read while a peer is due for a probe: a port that went
 // down without its event reaching this rank fails it as the event would.
+// The event queue is read first, so that an event that did come is named.
 void IbTransport::check_port() {
+  drain_async_events();
   ibv_port_attr port{};
   if (ibv_query_port(verbs_->context, static_cast<std::uint8_t>(verbs_->gid.port), &port) != 0 ||
       is_active(port.state))

@@ -35,7 +35,10 @@
 #    rank names the peer whose writes stalled, at half of BRAID_TIMEOUT);
 #    and a peer that is slow, not silent (SIGSTOPped for 12 s mid
 #    all_reduce, its device still answering) is not taken for a stalled
-#    one: the job ends well.
+#    one: the job ends well;
+#  - Communicator::abort from a thread of rank 0 while its all_reduce sleeps
+#    in the RDMA transport (rdma-abort): the call is cut short within 2 s
+#    naming the reason, and rank 1, joining later, names rank 0's abort.
 # With 3 ranks, the rank that finds a mismatch may have sent nothing to the
 # others yet, and the store that carries its reason may have been its own:
 # its farewell (transport.h) still tells every peer why, and they name the
@@ -48,6 +51,7 @@ polled=$build/tests/rdma/programs/rdma-polled
 late_qp=$build/tests/rdma/programs/librdma-late-qp.so
 faults=$build/tests/rdma/programs/librdma-faults.so
 busy=$build/tests/rdma/programs/rdma-busy
+abort_program=$build/tests/rdma/programs/rdma-abort
 
 export BRAID_TRANSPORT=ibverbs BRAID_TIMEOUT=20
 # Every failure below is named in 1-10 s in TCG (set-up ones include
@@ -128,6 +132,13 @@ dead_peer_while_busy() { # LAYOUT
   took=$(grep -oE 'rdma-busy: rank 0 failed after [0-9.]+ s: .*rank 2' <<<"$job_out" | grep -oE '[0-9]+\.[0-9]+' | head -1)
   [ -n "$took" ] || { echo "# rank 0 did not name rank 2"; return 1; }
   [ "${took%.*}" -lt 6 ] || { echo "# rank 0 named rank 2 only after ${took} s"; return 1; }
+}
+
+# rdma-abort (1+1): each rank checks its own error and says ok.
+abort_mid_call() { # LAYOUT
+  job "$1" -- "$abort_program" 4 || return 1
+  [ "$job_status" -eq 0 ] || { echo "# a rank's error was not what it should be"; return 1; }
+  every_rank_says "$1" "rdma-abort: rank [01]: ok: "
 }
 
 # BRAID_IB_GID_INDEX=3 on h2 only, which its device does not have: rank 1
@@ -277,6 +288,8 @@ check "rank 0's queue pairs come up 4 s after its peers' (2+2, shm inside each h
   late_queue_pairs "h1:2 h2:2"
 check "a dead peer waited on while data flows to another (3 ranks, one host): named within 6 s" \
   dead_peer_while_busy "h1:3"
+check "Communicator::abort while the running call sleeps in the RDMA transport (1+1): cut short within 2 s, the peer names the abort" \
+  abort_mid_call "h1:1 h2:1"
 check "BRAID_IB_QPS_PER_PEER=2 on rank 3 only (2+2): every rank fails at set-up within the bound naming it" \
   qps_differ "h1:2 h2:2"
 check "BRAID_IB_GID_INDEX=3 on h2 only (1+1): rank 1 fails before it publishes its connection data, rank 0 names it within the bound" \
@@ -309,8 +322,11 @@ check "wire back up" wire_up
 check "wire down while the transport is only polled (1+1): every rank names the port error or the silent peer" \
   break_polled "$down" waiting ip link set rxe-h1 down
 check "wire back up" wire_up
+# The event, or the port's state where a probe read it first (the state
+# changes a moment before the event is queued).
 check "wire down while the transport is only polled, no receive posted (1+1): every rank names the port error" \
-  break_polled "got RDMA event 'port error' on rxe[01] port 1" idle ip link set rxe-h1 down
+  break_polled "got RDMA event 'port error' on rxe[01] port 1|rxe[01] port 1 while waiting: this rank's port is down" \
+  idle ip link set rxe-h1 down
 check "wire back up" wire_up
 check "the same, the device's port events lost: every rank reads its port's state and names it" \
   break_polled "read the state of rxe[01] port 1 while waiting: this rank's port is [A-Za-z_]+: its link went down" \
