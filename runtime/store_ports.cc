@@ -1,6 +1,7 @@
 #include "runtime/store_ports.h"
 
 #include <algorithm>
+#include <chrono>
 
 #include "runtime/errors.h"
 #include "runtime/hash.h"
@@ -32,6 +33,9 @@ std::uint16_t derived_store_port(std::uint16_t seed, const std::string& token) {
 
 namespace {
 
+// How long serve_job_store gives a port in use to take this job's token.
+constexpr std::chrono::milliseconds kDuplicateProbe{500};
+
 std::string launcher_remedy(const RankInfo& info) {
   if (info.launcher == "braid-launch")
     return "the store is braid-launch's (on node 0 of a job across nodes, started with the same --master-port "
@@ -60,10 +64,28 @@ std::string store_port_remedy(const RankInfo& info) {
   return launcher_remedy(info);
 }
 
+// The ports before the one a server got were in use. One that takes this
+// job's token is a store of this very job: another process serves it as rank
+// 0. Served on the next port, this one would wait alone for ranks that all
+// joined the other, and fail at the timeout saying only that they had not.
 std::shared_ptr<StoreServer> serve_job_store(const RankInfo& info) {
   if (!info.store_served_by_rank0 || info.rank != 0) return nullptr;
-  return std::make_shared<StoreServer>(info.store_host, store_port_candidates(info.store_port, info.job_token),
-                                       info.job_token, store_port_remedy(info));
+  const auto ports = store_port_candidates(info.store_port, info.job_token);
+  auto server = std::make_shared<StoreServer>(info.store_host, ports, info.job_token, store_port_remedy(info));
+  for (std::uint16_t port : ports) {
+    if (port == server->port()) break;
+    try {
+      Store::find(info.store_host, {port}, info.job_token, kDuplicateProbe, "");
+    } catch (const std::exception&) {
+      continue;  // another job's store, another program, or no answer in time
+    }
+    throw InvalidUsage("rank 0 cannot serve this job's store: a store of this very job (it took this job's "
+                       "token) already listens on " + info.store_host + ":" + std::to_string(port) +
+                       ", served by another process started as rank 0. Start each rank once (check RANK, or "
+                       "--node-rank under a launcher), stop an earlier run of this job that still runs, or, for "
+                       "two jobs given the same MASTER_PORT without a job id, give each its own BRAID_JOB_TOKEN");
+  }
+  return server;
 }
 
 std::shared_ptr<Store> connect_job_store(const RankInfo& info, const StoreServer* served,

@@ -66,7 +66,9 @@ std::string store_port_remedy(const RankInfo& info);
 
 // Rank 0 serving the job's store (info.store_served_by_rank0): listens on
 // the first free port of info's candidates on info.store_host. Null for
-// any other rank.
+// any other rank. Where a port before that one is in use by a store that
+// takes the job's token (a second process started as rank 0), InvalidUsage
+// names it.
 std::shared_ptr<StoreServer> serve_job_store(const RankInfo& info);
 
 // This rank's connection to the job's store: to `served` when this rank

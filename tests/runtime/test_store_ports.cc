@@ -194,3 +194,27 @@ TEST_CASE("store ports: serve_job_store and connect_job_store under srun's varia
   CHECK(rank1->get_string("k", 1s) == "v");
   CHECK_THAT(runtime::store_port_remedy(info), Contains("MASTER_PORT") && Contains("BRAID_STORE_ADDR"));
 }
+
+TEST_CASE("store ports: a second process started as rank 0 of the same job is named, not served elsewhere",
+          "[store_ports]") {
+  runtime::RankInfo info;
+  info.launcher = "slurm";
+  info.world_size = 2;
+  info.store_port = unused_port();
+  info.job_token = "srun-job";
+  auto first = runtime::serve_job_store(info);
+  REQUIRE(first);
+  REQUIRE(first->port() == info.store_port);
+  // Before, the second served the job's store on the next port and waited
+  // there alone until the timeout: "rank 1 has not joined".
+  CHECK_THROWS_AS(runtime::serve_job_store(info), InvalidUsage);
+  CHECK_THROWS_WITH(runtime::serve_job_store(info),
+                    Contains("a store of this very job") &&
+                        Contains("127.0.0.1:" + std::to_string(info.store_port)) &&
+                        Contains("another process started as rank 0") && Contains("BRAID_JOB_TOKEN"));
+  // Another job's store on the port is no duplicate: this job's moves on.
+  info.job_token = "another-srun-job";
+  auto other = runtime::serve_job_store(info);
+  REQUIRE(other);
+  CHECK(other->port() != info.store_port);
+}
