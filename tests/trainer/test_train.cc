@@ -133,6 +133,8 @@ TEST_CASE("a sample's bytes reach the terminal as text", "[train]") {
   CHECK(terminal_safe("\xc2\x9b" "31m"s) == "\\xc2\\x9b31m");                // C1 CSI, as UTF-8
   CHECK(terminal_safe("\x9b\xff\xc3"s) == "\\x9b\\xff\\xc3");               // stray and cut-short bytes
   CHECK(terminal_safe("\xc0\xaf\xed\xa0\x80"s) == "\\xc0\\xaf\\xed\\xa0\\x80");  // overlong, surrogate
+  // A generated backslash is doubled: "\x7f" as text is not the byte 0x7f.
+  CHECK(terminal_safe("a\\x7f\x7f\\"s) == "a\\\\x7f\\x7f\\\\");
 }
 
 TEST_CASE("FLOPs and memory follow the documented formulas", "[train]") {

@@ -52,6 +52,11 @@ std::string terminal_safe(std::string_view bytes) {
   out.reserve(bytes.size());
   for (std::size_t i = 0; i < bytes.size();) {
     const auto b = static_cast<unsigned char>(bytes[i]);
+    if (b == '\\') {  // doubled, so that a generated "\x7f" does not read as an escaped byte
+      out += "\\\\";
+      ++i;
+      continue;
+    }
     if ((b >= 0x20 && b < 0x7f) || b == '\n' || b == '\t') {
       out += bytes[i++];
       continue;

@@ -20,8 +20,9 @@ std::string generate(Gpt& model, const std::string& prompt, int count, float tem
 // and an undertrained one printed ESC sequences and bare control bytes
 // that moved the cursor or changed the terminal (a review helper's case).
 // Control bytes but newline and tab, DEL, the C1 controls (U+0080..U+009F)
-// and bytes that are not well-formed UTF-8 are written \xHH; printable
-// ASCII and well-formed UTF-8 (a corpus in any script) pass as they are.
+// and bytes that are not well-formed UTF-8 are written \xHH, a backslash
+// as two; other printable ASCII and well-formed UTF-8 (a corpus in any
+// script) pass as they are.
 std::string terminal_safe(std::string_view bytes);
 
 }  // namespace braid::trainer
