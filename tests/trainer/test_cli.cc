@@ -68,10 +68,13 @@ TEST_CASE("invalid combinations exit 2 before any work, saying what to change", 
       {"--batch-size 1e3", "--batch-size: must be a whole number in decimal digits"},
       {"--data ''", "--data is empty"},  // trained on the default corpus
       {"--resume " + stale.string(), "latest names step_00000009, which is not a complete step"},
-      {config("float.json", "\"n_layer\": 2.7"), "setting 'n_layer' must be an integer"},
-      {config("bool.json", "\"n_layer\": true"), "setting 'n_layer' must be an integer"},
-      {config("wide.json", "\"n_layer\": 4294967298"), "setting 'n_layer' must be an integer"},
-      {config("steps.json", "\"n_layer\": 1, \"steps\": 2.9"), "setting 'steps' must be an integer"},
+      // The range only where the value lies outside it (not C's int limits
+      // for 2.7).
+      {config("float.json", "\"n_layer\": 2.7"), "setting 'n_layer' must be a whole number, not 2.7"},
+      {config("bool.json", "\"n_layer\": true"), "setting 'n_layer' must be a whole number, not true"},
+      {config("wide.json", "\"n_layer\": 4294967298"),
+       "setting 'n_layer' must be a whole number from -2147483648 to 2147483647, not 4294967298"},
+      {config("steps.json", "\"n_layer\": 1, \"steps\": 2.9"), "setting 'steps' must be a whole number, not 2.9"},
       {config("lr.json", "\"n_layer\": 1, \"lr\": \"fast\""), "setting 'lr' must be a number"},
       {config("twice.json", "\"n_layer\": 1, \"lr\": 0.1, \"n_layer\": 2"), "gives the setting 'n_layer' twice"},
       {"--checkpoint-dir " + small.string(), "--checkpoint-dir " + small.string() + " cannot hold checkpoints"},

@@ -71,7 +71,8 @@ namespace {
 // A saved or --config setting of the field's own type: nlohmann's get()
 // would turn 2.7 and true into the integer 2 and 1, wrap 2^32 + 2 into an
 // int as 2, and read a string only as a string; each is refused instead,
-// naming the key.
+// naming the key, and the field's range only where the value is outside it
+// (not for 2.7, which no range would cure), in the words of the flags'.
 template <typename T>
 void take(const json& saved, const std::set<std::string>& keep, const char* key, T& field) {
   if (!saved.contains(key) || keep.count(key) != 0) return;
@@ -83,7 +84,7 @@ void take(const json& saved, const std::set<std::string>& keep, const char* key,
     if (!value.is_string()) refuse("a string");
     field = value.get<std::string>();
   } else if constexpr (std::is_integral_v<T>) {
-    const std::string range = "an integer from " + std::to_string(std::numeric_limits<T>::min()) + " to " +
+    const std::string range = "a whole number from " + std::to_string(std::numeric_limits<T>::min()) + " to " +
                               std::to_string(std::numeric_limits<T>::max());
     if (value.is_number_unsigned()) {
       const auto v = value.get<std::uint64_t>();
@@ -96,7 +97,7 @@ void take(const json& saved, const std::set<std::string>& keep, const char* key,
         refuse(range);
       field = static_cast<T>(v);
     } else {
-      refuse(range);
+      refuse("a whole number");
     }
   } else {
     static_assert(std::is_floating_point_v<T>);
