@@ -113,6 +113,11 @@ class Store {
   static std::unique_ptr<Store> find(const std::string& host, const std::vector<std::uint16_t>& ports,
                                      std::string token, std::chrono::milliseconds timeout,
                                      const std::string& remedy);
+  // One attempt, answered within `timeout`: whether a store of the job
+  // `token` names listens on host:port (it took the token). Never throws
+  // for what the port says or does not say.
+  static bool takes_token(const std::string& host, std::uint16_t port, std::string token,
+                          std::chrono::milliseconds timeout);
   ~Store();
   Store(const Store&) = delete;
   Store& operator=(const Store&) = delete;

@@ -232,6 +232,10 @@ struct Store::Impl {
   Impl(std::string host, std::uint16_t port, std::string token, milliseconds connect_timeout);
   // Not connected yet: find() connects.
   Impl(std::string host, std::string token, milliseconds request_timeout);
+  // One attempt on `port` (Store::takes_token).
+  bool takes_token(std::uint16_t port, milliseconds timeout) {
+    return attempt(port, Clock::now() + timeout).kind == Probe::accepted;
+  }
   void find(const std::vector<std::uint16_t>& ports, milliseconds timeout, const std::string& remedy);
   std::uint16_t port() const { return port_; }
 
@@ -657,6 +661,15 @@ std::unique_ptr<Store> Store::find(const std::string& host, const std::vector<st
   auto impl = make_impl(host, [&] { return std::make_unique<Impl>(host, std::move(token), timeout); });
   impl->find(ports, timeout, remedy);
   return std::unique_ptr<Store>(new Store(std::move(impl)));
+}
+
+bool Store::takes_token(const std::string& host, std::uint16_t port, std::string token, milliseconds timeout) {
+  try {
+    Impl impl(host, std::move(token), timeout);
+    return impl.takes_token(port, timeout);
+  } catch (const std::exception&) {
+    return false;
+  }
 }
 
 std::uint16_t Store::port() const { return impl_->port(); }

@@ -73,12 +73,10 @@ std::shared_ptr<StoreServer> serve_job_store(const RankInfo& info) {
   const auto ports = store_port_candidates(info.store_port, info.job_token);
   auto server = std::make_shared<StoreServer>(info.store_host, ports, info.job_token, store_port_remedy(info));
   for (std::uint16_t port : ports) {
-    if (port == server->port()) break;
-    try {
-      Store::find(info.store_host, {port}, info.job_token, kDuplicateProbe, "");
-    } catch (const std::exception&) {
-      continue;  // another job's store, another program, or no answer in time
-    }
+    if (port == server->port() || port == 0) break;  // 0: the kernel chose, no port before it
+    // One attempt each: another job's store, another program or no answer
+    // is not this job's.
+    if (!Store::takes_token(info.store_host, port, info.job_token, kDuplicateProbe)) continue;
     throw InvalidUsage("rank 0 cannot serve this job's store: a store of this very job (it took this job's "
                        "token) already listens on " + info.store_host + ":" + std::to_string(port) +
                        ", served by another process started as rank 0. Start each rank once (check RANK, or "

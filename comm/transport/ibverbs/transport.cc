@@ -222,6 +222,7 @@ void IbTransport::post_write(Peer& peer, std::uint64_t id, const void* local, st
                                         operation(kind_of(id)) + " to rank " + std::to_string(peer.rank),
                                     error));
   ++writes_in_flight_;
+  peer.answered = true;  // the stall check counts from the newest write too
 }
 
 // Polls the completion queue, taking no action on what completes, until no

@@ -48,10 +48,12 @@
 // rank waiting until BRAID_TIMEOUT:
 //  - a write's retries end: a peer waited on that has had a write
 //    outstanding and nothing from it (no completion, a keepalive's
-//    included, no data) for half of BRAID_TIMEOUT (twice the longest its
-//    retries can take, connection.cc) is named as not answering (a retry
-//    count the device does not keep, or a completion it never makes); a
-//    peer that is only slow to post its receives answers every keepalive;
+//    included, no data) and nothing posted to it for half of BRAID_TIMEOUT
+//    (from 2 s on, at least twice the longest its retries can take,
+//    connection.cc), plus the time its direct writes in flight take at
+//    kSlowestLinkBytesPerSecond, is named as not answering (a retry count
+//    the device does not keep, or a completion it never makes); a peer
+//    that is only slow to post its receives answers every keepalive;
 //  - the device reports a port that went down (an asynchronous event):
 //    while a peer is due for a probe, the port's state is read as well, at
 //    most once per kKeepaliveInterval, and a port no longer active fails
@@ -203,8 +205,9 @@ class IbTransport final : public Transport {
     // this peer, if it waits on it, next.
     bool active = true;
     Clock::time_point next_keepalive{};
-    // A completion of any kind with this peer (a keepalive's too) since
-    // probe_when_due last looked, and when it last saw one or `active`.
+    // A write posted to this peer or a completion of any kind with it (a
+    // keepalive's too) since probe_when_due last looked, and when it last
+    // saw one or `active`.
     bool answered = false;
     Clock::time_point answered_at{};
     // large messages (direct.cc)
