@@ -655,6 +655,41 @@ void forget_store_keys(Communicator::Impl& impl) noexcept {
   }
 }
 
+// Set-up failed on this rank. Where this rank serves the job's store (rank
+// 0 without a launcher), the store goes when its process exits, and a peer
+// still reading a key it needed to fail named only "the store ... closed
+// the connection", not the cause: 3 runs in 12 of two ranks started with
+// different BRAID_TRANSPORTs (h46's F2). Each rank marks that it failed too
+// (<prefix>/setup/gone/<rank>); the serving rank waits for every peer that
+// joined (in a world: claimed its rank) to have done so, 3 s at most, before
+// it fails in turn: a peer learns of a published failure within 2 s
+// (host_of_peer's longest slice).
+// A peer's mark is bounded by 300 ms: a store that stopped answering (its
+// rank frozen) would hold it to the deadline, after the wait that failed.
+static void leave_failed_setup(Communicator::Impl& impl) noexcept {
+  using namespace std::chrono;
+  if (!impl.store || impl.size == 1) return;
+  const std::string gone = impl.key_prefix + "/setup/gone/";
+  try {
+    if (!impl.store_server) {
+      impl.store->set(gone + std::to_string(impl.rank), "1", steady_clock::now() + milliseconds{300});
+      return;
+    }
+    const auto deadline = steady_clock::now() + std::min<milliseconds>(impl.timeout, seconds(3));
+    const bool world = impl.world_ranks.empty();
+    std::vector<std::string> peers;
+    for (int r = 0; r < impl.size; ++r)
+      if (r != impl.rank &&
+          (!world || impl.store->try_get(impl.key_prefix + "/claims/" + std::to_string(r), deadline)))
+        peers.push_back(gone + std::to_string(r));
+    const auto left = duration_cast<milliseconds>(deadline - steady_clock::now());
+    if (!peers.empty() && left > milliseconds{0}) impl.store->wait(peers, left);
+  } catch (const std::exception& e) {
+    spdlog::debug("comm {:08x} ({}): did not see every peer fail set-up too: {}", impl.comm_id, impl.key_prefix,
+                  e.what());
+  }
+}
+
 std::unique_ptr<Communicator> Communicator::create_world() {
   return create_world(runtime::rank_info_from_env());
 }
@@ -680,8 +715,13 @@ std::unique_ptr<Communicator> Communicator::create_world(const runtime::RankInfo
   // topology, tens of ms of every torch new_group at the default level.
   if (spdlog::should_log(spdlog::level::info))
     spdlog::info("{}; {}", runtime::describe(info), runtime::describe_placement());
-  exchange_hosts(*impl, info.world_size, config);
-  connect_transports(*impl);
+  try {
+    exchange_hosts(*impl, info.world_size, config);
+    connect_transports(*impl);
+  } catch (...) {
+    leave_failed_setup(*impl);
+    throw;
+  }
   impl->set_up = true;
   return std::unique_ptr<Communicator>(new Communicator(std::move(impl)));
 }
@@ -723,7 +763,12 @@ std::unique_ptr<Communicator> Communicator::split(int color, int key) {
     world += (world.empty() ? "" : ", ") + std::to_string(in_world);
   }
   impl->scope_note = "; on communicator " + prefix + ", whose ranks " + ranks + " are world ranks " + world;
-  connect_transports(*impl);
+  try {
+    connect_transports(*impl);
+  } catch (...) {
+    leave_failed_setup(*impl);
+    throw;
+  }
   impl->set_up = true;
   return std::unique_ptr<Communicator>(new Communicator(std::move(impl)));
 }
