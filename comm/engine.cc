@@ -18,6 +18,9 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <cctype>
+#include <optional>
+#include <string_view>
 #include <system_error>
 #include <utility>
 
@@ -41,6 +44,33 @@ std::string blamed_note(const std::string& text, int rank) {
   return "";
 }
 
+// "all_reduce #4" of a mismatch text "mismatched collectives: rank 0
+// called all_reduce #4 (...) but ..." (or "runs"); `rank` -1 takes any rank.
+std::optional<std::string> mismatch_call(std::string_view text, int rank) {
+  const std::string_view mismatch = "mismatched collectives: rank ";
+  auto at = text.find(mismatch);
+  if (at == std::string_view::npos) return std::nullopt;
+  at += mismatch.size();
+  if (rank >= 0 && !text.substr(at).starts_with(std::to_string(rank) + " ")) return std::nullopt;
+  const auto from = text.find(' ', at) + 1;  // past the rank's number
+  const auto verb = text.substr(from);
+  const std::size_t start = from + (verb.starts_with("called ") ? 7 : verb.starts_with("runs ") ? 5 : 0);
+  if (start == from) return std::nullopt;
+  const auto hash = text.find('#', start);
+  if (hash == std::string_view::npos) return std::nullopt;
+  auto end = hash + 1;
+  while (end < text.size() && std::isdigit(static_cast<unsigned char>(text[end]))) ++end;
+  return std::string(text.substr(start, end - start));
+}
+
+// Whether `text` names `call` ("all_reduce #4", not "all_reduce #40").
+bool names(std::string_view text, const std::string& call) {
+  for (auto at = text.find(call); at != std::string_view::npos; at = text.find(call, at + 1))
+    if (at + call.size() == text.size() || !std::isdigit(static_cast<unsigned char>(text[at + call.size()])))
+      return true;
+  return false;
+}
+
 // The same exception type, with this rank and operation in front.
 // `scope` ends the message (Impl::scope_note): which processes a split
 // communicator's rank numbers are.
@@ -55,7 +85,14 @@ std::exception_ptr with_context(const Op& op, int rank, std::exception_ptr error
     return std::make_exception_ptr(TimeoutError(scoped(e.what())));  // already says who waits for whom
   } catch (const RemoteError& e) {
     std::string why = e.peer() >= 0 && status ? status->abort_reason(e.peer()) : std::string();
-    const bool told = why.empty() || std::string_view(e.what()).find(why) != std::string_view::npos;
+    // The peer's reason is not quoted where this text holds it already, or
+    // where the peer found a mismatch over this rank's very call: this
+    // text names that disagreement ("rank 1 called X but rank 0 called Y"
+    // against "rank 0 called Y but rank 1 called X"; "rank 0 runs X with
+    // ring, rank 1 with ..." alike).
+    const std::optional<std::string> call = mismatch_call(e.what(), rank);
+    const bool mirror = call && mismatch_call(why, -1) && names(why, *call);
+    const bool told = why.empty() || mirror || std::string_view(e.what()).find(why) != std::string_view::npos;
     std::string text = where + e.what() + (told ? "" : "; it had failed first: " + why);
     text += blamed_note(text, rank);
     return std::make_exception_ptr(RemoteError(scoped(text), e.peer()));
@@ -485,8 +522,13 @@ void Communicator::Impl::note_choice(OpKind kind, const Algorithm& algorithm) {
                describe(algorithm.reason));
 }
 
+// Logged at debug only: every path here hands the reason to a caller (the
+// failed call's Work, the call that could not start its thread, the
+// caller of Communicator::abort), and every later call is refused with it.
+// At error level each rank printed it twice, once here and once where the
+// tool or the program reported the exception (h46's F9).
 void Communicator::Impl::abort(const std::string& reason) {
-  spdlog::error("{}", reason);
+  spdlog::debug("comm {:08x}: closing its transports after a failure: {}", comm_id, reason);
   if (status) status->publish_abort(reason);
   for (auto& t : transports) t->farewell(reason);
   for (auto& t : transports) t->shutdown();

@@ -154,6 +154,9 @@ void check_case(const test::RunResult& result) {
     CHECK(o.type == "RemoteError");  // never a timeout, never success
     CHECK(contains(o.text, "mismatched collectives"));
     CHECK(contains(o.text, " #2"));  // the call itself (after a broadcast that left early: named at #3)
+    // Once: a peer that found a mismatch in this call too is not quoted
+    // after it ("it had failed first: ..."), its text this one's mirror.
+    CHECK(o.text.find("mismatched collectives") == o.text.rfind("mismatched collectives"));
   }
 }
 
