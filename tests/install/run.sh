@@ -2,8 +2,8 @@
 # Installs braid from BUILD_DIR into a temporary DESTDIR, builds CLIENT_CC
 # (a program outside the tree) exactly as a user would:
 #   c++ -std=c++20 client.cc $(pkg-config --cflags --libs braid)
-# checks that neither it nor the installed libraries need the CUDA runtime at
-# load time, then runs it under the installed braid-launch (3 ranks), under
+# checks that neither it nor the installed libraries need the CUDA runtime or
+# libibverbs at load time, then runs it under the installed braid-launch (3 ranks), under
 # torchrun and under Open MPI's mpirun (2 ranks each). The installed files stand in a DESTDIR, so
 # pkg-config gets PKG_CONFIG_SYSROOT_DIR and the programs LD_LIBRARY_PATH,
 # as for any staged install.
@@ -50,6 +50,13 @@ grep -q "braid's headers need C++20" "$tmp/cxx17.log" || fail "C++17 was not ref
 needed=$(for f in "$tmp/client" "$libdir"/libbraid_comm.so "$libdir"/libbraid_runtime.so "$libdir"/libbraid_kernels.so; do
   readelf -d "$f" | grep NEEDED; done)
 if echo "$needed" | grep -Ei 'cudart|cublas|libcuda'; then fail "the client or a braid library needs CUDA at load time"; fi
+# Nor libibverbs: the RDMA transport is a library of its own, installed
+# beside libbraid_comm and loaded from there at run time
+# (comm/transport/ibverbs/plugin.h).
+if echo "$needed" | grep -i 'libibverbs'; then fail "the client or a braid library needs libibverbs at load time"; fi
+if [ -e "$build/comm/libbraid_comm_ibverbs.so" ] && [ ! -e "$libdir/libbraid_comm_ibverbs.so" ]; then
+  fail "no libbraid_comm_ibverbs.so beside libbraid_comm.so in $libdir"
+fi
 
 export LD_LIBRARY_PATH="$libdir${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 export BRAID_TIMEOUT=30

@@ -23,7 +23,7 @@ build_vm_binaries() {
     echo "rdma test: $vm_build is not configured; run scripts/setup.sh (it builds the VM's binaries with -Dnative=false)" >&2
     exit 1
   fi
-  ninja -C "$vm_build" tools/braid-bench tools/braid-launch tools/check/braid-check tests/rdma/programs/rdma-forge-cts tests/rdma/programs/rdma-cts-step \
+  ninja -C "$vm_build" comm/libbraid_comm_ibverbs.so tools/braid-bench tools/braid-launch tools/check/braid-check tests/rdma/programs/rdma-forge-cts tests/rdma/programs/rdma-cts-step \
     tests/rdma/programs/rdma-polled tests/rdma/programs/librdma-late-qp.so tests/rdma/programs/librdma-faults.so \
     tests/rdma/programs/rdma-busy tests/rdma/programs/rdma-abort >&2
 }

@@ -85,6 +85,42 @@ TEST_CASE("braid-bench under BRAID_ALGO=direct runs the direct collective; an un
   CHECK_THAT(bad.out() + bad.err(), Catch::Contains("BRAID_ALGO"));
 }
 
+// libbraid_comm.so named libibverbs.so.1, so that no program of braid
+// started on a machine without rdma-core (h47). The transport is now a
+// library of its own, loaded at the first look for RDMA
+// (comm/transport/ibverbs/plugin.h). Here libbraid_comm and that library
+// are copied into a folder with a libibverbs.so.1 that is no library at all,
+// ahead of the build's on LD_LIBRARY_PATH: tcp runs, and BRAID_TRANSPORT=
+// ibverbs is refused naming the library and why it did not load.
+TEST_CASE("braid-bench runs where libibverbs cannot be loaded, and BRAID_TRANSPORT=ibverbs says why", "[bench]") {
+  const auto build = std::filesystem::path(bench_path()).parent_path().parent_path();
+  if (!std::filesystem::exists(build / "comm" / "libbraid_comm_ibverbs.so")) {
+    WARN("skipped: this build has no libibverbs (scripts/setup.sh installs libibverbs-dev)");
+    return;
+  }
+  JobDir libs;
+  for (const char* name : {"libbraid_comm.so.0", "libbraid_comm_ibverbs.so"})
+    std::filesystem::copy_file(build / "comm" / name, libs.path() / name);
+  std::ofstream(libs.path() / "libibverbs.so.1") << "not a shared library\n";
+  JobDir dir;
+  LaunchedJob job(dir, {"--nproc-per-node", "2", "--", bench_path(), "-b", "8", "-e", "64K", "-f", "64", "-n", "2"},
+                  {{"LD_LIBRARY_PATH", libs.path().string()}, {"BRAID_TRANSPORT", "tcp"}});
+  const int status = job.wait(std::chrono::seconds(60));
+  INFO(job.out() << job.err());
+  CHECK(status == 0);
+  CHECK_THAT(job.out(), Catch::Contains("Out of bounds values : 0 OK"));
+  JobDir ib_dir;
+  LaunchedJob ib(ib_dir, {"--nproc-per-node", "2", "--", bench_path(), "-b", "8", "-e", "8"},
+                 {{"LD_LIBRARY_PATH", libs.path().string()}, {"BRAID_TRANSPORT", "ibverbs"}});
+  const int ib_status = ib.wait(std::chrono::seconds(60));
+  INFO(ib.out() << ib.err());
+  CHECK(ib_status != 0);
+  // The copy was loaded (its folder is named), and failed on the fake verbs library.
+  CHECK_THAT(ib.out() + ib.err(), Catch::Contains((libs.path() / "libbraid_comm_ibverbs.so").string() +
+                                                  ") cannot be loaded") &&
+                                      Catch::Contains("libibverbs.so.1") && Catch::Contains("install libibverbs1"));
+}
+
 // A socket buffer smaller than one loopback segment left TCP moving data only
 // on its persist timer: a 256 KiB all_reduce took seconds at 8K and a minute
 // at 4K, and nothing timed out. Such a size is refused by name; the smallest

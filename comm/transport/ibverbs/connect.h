@@ -1,5 +1,6 @@
 // What setup.cc needs of the ibverbs transport, in a build with or without
-// libibverbs: the options, and open_ibverbs(), which connects (connection.cc)
+// libibverbs: the options, and open_ibverbs(), which connects through
+// libbraid_comm_ibverbs.so, loaded at the first use (loader.cc, plugin.h),
 // or, in a build without libibverbs, refuses by name (unavailable.cc).
 #pragma once
 

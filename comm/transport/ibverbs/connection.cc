@@ -356,22 +356,4 @@ std::unique_ptr<IbTransport> connect_ibverbs(runtime::Store& store, const std::s
   return result;
 }
 
-std::string unusable_reason(const GidRequest& request, int rank, std::string& chosen) {
-  std::vector<GidEntry> table = probe_gid_table();
-  if (table.empty()) return "no RDMA device (ibv_devices lists none, or no GID is set)";
-  try {
-    GidChoice choice = choose_gid(table, request, rank);
-    chosen = choice.entry.device + " port " + std::to_string(choice.entry.port) + " GID index " +
-             std::to_string(choice.entry.index);
-    return "";
-  } catch (const InvalidUsage& e) {
-    return e.what();
-  }
-}
-
-std::unique_ptr<Transport> open_ibverbs(runtime::Store& store, const std::string& key_prefix,
-                                        const IbOptions& options) {
-  return connect_ibverbs(store, key_prefix, options);
-}
-
 }  // namespace braid::comm::ibverbs
