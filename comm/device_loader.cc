@@ -14,13 +14,12 @@
 
 #include "comm/device.h"
 #include "comm/device_plugin.h"
+#include "comm/plugin_file.h"
 #include "runtime/errors.h"
 
 namespace braid::comm {
 
 namespace {
-
-void anchor() {}  // an address inside libbraid_comm.so, to find its folder
 
 // CUDA's lazy module loading (its default from 12.2) loads a kernel at its
 // first launch, and the load waits for every kernel of the context to end.
@@ -39,12 +38,8 @@ struct Plugin {
 
 Plugin load_plugin() {
   Plugin plugin;
-  Dl_info self{};
-  if (dladdr(reinterpret_cast<void*>(&anchor), &self) == 0 || self.dli_fname == nullptr) {
-    plugin.error = "cannot find the folder of libbraid_comm";
-    return plugin;
-  }
-  auto path = std::filesystem::path(self.dli_fname).parent_path() / kDevicePluginFile;
+  const auto path = beside_libbraid_comm(kDevicePluginFile, plugin.error);
+  if (path.empty()) return plugin;
   void* handle = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
   if (handle == nullptr) {
     plugin.error = dlerror();

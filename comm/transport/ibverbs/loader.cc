@@ -9,14 +9,13 @@
 #include <filesystem>
 #include <string>
 
+#include "comm/plugin_file.h"
 #include "comm/transport/ibverbs/connect.h"
 #include "comm/transport/ibverbs/plugin.h"
 #include "runtime/errors.h"
 
 namespace braid::comm::ibverbs {
 namespace {
-
-void anchor() {}  // an address inside libbraid_comm.so, to find its folder
 
 struct Loaded {
   const Plugin* plugin = nullptr;
@@ -26,12 +25,8 @@ struct Loaded {
 
 Loaded load() {
   Loaded loaded;
-  Dl_info self{};
-  if (dladdr(reinterpret_cast<void*>(&anchor), &self) == 0 || self.dli_fname == nullptr) {
-    loaded.error = "cannot find the folder of libbraid_comm";
-    return loaded;
-  }
-  const auto path = std::filesystem::path(self.dli_fname).parent_path() / kPluginFile;
+  const auto path = beside_libbraid_comm(kPluginFile, loaded.error);
+  if (path.empty()) return loaded;
   loaded.path = path.string();
   // RTLD_GLOBAL, as libibverbs was when libbraid_comm named it: a library
   // preloaded to wrap verbs calls (a tracer, the VM tests' fault library)
