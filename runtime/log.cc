@@ -9,6 +9,7 @@
 #include <utility>
 
 #include "runtime/config.h"
+#include "runtime/rank_info.h"
 
 namespace braid::runtime {
 namespace {
@@ -30,8 +31,12 @@ class LineSink : public spdlog::sinks::base_sink<std::mutex> {
   std::function<void(std::string_view)> write_line_;
 };
 
+// "[12:00:00.000] [rank 1] [warning] ...", or without the rank's tag where
+// the launcher puts it before the line already (braid-launch relaying the
+// output: "[rank 1] [rank 1]" was the rank twice).
 std::string pattern(int rank) {
   std::string tag = rank >= 0 ? "rank " + std::to_string(rank) : "braid";
+  if (rank >= 0 && launcher_line_prefix() == "[" + tag + "] ") return "[%H:%M:%S.%e] [%^%l%$] %v";
   return "[%H:%M:%S.%e] [" + tag + "] [%^%l%$] %v";
 }
 

@@ -1,5 +1,7 @@
 // Logging through spdlog. setup_logging() installs braid's default logger
-// (stderr, level from BRAID_LOG_LEVEL, every line tagged with the rank);
+// (stderr, level from BRAID_LOG_LEVEL, every line tagged with the rank,
+// unless the launcher prefixes the rank's lines with it already:
+// launcher_line_prefix in runtime/rank_info.h);
 // code logs with spdlog::info(...) etc. Calling it again updates the rank tag.
 #pragma once
 

@@ -332,6 +332,11 @@ void validate(const RankInfo& info) {
   if (info.restart_count < 0) refuse("restart_count must be 0 or more");
 }
 
+std::string launcher_line_prefix() {
+  const char* prefix = env("BRAID_LINE_PREFIX");
+  return prefix ? prefix : "";
+}
+
 std::string describe(const RankInfo& info) {
   return "rank " + std::to_string(info.rank) + "/" + std::to_string(info.world_size) +
          " (local " + std::to_string(info.local_rank) + "/" + std::to_string(info.local_world_size) +

@@ -70,6 +70,13 @@ RankInfo rank_info_from_env();
 // (Communicator::create_world(info) checks its argument).
 void validate(const RankInfo& info);
 
+// What the launcher puts before each line this process writes, as it tells
+// the process in BRAID_LINE_PREFIX ("[rank 1] " under braid-launch when it
+// relays the ranks' output; empty when it writes each rank's output to a
+// file of its own, or under any other launcher). braid's logger leaves out
+// its own rank tag where this prefix already names the rank.
+std::string launcher_line_prefix();
+
 // "rank 1/4 (local 1/2, node 0) via braid-launch, store 127.0.0.1:40123"
 std::string describe(const RankInfo& info);
 

@@ -85,6 +85,46 @@ TEST_CASE("braid-bench under BRAID_ALGO=direct runs the direct collective; an un
   CHECK_THAT(bad.out() + bad.err(), Catch::Contains("BRAID_ALGO"));
 }
 
+// braid-launch puts "[rank r] " before each line a rank writes, and braid's
+// logger in the rank tagged the line with the rank too: "[rank 1]
+// [12:00:00.000] [rank 1] [info] ...". The launcher tells the rank its
+// prefix (BRAID_LINE_PREFIX), and the logger leaves its own tag out; with
+// --log-dir, where nothing is put before the lines, the tag stays.
+TEST_CASE("under braid-launch a log line names its rank once; in --log-dir files the logger names it", "[bench]") {
+  JobDir dir;
+  LaunchedJob job(dir, {"--nproc-per-node", "2", "--", bench_path(), "-b", "8", "-e", "8", "-n", "1"},
+                  {{"BRAID_LOG_LEVEL", "info"}});
+  REQUIRE(job.wait(std::chrono::seconds(60)) == 0);
+  INFO(job.err());
+  for (const char* rank : {"0", "1"}) {
+    const std::string prefix = std::string("[rank ") + rank + "] ";
+    const std::string describes = std::string("rank ") + rank + "/2 (local";
+    int described = 0;
+    std::istringstream lines(job.err());
+    for (std::string line; std::getline(lines, line);) {
+      if (line.rfind(prefix, 0) != 0) continue;
+      CHECK(line.find(prefix, prefix.size()) == std::string::npos);  // the rank once
+      CHECK(line.find(" [info] ") != std::string::npos);
+      described += line.find(describes) != std::string::npos;
+    }
+    CHECK(described == 1);
+  }
+  // An inherited prefix is not this rank's: a rank writing to a file of its
+  // own is not told one, and its logger tags its lines.
+  JobDir logged;
+  const auto logs = logged.path() / "logs";
+  LaunchedJob to_files(logged,
+                       {"--nproc-per-node", "2", "--log-dir", logs.string(), "--", bench_path(), "-b", "8", "-e", "8",
+                        "-n", "1"},
+                       {{"BRAID_LOG_LEVEL", "info"}, {"BRAID_LINE_PREFIX", "[rank 1] "}});
+  REQUIRE(to_files.wait(std::chrono::seconds(60)) == 0);
+  for (const char* rank : {"0", "1"}) {
+    const std::string err = slurp(logs / (std::string("rank_") + rank + ".err"));
+    INFO(err);
+    CHECK_THAT(err, Catch::Contains(std::string("] [rank ") + rank + "] [info] rank " + rank + "/2 (local"));
+  }
+}
+
 // libbraid_comm.so named libibverbs.so.1, so that no program of braid
 // started on a machine without rdma-core (h47). The transport is now a
 // library of its own, loaded at the first look for RDMA

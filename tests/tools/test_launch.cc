@@ -154,6 +154,7 @@ TEST_CASE("each rank gets the braid and torchrun environment", "[launch]") {
     CHECK(env.at("BRAID_LOCAL_RANK") == r);
     CHECK(env.at("LOCAL_RANK") == r);
     CHECK(env.at("BRAID_WORLD_SIZE") == "3");
+    CHECK(env.at("BRAID_LINE_PREFIX") == "[rank " + r + "] ");
     CHECK(env.at("WORLD_SIZE") == "3");
     CHECK(env.at("BRAID_LOCAL_WORLD_SIZE") == "3");
     CHECK(env.at("LOCAL_WORLD_SIZE") == "3");

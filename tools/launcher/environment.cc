@@ -80,7 +80,7 @@ std::uint16_t torch_store_port(const std::string& listen_addr, int nnodes, std::
   return port;
 }
 
-std::vector<std::string> rank_environment(const JobIdentity& job, int local_rank) {
+std::vector<std::string> rank_environment(const JobIdentity& job, int local_rank, const std::string& line_prefix) {
   auto vars = current_environment();
   vars.try_emplace("OMP_NUM_THREADS", "1");
   vars.try_emplace("OPENBLAS_NUM_THREADS", "1");
@@ -102,6 +102,10 @@ std::vector<std::string> rank_environment(const JobIdentity& job, int local_rank
   vars["ROLE_WORLD_SIZE"] = world_size;
   vars["GROUP_WORLD_SIZE"] = std::to_string(job.nnodes);
   if (!job.bind_addr.empty()) vars["BRAID_BIND_ADDR"] = job.bind_addr;
+  if (line_prefix.empty())
+    vars.erase("BRAID_LINE_PREFIX");  // one the launcher inherited is not this rank's
+  else
+    vars["BRAID_LINE_PREFIX"] = line_prefix;
   vars["MASTER_ADDR"] = job.store_host;
   vars["MASTER_PORT"] = std::to_string(job.torch_port);
   std::vector<std::string> flat;

@@ -69,6 +69,8 @@ std::uint16_t torch_store_port(const std::string& listen_addr, int nnodes, std::
 // "default", so ROLE_RANK is RANK), TORCHELASTIC_RUN_ID being BRAID_RUN_ID.
 // OMP_NUM_THREADS and OPENBLAS_NUM_THREADS default to 1 (one BLAS thread
 // per rank, as N ranks already share the node) unless already set.
-std::vector<std::string> rank_environment(const JobIdentity& job, int local_rank);
+// `line_prefix`: what the launcher puts before each line of the rank's
+// output ("[rank 1] "; empty with --log-dir), given as BRAID_LINE_PREFIX.
+std::vector<std::string> rank_environment(const JobIdentity& job, int local_rank, const std::string& line_prefix);
 
 }  // namespace braid::launcher

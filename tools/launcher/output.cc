@@ -253,6 +253,8 @@ ssize_t OutputSink::write_some(std::string_view text) {
   return ::write(fd_, text.data(), text.size());
 }
 
+std::string rank_line_prefix(int rank) { return "[rank " + std::to_string(rank) + "] "; }
+
 OutputSink& standard_sink(int fd) {
   StandardSinks& sinks = standard_sinks();
   return fd == STDERR_FILENO && sinks.err ? *sinks.err : sinks.out;

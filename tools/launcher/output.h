@@ -147,6 +147,11 @@ class OutputSink {
   std::size_t dropped_own_ = 0, dropped_own_bytes_ = 0;  // write()'s texts dropped, not yet told
 };
 
+// What each line of rank `rank`'s relayed output begins with: "[rank 1] ".
+// The rank is told it (BRAID_LINE_PREFIX), so that braid's logger in it
+// does not tag its lines with the rank a second time.
+std::string rank_line_prefix(int rank);
+
 // The sink for the launcher's stdout (fd 1) or stderr (fd 2). Both are one
 // sink when they are the same file (`2>&1`, one terminal), so that their
 // lines keep their order and never split each other. Process-wide because

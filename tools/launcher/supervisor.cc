@@ -59,7 +59,7 @@ Supervisor::Supervisor(SignalCatcher& signals, std::chrono::milliseconds timeout
 Supervisor::~Supervisor() { kill_running_now(); }
 
 void Supervisor::add(RankProcess process) {
-  std::string prefix = "[rank " + std::to_string(process.rank) + "] ";
+  std::string prefix = rank_line_prefix(process.rank);
   ranks_.push_back(Rank{process.rank, process.pid, true,
                         Stream{std::move(process.stdout_pipe), LineRelay(prefix, standard_sink(1))},
                         Stream{std::move(process.stderr_pipe), LineRelay(prefix, standard_sink(2))}});
