@@ -3,7 +3,9 @@
 //
 // Stage keeps, per micro-batch, the Activations it holds from its first use
 // (the recv of its input, or its forward on the first stage) until its
-// input gradient has been sent (or its backward ran, on the first stage).
+// input gradient has been sent (or its backward ran, on the first stage);
+// in 1F1B's steady state the next micro-batch takes them over as that
+// gradient goes (send_backward_recv_forward).
 // A training step's window opens and closes with a barrier over the
 // pipeline (PipeComm::synchronize), so every stage measures over the same
 // interval, from the moment all stages start to the flush: the last
@@ -117,10 +119,20 @@ class Stage {
   void send_forward_recv_backward(int f, int b) {
     pipe_.send_forward_recv_backward(output(f), count(f), acts(b).dresidual(), count(b));
   }
-  // Backward micro-batch b's input gradient goes up as forward micro-batch f's input comes down.
+  // Backward micro-batch b's input gradient goes up as forward micro-batch
+  // f's input comes down. b's backward is over and only its input gradient
+  // (dresidual) is still to go, so f takes b's Activations and receives its
+  // input there (input() and dresidual() are apart, at fixed places): a
+  // stage holds no more micro-batches than it has forwards in flight. With
+  // an Activations of its own, f's input arrived while b's were held, one
+  // more (P-s+1 on stage s > 0, where the first stage holds P).
   void send_backward_recv_forward(int b, int f) {
-    pipe_.send_backward_recv_forward(acts(b).dresidual(), count(b), input(f), count(f));
-    release(b);
+    if (acts_[f] != nullptr) throw InvalidUsage("micro-batch " + std::to_string(f) + " began twice");
+    Activations& handed = acts(b);
+    acts_[b] = nullptr;
+    acts_[f] = &handed;
+    handed.set_shape(mbs_[f].B, mbs_[f].T);
+    pipe_.send_backward_recv_forward(handed.dresidual(), count(b), input(f), count(f));
   }
 
   // Gives micro-batch i's activations back to the pool.

@@ -7,10 +7,11 @@
 //   pp_schedule_1f1b   (PipeDream-Flush, Narayanan et al. 2021; Megatron's
 //       non-interleaved schedule) stage s runs P-s-1 warm-up forwards, then
 //       alternates one forward and one backward, then cools down with the
-//       backwards left. Whatever M, the first stage holds at most P
-//       micro-batches of activations; stage s > 0 at most P-s+1, one more
-//       than its forwards in flight while it receives the next input before
-//       sending the last gradient (the order pp_comm.h explains).
+//       backwards left. Whatever M, stage s holds at most P-s micro-batches
+//       of activations, as many as it has forwards in flight: the next
+//       input, which comes in before the last gradient goes out (the order
+//       pp_comm.h explains), lands in the activations of the micro-batch
+//       whose gradient that is.
 //
 // Both have the same bubble: with uniform stages, each stage idles for P-1
 // of the M+P-1 slots of the step, (P-1)/(M+P-1) of the time (pp_bubble_theory).
