@@ -186,6 +186,10 @@ struct Reason {
   int ranks = 0;                // 0: the rule does not depend on the rank count
   std::string_view forced;      // BRAID_ALGO, for Rule::forced
   bool staged = false;          // device buffers staged through pinned host memory
+  // What `bytes` counts where it is not the whole message: " per rank"
+  // (all_gather's input, reduce_scatter's output), " per peer"
+  // (all_to_all's block), as the call's count does (communicator.h).
+  std::string_view bytes_of;
 };
 std::string describe(const Reason& reason);
 

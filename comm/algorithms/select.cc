@@ -131,9 +131,18 @@ Reason forced(const CallShape& call) {
   return reason;
 }
 
+// The call's bytes against `limit`, by `rule`; the bytes are a rank's part
+// where the call's count is (communicator.h).
+Reason sized(Rule rule, const CallShape& call, std::size_t limit, int ranks = 0) {
+  Reason reason = because(rule, call.bytes, limit, ranks);
+  if (call.kind == OpKind::all_gather || call.kind == OpKind::reduce_scatter) reason.bytes_of = " per rank";
+  if (call.kind == OpKind::all_to_all) reason.bytes_of = " per peer";
+  return reason;
+}
+
 // `bytes` against `limit`: at most (the small-message algorithm) or above.
 Reason size_rule(const CallShape& call, std::size_t limit, int ranks) {
-  return because(call.bytes <= limit ? Rule::at_most : Rule::above, call.bytes, limit, ranks);
+  return sized(call.bytes <= limit ? Rule::at_most : Rule::above, call, limit, ranks);
 }
 
 // A ring that reduces (all_reduce, reduce_scatter): it scales the inputs of
@@ -163,7 +172,7 @@ Algorithm select_all_reduce(const CallShape& call) {
   if (call.forced == "recursive_doubling") return {all_reduce_recursive_doubling, "recursive_doubling", true, forced(call)};
   if (call.forced == "ring") return reducing_ring(all_reduce_ring, forced(call));
   if (call.registered && call.one_host && call.ranks > 1 && call.bytes >= kDirectAllReduceMinBytes)
-    return host_direct(all_reduce_direct, because(Rule::registered, call.bytes, kDirectAllReduceMinBytes));
+    return host_direct(all_reduce_direct, sized(Rule::registered, call, kDirectAllReduceMinBytes));
   if (call.bytes <= limit && call.ranks > 1)
     return {all_reduce_recursive_doubling, "recursive_doubling", true, size_rule(call, limit, call.ranks)};
   return reducing_ring(all_reduce_ring, size_rule(call, limit, call.ranks));
@@ -187,7 +196,7 @@ std::optional<Algorithm> select_oneshot(const CallShape& call) {
     return std::nullopt;
   if (call.forced == "oneshot") return Algorithm{run, "oneshot", true, forced(call)};
   if (call.forced != "auto") return std::nullopt;
-  return Algorithm{run, "oneshot", true, because(Rule::slots, call.bytes, call.slot_bytes, call.ranks)};
+  return Algorithm{run, "oneshot", true, sized(Rule::slots, call, call.slot_bytes, call.ranks)};
 }
 
 Algorithm select_host(const CallShape& call) {
@@ -208,17 +217,18 @@ Algorithm select_host(const CallShape& call) {
 }
 
 std::string rule_text(const Reason& r) {
-  auto bytes = [](std::size_t n) { return std::to_string(n) + " B"; };
+  const std::string size = std::to_string(r.bytes) + " B" + std::string(r.bytes_of);
+  const std::string limit = std::to_string(r.limit) + " B";
   const std::string on = r.ranks > 0 ? " on " + std::to_string(r.ranks) + " ranks" : "";
   switch (r.rule) {
     case Rule::only_one: return "the only one";
     case Rule::point_to_point: return "point-to-point";
     case Rule::forced: return "BRAID_ALGO=" + std::string(r.forced);
-    case Rule::registered: return "registered buffers on one host, " + bytes(r.bytes) + " >= " + bytes(r.limit);
-    case Rule::at_most: return bytes(r.bytes) + " <= " + bytes(r.limit) + on;
-    case Rule::above: return bytes(r.bytes) + " > " + bytes(r.limit) + on;
+    case Rule::registered: return "registered buffers on one host, " + size + " >= " + limit;
+    case Rule::at_most: return size + " <= " + limit + on;
+    case Rule::above: return size + " > " + limit + on;
     case Rule::cuda_ipc: return "device buffers on one host, every peer's mapped through CUDA IPC";
-    case Rule::slots: return "shared slots on one host, " + bytes(r.bytes) + " <= " + bytes(r.limit) + on;
+    case Rule::slots: return "shared slots on one host, " + size + " <= " + limit + on;
   }
   return {};
 }
