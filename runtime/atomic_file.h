@@ -29,6 +29,12 @@ struct WriteProgress {
   std::atomic<std::uint64_t> bytes{0};  // on disk so far
   std::atomic<bool> cancel{false};      // set by the other thread: the write throws before its next chunk
   std::size_t chunk = std::size_t{64} << 20;
+  // Set by the writer once what it wrote is in place (a checkpoint step
+  // published, `latest` naming it): what it does after, removing what the
+  // new files replace, loses nothing if it stalls. `removed` counts the
+  // files and directories gone since, so a slow removal is not a stuck one.
+  std::atomic<bool> published{false};
+  std::atomic<std::uint64_t> removed{0};
 };
 
 class AtomicFile {

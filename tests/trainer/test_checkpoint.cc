@@ -2,7 +2,10 @@
 // and refusal of truncated or corrupt files without touching anything.
 #include <catch2/catch.hpp>
 
+#include <fcntl.h>
+#include <linux/fs.h>
 #include <sys/inotify.h>
+#include <sys/ioctl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -10,8 +13,12 @@
 #include <cstring>
 #include <fstream>
 #include <iterator>
+#include <memory>
+#include <sstream>
 
 #include <nlohmann/json.hpp>
+#include <spdlog/sinks/ostream_sink.h>
+#include <spdlog/spdlog.h>
 
 #include "model_fixtures.h"
 #include "runtime/errors.h"
@@ -470,6 +477,86 @@ TEST_CASE("a step is pruned by a rename before its files go", "[checkpoint]") {
   CHECK(layout::is_step_name("step_00000002.pruned"));
   a.save(dir.path(), 4);
   CHECK(names_in(dir.path()) == std::vector<std::string>{"latest", "step_00000002", "step_00000004"});
+}
+
+// Sets or clears the immutable flag of `file` (chattr +i / -i): a file that
+// not even root may remove. False where the file system or the process's
+// capabilities do not allow it.
+bool set_immutable(const fs::path& file, bool on) {
+  const int fd = ::open(file.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return false;
+  int flags = 0;
+  bool done = ::ioctl(fd, FS_IOC_GETFLAGS, &flags) == 0;
+  flags = on ? (flags | FS_IMMUTABLE_FL) : (flags & ~FS_IMMUTABLE_FL);
+  done = done && ::ioctl(fd, FS_IOC_SETFLAGS, &flags) == 0;
+  ::close(fd);
+  return done;
+}
+
+// The warnings logged while it lives, one line each.
+class CapturedWarnings {
+ public:
+  CapturedWarnings() : before_(spdlog::default_logger()) {
+    auto logger = std::make_shared<spdlog::logger>("captured", std::make_shared<spdlog::sinks::ostream_sink_mt>(out_));
+    logger->set_level(spdlog::level::warn);
+    logger->set_pattern("%v");
+    spdlog::set_default_logger(logger);
+  }
+  ~CapturedWarnings() { spdlog::set_default_logger(before_); }
+  std::string text() const { return out_.str(); }
+
+ private:
+  std::shared_ptr<spdlog::logger> before_;
+  std::ostringstream out_;
+};
+
+// A prune that could not remove an older step (a file of it held open on
+// NFS, another user's, immutable) threw out of the save after the new step
+// was published: the save failed, and every later one failed on the same
+// leftover while older steps piled up (a review helper's F1). The step it
+// cannot remove stays, named in a warning, the others go, and the save
+// stands; once the file can go, the next save removes it.
+TEST_CASE("a step that cannot be pruned stays, named, and neither the save nor the other removals fail",
+          "[checkpoint]") {
+  test::TempDir dir;
+  const Saved a(1);
+  a.save(dir.path(), 1);
+  a.save(dir.path(), 2);
+  const fs::path held = dir / "step_00000001" / "held";
+  write_bytes(held, "a reader's file");
+  if (!set_immutable(held, true)) {
+    WARN("skipped: cannot make a file immutable here (needs root and a file system with chattr +i)");
+    return;
+  }
+  struct Release {
+    fs::path dir;
+    ~Release() {  // whichever name the step has by then
+      for (const char* name : {"step_00000001", "step_00000001.pruned"}) set_immutable(dir / name / "held", false);
+    }
+  } release{dir.path()};
+  fs::create_directories(dir / "step_00000000.partial" / "deep");  // a save that died: a leftover, doomed too
+  write_bytes(dir / "step_00000000.partial" / "deep" / "shard", "x");
+  {
+    CapturedWarnings warnings;
+    CHECK_NOTHROW(a.save(dir.path(), 3));  // keep 2: step 1 goes, and the leftover
+    CHECK_THAT(warnings.text(), Catch::Contains((dir / "step_00000001.pruned").string() + " stays (cannot remove " +
+                                                (dir / "step_00000001.pruned" / "held").string()) &&
+                                    Catch::Contains("the step just saved stands"));
+  }
+  CHECK(read_bytes(dir / "latest") == "step_00000003\n");
+  CHECK(a.loads_from(resolve_checkpoint(dir.path())));
+  // Renamed aside (never a step again), everything but the held file gone.
+  CHECK(names_in(dir.path()) ==
+        std::vector<std::string>{"latest", "step_00000001.pruned", "step_00000002", "step_00000003"});
+  CHECK(names_in(dir / "step_00000001.pruned") == std::vector<std::string>{"held"});
+  {
+    CapturedWarnings warnings;  // tried again, in vain, without failing
+    CHECK(a.save(dir.path(), 4) == dir / "step_00000004");
+    CHECK_THAT(warnings.text(), Catch::Contains("step_00000001.pruned stays"));
+  }
+  CHECK(set_immutable(dir / "step_00000001.pruned" / "held", false));
+  a.save(dir.path(), 5);
+  CHECK(names_in(dir.path()) == std::vector<std::string>{"latest", "step_00000004", "step_00000005"});
 }
 
 // A save may fail after it published its step (writing `latest` on a full

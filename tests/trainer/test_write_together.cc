@@ -114,6 +114,48 @@ TEST_CASE("a collective write with a stuck rank fails every rank within about th
   for (const auto& e : fs::directory_iterator(dir.path())) CHECK(e.path().filename().string().rfind(".part2", 0) != 0);
 }
 
+// After rank 0 publishes a checkpoint step it removes the older ones: a
+// removal that took longer than the timeout (many files, a slow disk)
+// failed every rank with "no progress ... nothing was published", when
+// `latest` already named the new step (a review helper's F2). Each file
+// removed counts as progress, and a removal that does stall says the step
+// was published.
+TEST_CASE("a collective write waits for a slow removal after publishing, and a stuck one says it was published",
+          "[checkpoint][write_together]") {
+  test::TempDir dir;
+  const auto slow = write_parts(dir.path(), [](int rank, const fs::path& file, WriteProgress& progress) {
+    write_slowly(file, progress, 0ms);
+    if (rank != 0) return;
+    progress.published = true;
+    for (int i = 0; i < 16; ++i) {  // 2.4 s, a file every 150 ms
+      nap(progress, 150ms);
+      ++progress.removed;
+    }
+  });
+  INFO(slow.summary());
+  CHECK(slow.all_ok());
+  CHECK(slow.elapsed >= 2400ms);
+
+  test::TempDir stuck_dir;
+  const auto stuck = write_parts(stuck_dir.path(), [](int rank, const fs::path& file, WriteProgress& progress) {
+    write_slowly(file, progress, 0ms);
+    if (rank != 0) return;
+    progress.published = true;
+    progress.removed += 3;
+    nap(progress, 20s);
+  });
+  INFO(stuck.summary());
+  REQUIRE(stuck.ranks.size() == 3);
+  for (const auto& r : stuck.ranks) {
+    CHECK_FALSE(r.ok());
+    CHECK(r.message.find("the test's parts: no progress for 1000 ms (BRAID_TIMEOUT) from rank 0 (published it, "
+                         "then removed 3 files and directories of what it replaces)") != std::string::npos);
+    CHECK(r.message.find("it was published") != std::string::npos);
+    CHECK(r.message.find("nothing was published") == std::string::npos);
+  }
+  CHECK(stuck.elapsed < 6s);
+}
+
 TEST_CASE("a collective write that fails on one rank fails every rank, the failing one with its own error",
           "[checkpoint][write_together]") {
   test::TempDir dir;

@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cstring>
 #include <cerrno>
 #include <cstdio>
@@ -118,6 +119,23 @@ fs::path DirectoryHold::held(const fs::path& dir) {
   for (const DirectoryHold* h : holds)
     if (directory_key(h->dir_) == key) return h->path();
   return {};
+}
+
+std::string DirectoryHold::named(std::string text) {
+  std::lock_guard<std::mutex> lock(held_mutex);
+  for (const DirectoryHold* h : holds) {
+    const std::string from = h->path().string(), to = h->dir_.string();
+    for (std::size_t at = text.find(from); at != std::string::npos; at = text.find(from, at)) {
+      const std::size_t end = at + from.size();
+      if (end < text.size() && std::isdigit(static_cast<unsigned char>(text[end]))) {  // fd 31, not 3
+        at = end;
+        continue;
+      }
+      text.replace(at, from.size(), to);
+      at += to.size();
+    }
+  }
+  return text;
 }
 
 DirectoryLock::DirectoryLock(int fd, std::unique_ptr<DirectoryHold> hold, fs::path dir, std::string holder)

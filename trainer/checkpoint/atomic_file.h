@@ -40,6 +40,9 @@ class DirectoryHold {
   // Whether `dir` still names the directory this process holds as `dir`
   // (true where it holds none).
   static bool still_named(const std::filesystem::path& dir);
+  // `text` with the path of every hold (/proc/self/fd/N) written as the
+  // directory's name, for messages (through_hold does it for errors).
+  static std::string named(std::string text);
 
  private:
   friend class DirectoryLock;

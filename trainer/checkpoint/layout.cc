@@ -215,35 +215,82 @@ void write_files(const fs::path& staging, const std::map<std::string, std::strin
   }
 }
 
-void prune_steps(const fs::path& dir, std::int64_t committed, int keep) {
+namespace {
+
+// Removes `path` and everything under it, deepest first, each entry
+// counted in `progress` as it goes; gives up when `progress` is cancelled.
+// Returns why something stayed ("" where nothing did).
+std::string remove_tree(const fs::path& path, WriteProgress* progress) {
+  std::error_code ec;
+  const fs::file_status status = fs::symlink_status(path, ec);
+  if (status.type() == fs::file_type::not_found) return "";
+  std::vector<fs::path> entries;  // parents before their children
+  if (fs::is_directory(status))
+    for (fs::recursive_directory_iterator it(path, ec), end; !ec && it != end; it.increment(ec))
+      entries.push_back(it->path());
+  std::string why = ec ? "cannot list " + path.string() + ": " + ec.message() : "";
+  entries.insert(entries.begin(), path);
+  for (auto e = entries.rbegin(); e != entries.rend(); ++e) {
+    if (progress && progress->cancel.load(std::memory_order_relaxed)) return why.empty() ? "given up" : why;
+    std::error_code removed;
+    fs::remove(*e, removed);
+    if (removed && why.empty()) why = "cannot remove " + e->string() + ": " + removed.message();
+    if (!removed && progress) progress->removed.fetch_add(1, std::memory_order_relaxed);
+  }
+  return why;
+}
+
+void warn_left(const fs::path& p, const std::string& why) {
+  spdlog::warn("checkpoint: {}", DirectoryHold::named(p.string() + " stays (" + why +
+                                                      "); the step just saved stands, and the next save tries again"));
+}
+
+}  // namespace
+
+void prune_steps(const fs::path& dir, std::int64_t committed, int keep, WriteProgress* progress) {
   std::vector<std::int64_t> older;  // complete steps before `committed`
   std::vector<fs::path> doomed;
-  for (const auto& entry : fs::directory_iterator(dir)) {
-    const StepEntry e = classify(entry.path().filename().string());
-    if (e.kind == StepEntry::kNone || !entry.is_directory() || e.step > committed) continue;
+  std::error_code ec;
+  for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
+    const StepEntry e = classify(it->path().filename().string());
+    std::error_code kind;
+    if (e.kind == StepEntry::kNone || !it->is_directory(kind) || e.step > committed) continue;
     if (e.kind == StepEntry::kLeftover) {
-      doomed.push_back(entry.path());
+      doomed.push_back(it->path());
     } else if (e.step < committed) {
-      if (is_complete(entry.path())) older.push_back(e.step);
-      else doomed.push_back(entry.path());
+      std::error_code seen;
+      if (fs::exists(it->path() / kStateFile, seen) || fs::exists(it->path() / kManifestFile, seen))
+        older.push_back(e.step);
+      else if (!seen)
+        doomed.push_back(it->path());
     }
   }
+  if (ec) warn_left(dir, "its steps cannot be listed: " + ec.message());
   std::sort(older.begin(), older.end(), std::greater<>());
   for (std::size_t i = static_cast<std::size_t>(std::max(keep, 1) - 1); i < older.size(); ++i)
     doomed.push_back(dir / step_dir_name(older[i]));
   // A step goes by one rename first, then its files: removed file by file
   // under its own name, a prune killed midway left step_N holding
   // state.json beside half its shards, listed as a step written whole.
-  // Its .pruned name is a leftover, removed by the next prune.
+  // Its .pruned name is a leftover, removed by the next prune; one that
+  // cannot be renamed stays whole.
   for (fs::path p : doomed) {
     if (const StepEntry e = classify(p.filename().string()); e.kind == StepEntry::kStep) {
       const fs::path aside = with_suffix(dir, e.step, kPrunedSuffix);
-      std::error_code ec;
-      fs::remove_all(aside, ec);  // an earlier prune's, killed before it removed it
-      fs::rename(p, aside);
+      // An earlier prune's, killed or refused before it removed it.
+      if (std::string why = remove_tree(aside, progress); !why.empty()) {
+        warn_left(p, "its older " + aside.filename().string() + " is in the way: " + why);
+        continue;
+      }
+      std::error_code renamed;
+      fs::rename(p, aside, renamed);
+      if (renamed) {
+        warn_left(p, "it cannot be renamed to " + aside.filename().string() + ": " + renamed.message());
+        continue;
+      }
       p = aside;
     }
-    fs::remove_all(p);
+    if (std::string why = remove_tree(p, progress); !why.empty()) warn_left(p, why);
   }
 }
 
@@ -287,7 +334,7 @@ std::string after_failed_save(const fs::path& dir, std::int64_t step) {
   return says + ", and no step in " + dir.string() + " was written whole";
 }
 
-fs::path publish_step(const fs::path& dir, std::int64_t step, int keep) {
+fs::path publish_step(const fs::path& dir, std::int64_t step, int keep, WriteProgress* progress) {
   const fs::path staging = staging_dir(dir, step), target = dir / step_dir_name(step);
   sync_directory(staging);
   fs::path old;  // where the step's previous directory ends up
@@ -315,8 +362,13 @@ fs::path publish_step(const fs::path& dir, std::int64_t step, int keep) {
   // where DIR is a symbolic link, or /proc/self/fd/N, its target's).
   sync_directory(dir / "..");
   write_file_atomically(dir / kLatest, step_dir_name(step) + "\n");
-  if (!old.empty()) fs::remove_all(old);
-  prune_steps(dir, step, keep);
+  // Published: from here on nothing throws (prune_steps), and a failure to
+  // remove what the step replaces fails no save.
+  if (progress) progress->published.store(true, std::memory_order_relaxed);
+  if (!old.empty()) {
+    if (std::string why = remove_tree(old, progress); !why.empty()) warn_left(old, why);
+  }
+  prune_steps(dir, step, keep, progress);
   return target;
 }
 

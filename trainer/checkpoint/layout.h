@@ -80,7 +80,13 @@ nlohmann::json read_json(const std::filesystem::path& path);
 // DIR/step_<step> (the step's previous directory, if any, goes), fsync DIR,
 // point `latest` at the step, then prune (prune_steps). Returns the step's
 // directory. A run's saves reach DIR through its hold (through_hold).
-std::filesystem::path publish_step(const std::filesystem::path& dir, std::int64_t step, int keep);
+// Throws only where the step is not published; once `latest` names it,
+// `progress` (if given) is told so (WriteProgress::published) and counts
+// what the removal of the older directories takes away, which is best
+// effort: a directory that cannot go is named in a warning, the next save
+// tries again, and the save stands.
+std::filesystem::path publish_step(const std::filesystem::path& dir, std::int64_t step, int keep,
+                                   WriteProgress* progress = nullptr);
 
 // Keeps `committed` and the newest keep - 1 complete steps before it, and
 // removes the older ones, the incomplete step directories before it and the
@@ -88,8 +94,14 @@ std::filesystem::path publish_step(const std::filesystem::path& dir, std::int64_
 // by a rename to step_N.pruned first, so a prune killed midway never
 // leaves a step directory with some of its files. Steps after `committed`
 // are another run's (this one went back to an earlier step) and stay: they
-// are not this run's to prune.
-void prune_steps(const std::filesystem::path& dir, std::int64_t committed, int keep);
+// are not this run's to prune. Best effort: never throws. What cannot be
+// removed (a file held open on NFS, another user's, immutable) is named in
+// a warning and left for the next prune, and the others go all the same; a
+// failed prune once failed the save it followed, and every save after it.
+// Each file and directory removed counts in `progress` (if given), which
+// can stop it (WriteProgress::cancel).
+void prune_steps(const std::filesystem::path& dir, std::int64_t committed, int keep,
+                 WriteProgress* progress = nullptr);
 // The step directory of a checkpoint that `dir` is or lies in, if any: an
 // ancestor (or `dir`) named as a step (step_N, step_N.partial) that holds
 // a state file or a manifest, or lies beside a `latest`. Another run's

@@ -75,7 +75,7 @@ std::vector<int> missing_shards(const fs::path& staging, int world_size) {
 
 fs::path commit_sharded_checkpoint(const fs::path& dir, const TrainState& state, int world_size,
                                    const std::string& strategy, const StepFiles& extra, int keep,
-                                   const std::string& save) {
+                                   const std::string& save, WriteProgress* progress) {
   const fs::path staging = layout::staging_dir(dir, state.step);
   if (const std::vector<int> missing = missing_shards(staging, world_size); !missing.empty()) {
     throw SystemError("the checkpoint of step " + std::to_string(state.step) + " is not published: " +
@@ -92,7 +92,7 @@ fs::path commit_sharded_checkpoint(const fs::path& dir, const TrainState& state,
   layout::tidy_staging(staging, shards);
   layout::write_files(staging, extra);
   write_file_atomically(staging / layout::kManifestFile, layout::sealed_text(manifest));
-  return layout::publish_step(dir, state.step, keep);
+  return layout::publish_step(dir, state.step, keep, progress);
 }
 
 // ---------------------------------------------------------------------------

@@ -59,12 +59,13 @@ void write_shard(const std::filesystem::path& staging, int rank, int world_size,
 // from another working directory).
 std::vector<int> missing_shards(const std::filesystem::path& staging, int world_size);
 // Rank 0, once every shard is durable: the manifest and `extra`, the step
-// published, then `latest`, then pruning (layout::prune_steps). Returns the
-// step directory. Refuses, publishing nothing, when a shard is missing.
+// published, then `latest`, then pruning (layout::publish_step, which tells
+// `progress` when the step is published). Returns the step directory.
+// Refuses, publishing nothing, when a shard is missing.
 std::filesystem::path commit_sharded_checkpoint(const std::filesystem::path& dir, const TrainState& state,
                                                 int world_size, const std::string& strategy,
                                                 const StepFiles& extra = {}, int keep = 2,
-                                                const std::string& save = "");
+                                                const std::string& save = "", WriteProgress* progress = nullptr);
 
 // Reads a training checkpoint of either layout (single-process or sharded)
 // or a bare weights file. Opening reads and validates every file: the model

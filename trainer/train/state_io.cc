@@ -90,12 +90,12 @@ void write_shards(comm::Communicator* comm, const std::filesystem::path& staging
 // communicator, and leaves no staging directory holding the shards' space.
 std::filesystem::path publish(comm::Communicator* comm, const std::filesystem::path& staging,
                               const std::filesystem::path& dir, std::int64_t step,
-                              const std::function<std::filesystem::path()>& commit) {
+                              const std::function<std::filesystem::path(WriteProgress*)>& commit) {
   std::filesystem::path published = step_directory(dir, step);
   const bool commits = comm == nullptr || comm->rank() == 0;
   try {
-    write_all(comm, "the checkpoint of step " + std::to_string(step), [&](WriteProgress*) {
-      if (commits) published = commit();
+    write_all(comm, "the checkpoint of step " + std::to_string(step), [&](WriteProgress* progress) {
+      if (commits) published = commit(progress);
     });
   } catch (...) {
     if (commits) {
@@ -172,9 +172,9 @@ std::filesystem::path save_sharded_checkpoint(Strategy& strategy, const std::fil
       write_shard(staging, strategy.rank(), strategy.world_size(), pieces, strategy.model().config(), state.step,
                   progress, save);
     });
-    return publish(strategy.comm(), staging, dir, state.step, [&] {
+    return publish(strategy.comm(), staging, dir, state.step, [&](WriteProgress* progress) {
       return commit_sharded_checkpoint(dir, state, strategy.world_size(), std::string(strategy_name(strategy.kind())),
-                                       extra, 2, save);
+                                       extra, 2, save, progress);
     });
   });
 }
@@ -207,7 +207,9 @@ std::filesystem::path save_mesh_checkpoint(Mesh& mesh, comm::Communicator& world
                                std::to_string(shape.dp) + " x tp " + std::to_string(shape.tp) + " x pp " +
                                std::to_string(shape.pp);
     return publish(&world, staging, dir, state.step,
-                   [&] { return commit_sharded_checkpoint(dir, state, world.size(), layout, extra, 2, save); });
+                   [&](WriteProgress* progress) {
+                     return commit_sharded_checkpoint(dir, state, world.size(), layout, extra, 2, save, progress);
+                   });
   });
 }
 

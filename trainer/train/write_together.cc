@@ -23,8 +23,12 @@ struct Report {
   std::uint64_t state = kWriting;
   std::uint64_t bytes = 0;    // on disk so far (WriteProgress)
   std::uint64_t stalled = 0;  // this rank's clock: nothing moved for the timeout
+  // 0 until the rank's writing is published (WriteProgress::published),
+  // then 1 + the files and directories it has removed since.
+  std::uint64_t tidied = 0;
 };
-static_assert(sizeof(Report) == 3 * sizeof(std::uint64_t));
+constexpr std::size_t kReportWords = 4;
+static_assert(sizeof(Report) == kReportWords * sizeof(std::uint64_t));
 
 std::string rank_list(const std::vector<int>& ranks) {
   std::string s = ranks.size() == 1 ? "rank " : "ranks ";
@@ -81,8 +85,10 @@ void write_together(comm::Communicator& comm, const std::string& what,
       if (ended) mine.state = error ? kFailed : kEnded;
     }
     mine.bytes = progress.bytes.load(std::memory_order_relaxed);
+    if (progress.published.load(std::memory_order_relaxed))
+      mine.tidied = 1 + progress.removed.load(std::memory_order_relaxed);
     mine.stalled = Clock::now() - moved >= stall;
-    comm.all_gather(&mine, all.data(), 3, DataType::i64).wait();
+    comm.all_gather(&mine, all.data(), kReportWords, DataType::i64).wait();
 
     // Every rank sees the same reports, so every rank decides alike.
     std::vector<int> failed, writing;
@@ -94,6 +100,7 @@ void write_together(comm::Communicator& comm, const std::string& what,
       if (report.state == kWriting) writing.push_back(r);
       now.push_back(report.state);
       now.push_back(report.bytes);
+      now.push_back(report.tidied);
       stalled = stalled || report.stalled != 0;
     }
     if (!failed.empty()) {
@@ -107,13 +114,25 @@ void write_together(comm::Communicator& comm, const std::string& what,
       seen = std::move(now);
       moved = Clock::now();
     } else if (stalled) {
+      // A rank past publishing was removing what its files replace: the
+      // write stands, whatever is left of that stays for the next one.
       std::string who;
+      bool published = false;
       for (int r : writing) {
-        who += (who.empty() ? "" : ", ") + std::string("rank ") + std::to_string(r) + " (" +
-               std::to_string(all[static_cast<std::size_t>(r)].bytes) + " bytes on disk)";
+        const Report& report = all[static_cast<std::size_t>(r)];
+        who += (who.empty() ? "" : ", ") + std::string("rank ") + std::to_string(r) + " (";
+        if (report.tidied > 0) {
+          published = true;
+          who += "published it, then removed " + std::to_string(report.tidied - 1) +
+                 " files and directories of what it replaces)";
+        } else {
+          who += std::to_string(report.bytes) + " bytes on disk)";
+        }
       }
       throw TimeoutError(what + ": no progress for " + std::to_string(stall.count()) + " ms (BRAID_TIMEOUT) from " +
-                         who + "; a disk that is stuck or far too slow; nothing was published");
+                         who + "; a disk that is stuck or far too slow; " +
+                         (published ? "it was published, and what it replaces is left for the next save to remove"
+                                    : "nothing was published"));
     }
   }
 }

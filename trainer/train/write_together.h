@@ -8,7 +8,10 @@
 // its own while this thread meets the peers every tick (an all_gather of
 // each rank's state and durable bytes, WriteProgress): the wait lasts as
 // long as some unfinished rank's byte count moves, and fails on every rank
-// alike once none has moved for the communicator's timeout.
+// alike once none has moved for the communicator's timeout. A writer that
+// has published its files and goes on to remove what they replace
+// (WriteProgress::published: rank 0 pruning older checkpoint steps) moves
+// as it removes them, and a stall there is told apart: the write stands.
 #pragma once
 
 #include <functional>
