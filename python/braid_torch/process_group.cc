@@ -724,11 +724,21 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::_allgather_base(at::Tensor& ou
   if (output.scalar_type() != input.scalar_type() || output.numel() != getSize() * input.numel())
     refuse("_allgather_base", "the output must have the input's dtype and " + std::to_string(getSize()) +
                                   " times its elements");
-  Buffer send = movable(input, "_allgather_base");
+  // An input that shares memory with the output, but not as braid's
+  // in-place form (the input at this rank's part of the output), is read
+  // from a copy, as alltoall_base's is: the form is each rank's own, so
+  // braid's refusal came on some ranks only, and the others waited in the
+  // call until the group's timeout (a review helper's case).
+  const auto* own_part = static_cast<const std::byte*>(output.data_ptr()) + getRank() * input.nbytes();
+  const bool copied = overlap(input, output) && input.data_ptr() != own_part;
+  const at::Tensor from = copied ? at::empty_like(input, at::MemoryFormat::Contiguous) : input;
+  Buffer send = movable(from, "_allgather_base");
   Buffer recv = movable(output, "_allgather_base");
-  return enqueue({c10d::OpType::_ALLGATHER_BASE,
-                  [this, send, recv] { return comm_->all_gather(send.data, recv.data, send.count, send.dtype); },
-                  {output}, {input}, {}});
+  Call call{c10d::OpType::_ALLGATHER_BASE,
+            [this, send, recv] { return comm_->all_gather(send.data, recv.data, send.count, send.dtype); },
+            {output}, {from}, {}};
+  if (copied) call.copies_in([from, input] { from.copy_(input); }, {input});
+  return enqueue(std::move(call));
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::gather(std::vector<std::vector<at::Tensor>>& outputs,
@@ -850,12 +860,21 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::_reduce_scatter_base(at::Tenso
   if (output.scalar_type() != input.scalar_type() || input.numel() != getSize() * output.numel())
     refuse("_reduce_scatter_base", "the input must have the output's dtype and " + std::to_string(getSize()) +
                                        " times its elements");
-  Buffer send = reducible(input, "_reduce_scatter_base");
+  // As in _allgather_base: an overlap other than braid's in-place forms
+  // (the output at this rank's part of the input, or at its start) is
+  // read from a copy of the input.
+  const auto* own_part = static_cast<const std::byte*>(input.data_ptr()) + getRank() * output.nbytes();
+  const bool copied =
+      overlap(input, output) && output.data_ptr() != own_part && output.data_ptr() != input.data_ptr();
+  const at::Tensor from = copied ? at::empty_like(input, at::MemoryFormat::Contiguous) : input;
+  Buffer send = reducible(from, "_reduce_scatter_base");
   Buffer recv = reducible(output, "_reduce_scatter_base");
   ReduceOp op = reduce_op(opts.reduceOp, "_reduce_scatter_base");
-  return enqueue({c10d::OpType::_REDUCE_SCATTER_BASE,
-                  [this, send, recv, op] { return comm_->reduce_scatter(send.data, recv.data, recv.count, recv.dtype, op); },
-                  {output}, {input}, {}});
+  Call call{c10d::OpType::_REDUCE_SCATTER_BASE,
+            [this, send, recv, op] { return comm_->reduce_scatter(send.data, recv.data, recv.count, recv.dtype, op); },
+            {output}, {from}, {}};
+  if (copied) call.copies_in([from, input] { from.copy_(input); }, {input});
+  return enqueue(std::move(call));
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::alltoall_base(at::Tensor& output, at::Tensor& input,

@@ -129,6 +129,18 @@ def check_all_gather(c, rank, size):
             out = torch.empty(size * count, dtype=dtype)
             dist.all_gather_into_tensor(out, t)
             c.equal(f"all_gather_into_tensor {dtype} x{count}", out, torch.cat(want))
+    # The input inside the output, at another rank's part than its own (not
+    # braid's in-place form, which is each rank's own): read from a copy on
+    # every rank. Refused on some ranks only, it left the others waiting.
+    count = 5
+    t = values(count, rank, torch.float32)
+    want = [torch.empty_like(t) for _ in range(size)]
+    dist.all_gather(want, t, group=gloo_group())
+    out = torch.empty(size * count)
+    at = (rank + 1) % size * count
+    out[at:at + count] = t
+    dist.all_gather_into_tensor(out, out[at:at + count])
+    c.equal("all_gather_into_tensor with the input at another rank's part", out, torch.cat(want))
 
 
 def check_gather_scatter(c, rank, size):
@@ -162,6 +174,15 @@ def check_reduce_scatter(c, rank, size):
             got = torch.empty(count, dtype=dtype)
             dist.reduce_scatter_tensor(got, whole, op=op)
             c.equal(f"reduce_scatter_tensor {name} {dtype}", got, want)
+    # The output at the next rank's part of the input: not braid's in-place
+    # forms (this rank's part, or the start) except where that part is the
+    # start, so some ranks refused it and the others waited. Read from a copy.
+    count = 7
+    whole = values(size * count, rank, torch.float32)
+    want = gloo_all_reduce(whole, dist.ReduceOp.SUM).narrow(0, rank * count, count)
+    at = (rank + 1) % size * count
+    dist.reduce_scatter_tensor(whole[at:at + count], whole)
+    c.equal("reduce_scatter_tensor with the output at another rank's part", whole[at:at + count], want)
 
 
 def check_list_forms(c, rank, size):
