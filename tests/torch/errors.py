@@ -40,6 +40,9 @@ def raises(fn):
 def check_invalid_usage(c, rank):
     message = raises(lambda: dist.all_reduce(torch.ones(4, dtype=torch.bool)))
     c.true("bool all_reduce refused", message is not None and "cannot reduce" in message, message)
+    # By torch's name, not its number ("reduce op 8").
+    message = raises(lambda: dist.all_reduce(torch.ones(4), op=dist._make_nccl_premul_sum(2.0)))
+    c.true("PREMUL_SUM refused by name", message is not None and "PREMUL_SUM is not supported" in message, message)
     message = raises(lambda: dist.send(torch.ones(4), (rank + 1) % 2, tag=3))
     c.true("send tag refused", message is not None and "tag 3" in message, message)
     message = raises(lambda: dist.gather(torch.ones(4), None, dst=2))
