@@ -258,10 +258,11 @@ void prune_steps(const fs::path& dir, std::int64_t committed, int keep, WritePro
     if (e.kind == StepEntry::kLeftover) {
       doomed.push_back(it->path());
     } else if (e.step < committed) {
-      std::error_code seen;
-      if (fs::exists(it->path() / kStateFile, seen) || fs::exists(it->path() / kManifestFile, seen))
+      // One that cannot be looked into is neither kept as complete nor removed.
+      std::error_code state, manifest;
+      if (fs::exists(it->path() / kStateFile, state) || fs::exists(it->path() / kManifestFile, manifest))
         older.push_back(e.step);
-      else if (!seen)
+      else if (!state && !manifest)
         doomed.push_back(it->path());
     }
   }
