@@ -116,8 +116,9 @@ ReduceOp reduce_op(const c10d::ReduceOp& op, const char* name) {
     case c10d::ReduceOp::BXOR: return ReduceOp::bxor;
     default: {
       // torch's own names of the others (1.13: PREMUL_SUM, UNUSED), not their numbers.
-      const std::string which = op.op_ == c10d::ReduceOp::PREMUL_SUM ? "PREMUL_SUM"
-                                                                      : "reduce op " + std::to_string(static_cast<int>(op.op_));
+      const std::string which = op.op_ == c10d::ReduceOp::PREMUL_SUM
+                                    ? "PREMUL_SUM"
+                                    : "reduce op " + std::to_string(static_cast<int>(op.op_));
       refuse(name, which + " is not supported (braid reduces with SUM, AVG, PRODUCT, MIN, MAX, BAND, BOR and BXOR)");
     }
   }

@@ -65,7 +65,8 @@ TEST_CASE("braid-bench checks every collective on 3 ranks and writes JSON and CS
   // A reason quoting the call's bytes says whose they are where the size
   // column's total is not what the rule weighed (all_gather: each rank's input).
   if (coll == "all_gather") CHECK_THAT(rows, Catch::Contains(" B per rank <= 65568 B on 3 ranks"));
-  if (coll == "all_reduce") CHECK_THAT(rows, Catch::Contains(" B <= 65568 B on 3 ranks") && !Catch::Contains("per rank"));
+  if (coll == "all_reduce")
+    CHECK_THAT(rows, Catch::Contains(" B <= 65568 B on 3 ranks") && !Catch::Contains("per rank"));
 }
 
 // BRAID_ALGO=direct (select.cc's forcing of the direct collective) is a

@@ -186,8 +186,10 @@ void start_rank(const LaunchOptions& options, const JobIdentity& job, int local_
   RankStdio stdio = make_stdio(options.log_dir, rank, job.restart);
   UniqueFd rank_in;
   if (input != nullptr && rank == options.stdin_rank) rank_in = input->connect();
-  ProcessSpec spec{options.command, rank_environment(job, local_rank, options.log_dir.empty() ? rank_line_prefix(rank) : ""), rank_in.get(), stdio.rank_out.get(),
-                   stdio.rank_err.get(), &guardian};
+  // The rank's lines get the prefix where they are relayed, not in --log-dir files.
+  const std::string line_prefix = options.log_dir.empty() ? rank_line_prefix(rank) : "";
+  ProcessSpec spec{options.command, rank_environment(job, local_rank, line_prefix), rank_in.get(),
+                   stdio.rank_out.get(), stdio.rank_err.get(), &guardian};
   pid_t pid = spawn(spec);
   spdlog::debug("braid-launch: started rank {} as pid {}", rank, pid);
   supervisor.add(RankProcess{rank, pid, std::move(stdio.relay_out), std::move(stdio.relay_err)});
