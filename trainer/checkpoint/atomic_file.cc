@@ -55,8 +55,15 @@ std::string directory_key(const fs::path& dir) {
 // Whether two stat results are of one file or directory.
 bool same_node(const struct stat& a, const struct stat& b) { return a.st_dev == b.st_dev && a.st_ino == b.st_ino; }
 
+// `text` with the hold's path `from` (/proc/self/fd/N) written `to`, where
+// it is that path and not the start of another's (fd 31's, not fd 3's).
 std::string replaced(std::string text, const std::string& from, const std::string& to) {
   for (std::size_t at = text.find(from); at != std::string::npos; at = text.find(from, at)) {
+    const std::size_t end = at + from.size();
+    if (end < text.size() && std::isdigit(static_cast<unsigned char>(text[end]))) {
+      at = end;
+      continue;
+    }
     text.replace(at, from.size(), to);
     at += to.size();
   }
@@ -123,18 +130,7 @@ fs::path DirectoryHold::held(const fs::path& dir) {
 
 std::string DirectoryHold::named(std::string text) {
   std::lock_guard<std::mutex> lock(held_mutex);
-  for (const DirectoryHold* h : holds) {
-    const std::string from = h->path().string(), to = h->dir_.string();
-    for (std::size_t at = text.find(from); at != std::string::npos; at = text.find(from, at)) {
-      const std::size_t end = at + from.size();
-      if (end < text.size() && std::isdigit(static_cast<unsigned char>(text[end]))) {  // fd 31, not 3
-        at = end;
-        continue;
-      }
-      text.replace(at, from.size(), to);
-      at += to.size();
-    }
-  }
+  for (const DirectoryHold* h : holds) text = replaced(text, h->path().string(), h->dir_.string());
   return text;
 }
 
