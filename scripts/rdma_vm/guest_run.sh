@@ -33,13 +33,13 @@ IFS=: read -r -a scripts <<<"$RDMA_VM_SCRIPT"
 # starts as it would in a VM of its own: processes, network namespaces, rxe
 # devices and their veths (with any qdisc on them), /dev/shm. The status is
 # the first non-zero one; a last line sums up every script's.
-guest_reset() {
+guest_reset() { # [PID_TO_SPARE]
   local p pid cmd d
   # Every user process but init and this runner (kernel threads have no
   # command line), read without a fork per process: forks are slow in TCG.
   for p in /proc/[0-9]*; do
     pid=${p#/proc/}
-    [ "$pid" = 1 ] || [ "$pid" = $$ ] && continue
+    [ "$pid" = 1 ] || [ "$pid" = $$ ] || [ "$pid" = "${1:-}" ] && continue
     cmd=""
     { IFS= read -r -d '' cmd < "$p/cmdline"; } 2>/dev/null
     [ -n "$cmd" ] && kill -KILL "$pid" 2>/dev/null
@@ -50,19 +50,44 @@ guest_reset() {
   rm -rf /dev/shm/* 2>/dev/null
   true
 }
-status=0 summary=""
+# What a failed check printed, again at the very end: the test log a CI
+# shows is often only its last lines, and those belong to the scripts after
+# the one that failed. Each "not ok" line comes with the lines its check
+# printed before it (at most 40), or, where the script failed with no
+# "not ok" (it stopped), with its last 40 lines; all under "# | ".
+failed_checks() { # OUTPUT_FILE
+  awk '
+    /^(not )?ok / { if (/^not ok /) { for (i = n > 40 ? n - 40 : 0; i < n; i++) print "# | " buf[i % 40]; print "# | " $0; bad++ }
+                    n = 0; next }
+    { buf[n % 40] = $0; n++ }
+    END { if (!bad) { for (i = n > 40 ? n - 40 : 0; i < n; i++) print "# | " buf[i % 40] } }' "$1"
+}
+status=0 summary="" recap=""
 for script in "${scripts[@]}"; do
   name=$(basename "$script" .sh) started=$EPOCHREALTIME
   echo "# ==== guest script $name"
-  BASH_ENV="$RDMA_VM_LIB" bash "$script" "${args[@]}" 2>&1
+  # A copy for the recap through tee, which guest_reset spares: processes
+  # the script left behind may hold its pipe open, and tee ends once they
+  # are gone (a plain pipeline would wait for them).
+  # (The guest has no /dev/fd, so no >(tee ...): a FIFO.)
+  mkfifo "/tmp/rdma_vm_fifo.$name"
+  tee "/tmp/rdma_vm_out.$name" < "/tmp/rdma_vm_fifo.$name" &
+  tee_pid=$!
+  BASH_ENV="$RDMA_VM_LIB" bash "$script" "${args[@]}" > "/tmp/rdma_vm_fifo.$name" 2>&1
   st=$?
+  [ "$st" -eq 0 ] || recap+="$name "
   took=$(( (${EPOCHREALTIME//[.,]/} - ${started//[.,]/}) / 1000000 ))
-  echo "# ==== guest script $name exited with $st after ${took} s"
   started=$EPOCHREALTIME
-  guest_reset
+  guest_reset "$tee_pid"
+  wait "$tee_pid"
+  echo "# ==== guest script $name exited with $st after ${took} s"
   echo "# ==== state after $name removed in $(( (${EPOCHREALTIME//[.,]/} - ${started//[.,]/}) / 1000 )) ms"
   summary+=" $name:$st"
   [ "$status" -ne 0 ] || status=$st
+done
+for name in $recap; do
+  echo "# ==== guest script $name failed; what its failed checks printed:"
+  failed_checks "/tmp/rdma_vm_out.$name"
 done
 echo "# guest scripts (name:status):$summary"
 exit "$status"
