@@ -172,12 +172,15 @@ void apply_saved_options(const std::set<std::string>& given_flags, const braid::
   // last checkpoint, as torchrun users expect, rather than from scratch or
   // from the --resume checkpoint the first attempt started from.
   if (info.restart_count > 0) {
-    if (const std::string own = t::restart_checkpoint(o, info.run_id); !own.empty()) {
-      o.resume = own;
+    if (const t::RestartPoint own = t::restart_checkpoint(o, info.run_id); !own.path.empty()) {
+      o.resume = own.path;
       o.init_from.clear();
+      if (info.rank == 0 && !own.passed_over.empty())
+        std::fprintf(stderr, "restart %d: passing over what the checkpoint directory's 'latest' names: %s\n",
+                     info.restart_count, own.passed_over.c_str());
       if (info.rank == 0)
         std::fprintf(stderr, "restart %d: resuming from the last checkpoint in %s\n", info.restart_count,
-                     own.c_str());
+                     own.path.c_str());
     }
   }
   if (!o.resume.empty()) {

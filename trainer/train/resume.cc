@@ -116,7 +116,7 @@ std::string apply_resume(const std::set<std::string>& given, int world_size, Tra
          (why.empty() ? "the saved layout does not fit these options" : why) + ")\n";
 }
 
-std::string restart_checkpoint(const TrainOptions& o, const std::string& run_id) {
+RestartPoint restart_checkpoint(const TrainOptions& o, const std::string& run_id) {
   fs::path dir = o.checkpoint_dir;
   if (dir.empty() && !o.resume.empty()) dir = checkpoint_home(resolve_checkpoint(o.resume));
   if (dir.empty()) return {};
@@ -134,7 +134,13 @@ std::string restart_checkpoint(const TrainOptions& o, const std::string& run_id)
   const bool named = fs::exists(dir / "latest");
   const std::optional<fs::path> newest = layout::newest_complete_step(dir);
   if (named) {
-    const fs::path latest = resolve_checkpoint(dir);
+    fs::path latest;
+    try {
+      latest = resolve_checkpoint(dir);
+    } catch (const InvalidUsage& e) {
+      if (!newest || !own(*newest)) throw;
+      return {newest->string(), e.what()};
+    }
     // Written after `latest` was last moved: a step an earlier launch of
     // the same run id left above the one this launch went back to is older
     // than that move, and is not taken (a review helper's case).
@@ -142,10 +148,10 @@ std::string restart_checkpoint(const TrainOptions& o, const std::string& run_id)
     const bool after = newest && fs::last_write_time(*newest, ec) > fs::last_write_time(dir / "latest", ec) && !ec;
     // newest_complete_step is the highest-numbered whole step, so one that
     // is not `latest`'s is newer than it.
-    if (newest && *newest != latest && after && own(*newest)) return newest->string();
-    return own(latest) ? dir.string() : std::string();
+    if (newest && *newest != latest && after && own(*newest)) return {newest->string(), {}};
+    return {own(latest) ? dir.string() : std::string(), {}};
   }
-  return newest && own(*newest) ? newest->string() : std::string();
+  return {newest && own(*newest) ? newest->string() : std::string(), {}};
 }
 
 }  // namespace braid::trainer

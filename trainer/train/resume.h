@@ -41,9 +41,18 @@ std::string apply_resume(const std::set<std::string>& given, int world_size, Tra
 // --resume checkpoint), when its latest step is this job's own, which the
 // run id that every attempt shares tells (TrainState::run_id); a step that
 // records none is not. Where the job has no run id, the directory only when
-// the job was not started with --resume (as before run ids). Empty: start
-// as the first attempt did.
-std::string restart_checkpoint(const TrainOptions& options, const std::string& run_id);
+// the job was not started with --resume (as before run ids). `path` empty:
+// start as the first attempt did.
+//
+// A `latest` that cannot be followed (empty, unreadable, naming a step
+// that is gone) is passed over for the newest complete step, when that is
+// the job's own; `passed_over` then says why. Resolving it failed every
+// restart alike, each with the same refusal, until --max-restarts ran out.
+struct RestartPoint {
+  std::string path;
+  std::string passed_over;
+};
+RestartPoint restart_checkpoint(const TrainOptions& options, const std::string& run_id);
 
 // The directory that holds a step directory (resolve_checkpoint's): where a
 // run resumed from it writes new checkpoints unless --checkpoint-dir says.
