@@ -115,6 +115,35 @@ TEST_CASE("invalid combinations exit 2 before any work, saying what to change", 
   CHECK_THAT(mesh.err, Catch::Contains("this world has one process; start braid-train under braid-launch -n 2"));
 }
 
+// A run resumed from a checkpoint on a read-only file system (it writes
+// beside it unless given --checkpoint-dir) is refused before training, and
+// the refusal comes alone: it came after a warning that the directory's
+// lock file could not be made, which is no matter then (helper-129). The
+// file system is a read-only bind mount in a mount namespace of the run's
+// own (unshare(1); skipped where that is not allowed).
+TEST_CASE("resuming from a read-only checkpoint directory is refused with no lock warning before it", "[cli]") {
+  if (!have_binary()) return;
+  test::TempDir dir;
+  const fs::path text = write_text(dir, 4000);
+  const fs::path ck = dir / "ck";
+  const std::string base = kTiny + "--data " + text.string();
+  REQUIRE(braid_train(dir, base + " --steps 2 --checkpoint-interval 2 --checkpoint-dir " + ck.string()).rc == 0);
+  const std::string read_only = "unshare -m sh -c 'mount --bind " + ck.string() + " " + ck.string() +
+                                " && mount -o remount,bind,ro " + ck.string() + " " + ck.string() + " || exit 77; exec " +
+                                std::getenv("BRAID_TRAIN") + base + " --steps 4 --resume " + ck.string() + "'";
+  const Run r = run_shell(dir, read_only);
+  if (r.rc == 77) {
+    WARN("skipped: no read-only bind mount in a mount namespace here (needs root): " << r.err);
+    return;
+  }
+  INFO(r.err);
+  CHECK(r.rc == 2);
+  CHECK_THAT(r.err, Catch::Contains(ck.string() + ", where it writes its own unless given --checkpoint-dir, cannot "
+                                                  "hold checkpoints: Read-only file system"));
+  CHECK_THAT(r.err, !Catch::Contains(".braid-train.lock"));
+  CHECK(read_text(ck / "latest") == "step_00000002\n");
+}
+
 // A FIFO given as --init-from or --config was waited on for a writer
 // forever, on every rank, past BRAID_TIMEOUT; /dev/zero was "Inappropriate
 // ioctl for device". An output that is an input or a file of a checkpoint

@@ -178,6 +178,9 @@ std::unique_ptr<DirectoryLock> DirectoryLock::take(const fs::path& dir, const st
   // trainer's own check: warning here first that a lock file could not be
   // made only confused that.
   if (!fs::is_directory(dir, ec)) return nullptr;
+  // So is a directory this process cannot write (a read-only file system,
+  // another user's), which cannot hold checkpoints either.
+  if (::access(dir.c_str(), W_OK | X_OK) != 0) return nullptr;
   const fs::path path = dir / ".braid-train.lock";
   // The lock file is opened in the directory held, so that the two are one
   // directory whatever renames it meanwhile.
