@@ -122,6 +122,7 @@ struct WorkState {
   StagedInput input;  // filled when the call runs; kept while the state lives
   std::vector<void*> recv_chunks;  // a list-form all_gather's buffers (Op::recv_chunks points here)
   std::vector<const void*> send_chunks;  // a list-form reduce_scatter's (Op::send_chunks)
+  std::shared_ptr<std::atomic<bool>> failure_seen;  // its communicator's (Impl::failure_seen)
   // fork_generation() at the call: in a child forked since, no thread will
   // ever complete it (the parent's progress thread is not there).
   unsigned born_in = fork_generation();
@@ -224,6 +225,12 @@ struct Communicator::Impl {
   std::thread worker;
   std::exception_ptr failure;  // first error; the communicator is aborted after it
   std::string failure_text;    // its message, for the calls refused after it
+  // Set once a wait() or test() threw a call's error (any call's: after the
+  // first error each later call carries its text), or the caller aborted.
+  // Shared with the calls' WorkStates, which may outlive the communicator.
+  // A failure no one saw is said as the communicator is destroyed: a
+  // program that dropped its last calls' Works ended with no word of it.
+  std::shared_ptr<std::atomic<bool>> failure_seen = std::make_shared<std::atomic<bool>>(false);
   bool set_up = false;          // its transports connected on every rank (forget_store_keys)
   // The reason of an abort that waits for the call another thread runs
   // (start_worker's failure during a lean or inline call); settle() aborts.

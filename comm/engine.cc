@@ -147,6 +147,9 @@ Communicator::Impl::~Impl() {
     const auto wait = std::min<std::chrono::milliseconds>(timeout, std::chrono::milliseconds(2000));
     const std::string late = check_early_calls_at_end(exchange, Clock::now() + wait);
     if (!late.empty()) spdlog::error("{} (found as rank {} destroyed the communicator)", late, rank);
+  } else if (!failure_seen->load(std::memory_order_acquire)) {
+    spdlog::error("{} (no wait() or test() of this communicator's calls threw it: said as rank {} destroyed the "
+                  "communicator)", failure_text, rank);
   }
   status.reset();
   for (auto& t : transports) t->shutdown();
@@ -156,6 +159,7 @@ Communicator::Impl::~Impl() {
 std::shared_ptr<WorkState> Communicator::Impl::enqueue(Op op, StagedInput input) {
   ensure_prepared();
   auto state = std::make_shared<WorkState>();
+  state->failure_seen = failure_seen;
   state->input = std::move(input);
   if (op.recv_chunks) {  // the caller's table may go once the call returns
     state->recv_chunks.assign(op.recv_chunks, op.recv_chunks + size);
@@ -547,6 +551,7 @@ void Communicator::Impl::abort_by_caller(const std::string& reason) {
   text += scope_note;
   std::unique_lock lock(mu);
   if (failure) return;  // failed or aborted already: nothing more to do
+  failure_seen->store(true, std::memory_order_release);  // the caller's own
   fail_with(std::make_exception_ptr(AbortedError(text)));
   exchange.abort_reason = text;
   exchange.aborting.store(true, std::memory_order_release);
@@ -579,6 +584,12 @@ void refuse_forked_wait(const WorkState& state, const char* what) {
                        "runs it, and this process will never see it complete");
 }
 
+// A call's error, thrown to the caller: seen (Impl::failure_seen).
+[[noreturn]] void rethrow_seen(const WorkState& state) {
+  if (state.failure_seen) state.failure_seen->store(true, std::memory_order_release);
+  std::rethrow_exception(state.error);
+}
+
 // now + timeout, where that is before the clock's end: milliseconds::max()
 // overflowed to a time in the past, and the wait failed at once.
 Clock::time_point deadline_after(std::chrono::milliseconds timeout) {
@@ -594,7 +605,7 @@ void Work::wait() {
   if (!state_) throw InvalidUsage("wait() on an empty Work");
   refuse_forked_wait(*state_, "Work::wait");
   state_->wait_done();
-  if (state_->error) std::rethrow_exception(state_->error);
+  if (state_->error) rethrow_seen(*state_);
   if (state_->staged) state_->staged->wait_results(Clock::now() + state_->timeout);
 }
 
@@ -608,7 +619,7 @@ void Work::wait(std::chrono::milliseconds timeout) {
       throw TimeoutError("Work::wait: the operation did not complete within " + std::to_string(timeout.count()) +
                          " ms (it is still queued or running)");
   }
-  if (state_->error) std::rethrow_exception(state_->error);
+  if (state_->error) rethrow_seen(*state_);
   if (state_->staged) state_->staged->wait_results(deadline);
 }
 
@@ -616,7 +627,7 @@ bool Work::test() {
   if (!state_) throw InvalidUsage("test() on an empty Work");
   refuse_forked_wait(*state_, "Work::test");
   if (!state_->done.load(std::memory_order_acquire)) return false;
-  if (state_->error) std::rethrow_exception(state_->error);
+  if (state_->error) rethrow_seen(*state_);
   return !state_->staged || state_->staged->results_ready();
 }
 

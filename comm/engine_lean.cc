@@ -115,6 +115,7 @@ std::shared_ptr<WorkState> Communicator::Impl::try_lean(Op& op, StagedInput& inp
     hand_over();
   if (!error) return completed_work();
   auto state = std::make_shared<WorkState>();
+  state->failure_seen = failure_seen;
   state->complete_unshared(error);
   return state;
 }

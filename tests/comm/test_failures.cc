@@ -873,6 +873,29 @@ TEST_CASE("failures: broadcast with different roots never completes with wrong d
   check_mismatch(result, {"broadcast #2", "root"});
 }
 
+// What destroying `comm` logs at error level, through a file in place of
+// stderr (the harness's ranks log nothing otherwise).
+std::string logged_as_destroyed(std::unique_ptr<Communicator> comm) {
+  char path[] = "/tmp/braid-end-log-XXXXXX";
+  const int file = ::mkstemp(path);
+  expect(file >= 0, "mkstemp");
+  ::unlink(path);
+  std::fflush(stderr);
+  const int saved = ::dup(STDERR_FILENO);
+  ::dup2(file, STDERR_FILENO);
+  spdlog::set_level(spdlog::level::err);
+  comm.reset();
+  spdlog::default_logger()->flush();
+  std::fflush(stderr);
+  ::dup2(saved, STDERR_FILENO);
+  ::close(saved);
+  std::string log(65536, '\0');
+  const ssize_t got = ::pread(file, log.data(), log.size(), 0);
+  ::close(file);
+  log.resize(got > 0 ? static_cast<std::size_t>(got) : 0);
+  return log;
+}
+
 // The one-shot broadcast's roots leave early, and a rank that names itself
 // the root reads nobody's slot: two such roots each kept their own data,
 // and where the broadcast was the job's last call (weights sent out before
@@ -887,27 +910,49 @@ TEST_CASE("failures: two ranks that each root a job's last small broadcast are t
     world->broadcast(data.data(), data.data(), data.size(), DataType::f32, 0).wait();  // #1: alike
     const int root = mismatched ? world->rank() : 1;
     world->broadcast(data.data(), data.data(), data.size(), DataType::f32, root).wait();  // #2
-    // The log of the communicator's end, through a file in place of stderr.
-    char path[] = "/tmp/braid-late-check-XXXXXX";
-    const int file = ::mkstemp(path);
-    expect(file >= 0, "mkstemp");
-    ::unlink(path);
-    std::fflush(stderr);
-    const int saved = ::dup(STDERR_FILENO);
-    ::dup2(file, STDERR_FILENO);
-    spdlog::set_level(spdlog::level::err);  // the harness's ranks log nothing
-    world.reset();
-    spdlog::default_logger()->flush();
-    std::fflush(stderr);
-    ::dup2(saved, STDERR_FILENO);
-    ::close(saved);
-    std::string log(65536, '\0');
-    const ssize_t got = ::pread(file, log.data(), log.size(), 0);
-    ::close(file);
-    log.resize(got > 0 ? static_cast<std::size_t>(got) : 0);
+    const std::string log = logged_as_destroyed(std::move(world));
     const bool said = contains(log, "mismatched collectives") && contains(log, "broadcast #2") &&
                       contains(log, "destroyed the communicator");
     expect(said == mismatched, (mismatched ? "no mismatch logged at the end: " : "a mismatch logged: ") + log);
+  };
+  auto result = test::run_ranks(2, {}, options);
+  INFO(result.summary());
+  REQUIRE_FALSE(result.timed_out);
+  CHECK(result.all_ok());
+}
+
+// A call whose Work was dropped without a wait (a job's last all_reduce,
+// issued and forgotten) failed without a word anywhere: its error went
+// only to the Work, and the program ended 0. The communicator's end now
+// says a failure that no wait() or test() threw; one that was thrown is
+// not said again.
+TEST_CASE("failures: an error no wait saw is logged as the communicator ends", "[failures]") {
+  const std::string transport = GENERATE("tcp", "shm");
+  const bool waited = GENERATE(false, true);
+  INFO(transport << (waited ? ", the failed call waited" : ", its Work dropped"));
+  auto options = options_with(seconds(10), seconds(60), transport);
+  options.own_world = [waited](std::unique_ptr<Communicator> world, const runtime::RankInfo&, const runtime::Config&) {
+    world->barrier().wait();  // #1
+    if (world->rank() == 1) {
+      world->abort("rank 1 leaves");  // rank 0's all_reduce #2 fails by name
+      return;
+    }
+    std::vector<float> data(1000, 1.0f);
+    Work work = world->all_reduce(data.data(), data.data(), data.size(), DataType::f32, ReduceOp::sum);
+    if (waited) {
+      bool threw = false;
+      try {
+        work.wait();
+      } catch (const Error&) {
+        threw = true;
+      }
+      expect(threw, "all_reduce #2 did not fail");
+    }
+    work = Work();
+    const std::string log = logged_as_destroyed(std::move(world));
+    const bool said = contains(log, "all_reduce #2") && contains(log, "rank 1 leaves") &&
+                      contains(log, "no wait() or test() of this communicator's calls threw it");
+    expect(said == !waited, (waited ? "said again at the end: " : "not said at the end: ") + log);
   };
   auto result = test::run_ranks(2, {}, options);
   INFO(result.summary());
