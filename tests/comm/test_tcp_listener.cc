@@ -145,6 +145,23 @@ TEST_CASE("tcp set-up: silent connections that use up a rank's descriptors do no
   for (int fd : strangers) ::close(fd);
 }
 
+// Rank 1, the higher of the two, accepts from no one: while it waited for
+// rank 0's address past one 250 ms slice, its poll of the set-up's event
+// loop found nothing to do, and a loop that runs out of work stops. The
+// connections it then started never ran their handlers: its Hello was
+// never written, it spun until the timeout, and both ranks failed blaming
+// the job token (helper-131's F1: a job's last rank, with its lower peers
+// late from their shared-memory set-up).
+TEST_CASE("tcp set-up: the highest rank connects to a peer that publishes its address late", "[tcp]") {
+  TcpSetUp ranks("tcp-late");
+  const auto started = std::chrono::steady_clock::now();
+  ranks.start(1);
+  std::this_thread::sleep_for(milliseconds(700));  // past two of rank 1's slices
+  ranks.start(0);
+  for (int rank : {0, 1}) CHECK(ranks.result_of(rank, started + seconds(30)) == "ok");
+  CHECK(std::chrono::steady_clock::now() - started < seconds(10));  // not the 20 s of the timeout
+}
+
 // Two Hellos for rank 1's socket 0 (with the job's token), sent at once,
 // were both accepted: the slot counted as taken only once the answer had
 // been written. One must be refused. (Two sockets per peer, so that rank 0

@@ -86,6 +86,13 @@ struct Mesh {
   asio::io_context io;
   tcp::acceptor acceptor{io};
   asio::steady_timer accept_retry{io};
+  // An io_context that runs out of handlers stops, and then runs none of
+  // those started later until restarted. A rank that accepts from no one
+  // (the highest) had none while it waited for a lower peer's address: its
+  // poll() between the slices stopped the loop, the connections it then
+  // started never wrote their Hellos, and it spun until BRAID_TIMEOUT
+  // (helper-131's F1). Held for the whole set-up: the loop always has work.
+  asio::executor_work_guard<asio::io_context::executor_type> keep_running = asio::make_work_guard(io);
   std::vector<std::vector<int>> fds;
   int pending = 0;
   std::exception_ptr error;
