@@ -268,12 +268,14 @@ void Communicator::Impl::drive_point_to_point(Clock::time_point until) {
     if (!exchange.distinct.front()->progress(until)) look_for_collectives_instead();
     return;
   }
-  bool advanced = false;  // several transports: short turns, so that none starves
+  bool advanced = false;  // several transports: turns, so that none starves (ExchangeContext::quiet_slice)
   for (Transport* each : exchange.distinct) advanced |= each->progress(now);
   if (!advanced) {
     Transport* waited = exchange.routes.at(static_cast<std::size_t>(first.op.root));
-    if (!waited->progress(std::min(until, now + std::chrono::microseconds(200)))) look_for_collectives_instead();
+    advanced = waited->progress(std::min(until, now + exchange.quiet_slice));
+    if (!advanced) look_for_collectives_instead();
   }
+  exchange.after_turn(advanced);
 }
 
 // Nothing moved: a peer that a receive waits for may have gone into a

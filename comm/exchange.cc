@@ -79,7 +79,8 @@ void Exchange::release(const Request& request) { request.transport->release(requ
 // that advanced: a small call's wait is a few turns, and where the clock is
 // slow to read (an emulated HPET costs ~1 us a read) it would cost more
 // than the wait. With several transports (shm to some peers, TCP to others)
-// each gets short turns so that none starves while another blocks.
+// each gets turns so that none starves while another blocks, and a wait
+// with nothing to do backs off (ExchangeContext::quiet_slice).
 void Exchange::drive(const Request& request) {
   constexpr unsigned kClockEvery = 64;
   Transport* t = request.transport;
@@ -96,7 +97,8 @@ void Exchange::drive(const Request& request) {
     if (now >= deadline()) timed_out(request.peer);
     bool advanced = false;
     for (Transport* other : c_.distinct) advanced |= other->progress(now);
-    if (!advanced) t->progress(std::min(deadline(), now + std::chrono::microseconds(200)));
+    if (!advanced) advanced = t->progress(std::min(deadline(), now + c_.quiet_slice));
+    c_.after_turn(advanced);
   }
   c_.waiting_for.store(-1, std::memory_order_relaxed);
 }

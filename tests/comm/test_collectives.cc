@@ -1143,3 +1143,50 @@ TEST_CASE("transports follow the topology: shm inside a host, TCP between hosts"
   REQUIRE(result.all_ok());
   CHECK(result.leftover_shm == 0);
 }
+
+// A rank with peers over shm and over TCP waits in turns, each transport
+// advanced and then a block in the awaited one. At a fixed 200 us a turn,
+// ranks 0 and 1 (shm to each other, TCP to rank 2) used 13-16 % of a core
+// each for as long as rank 2 was late, on this 2-core machine where the
+// late rank needs it (helper-132's F1). Their CPU time over a 1.5 s wait
+// must stay a small part of it: the turns back off while nothing moves.
+TEST_CASE("a rank with shm and TCP peers sleeps while it waits for a late one", "[collectives]") {
+  const bool p2p = GENERATE(false, true);
+  INFO((p2p ? "a receive from the late rank" : "an all_reduce"));
+  test::RunOptions options = test::run_options(std::chrono::seconds(60), test::test_config());
+  options.host_of = [](int rank) { return rank < 2 ? "hostA" : "hostB"; };
+  auto result = test::run_ranks(3, [p2p](Communicator& comm) {
+    const std::string expected = comm.rank() < 2 ? "shm+tcp" : "tcp";
+    expect(comm.transport_summary() == expected, "expected " + expected + ", got " + comm.transport_summary());
+    comm.barrier().wait();
+    std::vector<float> data(100000, 1.0f);
+    if (comm.rank() == 2) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+      if (p2p) comm.send(data.data(), data.size(), DataType::f32, 0).wait();
+      else comm.all_reduce(data.data(), data.data(), data.size(), DataType::f32, ReduceOp::sum).wait();
+      return;
+    }
+    auto cpu_seconds = [] {
+      rusage usage{};
+      getrusage(RUSAGE_SELF, &usage);
+      return double(usage.ru_utime.tv_sec + usage.ru_stime.tv_sec) +
+             double(usage.ru_utime.tv_usec + usage.ru_stime.tv_usec) / 1e6;
+    };
+    const double before = cpu_seconds();
+    const auto started = std::chrono::steady_clock::now();
+    if (!p2p) comm.all_reduce(data.data(), data.data(), data.size(), DataType::f32, ReduceOp::sum).wait();
+    else if (comm.rank() == 0) comm.recv(data.data(), data.size(), DataType::f32, 2).wait();
+    else return;  // rank 1 has nothing to wait for
+    const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+    const double used = cpu_seconds() - before;
+    expect(data[0] == (p2p ? 1.0f : 3.0f), "wrong data");
+    // 13-16 % before; a few per cent (the heartbeat thread, the turns)
+    // after. Only a wait of a second or more says anything.
+    expect(waited < 1.0 || used < 0.06 * waited, "rank " + std::to_string(comm.rank()) + " used " +
+                                                    std::to_string(used) + " s of CPU in a wait of " +
+                                                    std::to_string(waited) + " s");
+  }, options);
+  INFO(result.summary());
+  REQUIRE(result.all_ok());
+  CHECK(result.leftover_shm == 0);
+}
