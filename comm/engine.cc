@@ -433,7 +433,12 @@ void Communicator::Impl::fail_with(std::exception_ptr error) {
 // holds this one up.
 std::string Communicator::Impl::describe_wait(const Op& op, int peer) {
   if (!status) return "is unknown";
-  std::string text = status->describe_peer(peer, op.seq), holder = status->holder(op, size);
+  // What the transports know of a silent rank (Transport::gone).
+  auto gone = [this](int p) {
+    Transport* t = exchange.routes.at(static_cast<std::size_t>(p));
+    return t ? t->gone(p) : std::string();
+  };
+  std::string text = status->describe_peer(peer, op.seq), holder = status->holder(op, size, gone);
   if (!one_host) text = "runs on " + runtime::host_name(hosts[static_cast<std::size_t>(peer)]) + " and " + text;
   return holder.empty() ? text : text + "; holding this call up: " + holder;
 }

@@ -295,7 +295,7 @@ std::string StatusBoard::describe_peer(int peer, std::uint64_t seq) {
 // The ranks whose heartbeat stood still while watched first (stopped inside
 // a call or between calls), with those that have not reached `op` and still
 // beat; if there are none, the ones inside an earlier call and beating.
-std::string StatusBoard::holder(const Op& op, int size) {
+std::string StatusBoard::holder(const Op& op, int size, const std::function<std::string(int peer)>& gone) {
   if (!store_ || op.kind == OpKind::send || op.kind == OpKind::recv) return {};
   if (!unanswered().empty()) return {};  // describe_peer said so
   const auto deadline = Clock::now() + budget() + kSilence;
@@ -323,9 +323,14 @@ std::string StatusBoard::holder(const Op& op, int size) {
                                                            " (its last report) or a later call up to #" +
                                                            std::to_string(op.seq)
                                                      : r ? " #" + std::to_string(r->seq) : std::string();
+      // A rank that died or closed stops beating too: named for that, not
+      // as stopped (helper-132's F2: a rank killed while its peers waited
+      // for another, late one was called "stopped (SIGSTOP ...)").
+      const std::string why_gone = gone ? gone(peer) : std::string();
       if (r0 && r1 && r1->beat == r0->beat && !r1->idle && (r1->inside || r1->seq < op.seq))
         add(stopped, peer,
-            (r1->inside ? "inside " : "after ") + r1->kind + range + (r1->inside ? " but" : ", and") + silent);
+            (r1->inside ? "inside " : "after ") + r1->kind + range + (r1->inside ? " but" : ", and") +
+                (why_gone.empty() ? silent : " its heartbeat stood still: " + why_gone));
       else if (!r)
         add(absent, peer, "no call reported yet");
       else if (r->seq < op.seq && r->idle)

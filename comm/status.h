@@ -91,7 +91,10 @@ class StatusBoard {
   // store had already failed to answer (describe_peer says so), or `op` is
   // point-to-point; "not known: <why>" when the store stops answering
   // while it watches.
-  std::string holder(const Op& op, int size);
+  // `gone(peer)`, where given, says why a rank whose heartbeat stood
+  // still will not answer (Transport::gone): it is then named for that,
+  // not as stopped or frozen.
+  std::string holder(const Op& op, int size, const std::function<std::string(int peer)>& gone = {});
   // The host names of a communicator across hosts, by rank: holder() then
   // names each rank's ("rank 2 (on node1, inside ...)").
   void set_hosts(std::vector<std::string> hosts) { hosts_ = std::move(hosts); }

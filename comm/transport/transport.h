@@ -287,6 +287,11 @@ class Transport {
   // Whether bytes from `peer` have arrived that no receive has taken yet;
   // true where the transport cannot tell.
   virtual bool has_unread(int /*peer*/) { return true; }
+  // Why `peer` will not answer any more, where this transport can tell
+  // (its process is gone; it closed its side), for a timed-out wait to
+  // say of a rank whose heartbeat stood still; empty where it cannot
+  // tell. Only looks: never throws, moves nothing.
+  virtual std::string gone(int /*peer*/) { return {}; }
 
   // Bytes of payload moved, for traffic accounting.
   virtual std::uint64_t bytes_sent() const = 0;

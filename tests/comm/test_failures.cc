@@ -117,6 +117,51 @@ TEST_CASE("failures: a rank killed between 1 MiB all_reduces fails every other r
   check_survivors(result, 2, timeout);
 }
 
+// Rank 1 is killed inside a 1 MiB all_reduce while ranks 0 and 2 wait for
+// rank 3, which comes 4 s late, past the 2 s timeout. Nobody waits on rank 1
+// directly, so its death shows only at the timeout; the timeout said rank 1
+// was "stopped (SIGSTOP, a debugger), frozen ...", though each survivor's
+// transport knew its process was gone (helper-132's F2). Now the silent
+// rank is named for what the transport knows.
+TEST_CASE("failures: a rank killed while its peers wait for a late one is named as gone at the timeout",
+          "[failures]") {
+  const std::string transport = GENERATE("tcp", "shm");
+  INFO(transport);
+  const milliseconds timeout = seconds(2);
+  auto options = options_with(timeout, seconds(60), transport);
+  auto result = test::run_ranks(
+      4,
+      [](Communicator& comm) {
+        comm.barrier().wait();
+        std::vector<float> data((1u << 20) / sizeof(float), 1.0f);
+        if (comm.rank() == 3) std::this_thread::sleep_for(seconds(4));
+        Work work = comm.all_reduce(data.data(), data.data(), data.size(), DataType::f32, ReduceOp::sum);
+        if (comm.rank() == 1) {
+          std::this_thread::sleep_for(milliseconds(300));
+          raise(SIGKILL);
+        }
+        work.wait();
+      },
+      options);
+  INFO(result.summary());
+  REQUIRE_FALSE(result.timed_out);
+  CHECK(result.ranks[1].signal == SIGKILL);
+  const std::string gone = transport == "shm" ? "rank 1 (inside all_reduce #2 but its heartbeat stood still: its "
+                                                "process (pid "
+                                              : "rank 1 (inside all_reduce #2 but its heartbeat stood still: its TCP "
+                                                "connections to this rank closed";
+  for (int r : {0, 2}) {
+    const std::string& text = result.ranks[r].message;
+    INFO("rank " << r << ": " << text);
+    CHECK(result.ranks[r].exit_code == 1);
+    CHECK(contains(text, "rank 1"));
+    CHECK_FALSE(contains(text, "SIGSTOP"));
+    // Rank 2 receives from rank 1 in the ring, and may see its death at
+    // once; rank 0 waits for rank 3 until the timeout.
+    if (r == 0) CHECK(contains(text, gone));
+  }
+}
+
 // Runs connect_shm in a child process as `rank` of ranks 0 .. local - 1 of
 // one host (the set-up a communicator makes), and writes its error, or
 // "ok", to `result`.

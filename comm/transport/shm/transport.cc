@@ -288,6 +288,17 @@ bool ShmTransport::has_unread(int peer) {
   return l.in->head.load(std::memory_order_acquire) != l.cursor;
 }
 
+std::string ShmTransport::gone(int peer) {
+  for (auto& l : links_) {
+    if (l->peer != peer) continue;
+    pollfd pfd{l->pidfd, POLLIN, 0};
+    if (l->pidfd >= 0 && poll(&pfd, 1, 0) > 0)
+      return "its process (pid " + std::to_string(l->mapping.header()->owner_pid) + ") has exited or was killed";
+    if (l->mapping.header()->closed.load(std::memory_order_acquire)) return "it closed its communicator";
+  }
+  return {};
+}
+
 bool ShmTransport::pump_all() {
   bool advanced = false;
   for (auto& l : links_) {

@@ -96,6 +96,7 @@ class ShmTransport final : public Transport {
   // Shared slots (slots.h), when every rank of the communicator is local.
   SharedSlots* shared_slots() override { return slots_.get(); }
   bool has_unread(int peer) override;
+  std::string gone(int peer) override;
 
  private:
   struct Request {

@@ -268,6 +268,17 @@ void TcpTransport::wait_io(Clock::time_point deadline) {
       owners[i]->hung_up = true;  // reported when something is next expected from it
 }
 
+// A socket of `peer`'s that hung up: seen by wait_io while idle, or now.
+std::string TcpTransport::gone(int peer) {
+  for (auto& stream : streams_.at(static_cast<std::size_t>(peer))) {
+    if (stream.fd < 0) continue;
+    pollfd pfd{stream.fd, POLLRDHUP, 0};
+    if (stream.hung_up || (poll(&pfd, 1, 0) > 0 && (pfd.revents & (POLLRDHUP | POLLHUP | POLLERR))))
+      return "its TCP connections to this rank closed: it exited, was killed, or closed its communicator";
+  }
+  return {};
+}
+
 // The rest of a farewell whose header was read (with `why`, the start of
 // its reason, read with it): waits up to a second for it, then throws it.
 void TcpTransport::throw_farewell(const Stream& stream, const WireHeader& header, std::string why) {

@@ -85,6 +85,7 @@ class TcpTransport final : public Transport {
   void interrupt() override { interrupt_.raise(); }
   void shutdown() override;
   void farewell(const std::string& reason) override;
+  std::string gone(int peer) override;
   std::uint64_t bytes_sent() const override { return bytes_sent_; }
   std::uint64_t bytes_received() const override { return bytes_received_; }
 
