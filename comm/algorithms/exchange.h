@@ -124,16 +124,22 @@ struct ExchangeContext {
   // A wait over several transports (shm to some peers, TCP to others)
   // gives each a turn, then blocks in the awaited one for a slice, so that
   // none starves while another blocks (Exchange::drive, the point-to-point
-  // loop). The slice starts at 200 us and doubles each turn in which no
-  // transport advanced, up to 6.4 ms; a turn that advances starts it over.
-  // At a fixed 200 us, a rank waiting for a late peer woke 5000 times a
-  // second for the whole wait: 13-16 % of a core each (helper-132's F1).
+  // loop). The slice is 200 us for the first 256 turns in which no
+  // transport advanced (about 50 ms: a running collective's pauses, its
+  // ranks descheduled on shared cores, where a longer block in one
+  // transport held up the other's sends: 10-15 % slower 4+4 MiB rings at
+  // 3.2 ms), then doubles each quiet turn up to 6.4 ms; a turn that
+  // advances starts it over. At a fixed 200 us, a rank waiting for a late
+  // peer woke 5000 times a second for the whole wait: 13-16 % of a core
+  // each (helper-132's F1).
   std::chrono::microseconds quiet_slice{kFirstQuietSlice};
+  unsigned quiet_turns = 0;
   static constexpr std::chrono::microseconds kFirstQuietSlice{200}, kLongestQuietSlice{6400};
-  // After a turn: the next one's slice, the first again where this one
-  // advanced anything, else twice this one's.
+  static constexpr unsigned kQuietTurnsAtFirst = 256;
+  // After a turn: the next one's slice (above).
   void after_turn(bool advanced) {
-    quiet_slice = advanced ? kFirstQuietSlice : std::min(quiet_slice * 2, kLongestQuietSlice);
+    quiet_turns = advanced ? 0 : quiet_turns + 1;
+    quiet_slice = quiet_turns < kQuietTurnsAtFirst ? kFirstQuietSlice : std::min(quiet_slice * 2, kLongestQuietSlice);
   }
   // After the call, run or failed: clears the fields above except
   // call_waits, which the engine takes once the call has run.
