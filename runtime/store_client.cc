@@ -615,7 +615,9 @@ void Store::Impl::fail(const error_code& ec, const Exchange& exchange) {
                        exchange.what);
   }
   if (is_hang_up(ec)) {
-    broken_ = "it closed the connection";
+    // Kept for every later request, which said only "unusable after an
+    // earlier failure (it closed the connection)" (helper-132's F3).
+    broken_ = "it closed the connection; the launcher or rank 0 may have exited";
     throw RemoteError("the store at " + where() + " closed the connection " + exchange.what +
                       "; the launcher or rank 0 may have exited");
   }

@@ -224,7 +224,11 @@ TEST_CASE("store failures: destroying the server frees parked waiters and idle c
   CHECK(remote_errors == 3);
   CHECK(seconds_since(start) < 5);
   CHECK_THROWS_AS(idle->set("k", std::string("v")), RemoteError);
+  // A later request says why, too (a split after rank 0, the store's
+  // server, exited, said only that the connection was unusable).
   CHECK_THROWS_AS(idle->try_get("k"), RemoteError);
+  CHECK_THROWS_WITH(idle->try_get("k"), Contains("unusable after an earlier failure") &&
+                                            Contains("the launcher or rank 0 may have exited"));
 }
 
 // The calls bounded by a deadline (store.h), for comm/status.cc's failure
