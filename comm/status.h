@@ -42,6 +42,12 @@
 // aborts on the first) and say that the store did not answer. Nor does the
 // destructor wait out such a heartbeat: it leaves the thread to end on its
 // own, so a process exits on time after its store froze.
+//
+// Departure from DESIGN.md's invariant 2 ("an error on every other rank
+// within the configured timeout"): a timed-out collective's error comes
+// after this diagnosis, 600 ms past BRAID_TIMEOUT (the heartbeats
+// watched), plus up to the budget above where the store does not answer.
+// The README's BRAID_TIMEOUT row says so.
 #pragma once
 
 #include <atomic>
