@@ -31,7 +31,6 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
-#include <poll.h>
 
 #include <algorithm>
 #include <chrono>
@@ -176,8 +175,7 @@ void wait_watching(runtime::Store& store, const std::string& key_prefix, const s
     }
     std::optional<std::string> relayed;  // the first failure an exited peer published
     for (const auto& link : links) {
-      pollfd exited{link->pidfd, POLLIN, 0};
-      if (link->pidfd < 0 || ::poll(&exited, 1, 0) <= 0) continue;
+      if (!has_exited(link->pidfd)) continue;
       if (store.try_get(key)) return;  // it finished set-up (and its work) in the meantime
       const std::optional<runtime::Bytes> said = store.try_get(key_prefix + "/shm/" + std::to_string(link->peer));
       if (said && !said->empty() && said->front() == kFailedMark) {

@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <linux/futex.h>
+#include <poll.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
@@ -278,6 +279,12 @@ std::span<std::byte> PeerRegions::map(int pidfd, int peer, const RegionRef& ref)
 std::string farewell_of(const SegmentHeader& header) {
   const std::uint32_t bytes = header.farewell_bytes.load(std::memory_order_acquire);
   return std::string(header.farewell, std::min<std::size_t>(bytes, sizeof header.farewell));
+}
+
+bool has_exited(int pidfd) {
+  if (pidfd < 0) return false;
+  pollfd pfd{pidfd, POLLIN, 0};
+  return ::poll(&pfd, 1, 0) > 0;
 }
 
 }  // namespace braid::comm::shm

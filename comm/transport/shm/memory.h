@@ -84,6 +84,11 @@ struct alignas(64) SegmentHeader {
 // What `header`'s owner said as it failed (SegmentHeader::farewell), or "".
 std::string farewell_of(const SegmentHeader& header);
 
+// Whether the process behind `pidfd` has exited, without waiting. False
+// for -1 (no pidfd, as on an old kernel: its closed flag or the timeout
+// still tells).
+bool has_exited(int pidfd);
+
 struct alignas(64) ChannelControl {
   alignas(64) std::atomic<std::uint64_t> head;
   alignas(64) std::atomic<std::uint64_t> tail;

@@ -1,6 +1,5 @@
 #include "comm/transport/shm/slots.h"
 
-#include <poll.h>
 #include <sched.h>
 
 #include <algorithm>
@@ -137,9 +136,7 @@ bool ShmSlots::sleep(int peer, std::uint64_t seq, Clock::time_point deadline) {
 }
 
 void ShmSlots::check_alive(int peer, const std::atomic<std::uint64_t>* awaited, std::uint64_t seq) const {
-  const int pidfd = ranks_[peer].pidfd;
-  pollfd pfd{pidfd, POLLIN, 0};
-  const bool exited = pidfd >= 0 && ::poll(&pfd, 1, 0) > 0;
+  const bool exited = has_exited(ranks_[peer].pidfd);
   if (!exited && !header(peer)->closed.load(std::memory_order_acquire)) return;
   // It may have published the call awaited and then gone, after the
   // caller's last look: its close (or exit) comes after its publish.

@@ -1,6 +1,5 @@
 #include "comm/transport/shm/transport.h"
 
-#include <poll.h>
 #include <sched.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -291,8 +290,7 @@ bool ShmTransport::has_unread(int peer) {
 std::string ShmTransport::gone(int peer) {
   for (auto& l : links_) {
     if (l->peer != peer) continue;
-    pollfd pfd{l->pidfd, POLLIN, 0};
-    if (l->pidfd >= 0 && poll(&pfd, 1, 0) > 0)
+    if (has_exited(l->pidfd))
       return "its process (pid " + std::to_string(l->mapping.header()->owner_pid) + ") has exited or was killed";
     if (l->mapping.header()->closed.load(std::memory_order_acquire)) return "it closed its communicator";
   }
@@ -377,8 +375,7 @@ bool ShmTransport::check_peers() {
   for (auto& l : links_) {
     if (l->sends.empty() && l->recvs.empty()) continue;
     std::string peer = "rank " + std::to_string(l->peer);
-    pollfd pfd{l->pidfd, POLLIN, 0};
-    const bool exited = l->pidfd >= 0 && poll(&pfd, 1, 0) > 0;
+    const bool exited = has_exited(l->pidfd);
     const bool closed = exited || l->mapping.header()->closed.load(std::memory_order_acquire);
     if (!closed) continue;
     bool advanced = false;
