@@ -16,13 +16,18 @@
 //
 // Strangers on the listening port cannot starve the real peers (as the
 // store's admission does, store_server.h): a connection has
-// kHandshakeWithin to send its Hello; at most kMaxHandshakes wait for
-// theirs, and one more, or accept() running out of file descriptors, drops
-// the oldest; any other accept error is retried after kAcceptRetry. (The
-// first EMFILE ended the accept loop: the real peer's connection then sat
-// in the backlog until the timeout, blamed on the job token.) A slot is
-// taken when its Hello is accepted, so two Hellos for one rank and socket
-// cannot both be.
+// kHandshakeWithin to send its Hello; at most kMaxStrangers more than the
+// connections this rank expects from its peers wait for theirs, and one
+// more, or accept() running out of file descriptors, drops the oldest; any
+// other accept error is retried after kAcceptRetry. (The first EMFILE ended
+// the accept loop: the real peer's connection then sat in the backlog until
+// the timeout, blamed on the job token. A flat cap of 64 dropped the job's
+// own ranks: 24 ranks of 4 sockets each connect to rank 0 at once, and
+// their Hellos follow only once their processes get a core; helper-133's
+// F1.) A slot is taken when its Hello is accepted, so two Hellos for one
+// rank and socket cannot both be. A connecting rank whose connection is
+// closed before the answer (dropped) connects again after kReconnectAfter,
+// until the timeout; only an answer that refuses it fails it at once.
 #include <spdlog/spdlog.h>
 
 #include <unistd.h>
@@ -54,7 +59,8 @@ constexpr std::uint32_t kMaxTokenBytes = 4096;
 constexpr std::chrono::milliseconds kCheckEvery{250};
 constexpr std::chrono::milliseconds kHandshakeWithin{10000};
 constexpr std::chrono::milliseconds kAcceptRetry{50};
-constexpr std::size_t kMaxHandshakes = 64;
+constexpr std::size_t kMaxStrangers = 64;
+constexpr std::chrono::milliseconds kReconnectAfter{100};
 constexpr int kTaken = -2;  // fds[peer][socket] of a Hello accepted, its answer not yet sent
 
 struct Hello {
@@ -96,6 +102,8 @@ struct Mesh {
   std::vector<std::vector<int>> fds;
   int pending = 0;
   std::exception_ptr error;
+  Clock::time_point deadline = Clock::now() + options.timeout;
+  std::size_t max_handshaking = 0;  // the peers' connections and kMaxStrangers more
 
   explicit Mesh(const TcpOptions& o) : options(o), fds(static_cast<std::size_t>(o.size)) {
     for (int peer = 0; peer < o.size; ++peer)
@@ -103,6 +111,7 @@ struct Mesh {
         fds[peer].assign(static_cast<std::size_t>(o.nsocks), -1);
         pending += o.nsocks;
       }
+    max_handshaking = static_cast<std::size_t>(expected_accepts()) + kMaxStrangers;
   }
 
   bool wanted(int peer) const {
@@ -249,23 +258,28 @@ void accept_next(Mesh& mesh) {
         if (!wait_ec) accept_next(mesh);
       });
     }
-    if (mesh.handshaking.size() >= kMaxHandshakes) mesh.drop_oldest();
+    if (mesh.handshaking.size() >= mesh.max_handshaking) mesh.drop_oldest();
     std::make_shared<Incoming>(mesh, std::move(socket))->start();
     accept_next(mesh);
   });
 }
 
-// One outgoing connection to a lower rank: connect, send the Hello, read the verdict.
+// One outgoing connection to a lower rank: connect, send the Hello, read
+// the verdict; where the peer closes it before answering, again.
 struct Outgoing : std::enable_shared_from_this<Outgoing> {
   Mesh& mesh;
   int peer, index;
+  tcp::endpoint endpoint;
   tcp::socket socket;
+  asio::steady_timer reconnect;
   std::vector<std::uint8_t> hello;
   std::uint8_t verdict = kRefused;
+  int dropped = 0;
 
-  Outgoing(Mesh& m, int p, int i) : mesh(m), peer(p), index(i), socket(m.io) {}
+  Outgoing(Mesh& m, int p, int i) : mesh(m), peer(p), index(i), socket(m.io), reconnect(m.io) {}
 
-  void start(const tcp::endpoint& endpoint) {
+  void start(const tcp::endpoint& to) {
+    endpoint = to;
     const TcpOptions& o = mesh.options;
     Hello h;
     h.socket_index = static_cast<std::uint16_t>(index);
@@ -277,22 +291,49 @@ struct Outgoing : std::enable_shared_from_this<Outgoing> {
     hello.resize(sizeof h + o.job_token.size());
     std::memcpy(hello.data(), &h, sizeof h);
     std::memcpy(hello.data() + sizeof h, o.job_token.data(), o.job_token.size());
+    connect();
+  }
+
+  void connect() {
     auto self = shared_from_this();
-    socket.async_connect(endpoint, [self, endpoint](auto ec) {
-      if (ec) return self->fail("could not connect to " + endpoint.address().to_string() + ":" +
-                                std::to_string(endpoint.port()) + " (" + ec.message() + ")");
+    socket.async_connect(endpoint, [self](auto ec) {
+      if (ec) return self->fail("could not connect to " + self->endpoint.address().to_string() + ":" +
+                                std::to_string(self->endpoint.port()) + " (" + ec.message() + ")");
       asio::async_write(self->socket, asio::buffer(self->hello), [self](auto ec2, std::size_t) {
-        if (ec2) return self->fail("the connection closed during the handshake");
+        if (ec2) return self->again();
         asio::async_read(self->socket, asio::buffer(&self->verdict, 1), [self](auto ec3, std::size_t) {
-          if (!ec3 && self->verdict == kOtherSockets)
+          if (ec3) return self->again();
+          if (self->verdict == kOtherSockets)
             return self->fail_setting("rank " + std::to_string(self->peer) + " accepts another number of sockets "
                                       "per peer than this rank's BRAID_TCP_NSOCKS=" +
                                       std::to_string(self->mesh.options.nsocks) + "; set it alike on every rank");
-          if (ec3 || self->verdict != kAccepted)
+          if (self->verdict != kAccepted)
             return self->fail("it refused the handshake (different job token or communicator?)");
           self->mesh.adopt(self->peer, self->index, self->socket);
         });
       });
+    });
+  }
+
+  // Closed before an answer: the peer dropped it (its listener had more
+  // connections waiting for their Hellos than it keeps, or this Hello came
+  // past kHandshakeWithin). A peer that has gone refuses the next connect.
+  void again() {
+    ++dropped;
+    boost::system::error_code ignored;
+    socket.close(ignored);
+    if (mesh.error) return;
+    if (Clock::now() + kReconnectAfter >= mesh.deadline)
+      return fail("it closed the connection before answering the Hello, " + std::to_string(dropped) +
+                  " time(s) (too slow to read it, or its port flooded by other connections)");
+    spdlog::debug("rank {}: rank {} closed TCP connection {} before answering its Hello; connecting again",
+                  mesh.options.rank, peer, index);
+    auto self = shared_from_this();
+    reconnect.expires_after(kReconnectAfter);
+    reconnect.async_wait([self](auto ec) {
+      if (ec || self->mesh.error) return;
+      self->socket = tcp::socket(self->mesh.io);
+      self->connect();
     });
   }
 
@@ -354,7 +395,7 @@ std::vector<std::vector<int>> connect_mesh(runtime::Store& store, const std::str
   // launcher published ends it (o.check_peers): a rank whose set-up failed
   // early (its address, its descriptors) was waited for until the timeout,
   // and the last rank to give up blamed the job token.
-  const auto deadline = Clock::now() + o.timeout;
+  const auto deadline = mesh.deadline;
   auto next_check = Clock::now() + kCheckEvery;
   auto check = [&] {
     if (!o.check_peers || Clock::now() < next_check) return;
@@ -394,9 +435,10 @@ std::vector<std::vector<int>> connect_mesh(runtime::Store& store, const std::str
   mesh.acceptor.close();
   if (mesh.dropped || mesh.refused > 3)
     spdlog::warn("rank {} refused {} and dropped {} TCP connection(s) during set-up (dropped: no Hello within {} ms, "
-                 "or past {} waiting for theirs); something other than the job's ranks connects to its port",
+                 "or past {} waiting for theirs; a peer's dropped connection connects again); something other than "
+                 "the job's ranks may be connecting to its port",
                  o.rank, mesh.refused, mesh.dropped,
-                 std::min<std::chrono::milliseconds>(kHandshakeWithin, o.timeout).count(), kMaxHandshakes);
+                 std::min<std::chrono::milliseconds>(kHandshakeWithin, o.timeout).count(), mesh.max_handshaking);
   if (!mesh.error && mesh.pending > 0)
     mesh.error = std::make_exception_ptr(TimeoutError(
         "rank " + std::to_string(o.rank) + " timed out setting up TCP connections: rank(s) " +
