@@ -254,7 +254,7 @@ ResourceNeeds needs_of(const Plan& plan, const runtime::Config& config) {
 // "<rank>|<reason>": found short of resources by the check, or failed later.
 enum class Stage { check, connect };
 std::string failure_key(const Communicator::Impl& impl, Stage stage) {
-  return impl.key_prefix + (stage == Stage::check ? "/setup/short" : "/setup/failed");
+  return stage == Stage::check ? impl.key_prefix + "/setup/short" : setup_failed_key(impl.key_prefix);
 }
 
 // Bounded by `deadline` where one is given: a store that does not answer
@@ -368,7 +368,8 @@ void agree_on_resources(Communicator::Impl& impl, const Plan& plan) {
     throw;
   } catch (const TimeoutError& e) {
     if (impl.store)
-      if (auto failure = published_failure(impl, Stage::connect, bound)) throw peer_failed(impl, *failure);
+      if (auto failure = published_failure(impl, Stage::connect, bound); failure && failure->first != impl.rank)
+        throw peer_failed(impl, *failure);
     publish(e.what());
     throw;
   } catch (const Error& e) {
@@ -420,6 +421,11 @@ void connect_planned(Communicator::Impl& impl, const Plan& plan) {
   common.timeout = config.timeout;
   common.check_peers = [&impl](std::chrono::steady_clock::time_point deadline) {
     throw_if_peer_failed(impl, deadline);
+  };
+  common.announce_failure = [&impl](const std::string& why) {
+    publish_failure(impl, Stage::connect, why,
+                    std::chrono::steady_clock::now() +
+                        std::min<std::chrono::milliseconds>(impl.timeout, std::chrono::seconds(2)));
   };
   if (any(plan.use_shm)) {
     auto options = with_common<shm::ShmOptions>(common);

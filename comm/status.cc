@@ -362,11 +362,22 @@ void StatusBoard::publish_abort(const std::string& reason) {
   ask(Clock::now() + budget(), [&](Clock::time_point deadline) { store_->set(key("abort", rank_), reason, deadline); });
 }
 
+std::string setup_failed_key(const std::string& key_prefix) { return key_prefix + "/setup/failed"; }
+
 std::string StatusBoard::abort_reason(int peer) {
   if (!store_) return {};
   try {
-    auto value = fetch(key("abort", peer), Clock::now() + budget());
-    return value ? std::string(value->begin(), value->end()) : std::string();
+    const auto deadline = Clock::now() + budget();
+    if (auto value = fetch(key("abort", peer), deadline)) return std::string(value->begin(), value->end());
+    auto value = fetch(setup_failed_key(prefix_), deadline);
+    if (!value) return {};
+    const std::string text(value->begin(), value->end());
+    const auto bar = text.find('|');
+    if (bar == std::string::npos) return text;
+    const std::string who = "rank " + text.substr(0, bar), reason = text.substr(bar + 1);
+    // The set-up failure of another rank, which this peer's may echo.
+    if (std::atoi(text.c_str()) == peer || reason.starts_with(who + " ")) return reason;
+    return who + " could not set up this communicator: " + reason;
   } catch (const Error&) {
     return {};
   }

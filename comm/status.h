@@ -71,6 +71,10 @@ class Store;
 
 namespace braid::comm {
 
+// Where a rank whose set-up of the communicator with `key_prefix` failed
+// publishes "<rank>|<reason>" (setup.cc); the first failure stays.
+std::string setup_failed_key(const std::string& key_prefix);
+
 class StatusBoard {
  public:
   StatusBoard(std::shared_ptr<runtime::Store> store, std::string key_prefix, int rank, int size);
@@ -125,7 +129,11 @@ class StatusBoard {
   };
   SendAnswer ask_sent(int peer, std::uint64_t seq, std::uint64_t next_collective);
   void publish_abort(const std::string& reason);
-  // The reason a peer published when it aborted, or empty.
+  // The reason a peer published when it aborted, or, where it published
+  // none, why this communicator's set-up failed (setup_failed_key): a peer
+  // whose set-up failed after others had finished theirs closes
+  // connections they already use, and they knew only that it had closed or
+  // exited (helper-133's F2). Empty where neither is published.
   std::string abort_reason(int peer);
 
  private:

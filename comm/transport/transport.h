@@ -58,6 +58,11 @@ struct ConnectOptions {
   // then is not waited for (the look throws nothing for it). Empty: nothing
   // to look at.
   std::function<void(std::chrono::steady_clock::time_point deadline)> check_peers;
+  // Publishes why this rank's set-up failed where its peers look for it
+  // (setup.cc; bounded): called before a transport closes connections that
+  // peers which finished their set-up may already use, since they ask for
+  // the reason as they see them close. Empty: nothing to publish to.
+  std::function<void(const std::string& why)> announce_failure;
 };
 
 // Shared slots: memory that every rank of a communicator on one host can

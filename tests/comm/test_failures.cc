@@ -253,6 +253,36 @@ class ShmSetUp {
 // and then named only that key. They now watch the pidfds of the peers they
 // mapped, and name it. Once ranks 0 and 1 have mapped rank 2's segment,
 // rank 2 is killed.
+// Rank 2 cannot listen for TCP peers (an address not of this machine)
+// once its shared memory with rank 1 is set up. Rank 1 (shared memory to
+// rank 2, TCP to rank 0 only) has as a rule finished its set-up by then,
+// met rank 2's closed segment in its first call, and said only that rank 2
+// closed its communicator: the cause was published for set-up's waits
+// alone (helper-133's F2). Every rank must give the cause.
+TEST_CASE("failures: a rank whose set-up fails after a peer's has finished is explained to that peer",
+          "[failures]") {
+  auto options = options_with(seconds(20), seconds(60));
+  options.host_of = [](int rank) { return rank == 0 ? "hostA" : "hostB"; };
+  options.configure = [](int rank, runtime::Config& config) {
+    if (rank == 2) config.bind_addr = "10.255.255.1";  // bind() fails: no packet is sent
+  };
+  auto result = test::run_ranks(
+      3,
+      [](Communicator& comm) {
+        std::vector<float> data(1024, 1.0f);
+        comm.all_reduce(data.data(), data.data(), data.size(), DataType::f32, ReduceOp::sum).wait();
+      },
+      options);
+  INFO(result.summary());
+  REQUIRE_FALSE(result.timed_out);
+  for (int r = 0; r < 3; ++r) {
+    INFO("rank " << r << ": " << result.ranks[r].message);
+    CHECK(result.ranks[r].exit_code == 1);
+    CHECK(contains(result.ranks[r].message, "rank 2 cannot listen for TCP peers on 10.255.255.1"));
+  }
+  CHECK(result.elapsed < seconds(15));  // not the 20 s of the timeout
+}
+
 TEST_CASE("failures: a rank killed during shared-memory set-up is named by its peers at once", "[failures]") {
   ShmSetUp ranks("shm-setup-kill");
   REQUIRE(ranks.mapped({0, 1}, 2));

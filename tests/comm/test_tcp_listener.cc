@@ -21,6 +21,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -58,7 +59,9 @@ class TcpSetUp {
     std::filesystem::remove_all(dir_, ignored);
   }
 
-  void start(int rank, rlim_t descriptors = 0, int nsocks = 1) {
+  // A rank's failure that set-up announces (TcpOptions::announce_failure)
+  // goes to the store, under setup/announced/<rank>.
+  void start(int rank, rlim_t descriptors = 0, int nsocks = 1, int size = 2) {
     const pid_t pid = fork();
     REQUIRE(pid >= 0);
     if (pid != 0) {
@@ -76,11 +79,12 @@ class TcpSetUp {
       runtime::Store store("127.0.0.1", server_.port(), token_, seconds(10));
       comm::tcp::TcpOptions o;
       o.rank = rank;
-      o.size = 2;
+      o.size = size;
       o.comm_id = 7;
       o.job_token = token_;
       o.timeout = seconds(20);
       o.nsocks = nsocks;
+      o.announce_failure = [&](const std::string& why) { store.set("setup/announced/" + std::to_string(rank), why); };
       auto transport = comm::tcp::connect_tcp(store, "setup", o);
     } catch (const std::exception& e) {
       what = e.what();
@@ -112,6 +116,14 @@ class TcpSetUp {
     store.set(key, value);
   }
 
+  // What the store holds under `key`, if anything.
+  std::optional<std::string> published(const std::string& key) const {
+    runtime::Store store("127.0.0.1", server_.port(), token_, seconds(10));
+    const auto value = store.try_get(key);
+    if (!value) return std::nullopt;
+    return std::string(value->begin(), value->end());
+  }
+
  private:
   std::string token_;
   runtime::StoreServer server_;
@@ -130,16 +142,16 @@ int connect_to(std::uint16_t port) {
   return -1;
 }
 
-// The Hello of rank 1's socket `index` to rank 0 of communicator 7, as
+// The Hello of rank `from`'s socket `index` to rank 0 of communicator 7, as
 // connection.cc lays it out: magic "BRDT", version 2, socket index, from,
 // to, communicator id, token bytes, sockets per peer, 0, token.
-std::vector<unsigned char> hello_of(const std::string& token, int index, int nsocks) {
+std::vector<unsigned char> hello_of(const std::string& token, int index, int nsocks, int from = 1) {
   std::vector<unsigned char> hello(28);
   auto put = [&](std::size_t at, auto value) { std::memcpy(hello.data() + at, &value, sizeof value); };
   put(0, std::uint32_t{0x54445242});
   put(4, std::uint16_t{2});
   put(6, static_cast<std::uint16_t>(index));
-  put(8, std::int32_t{1});
+  put(8, static_cast<std::int32_t>(from));
   put(12, std::int32_t{0});
   put(16, std::uint32_t{7});
   put(20, static_cast<std::uint32_t>(token.size()));
@@ -284,4 +296,43 @@ TEST_CASE("tcp set-up: a connection the peer drops before answering is made agai
   CHECK(ranks.result_of(1, std::chrono::steady_clock::now() + seconds(30)) == "ok");
   ::close(second);
   ::close(listener);
+}
+
+// A rank whose set-up fails once a peer has finished with it publishes why
+// before it closes that peer's socket: the peer, already in its first
+// call, asks as it sees the socket close, and found nothing there (it said
+// only that rank 0 had closed or exited; helper-133's F2). The test plays
+// rank 2 (accepted) and then rank 1, whose other BRAID_TCP_NSOCKS fails
+// rank 0.
+TEST_CASE("tcp set-up: a rank that fails after a peer has connected publishes why before that peer sees it close",
+          "[tcp]") {
+  TcpSetUp ranks("tcp-announce");
+  ranks.start(0, 0, 1, 3);
+  const std::uint16_t port = ranks.rank0_port();
+  const int done = connect_to(port);
+  REQUIRE(done >= 0);
+  const std::vector<unsigned char> accepted_hello = hello_of(ranks.token(), 0, 1, 2);
+  REQUIRE(::send(done, accepted_hello.data(), accepted_hello.size(), MSG_NOSIGNAL) ==
+          static_cast<ssize_t>(accepted_hello.size()));
+  unsigned char verdict = 9;
+  REQUIRE(::recv(done, &verdict, 1, MSG_WAITALL) == 1);
+  CHECK(verdict == 0);
+  CHECK_FALSE(ranks.published("setup/announced/0"));
+  const int other = connect_to(port);
+  REQUIRE(other >= 0);
+  const std::vector<unsigned char> other_hello = hello_of(ranks.token(), 0, 2, 1);
+  REQUIRE(::send(other, other_hello.data(), other_hello.size(), MSG_NOSIGNAL) ==
+          static_cast<ssize_t>(other_hello.size()));
+  // Rank 2's socket closes as rank 0 fails; the reason is in the store by then.
+  pollfd closed{done, POLLIN, 0};
+  REQUIRE(::poll(&closed, 1, 10000) == 1);
+  char byte = 0;
+  CHECK(::recv(done, &byte, 1, 0) == 0);
+  const std::optional<std::string> why = ranks.published("setup/announced/0");
+  REQUIRE(why);
+  CHECK_THAT(*why, Catch::Contains("BRAID_TCP_NSOCKS differs between ranks"));
+  CHECK_THAT(ranks.result_of(0, std::chrono::steady_clock::now() + seconds(10)),
+             Catch::Contains("BRAID_TCP_NSOCKS differs between ranks"));
+  ::close(done);
+  ::close(other);
 }

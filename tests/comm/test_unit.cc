@@ -225,3 +225,24 @@ TEST_CASE("the status board says the holder is not known when the store stops an
   CHECK(board.holder(op, 2).empty());
   CHECK_THAT(board.describe_peer(1, 1), Catch::StartsWith("could not be asked: the store did not answer"));
 }
+
+// A peer that published no abort reason, but whose set-up failed after its
+// peers had finished theirs (they saw its connections close), is explained
+// by the set-up failure published for the communicator (helper-133's F2:
+// the job's whole output said "rank 5 closed its communicator, or exited").
+TEST_CASE("the status board gives a peer's set-up failure where it published no abort reason") {
+  using namespace std::chrono_literals;
+  runtime::StoreServer server("127.0.0.1", 0, "status-token");
+  auto store = std::make_shared<runtime::Store>("127.0.0.1", server.port(), "status-token", 5s);
+  StatusBoard board(store, "unit", 0, 3);
+  CHECK(board.abort_reason(2).empty());
+  store->set(setup_failed_key("unit"), "2|rank 2 cannot listen for TCP peers on 10.255.255.1");
+  CHECK(board.abort_reason(2) == "rank 2 cannot listen for TCP peers on 10.255.255.1");
+  // Another rank's failure is named as its own: rank 1 may have closed on it.
+  CHECK(board.abort_reason(1) == "rank 2 cannot listen for TCP peers on 10.255.255.1");
+  store->set(setup_failed_key("unit"), "2|BRAID_TCP_NSOCKS differs between ranks");
+  CHECK(board.abort_reason(1) == "rank 2 could not set up this communicator: BRAID_TCP_NSOCKS differs between ranks");
+  // An abort reason comes first.
+  store->set("unit/abort/1", "rank 1 aborted: out of memory");
+  CHECK(board.abort_reason(1) == "rank 1 aborted: out of memory");
+}

@@ -444,28 +444,46 @@ std::vector<std::vector<int>> connect_mesh(runtime::Store& store, const std::str
         "rank " + std::to_string(o.rank) + " timed out setting up TCP connections: rank(s) " +
         missing_peers(mesh) + " never connected; are they running with the same job token?"));
   if (mesh.error) {
-    for (auto& peer_fds : mesh.fds)
-      for (int fd : peer_fds)
-        if (fd >= 0) ::close(fd);
     // A peer that refused or reset this rank's connection has, as a rule,
     // published why (another BRAID_TCP_NSOCKS, say) a moment before or
     // after: that is the cause to report, not "Connection reset by peer".
-    bool refused = false;
+    std::exception_ptr error = mesh.error;
+    bool refused = false, timed_out = false;
     try {
-      std::rethrow_exception(mesh.error);
+      std::rethrow_exception(error);
     } catch (const RemoteError&) {
       refused = true;
+    } catch (const TimeoutError&) {
+      timed_out = true;
     } catch (...) {
     }
     if (refused && o.check_peers) {
       const auto until = Clock::now() + std::chrono::seconds(1);
-      for (;;) {
-        o.check_peers(until);  // throws the published cause
-        if (Clock::now() >= until) break;
-        std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      try {
+        for (;;) {
+          o.check_peers(until);  // throws the published cause
+          if (Clock::now() >= until) break;
+          std::this_thread::sleep_for(std::chrono::milliseconds(50));
+        }
+      } catch (...) {
+        error = std::current_exception();
       }
     }
-    std::rethrow_exception(mesh.error);
+    // Peers that finished their set-up with this rank ask why as they see
+    // its sockets close: the reason goes first (helper-133's F2). A timeout
+    // is not published here: its peers, timing out too, would each blame it.
+    if (o.announce_failure && !timed_out) {
+      try {
+        std::rethrow_exception(error);
+      } catch (const Error& e) {  // others get set-up's wording (fail_setup), which it publishes
+        o.announce_failure(e.what());
+      } catch (...) {
+      }
+    }
+    for (auto& peer_fds : mesh.fds)
+      for (int fd : peer_fds)
+        if (fd >= 0) ::close(fd);
+    std::rethrow_exception(error);
   }
   return mesh.fds;
 }
