@@ -492,8 +492,26 @@ std::vector<std::vector<int>> connect_mesh(runtime::Store& store, const std::str
 
 std::unique_ptr<TcpTransport> connect_tcp(runtime::Store& store, const std::string& key_prefix,
                                           const TcpOptions& options) {
-  return std::make_unique<TcpTransport>(options.rank, connect_mesh(store, key_prefix, options),
-                                        options.buffer_bytes, options.spin);
+  const std::vector<std::vector<int>> fds = connect_mesh(store, key_prefix, options);
+  // The transport owns the sockets once made; a constructor that throws (a
+  // socket option refused, no descriptor left for its eventfd while another
+  // thread took the last) left them open, and its peers waiting on them
+  // (helper-133's F3). Closed here, after the reason is published.
+  auto close_all = [&] {
+    for (const auto& peer_fds : fds)
+      for (int fd : peer_fds)
+        if (fd >= 0) ::close(fd);
+  };
+  try {
+    return std::make_unique<TcpTransport>(options.rank, fds, options.buffer_bytes, options.spin);
+  } catch (const Error& e) {
+    if (options.announce_failure) options.announce_failure(e.what());
+    close_all();
+    throw;
+  } catch (...) {
+    close_all();
+    throw;
+  }
 }
 
 }  // namespace braid::comm::tcp
