@@ -183,8 +183,17 @@ runtime::Bytes get_sliced(runtime::Store& store, const std::string& key, const I
   }
 }
 
+const char* kind_name(std::uint32_t kind) {
+  switch (static_cast<GidKind>(kind)) {
+    case GidKind::ib: return "InfiniBand";
+    case GidKind::roce_v1: return "RoCE v1";
+    case GidKind::roce_v2: return "RoCE v2";
+  }
+  return "unknown";
+}
+
 ConnectionData read_remote(runtime::Store& store, const std::string& prefix, const IbOptions& o, int peer,
-                           Clock::time_point deadline) {
+                           const ConnectionData& mine, Clock::time_point deadline) {
   runtime::Bytes bytes = get_sliced(store, prefix + "/ibverbs/" + std::to_string(peer) + "/" + std::to_string(o.rank),
                                     o, peer, deadline, "to publish its RDMA connection data");
   ConnectionData d;
@@ -199,6 +208,11 @@ ConnectionData read_remote(runtime::Store& store, const std::string& prefix, con
   else if (d.qps != static_cast<std::uint32_t>(o.qps))
     why = "it uses " + std::to_string(d.qps) + " queue pairs per peer and this rank " + std::to_string(o.qps) +
           "; set the same BRAID_IB_QPS_PER_PEER on every rank";
+  // Two kinds of GID never route to each other: the writes that prove the
+  // path failed, and the error called the peer unroutable (helper-133's F6).
+  else if (d.gid_kind != mine.gid_kind)
+    why = std::string("its GID is ") + kind_name(d.gid_kind) + " and this rank's " + kind_name(mine.gid_kind) +
+          "; set BRAID_IB_GID_INDEX on every rank to a GID of one kind (ibv_devinfo -v lists them)";
   if (!why.empty()) {
     spdlog::warn("{}: refused its connection data: {}", who(o, peer), why);
     throw RemoteError(who(o, peer) + ": refused its connection data: " + why, peer);
@@ -335,7 +349,7 @@ std::unique_ptr<IbTransport> connect_ibverbs(runtime::Store& store, const std::s
   const auto deadline = Clock::now() + o.timeout;
   try {
     for (std::size_t i = 0; i < ranks.size(); ++i) {
-      ConnectionData theirs = read_remote(store, key_prefix, o, ranks[i], deadline);
+      ConnectionData theirs = read_remote(store, key_prefix, o, ranks[i], mine[i], deadline);
       for (int q = 0; q < o.qps; ++q) bring_up(peers[i].qps[q], *verbs, mine[i], theirs, o, q);
       peers[i].remote = {theirs.ring_address, theirs.ring_rkey, theirs.credit_address, theirs.control_rkey};
     }
