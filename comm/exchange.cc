@@ -1,6 +1,10 @@
 #include "comm/algorithms/exchange.h"
 
+#include <sys/mman.h>
+
 #include <algorithm>
+#include <cstdlib>
+#include <new>
 #include <vector>
 
 #include "comm/algorithms/reducer.h"
@@ -40,7 +44,7 @@ Exchange::~Exchange() {
     return;
   }
   if (++c_.scratch_idle_calls < kIdleCalls) return;
-  std::vector<std::byte>().swap(c_.scratch);
+  c_.scratch.release();
   c_.scratch_idle_calls = 0;
 }
 
@@ -183,8 +187,27 @@ std::array<std::uint8_t, 16> Exchange::device_id() const {
 
 std::byte* Exchange::scratch(std::size_t bytes) {
   scratch_asked_ = std::max(scratch_asked_, bytes);
-  if (c_.scratch.size() < bytes) c_.scratch.resize(bytes);
-  return c_.scratch.data();
+  return c_.scratch.reserve(bytes);
+}
+
+std::byte* ScratchMemory::reserve(std::size_t bytes) {
+  if (bytes <= bytes_ && data_) return data_;
+  release();
+  constexpr std::size_t kHugePage = std::size_t{2} << 20;
+  const bool huge = bytes >= kHugePage;
+  const std::size_t size = huge ? (bytes + kHugePage - 1) / kHugePage * kHugePage : std::max<std::size_t>(bytes, 1);
+  void* memory = huge ? std::aligned_alloc(kHugePage, size) : std::malloc(size);
+  if (!memory) throw std::bad_alloc();
+  if (huge) ::madvise(memory, size, MADV_HUGEPAGE);  // a hint: without it, 4 KiB pages
+  data_ = static_cast<std::byte*>(memory);
+  bytes_ = size;
+  return data_;
+}
+
+void ScratchMemory::release() {
+  std::free(data_);
+  data_ = nullptr;
+  bytes_ = 0;
 }
 
 void throw_if_aborted(const ExchangeContext& context, const Op& op) {

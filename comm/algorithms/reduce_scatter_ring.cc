@@ -150,9 +150,9 @@ ReduceScatterRing::ReduceScatterRing(Exchange& x, const std::byte* src, std::byt
     : x_(x), src_(src), dst_(dst), layout_(layout), o_(options), n_(x.size()), r_(x.rank()),
       es_(x.element_bytes()), seg_(segment_count(x)), staging_(options.staging) {
   // Partial sums live in dst, or in two alternating scratch slots when dst
-  // only has room for the final chunk.
+  // only has room for the final chunk (steps before the last: none on 2 ranks).
   slot_bytes_ = layout.count_of(0) * es_;
-  if (o_.final_only) slots_ = x.scratch(2 * slot_bytes_);
+  if (o_.final_only && n_ > 2) slots_ = x.scratch(2 * slot_bytes_);
   if (!o_.on_final || (staging_ && staging_->slot_bytes < std::min(seg_, layout.count_of(0)) * es_)) staging_ = nullptr;
 }
 
