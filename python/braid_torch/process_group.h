@@ -236,6 +236,9 @@ class ProcessGroupBraid : public c10d::ProcessGroup {
   c10::intrusive_ptr<c10d::Work> through_flat_copy(c10d::OpType type, const std::vector<at::Tensor>& tensors,
                                                    const char* op, bool reduces,
                                                    const std::function<std::function<comm::Work()>(Buffer)>& run);
+  bool by_messages(const at::Tensor& tensor);
+  c10::intrusive_ptr<c10d::Work> gather_by_messages(const at::Tensor& input, std::vector<at::Tensor> results, int root);
+  c10::intrusive_ptr<c10d::Work> scatter_by_messages(const at::Tensor& output, std::vector<at::Tensor> parts, int root);
   c10::intrusive_ptr<c10d::Work> gather_list(c10d::OpType type, const char* op, const at::Tensor& input,
                                              std::vector<at::Tensor> results, std::string runs_as);
   c10::intrusive_ptr<c10d::Work> alltoall_unequal(at::Tensor& output, at::Tensor& input,

@@ -144,22 +144,41 @@ def check_all_gather(c, rank, size):
 
 
 def check_gather_scatter(c, rank, size):
-    for root in sorted({0, size - 1}):
-        for dtype in (torch.float32, torch.bool):
-            t = values(13, rank, dtype)
+    # 13 elements: as an all_gather or a broadcast; from 256 KiB per rank on,
+    # as messages between the root and each rank (process_group.cc).
+    for root, dtype, n in [(r, d, n) for r in sorted({0, size - 1}) for d in (torch.float32, torch.bool)
+                           for n in (13, 70001 if d == torch.float32 else 270001)]:
+        if True:
+            t = values(n, rank, dtype)
             want = [torch.empty_like(t) for _ in range(size)] if rank == root else None
             dist.gather(gloo_bytes(t), [gloo_bytes(w) for w in want] if want else None, dst=root,
                         group=gloo_group())
             got = [torch.empty_like(t) for _ in range(size)] if rank == root else None
             dist.gather(t, got, dst=root)
             if rank == root:
-                c.equal(f"gather root {root} {dtype}", got, want)
-            parts = [values(13, rank, dtype, salt=p) for p in range(size)] if rank == root else None
-            want, got = torch.empty(13, dtype=dtype), torch.empty(13, dtype=dtype)
+                c.equal(f"gather root {root} {dtype} x{n}", got, want)
+            parts = [values(n, rank, dtype, salt=p) for p in range(size)] if rank == root else None
+            want, got = torch.empty(n, dtype=dtype), torch.empty(n, dtype=dtype)
             dist.scatter(gloo_bytes(want), [gloo_bytes(p) for p in parts] if parts else None, src=root,
                          group=gloo_group())
             dist.scatter(got, parts, src=root)
-            c.equal(f"scatter root {root} {dtype}", got, want)
+            c.equal(f"scatter root {root} {dtype} x{n}", got, want)
+    # Large, through staging: results and parts as views with gaps.
+    n = 70001
+    root = size - 1
+    t = values(n, rank, torch.float32)
+    want = [torch.empty(n) for _ in range(size)] if rank == root else None
+    dist.gather(t, want, dst=root, group=gloo_group())
+    got = [torch.empty(2 * n)[::2] for _ in range(size)] if rank == root else None
+    dist.gather(t, got, dst=root)
+    if rank == root:
+        c.equal("gather x70001 views with gaps", [g.contiguous() for g in got], want)
+    parts = [values(2 * n, rank, torch.float32, salt=p)[::2] for p in range(size)] if rank == root else None
+    want = torch.empty(n)
+    dist.scatter(want, [p.contiguous() for p in parts] if parts else None, src=root, group=gloo_group())
+    got = torch.empty(n)
+    dist.scatter(got, parts, src=root)
+    c.equal("scatter x70001 views with gaps", got, want)
 
 
 def check_reduce_scatter(c, rank, size):
