@@ -562,7 +562,10 @@ static std::string host_of_peer(Communicator::Impl& impl, const std::string& key
         throw TimeoutError("key '" + key + "' did not appear in the store within " +
                            std::to_string(impl.timeout.count()) + " ms (" + impl.config.timeout_name + "): rank " +
                            key.substr(key.rfind('/') + 1) + " has not joined communicator " + impl.key_prefix +
-                           "; it may have failed, not started, or been told another --nproc-per-node" +
+                           (impl.info.launcher.starts_with("torch.distributed")
+                                ? "; it may have failed, not started, or not reached this init_process_group or "
+                                  "new_group yet"
+                                : "; it may have failed, not started, or been told another --nproc-per-node") +
                            (impl.info.launcher == "braid-launch" || impl.info.launcher.starts_with("torch.distributed")
                                 ? std::string()
                                 : ", or joined another job's store (jobs started on one port " +

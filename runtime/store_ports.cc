@@ -37,6 +37,12 @@ namespace {
 constexpr std::chrono::milliseconds kDuplicateProbe{500};
 
 std::string launcher_remedy(const RankInfo& info) {
+  // braid_torch's rendezvous: group rank 0 served the store and published
+  // its address through torch's store, so no setting of this rank's is at
+  // fault (it was told MASTER_PORT and job tokens; helper-134's finding 7).
+  if (info.launcher.starts_with("torch.distributed"))
+    return "group rank 0 served it and published its address through torch's store: it has closed it since, "
+           "having given up on the group (its timeout passed before this rank joined) or exited";
   if (info.launcher == "braid-launch")
     return "the store is braid-launch's (on node 0 of a job across nodes, started with the same --master-port "
            "and BRAID_JOB_TOKEN): check that it is running, and that node 0 was given this --master-addr too "

@@ -139,6 +139,24 @@ def check_endless_timeout(c, rank):
     c.true("a group timeout of a thousand years works", message is None, message)
 
 
+def check_late_group(c, rank):
+    """Rank 1 creates a group 4 s after rank 0, whose timeout for it is 2 s:
+    each error says what happened under torch.distributed, not what to set
+    under a launcher (MASTER_PORT, job tokens, --nproc-per-node)."""
+    if rank == 1:
+        time.sleep(4)
+    message = raises(lambda: dist.new_group(backend="braid", timeout=datetime.timedelta(seconds=2)))
+    if rank == 0:
+        c.true("group rank 0 says the late rank has not reached new_group",
+               message is not None and "not reached this init_process_group or new_group yet" in message and
+               "--nproc-per-node" not in message, message)
+    else:
+        c.true("the late rank says group rank 0 gave up on the group",
+               message is not None and "group rank 0 served it" in message and "MASTER_PORT" not in message,
+               message)
+    dist.barrier()
+
+
 def check_abort(c, rank):
     """braid_torch.abort from a watchdog thread cuts rank 0's all_reduce
     short while rank 1 has not joined it (for 1.5 s; the group's timeout is
@@ -192,6 +210,7 @@ def main():
     check_unequal_splits(c, rank)
     check_group_timeout(c, rank)
     check_endless_timeout(c, rank)
+    check_late_group(c, rank)
     check_abort(c, rank)
     check_dead_peer(c, rank)  # rank 1 exits here
     # Each rank reports for itself: rank 1 is gone, so no collective.
