@@ -480,6 +480,10 @@ using Span = ProcessGroupBraid::Span;
 
 void add_spans(std::vector<Span>& spans, const std::vector<at::Tensor>& tensors) {
   for (const at::Tensor& t : tensors) {
+    if (t.defined() && t.is_sparse()) {  // no storage of its own: its indices' and values'
+      add_spans(spans, {t._indices(), t._values()});
+      continue;
+    }
     if (!t.defined() || t.is_cuda() || t.numel() == 0) continue;
     int64_t last = 0;
     for (int64_t d = 0; d < t.dim(); ++d) last += (t.size(d) - 1) * std::abs(t.stride(d));
@@ -598,6 +602,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::broadcast(std::vector<at::Tens
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::allreduce(std::vector<at::Tensor>& tensors,
                                                             const c10d::AllreduceOptions& opts) {
+  if (tensors.size() == 1 && tensors[0].is_sparse()) return allreduce_sparse(tensors[0], opts);
   if (through_copy(tensors, "allreduce")) {
     const ReduceOp op = reduce_op(opts.reduceOp, "allreduce");
     return through_flat_copy(c10d::OpType::ALLREDUCE, tensors, "allreduce", true, [this, op](Buffer b) {
@@ -611,6 +616,57 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::allreduce(std::vector<at::Tens
   return enqueue({c10d::OpType::ALLREDUCE,
                   [this, buffer, op] { return comm_->all_reduce(buffer.data, buffer.data, buffer.count, buffer.dtype, op); },
                   {tensor}, {}, {}});
+}
+
+// A sparse (COO) tensor, summed as gloo sums one: each rank's coalesced
+// indices and values are all_gathered (padded to the most any rank holds,
+// after an all_gather of the counts; a padded value is 0 at index 0, which
+// adds nothing) and every rank coalesces them all into the tensor, in place
+// (DDP over nn.Embedding(sparse=True) reduces its gradients so; they were
+// refused; helper-134's finding 1).
+c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::allreduce_sparse(at::Tensor& tensor,
+                                                                   const c10d::AllreduceOptions& opts) {
+  if (opts.reduceOp != c10d::ReduceOp::SUM) refuse("allreduce", "a sparse tensor is reduced by sum only (as gloo's)");
+  if (!tensor.is_cpu()) refuse("allreduce", "a sparse tensor must be on the CPU (as gloo's)");
+  const at::Tensor input = tensor.coalesce();
+  movable(input._values(), "allreduce");  // refuses a dtype braid does not move
+  struct Gathered {
+    std::vector<std::int64_t> counts;
+    at::Tensor indices, values, sent_indices, sent_values;
+  };
+  auto gathered = std::make_shared<Gathered>();
+  Call call{c10d::OpType::ALLREDUCE, {}, {tensor}, {input}, {},
+            "braid: a sparse allreduce runs as all_gathers of every rank's indices and values"};
+  call.issue = [this, input, gathered] {
+    const int size = getSize();
+    std::int64_t nnz = input._nnz();
+    gathered->counts.assign(static_cast<std::size_t>(size), 0);
+    comm_->all_gather(&nnz, gathered->counts.data(), 1, DataType::i64).wait();
+    const std::int64_t most = *std::max_element(gathered->counts.begin(), gathered->counts.end());
+    at::Tensor indices = at::zeros({input.sparse_dim(), most}, input._indices().options());
+    indices.narrow(1, 0, nnz).copy_(input._indices());
+    std::vector<std::int64_t> value_sizes = input._values().sizes().vec();
+    value_sizes[0] = most;
+    at::Tensor values = at::zeros(value_sizes, input._values().options());
+    values.narrow(0, 0, nnz).copy_(input._values());
+    gathered->sent_indices = indices;
+    gathered->sent_values = values;
+    gathered->indices = at::empty({size, input.sparse_dim(), most}, indices.options());
+    value_sizes.insert(value_sizes.begin(), size);
+    gathered->values = at::empty(value_sizes, values.options());
+    const Buffer send_indices = movable(indices, "allreduce"), send_values = movable(values, "allreduce");
+    comm_->all_gather(send_indices.data, gathered->indices.data_ptr(), send_indices.count, send_indices.dtype);
+    return comm_->all_gather(send_values.data, gathered->values.data_ptr(), send_values.count, send_values.dtype);
+  };
+  call.finish = [tensor, gathered, sizes = input.sizes().vec()]() mutable {
+    std::vector<at::Tensor> indices, values;
+    for (std::size_t r = 0; r < gathered->counts.size(); ++r) {
+      indices.push_back(gathered->indices[static_cast<std::int64_t>(r)].narrow(1, 0, gathered->counts[r]));
+      values.push_back(gathered->values[static_cast<std::int64_t>(r)].narrow(0, 0, gathered->counts[r]));
+    }
+    tensor.copy_(at::sparse_coo_tensor(at::cat(indices, 1), at::cat(values, 0), sizes).coalesce());
+  };
+  return enqueue(std::move(call));
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::allreduce_coalesced(std::vector<at::Tensor>& tensors,

@@ -236,6 +236,7 @@ class ProcessGroupBraid : public c10d::ProcessGroup {
   c10::intrusive_ptr<c10d::Work> through_flat_copy(c10d::OpType type, const std::vector<at::Tensor>& tensors,
                                                    const char* op, bool reduces,
                                                    const std::function<std::function<comm::Work()>(Buffer)>& run);
+  c10::intrusive_ptr<c10d::Work> allreduce_sparse(at::Tensor& tensor, const c10d::AllreduceOptions& opts);
   bool by_messages(const at::Tensor& tensor);
   c10::intrusive_ptr<c10d::Work> gather_by_messages(const at::Tensor& input, std::vector<at::Tensor> results, int root);
   c10::intrusive_ptr<c10d::Work> scatter_by_messages(const at::Tensor& output, std::vector<at::Tensor> parts, int root);

@@ -81,6 +81,35 @@ def check_all_reduce(c, rank, size):
             c.equal(f"all_reduce avg {dtype}", t, want, rtol=1e-2 if torch.finfo(dtype).bits == 16 else 1e-6)
 
 
+def check_sparse(c, rank, size):
+    """Sparse tensors summed as gloo sums them: ranks holding different
+    numbers of entries (rank 1 none), repeated indices, dense trailing
+    dimensions; and DDP over nn.Embedding(sparse=True)."""
+    def tensors():
+        n = 0 if rank == 1 else rank + 2
+        idx = torch.tensor([[(3 * i + rank) % 7 for i in range(n)] + [0] * (rank == 0),
+                            [i % 2 for i in range(n)] + [1] * (rank == 0)], dtype=torch.int64)
+        flat = torch.sparse_coo_tensor(idx, torch.arange(idx.shape[1], dtype=torch.float32) + rank, (7, 2))
+        hybrid = torch.sparse_coo_tensor(idx[:1], torch.ones(idx.shape[1], 3) * (rank + 1), (7, 3))
+        return flat, hybrid
+    for name, (got, want) in zip(("2-d", "hybrid"), zip(tensors(), tensors())):
+        dist.all_reduce(want, group=gloo_group())
+        dist.all_reduce(got)
+        c.equal(f"sparse all_reduce {name}", got.to_dense(), want.to_dense())
+        c.true(f"sparse all_reduce {name} stays sparse", got.is_sparse, got.layout)
+    models = []
+    for group in (gloo_group(), None):
+        torch.manual_seed(0)
+        model = torch.nn.parallel.DistributedDataParallel(torch.nn.Embedding(10, 4, sparse=True), process_group=group)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        for step in range(3):
+            model(torch.tensor([rank + step, 5])).sum().backward()
+            optimizer.step()
+            optimizer.zero_grad()
+        models.append(model.module.weight.detach().clone())
+    c.equal("DDP over a sparse embedding", models[1], models[0])
+
+
 def check_coalesced(c, rank, size):
     for dtype in (torch.float32, torch.int64):
         tensors = [values(n, rank, dtype, salt=n) for n in (5, 1, 300)]
@@ -932,7 +961,7 @@ def main():
     dist.init_process_group("braid")
     rank, size = dist.get_rank(), dist.get_world_size()
     c = Checks(rank)
-    for check in (check_all_reduce, check_bitwise, check_coalesced, check_broadcast_reduce, check_all_gather,
+    for check in (check_all_reduce, check_sparse, check_bitwise, check_coalesced, check_broadcast_reduce, check_all_gather,
                   check_gather_scatter, check_reduce_scatter, check_list_forms, check_all_to_all, check_memory_formats,
                   check_send_recv, check_async, check_async_returns, check_deferred, check_two_groups):
         check(c, rank, size)
